@@ -1,0 +1,141 @@
+// strata report: what this machine and this build can do (like ds_report,
+// but probed rather than assumed). Sections come from every layer through
+// ReportSectionRegistration; this file owns the command and the build,
+// CPU, memory and pinning sections.
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/sysinfo.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "command.h"
+#include "strata/core/build_info.h"
+#include "strata/core/units.h"
+
+namespace strata::cli {
+namespace {
+
+std::string cpu_model_name() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      auto colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(colon + 2);
+    }
+  }
+  return "unknown";
+}
+
+void fill_build(nlohmann::json& s, const std::string&) {
+  const BuildInfo& b = build_info();
+  s["version"] = std::string(b.version);
+  s["build_type"] = std::string(b.build_type);
+  s["compiler"] = std::string(b.compiler);
+  s["cuda"] = b.have_cuda;
+  s["nccl"] = b.have_nccl;
+  s["mpi"] = b.have_mpi;
+  s["liburing"] = b.have_uring;
+  s["libaio"] = b.have_aio;
+  s["openblas"] = b.have_openblas;
+  s["sanitizers"] = b.sanitized;
+}
+
+void fill_cpu(nlohmann::json& s, const std::string&) {
+  __builtin_cpu_init();
+  s["model"] = cpu_model_name();
+  s["logical_cores"] = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  nlohmann::json isa;
+  isa["avx2"] = static_cast<bool>(__builtin_cpu_supports("avx2"));
+  isa["fma"] = static_cast<bool>(__builtin_cpu_supports("fma"));
+  isa["f16c"] = static_cast<bool>(__builtin_cpu_supports("f16c"));
+  isa["avx512f"] = static_cast<bool>(__builtin_cpu_supports("avx512f"));
+  isa["avx512bw"] = static_cast<bool>(__builtin_cpu_supports("avx512bw"));
+  isa["avx512bf16"] = static_cast<bool>(__builtin_cpu_supports("avx512bf16"));
+  s["isa"] = isa;
+}
+
+void fill_memory(nlohmann::json& s, const std::string&) {
+  struct sysinfo info {};
+  if (sysinfo(&info) == 0) {
+    s["total_bytes"] = static_cast<uint64_t>(info.totalram) * info.mem_unit;
+    s["available_bytes"] = static_cast<uint64_t>(info.freeram + info.bufferram) * info.mem_unit;
+  }
+  struct rlimit lim {};
+  if (getrlimit(RLIMIT_MEMLOCK, &lim) == 0) {
+    s["memlock_limit"] = lim.rlim_cur == RLIM_INFINITY ? std::string("unlimited")
+                                                        : format_bytes(lim.rlim_cur, true);
+  }
+  // Probe: can this process pin (mlock) one 2 MiB region?
+  const size_t probe_bytes = 2u << 20;
+  void* p = std::aligned_alloc(4096, probe_bytes);
+  bool pinned = p != nullptr && mlock(p, probe_bytes) == 0;
+  if (pinned) munlock(p, probe_bytes);
+  std::free(p);
+  s["pinning_2MiB_works"] = pinned;
+}
+
+ReportSectionRegistration build_section(0, "build", fill_build);
+ReportSectionRegistration cpu_section(10, "cpu", fill_cpu);
+ReportSectionRegistration memory_section(20, "memory", fill_memory);
+
+void print_text(const nlohmann::json& value, int indent) {
+  for (auto it = value.begin(); it != value.end(); ++it) {
+    if (it->is_object()) {
+      fmt::print("{:{}}{}:\n", "", indent, it.key());
+      print_text(*it, indent + 2);
+    } else {
+      std::string text = it->is_string() ? it->get<std::string>() : it->dump();
+      fmt::print("{:{}}{}: {}\n", "", indent, it.key(), text);
+    }
+  }
+}
+
+struct ReportOptions {
+  bool json = false;
+  std::string path;
+};
+
+int run_report(const ReportOptions& opts) {
+  auto sections = report_sections();
+  std::stable_sort(sections.begin(), sections.end(),
+                   [](const ReportSection& a, const ReportSection& b) { return a.order < b.order; });
+  nlohmann::json report = nlohmann::json::object();
+  for (const ReportSection& section : sections) {
+    nlohmann::json body = nlohmann::json::object();
+    try {
+      section.fill(body, opts.path);
+    } catch (const std::exception& e) {
+      body["error"] = e.what();
+    }
+    report[section.name] = body;
+  }
+  if (opts.json) {
+    fmt::print("{}\n", report.dump(2));
+  } else {
+    fmt::print("Strata report\n");
+    for (const ReportSection& section : sections) {
+      fmt::print("\n[{}]\n", section.name);
+      print_text(report[section.name], 2);
+    }
+  }
+  return 0;
+}
+
+CommandRegistration report_command("report", [](CLI::App& root) {
+  auto opts = std::make_shared<ReportOptions>();
+  CLI::App* cmd = root.add_subcommand("report", "Report build options, CPU, memory, I/O engines, GPUs, NCCL and MPI");
+  cmd->add_flag("--json", opts->json, "Print the report as JSON");
+  cmd->add_option("--path", opts->path, "Also probe this directory (file system, O_DIRECT, block size, free space)");
+  cmd->callback([opts] { exit_with(run_report(*opts)); });
+});
+
+}  // namespace
+}  // namespace strata::cli

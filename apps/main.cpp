@@ -1,0 +1,27 @@
+// strata: command line of the Strata offload engine. Subcommands register
+// themselves (see command.h); this file only builds the parser and runs it.
+#include <algorithm>
+#include <cstdio>
+#include <exception>
+
+#include "command.h"
+#include "strata/core/build_info.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"strata: heterogeneous memory offload engine for training large models"};
+  app.set_version_flag("--version", std::string(strata::build_info().version));
+  app.require_subcommand(1);
+  auto& commands = strata::cli::registered_commands();
+  std::sort(commands.begin(), commands.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (auto& [name, setup] : commands) setup(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "strata: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,137 @@
+# Detects every dependency, defines STRATA_HAVE_<X> cache-free variables and
+# imported targets, and records one report line per dependency.
+include_guard(GLOBAL)
+find_package(PkgConfig QUIET)
+find_package(Threads REQUIRED)
+
+function(strata_report_dep name found detail)
+  if(found)
+    set(line "  ${name}: found ${detail}")
+  else()
+    set(line "  ${name}: NOT FOUND, ${detail}")
+  endif()
+  set_property(GLOBAL APPEND PROPERTY STRATA_DEP_REPORT "${line}")
+endfunction()
+
+function(strata_print_dependency_report)
+  get_property(lines GLOBAL PROPERTY STRATA_DEP_REPORT)
+  message(STATUS "Strata dependency report:")
+  foreach(l IN LISTS lines)
+    message(STATUS "${l}")
+  endforeach()
+endfunction()
+
+# Required -------------------------------------------------------------------
+find_package(fmt REQUIRED)
+find_package(nlohmann_json 3.10 REQUIRED)
+find_package(CLI11 REQUIRED)
+find_package(TBB REQUIRED)
+
+find_path(XXHASH_INCLUDE_DIR xxhash.h)
+find_library(XXHASH_LIBRARY xxhash)
+if(NOT XXHASH_INCLUDE_DIR OR NOT XXHASH_LIBRARY)
+  message(FATAL_ERROR "xxHash not found: install libxxhash-dev (scripts/install-deps.sh)")
+endif()
+add_library(strata_xxhash INTERFACE IMPORTED GLOBAL)
+set_target_properties(strata_xxhash PROPERTIES
+  INTERFACE_INCLUDE_DIRECTORIES "${XXHASH_INCLUDE_DIR}"
+  INTERFACE_LINK_LIBRARIES "${XXHASH_LIBRARY}")
+
+# Optional -------------------------------------------------------------------
+set(STRATA_HAVE_URING OFF)
+if(PkgConfig_FOUND)
+  pkg_check_modules(URING IMPORTED_TARGET GLOBAL liburing)
+  if(URING_FOUND)
+    set(STRATA_HAVE_URING ON)
+  endif()
+endif()
+if(STRATA_HAVE_URING)
+endif()
+
+find_path(AIO_INCLUDE_DIR libaio.h)
+find_library(AIO_LIBRARY aio)
+set(STRATA_HAVE_AIO OFF)
+if(AIO_INCLUDE_DIR AND AIO_LIBRARY)
+  set(STRATA_HAVE_AIO ON)
+  add_library(strata_aio INTERFACE IMPORTED GLOBAL)
+  set_target_properties(strata_aio PROPERTIES
+    INTERFACE_INCLUDE_DIRECTORIES "${AIO_INCLUDE_DIR}"
+    INTERFACE_LINK_LIBRARIES "${AIO_LIBRARY}")
+endif()
+
+find_package(BLAS QUIET)
+find_path(CBLAS_INCLUDE_DIR cblas.h PATH_SUFFIXES openblas)
+find_library(OPENBLAS_LIBRARY openblas)
+set(STRATA_HAVE_OPENBLAS OFF)
+if(CBLAS_INCLUDE_DIR AND OPENBLAS_LIBRARY)
+  set(STRATA_HAVE_OPENBLAS ON)
+  add_library(strata_openblas INTERFACE IMPORTED GLOBAL)
+  set_target_properties(strata_openblas PROPERTIES
+    INTERFACE_INCLUDE_DIRECTORIES "${CBLAS_INCLUDE_DIR}"
+    INTERFACE_LINK_LIBRARIES "${OPENBLAS_LIBRARY}")
+endif()
+
+find_package(MPI QUIET COMPONENTS CXX)
+set(STRATA_HAVE_MPI ${MPI_CXX_FOUND})
+if(NOT STRATA_HAVE_MPI)
+  set(STRATA_HAVE_MPI OFF)
+endif()
+
+find_package(GTest QUIET)
+find_package(benchmark QUIET)
+
+set(STRATA_HAVE_CUDA OFF)
+set(STRATA_HAVE_NCCL OFF)
+if(STRATA_ENABLE_CUDA)
+  if(NOT DEFINED CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+  endif()
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    # sm_90 real code plus compute_90 PTX; one arch keeps the 2-core CI quick.
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES 90)
+    endif()
+    set(CMAKE_CUDA_STANDARD 17)  # CMake 3.25 knows no CUDA20 flags for nvcc 13
+    set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+    enable_language(CUDA)
+    find_package(CUDAToolkit REQUIRED)
+    set(STRATA_HAVE_CUDA ON)
+    find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
+    find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR})
+    if(NCCL_INCLUDE_DIR AND NCCL_LIBRARY)
+      set(STRATA_HAVE_NCCL ON)
+      add_library(strata_nccl INTERFACE IMPORTED GLOBAL)
+      set_target_properties(strata_nccl PROPERTIES
+        INTERFACE_INCLUDE_DIRECTORIES "${NCCL_INCLUDE_DIR}"
+        INTERFACE_LINK_LIBRARIES "${NCCL_LIBRARY}")
+    endif()
+  endif()
+endif()
+
+function(_strata_opt name flag yes no)
+  if(${flag})
+    strata_report_dep("${name}" TRUE "${yes}")
+  else()
+    strata_report_dep("${name}" FALSE "${no}")
+  endif()
+endfunction()
+
+strata_report_dep("fmt" TRUE "${fmt_VERSION}")
+strata_report_dep("nlohmann_json" TRUE "${nlohmann_json_VERSION}")
+strata_report_dep("CLI11" TRUE "${CLI11_VERSION}")
+strata_report_dep("oneTBB" TRUE "${TBB_VERSION}")
+strata_report_dep("xxHash" TRUE "${XXHASH_LIBRARY}")
+_strata_opt("liburing" STRATA_HAVE_URING "${URING_VERSION}" "io_uring engine disabled")
+_strata_opt("libaio" STRATA_HAVE_AIO "${AIO_LIBRARY}" "libaio engine disabled")
+_strata_opt("OpenBLAS" STRATA_HAVE_OPENBLAS "${OPENBLAS_LIBRARY}" "model uses the built-in matmul")
+_strata_opt("OpenMPI" STRATA_HAVE_MPI "${MPI_CXX_VERSION} ${MPI_CXX_LIBRARY_VERSION_STRING}" "mpi communicator disabled")
+_strata_opt("CUDA Toolkit" STRATA_HAVE_CUDA "${CUDAToolkit_VERSION} (archs ${CMAKE_CUDA_ARCHITECTURES})" "cuda device disabled")
+_strata_opt("NCCL" STRATA_HAVE_NCCL "${NCCL_LIBRARY}" "nccl communicator disabled")
+_strata_opt("GoogleTest" GTest_FOUND "${GTest_VERSION}" "tests disabled")
+_strata_opt("Google Benchmark" benchmark_FOUND "${benchmark_VERSION}" "benchmarks disabled")
+if(STRATA_BUILD_TESTS AND NOT GTest_FOUND)
+  message(WARNING "GoogleTest not found: tests are disabled (install libgtest-dev)")
+  set(STRATA_BUILD_TESTS OFF)
+endif()
