@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs the build tree into a scratch prefix, then configures, builds and
+# runs tests/apps/consumer against it with find_package(Strata).
+set -euo pipefail
+build_dir="$1"
+source_dir="$2"
+work="$(mktemp -d "${TMPDIR:-/tmp}/strata-consumer.XXXXXX")"
+trap 'rm -rf "$work"' EXIT
+cmake --install "$build_dir" --prefix "$work/prefix" > "$work/install.log"
+test -f "$work/prefix/lib/cmake/Strata/StrataConfig.cmake"
+test -f "$work/prefix/include/strata/core/status.h"
+test -x "$work/prefix/bin/strata"
+"$work/prefix/bin/strata" --version
+cmake -S "$source_dir/tests/apps/consumer" -B "$work/build" -DCMAKE_PREFIX_PATH="$work/prefix" \
+  -DCMAKE_BUILD_TYPE=Release > "$work/configure.log" || { cat "$work/configure.log"; exit 1; }
+cmake --build "$work/build" > "$work/build.log" || { cat "$work/build.log"; exit 1; }
+"$work/build/consumer"
