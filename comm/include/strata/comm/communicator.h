@@ -1,0 +1,159 @@
+#pragma once
+// Communicator: the collectives ZeRO needs between data-parallel ranks.
+//
+//   all_gather      recv[world * send_count] <- every rank's send[send_count],
+//                   rank-major (rank r's elements land at r * send_count).
+//   reduce_scatter  recv[recv_count] <- reduce over ranks of
+//                   send[rank * recv_count .. +recv_count]; send holds
+//                   world * recv_count elements.
+//   all_reduce      recv[count] <- reduce over ranks of send[count].
+//   broadcast       recv[count] <- root's send[count] (send is read on root only).
+//   barrier         returns when every rank has reached it.
+//
+// Every call is asynchronous: it validates its arguments, queues the
+// collective on the communicator's own ordered stream and returns a CommWork,
+// an event that completes when the collective has (see Note [Comm stream] in
+// docs/comm.md). Buffers must stay valid and unmodified until then. Ops run in
+// issue order, so ranks must issue the same collectives in the same order.
+//
+// In place: all_gather when send == recv + rank * send_count; reduce_scatter
+// when recv == send + rank * recv_count; all_reduce and broadcast when
+// send == recv. Any other overlap of send and recv is rejected.
+//
+// Sizes: counts are elements, not bytes; any count, zero included, is valid
+// and a zero-count op is still a collective every rank must issue. Shards of
+// a tensor whose size is not a multiple of the world size are padded by the
+// caller to shard_count() elements (the last rank's shard holds the padding),
+// see strata/comm/shard.h.
+//
+// Reductions (sum, avg, max) of bf16 and fp16 accumulate in fp32 and round
+// once (RNE) at the end on local and mpi; nccl reduces in the element type
+// (NCCL's own rule). avg is the fp32 sum divided by the world size.
+//
+// Buffers are host memory for local and mpi and device memory for nccl;
+// allocate_buffer()/upload()/download() give backend-neutral buffers.
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "strata/comm/work.h"
+#include "strata/core/dtype.h"
+#include "strata/core/status.h"
+
+namespace strata::comm {
+
+enum class Backend : uint8_t { kLocal = 0, kMpi = 1, kNccl = 2 };
+enum class CollectiveOp : uint8_t { kAllGather = 0, kReduceScatter, kAllReduce, kBroadcast, kBarrier };
+enum class ReduceOp : uint8_t { kSum = 0, kAvg, kMax };
+
+std::string_view backend_name(Backend backend);
+std::string_view op_name(CollectiveOp op);
+std::string_view reduce_op_name(ReduceOp op);
+// "local" | "mpi" | "nccl"; the error names `what` (a flag or key) and lists the choices.
+Result<Backend> parse_backend(std::string_view text, std::string_view what = "backend");
+Result<CollectiveOp> parse_op(std::string_view text, std::string_view what = "op");
+Result<ReduceOp> parse_reduce_op(std::string_view text, std::string_view what = "reduce op");
+
+struct CommOptions {
+  // Watchdog: a collective not complete this long after it started on this
+  // rank fails with DeadlineExceeded naming the op, its sequence number, its
+  // bytes and the ranks that did not arrive. Zero waits forever.
+  // Environment override: STRATA_COMM_TIMEOUT_MS.
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  // Debug checks: every rank's op descriptor (op, dtype, count, root, reduce
+  // op, sequence number) is compared before data moves, so ranks issuing
+  // different collectives fail with a message instead of hanging or
+  // corrupting memory. local: always on (free). mpi: one small message
+  // exchange per op, which is also how the watchdog knows which ranks did
+  // not arrive. nccl: not available. Environment: STRATA_COMM_DEBUG=0|1.
+  bool debug_checks = true;
+};
+
+// Applies STRATA_COMM_TIMEOUT_MS / STRATA_COMM_DEBUG to `options`; a
+// malformed value is an InvalidArgument naming the variable.
+Result<CommOptions> apply_comm_environment(CommOptions options);
+
+// A buffer the backend's collectives can use (host memory for local and mpi,
+// device memory for nccl). Move-only; frees itself.
+class CommBuffer {
+ public:
+  using Deleter = void (*)(void* data);
+  CommBuffer() = default;
+  CommBuffer(void* data, size_t bytes, Deleter deleter) : data_(data), bytes_(bytes), deleter_(deleter) {}
+  CommBuffer(CommBuffer&& other) noexcept { swap(other); }
+  CommBuffer& operator=(CommBuffer&& other) noexcept { CommBuffer tmp(std::move(other)); swap(tmp); return *this; }
+  CommBuffer(const CommBuffer&) = delete;
+  CommBuffer& operator=(const CommBuffer&) = delete;
+  ~CommBuffer() { if (data_ != nullptr && deleter_ != nullptr) deleter_(data_); }
+
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void swap(CommBuffer& o) noexcept { std::swap(data_, o.data_); std::swap(bytes_, o.bytes_); std::swap(deleter_, o.deleter_); }
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  Deleter deleter_ = nullptr;
+};
+
+// What a collective is: the descriptor ranks compare in debug checks.
+struct CollectiveDesc {
+  CollectiveOp op = CollectiveOp::kBarrier;
+  DType dtype = DType::kF32;
+  ReduceOp reduce = ReduceOp::kSum;
+  int root = 0;
+  size_t count = 0;          // send_count / recv_count / count as in the call
+  const void* send = nullptr;
+  void* recv = nullptr;
+};
+// "all_reduce(sum, bf16, count 1000, 2000 B)"
+std::string describe(const CollectiveDesc& desc, int world_size);
+// Bytes the op moves into this rank's recv buffer (the "size" of nccl-tests
+// for all_reduce/broadcast; world * count * elt for all_gather).
+size_t recv_bytes(const CollectiveDesc& desc, int world_size);
+
+class Communicator {
+ public:
+  virtual ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  virtual Backend backend() const = 0;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+
+  Result<CommWork> all_gather(const void* send, void* recv, size_t send_count, DType dtype);
+  Result<CommWork> reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype,
+                                  ReduceOp op = ReduceOp::kSum);
+  Result<CommWork> all_reduce(const void* send, void* recv, size_t count, DType dtype,
+                              ReduceOp op = ReduceOp::kSum);
+  Result<CommWork> broadcast(const void* send, void* recv, size_t count, DType dtype, int root);
+  Result<CommWork> barrier();
+
+  // Waits for every collective issued so far; returns the first error.
+  Status synchronize();
+
+  // Backend-neutral buffers and host copies (synchronous).
+  virtual Result<CommBuffer> allocate_buffer(size_t bytes) = 0;
+  virtual Status upload(void* dst, const void* host_src, size_t bytes) = 0;
+  virtual Status download(void* host_dst, const void* src, size_t bytes) = 0;
+
+  // Collectives issued so far (the next one gets this sequence number).
+  uint64_t issued() const { return next_sequence_; }
+
+ protected:
+  Communicator() = default;
+  // Queues a validated collective with sequence number `sequence`.
+  virtual Result<CommWork> submit(const CollectiveDesc& desc, uint64_t sequence) = 0;
+
+ private:
+  Result<CommWork> validate_and_submit(const CollectiveDesc& desc);
+  uint64_t next_sequence_ = 0;
+  CommWork last_;
+};
+
+}  // namespace strata::comm

@@ -1,0 +1,300 @@
+// The `local` backend: N ranks as threads of one process.
+//
+// Note [Local collectives]
+// Ranks share one LocalGroup. A collective is a sequence of rendezvous
+// (group barriers) with direct copies from peers' buffers in between, so
+// every byte crosses memory once (no staging):
+//   phase 0  every rank posts its descriptor (op, dtype, count, buffers);
+//            the last to arrive compares them (debug check, always on here).
+//   all_gather      rank r copies peer p's send into recv[p]; phase 1.
+//   reduce_scatter  rank r reduces the r-th chunk of every peer's send into
+//                   its recv (fp32 accumulation, rank order); phase 1.
+//   all_reduce      the buffer is split into n balanced chunks; rank r
+//                   reduces chunk r of every send into its own recv; phase 1;
+//                   rank r copies chunk p from peer p's recv; phase 2.
+//   broadcast       non-roots copy the root's send; phase 1.
+// The final rendezvous keeps a rank from returning (and its caller from
+// reusing buffers) while peers still read them. In-place layouts are safe
+// because within a phase no rank writes a region another rank reads.
+// Watchdog: every rendezvous waits until the op's deadline; on expiry the
+// group is aborted with a message naming the ranks that did not arrive and
+// what each was last doing; all later collectives fail with that status.
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "comm_stream.h"
+#include "reduce_kernels.h"
+#include "strata/comm/backends.h"
+#include "strata/core/units.h"
+
+namespace strata::comm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+class LocalGroup {
+ public:
+  LocalGroup(int world_size, CommOptions options)
+      : world_size_(world_size), options_(options), slots_(static_cast<size_t>(world_size)) {}
+
+  int world_size() const { return world_size_; }
+  const CommOptions& options() const { return options_; }
+
+  // Group barrier number `phase` of collective `sequence`. Phase 0 posts
+  // `desc` and checks that every rank posted the same collective.
+  Status rendezvous(int rank, uint64_t sequence, int phase, const CollectiveDesc* desc, Clock::time_point deadline);
+
+  // Descriptor rank `peer` posted for the current collective; valid between
+  // its phase 0 and the collective's last rendezvous.
+  const CollectiveDesc& posted(int peer) const { return slots_[static_cast<size_t>(peer)].desc; }
+
+  Status abort_status() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return aborted_ ? abort_status_ : Status::Ok();
+  }
+
+  // A rank's communicator is gone: peers waiting for it fail at once.
+  void depart(int rank) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      slots_[static_cast<size_t>(rank)].departed = true;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  struct Slot {
+    CollectiveDesc desc;
+    uint64_t sequence = 0;
+    bool posted_any = false;
+    bool departed = false;
+    uint64_t arrivals = 0;  // rendezvous entered
+    int phase = 0;
+  };
+  std::string describe_slot(int peer) const;
+  Status abort_locked(Status status) {
+    if (!aborted_) {
+      aborted_ = true;
+      abort_status_ = std::move(status);
+    }
+    cv_.notify_all();
+    return abort_status_;
+  }
+  Status check_descriptors_locked(uint64_t sequence) const;
+
+  const int world_size_;
+  const CommOptions options_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::vector<Slot> slots_;
+  uint64_t generation_ = 0;  // completed rendezvous
+  int waiting_ = 0;
+  bool aborted_ = false;
+  Status abort_status_;
+};
+
+std::string LocalGroup::describe_slot(int peer) const {
+  const Slot& s = slots_[static_cast<size_t>(peer)];
+  if (s.departed) return fmt::format("rank {} destroyed its communicator", peer);
+  if (!s.posted_any) return fmt::format("rank {} has issued no collective yet", peer);
+  return fmt::format("rank {} last entered {} #{} (phase {})", peer, describe(s.desc, world_size_), s.sequence,
+                     s.phase);
+}
+
+Status LocalGroup::check_descriptors_locked(uint64_t sequence) const {
+  const CollectiveDesc& a = slots_[0].desc;
+  for (int p = 1; p < world_size_; ++p) {
+    const CollectiveDesc& b = slots_[static_cast<size_t>(p)].desc;
+    const bool same = a.op == b.op && (a.op == CollectiveOp::kBarrier ||
+                                       (a.dtype == b.dtype && a.count == b.count &&
+                                        (a.op != CollectiveOp::kBroadcast || a.root == b.root) &&
+                                        ((a.op != CollectiveOp::kAllReduce && a.op != CollectiveOp::kReduceScatter) ||
+                                         a.reduce == b.reduce)));
+    if (!same) {
+      return FailedPrecondition(fmt::format(
+          "collective mismatch at #{} on local ({} ranks): rank 0 issued {} but rank {} issued {}. Every rank must "
+          "issue the same collectives, with the same dtype, count, root and reduction, in the same order (a "
+          "classic ZeRO-3 hang: a parameter gathered on some ranks only); the group is unusable now",
+          sequence, world_size_, describe(a, world_size_), p, describe(b, world_size_)));
+    }
+  }
+  return Status::Ok();
+}
+
+Status LocalGroup::rendezvous(int rank, uint64_t sequence, int phase, const CollectiveDesc* desc,
+                              Clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (aborted_) return abort_status_;
+  Slot& me = slots_[static_cast<size_t>(rank)];
+  if (desc != nullptr) {
+    me.desc = *desc;
+    me.sequence = sequence;
+    me.posted_any = true;
+  }
+  me.phase = phase;
+  ++me.arrivals;
+  const uint64_t my_generation = generation_;
+  if (++waiting_ == world_size_) {
+    if (phase == 0) {
+      Status mismatch = check_descriptors_locked(sequence);
+      if (!mismatch.ok()) return abort_locked(std::move(mismatch));
+    }
+    waiting_ = 0;
+    ++generation_;
+    cv_.notify_all();
+    return Status::Ok();
+  }
+  for (;;) {
+    if (generation_ != my_generation) return Status::Ok();
+    if (aborted_) return abort_status_;
+    bool someone_departed = false;
+    for (const Slot& s : slots_) someone_departed |= s.departed;
+    const bool timed_out = options_.timeout.count() > 0 && Clock::now() >= deadline;
+    if (timed_out || someone_departed) {
+      std::vector<int> missing;
+      std::string details;
+      for (int p = 0; p < world_size_; ++p) {
+        const Slot& s = slots_[static_cast<size_t>(p)];
+        if (s.arrivals <= my_generation || s.departed) {
+          missing.push_back(p);
+          details += "; " + describe_slot(p);
+        }
+      }
+      const CollectiveDesc& mine = me.desc;
+      std::string reason = timed_out ? fmt::format("did not complete within {} ms", options_.timeout.count())
+                                     : std::string("cannot complete");
+      return abort_locked(DeadlineExceeded(fmt::format(
+          "comm watchdog: {} #{} ({} B) on local rank {} of {} {}: ranks that did not arrive: {}{}. Hint: every "
+          "rank must issue the same collectives in the same order; if a rank is legitimately slow raise "
+          "CommOptions::timeout or STRATA_COMM_TIMEOUT_MS",
+          op_name(mine.op), sequence, recv_bytes(mine, world_size_), rank, world_size_, reason,
+          detail::format_rank_list(missing), details)));
+    }
+    if (options_.timeout.count() > 0) {
+      cv_.wait_until(lock, deadline);
+    } else {
+      cv_.wait(lock);
+    }
+  }
+}
+
+class LocalCommunicator final : public Communicator {
+ public:
+  LocalCommunicator(std::shared_ptr<LocalGroup> group, int rank)
+      : group_(std::move(group)), rank_(rank), stream_(fmt::format("comm-local-{}", rank)) {}
+  ~LocalCommunicator() override {
+    // Queued collectives finish (or time out) before the rank leaves; the
+    // stream's destructor runs them. Then peers learn we are gone.
+    drain();
+    group_->depart(rank_);
+  }
+
+  Backend backend() const override { return Backend::kLocal; }
+  int rank() const override { return rank_; }
+  int world_size() const override { return group_->world_size(); }
+
+  Result<CommBuffer> allocate_buffer(size_t bytes) override {
+    if (bytes == 0) return CommBuffer();
+    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (p == nullptr) return OutOfMemory(fmt::format("local comm buffer of {}", format_bytes(bytes, true)));
+    return CommBuffer(p, bytes, [](void* q) { std::free(q); });
+  }
+  Status upload(void* dst, const void* src, size_t bytes) override {
+    if (bytes > 0) std::memcpy(dst, src, bytes);
+    return Status::Ok();
+  }
+  Status download(void* dst, const void* src, size_t bytes) override {
+    if (bytes > 0) std::memcpy(dst, src, bytes);
+    return Status::Ok();
+  }
+
+ protected:
+  Result<CommWork> submit(const CollectiveDesc& desc, uint64_t sequence) override {
+    return stream_.enqueue(sequence, [this, desc, sequence] { return execute(desc, sequence); });
+  }
+
+ private:
+  void drain() {
+    Status s = synchronize();
+    s.ignore();
+  }
+  Status execute(const CollectiveDesc& d, uint64_t sequence);
+
+  std::shared_ptr<LocalGroup> group_;
+  const int rank_;
+  detail::CommStream stream_;
+};
+
+Status LocalCommunicator::execute(const CollectiveDesc& d, uint64_t sequence) {
+  LocalGroup& g = *group_;
+  const int n = g.world_size();
+  const Clock::time_point deadline = Clock::now() + g.options().timeout;
+  STRATA_RETURN_IF_ERROR(g.rendezvous(rank_, sequence, 0, &d, deadline));
+  if (d.op == CollectiveOp::kBarrier || d.count == 0) return Status::Ok();
+
+  const size_t elt = dtype_size(d.dtype);
+  auto* recv = static_cast<char*>(d.recv);
+  switch (d.op) {
+    case CollectiveOp::kAllGather: {
+      const size_t chunk = d.count * elt;
+      for (int p = 0; p < n; ++p) {
+        const auto* src = static_cast<const char*>(g.posted(p).send);
+        char* dst = recv + static_cast<size_t>(p) * chunk;
+        if (src != dst) std::memcpy(dst, src, chunk);
+      }
+      return g.rendezvous(rank_, sequence, 1, nullptr, deadline);
+    }
+    case CollectiveOp::kReduceScatter: {
+      std::vector<const void*> inputs(static_cast<size_t>(n));
+      const size_t offset = static_cast<size_t>(rank_) * d.count * elt;
+      for (int p = 0; p < n; ++p) inputs[static_cast<size_t>(p)] = static_cast<const char*>(g.posted(p).send) + offset;
+      detail::reduce_elements(d.dtype, d.reduce, inputs.data(), n, d.count, d.recv, n);
+      return g.rendezvous(rank_, sequence, 1, nullptr, deadline);
+    }
+    case CollectiveOp::kAllReduce: {
+      auto chunk_begin = [&](int p) { return d.count * static_cast<size_t>(p) / static_cast<size_t>(n); };
+      const size_t begin = chunk_begin(rank_);
+      const size_t len = chunk_begin(rank_ + 1) - begin;
+      std::vector<const void*> inputs(static_cast<size_t>(n));
+      for (int p = 0; p < n; ++p) {
+        inputs[static_cast<size_t>(p)] = static_cast<const char*>(g.posted(p).send) + begin * elt;
+      }
+      detail::reduce_elements(d.dtype, d.reduce, inputs.data(), n, len, recv + begin * elt, n);
+      STRATA_RETURN_IF_ERROR(g.rendezvous(rank_, sequence, 1, nullptr, deadline));
+      for (int p = 0; p < n; ++p) {
+        if (p == rank_) continue;
+        const size_t b = chunk_begin(p);
+        const size_t l = chunk_begin(p + 1) - b;
+        std::memcpy(recv + b * elt, static_cast<const char*>(g.posted(p).recv) + b * elt, l * elt);
+      }
+      return g.rendezvous(rank_, sequence, 2, nullptr, deadline);
+    }
+    case CollectiveOp::kBroadcast: {
+      const auto* src = static_cast<const char*>(g.posted(d.root).send);
+      if (src != recv) std::memcpy(recv, src, d.count * elt);
+      return g.rendezvous(rank_, sequence, 1, nullptr, deadline);
+    }
+    case CollectiveOp::kBarrier: break;
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::vector<std::unique_ptr<Communicator>>> create_local_group(int world_size, CommOptions options) {
+  if (world_size < 1 || world_size > 1024) {
+    return InvalidArgument(fmt::format("local comm: world size {} out of range; use 1..1024 ranks (--ranks)",
+                                       world_size));
+  }
+  auto group = std::make_shared<LocalGroup>(world_size, options);
+  std::vector<std::unique_ptr<Communicator>> ranks;
+  ranks.reserve(static_cast<size_t>(world_size));
+  for (int r = 0; r < world_size; ++r) ranks.push_back(std::make_unique<LocalCommunicator>(group, r));
+  return ranks;
+}
+
+}  // namespace strata::comm

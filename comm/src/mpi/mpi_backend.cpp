@@ -1,0 +1,492 @@
+// The `mpi` backend: one rank per process under mpirun (OpenMPI).
+//
+// Note [MPI collectives with a watchdog]
+// Each collective runs on the communicator's CommStream as
+//   1. handshake (debug checks on): every rank sends its op descriptor to
+//      every peer on a private control communicator (tag = sequence mod
+//      32767) and receives theirs. When all arrived, descriptors are compared
+//      (mismatch -> FailedPrecondition on every rank, before any data moves).
+//      If the deadline passes first, the peers whose descriptors are missing
+//      are the ranks that did not arrive; a message they sent for another
+//      sequence number (probed) tells what they are doing instead.
+//   2. the nonblocking MPI collective on a second private communicator,
+//      polled with MPI_Test until done or the deadline.
+// bf16/fp16 reductions are staged through fp32 scratch (convert, reduce in
+// fp32 with MPI_FLOAT, convert back once), so they accumulate in fp32 like
+// `local`; avg is an fp32 sum divided by the world size. A failed or timed
+// out collective poisons the communicator: MPI cannot cancel a started
+// collective, so later collectives fail fast instead of mismatching.
+#include <mpi.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <array>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "../comm_stream.h"
+#include "../reduce_kernels.h"
+#include "mpi_bootstrap.h"
+#include "strata/comm/backends.h"
+#include "strata/core/units.h"
+
+namespace strata::comm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// MPI_Init_thread on first use; MPI_Finalize at exit if we initialized it.
+struct MpiRuntime {
+  bool initialized_here = false;
+  int thread_level = MPI_THREAD_SINGLE;
+  Status status;
+  std::mutex serial_mutex;  // serializes MPI calls below MPI_THREAD_MULTIPLE
+
+  MpiRuntime() {
+    int already = 0;
+    MPI_Initialized(&already);
+    if (already) {
+      MPI_Query_thread(&thread_level);
+    } else {
+      int argc = 0;
+      char** argv = nullptr;
+      const int rc = MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &thread_level);
+      if (rc != MPI_SUCCESS) {
+        status = Unavailable(fmt::format("MPI_Init_thread failed (code {}); is this run under mpirun?", rc));
+        return;
+      }
+      initialized_here = true;
+    }
+    if (thread_level < MPI_THREAD_SERIALIZED) {
+      status = Unsupported(fmt::format(
+          "the MPI library provides thread level {} but the mpi communicator needs MPI_THREAD_SERIALIZED or "
+          "better (it calls MPI from its own thread); initialize MPI with MPI_Init_thread",
+          thread_level));
+    }
+  }
+  ~MpiRuntime() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (initialized_here && !finalized) MPI_Finalize();
+  }
+};
+
+MpiRuntime& runtime() {
+  static MpiRuntime rt;
+  return rt;
+}
+
+// Lock held around MPI calls when the library is not fully thread-safe.
+class MpiLock {
+ public:
+  MpiLock() : lock_(runtime().serial_mutex, std::defer_lock) {
+    if (runtime().thread_level < MPI_THREAD_MULTIPLE) lock_.lock();
+  }
+
+ private:
+  std::unique_lock<std::mutex> lock_;
+};
+
+std::string mpi_error_text(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) return fmt::format("MPI error {}", code);
+  return std::string(text, static_cast<size_t>(len));
+}
+
+Status mpi_status(int code, std::string_view what) {
+  if (code == MPI_SUCCESS) return Status::Ok();
+  return IoError(fmt::format("{}: {}", what, mpi_error_text(code)));
+}
+
+// Wire form of a CollectiveDesc for the handshake.
+struct WireDesc {
+  uint64_t sequence, op, dtype, reduce, root, count;
+};
+
+CollectiveDesc from_wire(const WireDesc& w) {
+  CollectiveDesc d;
+  d.op = static_cast<CollectiveOp>(w.op);
+  d.dtype = static_cast<DType>(w.dtype);
+  d.reduce = static_cast<ReduceOp>(w.reduce);
+  d.root = static_cast<int>(w.root);
+  d.count = w.count;
+  return d;
+}
+
+bool same_collective(const WireDesc& a, const WireDesc& b) {
+  if (a.sequence != b.sequence || a.op != b.op) return false;
+  const auto op = static_cast<CollectiveOp>(a.op);
+  if (op == CollectiveOp::kBarrier) return true;
+  if (a.dtype != b.dtype || a.count != b.count) return false;
+  if (op == CollectiveOp::kBroadcast && a.root != b.root) return false;
+  if ((op == CollectiveOp::kAllReduce || op == CollectiveOp::kReduceScatter) && a.reduce != b.reduce) return false;
+  return true;
+}
+
+constexpr int kTagModulus = 32767;  // MPI guarantees tags up to at least 32767
+
+class MpiCommunicator final : public Communicator {
+ public:
+  MpiCommunicator(MPI_Comm data, MPI_Comm control, int rank, int world, CommOptions options)
+      : data_(data), control_(control), rank_(rank), world_(world), options_(options),
+        peer_descs_(static_cast<size_t>(world)) {}
+
+  ~MpiCommunicator() override {
+    Status s = synchronize();
+    s.ignore();
+    stop_stream();
+    if (!poisoned_) {
+      MpiLock lock;
+      MPI_Comm_free(&data_);
+      MPI_Comm_free(&control_);
+    }
+    // A poisoned communicator may have requests MPI cannot cancel; its
+    // communicators are left to MPI_Finalize rather than freed under them.
+  }
+
+  Backend backend() const override { return Backend::kMpi; }
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_; }
+
+  Result<CommBuffer> allocate_buffer(size_t bytes) override {
+    if (bytes == 0) return CommBuffer();
+    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (p == nullptr) return OutOfMemory(fmt::format("mpi comm buffer of {}", format_bytes(bytes, true)));
+    return CommBuffer(p, bytes, [](void* q) { std::free(q); });
+  }
+  Status upload(void* dst, const void* src, size_t bytes) override {
+    if (bytes > 0) std::memcpy(dst, src, bytes);
+    return Status::Ok();
+  }
+  Status download(void* dst, const void* src, size_t bytes) override {
+    if (bytes > 0) std::memcpy(dst, src, bytes);
+    return Status::Ok();
+  }
+
+ protected:
+  Result<CommWork> submit(const CollectiveDesc& desc, uint64_t sequence) override {
+    if (stream_ == nullptr) return FailedPrecondition("mpi communicator is shutting down");
+    return stream_->enqueue(sequence, [this, desc, sequence] { return execute(desc, sequence); });
+  }
+
+ private:
+  void stop_stream() { stream_.reset(); }
+  Status execute(const CollectiveDesc& d, uint64_t sequence);
+  Status handshake(const CollectiveDesc& d, uint64_t sequence, Clock::time_point deadline);
+  Status run_collective(const CollectiveDesc& d, uint64_t sequence, Clock::time_point deadline);
+  // Polls `requests` until all complete (true) or the deadline passes
+  // (false); an MPI error ends the poll with *error_code set.
+  bool poll_all(std::vector<MPI_Request>& requests, Clock::time_point deadline, int* error_code);
+  Status poison(Status status) {
+    poisoned_ = true;
+    poison_status_ = status;
+    return status;
+  }
+  std::string where(const CollectiveDesc& d, uint64_t sequence) const {
+    return fmt::format("{} #{} ({} B) on mpi rank {} of {}", op_name(d.op), sequence, recv_bytes(d, world_), rank_,
+                       world_);
+  }
+
+  MPI_Comm data_;
+  MPI_Comm control_;
+  const int rank_;
+  const int world_;
+  const CommOptions options_;
+  // Touched only by the stream's thread.
+  bool poisoned_ = false;
+  Status poison_status_;
+  WireDesc my_desc_{};
+  std::vector<WireDesc> peer_descs_;
+  std::vector<float> scratch_in_;
+  std::vector<float> scratch_out_;
+  std::unique_ptr<detail::CommStream> stream_ = nullptr;
+
+ public:
+  void start_stream() { stream_ = std::make_unique<detail::CommStream>(fmt::format("comm-mpi-{}", rank_)); }
+};
+
+bool MpiCommunicator::poll_all(std::vector<MPI_Request>& requests, Clock::time_point deadline, int* error_code) {
+  *error_code = MPI_SUCCESS;
+  if (requests.empty()) return true;
+  const bool bounded = options_.timeout.count() > 0;
+  for (uint64_t spin = 0;; ++spin) {
+    int flag = 0;
+    {
+      MpiLock lock;
+      const int rc = MPI_Testall(static_cast<int>(requests.size()), requests.data(), &flag, MPI_STATUSES_IGNORE);
+      if (rc != MPI_SUCCESS) {
+        *error_code = rc;
+        return true;
+      }
+    }
+    if (flag) return true;
+    if ((spin & 63) == 0 && bounded && Clock::now() >= deadline) return false;
+    if (spin > 2000) {
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    } else if (spin > 200) {
+      sched_yield();
+    }
+  }
+}
+
+Status MpiCommunicator::handshake(const CollectiveDesc& d, uint64_t sequence, Clock::time_point deadline) {
+  my_desc_ = WireDesc{sequence, static_cast<uint64_t>(d.op), static_cast<uint64_t>(d.dtype),
+                      static_cast<uint64_t>(d.reduce), static_cast<uint64_t>(d.root), d.count};
+  const int tag = static_cast<int>(sequence % kTagModulus);
+  const int words = sizeof(WireDesc) / sizeof(uint64_t);
+  std::vector<MPI_Request> recvs;
+  std::vector<int> recv_peer;
+  std::vector<MPI_Request> sends;
+  {
+    MpiLock lock;
+    for (int p = 0; p < world_; ++p) {
+      if (p == rank_) continue;
+      MPI_Request r;
+      STRATA_RETURN_IF_ERROR(mpi_status(
+          MPI_Irecv(&peer_descs_[static_cast<size_t>(p)], words, MPI_UINT64_T, p, tag, control_, &r), "MPI_Irecv"));
+      recvs.push_back(r);
+      recv_peer.push_back(p);
+      STRATA_RETURN_IF_ERROR(mpi_status(MPI_Isend(&my_desc_, words, MPI_UINT64_T, p, tag, control_, &r), "MPI_Isend"));
+      sends.push_back(r);
+    }
+  }
+  int err = MPI_SUCCESS;
+  if (poll_all(recvs, deadline, &err)) {
+    STRATA_RETURN_IF_ERROR(mpi_status(err, fmt::format("handshake of {}", where(d, sequence))));
+    if (!poll_all(sends, deadline, &err)) {
+      return poison(DeadlineExceeded(fmt::format("comm watchdog: {}: handshake sends did not complete within {} ms",
+                                                 where(d, sequence), options_.timeout.count())));
+    }
+    for (int p = 0; p < world_; ++p) {
+      if (p == rank_) continue;
+      const WireDesc& other = peer_descs_[static_cast<size_t>(p)];
+      if (!same_collective(my_desc_, other)) {
+        return poison(FailedPrecondition(fmt::format(
+            "collective mismatch at #{} on mpi ({} ranks): rank {} issued {} but rank {} issued {} (its #{}). "
+            "Every rank must issue the same collectives, with the same dtype, count, root and reduction, in the "
+            "same order (a classic ZeRO-3 hang: a parameter gathered on some ranks only); the communicator is "
+            "unusable now",
+            sequence, world_, rank_, describe(d, world_), p, describe(from_wire(other), world_), other.sequence)));
+      }
+    }
+    return Status::Ok();
+  }
+  // Timed out: find who is missing and, if they sent something else, what.
+  std::vector<int> missing;
+  std::string details;
+  {
+    MpiLock lock;
+    for (size_t i = 0; i < recvs.size(); ++i) {
+      int done = 0;
+      MPI_Test(&recvs[i], &done, MPI_STATUS_IGNORE);
+      if (done) continue;
+      const int p = recv_peer[i];
+      missing.push_back(p);
+      MPI_Cancel(&recvs[i]);
+      MPI_Wait(&recvs[i], MPI_STATUS_IGNORE);
+      int waiting = 0;
+      MPI_Status st;
+      MPI_Iprobe(p, MPI_ANY_TAG, control_, &waiting, &st);
+      if (waiting) {
+        WireDesc other{};
+        MPI_Recv(&other, words, MPI_UINT64_T, p, st.MPI_TAG, control_, MPI_STATUS_IGNORE);
+        details += fmt::format("; rank {} is in {} #{} instead", p, describe(from_wire(other), world_), other.sequence);
+      } else {
+        details += fmt::format("; rank {} has not issued #{}", p, sequence);
+      }
+    }
+    for (MPI_Request& r : sends) {
+      if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);  // tiny eager sends complete on their own
+    }
+  }
+  return poison(DeadlineExceeded(fmt::format(
+      "comm watchdog: {} did not complete within {} ms: ranks that did not arrive: {}{}. Hint: every rank must "
+      "issue the same collectives in the same order; if a rank is legitimately slow raise CommOptions::timeout or "
+      "STRATA_COMM_TIMEOUT_MS",
+      where(d, sequence), options_.timeout.count(), detail::format_rank_list(missing), details)));
+}
+
+Status MpiCommunicator::execute(const CollectiveDesc& d, uint64_t sequence) {
+  if (poisoned_) {
+    return FailedPrecondition(fmt::format("{}: communicator unusable after an earlier failure: {}", where(d, sequence),
+                                          poison_status_.message()));
+  }
+  const Clock::time_point deadline = Clock::now() + options_.timeout;
+  if (options_.debug_checks && world_ > 1) STRATA_RETURN_IF_ERROR(handshake(d, sequence, deadline));
+  Status s = run_collective(d, sequence, deadline);
+  if (!s.ok() && !poisoned_) poison(s);
+  return s;
+}
+
+Status MpiCommunicator::run_collective(const CollectiveDesc& d, uint64_t sequence, Clock::time_point deadline) {
+  const size_t elt = dtype_size(d.dtype);
+  if (d.op != CollectiveOp::kBarrier && d.count > static_cast<size_t>(INT_MAX)) {
+    return Unsupported(fmt::format("{}: count {} exceeds MPI's int count limit {}; split the buffer",
+                                   where(d, sequence), d.count, INT_MAX));
+  }
+  const int count = static_cast<int>(d.count);
+  const bool is16 = d.dtype != DType::kF32;
+  const MPI_Datatype move_type = is16 ? MPI_UINT16_T : MPI_FLOAT;
+  const MPI_Op mpi_op = d.reduce == ReduceOp::kMax ? MPI_MAX : MPI_SUM;
+  MPI_Request req = MPI_REQUEST_NULL;
+  int rc = MPI_SUCCESS;
+  // Post-processing after completion: avg division and 16-bit conversion.
+  float* reduced = nullptr;  // fp32 result to finish into d.recv
+  size_t reduced_count = 0;
+  {
+    switch (d.op) {
+      case CollectiveOp::kBarrier: {
+        MpiLock lock;
+        rc = MPI_Ibarrier(data_, &req);
+        break;
+      }
+      case CollectiveOp::kAllGather: {
+        const void* send = d.send == static_cast<char*>(d.recv) + static_cast<size_t>(rank_) * d.count * elt
+                               ? MPI_IN_PLACE
+                               : d.send;
+        if (d.count == 0) break;
+        MpiLock lock;
+        rc = MPI_Iallgather(send, count, move_type, d.recv, count, move_type, data_, &req);
+        break;
+      }
+      case CollectiveOp::kBroadcast: {
+        if (d.count == 0) break;
+        if (rank_ == d.root && d.send != d.recv) std::memcpy(d.recv, d.send, d.count * elt);
+        MpiLock lock;
+        rc = MPI_Ibcast(d.recv, count, move_type, d.root, data_, &req);
+        break;
+      }
+      case CollectiveOp::kReduceScatter: {
+        if (d.count == 0) break;
+        const size_t total = d.count * static_cast<size_t>(world_);
+        const float* in = static_cast<const float*>(d.send);
+        if (is16) {
+          scratch_in_.resize(total);
+          detail::to_fp32(d.dtype, d.send, scratch_in_.data(), total);
+          in = scratch_in_.data();
+        }
+        const bool in_place = static_cast<const char*>(d.send) + static_cast<size_t>(rank_) * d.count * elt ==
+                              static_cast<const char*>(d.recv);
+        float* out = static_cast<float*>(d.recv);
+        if (is16 || in_place) {
+          scratch_out_.resize(d.count);
+          out = scratch_out_.data();
+        }
+        reduced = out;
+        reduced_count = d.count;
+        MpiLock lock;
+        rc = MPI_Ireduce_scatter_block(in, out, count, MPI_FLOAT, mpi_op, data_, &req);
+        break;
+      }
+      case CollectiveOp::kAllReduce: {
+        if (d.count == 0) break;
+        float* out = static_cast<float*>(d.recv);
+        const void* in = d.send == d.recv ? MPI_IN_PLACE : d.send;
+        if (is16) {
+          scratch_out_.resize(d.count);
+          detail::to_fp32(d.dtype, d.send, scratch_out_.data(), d.count);
+          out = scratch_out_.data();
+          in = MPI_IN_PLACE;
+        }
+        reduced = out;
+        reduced_count = d.count;
+        MpiLock lock;
+        rc = MPI_Iallreduce(in, out, count, MPI_FLOAT, mpi_op, data_, &req);
+        break;
+      }
+    }
+  }
+  STRATA_RETURN_IF_ERROR(mpi_status(rc, where(d, sequence)));
+  if (req != MPI_REQUEST_NULL) {
+    std::vector<MPI_Request> reqs{req};
+    int err = MPI_SUCCESS;
+    if (!poll_all(reqs, deadline, &err)) {
+      return poison(DeadlineExceeded(fmt::format(
+          "comm watchdog: {} did not complete within {} ms although {}; a rank may have died or stalled inside "
+          "MPI. Hint: check the other ranks' logs; raise CommOptions::timeout or STRATA_COMM_TIMEOUT_MS if they "
+          "are merely slow",
+          where(d, sequence), options_.timeout.count(),
+          options_.debug_checks ? "every rank arrived (handshake complete)"
+                                : "arrival is unknown (debug checks off: STRATA_COMM_DEBUG=0)")));
+    }
+    STRATA_RETURN_IF_ERROR(mpi_status(err, where(d, sequence)));
+  }
+  if (reduced != nullptr) {
+    if (d.reduce == ReduceOp::kAvg) {
+      const auto n = static_cast<float>(world_);
+      for (size_t i = 0; i < reduced_count; ++i) reduced[i] /= n;
+    }
+    if (is16) {
+      detail::from_fp32(d.dtype, reduced, d.recv, reduced_count);
+    } else if (reduced != d.recv) {
+      std::memcpy(d.recv, reduced, reduced_count * sizeof(float));
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+bool mpi_compiled() { return true; }
+
+bool launched_by_mpi() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"}) {
+    if (std::getenv(v) != nullptr) return true;
+  }
+  return false;
+}
+
+std::string mpi_library_version() {
+  char text[MPI_MAX_LIBRARY_VERSION_STRING];
+  int len = 0;
+  if (MPI_Get_library_version(text, &len) != MPI_SUCCESS) return "unknown";
+  std::string s(text, static_cast<size_t>(len));
+  const size_t nl = s.find_first_of("\n,");
+  if (nl != std::string::npos) s.resize(nl);
+  return s;
+}
+
+Result<std::unique_ptr<Communicator>> create_mpi_communicator(CommOptions options) {
+  MpiRuntime& rt = runtime();
+  STRATA_RETURN_IF_ERROR(rt.status);
+  MpiLock lock;
+  MPI_Comm data = MPI_COMM_NULL;
+  MPI_Comm control = MPI_COMM_NULL;
+  STRATA_RETURN_IF_ERROR(mpi_status(MPI_Comm_dup(MPI_COMM_WORLD, &data), "MPI_Comm_dup"));
+  STRATA_RETURN_IF_ERROR(mpi_status(MPI_Comm_dup(MPI_COMM_WORLD, &control), "MPI_Comm_dup"));
+  MPI_Comm_set_errhandler(data, MPI_ERRORS_RETURN);
+  MPI_Comm_set_errhandler(control, MPI_ERRORS_RETURN);
+  int rank = 0;
+  int world = 1;
+  MPI_Comm_rank(data, &rank);
+  MPI_Comm_size(data, &world);
+  auto comm = std::make_unique<MpiCommunicator>(data, control, rank, world, options);
+  comm->start_stream();
+  return std::unique_ptr<Communicator>(std::move(comm));
+}
+
+}  // namespace strata::comm
+
+namespace strata::comm::detail {
+
+Status mpi_world(int* rank, int* world_size) {
+  STRATA_RETURN_IF_ERROR(runtime().status);
+  MpiLock lock;
+  STRATA_RETURN_IF_ERROR(mpi_status(MPI_Comm_rank(MPI_COMM_WORLD, rank), "MPI_Comm_rank"));
+  return mpi_status(MPI_Comm_size(MPI_COMM_WORLD, world_size), "MPI_Comm_size");
+}
+
+Status mpi_broadcast_bytes(void* data, size_t bytes, int root) {
+  STRATA_RETURN_IF_ERROR(runtime().status);
+  MpiLock lock;
+  return mpi_status(MPI_Bcast(data, static_cast<int>(bytes), MPI_BYTE, root, MPI_COMM_WORLD), "MPI_Bcast");
+}
+
+}  // namespace strata::comm::detail
