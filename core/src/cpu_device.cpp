@@ -1,0 +1,528 @@
+// The cpu device backend.
+//
+// Note [cpu device]
+// A real device, not a mock: code written against it behaves as on CUDA.
+//  - Memory is host memory under a capacity limit (DeviceOptions::
+//    device_memory_bytes). Allocations are 256-byte aligned and counted at
+//    their 256-rounded size; past the limit allocate() returns OutOfMemory
+//    with requested, in use and limit.
+//  - Each stream is an ordered queue drained by its own worker thread, so
+//    streams run concurrently and host functions (the cpu device's
+//    "kernels") on different streams overlap.
+//  - Copies run on copy-engine threads (one for H2D and D2D, one for D2H,
+//    like a GPU's DMA engines): the stream's worker hands the copy to the
+//    engine and waits for it, keeping stream order, while other streams go
+//    on. Two streams copying in the same direction share one engine.
+//  - Device pointers are checked: a copy or memset whose device side is not
+//    inside a live allocation is an InvalidArgument naming the pointer,
+//    which catches on the cpu device the bugs that fault on a GPU.
+//  - Host ranges pinned through pin_host()/allocate_pinned_host() are
+//    remembered. A copy whose host side is pageable completes before
+//    copy_async returns, as cudaMemcpyAsync does with pageable memory, so
+//    code that only overlaps with pinned memory here also does on CUDA.
+//  - Events track generations: record() makes a new one, query()/
+//    synchronize() look at the newest at call time, Stream::wait() at the
+//    newest at the time of the wait, as in CUDA.
+//  - A host function that throws sets a sticky error on its stream,
+//    reported by the next synchronize().
+#include "cpu_device.h"
+
+#include <sys/mman.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "strata/core/units.h"
+
+namespace strata::detail {
+namespace {
+
+constexpr size_t kDeviceAlignment = 256;
+constexpr size_t kPageBytes = 4096;
+
+size_t round_up(size_t bytes, size_t alignment) { return (bytes + alignment - 1) / alignment * alignment; }
+
+using Clock = std::chrono::steady_clock;
+
+// The worker thread currently running a stream's queue, to catch host
+// functions that would deadlock by synchronizing their own device.
+thread_local const void* tls_current_worker_device = nullptr;
+
+// One copy engine: a thread that runs copies handed to it, in order.
+class CopyEngine {
+ public:
+  CopyEngine() : thread_([this] { run(); }) {}
+  ~CopyEngine() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  // Runs the copy on the engine thread; returns when it is done.
+  void copy(void* dst, const void* src, size_t bytes) {
+    Job job{dst, src, bytes};
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      jobs_.push_back(&job);
+    }
+    cv_.notify_all();
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_cv_.wait(lock, [&] { return job.done; });
+  }
+
+ private:
+  struct Job {
+    void* dst;
+    const void* src;
+    size_t bytes;
+    bool done = false;
+  };
+  void run() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+      if (jobs_.empty()) return;  // stop_ and drained
+      Job* job = jobs_.front();
+      jobs_.pop_front();
+      lock.unlock();
+      std::memcpy(job->dst, job->src, job->bytes);
+      lock.lock();
+      job->done = true;
+      done_cv_.notify_all();
+    }
+  }
+  std::mutex mutex_;
+  std::condition_variable cv_, done_cv_;
+  std::deque<Job*> jobs_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+class CpuDevice;
+
+class CpuEvent final : public Event {
+ public:
+  explicit CpuEvent(Device* device) : Event(device) {}
+
+  // Called by record() at issue time: a new generation.
+  uint64_t begin_record() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const uint64_t generation = ++recorded_;
+    pending_.insert(generation);
+    return generation;
+  }
+  // Called by the stream worker when the captured work has run.
+  void complete(uint64_t generation) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      pending_.erase(generation);
+      if (generation > timestamp_generation_) {
+        timestamp_generation_ = generation;
+        timestamp_ = Clock::now();
+      }
+    }
+    cv_.notify_all();
+  }
+  uint64_t newest_generation() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return recorded_;
+  }
+  void wait_generation(uint64_t generation) {
+    if (generation == 0) return;
+    std::unique_lock<std::mutex> lock(mutex_);
+    cv_.wait(lock, [&] { return pending_.count(generation) == 0; });
+  }
+  bool query() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return recorded_ == 0 || pending_.count(recorded_) == 0;
+  }
+  Status synchronize() override {
+    wait_generation(newest_generation());
+    return Status::Ok();
+  }
+  // Completion time of the newest record, if it has completed.
+  Result<Clock::time_point> completed_at() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (recorded_ == 0) return FailedPrecondition("event was never recorded; record() it on a stream first");
+    if (pending_.count(recorded_) != 0 || timestamp_generation_ != recorded_)
+      return FailedPrecondition("event has not completed yet; synchronize() it first");
+    return timestamp_;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  uint64_t recorded_ = 0;
+  std::set<uint64_t> pending_;
+  uint64_t timestamp_generation_ = 0;
+  Clock::time_point timestamp_{};
+};
+
+class CpuStream final : public Stream {
+ public:
+  CpuStream(CpuDevice* device);
+  ~CpuStream() override;
+
+  Status copy_async(void* dst, const void* src, size_t bytes, CopyKind kind) override;
+  Status launch_host(HostFn fn) override;
+  Status record(Event& event) override;
+  Status synchronize() override;
+  Status memset_async(void* dst, int value, size_t bytes) override;
+  Status wait(Event& event) override;
+  Status free_async(DeviceBuffer&& buffer) override;
+  bool query() override;
+
+ private:
+  // Enqueues `op`; returns its sequence number (1-based).
+  uint64_t enqueue(std::function<void()> op);
+  void wait_for(uint64_t sequence);
+  void run();
+
+  CpuDevice* cpu_device_;
+  std::mutex mutex_;
+  std::condition_variable work_cv_, done_cv_;
+  std::deque<std::function<void()>> queue_;
+  uint64_t issued_ = 0;
+  uint64_t completed_ = 0;
+  bool stop_ = false;
+  Status sticky_error_;
+  std::thread thread_;
+};
+
+class CpuDevice final : public Device {
+ public:
+  explicit CpuDevice(uint64_t capacity_bytes) : capacity_bytes_(capacity_bytes) {
+    caps_.backend = "cpu";
+    caps_.name = fmt::format("cpu (host memory, {} cap)", format_bytes(capacity_bytes, true));
+    caps_.ordinal = 0;
+    caps_.memory_bytes = capacity_bytes;
+    caps_.allocation_alignment = kDeviceAlignment;
+    caps_.copy_engines = 2;
+    caps_.async_copies = true;
+    caps_.host_functions = true;
+    caps_.host_addressable = true;
+    caps_.pinning_counts_memlock = true;
+  }
+  ~CpuDevice() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    STRATA_CHECK(streams_.empty(), "cpu device destroyed while streams are alive; destroy streams first");
+    STRATA_CHECK(allocations_.empty(),
+                 fmt::format("cpu device destroyed with {} live buffer(s); free DeviceBuffers first",
+                             allocations_.size()));
+  }
+
+  const DeviceCaps& caps() const override { return caps_; }
+
+  Result<DeviceBuffer> allocate(size_t bytes) override {
+    if (bytes == 0) return DeviceBuffer();
+    const size_t footprint = round_up(bytes, kDeviceAlignment);
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (footprint > capacity_bytes_ - in_use_bytes_ || footprint < bytes) {
+      return OutOfMemory(fmt::format(
+          "cpu device out of memory: requested {} ({} bytes), in use {}, limit {}; raise --device-memory "
+          "(device_memory_bytes) or free buffers first",
+          format_bytes(bytes, true), bytes, format_bytes(in_use_bytes_, true), format_bytes(capacity_bytes_, true)));
+    }
+    void* data = std::aligned_alloc(kDeviceAlignment, footprint);
+    if (data == nullptr)
+      return OutOfMemory(fmt::format("cpu device: host allocation of {} failed (the machine is out of memory)",
+                                     format_bytes(footprint, true)));
+    in_use_bytes_ += footprint;
+    allocations_.emplace(reinterpret_cast<uintptr_t>(data), footprint);
+    stats_.on_allocate(Tier::kDevice, footprint);
+    return wrap_buffer(data, bytes);
+  }
+
+  Result<std::unique_ptr<Stream>> create_stream() override {
+    auto stream = std::make_unique<CpuStream>(this);
+    return std::unique_ptr<Stream>(std::move(stream));
+  }
+  Result<std::unique_ptr<Event>> create_event() override {
+    return std::unique_ptr<Event>(std::make_unique<CpuEvent>(this));
+  }
+
+  Status synchronize() override {
+    STRATA_CHECK(tls_current_worker_device != this,
+                 "a host function synchronized (or freed a DeviceBuffer of) its own device: this deadlocks; "
+                 "free with Stream::free_async instead");
+    std::vector<CpuStream*> streams;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      streams.assign(streams_.begin(), streams_.end());
+    }
+    Status first;
+    for (CpuStream* s : streams) {
+      Status st = s->synchronize();
+      if (first.ok() && !st.ok()) first = std::move(st);
+    }
+    return first;
+  }
+
+  Status copy(void* dst, const void* src, size_t bytes, CopyKind kind) override {
+    STRATA_RETURN_IF_ERROR(check_copy(dst, src, bytes, kind));
+    if (bytes > 0) engine_for(kind).copy(dst, src, bytes);
+    return Status::Ok();
+  }
+  Status memset(void* dst, int value, size_t bytes) override {
+    STRATA_RETURN_IF_ERROR(check_device_range(dst, bytes, "memset destination"));
+    if (bytes > 0) std::memset(dst, value, bytes);
+    return Status::Ok();
+  }
+  Result<double> elapsed_ms(Event& start, Event& end) override {
+    auto* s = dynamic_cast<CpuEvent*>(&start);
+    auto* e = dynamic_cast<CpuEvent*>(&end);
+    if (s == nullptr || e == nullptr || &start.device() != this || &end.device() != this)
+      return InvalidArgument("elapsed_ms: both events must belong to this cpu device");
+    STRATA_ASSIGN_OR_RETURN(Clock::time_point t0, s->completed_at());
+    STRATA_ASSIGN_OR_RETURN(Clock::time_point t1, e->completed_at());
+    return std::chrono::duration<double, std::milli>(t1 - t0).count();
+  }
+
+  Status pin_host(void* ptr, size_t bytes) override {
+    if (ptr == nullptr || bytes == 0) return InvalidArgument("pin_host: null pointer or zero bytes");
+    if (mlock(ptr, bytes) != 0) {
+      return ErrnoStatus(errno, fmt::format("mlock({} at {}) (RLIMIT_MEMLOCK too low? raise `ulimit -l`)",
+                                            format_bytes(bytes, true), ptr));
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    pinned_.emplace(reinterpret_cast<uintptr_t>(ptr), bytes);
+    return Status::Ok();
+  }
+  Status unpin_host(void* ptr, size_t bytes) override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = pinned_.find(reinterpret_cast<uintptr_t>(ptr));
+      if (it == pinned_.end() || it->second != bytes)
+        return InvalidArgument(fmt::format("unpin_host: {} ({} bytes) was not pinned by pin_host", ptr, bytes));
+      pinned_.erase(it);
+    }
+    if (munlock(ptr, bytes) != 0) return ErrnoStatus(errno, fmt::format("munlock({} bytes at {})", bytes, ptr));
+    return Status::Ok();
+  }
+  Result<void*> allocate_pinned_host(size_t bytes) override {
+    if (bytes == 0) return InvalidArgument("allocate_pinned_host: zero bytes");
+    void* data = std::aligned_alloc(kPageBytes, round_up(bytes, kPageBytes));
+    if (data == nullptr) return OutOfMemory(fmt::format("host allocation of {} failed", format_bytes(bytes, true)));
+    Status st = pin_host(data, bytes);
+    if (!st.ok()) {
+      std::free(data);
+      return st;
+    }
+    return data;
+  }
+  void free_pinned_host(void* ptr, size_t bytes) override {
+    if (ptr == nullptr) return;
+    unpin_host(ptr, bytes).ignore();  // munlock of our own mapping cannot fail in practice
+    std::free(ptr);
+  }
+
+  // --- used by CpuStream ---
+  void add_stream(CpuStream* s) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    streams_.insert(s);
+  }
+  void remove_stream(CpuStream* s) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    streams_.erase(s);
+  }
+  CopyEngine& engine_for(CopyKind kind) { return kind == CopyKind::kDeviceToHost ? d2h_engine_ : h2d_engine_; }
+
+  Status check_device_range(const void* ptr, size_t bytes, std::string_view role) {
+    if (bytes == 0) return Status::Ok();
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (range_in(allocations_, ptr, bytes)) return Status::Ok();
+    return InvalidArgument(fmt::format(
+        "cpu device: {} {} (+{} bytes) is not inside a live device allocation; pass memory from "
+        "Device::allocate() (a host pointer here would fault on a GPU)",
+        role, ptr, bytes));
+  }
+  bool host_range_pinned(const void* ptr, size_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return range_in(pinned_, ptr, bytes);
+  }
+  Status check_copy(void* dst, const void* src, size_t bytes, CopyKind kind) {
+    if (bytes == 0) return Status::Ok();
+    if (dst == nullptr || src == nullptr)
+      return InvalidArgument(fmt::format("{} copy of {} bytes with a null pointer", copy_kind_name(kind), bytes));
+    if (kind != CopyKind::kHostToDevice) STRATA_RETURN_IF_ERROR(check_device_range(src, bytes, "copy source"));
+    if (kind != CopyKind::kDeviceToHost) STRATA_RETURN_IF_ERROR(check_device_range(dst, bytes, "copy destination"));
+    return Status::Ok();
+  }
+  void note_worker(bool entering) { tls_current_worker_device = entering ? this : nullptr; }
+
+ protected:
+  void free_device_memory(void* data, size_t bytes, bool synchronize_first) override {
+    (void)bytes;
+    if (synchronize_first) synchronize().ignore();  // errors stay sticky on their streams
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = allocations_.find(reinterpret_cast<uintptr_t>(data));
+    STRATA_CHECK(it != allocations_.end(), "cpu device: freeing memory it did not allocate (double free?)");
+    in_use_bytes_ -= it->second;
+    stats_.on_free(Tier::kDevice, it->second);
+    allocations_.erase(it);
+    std::free(data);
+  }
+
+ private:
+  static bool range_in(const std::map<uintptr_t, size_t>& ranges, const void* ptr, size_t bytes) {
+    const auto p = reinterpret_cast<uintptr_t>(ptr);
+    auto it = ranges.upper_bound(p);
+    if (it == ranges.begin()) return false;
+    --it;
+    return p >= it->first && p + bytes >= p && p + bytes <= it->first + it->second;
+  }
+
+  DeviceCaps caps_;
+  const uint64_t capacity_bytes_;
+  std::mutex mutex_;
+  uint64_t in_use_bytes_ = 0;
+  std::map<uintptr_t, size_t> allocations_;  // start -> footprint
+  std::map<uintptr_t, size_t> pinned_;       // start -> bytes
+  std::set<CpuStream*> streams_;
+  CopyEngine h2d_engine_;  // H2D and D2D
+  CopyEngine d2h_engine_;
+};
+
+CpuStream::CpuStream(CpuDevice* device) : Stream(device), cpu_device_(device) {
+  device->add_stream(this);
+  thread_ = std::thread([this] { run(); });
+}
+
+CpuStream::~CpuStream() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  work_cv_.notify_all();
+  thread_.join();  // drains the queue first
+  cpu_device_->remove_stream(this);
+}
+
+void CpuStream::run() {
+  cpu_device_->note_worker(true);
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    work_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    if (queue_.empty()) break;
+    std::function<void()> op = std::move(queue_.front());
+    queue_.pop_front();
+    lock.unlock();
+    Status failure;
+    try {
+      op();
+    } catch (const std::exception& e) {
+      failure = Internal(fmt::format("host function on a cpu stream threw: {}", e.what()));
+    } catch (...) {
+      failure = Internal("host function on a cpu stream threw a non-std exception");
+    }
+    lock.lock();
+    if (!failure.ok() && sticky_error_.ok()) sticky_error_ = std::move(failure);
+    ++completed_;
+    done_cv_.notify_all();
+  }
+  cpu_device_->note_worker(false);
+}
+
+uint64_t CpuStream::enqueue(std::function<void()> op) {
+  uint64_t sequence;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    queue_.push_back(std::move(op));
+    sequence = ++issued_;
+  }
+  work_cv_.notify_one();
+  return sequence;
+}
+
+void CpuStream::wait_for(uint64_t sequence) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  done_cv_.wait(lock, [&] { return completed_ >= sequence; });
+}
+
+Status CpuStream::copy_async(void* dst, const void* src, size_t bytes, CopyKind kind) {
+  STRATA_RETURN_IF_ERROR(cpu_device_->check_copy(dst, src, bytes, kind));
+  if (bytes == 0) return Status::Ok();
+  CopyEngine* engine = &cpu_device_->engine_for(kind);
+  const uint64_t sequence = enqueue([engine, dst, src, bytes] { engine->copy(dst, src, bytes); });
+  const void* host_side = kind == CopyKind::kHostToDevice ? src : kind == CopyKind::kDeviceToHost ? dst : nullptr;
+  if (host_side != nullptr && !cpu_device_->host_range_pinned(host_side, bytes)) wait_for(sequence);
+  return Status::Ok();
+}
+
+Status CpuStream::launch_host(HostFn fn) {
+  if (!fn) return InvalidArgument("launch_host: empty function");
+  enqueue(std::move(fn));
+  return Status::Ok();
+}
+
+Status CpuStream::record(Event& event) {
+  auto* cpu_event = dynamic_cast<CpuEvent*>(&event);
+  if (cpu_event == nullptr || &event.device() != &device())
+    return InvalidArgument("Stream::record: the event belongs to another device; create it on this device");
+  const uint64_t generation = cpu_event->begin_record();
+  enqueue([cpu_event, generation] { cpu_event->complete(generation); });
+  return Status::Ok();
+}
+
+Status CpuStream::wait(Event& event) {
+  auto* cpu_event = dynamic_cast<CpuEvent*>(&event);
+  if (cpu_event == nullptr || &event.device() != &device())
+    return InvalidArgument("Stream::wait: the event belongs to another device; record it on a stream of this device");
+  const uint64_t generation = cpu_event->newest_generation();
+  if (generation == 0) return Status::Ok();  // never recorded: nothing to wait for (as in CUDA)
+  enqueue([cpu_event, generation] { cpu_event->wait_generation(generation); });
+  return Status::Ok();
+}
+
+Status CpuStream::synchronize() {
+  STRATA_CHECK(tls_current_worker_device != cpu_device_,
+               "a host function synchronized a stream of its own device: this deadlocks");
+  std::unique_lock<std::mutex> lock(mutex_);
+  const uint64_t target = issued_;
+  done_cv_.wait(lock, [&] { return completed_ >= target; });
+  return sticky_error_;
+}
+
+bool CpuStream::query() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return completed_ >= issued_;
+}
+
+Status CpuStream::memset_async(void* dst, int value, size_t bytes) {
+  STRATA_RETURN_IF_ERROR(cpu_device_->check_device_range(dst, bytes, "memset destination"));
+  if (bytes == 0) return Status::Ok();
+  enqueue([dst, value, bytes] { std::memset(dst, value, bytes); });
+  return Status::Ok();
+}
+
+Status CpuStream::free_async(DeviceBuffer&& buffer) {
+  if (!buffer) return Status::Ok();
+  if (buffer.device() != &device()) return InvalidArgument("Stream::free_async: the buffer belongs to another device");
+  const size_t bytes = buffer.size_bytes();
+  void* data = buffer.release();
+  Device* dev = &device();
+  enqueue([dev, data, bytes] { release_device_memory(*dev, data, bytes); });
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Device>> make_cpu_device(const DeviceOptions& options) {
+  if (options.device_memory_bytes == 0)
+    return InvalidArgument("cpu device: device_memory_bytes (--device-memory) must be > 0, e.g. 256MiB");
+  return std::unique_ptr<Device>(std::make_unique<CpuDevice>(options.device_memory_bytes));
+}
+
+}  // namespace strata::detail

@@ -1,0 +1,367 @@
+// The cuda device backend: the Device interface on CUDA streams and events.
+//
+// Note [cuda device]
+//  - Every CUDA call goes through cuda_status(), which turns an error into a
+//    Status naming the call, the CUDA error name and text, and the device.
+//  - Device memory comes from the stream-ordered allocator (cudaMallocAsync)
+//    on an internal allocation stream that is synchronized before the
+//    pointer is handed out, so the buffer is usable on any stream.
+//    DeviceBuffer's destructor synchronizes the device before cudaFreeAsync
+//    (like cudaFree); Stream::free_async frees in that stream's order.
+//  - Streams are non-blocking (they do not synchronize with the legacy
+//    default stream); events are created with timing enabled so
+//    elapsed_ms works.
+//  - Host functions run through cudaLaunchHostFunc; an exception thrown by
+//    one becomes a sticky error of its stream. As with CUDA itself, a host
+//    function must not call CUDA.
+//  - Pinning: pin_host = cudaHostRegister and allocate_pinned_host =
+//    cudaHostAlloc, both of exactly the requested size. The driver pins
+//    without RLIMIT_MEMLOCK, so caps().pinning_counts_memlock is false.
+#include "cuda/cuda_device.h"
+
+#include <cuda_runtime.h>
+
+#include <mutex>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "strata/core/units.h"
+
+namespace strata::detail {
+namespace {
+
+Status cuda_status(cudaError_t err, std::string_view call, int ordinal) {
+  if (err == cudaSuccess) return Status::Ok();
+  std::string text = fmt::format("{} on cuda:{} failed: {} ({})", call, ordinal, cudaGetErrorName(err),
+                                 cudaGetErrorString(err));
+  if (err == cudaErrorMemoryAllocation) return OutOfMemory(std::move(text));
+  if (err == cudaErrorInvalidValue || err == cudaErrorInvalidDevicePointer) return InvalidArgument(std::move(text));
+  if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver) return Unavailable(std::move(text));
+  return IoError(std::move(text));
+}
+
+#define STRATA_CUDA(call, ordinal) STRATA_RETURN_IF_ERROR(cuda_status((call), #call, (ordinal)))
+
+cudaMemcpyKind to_cuda(CopyKind kind) {
+  switch (kind) {
+    case CopyKind::kHostToDevice: return cudaMemcpyHostToDevice;
+    case CopyKind::kDeviceToHost: return cudaMemcpyDeviceToHost;
+    case CopyKind::kDeviceToDevice: return cudaMemcpyDeviceToDevice;
+  }
+  return cudaMemcpyDefault;
+}
+
+class CudaDevice;
+
+class CudaEvent final : public Event {
+ public:
+  CudaEvent(Device* device, int ordinal, cudaEvent_t event) : Event(device), ordinal_(ordinal), event_(event) {}
+  ~CudaEvent() override {
+    cudaSetDevice(ordinal_);
+    cudaEventDestroy(event_);  // cannot fail for a valid event; nothing to report in a destructor
+  }
+  bool query() override {
+    cudaSetDevice(ordinal_);
+    const cudaError_t err = cudaEventQuery(event_);
+    if (err == cudaErrorNotReady) return false;
+    if (err != cudaSuccess) cudaGetLastError();  // clear; synchronize() reports it
+    return true;
+  }
+  Status synchronize() override {
+    STRATA_CUDA(cudaSetDevice(ordinal_), ordinal_);
+    STRATA_CUDA(cudaEventSynchronize(event_), ordinal_);
+    return Status::Ok();
+  }
+  cudaEvent_t handle() const { return event_; }
+
+ private:
+  int ordinal_;
+  cudaEvent_t event_;
+};
+
+class CudaStream final : public Stream {
+ public:
+  CudaStream(Device* device, int ordinal, cudaStream_t stream) : Stream(device), ordinal_(ordinal), stream_(stream) {}
+  ~CudaStream() override {
+    cudaSetDevice(ordinal_);
+    cudaStreamSynchronize(stream_);  // like the cpu device: destruction waits for the work
+    cudaStreamDestroy(stream_);
+  }
+
+  Status copy_async(void* dst, const void* src, size_t bytes, CopyKind kind) override {
+    if (bytes == 0) return Status::Ok();
+    if (dst == nullptr || src == nullptr)
+      return InvalidArgument(fmt::format("{} copy of {} bytes with a null pointer", copy_kind_name(kind), bytes));
+    STRATA_CUDA(cudaSetDevice(ordinal_), ordinal_);
+    STRATA_CUDA(cudaMemcpyAsync(dst, src, bytes, to_cuda(kind), stream_), ordinal_);
+    return Status::Ok();
+  }
+  Status launch_host(HostFn fn) override {
+    if (!fn) return InvalidArgument("launch_host: empty function");
+    auto* call = new HostCall{std::move(fn), this};
+    STRATA_RETURN_IF_ERROR(cuda_status(cudaSetDevice(ordinal_), "cudaSetDevice", ordinal_));
+    const cudaError_t err = cudaLaunchHostFunc(stream_, &CudaStream::trampoline, call);
+    if (err != cudaSuccess) {
+      delete call;
+      return cuda_status(err, "cudaLaunchHostFunc", ordinal_);
+    }
+    return Status::Ok();
+  }
+  Status record(Event& event) override {
+    auto* cuda_event = dynamic_cast<CudaEvent*>(&event);
+    if (cuda_event == nullptr || &event.device() != &device())
+      return InvalidArgument("Stream::record: the event belongs to another device; create it on this device");
+    STRATA_CUDA(cudaSetDevice(ordinal_), ordinal_);
+    STRATA_CUDA(cudaEventRecord(cuda_event->handle(), stream_), ordinal_);
+    return Status::Ok();
+  }
+  Status synchronize() override {
+    STRATA_CUDA(cudaSetDevice(ordinal_), ordinal_);
+    STRATA_CUDA(cudaStreamSynchronize(stream_), ordinal_);
+    std::lock_guard<std::mutex> lock(mutex_);
+    return sticky_error_;
+  }
+  Status memset_async(void* dst, int value, size_t bytes) override {
+    if (bytes == 0) return Status::Ok();
+    STRATA_CUDA(cudaSetDevice(ordinal_), ordinal_);
+    STRATA_CUDA(cudaMemsetAsync(dst, value, bytes, stream_), ordinal_);
+    return Status::Ok();
+  }
+  Status wait(Event& event) override {
+    auto* cuda_event = dynamic_cast<CudaEvent*>(&event);
+    if (cuda_event == nullptr || &event.device() != &device())
+      return InvalidArgument("Stream::wait: the event belongs to another device; record it on a stream of this device");
+    STRATA_CUDA(cudaSetDevice(ordinal_), ordinal_);
+    STRATA_CUDA(cudaStreamWaitEvent(stream_, cuda_event->handle(), 0), ordinal_);
+    return Status::Ok();
+  }
+  Status free_async(DeviceBuffer&& buffer) override;
+  bool query() override {
+    cudaSetDevice(ordinal_);
+    const cudaError_t err = cudaStreamQuery(stream_);
+    if (err == cudaErrorNotReady) return false;
+    if (err != cudaSuccess) cudaGetLastError();
+    return true;
+  }
+  cudaStream_t handle() const { return stream_; }
+
+ private:
+  struct HostCall {
+    HostFn fn;
+    CudaStream* stream;
+  };
+  static void CUDART_CB trampoline(void* data) {
+    auto* call = static_cast<HostCall*>(data);
+    try {
+      call->fn();
+    } catch (const std::exception& e) {
+      call->stream->set_sticky(Internal(fmt::format("host function on a cuda stream threw: {}", e.what())));
+    } catch (...) {
+      call->stream->set_sticky(Internal("host function on a cuda stream threw a non-std exception"));
+    }
+    delete call;
+  }
+  void set_sticky(Status st) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (sticky_error_.ok()) sticky_error_ = std::move(st);
+  }
+
+  int ordinal_;
+  cudaStream_t stream_;
+  std::mutex mutex_;
+  Status sticky_error_;
+};
+
+class CudaDevice final : public Device {
+ public:
+  CudaDevice(int ordinal, cudaStream_t alloc_stream, const cudaDeviceProp& prop)
+      : ordinal_(ordinal), alloc_stream_(alloc_stream) {
+    caps_.backend = "cuda";
+    caps_.name = prop.name;
+    caps_.ordinal = ordinal;
+    caps_.memory_bytes = prop.totalGlobalMem;
+    caps_.allocation_alignment = 256;
+    caps_.copy_engines = prop.asyncEngineCount;
+    caps_.async_copies = true;
+    caps_.host_functions = true;
+    caps_.host_addressable = false;
+    caps_.pinning_counts_memlock = false;
+  }
+  ~CudaDevice() override {
+    cudaSetDevice(ordinal_);
+    cudaStreamSynchronize(alloc_stream_);
+    cudaStreamDestroy(alloc_stream_);
+  }
+
+  const DeviceCaps& caps() const override { return caps_; }
+
+  Result<DeviceBuffer> allocate(size_t bytes) override {
+    if (bytes == 0) return DeviceBuffer();
+    STRATA_CUDA(cudaSetDevice(ordinal_), ordinal_);
+    void* data = nullptr;
+    const cudaError_t err = cudaMallocAsync(&data, bytes, alloc_stream_);
+    if (err == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      size_t free_bytes = 0, total_bytes = 0;
+      cudaMemGetInfo(&free_bytes, &total_bytes);
+      return OutOfMemory(fmt::format(
+          "cuda:{} out of memory: requested {} ({} bytes), in use by Strata {}, free {}, limit {}; free buffers, "
+          "lower the batch or offload more state",
+          ordinal_, format_bytes(bytes, true), bytes, format_bytes(memory_in_use_bytes(), true),
+          format_bytes(free_bytes, true), format_bytes(total_bytes, true)));
+    }
+    STRATA_RETURN_IF_ERROR(cuda_status(err, "cudaMallocAsync", ordinal_));
+    STRATA_CUDA(cudaStreamSynchronize(alloc_stream_), ordinal_);
+    stats_.on_allocate(Tier::kDevice, bytes);
+    return wrap_buffer(data, bytes);
+  }
+
+  Result<std::unique_ptr<Stream>> create_stream() override {
+    STRATA_CUDA(cudaSetDevice(ordinal_), ordinal_);
+    cudaStream_t stream = nullptr;
+    STRATA_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), ordinal_);
+    return std::unique_ptr<Stream>(std::make_unique<CudaStream>(this, ordinal_, stream));
+  }
+  Result<std::unique_ptr<Event>> create_event() override {
+    STRATA_CUDA(cudaSetDevice(ordinal_), ordinal_);
+    cudaEvent_t event = nullptr;
+    STRATA_CUDA(cudaEventCreateWithFlags(&event, cudaEventDefault), ordinal_);
+    return std::unique_ptr<Event>(std::make_unique<CudaEvent>(this, ordinal_, event));
+  }
+  Status synchronize() override {
+    STRATA_CUDA(cudaSetDevice(ordinal_), ordinal_);
+    STRATA_CUDA(cudaDeviceSynchronize(), ordinal_);
+    return Status::Ok();
+  }
+  Status copy(void* dst, const void* src, size_t bytes, CopyKind kind) override {
+    if (bytes == 0) return Status::Ok();
+    STRATA_CUDA(cudaSetDevice(ordinal_), ordinal_);
+    STRATA_CUDA(cudaMemcpy(dst, src, bytes, to_cuda(kind)), ordinal_);
+    return Status::Ok();
+  }
+  Status memset(void* dst, int value, size_t bytes) override {
+    if (bytes == 0) return Status::Ok();
+    STRATA_CUDA(cudaSetDevice(ordinal_), ordinal_);
+    STRATA_CUDA(cudaMemset(dst, value, bytes), ordinal_);
+    return Status::Ok();
+  }
+  Result<double> elapsed_ms(Event& start, Event& end) override {
+    auto* s = dynamic_cast<CudaEvent*>(&start);
+    auto* e = dynamic_cast<CudaEvent*>(&end);
+    if (s == nullptr || e == nullptr || &start.device() != this || &end.device() != this)
+      return InvalidArgument("elapsed_ms: both events must belong to this cuda device");
+    STRATA_CUDA(cudaSetDevice(ordinal_), ordinal_);
+    float ms = 0;
+    const cudaError_t err = cudaEventElapsedTime(&ms, s->handle(), e->handle());
+    if (err == cudaErrorNotReady) return FailedPrecondition("elapsed_ms: an event has not completed yet; synchronize() it first");
+    STRATA_RETURN_IF_ERROR(cuda_status(err, "cudaEventElapsedTime", ordinal_));
+    return static_cast<double>(ms);
+  }
+  Status pin_host(void* ptr, size_t bytes) override {
+    if (ptr == nullptr || bytes == 0) return InvalidArgument("pin_host: null pointer or zero bytes");
+    STRATA_CUDA(cudaSetDevice(ordinal_), ordinal_);
+    STRATA_CUDA(cudaHostRegister(ptr, bytes, cudaHostRegisterDefault), ordinal_);
+    return Status::Ok();
+  }
+  Status unpin_host(void* ptr, size_t bytes) override {
+    (void)bytes;
+    STRATA_CUDA(cudaSetDevice(ordinal_), ordinal_);
+    STRATA_CUDA(cudaHostUnregister(ptr), ordinal_);
+    return Status::Ok();
+  }
+  Result<void*> allocate_pinned_host(size_t bytes) override {
+    if (bytes == 0) return InvalidArgument("allocate_pinned_host: zero bytes");
+    STRATA_CUDA(cudaSetDevice(ordinal_), ordinal_);
+    void* data = nullptr;
+    STRATA_CUDA(cudaHostAlloc(&data, bytes, cudaHostAllocDefault), ordinal_);
+    return data;
+  }
+  void free_pinned_host(void* ptr, size_t bytes) override {
+    (void)bytes;
+    if (ptr == nullptr) return;
+    cudaSetDevice(ordinal_);
+    cudaFreeHost(ptr);
+  }
+
+  void free_on_stream(void* data, size_t bytes, cudaStream_t stream) {
+    cudaSetDevice(ordinal_);
+    cudaFreeAsync(data, stream);
+    stats_.on_free(Tier::kDevice, bytes);
+  }
+
+ protected:
+  void free_device_memory(void* data, size_t bytes, bool synchronize_first) override {
+    cudaSetDevice(ordinal_);
+    if (synchronize_first) cudaDeviceSynchronize();  // like cudaFree: no in-flight work may still use it
+    cudaFreeAsync(data, alloc_stream_);
+    cudaStreamSynchronize(alloc_stream_);
+    stats_.on_free(Tier::kDevice, bytes);
+  }
+
+ private:
+  DeviceCaps caps_;
+  int ordinal_;
+  cudaStream_t alloc_stream_;
+};
+
+Status CudaStream::free_async(DeviceBuffer&& buffer) {
+  if (!buffer) return Status::Ok();
+  if (buffer.device() != &device()) return InvalidArgument("Stream::free_async: the buffer belongs to another device");
+  const size_t bytes = buffer.size_bytes();
+  void* data = buffer.release();
+  static_cast<CudaDevice&>(device()).free_on_stream(data, bytes, stream_);
+  return Status::Ok();
+}
+
+}  // namespace
+
+BackendInfo probe_cuda() {
+  BackendInfo info;
+  info.name = "cuda";
+  info.compiled = true;
+  cudaRuntimeGetVersion(&info.runtime_version);
+  cudaDriverGetVersion(&info.driver_version);  // 0 when no driver is installed
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    info.reason = fmt::format("cudaGetDeviceCount failed: {} ({})", cudaGetErrorName(err), cudaGetErrorString(err));
+    return info;
+  }
+  if (count <= 0) {
+    info.reason = "cudaGetDeviceCount found no CUDA devices";
+    return info;
+  }
+  info.available = true;
+  info.device_count = count;
+  for (int i = 0; i < count; ++i) {
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, i) != cudaSuccess) {
+      cudaGetLastError();
+      info.devices.push_back(fmt::format("{}: (cudaGetDeviceProperties failed)", i));
+      continue;
+    }
+    info.devices.push_back(fmt::format("{}: {} ({}, sm_{}{}, {} copy engines)", i, prop.name,
+                                       format_bytes(prop.totalGlobalMem, true), prop.major, prop.minor,
+                                       prop.asyncEngineCount));
+  }
+  info.reason = fmt::format("{} device(s)", count);
+  return info;
+}
+
+Result<std::unique_ptr<Device>> make_cuda_device(const DeviceOptions& options) {
+  int count = 0;
+  STRATA_CUDA(cudaGetDeviceCount(&count), options.ordinal);
+  if (options.ordinal < 0 || options.ordinal >= count)
+    return InvalidArgument(fmt::format("cuda device ordinal {} out of range: this machine has {} device(s)",
+                                       options.ordinal, count));
+  STRATA_CUDA(cudaSetDevice(options.ordinal), options.ordinal);
+  cudaDeviceProp prop{};
+  STRATA_CUDA(cudaGetDeviceProperties(&prop, options.ordinal), options.ordinal);
+  cudaStream_t alloc_stream = nullptr;
+  STRATA_CUDA(cudaStreamCreateWithFlags(&alloc_stream, cudaStreamNonBlocking), options.ordinal);
+  return std::unique_ptr<Device>(std::make_unique<CudaDevice>(options.ordinal, alloc_stream, prop));
+}
+
+}  // namespace strata::detail

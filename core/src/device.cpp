@@ -1,0 +1,77 @@
+// Device interface: DeviceBuffer ownership and the synchronizing fallbacks
+// of the optional Stream methods.
+#include "strata/core/device.h"
+
+#include <utility>
+
+namespace strata {
+
+std::string_view copy_kind_name(CopyKind kind) {
+  switch (kind) {
+    case CopyKind::kHostToDevice: return "H2D";
+    case CopyKind::kDeviceToHost: return "D2H";
+    case CopyKind::kDeviceToDevice: return "D2D";
+  }
+  return "?";
+}
+
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
+    : device_(std::exchange(other.device_, nullptr)),
+      data_(std::exchange(other.data_, nullptr)),
+      size_bytes_(std::exchange(other.size_bytes_, 0)) {}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
+  if (this != &other) {
+    reset();
+    device_ = std::exchange(other.device_, nullptr);
+    data_ = std::exchange(other.data_, nullptr);
+    size_bytes_ = std::exchange(other.size_bytes_, 0);
+  }
+  return *this;
+}
+
+void DeviceBuffer::reset() {
+  if (data_ != nullptr) device_->free_device_memory(data_, size_bytes_, /*synchronize=*/true);
+  device_ = nullptr;
+  data_ = nullptr;
+  size_bytes_ = 0;
+}
+
+void* DeviceBuffer::release() {
+  device_ = nullptr;
+  size_bytes_ = 0;
+  return std::exchange(data_, nullptr);
+}
+
+Status Stream::memset_async(void* dst, int value, size_t bytes) {
+  STRATA_RETURN_IF_ERROR(synchronize());
+  return device().memset(dst, value, bytes);
+}
+
+Status Stream::wait(Event& event) {
+  if (&event.device() != &device())
+    return InvalidArgument("Stream::wait: the event belongs to another device; record it on a stream of this device");
+  return event.synchronize();
+}
+
+Status Stream::free_async(DeviceBuffer&& buffer) {
+  if (!buffer) return Status::Ok();
+  if (buffer.device() != &device())
+    return InvalidArgument("Stream::free_async: the buffer belongs to another device");
+  STRATA_RETURN_IF_ERROR(synchronize());
+  const size_t bytes = buffer.size_bytes();
+  void* data = buffer.release();
+  device().free_device_memory(data, bytes, /*synchronize=*/false);
+  return Status::Ok();
+}
+
+void Stream::release_device_memory(Device& device, void* data, size_t bytes) {
+  device.free_device_memory(data, bytes, /*synchronize=*/false);
+}
+
+bool Stream::query() {
+  synchronize().ignore();  // the error stays sticky; the next synchronize() reports it
+  return true;
+}
+
+}  // namespace strata
