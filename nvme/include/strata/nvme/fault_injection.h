@@ -1,0 +1,49 @@
+#pragma once
+// A fault-injecting engine for tests, in the spirit of a simulated storage:
+// a real engine whose backend is wrapped so that, driven by a seed, raw
+// completions come back as EIO, ENOSPC, EAGAIN/EINTR, short transfers,
+// late, torn (a write that stored only a prefix but reports full length)
+// or with a flipped bit in the data read. Faults enter below the engine's
+// completion checks, so tests exercise the very code that handles real
+// kernel results: transient faults must be retried transparently, hard
+// faults must surface as a Status with file, offset, length and errno, and
+// torn or corrupted data must be caught by the swap store's checksums.
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+
+#include "strata/nvme/io_engine.h"
+
+namespace strata::nvme {
+
+struct FaultPlan {
+  uint64_t seed = 1;
+  double eio_probability = 0;             // hard read/write error
+  double enospc_probability = 0;          // writes only
+  double transient_probability = 0;       // EAGAIN or EINTR: retried by the engine
+  double short_probability = 0;           // short read/write: rest resubmitted
+  double torn_write_probability = 0;      // prefix stored, full length reported
+  double corrupt_read_probability = 0;    // one bit flipped in data read
+  double latency_probability = 0;         // completion delayed by up to latency_us_max
+  uint32_t latency_us_max = 0;
+};
+
+struct FaultCounters {
+  std::atomic<uint64_t> eio{0};
+  std::atomic<uint64_t> enospc{0};
+  std::atomic<uint64_t> transient{0};
+  std::atomic<uint64_t> short_transfers{0};
+  std::atomic<uint64_t> torn_writes{0};
+  std::atomic<uint64_t> corrupt_reads{0};
+  std::atomic<uint64_t> delayed{0};
+};
+
+// An engine of kind `options.engine` (kAuto allowed) with faults injected
+// per `plan`. `counters`, when given, receives a live view of what was
+// injected. Worker w draws from seed + w, so one worker is fully reproducible.
+Result<std::unique_ptr<IoEngine>> make_fault_injecting_engine(
+    const IoEngineOptions& options, const FaultPlan& plan,
+    std::shared_ptr<FaultCounters>* counters = nullptr);
+
+}  // namespace strata::nvme

@@ -1,0 +1,198 @@
+// Fault-injecting backend wrapper. See fault_injection.h.
+//
+// Note [Where faults enter]
+// The wrapper sits between the scheduler and a real backend. On prepare it
+// rolls the dice for the piece: a hard error (EIO, ENOSPC) or a transient
+// one (EAGAIN, EINTR) never reaches the kernel and comes back as a
+// synthetic completion; a short transfer is submitted with a shorter length
+// (aligned for O_DIRECT pieces) so the kernel really moves fewer bytes; a
+// torn write is submitted short as well but reported as complete. On reap
+// a read may get one bit flipped, and any completion may be held back for
+// a while (latency). The scheduler above sees only raw results and must
+// handle them exactly as it handles the kernel's.
+#include "strata/nvme/fault_injection.h"
+
+#include <cerrno>
+#include <chrono>
+#include <random>
+#include <thread>
+#include <unordered_map>
+
+#include "engine_core.h"
+
+namespace strata::nvme {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+class FaultBackend final : public Backend {
+ public:
+  FaultBackend(std::unique_ptr<Backend> inner, const FaultPlan& plan, uint32_t worker_index,
+               std::shared_ptr<FaultCounters> counters)
+      : inner_(std::move(inner)), plan_(plan), rng_(plan.seed + worker_index), counters_(std::move(counters)) {}
+
+  void prepare(Piece& p) override {
+    if (p.op == IoOp::kWrite && roll(plan_.enospc_probability)) {
+      counters_->enospc.fetch_add(1);
+      synthetic_.push_back({&p, -ENOSPC});
+      return;
+    }
+    if (roll(plan_.eio_probability)) {
+      counters_->eio.fetch_add(1);
+      synthetic_.push_back({&p, -EIO});
+      return;
+    }
+    if (roll(plan_.transient_probability)) {
+      counters_->transient.fetch_add(1);
+      synthetic_.push_back({&p, (rng_() & 1) ? -EAGAIN : -EINTR});
+      return;
+    }
+    uint64_t unit = p.direct ? p.alignment : 1;
+    bool can_shorten = p.length >= 2 * unit;
+    if (p.op == IoOp::kWrite && can_shorten && roll(plan_.torn_write_probability)) {
+      counters_->torn_writes.fetch_add(1);
+      uint64_t kept = shorter(p.length, unit);
+      reported_[&p] = static_cast<int64_t>(p.length);
+      forward_with_length(p, kept);
+      return;
+    }
+    if (can_shorten && roll(plan_.short_probability)) {
+      counters_->short_transfers.fetch_add(1);
+      forward_with_length(p, shorter(p.length, unit));
+      return;
+    }
+    inner_->prepare(p);
+    ++inner_outstanding_;
+  }
+
+  Status submit(const CompletionSink& sink) override { return inner_->submit(sink); }
+
+  Status reap(uint32_t min_complete, const CompletionSink& sink) override {
+    uint32_t delivered = 0;
+    CompletionSink wrapped = [&](Piece& p, int64_t result) {
+      --inner_outstanding_;
+      auto it = reported_.find(&p);
+      if (it != reported_.end()) {
+        if (result >= 0) result = it->second;  // torn: claim the whole write landed
+        reported_.erase(it);
+      }
+      if (p.op == IoOp::kRead && result > 0 && roll(plan_.corrupt_read_probability)) {
+        counters_->corrupt_reads.fetch_add(1);
+        uint64_t byte = rng_() % static_cast<uint64_t>(result);
+        p.buffer[byte] ^= std::byte{static_cast<unsigned char>(1u << (rng_() % 8))};
+      }
+      if (plan_.latency_us_max > 0 && roll(plan_.latency_probability)) {
+        counters_->delayed.fetch_add(1);
+        auto delay = std::chrono::microseconds(1 + rng_() % plan_.latency_us_max);
+        delayed_.push_back({Clock::now() + delay, &p, result});
+        return;
+      }
+      sink(p, result);
+      ++delivered;
+    };
+    while (true) {
+      delivered += deliver_synthetic(sink);
+      delivered += deliver_due(sink, false);
+      if (delivered >= min_complete && min_complete > 0) break;
+      if (inner_outstanding_ > 0) {
+        STRATA_RETURN_IF_ERROR(inner_->reap(min_complete == 0 ? 0 : 1, wrapped));
+        if (min_complete == 0) break;
+      } else if (!delayed_.empty()) {
+        if (min_complete == 0) break;
+        delivered += deliver_due(sink, true);
+      } else if (synthetic_.empty()) {
+        break;  // nothing more can complete
+      }
+    }
+    return Status::Ok();
+  }
+
+  bool register_buffer(uint32_t index, void* data, size_t bytes, std::string* why) override {
+    return inner_->register_buffer(index, data, bytes, why);
+  }
+  void unregister_buffer(uint32_t index) override { inner_->unregister_buffer(index); }
+  bool update_files(uint32_t first, const int* fds, uint32_t count) override {
+    return inner_->update_files(first, fds, count);
+  }
+  bool files_registered() const override { return inner_->files_registered(); }
+
+ private:
+  struct Synthetic {
+    Piece* piece;
+    int64_t result;
+  };
+  struct Delayed {
+    Clock::time_point due;
+    Piece* piece;
+    int64_t result;
+  };
+
+  bool roll(double probability) {
+    if (probability <= 0) return false;
+    return std::uniform_real_distribution<double>(0.0, 1.0)(rng_) < probability;
+  }
+  // A length in [unit, length - unit], a multiple of unit.
+  uint64_t shorter(uint64_t length, uint64_t unit) {
+    uint64_t units = length / unit;
+    return unit * (1 + rng_() % (units - 1));
+  }
+  void forward_with_length(Piece& p, uint64_t length) {
+    uint64_t full = p.length;
+    p.length = length;
+    inner_->prepare(p);  // backends copy what they need at prepare time
+    p.length = full;
+    ++inner_outstanding_;
+  }
+  uint32_t deliver_synthetic(const CompletionSink& sink) {
+    if (synthetic_.empty()) return 0;
+    std::vector<Synthetic> batch;
+    batch.swap(synthetic_);
+    for (const Synthetic& s : batch) sink(*s.piece, s.result);  // may queue new synthetic ones
+    return static_cast<uint32_t>(batch.size());
+  }
+  uint32_t deliver_due(const CompletionSink& sink, bool wait_for_first) {
+    if (delayed_.empty()) return 0;
+    if (wait_for_first) {
+      Clock::time_point earliest = delayed_.front().due;
+      for (const Delayed& d : delayed_) earliest = std::min(earliest, d.due);
+      std::this_thread::sleep_until(earliest);
+    }
+    Clock::time_point now = Clock::now();
+    std::vector<Delayed> due;
+    for (size_t i = 0; i < delayed_.size();) {
+      if (delayed_[i].due <= now) {
+        due.push_back(delayed_[i]);
+        delayed_[i] = delayed_.back();
+        delayed_.pop_back();
+      } else {
+        ++i;
+      }
+    }
+    for (const Delayed& d : due) sink(*d.piece, d.result);
+    return static_cast<uint32_t>(due.size());
+  }
+
+  std::unique_ptr<Backend> inner_;
+  FaultPlan plan_;
+  std::mt19937_64 rng_;
+  std::shared_ptr<FaultCounters> counters_;
+  uint32_t inner_outstanding_ = 0;
+  std::vector<Synthetic> synthetic_;
+  std::vector<Delayed> delayed_;
+  std::unordered_map<Piece*, int64_t> reported_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<IoEngine>> make_fault_injecting_engine(const IoEngineOptions& options, const FaultPlan& plan,
+                                                              std::shared_ptr<FaultCounters>* counters) {
+  auto shared = std::make_shared<FaultCounters>();
+  if (counters != nullptr) *counters = shared;
+  EngineKind kind = options.engine == EngineKind::kAuto ? choose_engine().kind : options.engine;
+  BackendWrapper wrapper = [plan, shared](std::unique_ptr<Backend> inner, uint32_t worker_index) {
+    return std::unique_ptr<Backend>(std::make_unique<FaultBackend>(std::move(inner), plan, worker_index, shared));
+  };
+  return make_scheduled_engine(options, kind, std::move(wrapper));
+}
+
+}  // namespace strata::nvme
