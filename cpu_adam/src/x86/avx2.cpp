@@ -1,0 +1,75 @@
+// AVX2 + FMA + F16C path, 8 lanes. Compiled with -mavx2 -mfma -mf16c
+// (cpu_adam/CMakeLists.txt); only called after cpuid says the CPU has them.
+// bf16 is widened with a shift and rounded to nearest even with integer
+// ops (no scalar fallback, unlike DeepSpeed on AVX2); fp16 uses F16C.
+#include <immintrin.h>
+
+#include "kernel_body.h"
+
+namespace strata::cpu_adam::detail {
+namespace {
+
+struct Avx2 {
+  using V = __m256;
+  using D = __m256d;
+  static constexpr size_t kWidth = 8;
+
+  static V load_f32(const float* p) { return _mm256_loadu_ps(p); }
+  static void store_f32(float* p, V x) { _mm256_storeu_ps(p, x); }
+  static V load_bf16(const uint16_t* p) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+  // Round to nearest even like fp32_to_bf16_bits: (x + 0x7fff + lsb) >> 16;
+  // NaN -> (x >> 16) | 0x40 (quiet).
+  static void store_bf16(uint16_t* p, V x) {
+    const __m256i bits = _mm256_castps_si256(x);
+    const __m256i high = _mm256_srli_epi32(bits, 16);
+    const __m256i lsb = _mm256_and_si256(high, _mm256_set1_epi32(1));
+    const __m256i rounded =
+        _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7fff)), lsb), 16);
+    const __m256i quiet_nan = _mm256_or_si256(high, _mm256_set1_epi32(0x40));
+    const __m256i is_nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    const __m256i r = _mm256_blendv_epi8(rounded, quiet_nan, is_nan);
+    const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+  }
+  static V load_f16(const uint16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static void store_f16(uint16_t* p, V x) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+  static V set1(float x) { return _mm256_set1_ps(x); }
+  static V add(V a, V b) { return _mm256_add_ps(a, b); }
+  static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
+  static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  static V div(V a, V b) { return _mm256_div_ps(a, b); }
+  static V sqrt(V a) { return _mm256_sqrt_ps(a); }
+  // +1, -1 or 0 (NaN -> 0; the step never sees NaN).
+  static V sign(V x) {
+    const V zero = _mm256_setzero_ps();
+    const V pos = _mm256_and_ps(_mm256_cmp_ps(x, zero, _CMP_GT_OQ), _mm256_set1_ps(1.0f));
+    const V neg = _mm256_and_ps(_mm256_cmp_ps(x, zero, _CMP_LT_OQ), _mm256_set1_ps(-1.0f));
+    return _mm256_or_ps(pos, neg);
+  }
+
+  static D zero_d() { return _mm256_setzero_pd(); }
+  static void accumulate_squares(V x, D& lo_acc, D& hi_acc) {
+    const D lo = _mm256_cvtps_pd(_mm256_castps256_ps128(x));
+    const D hi = _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1));
+    lo_acc = _mm256_fmadd_pd(lo, lo, lo_acc);  // exact product: same as mul + add
+    hi_acc = _mm256_fmadd_pd(hi, hi, hi_acc);
+  }
+  static double reduce_d(D x) {
+    alignas(32) double lanes[4];
+    _mm256_store_pd(lanes, x);
+    return (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+  }
+};
+
+}  // namespace
+
+const KernelTable& avx2_kernels() { return Kernels<Avx2>::table(); }
+
+}  // namespace strata::cpu_adam::detail

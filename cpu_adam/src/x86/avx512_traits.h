@@ -1,0 +1,75 @@
+#pragma once
+// AVX-512 F/BW/VL traits, 16 lanes; included by avx512.cpp (bf16 rounding
+// with integer ops) and avx512_bf16.cpp (vcvtneps2bf16), selected by
+// STRATA_CPU_ADAM_AVX512_BF16_INSN.
+#include <immintrin.h>
+
+#include "kernel_body.h"
+
+namespace strata::cpu_adam::detail {
+
+template <bool kBf16Insn>
+struct Avx512 {
+  using V = __m512;
+  using D = __m512d;
+  static constexpr size_t kWidth = 16;
+
+  static V load_f32(const float* p) { return _mm512_loadu_ps(p); }
+  static void store_f32(float* p, V x) { _mm512_storeu_ps(p, x); }
+  static V load_bf16(const uint16_t* p) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  static void store_bf16(uint16_t* p, V x) {
+#if defined(STRATA_CPU_ADAM_AVX512_BF16_INSN)
+    if constexpr (kBf16Insn) {
+      // Round to nearest even; subnormal inputs and outputs flush to zero.
+      const __m256bh h = _mm512_cvtneps_pbh(x);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), reinterpret_cast<const __m256i&>(h));
+      return;
+    }
+#endif
+    const __m512i bits = _mm512_castps_si512(x);
+    const __m512i high = _mm512_srli_epi32(bits, 16);
+    const __m512i lsb = _mm512_and_si512(high, _mm512_set1_epi32(1));
+    const __m512i rounded =
+        _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7fff)), lsb), 16);
+    const __m512i quiet_nan = _mm512_or_si512(high, _mm512_set1_epi32(0x40));
+    const __mmask16 is_nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    const __m512i r = _mm512_mask_blend_epi32(is_nan, rounded, quiet_nan);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+  }
+  static V load_f16(const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static void store_f16(uint16_t* p, V x) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                        _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+  static V set1(float x) { return _mm512_set1_ps(x); }
+  static V add(V a, V b) { return _mm512_add_ps(a, b); }
+  static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
+  static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static V div(V a, V b) { return _mm512_div_ps(a, b); }
+  static V sqrt(V a) { return _mm512_sqrt_ps(a); }
+  static V sign(V x) {
+    const V zero = _mm512_setzero_ps();
+    V r = _mm512_mask_mov_ps(zero, _mm512_cmp_ps_mask(x, zero, _CMP_GT_OQ), _mm512_set1_ps(1.0f));
+    return _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(x, zero, _CMP_LT_OQ), _mm512_set1_ps(-1.0f));
+  }
+
+  static D zero_d() { return _mm512_setzero_pd(); }
+  static void accumulate_squares(V x, D& lo_acc, D& hi_acc) {
+    const D lo = _mm512_cvtps_pd(_mm512_castps512_ps256(x));
+    const D hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
+    lo_acc = _mm512_fmadd_pd(lo, lo, lo_acc);
+    hi_acc = _mm512_fmadd_pd(hi, hi, hi_acc);
+  }
+  static double reduce_d(D x) {
+    alignas(64) double lanes[8];
+    _mm512_store_pd(lanes, x);
+    return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+  }
+};
+
+}  // namespace strata::cpu_adam::detail

@@ -1,0 +1,215 @@
+#pragma once
+// The SIMD optimizer kernels, written once over an ISA traits struct I
+// (avx2.cpp: 8 lanes, avx512.cpp / avx512_bf16.cpp: 16 lanes) and
+// instantiated for every (optimizer family, grad dtype, moment dtype, copy
+// type). Included only by the x86 source files, each compiled with its own
+// -m flags.
+//
+// I provides: V, kWidth, load_f32/store_f32, load_bf16/store_bf16,
+// load_f16/store_f16, set1, add, sub, mul, div, sqrt, sign, and
+// sum_squares_f32x (double accumulation of one vector's squares).
+//
+// The update performs the float operations of Note [Update formulas]
+// (reference.cpp) in the same order without FMA, so results are
+// bit-identical to the scalar reference. Tails (count % kWidth) run the
+// same vector code on a zero-padded copy on the stack, so there is no
+// second, scalar code path to keep in sync.
+#include <cstring>
+
+#include "../kernels.h"
+
+namespace strata::cpu_adam::detail {
+
+enum class Family : uint8_t { kAdam, kAdagrad, kLion };
+
+template <class I>
+struct Kernels {
+  using V = typename I::V;
+  static constexpr size_t W = I::kWidth;
+
+  template <DType T>
+  static V load(const void* base, size_t i) {
+    if constexpr (T == DType::kF32) return I::load_f32(static_cast<const float*>(base) + i);
+    else if constexpr (T == DType::kBF16) return I::load_bf16(static_cast<const uint16_t*>(base) + i);
+    else return I::load_f16(static_cast<const uint16_t*>(base) + i);
+  }
+  template <DType T>
+  static void store(void* base, size_t i, V x) {
+    if constexpr (T == DType::kF32) I::store_f32(static_cast<float*>(base) + i, x);
+    else if constexpr (T == DType::kBF16) I::store_bf16(static_cast<uint16_t*>(base) + i, x);
+    else I::store_f16(static_cast<uint16_t*>(base) + i, x);
+  }
+  template <CopyType C>
+  static void store_copy(void* base, size_t i, V p) {
+    if constexpr (C == CopyType::kBF16) I::store_bf16(static_cast<uint16_t*>(base) + i, p);
+    else if constexpr (C == CopyType::kF16) I::store_f16(static_cast<uint16_t*>(base) + i, p);
+  }
+
+  // The step's factors, broadcast once per tile.
+  struct Consts {
+    explicit Consts(const StepFactors& f)
+        : grad_multiplier(I::set1(f.grad_multiplier)), lr(I::set1(f.lr)),
+          one_minus_beta1(I::set1(f.one_minus_beta1)), beta2(I::set1(f.beta2)),
+          one_minus_beta2(I::set1(f.one_minus_beta2)), eps(I::set1(f.eps)),
+          weight_decay(I::set1(f.weight_decay)), decay_factor(I::set1(f.decay_factor)),
+          step_size(I::set1(f.step_size)), bias_correction2_sqrt(I::set1(f.bias_correction2_sqrt)),
+          l2_decay(f.l2_decay), decoupled_decay(f.decoupled_decay) {}
+    V grad_multiplier, lr, one_minus_beta1, beta2, one_minus_beta2, eps, weight_decay, decay_factor, step_size,
+        bias_correction2_sqrt;
+    bool l2_decay, decoupled_decay;
+  };
+
+  // Pointers for one block of W elements at index i.
+  struct Block {
+    float* params;
+    const void* grads;
+    void* exp_avg;
+    void* exp_avg_sq;
+    void* param_copy;
+  };
+
+  template <Family F, DType G, DType M, CopyType C>
+  static inline void update_block(const Consts& c, const Block& b, size_t i) {
+    V p = I::load_f32(b.params + i);
+    V g = I::mul(load<G>(b.grads, i), c.grad_multiplier);
+    if constexpr (F == Family::kAdam) {
+      V m = load<M>(b.exp_avg, i);
+      V v = load<M>(b.exp_avg_sq, i);
+      if (c.l2_decay) g = I::add(g, I::mul(c.weight_decay, p));
+      m = I::add(m, I::mul(c.one_minus_beta1, I::sub(g, m)));
+      v = I::add(I::mul(v, c.beta2), I::mul(I::mul(c.one_minus_beta2, g), g));
+      const V denom = I::add(I::div(I::sqrt(v), c.bias_correction2_sqrt), c.eps);
+      if (c.decoupled_decay) p = I::mul(p, c.decay_factor);
+      p = I::sub(p, I::div(I::mul(c.step_size, m), denom));
+      store<M>(b.exp_avg, i, m);
+      store<M>(b.exp_avg_sq, i, v);
+    } else if constexpr (F == Family::kAdagrad) {
+      V s = load<M>(b.exp_avg_sq, i);
+      if (c.l2_decay) g = I::add(g, I::mul(c.weight_decay, p));
+      s = I::add(s, I::mul(g, g));
+      p = I::sub(p, I::div(I::mul(c.lr, g), I::add(I::sqrt(s), c.eps)));
+      store<M>(b.exp_avg_sq, i, s);
+    } else {
+      V m = load<M>(b.exp_avg, i);
+      const V interpolated = I::add(m, I::mul(c.one_minus_beta1, I::sub(g, m)));
+      if (c.decoupled_decay) p = I::mul(p, c.decay_factor);
+      p = I::sub(p, I::mul(c.lr, I::sign(interpolated)));
+      m = I::add(m, I::mul(c.one_minus_beta2, I::sub(g, m)));
+      store<M>(b.exp_avg, i, m);
+    }
+    I::store_f32(b.params + i, p);
+    store_copy<C>(b.param_copy, i, p);
+  }
+
+  // The streaming probe: same loads and stores, one add per stream.
+  template <Family F, DType G, DType M, CopyType C>
+  static inline void probe_block(const Consts&, const Block& b, size_t i) {
+    const V g = load<G>(b.grads, i);
+    const V p = I::add(I::load_f32(b.params + i), g);
+    I::store_f32(b.params + i, p);
+    if constexpr (F != Family::kAdagrad) store<M>(b.exp_avg, i, I::add(load<M>(b.exp_avg, i), g));
+    if constexpr (F != Family::kLion) store<M>(b.exp_avg_sq, i, I::add(load<M>(b.exp_avg_sq, i), g));
+    store_copy<C>(b.param_copy, i, p);
+  }
+
+  template <bool Probe, Family F, DType G, DType M, CopyType C>
+  static inline void do_block(const Consts& c, const Block& b, size_t i) {
+    if constexpr (Probe) probe_block<F, G, M, C>(c, b, i);
+    else update_block<F, G, M, C>(c, b, i);
+  }
+
+  template <bool Probe, Family F, DType G, DType M, CopyType C>
+  static void run(const StepFactors& f, const TileSpans& t) {
+    const Consts c(f);
+    const Block b{t.params, t.grads, t.exp_avg, t.exp_avg_sq, t.param_copy};
+    size_t i = 0;
+    for (; i + W <= t.count; i += W) do_block<Probe, F, G, M, C>(c, b, i);
+    const size_t rest = t.count - i;
+    if (rest == 0) return;
+    // Tail: the same vector code on a zero-padded stack copy.
+    constexpr size_t gb = dtype_size(G), mb = dtype_size(M);
+    alignas(64) float p[W] = {};
+    alignas(64) unsigned char g[W * 4] = {}, m[W * 4] = {}, v[W * 4] = {}, copy[W * 2] = {};
+    std::memcpy(p, t.params + i, rest * 4);
+    std::memcpy(g, static_cast<const char*>(t.grads) + i * gb, rest * gb);
+    constexpr bool has_m = F != Family::kAdagrad, has_v = F != Family::kLion;
+    if (has_m) std::memcpy(m, static_cast<const char*>(t.exp_avg) + i * mb, rest * mb);
+    if (has_v) std::memcpy(v, static_cast<const char*>(t.exp_avg_sq) + i * mb, rest * mb);
+    do_block<Probe, F, G, M, C>(c, Block{p, g, m, v, copy}, 0);
+    std::memcpy(t.params + i, p, rest * 4);
+    if (has_m) std::memcpy(static_cast<char*>(t.exp_avg) + i * mb, m, rest * mb);
+    if (has_v) std::memcpy(static_cast<char*>(t.exp_avg_sq) + i * mb, v, rest * mb);
+    if (C != CopyType::kNone) std::memcpy(static_cast<char*>(t.param_copy) + i * 2, copy, rest * 2);
+  }
+
+  // Runtime (kind, dtypes, copy) -> one instantiation; once per tile.
+  template <bool Probe, Family F, DType G, DType M>
+  static void by_copy(const StepFactors& f, const TileSpans& t) {
+    switch (t.copy_type) {
+      case CopyType::kNone: return run<Probe, F, G, M, CopyType::kNone>(f, t);
+      case CopyType::kBF16: return run<Probe, F, G, M, CopyType::kBF16>(f, t);
+      case CopyType::kF16: return run<Probe, F, G, M, CopyType::kF16>(f, t);
+    }
+  }
+  template <bool Probe, Family F, DType G>
+  static void by_moment(const StepFactors& f, const TileSpans& t) {
+    if (t.moment_dtype == DType::kBF16) return by_copy<Probe, F, G, DType::kBF16>(f, t);
+    return by_copy<Probe, F, G, DType::kF32>(f, t);
+  }
+  template <bool Probe, Family F>
+  static void by_grad(const StepFactors& f, const TileSpans& t) {
+    switch (t.grad_dtype) {
+      case DType::kF32: return by_moment<Probe, F, DType::kF32>(f, t);
+      case DType::kBF16: return by_moment<Probe, F, DType::kBF16>(f, t);
+      case DType::kF16: return by_moment<Probe, F, DType::kF16>(f, t);
+    }
+  }
+  template <bool Probe>
+  static void by_kind(const StepFactors& f, const TileSpans& t) {
+    switch (f.kind) {
+      case OptimizerKind::kAdam:
+      case OptimizerKind::kAdamW: return by_grad<Probe, Family::kAdam>(f, t);
+      case OptimizerKind::kAdagrad: return by_grad<Probe, Family::kAdagrad>(f, t);
+      case OptimizerKind::kLion: return by_grad<Probe, Family::kLion>(f, t);
+    }
+  }
+  static void update(const StepFactors& f, const TileSpans& t) { by_kind<false>(f, t); }
+  static void probe(const StepFactors& f, const TileSpans& t) { by_kind<true>(f, t); }
+
+  // Sum of squares in double: each fp32 square is exact in double, so only
+  // the additions round; 4 accumulators hide the add latency.
+  template <DType G>
+  static double sum_squares_typed(const void* grads, size_t count) {
+    typename I::D acc[4] = {I::zero_d(), I::zero_d(), I::zero_d(), I::zero_d()};
+    size_t i = 0;
+    for (; i + 2 * W <= count; i += 2 * W) {
+      I::accumulate_squares(load<G>(grads, i), acc[0], acc[1]);
+      I::accumulate_squares(load<G>(grads, i + W), acc[2], acc[3]);
+    }
+    for (; i + W <= count; i += W) I::accumulate_squares(load<G>(grads, i), acc[0], acc[1]);
+    double sum = I::reduce_d(acc[0]) + I::reduce_d(acc[1]) + I::reduce_d(acc[2]) + I::reduce_d(acc[3]);
+    for (; i < count; ++i) {
+      double g;
+      if constexpr (G == DType::kF32) g = static_cast<const float*>(grads)[i];
+      else if constexpr (G == DType::kBF16) g = bf16_bits_to_fp32(static_cast<const uint16_t*>(grads)[i]);
+      else g = fp16_bits_to_fp32(static_cast<const uint16_t*>(grads)[i]);
+      sum += g * g;
+    }
+    return sum;
+  }
+  static double sum_squares(const void* grads, DType grad_dtype, size_t count) {
+    switch (grad_dtype) {
+      case DType::kF32: return sum_squares_typed<DType::kF32>(grads, count);
+      case DType::kBF16: return sum_squares_typed<DType::kBF16>(grads, count);
+      case DType::kF16: return sum_squares_typed<DType::kF16>(grads, count);
+    }
+    return 0.0;
+  }
+
+  static const KernelTable& table() {
+    static const KernelTable t{&update, &probe, &sum_squares};
+    return t;
+  }
+};
+
+}  // namespace strata::cpu_adam::detail
