@@ -240,7 +240,7 @@ class CpuDevice final : public Device {
       return OutOfMemory(fmt::format("cpu device: host allocation of {} failed (the machine is out of memory)",
                                      format_bytes(footprint, true)));
     in_use_bytes_ += footprint;
-    allocations_.emplace(reinterpret_cast<uintptr_t>(data), footprint);
+    allocations_.emplace(reinterpret_cast<uintptr_t>(data), Allocation{bytes, footprint});
     stats_.on_allocate(Tier::kDevice, footprint);
     return wrap_buffer(data, bytes);
   }
@@ -369,26 +369,33 @@ class CpuDevice final : public Device {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = allocations_.find(reinterpret_cast<uintptr_t>(data));
     STRATA_CHECK(it != allocations_.end(), "cpu device: freeing memory it did not allocate (double free?)");
-    in_use_bytes_ -= it->second;
-    stats_.on_free(Tier::kDevice, it->second);
+    in_use_bytes_ -= it->second.footprint_bytes;
+    stats_.on_free(Tier::kDevice, it->second.footprint_bytes);
     allocations_.erase(it);
     std::free(data);
   }
 
  private:
-  static bool range_in(const std::map<uintptr_t, size_t>& ranges, const void* ptr, size_t bytes) {
+  struct Allocation {
+    size_t bytes;            // as requested: copies must stay inside these
+    size_t footprint_bytes;  // rounded to 256: what counts against the capacity
+  };
+  static size_t range_bytes(size_t bytes) { return bytes; }
+  static size_t range_bytes(const Allocation& a) { return a.bytes; }
+  template <typename Ranges>
+  static bool range_in(const Ranges& ranges, const void* ptr, size_t bytes) {
     const auto p = reinterpret_cast<uintptr_t>(ptr);
     auto it = ranges.upper_bound(p);
     if (it == ranges.begin()) return false;
     --it;
-    return p >= it->first && p + bytes >= p && p + bytes <= it->first + it->second;
+    return p >= it->first && p + bytes >= p && p + bytes <= it->first + range_bytes(it->second);
   }
 
   DeviceCaps caps_;
   const uint64_t capacity_bytes_;
   std::mutex mutex_;
   uint64_t in_use_bytes_ = 0;
-  std::map<uintptr_t, size_t> allocations_;  // start -> footprint
+  std::map<uintptr_t, Allocation> allocations_;
   std::map<uintptr_t, size_t> pinned_;       // start -> bytes
   std::set<CpuStream*> streams_;
   CopyEngine h2d_engine_;  // H2D and D2D
