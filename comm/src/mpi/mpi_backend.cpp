@@ -7,8 +7,7 @@
 //      32767) and receives theirs. When all arrived, descriptors are compared
 //      (mismatch -> FailedPrecondition on every rank, before any data moves).
 //      If the deadline passes first, the peers whose descriptors are missing
-//      are the ranks that did not arrive; a message they sent for another
-//      sequence number (probed) tells what they are doing instead.
+//      are the ranks that did not arrive.
 //   2. the nonblocking MPI collective on a second private communicator,
 //      polled with MPI_Test until done or the deadline.
 // bf16/fp16 reductions are staged through fp32 scratch (convert, reduce in
@@ -278,7 +277,7 @@ Status MpiCommunicator::handshake(const CollectiveDesc& d, uint64_t sequence, Cl
     }
     return Status::Ok();
   }
-  // Timed out: find who is missing and, if they sent something else, what.
+  // Timed out: the peers whose descriptors are missing did not arrive.
   std::vector<int> missing;
   std::string details;
   {
@@ -291,16 +290,7 @@ Status MpiCommunicator::handshake(const CollectiveDesc& d, uint64_t sequence, Cl
       missing.push_back(p);
       MPI_Cancel(&recvs[i]);
       MPI_Wait(&recvs[i], MPI_STATUS_IGNORE);
-      int waiting = 0;
-      MPI_Status st;
-      MPI_Iprobe(p, MPI_ANY_TAG, control_, &waiting, &st);
-      if (waiting) {
-        WireDesc other{};
-        MPI_Recv(&other, words, MPI_UINT64_T, p, st.MPI_TAG, control_, MPI_STATUS_IGNORE);
-        details += fmt::format("; rank {} is in {} #{} instead", p, describe(from_wire(other), world_), other.sequence);
-      } else {
-        details += fmt::format("; rank {} has not issued #{}", p, sequence);
-      }
+      details += fmt::format("; rank {} has not issued #{}", p, sequence);
     }
     for (MPI_Request& r : sends) {
       if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);  // tiny eager sends complete on their own
@@ -321,7 +311,7 @@ Status MpiCommunicator::execute(const CollectiveDesc& d, uint64_t sequence) {
   const Clock::time_point deadline = Clock::now() + options_.timeout;
   if (options_.debug_checks && world_ > 1) STRATA_RETURN_IF_ERROR(handshake(d, sequence, deadline));
   Status s = run_collective(d, sequence, deadline);
-  if (!s.ok() && !poisoned_) poison(s);
+  if (!s.ok() && !poisoned_) poison(s).ignore();
   return s;
 }
 

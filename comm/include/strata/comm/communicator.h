@@ -62,7 +62,7 @@ struct CommOptions {
   // Watchdog: a collective not complete this long after it started on this
   // rank fails with DeadlineExceeded naming the op, its sequence number, its
   // bytes and the ranks that did not arrive. Zero waits forever.
-  // Environment override: STRATA_COMM_TIMEOUT_MS.
+  // Environment: STRATA_COMM_TIMEOUT_MS (see apply_comm_environment).
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
   // Debug checks: every rank's op descriptor (op, dtype, count, root, reduce
   // op, sequence number) is compared before data moves, so ranks issuing
@@ -74,7 +74,8 @@ struct CommOptions {
 };
 
 // Applies STRATA_COMM_TIMEOUT_MS / STRATA_COMM_DEBUG to `options`; a
-// malformed value is an InvalidArgument naming the variable.
+// malformed value is an InvalidArgument naming the variable. The factories
+// take options as given; the strata CLI applies the environment first.
 Result<CommOptions> apply_comm_environment(CommOptions options);
 
 // A buffer the backend's collectives can use (host memory for local and mpi,
