@@ -49,12 +49,12 @@ Status IoEngineOptions::validate() const {
         "aio.block_size = {}: must be a multiple of 512 between 512 and 1 GiB (DeepSpeed default 1048576)",
         block_size));
   }
-  if (queue_depth == 0 || queue_depth > 4096) {
-    return InvalidArgument(fmt::format("aio.queue_depth = {}: must be between 1 and 4096 (default 8)", queue_depth));
+  if (queue_depth == 0 || queue_depth > 32768) {
+    return InvalidArgument(fmt::format("aio.queue_depth = {}: must be between 1 and 32768 (default 8)", queue_depth));
   }
-  if (intra_op_parallelism == 0 || intra_op_parallelism > 64) {
+  if (intra_op_parallelism == 0 || intra_op_parallelism > 256) {
     return InvalidArgument(fmt::format(
-        "aio.intra_op_parallelism = {}: must be between 1 and 64 (rings or thread groups; default 1)",
+        "aio.intra_op_parallelism = {}: must be between 1 and 256 (rings or thread groups; default 1)",
         intra_op_parallelism));
   }
   if (max_files == 0 || max_files > 4096) {

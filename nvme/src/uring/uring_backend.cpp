@@ -30,8 +30,8 @@ class UringBackend final : public Backend {
       params.flags |= IORING_SETUP_SQPOLL;
       params.sq_thread_idle = 2000;  // ms before the kernel thread sleeps
     }
-    // Room for every slot's SQE plus resubmissions that wait for the next enter.
-    unsigned entries = std::max<unsigned>(config.depth * 2, 8);
+    // Each slot holds at most one SQE at a time; the kernel caps rings at 32768.
+    unsigned entries = std::min<unsigned>(std::max<unsigned>(config.depth, 8), 32768);
     int rc = io_uring_queue_init_params(entries, &ring_, &params);
     if (rc < 0 && opt.sqpoll) {
       if (config.worker_index == 0) {
@@ -67,7 +67,7 @@ class UringBackend final : public Backend {
       io_uring_submit(&ring_);
       sqe = io_uring_get_sqe(&ring_);
     }
-    STRATA_CHECK(sqe != nullptr, "io_uring SQ full although entries >= 2 x depth");
+    STRATA_CHECK(sqe != nullptr, "io_uring SQ full although entries >= depth");
     bool fixed_file = p.fixed_index >= 0;
     int fd = fixed_file ? p.fixed_index : p.fd;
     unsigned len = static_cast<unsigned>(p.length);

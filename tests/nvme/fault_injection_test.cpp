@@ -1,0 +1,200 @@
+// Fault injection: every injected fault either is retried transparently
+// (EAGAIN, EINTR, short transfers, latency) or surfaces as a Status with
+// file, offset, length and errno (EIO, ENOSPC); torn writes and flipped bits
+// are caught by the swap store's checksums. Each test prints its seed
+// (replay with STRATA_TEST_SEED=<seed>).
+#include <algorithm>
+#include <cstring>
+
+#include <gtest/gtest.h>
+
+#include "nvme_test_util.h"
+#include "strata/nvme/aligned_buffer.h"
+#include "strata/nvme/fault_injection.h"
+#include "strata/nvme/swap_store.h"
+
+namespace strata::nvme {
+namespace {
+
+using testing::bytes_equal;
+using testing::ScratchDir;
+
+class FaultInjection : public ::testing::TestWithParam<EngineKind> {
+ protected:
+  void SetUp() override {
+    bool works = false;
+    for (const EngineProbe& probe : probe_engines()) {
+      if (probe.kind == GetParam()) works = probe.works;
+    }
+    if (!works) GTEST_SKIP() << engine_kind_name(GetParam()) << " does not work here";
+    dir_ = std::make_unique<ScratchDir>(testing::disk_scratch_root());
+    ASSERT_TRUE(dir_->ok());
+  }
+  IoEngineOptions options() const {
+    IoEngineOptions o;
+    o.engine = GetParam();
+    o.block_size = 16 * 1024;
+    o.queue_depth = 8;
+    o.intra_op_parallelism = 2;
+    o.max_retries = 1000;
+    return o;
+  }
+  std::unique_ptr<ScratchDir> dir_;
+};
+
+TEST_P(FaultInjection, TransientShortAndLateCompletionsAreRetriedTransparently) {
+  FaultPlan plan;
+  plan.seed = testing::test_seed(20261130);
+  plan.transient_probability = 0.15;
+  plan.short_probability = 0.3;
+  plan.latency_probability = 0.2;
+  plan.latency_us_max = 300;
+  std::shared_ptr<FaultCounters> counters;
+  auto engine = make_fault_injecting_engine(options(), plan, &counters);
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  auto file = (*engine)->open(dir_->file("faults.bin"), OpenMode::kCreate);
+  ASSERT_TRUE(file.ok());
+  std::mt19937_64 rng(plan.seed);
+  const uint64_t n = 1u << 20;
+  auto src = AlignedBuffer::allocate(n + 4096, 4096);
+  auto dst = AlignedBuffer::allocate(n + 4096, 4096);
+  auto data = testing::random_bytes(rng, n);
+  std::memcpy(src->data(), data.data(), n);
+  ASSERT_TRUE((*engine)->write_sync(*file, 0, n, src->data()).ok()) << "seed " << plan.seed;
+  // Unaligned pieces too (buffered path, byte-granular short transfers).
+  ASSERT_TRUE((*engine)->write_sync(*file, n, 5000, src->data() + 7).ok()) << "seed " << plan.seed;
+  ASSERT_TRUE((*engine)->read_sync(*file, 0, n, dst->data()).ok()) << "seed " << plan.seed;
+  EXPECT_TRUE(bytes_equal(src->data(), dst->data(), n)) << "seed " << plan.seed;
+  ASSERT_TRUE((*engine)->read_sync(*file, n, 5000, dst->data() + 3).ok()) << "seed " << plan.seed;
+  EXPECT_TRUE(bytes_equal(src->data() + 7, dst->data() + 3, 5000)) << "seed " << plan.seed;
+  EXPECT_GT(counters->transient.load(), 0u);
+  EXPECT_GT(counters->short_transfers.load(), 0u);
+  EXPECT_GT(counters->delayed.load(), 0u);
+  IoEngineStats stats = (*engine)->stats();
+  EXPECT_EQ(stats.transient_retries, counters->transient.load());
+  EXPECT_GE(stats.short_resubmits, counters->short_transfers.load());
+  EXPECT_EQ(stats.failed_requests, 0u);
+}
+
+TEST_P(FaultInjection, HardErrorsSurfaceWithFileOffsetLengthAndErrno) {
+  FaultPlan plan;
+  plan.seed = testing::test_seed(77);
+  plan.eio_probability = 0.2;
+  std::shared_ptr<FaultCounters> counters;
+  auto engine = make_fault_injecting_engine(options(), plan, &counters);
+  ASSERT_TRUE(engine.ok());
+  std::string path = dir_->file("eio.bin");
+  auto file = (*engine)->open(path, OpenMode::kCreate);
+  ASSERT_TRUE(file.ok());
+  auto buf = AlignedBuffer::allocate(64 * 1024, 4096);
+  int failed = 0;
+  for (int i = 0; i < 40; ++i) {
+    Status st = (*engine)->write_sync(*file, static_cast<uint64_t>(i) * 65536, 65536, buf->data());
+    if (st.ok()) continue;
+    ++failed;
+    EXPECT_EQ(st.code(), StatusCode::kIoError) << st.to_string();
+    EXPECT_NE(st.message().find(path), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find("offset"), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find("length"), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find("errno 5"), std::string::npos) << st.message();
+  }
+  EXPECT_GT(failed, 0) << "seed " << plan.seed;
+  EXPECT_GT(counters->eio.load(), 0u);
+  EXPECT_EQ((*engine)->stats().failed_requests, static_cast<uint64_t>(failed));
+}
+
+TEST_P(FaultInjection, EnospcSurfacesAsResourceExhausted) {
+  FaultPlan plan;
+  plan.seed = testing::test_seed(5);
+  plan.enospc_probability = 1.0;
+  auto engine = make_fault_injecting_engine(options(), plan);
+  ASSERT_TRUE(engine.ok());
+  auto file = (*engine)->open(dir_->file("full.bin"), OpenMode::kCreate);
+  ASSERT_TRUE(file.ok());
+  auto buf = AlignedBuffer::allocate(8192, 4096);
+  Status st = (*engine)->write_sync(*file, 0, 8192, buf->data());
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.to_string();
+  EXPECT_NE(st.message().find("disk full"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("full.bin"), std::string::npos) << st.message();
+  // Reads are unaffected by ENOSPC.
+  EXPECT_TRUE((*engine)->read_sync(*file, 0, 0, buf->data()).ok());
+}
+
+TEST_P(FaultInjection, PersistentTransientErrorGivesUpWithContext) {
+  FaultPlan plan;
+  plan.seed = testing::test_seed(9);
+  plan.transient_probability = 1.0;
+  IoEngineOptions o = options();
+  o.max_retries = 5;
+  auto engine = make_fault_injecting_engine(o, plan);
+  ASSERT_TRUE(engine.ok());
+  auto file = (*engine)->open(dir_->file("busy.bin"), OpenMode::kCreate);
+  ASSERT_TRUE(file.ok());
+  auto buf = AlignedBuffer::allocate(4096, 4096);
+  Status st = (*engine)->write_sync(*file, 0, 4096, buf->data());
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("retries"), std::string::npos) << st.message();
+  EXPECT_TRUE(st.retryable()) << st.to_string();
+}
+
+// Torn writes and flipped bits must never come back as good data.
+TEST_P(FaultInjection, TornWritesAndCorruptReadsAreCaughtByChecksums) {
+  FaultPlan plan;
+  plan.seed = testing::test_seed(4242);
+  plan.torn_write_probability = 0.05;
+  plan.corrupt_read_probability = 0.03;
+  plan.short_probability = 0.1;
+  std::shared_ptr<FaultCounters> counters;
+  auto engine = make_fault_injecting_engine(options(), plan, &counters);
+  ASSERT_TRUE(engine.ok());
+  SwapStoreOptions so;
+  so.paths = {dir_->path()};
+  so.job = "faults";
+  so.capacity_bytes = 8u << 20;
+  auto store = SwapStore::open(so, **engine);
+  ASSERT_TRUE(store.ok()) << store.status().to_string();
+  std::mt19937_64 rng(plan.seed);
+  constexpr int kTensors = 24;
+  std::vector<std::vector<std::byte>> tensors;
+  std::vector<AlignedBuffer> buffers;
+  for (int i = 0; i < kTensors; ++i) {
+    uint64_t bytes = 4096 * (4 + rng() % 40) + (i % 3 == 0 ? 100 : 0);
+    tensors.push_back(testing::random_bytes(rng, bytes));
+    auto b = AlignedBuffer::allocate(bytes, 4096);
+    ASSERT_TRUE(b.ok());
+    std::memcpy(b->data(), tensors.back().data(), bytes);
+    buffers.push_back(std::move(b).value());
+    ASSERT_TRUE((*store)->write_sync(static_cast<TensorId>(i), buffers.back().data(), bytes).ok());
+  }
+  int caught = 0;
+  for (int i = 0; i < kTensors; ++i) {
+    uint64_t bytes = tensors[i].size();
+    std::memset(buffers[i].data(), 0, bytes);
+    Status st = (*store)->read_sync(static_cast<TensorId>(i), buffers[i].data(), bytes);
+    if (st.ok()) {
+      EXPECT_TRUE(bytes_equal(tensors[i].data(), buffers[i].data(), bytes))
+          << "tensor " << i << " came back wrong with an ok status; seed " << plan.seed;
+    } else {
+      ++caught;
+      EXPECT_TRUE(st.is_data_loss()) << st.to_string();
+      EXPECT_NE(st.message().find("tensor " + std::to_string(i)), std::string::npos) << st.message();
+      EXPECT_NE(st.message().find("stored xxh3"), std::string::npos) << st.message();
+    }
+  }
+  uint64_t injected = counters->torn_writes.load() + counters->corrupt_reads.load();
+  EXPECT_GT(injected, 0u) << "seed " << plan.seed << " injected nothing; raise the probabilities";
+  EXPECT_GT(caught, 0) << "seed " << plan.seed;
+  EXPECT_LE(static_cast<uint64_t>(caught), injected);
+  EXPECT_EQ((*store)->stats().verify_failures, static_cast<uint64_t>(caught));
+}
+
+INSTANTIATE_TEST_SUITE_P(AllEngines, FaultInjection,
+                         ::testing::Values(EngineKind::kIoUring, EngineKind::kLibaio, EngineKind::kPsync),
+                         [](const ::testing::TestParamInfo<EngineKind>& info) {
+                           std::string name(engine_kind_name(info.param));
+                           name.erase(std::remove(name.begin(), name.end(), '_'), name.end());
+                           return name;
+                         });
+
+}  // namespace
+}  // namespace strata::nvme

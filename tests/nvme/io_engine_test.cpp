@@ -1,0 +1,365 @@
+// The integrity suite, run identically on every engine (io_uring, libaio,
+// psync) and every location (disk with O_DIRECT, disk buffered, tmpfs):
+// random sizes and offsets, unaligned buffers and tails, concurrent
+// requests from several threads, multi-segment requests, callbacks, and
+// errors that name their culprit.
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <thread>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "nvme_test_util.h"
+#include "strata/nvme/aligned_buffer.h"
+#include "strata/nvme/io_engine.h"
+
+namespace strata::nvme {
+namespace {
+
+using testing::bytes_equal;
+using testing::ScratchDir;
+
+enum class Location { kDiskDirect, kDiskBuffered, kTmpfs };
+
+std::string location_name(Location l) {
+  switch (l) {
+    case Location::kDiskDirect: return "DiskDirect";
+    case Location::kDiskBuffered: return "DiskBuffered";
+    case Location::kTmpfs: return "Tmpfs";
+  }
+  return "?";
+}
+
+struct Param {
+  EngineKind engine;
+  Location location;
+};
+
+class IoEngineIntegrity : public ::testing::TestWithParam<Param> {
+ protected:
+  void SetUp() override {
+    const Param p = GetParam();
+    bool works = false;
+    for (const EngineProbe& probe : probe_engines()) {
+      if (probe.kind == p.engine) works = probe.works;
+    }
+    if (!works) GTEST_SKIP() << engine_kind_name(p.engine) << " does not work on this machine";
+    std::string root = p.location == Location::kTmpfs ? testing::tmpfs_root() : testing::disk_scratch_root();
+    if (root.empty()) GTEST_SKIP() << "no writable tmpfs at /dev/shm";
+    dir_ = std::make_unique<ScratchDir>(root);
+    ASSERT_TRUE(dir_->ok()) << "cannot create a scratch folder under " << root;
+  }
+
+  IoEngineOptions options(uint64_t block_size = 64 * 1024, uint32_t depth = 8, uint32_t threads = 2) const {
+    IoEngineOptions o;
+    o.engine = GetParam().engine;
+    o.block_size = block_size;
+    o.queue_depth = depth;
+    o.intra_op_parallelism = threads;
+    o.direct_io = GetParam().location != Location::kDiskBuffered;
+    return o;
+  }
+
+  std::unique_ptr<IoEngine> make(const IoEngineOptions& o) {
+    auto engine = make_io_engine(o);
+    EXPECT_TRUE(engine.ok()) << engine.status().to_string();
+    return engine.ok() ? std::move(engine).value() : nullptr;
+  }
+
+  std::unique_ptr<ScratchDir> dir_;
+};
+
+TEST_P(IoEngineIntegrity, RandomSizesAndOffsetsMatchReferenceModel) {
+  uint64_t seed = testing::test_seed(1234);
+  std::mt19937_64 rng(seed);
+  auto engine = make(options());
+  ASSERT_NE(engine, nullptr);
+  const uint64_t file_bytes = 2u << 20;
+  std::string path = dir_->file("data.bin");
+  auto file = engine->open(path, OpenMode::kCreate);
+  ASSERT_TRUE(file.ok()) << file.status().to_string();
+
+  // Reference model: what the file must contain.
+  std::vector<std::byte> model = testing::random_bytes(rng, file_bytes);
+  auto buf = AlignedBuffer::allocate(file_bytes + 8192, 4096);
+  ASSERT_TRUE(buf.ok());
+  std::memcpy(buf->data(), model.data(), file_bytes);
+  ASSERT_TRUE(engine->write_sync(*file, 0, file_bytes, buf->data()).ok());
+
+  for (int round = 0; round < 60; ++round) {
+    // Mix aligned and unaligned offsets, lengths and buffer addresses.
+    bool aligned = rng() % 2 == 0;
+    uint64_t length = aligned ? 4096 * (1 + rng() % 64) : 1 + rng() % 300000;
+    uint64_t offset = aligned ? 4096 * (rng() % ((file_bytes - length) / 4096 + 1)) : rng() % (file_bytes - length);
+    size_t shift = aligned ? 0 : 1 + rng() % 4095;
+    std::byte* io = buf->data() + shift;
+    if (rng() % 2 == 0) {
+      std::vector<std::byte> data = testing::random_bytes(rng, length);
+      std::memcpy(io, data.data(), length);
+      Status st = engine->write_sync(*file, offset, length, io);
+      ASSERT_TRUE(st.ok()) << st.to_string();
+      std::memcpy(model.data() + offset, data.data(), length);
+    } else {
+      std::memset(io, 0xEE, length);
+      Status st = engine->read_sync(*file, offset, length, io);
+      ASSERT_TRUE(st.ok()) << st.to_string();
+      ASSERT_TRUE(bytes_equal(model.data() + offset, io, length))
+          << "round " << round << " offset " << offset << " length " << length << " seed " << seed;
+    }
+  }
+  // Whole file, then compare against the model.
+  std::memset(buf->data(), 0, file_bytes);
+  ASSERT_TRUE(engine->read_sync(*file, 0, file_bytes, buf->data()).ok());
+  EXPECT_TRUE(bytes_equal(model.data(), buf->data(), file_bytes)) << "seed " << seed;
+  IoEngineStats stats = engine->stats();
+  EXPECT_GT(stats.buffered_pieces, 0u);  // unaligned pieces took the buffered path
+  auto info = engine->file_info(*file);
+  ASSERT_TRUE(info.ok());
+  if (GetParam().location == Location::kDiskDirect && info->direct) {
+    EXPECT_GT(stats.direct_pieces, 0u);
+  }
+  if (GetParam().location == Location::kDiskBuffered) {
+    EXPECT_EQ(stats.direct_pieces, 0u);
+  }
+  EXPECT_TRUE(engine->close(*file).ok());
+}
+
+TEST_P(IoEngineIntegrity, UnalignedTailRoundTrips) {
+  auto engine = make(options(16 * 1024));
+  ASSERT_NE(engine, nullptr);
+  auto file = engine->open(dir_->file("tail.bin"), OpenMode::kCreate);
+  ASSERT_TRUE(file.ok());
+  std::mt19937_64 rng(7);
+  const uint64_t length = 3 * 16384 + 4096 + 123;  // whole blocks, a whole page, then 123 bytes
+  auto src = AlignedBuffer::allocate(length, 4096);
+  auto dst = AlignedBuffer::allocate(length, 4096);
+  ASSERT_TRUE(src.ok() && dst.ok());
+  auto data = testing::random_bytes(rng, length);
+  std::memcpy(src->data(), data.data(), length);
+  ASSERT_TRUE(engine->write_sync(*file, 0, length, src->data()).ok());
+  struct stat st {};
+  ASSERT_EQ(::stat(dir_->file("tail.bin").c_str(), &st), 0);
+  EXPECT_EQ(static_cast<uint64_t>(st.st_size), length);
+  ASSERT_TRUE(engine->read_sync(*file, 0, length, dst->data()).ok());
+  EXPECT_TRUE(bytes_equal(src->data(), dst->data(), length));
+}
+
+TEST_P(IoEngineIntegrity, ConcurrentRequestsFromSeveralThreads) {
+  uint64_t seed = testing::test_seed(99);
+  auto engine = make(options(32 * 1024, 4, 2));
+  ASSERT_NE(engine, nullptr);
+  auto file = engine->open(dir_->file("concurrent.bin"), OpenMode::kCreate);
+  ASSERT_TRUE(file.ok());
+  constexpr int kThreads = 4;
+  constexpr int kRequests = 12;
+  constexpr uint64_t kChunk = 100 * 1024 + 512;  // crosses blocks, unaligned end
+  std::atomic<int> callbacks{0};
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937_64 rng(seed + t);
+      auto src = AlignedBuffer::allocate(kChunk * kRequests, 4096);
+      auto dst = AlignedBuffer::allocate(kChunk * kRequests, 4096);
+      if (!src.ok() || !dst.ok()) {
+        failures++;
+        return;
+      }
+      auto data = testing::random_bytes(rng, kChunk * kRequests);
+      std::memcpy(src->data(), data.data(), data.size());
+      std::vector<IoHandle> handles;
+      for (int r = 0; r < kRequests; ++r) {
+        uint64_t offset = (static_cast<uint64_t>(t) * kRequests + r) * kChunk;
+        handles.push_back(engine->write(*file, offset, kChunk, src->data() + r * kChunk,
+                                        [&](const Status& st) { callbacks++; }));
+      }
+      for (IoHandle& h : handles) {
+        if (!h.wait().ok()) failures++;
+      }
+      handles.clear();
+      for (int r = kRequests - 1; r >= 0; --r) {  // reverse order: completions are per request
+        uint64_t offset = (static_cast<uint64_t>(t) * kRequests + r) * kChunk;
+        handles.push_back(engine->read(*file, offset, kChunk, dst->data() + r * kChunk));
+      }
+      for (IoHandle& h : handles) {
+        if (!h.wait().ok()) failures++;
+      }
+      if (!bytes_equal(src->data(), dst->data(), kChunk * kRequests)) failures++;
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0) << "seed " << seed;
+  EXPECT_EQ(callbacks.load(), kThreads * kRequests);
+}
+
+TEST_P(IoEngineIntegrity, MultiSegmentRequestAcrossFiles) {
+  auto engine = make(options(8192, 4, 1));
+  ASSERT_NE(engine, nullptr);
+  auto a = engine->open(dir_->file("a.bin"), OpenMode::kCreate);
+  auto b = engine->open(dir_->file("b.bin"), OpenMode::kCreate);
+  ASSERT_TRUE(a.ok() && b.ok());
+  std::mt19937_64 rng(3);
+  auto src = AlignedBuffer::allocate(3 * 65536, 4096);
+  auto dst = AlignedBuffer::allocate(3 * 65536, 4096);
+  auto data = testing::random_bytes(rng, 3 * 65536);
+  std::memcpy(src->data(), data.data(), data.size());
+  std::vector<IoSegment> segs = {{*a, 0, 65536, src->data()},
+                                 {*b, 4096, 65536, src->data() + 65536},
+                                 {*a, 65536, 65536, src->data() + 131072}};
+  ASSERT_TRUE(engine->submit(IoOp::kWrite, segs).wait().ok());
+  for (auto& s : segs) s.buffer = static_cast<std::byte*>(s.buffer) - src->data() + dst->data();
+  IoHandle h = engine->submit(IoOp::kRead, segs);
+  ASSERT_TRUE(h.wait().ok());
+  EXPECT_EQ(h.bytes(), 3u * 65536);
+  EXPECT_TRUE(bytes_equal(src->data(), dst->data(), 3 * 65536));
+}
+
+TEST_P(IoEngineIntegrity, LargeRequestIsSplitIntoBlocks) {
+  auto engine = make(options(4096, 16, 2));
+  ASSERT_NE(engine, nullptr);
+  auto file = engine->open(dir_->file("split.bin"), OpenMode::kCreate);
+  ASSERT_TRUE(file.ok());
+  auto buf = AlignedBuffer::allocate(1u << 20, 4096);
+  ASSERT_TRUE(engine->write_sync(*file, 0, 1u << 20, buf->data()).ok());
+  EXPECT_GE(engine->stats().pieces, 256u);
+  EXPECT_EQ(engine->stats().bytes_written, 1u << 20);
+}
+
+TEST_P(IoEngineIntegrity, ReadPastEndOfFileNamesFileAndOffset) {
+  auto engine = make(options());
+  ASSERT_NE(engine, nullptr);
+  std::string path = dir_->file("short.bin");
+  auto file = engine->open(path, OpenMode::kCreate);
+  ASSERT_TRUE(file.ok());
+  auto buf = AlignedBuffer::allocate(65536, 4096);
+  ASSERT_TRUE(engine->write_sync(*file, 0, 8192, buf->data()).ok());
+  Status st = engine->read_sync(*file, 4096, 65536, buf->data());
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find(path), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("end of file"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("offset"), std::string::npos) << st.message();
+}
+
+TEST_P(IoEngineIntegrity, InvalidRequestsCompleteWithErrors) {
+  auto engine = make(options());
+  ASSERT_NE(engine, nullptr);
+  std::string path = dir_->file("ro.bin");
+  {
+    auto f = engine->open(path, OpenMode::kCreate);
+    ASSERT_TRUE(f.ok());
+    ASSERT_TRUE(engine->close(*f).ok());
+  }
+  auto ro = engine->open(path, OpenMode::kRead);
+  ASSERT_TRUE(ro.ok());
+  auto buf = AlignedBuffer::allocate(4096, 4096);
+  Status st = engine->write_sync(*ro, 0, 4096, buf->data());
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("read-only"), std::string::npos) << st.message();
+  st = engine->read_sync(*ro + 17, 0, 4096, buf->data());
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("not open"), std::string::npos) << st.message();
+  st = engine->read_sync(*ro, 0, 4096, nullptr);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  auto missing = engine->open(dir_->file("missing/nothing.bin"), OpenMode::kRead);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("nothing.bin"), std::string::npos);
+  // Zero-length requests complete at once.
+  EXPECT_TRUE(engine->read_sync(*ro, 0, 0, buf->data()).ok());
+}
+
+TEST_P(IoEngineIntegrity, RegisteredBufferRoundTrips) {
+  auto engine = make(options(65536, 8, 2));
+  ASSERT_NE(engine, nullptr);
+  auto buf = AlignedBuffer::allocate(1u << 20, 4096);
+  ASSERT_TRUE(engine->register_buffer(buf->data(), buf->size()).ok());
+  auto file = engine->open(dir_->file("fixed.bin"), OpenMode::kCreate);
+  ASSERT_TRUE(file.ok());
+  std::mt19937_64 rng(11);
+  auto data = testing::random_bytes(rng, 1u << 20);
+  std::memcpy(buf->data(), data.data(), data.size());
+  ASSERT_TRUE(engine->write_sync(*file, 0, 1u << 20, buf->data()).ok());
+  std::memset(buf->data(), 0, 1u << 20);
+  ASSERT_TRUE(engine->read_sync(*file, 0, 1u << 20, buf->data()).ok());
+  EXPECT_TRUE(bytes_equal(data.data(), buf->data(), 1u << 20));
+  EXPECT_TRUE(engine->unregister_buffer(buf->data()).ok());
+}
+
+TEST_P(IoEngineIntegrity, BatchCompletionAndSingleSubmitModes) {
+  IoEngineOptions o = options(16384, 4, 1);
+  o.overlap_events = false;
+  o.single_submit = true;
+  auto engine = make(o);
+  ASSERT_NE(engine, nullptr);
+  auto file = engine->open(dir_->file("modes.bin"), OpenMode::kCreate);
+  ASSERT_TRUE(file.ok());
+  std::mt19937_64 rng(5);
+  auto src = AlignedBuffer::allocate(300000, 4096);
+  auto dst = AlignedBuffer::allocate(300000, 4096);
+  auto data = testing::random_bytes(rng, 300000);
+  std::memcpy(src->data(), data.data(), data.size());
+  ASSERT_TRUE(engine->write_sync(*file, 0, 300000, src->data()).ok());
+  ASSERT_TRUE(engine->read_sync(*file, 0, 300000, dst->data()).ok());
+  EXPECT_TRUE(bytes_equal(src->data(), dst->data(), 300000));
+  EXPECT_NE(engine->describe().find("single submit"), std::string::npos) << engine->describe();
+}
+
+std::vector<Param> all_params() {
+  std::vector<Param> params;
+  for (EngineKind e : {EngineKind::kIoUring, EngineKind::kLibaio, EngineKind::kPsync}) {
+    for (Location l : {Location::kDiskDirect, Location::kDiskBuffered, Location::kTmpfs}) params.push_back({e, l});
+  }
+  return params;
+}
+
+INSTANTIATE_TEST_SUITE_P(AllEngines, IoEngineIntegrity, ::testing::ValuesIn(all_params()),
+                         [](const ::testing::TestParamInfo<Param>& info) {
+                           std::string engine(engine_kind_name(info.param.engine));
+                           engine.erase(std::remove(engine.begin(), engine.end(), '_'), engine.end());
+                           return engine + "_" + location_name(info.param.location);
+                         });
+
+TEST(IoEngineOptions, ValidateNamesTheKey) {
+  IoEngineOptions o;
+  o.block_size = 1000;
+  Status st = o.validate();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("aio.block_size"), std::string::npos);
+  o = IoEngineOptions{};
+  o.queue_depth = 0;
+  EXPECT_NE(o.validate().message().find("aio.queue_depth"), std::string::npos);
+  o = IoEngineOptions{};
+  o.intra_op_parallelism = 0;
+  EXPECT_NE(o.validate().message().find("aio.intra_op_parallelism"), std::string::npos);
+  EXPECT_FALSE(make_io_engine(o).ok());
+}
+
+TEST(IoEngineOptions, ParseEngineKind) {
+  EXPECT_EQ(*parse_engine_kind("io_uring"), EngineKind::kIoUring);
+  EXPECT_EQ(*parse_engine_kind("libaio"), EngineKind::kLibaio);
+  EXPECT_EQ(*parse_engine_kind("psync"), EngineKind::kPsync);
+  EXPECT_EQ(*parse_engine_kind("auto"), EngineKind::kAuto);
+  auto bad = parse_engine_kind("uringg", "--engine");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("--engine"), std::string::npos);
+  EXPECT_NE(bad.status().message().find("io_uring"), std::string::npos);
+}
+
+TEST(IoEngineSelection, AutoPicksAWorkingEngineAndSaysWhy) {
+  EngineChoice choice = choose_engine();
+  EXPECT_FALSE(choice.reason.empty());
+  bool found = false;
+  for (const EngineProbe& p : probe_engines()) {
+    if (p.kind == choice.kind) found = p.works;
+  }
+  EXPECT_TRUE(found) << engine_kind_name(choice.kind) << ": " << choice.reason;
+  auto engine = make_io_engine(IoEngineOptions{});
+  ASSERT_TRUE(engine.ok());
+  EXPECT_EQ((*engine)->kind(), choice.kind);
+}
+
+}  // namespace
+}  // namespace strata::nvme
