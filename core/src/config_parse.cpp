@@ -207,6 +207,13 @@ constexpr std::array<std::string_view, 9> kDeepSpeedOnlyOptimizers{
 
 }  // namespace
 
+static bool is_auto_value(const ConfigKey& k, const ordered_json& v) {
+  if (!v.is_string() || v.get<std::string>() != "auto" || k.type == KeyType::kString) return false;
+  // "auto" is an ordinary choice of enums such as aio.engine.
+  return !(k.type == KeyType::kEnum && (k.choices == "auto" || k.choices.rfind("auto|", 0) == 0 ||
+                                        k.choices.find("|auto") != std::string_view::npos));
+}
+
 void Checker::error(std::string path, std::string message, std::string hint) {
   issues.push_back({IssueSeverity::kError, std::move(path), std::move(message), std::move(hint)});
 }
@@ -232,7 +239,7 @@ bool Checker::check_value(const ConfigKey& k, const ordered_json& v, const std::
           fmt::format("remove the key to use the default ({})", default_text));
     return false;
   }
-  if (v.is_string() && v.get<std::string>() == "auto" && k.type != KeyType::kString) {
+  if (is_auto_value(k, v)) {
     if (k.has(kKeyAuto)) return true;
     error(path, "\"auto\" is not accepted for this key",
           fmt::format("give a {} (default {}); \"auto\" is only for keys that a launcher fills in", key_type_name(k.type),
@@ -443,7 +450,7 @@ void Checker::walk(const ordered_json& object, const std::string& parent, const 
     }
     if (k.has(kKeyDeprecated)) warn(written, "deprecated key", std::string(k.meaning));
     if (!check_value(k, value, written)) continue;
-    if (value.is_string() && value.get<std::string>() == "auto" && k.type != KeyType::kString) {
+    if (is_auto_value(k, value)) {
       autos.push_back(canonical);
       continue;
     }
@@ -475,6 +482,7 @@ void Checker::apply(Config& config) const {
     const ordered_json* v = given(k.path);
     if (v == nullptr) continue;
     const json plain = json::parse(v->dump());
+    if (plain.is_null() && k.type == KeyType::kBool) continue;  // null: unset, resolved later
     if (k.has(kKeyIgnored)) {
       config.ignored[std::string(k.path)] = *v;
     } else if (k.parent() == "scheduler.params") {
