@@ -227,9 +227,11 @@ bool MpiCommunicator::poll_all(std::vector<MPI_Request>& requests, Clock::time_p
     }
     if (flag) return true;
     if ((spin & 63) == 0 && bounded && Clock::now() >= deadline) return false;
-    if (spin > 2000) {
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
-    } else if (spin > 200) {
+    // MPI progresses only inside MPI calls, so keep testing; yield the core
+    // to other ranks (oversubscribed runs) and nap only after a long wait.
+    if (spin > 200000) {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    } else if (spin > 64) {
       sched_yield();
     }
   }
