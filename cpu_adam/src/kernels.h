@@ -31,6 +31,7 @@ struct StepFactors {
   bool decoupled_decay = false;  // AdamW / Lion with weight_decay != 0
   float step_size = 0.0f;        // Adam/AdamW: lr / (1 - beta1^t)
   float bias_correction2_sqrt = 1.0f;  // Adam/AdamW: sqrt(1 - beta2^t)
+  bool probe_prefetch = false;   // stream probe only: use the step's software prefetch
 };
 
 // One tile: pointers already offset to the tile's first element.

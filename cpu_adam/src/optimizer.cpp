@@ -255,12 +255,13 @@ Result<StepReport> CpuOptimizer::step(const StepArgs& args, const StateSpans& st
   return report;
 }
 
-Status CpuOptimizer::stream_probe(const StateSpans& state) {
+Status CpuOptimizer::stream_probe(const StateSpans& state, bool software_prefetch) {
   const OptimizerKind kind = impl_->options.kind;
   STRATA_RETURN_IF_ERROR(validate_state(kind, state));
   if (state.count == 0) return Status::Ok();
   StepFactors factors;
   factors.kind = kind;
+  factors.probe_prefetch = software_prefetch;
   const size_t tile = impl_->options.tile_elements;
   const size_t tiles = (state.count + tile - 1) / tile;
   const KernelTable& k = *impl_->kernels;

@@ -103,8 +103,9 @@ class CpuOptimizer {
   // A streaming kernel with the step's access pattern: it reads and writes
   // exactly the streams step() would for `state` (same bytes per element)
   // with trivial arithmetic, on the same path, threads and tiles. The
-  // ceiling step() is measured against; it overwrites the state.
-  Status stream_probe(const StateSpans& state);
+  // ceiling step() is measured against; it overwrites the state. A plain
+  // loop, or with the step's software prefetch when `software_prefetch`.
+  Status stream_probe(const StateSpans& state, bool software_prefetch = false);
 
   OptimizerKind kind() const;
   KernelPath path() const;
