@@ -32,8 +32,8 @@ void BM_MemcpyCeiling(benchmark::State& state) {
     for (auto& th : pool) th.join();
     benchmark::DoNotOptimize(dst[0].data());
   }
-  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(bytes));
-  state.SetLabel("per-thread copy rate x1 thread share (ceiling)");
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * threads * static_cast<int64_t>(bytes));
+  state.SetLabel("aggregate bytes copied (ceiling)");
 }
 
 // op 0: all_gather (size = recv bytes), 1: all_reduce (size = buffer bytes).
