@@ -1,0 +1,47 @@
+// `strata report` section "io": which I/O engines work here (probed by
+// creating a ring / context, not assumed from the build), what `auto`
+// picks and why; with --path DIR also the directory's file system, O_DIRECT
+// support, direct-I/O alignment and free space.
+#include <string>
+
+#include "command.h"
+#include "strata/core/units.h"
+#include "strata/nvme/fs_probe.h"
+#include "strata/nvme/io_engine.h"
+
+namespace strata::cli {
+namespace {
+
+void fill_io(nlohmann::json& s, const std::string& path) {
+  nlohmann::json engines = nlohmann::json::object();
+  for (const nvme::EngineProbe& p : nvme::probe_engines()) {
+    engines[std::string(nvme::engine_kind_name(p.kind))] =
+        p.works ? "works (" + p.detail + ")" : (p.compiled ? "fails: " : "unavailable: ") + p.detail;
+  }
+  s["engines"] = engines;
+  nvme::EngineChoice choice = nvme::choose_engine();
+  s["auto"] = std::string(nvme::engine_kind_name(choice.kind));
+  s["auto_reason"] = choice.reason;
+  if (path.empty()) return;
+  nlohmann::json p = nlohmann::json::object();
+  auto probe = nvme::probe_path(path);
+  if (!probe.ok()) {
+    p["error"] = probe.status().to_string();
+  } else {
+    p["file_system"] = probe->fs_type;
+    p["o_direct"] = probe->direct_io ? std::string("yes") : "no: " + probe->direct_detail + " (buffered fallback)";
+    if (probe->direct_io) {
+      p["direct_alignment_bytes"] = probe->direct_alignment;
+      p["memory_alignment_bytes"] = probe->memory_alignment;
+    }
+    p["free"] = format_bytes(probe->free_bytes, true);
+    p["free_bytes"] = probe->free_bytes;
+    p["total"] = format_bytes(probe->total_bytes, true);
+  }
+  s["path " + path] = p;
+}
+
+ReportSectionRegistration io_section(40, "io", fill_io);
+
+}  // namespace
+}  // namespace strata::cli
