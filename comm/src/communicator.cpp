@@ -249,4 +249,15 @@ Result<CommWork> Communicator::barrier() {
 
 Status Communicator::synchronize() { return last_.wait(); }
 
+Status Communicator::wait_event(Event& event) {
+  Event* e = &event;
+  STRATA_ASSIGN_OR_RETURN(CommWork work, submit_task([e] { return e->synchronize(); }));
+  last_ = work;
+  return Status::Ok();
+}
+
+Status stream_wait(Stream& stream, CommWork work) {
+  return stream.launch_host([work] { work.wait().ignore(); });
+}
+
 }  // namespace strata::comm

@@ -13,6 +13,7 @@
 #include "strata/comm/backends.h"
 #include "strata/comm/pattern.h"
 #include "strata/comm/shard.h"
+#include "strata/core/device_registry.h"
 
 namespace strata::comm {
 namespace {
@@ -205,6 +206,37 @@ TEST(LocalComm, CollectivesAreAsynchronousAndOrdered) {
   for (int r = 0; r < n; ++r) {
     for (size_t i = 0; i < kCount * n; i += 4097) ASSERT_EQ(gathered[static_cast<size_t>(r)][i], expected);
   }
+}
+
+TEST(LocalComm, CollectivesOrderWithDeviceStreams) {
+  // Rank r's "gradient" is produced by a host function on a cpu-device
+  // stream; the all_reduce waits for its event, and a later stream function
+  // waits for the all_reduce.
+  const int n = 3;
+  auto comms = make_group(n);
+  std::vector<std::vector<float>> grad(n, std::vector<float>(1000, 0.0f));
+  std::vector<float> seen(n, -1.0f);
+  run_ranks(comms, [&](int r, Communicator& c) {
+    auto device = make_device("cpu");
+    ASSERT_TRUE(device.ok()) << device.status().to_string();
+    auto stream = (*device)->create_stream();
+    auto event = (*device)->create_event();
+    ASSERT_TRUE(stream.ok() && event.ok());
+    auto& g = grad[static_cast<size_t>(r)];
+    ASSERT_TRUE((*stream)->launch_host([&g, r] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      std::fill(g.begin(), g.end(), static_cast<float>(r + 1));
+    }).ok());
+    ASSERT_TRUE((*stream)->record(**event).ok());
+    ASSERT_TRUE(c.wait_event(**event).ok());
+    auto work = c.all_reduce(g.data(), g.data(), g.size(), DType::kF32, ReduceOp::kSum);
+    ASSERT_TRUE(work.ok());
+    ASSERT_TRUE(stream_wait(**stream, *work).ok());
+    ASSERT_TRUE((*stream)->launch_host([&seen, &g, r] { seen[static_cast<size_t>(r)] = g[999]; }).ok());
+    ASSERT_TRUE((*stream)->synchronize().ok());
+    EXPECT_TRUE(work->wait().ok());
+  });
+  for (int r = 0; r < n; ++r) EXPECT_EQ(seen[static_cast<size_t>(r)], 6.0f) << "rank " << r;
 }
 
 TEST(LocalComm, ReduceScatterOfPaddedShardsFollowsShardHelpers) {

@@ -170,6 +170,10 @@ class MpiCommunicator final : public Communicator {
   }
 
  protected:
+  Result<CommWork> submit_task(std::function<Status()> task) override {
+    if (stream_ == nullptr) return FailedPrecondition("mpi communicator is shutting down");
+    return stream_->enqueue(issued(), std::move(task));
+  }
   Result<CommWork> submit(const CollectiveDesc& desc, uint64_t sequence) override {
     if (stream_ == nullptr) return FailedPrecondition("mpi communicator is shutting down");
     return stream_->enqueue(sequence, [this, desc, sequence] { return execute(desc, sequence); });

@@ -115,6 +115,9 @@ class NcclCommunicator final : public Communicator {
   }
 
  protected:
+  Result<CommWork> submit_task(std::function<Status()> task) override {
+    return stream_->enqueue(issued(), std::move(task));
+  }
   Result<CommWork> submit(const CollectiveDesc& desc, uint64_t sequence) override {
     return stream_->enqueue(sequence, [this, desc, sequence] { return execute(desc, sequence); });
   }

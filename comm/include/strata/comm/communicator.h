@@ -36,11 +36,13 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
 
 #include "strata/comm/work.h"
+#include "strata/core/device.h"
 #include "strata/core/dtype.h"
 #include "strata/core/status.h"
 
@@ -138,6 +140,12 @@ class Communicator {
   // Waits for every collective issued so far; returns the first error.
   Status synchronize();
 
+  // Stream interop (Note [Comm stream] in docs/comm.md): collectives issued
+  // after this call start only once `event` has completed, e.g. a layer's
+  // gradients produced on a device stream. `event` must stay alive until
+  // then (wait on the next collective's work).
+  Status wait_event(Event& event);
+
   // Backend-neutral buffers and host copies (synchronous).
   virtual Result<CommBuffer> allocate_buffer(size_t bytes) = 0;
   virtual Status upload(void* dst, const void* host_src, size_t bytes) = 0;
@@ -150,11 +158,18 @@ class Communicator {
   Communicator() = default;
   // Queues a validated collective with sequence number `sequence`.
   virtual Result<CommWork> submit(const CollectiveDesc& desc, uint64_t sequence) = 0;
+  // Queues a non-collective task in stream order (no sequence number).
+  virtual Result<CommWork> submit_task(std::function<Status()> task) = 0;
 
  private:
   Result<CommWork> validate_and_submit(const CollectiveDesc& desc);
   uint64_t next_sequence_ = 0;
   CommWork last_;
 };
+
+// Later work on `stream` waits until `work` has completed: a host function
+// in stream order blocks the stream until then. The collective's status is
+// still read from `work` (a stream host function cannot return one).
+Status stream_wait(Stream& stream, CommWork work);
 
 }  // namespace strata::comm
