@@ -55,10 +55,11 @@ int run_check(const ConfigCommandOptions& opts) {
     batch = fmt::format("batch {} = {} x {} x world {}", *c.batch.train_batch_size, *c.batch.train_micro_batch_size_per_gpu,
                         *c.batch.gradient_accumulation_steps, c.world_size);
   }
-  fmt::print("{}: OK: ZeRO stage {}, optimizer offload {}, param offload {}, {}, {} {}, {}; {} warning(s)\n", opts.file,
+  const bool precision_open = c.is_unresolved("fp16.enabled") || c.is_unresolved("bf16.enabled");
+  fmt::print("{}: OK: ZeRO stage {}, optimizer offload {}, param offload {}, {}, {}{}, {}; {} warning(s)\n", opts.file,
              z.stage, offload_device_name(z.offload_optimizer.device), offload_device_name(z.offload_param.device),
-             train_precision_name(c.precision()), optimizer_type_name(c.optimizer.type),
-             c.optimizer.given ? "" : "(default)", batch, check.warning_count());
+             precision_open ? std::string_view("precision unresolved") : train_precision_name(c.precision()),
+             optimizer_type_name(c.optimizer.type), c.optimizer.given ? "" : " (default)", batch, check.warning_count());
   return 0;
 }
 

@@ -56,7 +56,11 @@ void mark_unresolved(Checker& c, Config& config, const std::string& path, std::s
                           : key->default_note.empty() ? std::string(key->default_json)
                                                       : std::string(key->default_note);
   const std::string message = fmt::format("\"auto\" is unresolved{}", why.empty() ? "" : fmt::format(" ({})", why));
-  const std::string hint = fmt::format("the launcher must supply it; until then the default ({}) stands", def);
+  const bool batch_key = path == "train_batch_size" || path == "train_micro_batch_size_per_gpu" ||
+                         path == "gradient_accumulation_steps";
+  const std::string hint =
+      batch_key ? std::string("the launcher must supply it, or write a number: any two of the three batch keys give the third")
+                : fmt::format("the launcher must supply it; until then the default ({}) stands", def);
   if (c.options.allow_unresolved_auto) c.warn(c.written(path), message, hint);
   else c.error(c.written(path), message, "write a value instead of \"auto\"");
 }
@@ -373,6 +377,10 @@ void check_precision(Checker& c, Config& config) {
   if (config.fp16.enabled && config.bf16.enabled) {
     c.error(c.written("bf16.enabled"), "fp16 and bf16 are both enabled",
             "enable only one of them: bf16 (no loss scaling needed) or fp16 (with the loss scaler)");
+  }
+  if (config.ignored.contains("amp.enabled") && config.ignored["amp.enabled"] == true) {
+    c.error(c.written("amp.enabled"), "apex AMP is not supported by Strata",
+            "remove the amp section and enable bf16 (or fp16 with loss scaling) instead");
   }
   if (config.fp16.fp16_master_weights_and_grads && !config.fp16.enabled) {
     c.warn(c.written("fp16.fp16_master_weights_and_grads"), "has no effect: fp16 is not enabled", "");

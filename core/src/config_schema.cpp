@@ -341,6 +341,16 @@ std::vector<ConfigKey> build_table() {
   add(Key("activation_checkpointing.number_checkpoints", I, "null", "Checkpoints per model.").range(1, kInf).flag(kKeyIgnored | kKeyNullable));
   add(Key("activation_checkpointing.synchronize_checkpoint_boundary", B, "false", "Synchronize at checkpoints.").flag(kKeyIgnored));
   add(Key("activation_checkpointing.profile", B, "false", "Profile checkpointing.").flag(kKeyIgnored));
+  add(Key("sparse_gradients", B, "false", "DeepSpeed: sparse gradients for embeddings; accepted, Strata does not act on it.")
+          .flag(kKeyIgnored));
+  add(section("amp", "NVIDIA apex AMP; only enabled: false is accepted (use bf16 or fp16).").flag(kKeyIgnored));
+  add(Key("amp.enabled", B, "false", "Must stay false: Strata does not use apex.").flag(kKeyIgnored));
+  add(Key("amp.opt_level", S, "\"O1\"", "apex optimization level.").flag(kKeyIgnored));
+  add(section("checkpoint", "DeepSpeed checkpoint options; accepted, Strata does not act on them.").flag(kKeyIgnored));
+  add(Key("checkpoint.tag_validation", E, "\"Warn\"", "Check that ranks save the same tag.")
+          .one_of("Ignore|Warn|Fail").flag(kKeyIgnored | kKeyCaseless));
+  add(Key("checkpoint.load_universal", B, "false", "Load a universal checkpoint.").flag(kKeyIgnored));
+  add(Key("checkpoint.use_node_local_storage", B, "false", "Save to node-local storage.").flag(kKeyIgnored));
   add(section("comms_logger", "DeepSpeed communication logger; accepted, Strata does not act on it.").flag(kKeyIgnored));
   add(Key("comms_logger.enabled", B, "false", "Enable.").flag(kKeyIgnored));
   add(Key("comms_logger.verbose", B, "false", "Log every operation.").flag(kKeyIgnored));

@@ -230,6 +230,12 @@ TEST(ConfigBad, AutoValueSuppliedIsCheckedToo) {
   EXPECT_NE(check.format().find("value supplied for \"auto\""), std::string::npos) << check.format();
 }
 
+TEST(ConfigBad, ApexAmpIsRejected) {
+  expect_error(check_text(R"({"amp": {"enabled": true, "opt_level": "O2"}})"), "amp.enabled", "apex AMP is not supported",
+               "enable bf16");
+  EXPECT_TRUE(check_text(R"({"train_batch_size": 8, "amp": {"enabled": false}})").ok());
+}
+
 TEST(ConfigBad, BlockSizeMustBeAligned) {
   expect_error(check_text(R"({"aio": {"block_size": 1000000}})"), "aio.block_size", "not a multiple of 4096", "1048576");
 }
