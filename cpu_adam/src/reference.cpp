@@ -33,36 +33,37 @@
 namespace strata::cpu_adam::detail {
 namespace {
 
-float load_element(const void* base, DType type, size_t i) {
-  switch (type) {
-    case DType::kF32: return static_cast<const float*>(base)[i];
-    case DType::kBF16: return bf16_bits_to_fp32(static_cast<const uint16_t*>(base)[i]);
-    case DType::kF16: return fp16_bits_to_fp32(static_cast<const uint16_t*>(base)[i]);
-  }
-  return 0.0f;
+// Element access. The dtype is a template parameter so that each loop is
+// compiled once per dtype mix (dispatch happens once per tile, below).
+template <DType T>
+float load(const void* base, size_t i) {
+  if constexpr (T == DType::kF32) return static_cast<const float*>(base)[i];
+  if constexpr (T == DType::kBF16) return bf16_bits_to_fp32(static_cast<const uint16_t*>(base)[i]);
+  if constexpr (T == DType::kF16) return fp16_bits_to_fp32(static_cast<const uint16_t*>(base)[i]);
 }
 
-void store_element(void* base, DType type, size_t i, float value) {
-  switch (type) {
-    case DType::kF32: static_cast<float*>(base)[i] = value; break;
-    case DType::kBF16: static_cast<uint16_t*>(base)[i] = fp32_to_bf16_bits(value); break;
-    case DType::kF16: static_cast<uint16_t*>(base)[i] = fp32_to_fp16_bits(value); break;
-  }
+template <DType T>
+void store(void* base, size_t i, float value) {
+  if constexpr (T == DType::kF32) static_cast<float*>(base)[i] = value;
+  if constexpr (T == DType::kBF16) static_cast<uint16_t*>(base)[i] = fp32_to_bf16_bits(value);
+  if constexpr (T == DType::kF16) static_cast<uint16_t*>(base)[i] = fp32_to_fp16_bits(value);
 }
 
-void store_copy(const TileSpans& t, size_t i, float p) {
-  if (t.copy_type == CopyType::kBF16) static_cast<uint16_t*>(t.param_copy)[i] = fp32_to_bf16_bits(p);
-  if (t.copy_type == CopyType::kF16) static_cast<uint16_t*>(t.param_copy)[i] = fp32_to_fp16_bits(p);
+template <CopyType C>
+void store_copy(void* base, size_t i, float p) {
+  if constexpr (C == CopyType::kBF16) static_cast<uint16_t*>(base)[i] = fp32_to_bf16_bits(p);
+  if constexpr (C == CopyType::kF16) static_cast<uint16_t*>(base)[i] = fp32_to_fp16_bits(p);
 }
 
 float sign(float x) { return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : 0.0f); }
 
+template <DType G, DType M, CopyType C>
 void adam_update(const StepFactors& f, const TileSpans& t) {
   for (size_t i = 0; i < t.count; ++i) {
     float p = t.params[i];
-    float g = load_element(t.grads, t.grad_dtype, i) * f.grad_multiplier;
-    float m = load_element(t.exp_avg, t.moment_dtype, i);
-    float v = load_element(t.exp_avg_sq, t.moment_dtype, i);
+    float g = load<G>(t.grads, i) * f.grad_multiplier;
+    float m = load<M>(t.exp_avg, i);
+    float v = load<M>(t.exp_avg_sq, i);
     if (f.l2_decay) g = g + f.weight_decay * p;
     m = m + f.one_minus_beta1 * (g - m);
     v = v * f.beta2 + (f.one_minus_beta2 * g) * g;
@@ -70,70 +71,109 @@ void adam_update(const StepFactors& f, const TileSpans& t) {
     if (f.decoupled_decay) p = p * f.decay_factor;
     p = p - (f.step_size * m) / denom;
     t.params[i] = p;
-    store_element(t.exp_avg, t.moment_dtype, i, m);
-    store_element(t.exp_avg_sq, t.moment_dtype, i, v);
-    store_copy(t, i, p);
+    store<M>(t.exp_avg, i, m);
+    store<M>(t.exp_avg_sq, i, v);
+    store_copy<C>(t.param_copy, i, p);
   }
 }
 
+template <DType G, DType M, CopyType C>
 void adagrad_update(const StepFactors& f, const TileSpans& t) {
   for (size_t i = 0; i < t.count; ++i) {
     float p = t.params[i];
-    float g = load_element(t.grads, t.grad_dtype, i) * f.grad_multiplier;
-    float s = load_element(t.exp_avg_sq, t.moment_dtype, i);
+    float g = load<G>(t.grads, i) * f.grad_multiplier;
+    float s = load<M>(t.exp_avg_sq, i);
     if (f.l2_decay) g = g + f.weight_decay * p;
     s = s + g * g;
     p = p - (f.lr * g) / (std::sqrt(s) + f.eps);
     t.params[i] = p;
-    store_element(t.exp_avg_sq, t.moment_dtype, i, s);
-    store_copy(t, i, p);
+    store<M>(t.exp_avg_sq, i, s);
+    store_copy<C>(t.param_copy, i, p);
   }
 }
 
+template <DType G, DType M, CopyType C>
 void lion_update(const StepFactors& f, const TileSpans& t) {
   for (size_t i = 0; i < t.count; ++i) {
     float p = t.params[i];
-    const float g = load_element(t.grads, t.grad_dtype, i) * f.grad_multiplier;
-    float m = load_element(t.exp_avg, t.moment_dtype, i);
+    const float g = load<G>(t.grads, i) * f.grad_multiplier;
+    float m = load<M>(t.exp_avg, i);
     const float c = m + f.one_minus_beta1 * (g - m);
     if (f.decoupled_decay) p = p * f.decay_factor;
     p = p - f.lr * sign(c);
     m = m + f.one_minus_beta2 * (g - m);
     t.params[i] = p;
-    store_element(t.exp_avg, t.moment_dtype, i, m);
-    store_copy(t, i, p);
+    store<M>(t.exp_avg, i, m);
+    store_copy<C>(t.param_copy, i, p);
   }
 }
 
-void scalar_update(const StepFactors& f, const TileSpans& t) {
-  switch (f.kind) {
-    case OptimizerKind::kAdam:
-    case OptimizerKind::kAdamW: adam_update(f, t); break;
-    case OptimizerKind::kAdagrad: adagrad_update(f, t); break;
-    case OptimizerKind::kLion: lion_update(f, t); break;
-  }
-}
-
-void scalar_probe(const StepFactors& f, const TileSpans& t) {
+// The streaming probe: the same loads and stores as the update, one add each.
+template <DType G, DType M, CopyType C>
+void probe(const StepFactors& f, const TileSpans& t) {
   for (size_t i = 0; i < t.count; ++i) {
-    const float g = load_element(t.grads, t.grad_dtype, i);
+    const float g = load<G>(t.grads, i);
     const float p = t.params[i] + g;
     t.params[i] = p;
-    if (uses_exp_avg(f.kind))
-      store_element(t.exp_avg, t.moment_dtype, i, load_element(t.exp_avg, t.moment_dtype, i) + g);
-    if (uses_exp_avg_sq(f.kind))
-      store_element(t.exp_avg_sq, t.moment_dtype, i, load_element(t.exp_avg_sq, t.moment_dtype, i) + g);
-    store_copy(t, i, p);
+    if (uses_exp_avg(f.kind)) store<M>(t.exp_avg, i, load<M>(t.exp_avg, i) + g);
+    if (uses_exp_avg_sq(f.kind)) store<M>(t.exp_avg_sq, i, load<M>(t.exp_avg_sq, i) + g);
+    store_copy<C>(t.param_copy, i, p);
   }
 }
 
-double scalar_sum_squares(const void* grads, DType grad_dtype, size_t count) {
+template <DType G, DType M, CopyType C>
+void update_or_probe(bool is_probe, const StepFactors& f, const TileSpans& t) {
+  if (is_probe) return probe<G, M, C>(f, t);
+  switch (f.kind) {
+    case OptimizerKind::kAdam:
+    case OptimizerKind::kAdamW: return adam_update<G, M, C>(f, t);
+    case OptimizerKind::kAdagrad: return adagrad_update<G, M, C>(f, t);
+    case OptimizerKind::kLion: return lion_update<G, M, C>(f, t);
+  }
+}
+
+// Runtime dtypes -> one instantiation, once per tile.
+template <DType G, DType M>
+void by_copy(bool is_probe, const StepFactors& f, const TileSpans& t) {
+  switch (t.copy_type) {
+    case CopyType::kNone: return update_or_probe<G, M, CopyType::kNone>(is_probe, f, t);
+    case CopyType::kBF16: return update_or_probe<G, M, CopyType::kBF16>(is_probe, f, t);
+    case CopyType::kF16: return update_or_probe<G, M, CopyType::kF16>(is_probe, f, t);
+  }
+}
+template <DType G>
+void by_moment(bool is_probe, const StepFactors& f, const TileSpans& t) {
+  if (t.moment_dtype == DType::kBF16) return by_copy<G, DType::kBF16>(is_probe, f, t);
+  return by_copy<G, DType::kF32>(is_probe, f, t);
+}
+void dispatch(bool is_probe, const StepFactors& f, const TileSpans& t) {
+  switch (t.grad_dtype) {
+    case DType::kF32: return by_moment<DType::kF32>(is_probe, f, t);
+    case DType::kBF16: return by_moment<DType::kBF16>(is_probe, f, t);
+    case DType::kF16: return by_moment<DType::kF16>(is_probe, f, t);
+  }
+}
+
+void scalar_update(const StepFactors& f, const TileSpans& t) { dispatch(false, f, t); }
+void scalar_probe(const StepFactors& f, const TileSpans& t) { dispatch(true, f, t); }
+
+template <DType G>
+double sum_squares(const void* grads, size_t count) {
   double sum = 0.0;
   for (size_t i = 0; i < count; ++i) {
-    const double g = load_element(grads, grad_dtype, i);
+    const double g = load<G>(grads, i);
     sum += g * g;
   }
   return sum;
+}
+
+double scalar_sum_squares(const void* grads, DType grad_dtype, size_t count) {
+  switch (grad_dtype) {
+    case DType::kF32: return sum_squares<DType::kF32>(grads, count);
+    case DType::kBF16: return sum_squares<DType::kBF16>(grads, count);
+    case DType::kF16: return sum_squares<DType::kF16>(grads, count);
+  }
+  return 0.0;
 }
 
 }  // namespace
