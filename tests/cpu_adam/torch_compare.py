@@ -5,9 +5,9 @@ Runs torch.optim.Adam / AdamW / Adagrad over a multi-step trajectory (random
 params and gradients, a learning-rate schedule) and the same trajectory
 through strata_cpu_adam_replay on every kernel path this machine supports,
 then checks every element of params and moments:
-  fp32 state, fp32 or bf16 gradients: |ours - torch| <= 1e-6 * |torch| + floor
+  fp32 state, fp32, bf16 or fp16 gradients: |ours - torch| <= 1e-6 * |torch| + floor
       (floor = 1e-6 * max|torch| of that tensor, for elements that cancel to ~0)
-  bf16 param copy: equal to torch's final params rounded to bf16, or 1 bf16 ulp apart
+  bf16/fp16 param copy: equal to torch's final params rounded, or 1 ulp apart
   bf16 moments: against torch with its moments rounded to bf16 after every
       step (torch has no bf16-moment Adam); within 1 bf16 ulp (2^-8 relative)
       per element, since a 1-ulp fp32 difference can flip a bf16 rounding
@@ -63,6 +63,10 @@ def bf16_bits(x):
     return torch.from_numpy(x).to(torch.bfloat16).view(torch.int16).numpy().astype(np.uint16)
 
 
+def fp16_bits(x):
+    return torch.from_numpy(x).to(torch.float16).view(torch.int16).numpy().astype(np.uint16)
+
+
 def rel_check(name, ours, ref, rel):
     floor = rel * float(np.max(np.abs(ref))) if ref.size else 0.0
     err = np.abs(ours.astype(np.float64) - ref.astype(np.float64))
@@ -87,6 +91,7 @@ def main():
     params0 = rng.standard_normal(n).astype(np.float32)
     grads = (0.1 * rng.standard_normal((steps, n))).astype(np.float32)
     grads_bf16 = to_bf16_values(grads)
+    grads_fp16 = torch.from_numpy(grads).to(torch.float16).to(torch.float32).numpy()
     lrs = [1e-3 * (1.0 - 0.02 * t) for t in range(steps)]  # a schedule: lr changes every step
 
     cases = []  # (kind, grad dtype, moment dtype, copy, wd, eps)
@@ -95,6 +100,7 @@ def main():
             cases.append((kind, "fp32", "fp32", "none", wd, 1e-8))
         cases.append((kind, "bf16", "fp32", "bf16", 0.01, 1e-8))
         cases.append((kind, "bf16", "bf16", "bf16", 0.01, 1e-8))
+        cases.append((kind, "fp16", "fp32", "fp16", 0.01, 1e-8))
     cases.append(("adagrad", "fp32", "fp32", "none", 0.0, 1e-10))
     cases.append(("adagrad", "fp32", "fp32", "none", 0.01, 1e-10))
     cases.append(("adagrad", "bf16", "fp32", "bf16", 0.0, 1e-10))
@@ -104,7 +110,7 @@ def main():
         params0.tofile(os.path.join(tmp, "params.f32"))
         np.asarray(lrs, dtype=np.float64).tofile(os.path.join(tmp, "lr.f64"))
         for kind, gdt, mdt, copy, wd, eps in cases:
-            g = grads_bf16 if gdt == "bf16" else grads
+            g = {"bf16": grads_bf16, "fp16": grads_fp16}.get(gdt, grads)
             g.astype(np.float32).tofile(os.path.join(tmp, "grads.f32"))
             tp, tm, tv = torch_run(kind, params0, g, lrs, (0.9, 0.999), eps, wd, bf16_moments=mdt == "bf16")
             for path in paths:
@@ -123,12 +129,12 @@ def main():
                     checks.append(rel_check("exp_avg", om, tm, rel))
                 bad = sum(c[0] for c in checks)
                 msg = "; ".join(c[2] for c in checks)
-                if copy == "bf16":
-                    ref_bits = bf16_bits(tp).astype(np.int32)
+                if copy != "none":
+                    ref_bits = (bf16_bits(tp) if copy == "bf16" else fp16_bits(tp)).astype(np.int32)
                     ulps = np.abs(oc.astype(np.int32) - ref_bits)
                     copy_bad = int(np.count_nonzero(ulps > 1))
                     bad += copy_bad
-                    msg += f"; bf16 copy: {int(np.count_nonzero(ulps == 0))}/{n} bit-equal, max {int(ulps.max())} ulp"
+                    msg += f"; {copy} copy: {int(np.count_nonzero(ulps == 0))}/{n} bit-equal, max {int(ulps.max())} ulp"
                 status = "ok  " if bad == 0 else "FAIL"
                 failures += bad != 0
                 print(f"{status} {label} {msg}")
