@@ -370,6 +370,24 @@ bool Checker::check_value(const ConfigKey& k, const ordered_json& v, const std::
   return false;
 }
 
+// A key of another section whose name is within typo distance of `name`,
+// as its full path ("zero_optimization.offload_optimizer").
+static std::optional<std::string> nearest_key_elsewhere(std::string_view name, std::string_view parent) {
+  std::vector<std::string> names;
+  std::vector<std::string_view> paths;
+  for (const ConfigKey& k : config_keys()) {
+    if (k.parent() == parent || k.has(kKeyDeprecated)) continue;
+    names.emplace_back(k.name());
+    paths.push_back(k.path);
+  }
+  auto near = nearest_name(name, names);
+  if (!near || edit_distance(name, *near) == 0) return std::nullopt;
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (names[i] == *near) return std::string(paths[i]);
+  }
+  return std::nullopt;
+}
+
 void Checker::unknown_key(std::string_view parent, std::string_view name, const std::string& path) {
   if (parent == "optimizer.params" && name == "max_grad_norm") {
     error(path, "max_grad_norm is not an optimizer parameter",
@@ -407,6 +425,8 @@ void Checker::unknown_key(std::string_view parent, std::string_view name, const 
   std::string hint;
   if (auto near = nearest_name(name, siblings)) {
     hint = fmt::format("did you mean '{}'?", *near);
+  } else if (auto elsewhere = nearest_key_elsewhere(name, parent)) {
+    hint = fmt::format("did you mean '{}'?", *elsewhere);
   } else if (!sibling_views.empty() && sibling_views.size() <= 16) {
     hint = fmt::format("known keys of {}: {}", where, list_names(sibling_views, ", "));
   } else {

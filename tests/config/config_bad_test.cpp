@@ -26,6 +26,11 @@ TEST(ConfigBad, UnknownTopLevelAndAioKeys) {
   expect_error(check, "aio.thread_cnt", "unknown key", "did you mean 'thread_count'?");
 }
 
+TEST(ConfigBad, MisspelledKeyOfAnotherSectionIsFoundThere) {
+  const auto check = check_text(R"({"offload_optimzer": {"device": "cpu"}})");
+  expect_error(check, "offload_optimzer", "unknown key", "did you mean 'zero_optimization.offload_optimizer'?");
+}
+
 TEST(ConfigBad, UnknownKeyWithNoNeighbourListsTheKnownKeys) {
   const auto check = check_text(R"({"bf16": {"zzzzzz": 1}})");
   expect_error(check, "bf16.zzzzzz", "unknown key", "known keys of 'bf16': 'enabled', 'immediate_grad_update'");
