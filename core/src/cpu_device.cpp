@@ -112,62 +112,70 @@ class CopyEngine {
 
 class CpuDevice;
 
-class CpuEvent final : public Event {
- public:
-  explicit CpuEvent(Device* device) : Event(device) {}
+// The state of an event lives in a shared block that queued stream work
+// holds too, so destroying an Event with records still pending is safe (as
+// cudaEventDestroy is). Waiters are woken while the mutex is held, so no
+// thread touches the state after a waiter could have seen it complete.
+struct EventState {
+  std::mutex mutex;
+  std::condition_variable cv;
+  uint64_t recorded = 0;
+  std::set<uint64_t> pending;
+  uint64_t timestamp_generation = 0;
+  Clock::time_point timestamp{};
 
-  // Called by record() at issue time: a new generation.
-  uint64_t begin_record() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    const uint64_t generation = ++recorded_;
-    pending_.insert(generation);
-    return generation;
-  }
-  // Called by the stream worker when the captured work has run.
   void complete(uint64_t generation) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      pending_.erase(generation);
-      if (generation > timestamp_generation_) {
-        timestamp_generation_ = generation;
-        timestamp_ = Clock::now();
-      }
+    std::lock_guard<std::mutex> lock(mutex);
+    pending.erase(generation);
+    if (generation > timestamp_generation) {
+      timestamp_generation = generation;
+      timestamp = Clock::now();
     }
-    cv_.notify_all();
-  }
-  uint64_t newest_generation() const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return recorded_;
+    cv.notify_all();
   }
   void wait_generation(uint64_t generation) {
     if (generation == 0) return;
-    std::unique_lock<std::mutex> lock(mutex_);
-    cv_.wait(lock, [&] { return pending_.count(generation) == 0; });
+    std::unique_lock<std::mutex> lock(mutex);
+    cv.wait(lock, [&] { return pending.count(generation) == 0; });
   }
+};
+
+class CpuEvent final : public Event {
+ public:
+  explicit CpuEvent(Device* device) : Event(device), state_(std::make_shared<EventState>()) {}
+
+  // Called by record() at issue time: a new generation.
+  uint64_t begin_record() {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    const uint64_t generation = ++state_->recorded;
+    state_->pending.insert(generation);
+    return generation;
+  }
+  uint64_t newest_generation() const {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    return state_->recorded;
+  }
+  const std::shared_ptr<EventState>& state() const { return state_; }
+
   bool query() override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return recorded_ == 0 || pending_.count(recorded_) == 0;
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    return state_->recorded == 0 || state_->pending.count(state_->recorded) == 0;
   }
   Status synchronize() override {
-    wait_generation(newest_generation());
+    state_->wait_generation(newest_generation());
     return Status::Ok();
   }
   // Completion time of the newest record, if it has completed.
   Result<Clock::time_point> completed_at() const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (recorded_ == 0) return FailedPrecondition("event was never recorded; record() it on a stream first");
-    if (pending_.count(recorded_) != 0 || timestamp_generation_ != recorded_)
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    if (state_->recorded == 0) return FailedPrecondition("event was never recorded; record() it on a stream first");
+    if (state_->pending.count(state_->recorded) != 0 || state_->timestamp_generation != state_->recorded)
       return FailedPrecondition("event has not completed yet; synchronize() it first");
-    return timestamp_;
+    return state_->timestamp;
   }
 
  private:
-  mutable std::mutex mutex_;
-  std::condition_variable cv_;
-  uint64_t recorded_ = 0;
-  std::set<uint64_t> pending_;
-  uint64_t timestamp_generation_ = 0;
-  Clock::time_point timestamp_{};
+  std::shared_ptr<EventState> state_;
 };
 
 class CpuStream final : public Stream {
@@ -479,7 +487,7 @@ Status CpuStream::record(Event& event) {
   if (cpu_event == nullptr || &event.device() != &device())
     return InvalidArgument("Stream::record: the event belongs to another device; create it on this device");
   const uint64_t generation = cpu_event->begin_record();
-  enqueue([cpu_event, generation] { cpu_event->complete(generation); });
+  enqueue([state = cpu_event->state(), generation] { state->complete(generation); });
   return Status::Ok();
 }
 
@@ -489,7 +497,7 @@ Status CpuStream::wait(Event& event) {
     return InvalidArgument("Stream::wait: the event belongs to another device; record it on a stream of this device");
   const uint64_t generation = cpu_event->newest_generation();
   if (generation == 0) return Status::Ok();  // never recorded: nothing to wait for (as in CUDA)
-  enqueue([cpu_event, generation] { cpu_event->wait_generation(generation); });
+  enqueue([state = cpu_event->state(), generation] { state->wait_generation(generation); });
   return Status::Ok();
 }
 

@@ -74,6 +74,7 @@ class CudaEvent final : public Event {
     return Status::Ok();
   }
   cudaEvent_t handle() const { return event_; }
+  void* native_handle() const override { return event_; }
 
  private:
   int ordinal_;
@@ -145,6 +146,7 @@ class CudaStream final : public Stream {
     return true;
   }
   cudaStream_t handle() const { return stream_; }
+  void* native_handle() const override { return stream_; }
 
  private:
   struct HostCall {

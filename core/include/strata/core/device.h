@@ -107,6 +107,8 @@ class Event {
   virtual bool query() = 0;
   // Blocks the host until the captured work has completed.
   virtual Status synchronize() = 0;
+  // The backend's own handle for interop (cudaEvent_t on cuda), nullptr on cpu.
+  virtual void* native_handle() const { return nullptr; }
 
  protected:
   explicit Event(Device* device) : device_(device) {}
@@ -146,6 +148,9 @@ class Stream {
   virtual Status free_async(DeviceBuffer&& buffer);
   // True when all issued work has run. Fallback: synchronize(), then true.
   virtual bool query();
+  // The backend's own handle for interop, e.g. to launch CUDA kernels or
+  // NCCL collectives in this stream's order: cudaStream_t on cuda, nullptr on cpu.
+  virtual void* native_handle() const { return nullptr; }
 
  protected:
   explicit Stream(Device* device) : device_(device) {}
