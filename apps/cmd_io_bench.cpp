@@ -23,6 +23,7 @@
 
 #include "command.h"
 #include "strata/core/units.h"
+#include "strata/nvme/aio_config.h"
 #include "strata/nvme/aligned_buffer.h"
 #include "strata/nvme/fs_probe.h"
 #include "strata/nvme/io_engine.h"
@@ -132,6 +133,11 @@ Result<std::vector<TrialResult>> run_trial(const std::string& file_path, uint64_
     r.seconds = seconds;
     r.gb_per_s = seconds > 0 ? static_cast<double>(size) / seconds / 1e9 : 0;
     r.notes = engine->notes();
+    nvme::IoEngineStats stats = engine->stats();
+    if (stats.buffered_pieces > 0) {
+      r.notes.push_back(fmt::format("{} of {} pieces went through the page cache (no O_DIRECT)",
+                                    stats.buffered_pieces, stats.pieces));
+    }
     if (!window.pinned()) r.notes.push_back("buffer not pinned (RLIMIT_MEMLOCK)");
     results.push_back(std::move(r));
   };
@@ -306,8 +312,11 @@ int run_io_bench(const IoBenchOptions& opts) {
     auto best = std::max_element(score.begin(), score.end(),
                                  [](const auto& a, const auto& b) { return a.second < b.second; });
     const auto& [e, b, d, t] = best->first;
-    aio = nlohmann::ordered_json{{"block_size", b},          {"queue_depth", d},      {"intra_op_parallelism", t},
-                         {"single_submit", false},   {"overlap_events", true}, {"engine", e}};
+    nvme::IoEngineOptions o;
+    o.block_size = b;
+    o.queue_depth = d;
+    o.intra_op_parallelism = t;
+    aio = nvme::aio_config_block(o, nvme::parse_engine_kind(e).value_or(EngineKind::kAuto));
   }
   if (opts.json) {
     nlohmann::ordered_json out;

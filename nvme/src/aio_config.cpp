@@ -30,4 +30,13 @@ Result<IoEngineConfig> io_engine_config(const AioConfig& aio) {
   return out;
 }
 
+nlohmann::ordered_json aio_config_block(const IoEngineOptions& o, EngineKind engine) {
+  return nlohmann::ordered_json{{"block_size", o.block_size},
+                                {"queue_depth", o.queue_depth},
+                                {"intra_op_parallelism", o.intra_op_parallelism},
+                                {"single_submit", o.single_submit},
+                                {"overlap_events", o.overlap_events},
+                                {"engine", std::string(engine_kind_name(engine))}};
+}
+
 }  // namespace strata::nvme

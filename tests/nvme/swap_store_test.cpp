@@ -383,6 +383,26 @@ TEST(AioConfig, MapsTheConfigSection) {
   EXPECT_NE(io_engine_config(aio).status().message().find("aio.block_size"), std::string::npos);
 }
 
+// The block io-bench --sweep prints must be accepted as-is by the config parser.
+TEST(AioConfig, SweepBlockParsesAsConfig) {
+  IoEngineOptions o;
+  o.block_size = 262144;
+  o.queue_depth = 32;
+  o.intra_op_parallelism = 2;
+  for (EngineKind kind : {EngineKind::kIoUring, EngineKind::kLibaio, EngineKind::kPsync, EngineKind::kAuto}) {
+    nlohmann::ordered_json doc;
+    doc["aio"] = aio_config_block(o, kind);
+    auto config = parse_config_text(doc.dump());
+    ASSERT_TRUE(config.ok()) << config.status().to_string() << "\n" << doc.dump();
+    auto back = io_engine_config(config->aio);
+    ASSERT_TRUE(back.ok());
+    EXPECT_EQ(back->options.block_size, o.block_size);
+    EXPECT_EQ(back->options.queue_depth, o.queue_depth);
+    EXPECT_EQ(back->options.intra_op_parallelism, o.intra_op_parallelism);
+    EXPECT_EQ(back->options.engine, kind);
+  }
+}
+
 TEST(FsProbe, ReportsTypeDirectIoAlignmentAndSpace) {
   ScratchDir dir(testing::disk_scratch_root());
   ASSERT_TRUE(dir.ok());

@@ -18,4 +18,9 @@ struct IoEngineConfig {
 // overlap_events and engine; checks the result with IoEngineOptions::validate.
 Result<IoEngineConfig> io_engine_config(const AioConfig& aio);
 
+// The inverse, as the JSON object to paste under "aio": exactly the keys
+// and types the config parser accepts (block_size, queue_depth,
+// intra_op_parallelism, single_submit, overlap_events, engine).
+nlohmann::ordered_json aio_config_block(const IoEngineOptions& options, EngineKind engine);
+
 }  // namespace strata::nvme
