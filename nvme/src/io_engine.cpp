@@ -676,14 +676,16 @@ void ScheduledEngine::run_worker(Worker& w) {
         }
       }
     }
-    if (w.needs_submit) {
-      w.needs_submit = false;
-      Status st = w.backend->submit(sink);
-      if (!st.ok()) fail_inflight(w, st);
-    }
+    // reap() submits what is prepared first (io_uring: in the same syscall
+    // as the wait), so a separate submit is needed only with nothing to reap.
     if (w.inflight > 0) {
+      w.needs_submit = false;
       uint32_t min_complete = options_.overlap_events ? 1 : w.inflight;
       Status st = w.backend->reap(min_complete, sink);
+      if (!st.ok()) fail_inflight(w, st);
+    } else if (w.needs_submit) {
+      w.needs_submit = false;
+      Status st = w.backend->submit(sink);
       if (!st.ok()) fail_inflight(w, st);
     }
   }

@@ -21,6 +21,7 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -36,6 +37,8 @@ constexpr char kMagic[8] = {'S', 'T', 'R', 'S', 'W', 'A', 'P', '1'};
 constexpr uint32_t kVersion = 1;
 constexpr uint64_t kHeaderPage = 4096;
 constexpr const char* kSwapFileName = "swap.bin";
+// Reads are issued in chunks of this size so verification overlaps the I/O.
+constexpr uint64_t kVerifyChunkBytes = 8u << 20;
 
 struct DiskHeader {
   char magic[8];
@@ -89,7 +92,18 @@ struct SwapOpState {
 
   std::shared_ptr<SwapCounters> counters;
   std::atomic<int> remaining{1};
+  std::mutex status_mu;
   Status io_status;
+  // Reads are split into chunks with their own completions so that wait()
+  // can hash chunk i while later chunks are still being read.
+  std::vector<IoHandle> chunks;
+  std::vector<uint64_t> chunk_bytes;
+
+  void record(const Status& st) {
+    if (st.ok()) return;
+    std::lock_guard<std::mutex> lock(status_mu);
+    if (io_status.ok()) io_status = st;
+  }
   uint64_t checksum = 0;
 
   std::atomic<uint32_t> done{0};
@@ -104,7 +118,7 @@ struct SwapOpState {
   // The I/O and (for writes) the checksum both arrive; the last one finishes.
   void arrive() {
     if (remaining.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-    SwapStore* s = store;
+    SwapStore* s = store;  // every record() happened before its arrive(); the acq_rel count orders them
     s->finish_op(id, io_status.ok(), checksum, is_write);
     if (!io_status.ok()) {
       final_status = io_status.with_context(fmt::format("swap {} of {}", is_write ? "write" : "read", describe()));
@@ -126,14 +140,31 @@ bool SwapHandle::done() const {
 Status SwapHandle::wait() {
   STRATA_CHECK(state_ != nullptr, "SwapHandle::wait on an empty handle");
   detail::SwapOpState& st = *state_;
-  while (st.done.load(std::memory_order_acquire) == 0) st.done.wait(0, std::memory_order_acquire);
   std::lock_guard<std::mutex> lock(st.wait_mu);
   if (st.checked) return st.final_status;
+  // Hash each chunk as soon as it has arrived, in order, overlapping the
+  // hashing with the reads of the chunks after it.
+  std::optional<ChecksumStream> stream;
+  uint64_t hash_ns = 0;
+  if (!st.is_write && st.verify) {
+    stream.emplace();
+    uint64_t offset = 0;
+    for (size_t i = 0; i < st.chunks.size(); ++i) {
+      if (!st.chunks[i].wait().ok()) {
+        stream.reset();
+        break;
+      }
+      uint64_t t0 = now_ns();
+      stream->update(static_cast<const std::byte*>(st.data) + offset, st.chunk_bytes[i]);
+      hash_ns += now_ns() - t0;
+      offset += st.chunk_bytes[i];
+    }
+  }
+  while (st.done.load(std::memory_order_acquire) == 0) st.done.wait(0, std::memory_order_acquire);
   st.checked = true;
-  if (!st.is_write && st.final_status.ok() && st.verify) {
-    uint64_t t0 = now_ns();
-    uint64_t actual = checksum64(st.data, st.bytes);
-    st.counters->checksum_ns.fetch_add(now_ns() - t0, std::memory_order_relaxed);
+  if (!st.is_write && st.final_status.ok() && stream.has_value()) {
+    uint64_t actual = stream->digest();
+    st.counters->checksum_ns.fetch_add(hash_ns, std::memory_order_relaxed);
     if (actual != st.expected_checksum) {
       st.counters->verify_failures.fetch_add(1, std::memory_order_relaxed);
       st.final_status = DataLoss(fmt::format(
@@ -524,7 +555,7 @@ Result<SwapHandle> SwapStore::write(TensorId id, const void* data, uint64_t byte
   pending_ops_.fetch_add(1, std::memory_order_acq_rel);
   std::vector<IoSegment> segs = segments_for(state->extent, bytes, const_cast<void*>(data));
   engine_.submit(IoOp::kWrite, segs, [state](const Status& st) {
-    state->io_status = st;
+    state->record(st);
     state->arrive();
   });
   // Hash the bytes while the write is in flight (the engine only reads them).
@@ -564,14 +595,24 @@ Result<SwapHandle> SwapStore::read(TensorId id, void* data, uint64_t bytes) {
   state->bytes = bytes;
   state->data = data;
   state->verify = options_.verify_checksums;
-  state->remaining.store(1);
+  const uint64_t chunk = kVerifyChunkBytes;
+  const int chunk_count = static_cast<int>((bytes + chunk - 1) / chunk);
+  state->remaining.store(chunk_count);
+  state->chunks.reserve(static_cast<size_t>(chunk_count));
+  state->chunk_bytes.reserve(static_cast<size_t>(chunk_count));
   pending_ops_.fetch_add(1, std::memory_order_acq_rel);
   counters_->bytes_read.fetch_add(bytes, std::memory_order_relaxed);
-  std::vector<IoSegment> segs = segments_for(state->extent, bytes, data);
-  engine_.submit(IoOp::kRead, segs, [state](const Status& st) {
-    state->io_status = st;
-    state->arrive();
-  });
+  for (uint64_t done = 0; done < bytes; done += chunk) {
+    uint64_t length = std::min(chunk, bytes - done);
+    std::vector<IoSegment> segs =
+        segments_for(Extent{state->extent.offset + done, length}, length, static_cast<std::byte*>(data) + done);
+    state->chunk_bytes.push_back(length);
+    // Callbacks use only record()/arrive(), never the chunk vectors.
+    state->chunks.push_back(engine_.submit(IoOp::kRead, segs, [state](const Status& st) {
+      state->record(st);
+      state->arrive();
+    }));
+  }
   return SwapHandle(state);
 }
 

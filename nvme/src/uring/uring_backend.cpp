@@ -99,19 +99,20 @@ class UringBackend final : public Backend {
     return Status::Ok();
   }
 
+  // Submission and waiting share one io_uring_enter (submit_and_wait)
+  // whenever a wait is needed, so a refill costs one syscall.
   Status reap(uint32_t min_complete, const CompletionSink& sink) override {
-    uint32_t delivered = 0;
-    while (true) {
-      STRATA_RETURN_IF_ERROR(submit(sink));
-      delivered += drain(sink);
-      if (delivered >= min_complete) return Status::Ok();
+    uint32_t delivered = drain(sink);
+    while (delivered < min_complete) {
       io_uring_cqe* cqe = nullptr;
       int rc = unsubmitted_ > 0 ? io_uring_submit_and_wait(&ring_, 1) : io_uring_wait_cqe(&ring_, &cqe);
       if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY && rc != -ETIME) {
         return ErrnoStatus(-rc, "io_uring wait for completions");
       }
       if (rc > 0 && unsubmitted_ > 0) unsubmitted_ -= std::min<uint32_t>(unsubmitted_, static_cast<uint32_t>(rc));
+      delivered += drain(sink);
     }
+    return submit(sink);  // pieces prepared since (resubmissions), or when no wait was needed
   }
 
   bool register_buffer(uint32_t index, void* data, size_t bytes, std::string* why) override {
