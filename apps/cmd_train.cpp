@@ -17,6 +17,7 @@
 #include "command.h"
 #include "strata/core/config.h"
 #include "strata/core/units.h"
+#include "strata/model/cpu_ops.h"
 #include "strata/model/trainer.h"
 
 namespace strata::cli {
@@ -162,6 +163,7 @@ int run_train(TrainCliOptions o) {
   fmt::print("train    device {}, batch {} x seq {} x accum {}, {} steps, {} lr {:g} wd {:g} clip {:g}, seed {}\n",
              model::device_kind_name(t.device), t.batch, t.seq_len, t.grad_accum, o.steps,
              cpu_adam::optimizer_kind_name(t.optimizer), t.hyper.lr, t.hyper.weight_decay, t.grad_clip, t.seed);
+  if (t.device == model::DeviceKind::kCpu) fmt::print("matmul   {}\n", model::cpu::gemm_backend_description());
   std::fflush(stdout);
 
   std::vector<double> tps;

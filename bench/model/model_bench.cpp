@@ -70,6 +70,7 @@ int main(int argc, char** argv) {
   std::printf("Ceiling: BM_Sgemm FLOP/s (OpenBLAS sgemm on this machine, training-step shapes).\n"
               "BM_TrainStep FLOP/s counts 6*params + attention FLOPs per token; its ratio to the\n"
               "sgemm rate is the fraction of the machine's matmul peak the model reaches.\n");
+  std::printf("matmul: %s\n", cpu::gemm_backend_description().c_str());
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();

@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace strata::model::cpu {
 
@@ -34,6 +35,8 @@ void layernorm_backward(T* dinp, T* dw, T* db, const T* dout, const T* inp, cons
 template <typename T>
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, T alpha, const T* A, int lda, const T* Bm,
           int ldb, T beta, T* Cm, int ldc);
+// "OpenBLAS core SkylakeX (...), 2 threads": what gemm<float> runs on.
+std::string gemm_backend_description();
 // Straightforward triple loop; the reference every gemm path is compared to.
 template <typename T>
 void gemm_reference(bool trans_a, bool trans_b, int M, int N, int K, T alpha, const T* A, int lda,
