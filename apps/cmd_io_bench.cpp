@@ -45,6 +45,7 @@ struct IoBenchOptions {
   bool json = false;
   bool sweep = false;
   bool keep = false;
+  bool sqpoll = false;
   std::string file;  // fixed test file (kept), instead of a temporary one
   std::string sweep_block_sizes = "256KiB,1MiB,4MiB";
   std::string sweep_queue_depths = "8,32";
@@ -105,7 +106,7 @@ Status drop_cache(const std::string& path) {
 }
 
 Result<std::vector<TrialResult>> run_trial(const std::string& file_path, uint64_t size, const Trial& trial,
-                                           bool do_write, bool do_read) {
+                                           bool do_write, bool do_read, bool sqpoll) {
   struct stat before {};
   bool already_written = ::stat(file_path.c_str(), &before) == 0 && static_cast<uint64_t>(before.st_size) >= size &&
                          static_cast<uint64_t>(before.st_blocks) * 512 >= size;
@@ -114,6 +115,7 @@ Result<std::vector<TrialResult>> run_trial(const std::string& file_path, uint64_
   o.block_size = trial.block_size;
   o.queue_depth = trial.queue_depth;
   o.intra_op_parallelism = trial.threads;
+  o.sqpoll = sqpoll;
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<nvme::IoEngine> engine, nvme::make_io_engine(o));
   uint32_t outstanding = std::max<uint32_t>(2 * trial.threads * trial.queue_depth, 2);
   uint64_t window_bytes = std::min<uint64_t>(size, static_cast<uint64_t>(outstanding) * trial.block_size);
@@ -292,7 +294,7 @@ int run_io_bench(const IoBenchOptions& opts) {
   std::vector<TrialResult> all;
   std::vector<std::string> notes;
   for (const Trial& t : trials) {
-    auto results = run_trial(file_path, *size, t, do_write, do_read);
+    auto results = run_trial(file_path, *size, t, do_write, do_read, opts.sqpoll);
     if (!results.ok()) {
       if (!keep) ::unlink(file_path.c_str());
       return fail(results.status());
@@ -360,6 +362,7 @@ CommandRegistration io_bench_command("io-bench", [](CLI::App& root) {
   cmd->add_option("--sweep-queue-depths", opts->sweep_queue_depths, "Queue depths for --sweep (default 8,32)");
   cmd->add_option("--sweep-threads", opts->sweep_threads, "Thread counts for --sweep (default 1,2)");
   cmd->add_flag("--keep", opts->keep, "Keep the test file");
+  cmd->add_flag("--sqpoll", opts->sqpoll, "io_uring: kernel submission-polling thread (costs a core)");
   cmd->add_option("--file", opts->file, "Use (and keep) this file name inside --path; reads skip the initial fill "
                                         "when it is already written");
   cmd->callback([opts] { exit_with(run_io_bench(*opts)); });

@@ -8,6 +8,9 @@
 #include "strata/core/units.h"
 #include "strata/nvme/fs_probe.h"
 #include "strata/nvme/io_engine.h"
+#include "strata/nvme/swap_dir.h"
+
+#include <fmt/format.h>
 
 namespace strata::cli {
 namespace {
@@ -37,6 +40,17 @@ void fill_io(nlohmann::json& s, const std::string& path) {
     p["free"] = format_bytes(probe->free_bytes, true);
     p["free_bytes"] = probe->free_bytes;
     p["total"] = format_bytes(probe->total_bytes, true);
+    auto folders = nvme::list_swap_folders(path);
+    if (folders.ok()) {
+      size_t active = 0, stale = 0, kept = 0;
+      for (const nvme::SwapFolder& f : *folders) {
+        active += f.state == nvme::SwapFolderState::kActive;
+        stale += f.state == nvme::SwapFolderState::kStale;
+        kept += f.state == nvme::SwapFolderState::kKept;
+      }
+      p["swap_folders"] = fmt::format("{} active, {} stale, {} kept{}", active, stale, kept,
+                                      stale > 0 ? fmt::format(" (clean: strata swap clean --path {})", path) : "");
+    }
   }
   s["path " + path] = p;
 }

@@ -217,7 +217,7 @@ class ScheduledEngine final : public IoEngine {
     switch (kind_) {
       case EngineKind::kIoUring:
         text = fmt::format("io_uring: {} ring(s) x depth {}{}{}", workers_.size(), depth_per_worker_,
-                           fixed_files_ ? ", fixed files" : "", options_.sqpoll ? ", SQPOLL" : "");
+                           fixed_files_ ? ", fixed files" : "", sqpoll_active() ? ", SQPOLL" : "");
         break;
       case EngineKind::kLibaio:
         text = fmt::format("libaio: {} context(s) x depth {}", workers_.size(), depth_per_worker_);
@@ -267,6 +267,13 @@ class ScheduledEngine final : public IoEngine {
     if (f.direct_fd >= 0) ::close(f.direct_fd);
     if (f.buffered_fd >= 0) ::close(f.buffered_fd);
     f.direct_fd = f.buffered_fd = -1;
+  }
+  bool sqpoll_active() const {
+    if (!options_.sqpoll) return false;
+    for (const std::string& n : notes()) {
+      if (n.find("SQPOLL refused") != std::string::npos) return false;
+    }
+    return true;
   }
   bool any_inflight() const { return inflight_requests_.load(std::memory_order_acquire) != 0; }
 

@@ -322,6 +322,36 @@ INSTANTIATE_TEST_SUITE_P(AllEngines, IoEngineIntegrity, ::testing::ValuesIn(all_
                            return engine + "_" + location_name(info.param.location);
                          });
 
+TEST(IoEngineSqpoll, RoundTripWithKernelSubmissionThread) {
+  bool works = false;
+  for (const EngineProbe& p : probe_engines()) {
+    if (p.kind == EngineKind::kIoUring) works = p.works;
+  }
+  if (!works) GTEST_SKIP() << "io_uring does not work here";
+  ScratchDir dir(testing::disk_scratch_root());
+  ASSERT_TRUE(dir.ok());
+  IoEngineOptions o;
+  o.engine = EngineKind::kIoUring;
+  o.sqpoll = true;
+  o.block_size = 65536;
+  auto engine = make_io_engine(o);
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  auto file = (*engine)->open(dir.file("sqpoll.bin"), OpenMode::kCreate);
+  ASSERT_TRUE(file.ok());
+  std::mt19937_64 rng(21);
+  auto src = AlignedBuffer::allocate(1u << 20, 4096);
+  auto dst = AlignedBuffer::allocate(1u << 20, 4096);
+  auto data = testing::random_bytes(rng, 1u << 20);
+  std::memcpy(src->data(), data.data(), data.size());
+  ASSERT_TRUE((*engine)->write_sync(*file, 0, 1u << 20, src->data()).ok());
+  ASSERT_TRUE((*engine)->read_sync(*file, 0, 1u << 20, dst->data()).ok());
+  EXPECT_TRUE(bytes_equal(src->data(), dst->data(), 1u << 20));
+  // Either SQPOLL is on, or its refusal is reported.
+  bool reported = false;
+  for (const std::string& n : (*engine)->notes()) reported = reported || n.find("SQPOLL") != std::string::npos;
+  EXPECT_TRUE((*engine)->describe().find("SQPOLL") != std::string::npos || reported);
+}
+
 TEST(IoEngineOptions, ValidateNamesTheKey) {
   IoEngineOptions o;
   o.block_size = 1000;
