@@ -140,6 +140,39 @@ TEST(GptModel, WholeModelGradientCheckDouble) {
   EXPECT_EQ(checked, total_param_count(*model));
 }
 
+// The tiny preset itself (0.12M parameters): 48 sampled parameters of every
+// tensor, including the first and the last element, against finite differences.
+TEST(GptModel, TinyPresetGradientCheckDoubleSampled) {
+  const int B = 1, T = 8;
+  auto model = GptModel::create(*preset("tiny"), 21).value();
+  auto ref = GptReference::create(*model, B, T).value();
+  std::vector<int32_t> tok, tgt;
+  make_batch(B, T, 8, tok, tgt);
+  ASSERT_TRUE(ref->forward(tok, tgt).ok());
+  ASSERT_TRUE(ref->backward().ok());
+  const auto grads = ref->grads();
+  Rng rng(5);
+  const double h = 1e-5;
+  for (size_t l = 0; l < model->layers().size(); ++l) {
+    for (const ParamTensorSpec& t : model->layers()[l].params) {
+      const size_t n = static_cast<size_t>(t.numel());
+      for (int s = 0; s < 48; ++s) {
+        const size_t i = t.offset_elements + (s == 0 ? 0 : s == 1 ? n - 1 : rng.below(n));
+        auto& p = ref->params()[l];
+        const double saved = p[i];
+        p[i] = saved + h;
+        const double lp = ref->forward(tok, tgt).value();
+        p[i] = saved - h;
+        const double lm = ref->forward(tok, tgt).value();
+        p[i] = saved;
+        const double fd = (lp - lm) / (2 * h);
+        ASSERT_TRUE(testing::close(grads[l][i], fd, 1e-5, 1e-9))
+            << t.name << " element " << i - t.offset_elements << ": analytic " << grads[l][i] << " fd " << fd;
+      }
+    }
+  }
+}
+
 TEST(GptModel, Fp32ExecutorMatchesDoubleReferenceElementwise) {
   const int B = 3, T = 16;
   auto model = GptModel::create(*preset("tiny"), 3).value();
