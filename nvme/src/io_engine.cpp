@@ -79,7 +79,12 @@ void RequestState::finish() {
     std::lock_guard<std::mutex> lock(error_mu);
     final_status = first_error;
   }
-  if (callback) callback(final_status);
+  // Move the callback out so what it captured is released once it ran
+  // (callers may hold this request's handle inside that capture).
+  IoCallback run = std::move(callback);
+  callback = nullptr;
+  if (run) run(final_status);
+  run = nullptr;
   done.store(1, std::memory_order_release);
   done.notify_all();
 }
