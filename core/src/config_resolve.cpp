@@ -201,7 +201,8 @@ void check_offload(Checker& c, Config& config) {
   // Deprecated keys together with their replacements.
   auto deprecated_conflict = [&](const char* old_key, const std::string& section) {
     const std::string old_path = fmt::format("zero_optimization.{}", old_key);
-    if (c.present(old_path) && c.present(section)) {
+    const ordered_json* old_value = c.given(old_path);
+    if (old_value != nullptr && old_value->is_boolean() && old_value->get<bool>() && c.present(section)) {
       c.error(c.written(old_path), fmt::format("given together with '{}'", c.written(section)),
               fmt::format("remove the deprecated '{}'", old_key));
     }

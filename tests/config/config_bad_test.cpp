@@ -188,6 +188,9 @@ TEST(ConfigBad, DeprecatedKeyTogetherWithItsReplacement) {
     "offload_optimizer": {"device": "cpu"}}})");
   expect_error(check, "zero_optimization.cpu_offload", "given together with 'zero_optimization.offload_optimizer'",
                "remove the deprecated 'cpu_offload'");
+  // false next to the new section is harmless (only the warning remains).
+  EXPECT_TRUE(check_text(R"({"train_batch_size": 8, "zero_optimization": {"stage": 2, "cpu_offload": false,
+    "offload_optimizer": {"device": "cpu"}}})").ok());
 }
 
 TEST(ConfigBad, SameKeyUnderTwoNames) {
