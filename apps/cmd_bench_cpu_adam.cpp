@@ -72,8 +72,12 @@ Status run_bench(const BenchOptions& o) {
   STRATA_ASSIGN_OR_RETURN(uint64_t count, parse_count(o.params, "--params"));
   if (count == 0) return InvalidArgument("--params must be > 0, e.g. 64M");
   if (o.reps < 1) return InvalidArgument(fmt::format("--reps {} must be >= 1", o.reps));
-  STRATA_ASSIGN_OR_RETURN(OptimizerKind kind, parse_optimizer_kind(o.kernel));
-  STRATA_ASSIGN_OR_RETURN(KernelPath path, parse_kernel_path(o.path));
+  auto kind_or = parse_optimizer_kind(o.kernel);
+  if (!kind_or.ok()) return kind_or.status().with_context("--kernel");
+  const OptimizerKind kind = *kind_or;
+  auto path_or = parse_kernel_path(o.path);
+  if (!path_or.ok()) return path_or.status().with_context("--path");
+  const KernelPath path = *path_or;
   auto grad_dtype = parse_dtype(o.grad_dtype);
   if (!grad_dtype.ok()) return grad_dtype.status().with_context("--grad-dtype");
   auto moment_dtype = parse_dtype(o.moment_dtype);
