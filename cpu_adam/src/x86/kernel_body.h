@@ -27,7 +27,7 @@ enum class Family : uint8_t { kAdam, kAdagrad, kLion };
 // Note [Software prefetch]
 // The update does ~3 divisions/square roots per element; with them in the
 // loop the hardware prefetchers alone leave the step at ~0.80-0.87 of the
-// plain streaming probe on one core (measured, docs/perf/cpu_adam.md).
+// plain streaming probe on one core (measured, docs/performance.md).
 // Prefetching every input stream 1024 elements ahead (4 KiB of fp32) brings
 // it to ~0.93-0.99. The probe runs as a plain loop, or with the same
 // prefetch when asked (the bench takes the faster of the two as the
