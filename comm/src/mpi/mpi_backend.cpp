@@ -30,6 +30,7 @@
 #include <fmt/format.h>
 
 #include "../comm_stream.h"
+#include "../host_buffers.h"
 #include "../reduce_kernels.h"
 #include "mpi_bootstrap.h"
 #include "strata/comm/backends.h"
@@ -154,20 +155,9 @@ class MpiCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
 
-  Result<CommBuffer> allocate_buffer(size_t bytes) override {
-    if (bytes == 0) return CommBuffer();
-    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
-    if (p == nullptr) return OutOfMemory(fmt::format("mpi comm buffer of {}", format_bytes(bytes, true)));
-    return CommBuffer(p, bytes, [](void* q) { std::free(q); });
-  }
-  Status upload(void* dst, const void* src, size_t bytes) override {
-    if (bytes > 0) std::memcpy(dst, src, bytes);
-    return Status::Ok();
-  }
-  Status download(void* dst, const void* src, size_t bytes) override {
-    if (bytes > 0) std::memcpy(dst, src, bytes);
-    return Status::Ok();
-  }
+  Result<CommBuffer> allocate_buffer(size_t bytes) override { return allocate_host_comm_buffer(bytes, "mpi"); }
+  Status upload(void* dst, const void* src, size_t bytes) override { return host_copy(dst, src, bytes); }
+  Status download(void* dst, const void* src, size_t bytes) override { return host_copy(dst, src, bytes); }
 
  protected:
   Result<CommWork> submit_task(std::function<Status()> task) override {
