@@ -1,15 +1,12 @@
 // strata report: what this machine and this build can do (like ds_report,
 // but probed rather than assumed). Sections come from every layer through
 // ReportSectionRegistration; this file owns the command and the build,
-// CPU, memory and pinning sections.
-#include <sys/mman.h>
-#include <sys/resource.h>
+// CPU and memory sections (pinning: report_devices.cpp, through the pinned pool's probe).
 #include <sys/sysinfo.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <fstream>
 #include <string>
 
@@ -17,7 +14,6 @@
 
 #include "command.h"
 #include "strata/core/build_info.h"
-#include "strata/core/units.h"
 
 namespace strata::cli {
 namespace {
@@ -68,18 +64,6 @@ void fill_memory(nlohmann::json& s, const std::string&) {
     s["total_bytes"] = static_cast<uint64_t>(info.totalram) * info.mem_unit;
     s["available_bytes"] = static_cast<uint64_t>(info.freeram + info.bufferram) * info.mem_unit;
   }
-  struct rlimit lim {};
-  if (getrlimit(RLIMIT_MEMLOCK, &lim) == 0) {
-    s["memlock_limit"] = lim.rlim_cur == RLIM_INFINITY ? std::string("unlimited")
-                                                        : format_bytes(lim.rlim_cur, true);
-  }
-  // Probe: can this process pin (mlock) one 2 MiB region?
-  const size_t probe_bytes = 2u << 20;
-  void* p = std::aligned_alloc(4096, probe_bytes);
-  bool pinned = p != nullptr && mlock(p, probe_bytes) == 0;
-  if (pinned) munlock(p, probe_bytes);
-  std::free(p);
-  s["pinning_2MiB_works"] = pinned;
 }
 
 ReportSectionRegistration build_section(0, "build", fill_build);

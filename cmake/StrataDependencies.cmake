@@ -59,7 +59,6 @@ if(AIO_INCLUDE_DIR AND AIO_LIBRARY)
     INTERFACE_LINK_LIBRARIES "${AIO_LIBRARY}")
 endif()
 
-find_package(BLAS QUIET)
 find_path(CBLAS_INCLUDE_DIR cblas.h PATH_SUFFIXES openblas)
 find_library(OPENBLAS_LIBRARY openblas)
 set(STRATA_HAVE_OPENBLAS OFF)
