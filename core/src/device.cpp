@@ -54,6 +54,12 @@ Status Stream::wait(Event& event) {
   return event.synchronize();
 }
 
+Status Stream::wait(const Completion& completion) { return completion.wait(); }
+
+// The synchronizing fallback: exact (the stream's Status) but blocking. The
+// cpu and cuda backends override it with a non-blocking version.
+Completion Stream::record_completion() { return Completion::ready(synchronize(), "stream work"); }
+
 Status Stream::free_async(DeviceBuffer&& buffer) {
   if (!buffer) return Status::Ok();
   if (buffer.device() != &device())

@@ -29,6 +29,7 @@
 #include <memory>
 #include <string>
 
+#include "strata/core/completion.h"
 #include "strata/core/memory_stats.h"
 #include "strata/core/status.h"
 
@@ -105,7 +106,9 @@ class Event {
   // True when the work captured by the last record() has completed (or
   // the event was never recorded). Never blocks.
   virtual bool query() = 0;
-  // Blocks the host until the captured work has completed.
+  // Blocks the host until the captured work has completed; returns the
+  // Status of that work (the error of a failed gate or host function before
+  // the record, see Stream::wait(const Completion&)), never a silent success.
   virtual Status synchronize() = 0;
   // The backend's own handle for interop (cudaEvent_t on cuda), nullptr on cpu.
   virtual void* native_handle() const { return nullptr; }
@@ -143,6 +146,20 @@ class Stream {
   virtual Status memset_async(void* dst, int value, size_t bytes);
   // Later work waits for `event`. Fallback: event.synchronize() on the host.
   virtual Status wait(Event& event);
+  // Later work waits for a host-signalled `completion` (an NVMe read, a CPU
+  // Adam tile, a collective: see strata/core/completion.h). If it fails, the
+  // stream fails with its Status: later work is skipped, and synchronize(),
+  // events recorded after the gate and record_completion() report that Status.
+  // cpu: the stream worker waits on the shared state; cuda: a stream memory
+  // wait on a host-written flag (no host thread parked, no kernel spinning),
+  // or a host-function gate where stream memory operations are unsupported.
+  // Fallback: completion.wait() on the host, then returns its Status.
+  virtual Status wait(const Completion& completion);
+  // A Completion that completes, with the stream's Status, once the work
+  // issued so far has run: how host code (the comm queue, the NVMe writer, a
+  // slot pool) chains onto stream work without blocking. Fallback:
+  // synchronize(), then an already-complete Completion with its Status.
+  virtual Completion record_completion();
   // Frees `buffer` once the work issued so far has run. Fallback:
   // synchronize(), then free.
   virtual Status free_async(DeviceBuffer&& buffer);
