@@ -24,7 +24,9 @@
 //    synchronize() look at the newest at call time, Stream::wait() at the
 //    newest at the time of the wait, as in CUDA.
 //  - A host function that throws sets a sticky error on its stream,
-//    reported by the next synchronize().
+//    reported by the next synchronize(). Stream::wait(const Completion&)
+//    gates the stream on host-signalled work; a failed gate fails the
+//    stream the same way (Note [Failed gates]).
 #include "cpu_device.h"
 
 #include <sys/mman.h>
@@ -116,27 +118,40 @@ class CpuDevice;
 // holds too, so destroying an Event with records still pending is safe (as
 // cudaEventDestroy is). Waiters are woken while the mutex is held, so no
 // thread touches the state after a waiter could have seen it complete.
+// Each generation completes with the recording stream's Status at that
+// point (Note [Failed gates] below); failures are kept for the most recent
+// kFailedGenerationsKept generations, which covers any waiter that looked
+// at the newest generation when it started to wait.
 struct EventState {
+  static constexpr uint64_t kFailedGenerationsKept = 1024;
   std::mutex mutex;
   std::condition_variable cv;
   uint64_t recorded = 0;
   std::set<uint64_t> pending;
+  std::map<uint64_t, Status> failed;  // generation -> the stream's error at the record
   uint64_t timestamp_generation = 0;
   Clock::time_point timestamp{};
 
-  void complete(uint64_t generation) {
+  void complete(uint64_t generation, const Status& stream_status) {
     std::lock_guard<std::mutex> lock(mutex);
     pending.erase(generation);
+    if (!stream_status.ok()) {
+      failed.emplace(generation, stream_status);
+      while (!failed.empty() && failed.begin()->first + kFailedGenerationsKept < recorded) failed.erase(failed.begin());
+    }
     if (generation > timestamp_generation) {
       timestamp_generation = generation;
       timestamp = Clock::now();
     }
     cv.notify_all();
   }
-  void wait_generation(uint64_t generation) {
-    if (generation == 0) return;
+  // Waits for `generation`; returns the Status its work completed with.
+  Status wait_generation(uint64_t generation) {
+    if (generation == 0) return Status::Ok();
     std::unique_lock<std::mutex> lock(mutex);
     cv.wait(lock, [&] { return pending.count(generation) == 0; });
+    auto it = failed.find(generation);
+    return it == failed.end() ? Status::Ok() : it->second;
   }
 };
 
@@ -161,10 +176,7 @@ class CpuEvent final : public Event {
     std::lock_guard<std::mutex> lock(state_->mutex);
     return state_->recorded == 0 || state_->pending.count(state_->recorded) == 0;
   }
-  Status synchronize() override {
-    state_->wait_generation(newest_generation());
-    return Status::Ok();
-  }
+  Status synchronize() override { return state_->wait_generation(newest_generation()); }
   // Completion time of the newest record, if it has completed.
   Result<Clock::time_point> completed_at() const {
     std::lock_guard<std::mutex> lock(state_->mutex);
@@ -189,19 +201,31 @@ class CpuStream final : public Stream {
   Status synchronize() override;
   Status memset_async(void* dst, int value, size_t bytes) override;
   Status wait(Event& event) override;
+  Status wait(const Completion& completion) override;
+  Completion record_completion() override;
   Status free_async(DeviceBuffer&& buffer) override;
   bool query() override;
 
  private:
+  // One queued item. `fn` gets the stream's sticky error as it stands when
+  // the item runs and returns the item's own Status (non-ok makes the stream
+  // fail). Work items are skipped once the stream has failed; bookkeeping
+  // items (event records, completions, frees) always run so that nothing
+  // waiting on the stream hangs and no memory leaks.
+  struct Op {
+    std::function<Status(const Status& stream_error)> fn;
+    bool runs_after_failure = false;
+  };
   // Enqueues `op`; returns its sequence number (1-based).
-  uint64_t enqueue(std::function<void()> op);
+  uint64_t enqueue(Op op);
+  uint64_t enqueue_work(std::function<void()> fn);
   void wait_for(uint64_t sequence);
   void run();
 
   CpuDevice* cpu_device_;
   std::mutex mutex_;
   std::condition_variable work_cv_, done_cv_;
-  std::deque<std::function<void()>> queue_;
+  std::deque<Op> queue_;
   uint64_t issued_ = 0;
   uint64_t completed_ = 0;
   bool stop_ = false;
@@ -425,32 +449,44 @@ CpuStream::~CpuStream() {
   cpu_device_->remove_stream(this);
 }
 
+// Note [Failed gates]
+// A stream fails (sticky, as in CUDA) when a host function throws, when a
+// Completion it waits on fails, or when an event it waits on was recorded
+// after a failure on its own stream. From then on its work items are
+// skipped (no copy or kernel runs on data that never arrived), while event
+// records and record_completion() still complete, carrying the failure, so
+// every waiter downstream learns the original Status instead of hanging or
+// seeing a silent success.
 void CpuStream::run() {
   cpu_device_->note_worker(true);
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
     work_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
     if (queue_.empty()) break;
-    std::function<void()> op = std::move(queue_.front());
+    Op op = std::move(queue_.front());
     queue_.pop_front();
+    const Status stream_error = sticky_error_;
     lock.unlock();
-    Status failure;
-    try {
-      op();
-    } catch (const std::exception& e) {
-      failure = Internal(fmt::format("host function on a cpu stream threw: {}", e.what()));
-    } catch (...) {
-      failure = Internal("host function on a cpu stream threw a non-std exception");
+    Status outcome;
+    if (stream_error.ok() || op.runs_after_failure) {
+      try {
+        outcome = op.fn(stream_error);
+      } catch (const std::exception& e) {
+        outcome = Internal(fmt::format("host function on a cpu stream threw: {}", e.what()));
+      } catch (...) {
+        outcome = Internal("host function on a cpu stream threw a non-std exception");
+      }
     }
+    op = Op();  // drop captured state (buffers, completions) before reporting progress
     lock.lock();
-    if (!failure.ok() && sticky_error_.ok()) sticky_error_ = std::move(failure);
+    if (!outcome.ok() && sticky_error_.ok()) sticky_error_ = std::move(outcome);
     ++completed_;
     done_cv_.notify_all();
   }
   cpu_device_->note_worker(false);
 }
 
-uint64_t CpuStream::enqueue(std::function<void()> op) {
+uint64_t CpuStream::enqueue(Op op) {
   uint64_t sequence;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -459,6 +495,14 @@ uint64_t CpuStream::enqueue(std::function<void()> op) {
   }
   work_cv_.notify_one();
   return sequence;
+}
+
+uint64_t CpuStream::enqueue_work(std::function<void()> fn) {
+  return enqueue(Op{[fn = std::move(fn)](const Status&) {
+                      fn();
+                      return Status::Ok();
+                    },
+                    false});
 }
 
 void CpuStream::wait_for(uint64_t sequence) {
@@ -470,7 +514,7 @@ Status CpuStream::copy_async(void* dst, const void* src, size_t bytes, CopyKind 
   STRATA_RETURN_IF_ERROR(cpu_device_->check_copy(dst, src, bytes, kind));
   if (bytes == 0) return Status::Ok();
   CopyEngine* engine = &cpu_device_->engine_for(kind);
-  const uint64_t sequence = enqueue([engine, dst, src, bytes] { engine->copy(dst, src, bytes); });
+  const uint64_t sequence = enqueue_work([engine, dst, src, bytes] { engine->copy(dst, src, bytes); });
   const void* host_side = kind == CopyKind::kHostToDevice ? src : kind == CopyKind::kDeviceToHost ? dst : nullptr;
   if (host_side != nullptr && !cpu_device_->host_range_pinned(host_side, bytes)) wait_for(sequence);
   return Status::Ok();
@@ -478,7 +522,7 @@ Status CpuStream::copy_async(void* dst, const void* src, size_t bytes, CopyKind 
 
 Status CpuStream::launch_host(HostFn fn) {
   if (!fn) return InvalidArgument("launch_host: empty function");
-  enqueue(std::move(fn));
+  enqueue_work(std::move(fn));
   return Status::Ok();
 }
 
@@ -487,7 +531,11 @@ Status CpuStream::record(Event& event) {
   if (cpu_event == nullptr || &event.device() != &device())
     return InvalidArgument("Stream::record: the event belongs to another device; create it on this device");
   const uint64_t generation = cpu_event->begin_record();
-  enqueue([state = cpu_event->state(), generation] { state->complete(generation); });
+  enqueue(Op{[state = cpu_event->state(), generation](const Status& stream_error) {
+                state->complete(generation, stream_error);
+                return Status::Ok();
+              },
+              true});
   return Status::Ok();
 }
 
@@ -497,8 +545,36 @@ Status CpuStream::wait(Event& event) {
     return InvalidArgument("Stream::wait: the event belongs to another device; record it on a stream of this device");
   const uint64_t generation = cpu_event->newest_generation();
   if (generation == 0) return Status::Ok();  // never recorded: nothing to wait for (as in CUDA)
-  enqueue([state = cpu_event->state(), generation] { state->wait_generation(generation); });
+  enqueue(Op{[state = cpu_event->state(), generation](const Status&) {
+                Status st = state->wait_generation(generation);
+                if (st.ok()) return st;
+                return st.with_context("stream waited on an event recorded after a failure");
+              },
+              false});
   return Status::Ok();
+}
+
+Status CpuStream::wait(const Completion& completion) {
+  // The stream's own worker waits in order: no thread is parked per gate.
+  enqueue(Op{[completion](const Status&) {
+                Status st = completion.wait();
+                if (st.ok()) return st;
+                const std::string label = completion.label();
+                return label.empty() ? st : st.with_context(fmt::format("stream gated on '{}'", label));
+              },
+              false});
+  return Status::Ok();
+}
+
+Completion CpuStream::record_completion() {
+  auto source = std::make_shared<CompletionSource>("cpu stream work");
+  Completion done = source->completion();
+  enqueue(Op{[source](const Status& stream_error) {
+                source->complete(stream_error);
+                return Status::Ok();
+              },
+              true});
+  return done;
 }
 
 Status CpuStream::synchronize() {
@@ -518,7 +594,7 @@ bool CpuStream::query() {
 Status CpuStream::memset_async(void* dst, int value, size_t bytes) {
   STRATA_RETURN_IF_ERROR(cpu_device_->check_device_range(dst, bytes, "memset destination"));
   if (bytes == 0) return Status::Ok();
-  enqueue([dst, value, bytes] { std::memset(dst, value, bytes); });
+  enqueue_work([dst, value, bytes] { std::memset(dst, value, bytes); });
   return Status::Ok();
 }
 
@@ -528,7 +604,11 @@ Status CpuStream::free_async(DeviceBuffer&& buffer) {
   const size_t bytes = buffer.size_bytes();
   void* data = buffer.release();
   Device* dev = &device();
-  enqueue([dev, data, bytes] { release_device_memory(*dev, data, bytes); });
+  enqueue(Op{[dev, data, bytes](const Status&) {
+                release_device_memory(*dev, data, bytes);
+                return Status::Ok();
+              },
+              true});
   return Status::Ok();
 }
 

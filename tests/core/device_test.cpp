@@ -363,6 +363,103 @@ TEST_P(DeviceTest, HostFunctionExceptionIsAStickyStreamError) {
   EXPECT_FALSE(s->synchronize().ok());  // sticky
 }
 
+// --- host-signalled completions (Note [Failed gates] in cpu_device.cpp) ---
+
+TEST_P(DeviceTest, StreamWaitsOnAHostCompletionBeforeItsCopy) {
+  auto s = stream();
+  auto e = event();
+  constexpr size_t kBytes = 64 << 10;
+  const auto src = pattern(kBytes, 9);
+  auto host = pool_->allocate(kBytes);
+  ASSERT_TRUE(host.ok());
+  std::memset(host->data(), 0, kBytes);  // the "read" has not landed yet
+  DeviceBuffer d = alloc(kBytes);
+  CompletionSource read("nvme read of 'w.swp' [0, 65536)");
+  ASSERT_TRUE(s->wait(read.completion()).ok());
+  ASSERT_TRUE(s->copy_async(d.data(), host->data(), kBytes, CopyKind::kHostToDevice).ok());
+  ASSERT_TRUE(s->record(*e).ok());
+  Completion copied = s->record_completion();
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_FALSE(e->query());  // gated: nothing after the wait has run
+  EXPECT_FALSE(copied.done());
+  std::memcpy(host->data(), src.data(), kBytes);  // the read lands, then completes
+  read.complete(Status::Ok());
+  ASSERT_TRUE(copied.wait_for(kDeadlockGuard));
+  EXPECT_TRUE(copied.status().ok());
+  ASSERT_TRUE(e->synchronize().ok());
+  std::vector<uint8_t> out(kBytes);
+  ASSERT_TRUE(device_->copy(out.data(), d.data(), kBytes, CopyKind::kDeviceToHost).ok());
+  EXPECT_EQ(out, src);
+}
+
+TEST_P(DeviceTest, FailedCompletionFailsTheGatedStreamAndEveryWaiter) {
+  auto s = stream();
+  auto other = stream();
+  auto e = event();
+  DeviceBuffer d = alloc(4096);
+  auto host = pool_->allocate(4096);
+  ASSERT_TRUE(host.ok());
+  std::atomic<bool> ran_before{false}, ran_after{false}, ran_downstream{false};
+  ASSERT_TRUE(s->launch_host([&] { ran_before = true; }).ok());
+  CompletionSource read("nvme read of tensor 'h3.attn' from 'r0.swp'");
+  ASSERT_TRUE(s->wait(read.completion()).ok());
+  ASSERT_TRUE(s->copy_async(d.data(), host->data(), 4096, CopyKind::kHostToDevice).ok());
+  ASSERT_TRUE(s->launch_host([&] { ran_after = true; }).ok());
+  ASSERT_TRUE(s->record(*e).ok());
+  Completion done = s->record_completion();
+  ASSERT_TRUE(other->wait(*e).ok());  // a second stream downstream of the failure
+  ASSERT_TRUE(other->launch_host([&] { ran_downstream = true; }).ok());
+
+  read.complete(IoError("pread 'r0.swp' offset 1048576 length 4096: Input/output error (EIO)"));
+  const Status st = s->synchronize();
+  EXPECT_EQ(st.code(), StatusCode::kIoError);
+  EXPECT_NE(st.message().find("r0.swp"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("1048576"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("h3.attn"), std::string::npos) << st.message();  // the gate's label
+  EXPECT_TRUE(ran_before);
+  EXPECT_FALSE(ran_after);  // work after a failed gate never runs on missing data
+  EXPECT_EQ(e->synchronize().code(), StatusCode::kIoError);
+  EXPECT_EQ(done.wait().code(), StatusCode::kIoError);
+  EXPECT_EQ(other->synchronize().code(), StatusCode::kIoError);
+  EXPECT_FALSE(ran_downstream);
+  EXPECT_EQ(s->synchronize().code(), StatusCode::kIoError);  // sticky
+}
+
+TEST_P(DeviceTest, RecordCompletionChainsHostCodeOntoStreamWork) {
+  auto s = stream();
+  Gate gate;
+  ASSERT_TRUE(s->launch_host([&] { gate.wait(); }).ok());
+  Completion c = s->record_completion();
+  std::atomic<int> chained{0};
+  c.then([&](const Status& st) { chained = st.ok() ? 1 : -1; });
+  EXPECT_FALSE(c.done());
+  EXPECT_EQ(chained.load(), 0);
+  gate.open();
+  ASSERT_TRUE(c.wait_for(kDeadlockGuard));
+  EXPECT_EQ(chained.load(), 1);
+  ASSERT_TRUE(s->synchronize().ok());
+}
+
+TEST_P(DeviceTest, AnAlreadyFailedCompletionFailsTheStreamAtOnce) {
+  auto s = stream();
+  ASSERT_TRUE(s->wait(Completion::ready(DataLoss("checksum mismatch in tensor 7 extent 3"), "verify")).ok());
+  EXPECT_EQ(s->synchronize().code(), StatusCode::kDataLoss);
+  ASSERT_TRUE(s->wait(Completion()).ok());  // waiting on nothing is fine
+}
+
+TEST_P(DeviceTest, StreamWaitOnAnEventOfAnotherDeviceIsAnError) {
+  DeviceOptions options;
+  options.device_memory_bytes = 1u << 20;
+  auto other_device = make_device("cpu", options);
+  ASSERT_TRUE(other_device.ok());
+  auto foreign = (*other_device)->create_event();
+  ASSERT_TRUE(foreign.ok());
+  auto s = stream();
+  const Status st = s->wait(**foreign);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("another device"), std::string::npos);
+}
+
 TEST_P(DeviceTest, CpuDeviceRejectsHostPointersAsDevicePointers) {
   if (!is_cpu()) GTEST_SKIP() << "pointer checks are a cpu-device feature";
   auto s = stream();
@@ -435,6 +532,22 @@ TEST(DeviceFallbacks, OptionalStreamMethodsFallBackBySynchronizing) {
   const uint64_t before = dev.memory_in_use_bytes();
   ASSERT_TRUE(s.free_async(std::move(buf).value()).ok());
   EXPECT_EQ(dev.memory_in_use_bytes(), before - 1024);  // 1000 rounded to 256
+
+  // Completions: the host waits for the gate and returns its Status;
+  // record_completion synchronizes and carries the stream's Status.
+  CompletionSource gate("slow producer");
+  std::thread producer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    steps = 3;
+    gate.complete(Status::Ok());
+  });
+  ASSERT_TRUE(s.wait(gate.completion()).ok());
+  EXPECT_EQ(steps, 3);
+  producer.join();
+  EXPECT_EQ(s.wait(Completion::ready(IoError("read failed"), "read")).code(), StatusCode::kIoError);
+  Completion done = s.record_completion();
+  EXPECT_TRUE(done.done());
+  EXPECT_TRUE(done.status().ok());
 }
 
 TEST(DeviceRegistry, ListsBackendsWithReasons) {

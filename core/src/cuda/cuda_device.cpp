@@ -17,10 +17,30 @@
 //  - Pinning: pin_host = cudaHostRegister and allocate_pinned_host =
 //    cudaHostAlloc, both of exactly the requested size. The driver pins
 //    without RLIMIT_MEMLOCK, so caps().pinning_counts_memlock is false.
+//
+// Note [cuda gates]
+// Stream::wait(const Completion&) must hold a CUDA stream until host code
+// completes something (an NVMe read, a CPU Adam tile, a collective) without
+// parking a host thread and without a kernel spinning. Each stream owns one
+// mapped pinned 32-bit flag; its k-th gate enqueues cuStreamWaitValue32(flag
+// >= k), a wait done by the GPU's front end. When gate k's Completion fires,
+// a then() callback marks it done and the stream releases gates in issue
+// order, storing the highest released index into the flag. Where stream
+// memory operations are unavailable the gate is a host function that blocks
+// CUDA's callback thread until the Completion is done (correct, but it
+// delays other host functions: a fallback only).
+// Failures (a failed gate, a throwing host function) are numbered by the
+// stream's op count at which they happened: an event or record_completion()
+// issued after op n reports the first failure at or before n; host functions
+// after a failure are skipped (already-launched kernels cannot be).
 #include "cuda/cuda_device.h"
 
+#include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <utility>
 
@@ -54,6 +74,42 @@ cudaMemcpyKind to_cuda(CopyKind kind) {
 
 class CudaDevice;
 
+// The first failure of a stream and the op number it happened at (Note [cuda gates]).
+struct StreamFailureLog {
+  std::mutex mutex;
+  uint64_t failed_at = UINT64_MAX;
+  Status failure;
+  void fail(uint64_t op, Status st) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (op < failed_at) {
+      failed_at = op;
+      failure = std::move(st);
+    }
+  }
+  // The failure, if one happened at or before op `op`.
+  Status failure_up_to(uint64_t op) {
+    std::lock_guard<std::mutex> lock(mutex);
+    return failed_at <= op ? failure : Status::Ok();
+  }
+};
+
+using StreamWaitValue32Fn = CUresult(CUDAAPI*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+
+// cuStreamWaitValue32 from the driver, or null when unavailable.
+StreamWaitValue32Fn stream_wait_value32() {
+  static StreamWaitValue32Fn fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &p, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return StreamWaitValue32Fn{nullptr};
+    }
+    return reinterpret_cast<StreamWaitValue32Fn>(p);
+  }();
+  return fn;
+}
+
 class CudaEvent final : public Event {
  public:
   CudaEvent(Device* device, int ordinal, cudaEvent_t event) : Event(device), ordinal_(ordinal), event_(event) {}
@@ -71,7 +127,25 @@ class CudaEvent final : public Event {
   Status synchronize() override {
     STRATA_CUDA(cudaSetDevice(ordinal_), ordinal_);
     STRATA_CUDA(cudaEventSynchronize(event_), ordinal_);
-    return Status::Ok();
+    std::shared_ptr<StreamFailureLog> log;
+    uint64_t op = 0;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      log = log_;
+      op = op_;
+    }
+    return log ? log->failure_up_to(op) : Status::Ok();
+  }
+  // The failure log and op number captured by the newest record.
+  std::pair<std::shared_ptr<StreamFailureLog>, uint64_t> probe() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return {log_, op_};
+  }
+  // Called by CudaStream::record: the failures this record captures.
+  void set_probe(std::shared_ptr<StreamFailureLog> log, uint64_t op) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    log_ = std::move(log);
+    op_ = op;
   }
   cudaEvent_t handle() const { return event_; }
   void* native_handle() const override { return event_; }
@@ -79,16 +153,23 @@ class CudaEvent final : public Event {
  private:
   int ordinal_;
   cudaEvent_t event_;
+  std::mutex mutex_;
+  std::shared_ptr<StreamFailureLog> log_;
+  uint64_t op_ = 0;
 };
 
 class CudaStream final : public Stream {
  public:
-  CudaStream(Device* device, int ordinal, cudaStream_t stream) : Stream(device), ordinal_(ordinal), stream_(stream) {}
+  CudaStream(Device* device, int ordinal, cudaStream_t stream)
+      : Stream(device), ordinal_(ordinal), stream_(stream), log_(std::make_shared<StreamFailureLog>()),
+        gates_(std::make_shared<GateState>()) {}
   ~CudaStream() override {
     cudaSetDevice(ordinal_);
-    cudaStreamSynchronize(stream_);  // like the cpu device: destruction waits for the work
+    cudaStreamSynchronize(stream_);  // like the cpu device: destruction waits for the work (gates included)
     cudaStreamDestroy(stream_);
+    if (gates_->flag != nullptr) cudaFreeHost(const_cast<uint32_t*>(gates_->flag));
   }
+  using Stream::wait;
 
   Status copy_async(void* dst, const void* src, size_t bytes, CopyKind kind) override {
     if (bytes == 0) return Status::Ok();
@@ -100,7 +181,7 @@ class CudaStream final : public Stream {
   }
   Status launch_host(HostFn fn) override {
     if (!fn) return InvalidArgument("launch_host: empty function");
-    auto* call = new HostCall{std::move(fn), this};
+    auto* call = new HostCall{std::move(fn), log_, next_op()};
     STRATA_RETURN_IF_ERROR(cuda_status(cudaSetDevice(ordinal_), "cudaSetDevice", ordinal_));
     const cudaError_t err = cudaLaunchHostFunc(stream_, &CudaStream::trampoline, call);
     if (err != cudaSuccess) {
@@ -115,13 +196,13 @@ class CudaStream final : public Stream {
       return InvalidArgument("Stream::record: the event belongs to another device; create it on this device");
     STRATA_CUDA(cudaSetDevice(ordinal_), ordinal_);
     STRATA_CUDA(cudaEventRecord(cuda_event->handle(), stream_), ordinal_);
+    cuda_event->set_probe(log_, ops_issued());
     return Status::Ok();
   }
   Status synchronize() override {
     STRATA_CUDA(cudaSetDevice(ordinal_), ordinal_);
     STRATA_CUDA(cudaStreamSynchronize(stream_), ordinal_);
-    std::lock_guard<std::mutex> lock(mutex_);
-    return sticky_error_;
+    return log_->failure_up_to(UINT64_MAX);
   }
   Status memset_async(void* dst, int value, size_t bytes) override {
     if (bytes == 0) return Status::Ok();
@@ -135,8 +216,11 @@ class CudaStream final : public Stream {
       return InvalidArgument("Stream::wait: the event belongs to another device; record it on a stream of this device");
     STRATA_CUDA(cudaSetDevice(ordinal_), ordinal_);
     STRATA_CUDA(cudaStreamWaitEvent(stream_, cuda_event->handle(), 0), ordinal_);
-    return Status::Ok();
+    // The waited event's failure (captured at its record) becomes ours once it completes.
+    return wait_via_host_check(cuda_event);
   }
+  Status wait(const Completion& completion) override;
+  Completion record_completion() override;
   Status free_async(DeviceBuffer&& buffer) override;
   bool query() override {
     cudaSetDevice(ordinal_);
@@ -151,29 +235,158 @@ class CudaStream final : public Stream {
  private:
   struct HostCall {
     HostFn fn;
-    CudaStream* stream;
+    std::shared_ptr<StreamFailureLog> log;
+    uint64_t op;
+  };
+  // Per-stream gate bookkeeping, shared with pending then() callbacks.
+  struct GateState {
+    std::mutex mutex;
+    volatile uint32_t* flag = nullptr;  // mapped pinned; the GPU waits on it
+    CUdeviceptr flag_device = 0;
+    uint32_t issued = 0;                // gates enqueued
+    uint32_t released = 0;              // highest gate released (in order)
+    std::map<uint32_t, bool> done;      // completed gates above `released`
+    void complete(uint32_t gate) {
+      std::lock_guard<std::mutex> lock(mutex);
+      done[gate] = true;
+      while (!done.empty() && done.begin()->first == released + 1) {
+        done.erase(done.begin());
+        ++released;
+      }
+      std::atomic_thread_fence(std::memory_order_release);
+      *flag = released;
+    }
   };
   static void CUDART_CB trampoline(void* data) {
-    auto* call = static_cast<HostCall*>(data);
+    std::unique_ptr<HostCall> call(static_cast<HostCall*>(data));
+    if (!call->log->failure_up_to(call->op).ok()) return;  // the stream failed before this function
     try {
       call->fn();
     } catch (const std::exception& e) {
-      call->stream->set_sticky(Internal(fmt::format("host function on a cuda stream threw: {}", e.what())));
+      call->log->fail(call->op, Internal(fmt::format("host function on a cuda stream threw: {}", e.what())));
     } catch (...) {
-      call->stream->set_sticky(Internal("host function on a cuda stream threw a non-std exception"));
+      call->log->fail(call->op, Internal("host function on a cuda stream threw a non-std exception"));
     }
-    delete call;
   }
-  void set_sticky(Status st) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (sticky_error_.ok()) sticky_error_ = std::move(st);
-  }
+  uint64_t next_op() { return ++ops_; }
+  uint64_t ops_issued() const { return ops_.load(); }
+  Status ensure_gate_flag();
+  Status wait_via_host_check(CudaEvent* event);
 
   int ordinal_;
   cudaStream_t stream_;
-  std::mutex mutex_;
-  Status sticky_error_;
+  std::atomic<uint64_t> ops_{0};
+  std::shared_ptr<StreamFailureLog> log_;
+  std::shared_ptr<GateState> gates_;
 };
+
+Status CudaStream::ensure_gate_flag() {
+  std::lock_guard<std::mutex> lock(gates_->mutex);
+  if (gates_->flag != nullptr) return Status::Ok();
+  void* host = nullptr;
+  STRATA_CUDA(cudaHostAlloc(&host, sizeof(uint32_t), cudaHostAllocMapped | cudaHostAllocPortable), ordinal_);
+  void* dev = nullptr;
+  const cudaError_t err = cudaHostGetDevicePointer(&dev, host, 0);
+  if (err != cudaSuccess) {
+    cudaFreeHost(host);
+    return cuda_status(err, "cudaHostGetDevicePointer (gate flag)", ordinal_);
+  }
+  gates_->flag = static_cast<volatile uint32_t*>(host);
+  *gates_->flag = 0;
+  gates_->flag_device = reinterpret_cast<CUdeviceptr>(dev);
+  return Status::Ok();
+}
+
+// A failure captured by `event` must fail this stream from the point of the
+// wait on: a host function in stream order (after the GPU-side wait) copies it.
+Status CudaStream::wait_via_host_check(CudaEvent* event) {
+  auto [event_log, event_op] = event->probe();
+  if (!event_log) return Status::Ok();  // never recorded
+  auto* call = new HostCall{[] {}, log_, next_op()};
+  const uint64_t op = call->op;
+  // Runs after the GPU-side wait, so the event's work (and any failure it captured) is complete.
+  call->fn = [event_log = event_log, event_op = event_op, log = log_, op] {
+    Status st = event_log->failure_up_to(event_op);
+    if (!st.ok()) log->fail(op, st.with_context("stream waited on an event recorded after a failure"));
+  };
+  const cudaError_t err = cudaLaunchHostFunc(stream_, &CudaStream::trampoline, call);
+  if (err != cudaSuccess) {
+    delete call;
+    return cuda_status(err, "cudaLaunchHostFunc", ordinal_);
+  }
+  return Status::Ok();
+}
+
+Status CudaStream::wait(const Completion& completion) {
+  const uint64_t op = next_op();
+  std::string label = completion.label();
+  if (completion.done()) {
+    Status st = completion.status();
+    if (!st.ok()) log_->fail(op, label.empty() ? st : st.with_context(fmt::format("stream gated on '{}'", label)));
+    return Status::Ok();
+  }
+  STRATA_CUDA(cudaSetDevice(ordinal_), ordinal_);
+  StreamWaitValue32Fn wait_value = stream_wait_value32();
+  if (wait_value != nullptr) {
+    STRATA_RETURN_IF_ERROR(ensure_gate_flag());
+    uint32_t gate;
+    {
+      std::lock_guard<std::mutex> lock(gates_->mutex);
+      gate = ++gates_->issued;
+    }
+    const CUresult res = wait_value(reinterpret_cast<CUstream>(stream_), gates_->flag_device, gate,
+                                    CU_STREAM_WAIT_VALUE_GEQ);
+    if (res == CUDA_SUCCESS) {
+      completion.then([gates = gates_, log = log_, op, gate, label](const Status& st) {
+        if (!st.ok()) log->fail(op, label.empty() ? st : st.with_context(fmt::format("stream gated on '{}'", label)));
+        gates->complete(gate);  // after the failure is logged: events after the gate see it
+      });
+      return Status::Ok();
+    }
+    // Stream memory operations unsupported here: release the number and fall back.
+    gates_->complete(gate);
+  }
+  auto* call = new HostCall{[completion, log = log_, op, label] {
+                              Status st = completion.wait();
+                              if (!st.ok())
+                                log->fail(op, label.empty() ? st
+                                                            : st.with_context(fmt::format("stream gated on '{}'", label)));
+                            },
+                            log_, op};
+  const cudaError_t err = cudaLaunchHostFunc(stream_, &CudaStream::trampoline, call);
+  if (err != cudaSuccess) {
+    delete call;
+    return cuda_status(err, "cudaLaunchHostFunc (gate)", ordinal_);
+  }
+  return Status::Ok();
+}
+
+Completion CudaStream::record_completion() {
+  auto source = std::make_shared<CompletionSource>("cuda stream work");
+  Completion done = source->completion();
+  const uint64_t op = ops_issued();
+  // Not through trampoline: this must run even after a failure, to report it.
+  struct Call {
+    std::shared_ptr<CompletionSource> source;
+    std::shared_ptr<StreamFailureLog> log;
+    uint64_t op;
+  };
+  auto* call = new Call{source, log_, op};
+  const cudaError_t set = cudaSetDevice(ordinal_);
+  const cudaError_t err = set != cudaSuccess ? set
+                                             : cudaLaunchHostFunc(
+                                                   stream_,
+                                                   [](void* data) {
+                                                     std::unique_ptr<Call> c(static_cast<Call*>(data));
+                                                     c->source->complete(c->log->failure_up_to(c->op));
+                                                   },
+                                                   call);
+  if (err != cudaSuccess) {
+    delete call;
+    source->complete(cuda_status(err, "cudaLaunchHostFunc (record_completion)", ordinal_));
+  }
+  return done;
+}
 
 class CudaDevice final : public Device {
  public:
