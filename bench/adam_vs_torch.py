@@ -19,7 +19,8 @@ import time
 try:
     import torch
 except ImportError as e:
-    print(f"SKIP: {e} (install Debian's python3-torch)")
+    print(f"SKIP: {sys.executable} cannot import torch ({e}); install Debian's python3-torch "
+          "(scripts/install-deps.sh --with-torch) and run this with /usr/bin/python3")
     sys.exit(77)
 
 

@@ -11,9 +11,12 @@ then checks every element of params and moments:
   bf16 moments: against torch with its moments rounded to bf16 after every
       step (torch has no bf16-moment Adam); within 1 bf16 ulp (2^-8 relative)
       per element, since a 1-ulp fp32 difference can flip a bf16 rounding
-Exit code 77 (ctest SKIP_RETURN_CODE) when torch is not importable.
+Exit code 77 (ctest SKIP_RETURN_CODE) when torch or numpy is not importable;
+exit code 2 instead with --require-torch or STRATA_REQUIRE_TORCH=1 (CI, where a
+skipped comparison would hide that it never ran).
 
   torch_compare.py --replay build/tests/cpu_adam/strata_cpu_adam_replay [--count N] [--steps S]
+                   [--require-torch]
 """
 import argparse
 import os
@@ -24,8 +27,17 @@ import tempfile
 try:
     import numpy as np
     import torch
-except ImportError as e:  # CI images have no python3-torch
-    print(f"SKIP: {e} (install Debian's python3-torch to run this comparison)")
+except ImportError as e:  # a developer machine without python3-torch: skip, unless required
+    required = "--require-torch" in sys.argv[1:] or os.environ.get("STRATA_REQUIRE_TORCH", "0") not in ("", "0")
+    hint = (f"{sys.executable} cannot import torch and numpy ({e}); install them with "
+            "scripts/install-deps.sh --with-torch (Debian: apt-get install python3-torch python3-numpy, "
+            "under /usr/bin/python3) or point cmake at an interpreter that has them: "
+            "-DSTRATA_SYSTEM_PYTHON3=/path/to/python3")
+    if required:
+        print(f"ERROR: the PyTorch comparison is required (--require-torch / STRATA_REQUIRE_TORCH=1) but {hint}",
+              file=sys.stderr)
+        sys.exit(2)
+    print(f"SKIP: {hint}")
     sys.exit(77)
 
 
@@ -82,6 +94,8 @@ def main():
     ap.add_argument("--replay", required=True)
     ap.add_argument("--count", type=int, default=10007)
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--require-torch", action="store_true",
+                    help="fail (exit 2), not skip (77), when torch or numpy is missing")
     args = ap.parse_args()
     torch.set_num_threads(1)
     paths = subprocess.run([args.replay, "--list-paths"], check=True, capture_output=True,
