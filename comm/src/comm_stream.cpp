@@ -8,16 +8,22 @@
 
 namespace strata::comm {
 
-namespace detail {
-
-void WorkState::complete(Status s) {
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    status = std::move(s);
-    done = true;
+Result<CommQueue> parse_queue(std::string_view text, std::string_view what) {
+  for (CommQueue q : {CommQueue::kReduce, CommQueue::kGather}) {
+    if (text == queue_name(q)) return q;
   }
-  done_cv.notify_all();
+  return InvalidArgument(fmt::format("{}: unknown comm queue '{}'; choose reduce or gather", what, text));
 }
+
+Status CommWork::wait_for(std::chrono::milliseconds timeout) const {
+  if (!completion_.wait_for(timeout)) {
+    return Unavailable(fmt::format("collective #{} on queue {} still running after {} ms", sequence_,
+                                   queue_name(queue_), timeout.count()));
+  }
+  return completion_.status();
+}
+
+namespace detail {
 
 CommStream::CommStream(std::string name) : name_(std::move(name)) {
   worker_ = std::thread([this] { run(); });
@@ -34,15 +40,28 @@ CommStream::~CommStream() {
   worker_.join();
 }
 
-CommWork CommStream::enqueue(uint64_t sequence, Task task) {
-  auto state = std::make_shared<WorkState>();
-  state->sequence = sequence;
+CommWork CommStream::enqueue(uint64_t sequence, CommQueue queue, std::string label, Task task) {
+  Item item;
+  item.task = std::move(task);
+  item.source = std::make_shared<CompletionSource>(std::move(label));
+  item.sequence = sequence;
+  Completion completion = item.source->completion();
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    queue_.push_back(Item{state, std::move(task)});
+    queue_.push_back(std::move(item));
   }
   cv_.notify_one();
-  return CommWork(std::move(state));
+  return CommWork(std::move(completion), sequence, queue);
+}
+
+void CommStream::enqueue_gate(Gate gate) {
+  Item item;
+  item.gate = std::move(gate);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    queue_.push_back(std::move(item));
+  }
+  cv_.notify_one();
 }
 
 void CommStream::run() {
@@ -55,40 +74,41 @@ void CommStream::run() {
       item = std::move(queue_.front());
       queue_.pop_front();
     }
-    Status status;
-    try {
-      status = item.task();
-    } catch (const std::exception& e) {
-      status = Internal(fmt::format("{}: collective #{} threw: {}", name_, item.state->sequence, e.what()));
+    if (item.gate) {
+      Status s;
+      try {
+        s = item.gate();
+      } catch (const std::exception& e) {
+        s = Internal(fmt::format("{}: a gate threw: {}", name_, e.what()));
+      }
+      if (!s.ok() && gate_failure_.ok()) gate_failure_ = std::move(s);  // the queue is failed from now on
+      continue;
     }
-    item.state->complete(std::move(status));
+    Completion done;
+    try {
+      done = item.task(gate_failure_);
+    } catch (const std::exception& e) {
+      done = Completion::ready(Internal(fmt::format("{}: collective #{} threw: {}", name_, item.sequence, e.what())));
+    }
+    // Completes on this thread when the collective finished here (local,
+    // mpi), else on the thread that completes `done` (nccl's stream).
+    done.then([source = std::move(item.source)](const Status& s) { source->complete(s); });
   }
+}
+
+CommStream::Gate host_gate(CommQueue queue, const Completion* completion, Event* event) {
+  if (completion != nullptr) {
+    return [gate = *completion, queue] {
+      const std::string label = gate.label();
+      return gate.wait().with_context(fmt::format("gate '{}' on comm queue {} failed",
+                                                  label.empty() ? "unlabelled completion" : label, queue_name(queue)));
+    };
+  }
+  return [event, queue] {
+    return event->synchronize().with_context(fmt::format("gate (device event) on comm queue {} failed",
+                                                         queue_name(queue)));
+  };
 }
 
 }  // namespace detail
-
-bool CommWork::done() const {
-  if (!state_) return true;
-  std::lock_guard<std::mutex> lock(state_->mutex);
-  return state_->done;
-}
-
-Status CommWork::wait() const {
-  if (!state_) return Status::Ok();
-  std::unique_lock<std::mutex> lock(state_->mutex);
-  state_->done_cv.wait(lock, [this] { return state_->done; });
-  return state_->status;
-}
-
-Status CommWork::wait_for(std::chrono::milliseconds timeout) const {
-  if (!state_) return Status::Ok();
-  std::unique_lock<std::mutex> lock(state_->mutex);
-  if (!state_->done_cv.wait_for(lock, timeout, [this] { return state_->done; })) {
-    return Unavailable(fmt::format("collective #{} still running after {} ms", state_->sequence, timeout.count()));
-  }
-  return state_->status;
-}
-
-uint64_t CommWork::sequence() const { return state_ ? state_->sequence : 0; }
-
 }  // namespace strata::comm

@@ -1,8 +1,17 @@
 #pragma once
-// CommStream: the ordered queue every communicator runs its collectives on
-// (Note [Comm stream] in docs/comm.md). One worker thread per communicator
-// executes tasks in issue order and completes each task's CommWork; callers
-// overlap compute with it and wait on the events they need.
+// CommStream: the ordered worker behind one CommQueue of a communicator
+// (Note [Comm stream] in docs/comm.md). One thread executes the queue's items
+// in issue order: collectives, and gates (Note [Comm gates]).
+//
+// Note [Comm gates]
+// Communicator::wait(completion, queue) appends a gate: the queue's own
+// worker waits for it in order before it starts the next collective, so no
+// thread is parked per pending dependency (nccl instead hands the gate to its
+// device stream and does not wait at all). A gate that fails fails the queue,
+// like a device stream: every later collective on it receives that Status and
+// must end with an error without leaving its peers hanging (local and mpi
+// vote it in the collective's handshake so every rank skips the collective
+// and names the rank; see the backends).
 
 #include <condition_variable>
 #include <cstdint>
@@ -14,23 +23,35 @@
 #include <thread>
 
 #include "strata/comm/work.h"
+#include "strata/core/device.h"
 
 namespace strata::comm::detail {
 
 class CommStream {
  public:
-  using Task = std::function<Status()>;
+  // A collective: gets the queue's gate status (ok, or the first failed
+  // gate's Status) and returns its completion (Completion::ready(status) for
+  // backends that finish on the worker; nccl returns its device stream's).
+  using Task = std::function<Completion(const Status& gate)>;
+  // A gate: runs on the worker, returns when the dependency completed, with
+  // its Status.
+  using Gate = std::function<Status()>;
+
   explicit CommStream(std::string name);
-  ~CommStream();  // runs every queued task to completion, then joins
+  ~CommStream();  // runs every queued item to completion, then joins
   CommStream(const CommStream&) = delete;
   CommStream& operator=(const CommStream&) = delete;
 
-  CommWork enqueue(uint64_t sequence, Task task);
+  // Thread-safe. `label` names the op in the Completion ("all_reduce #3 ...").
+  CommWork enqueue(uint64_t sequence, CommQueue queue, std::string label, Task task);
+  void enqueue_gate(Gate gate);
 
  private:
   struct Item {
-    std::shared_ptr<WorkState> state;
-    Task task;
+    Task task;  // empty for a gate
+    Gate gate;
+    std::shared_ptr<CompletionSource> source;  // null for a gate
+    uint64_t sequence = 0;
   };
   void run();
 
@@ -39,7 +60,12 @@ class CommStream {
   std::condition_variable cv_;
   std::deque<Item> queue_;
   bool stopping_ = false;
+  Status gate_failure_;  // worker thread only
   std::thread worker_;
 };
+
+// The gate local and mpi append: the worker waits on the host for the
+// completion (or synchronizes the event); a failure names the gate and queue.
+CommStream::Gate host_gate(CommQueue queue, const Completion* completion, Event* event);
 
 }  // namespace strata::comm::detail

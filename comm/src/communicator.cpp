@@ -167,11 +167,21 @@ Status check_aliasing(const CollectiveDesc& d, int rank, int world, std::string_
 
 }  // namespace
 
-Result<CommWork> Communicator::validate_and_submit(const CollectiveDesc& d) {
+Result<CommWork> Communicator::validate_and_submit(const CollectiveDesc& d, CommQueue queue) {
   const int world = world_size();
   const int me = rank();
-  const std::string what = fmt::format("{} on {} rank {} of {}", op_name(d.op), backend_name(backend()), me, world);
-  const size_t elt = dtype_size(d.dtype);
+  const std::string what = fmt::format("{} on {} rank {} of {} (queue {})", op_name(d.op), backend_name(backend()),
+                                       me, world, queue_name(queue));
+  if (queue_index(queue) < 0 || queue_index(queue) >= kCommQueueCount) {
+    return InvalidArgument(fmt::format("{}: unknown comm queue {}", what, queue_index(queue)));
+  }
+  const size_t elt = d.op == CollectiveOp::kBarrier ? 1 : dtype_size(d.dtype);
+  if (elt == 0) return InvalidArgument(fmt::format("{}: unknown dtype {}", what, static_cast<int>(d.dtype)));
+  const bool reduces = d.op == CollectiveOp::kAllReduce || d.op == CollectiveOp::kReduceScatter;
+  if (reduces && d.dtype == DType::kI64 && d.reduce == ReduceOp::kAvg) {
+    return InvalidArgument(fmt::format("{}: avg of int64 is not defined (it would truncate); use sum and divide, "
+                                       "or reduce fp64", what));
+  }
   const size_t factor =
       (d.op == CollectiveOp::kAllGather || d.op == CollectiveOp::kReduceScatter) ? static_cast<size_t>(world) : 1;
   if (d.count > std::numeric_limits<size_t>::max() / elt / factor) {
@@ -191,24 +201,27 @@ Result<CommWork> Communicator::validate_and_submit(const CollectiveDesc& d) {
     return InvalidArgument(fmt::format("{}: unknown reduction {}", what, static_cast<int>(d.reduce)));
   }
   if (d.count > 0) STRATA_RETURN_IF_ERROR(check_aliasing(d, me, world, what));
-  STRATA_ASSIGN_OR_RETURN(CommWork work, submit(d, next_sequence_));
-  ++next_sequence_;
-  last_ = work;
+  QueueState& q = queues_[static_cast<size_t>(queue_index(queue))];
+  std::lock_guard<std::mutex> lock(q.mutex);
+  STRATA_ASSIGN_OR_RETURN(CommWork work, submit(d, queue, q.next_sequence));
+  ++q.next_sequence;
+  q.last = work;
   return work;
 }
 
-Result<CommWork> Communicator::all_gather(const void* send, void* recv, size_t send_count, DType dtype) {
+Result<CommWork> Communicator::all_gather(const void* send, void* recv, size_t send_count, DType dtype,
+                                          CommQueue queue) {
   CollectiveDesc d;
   d.op = CollectiveOp::kAllGather;
   d.dtype = dtype;
   d.count = send_count;
   d.send = send;
   d.recv = recv;
-  return validate_and_submit(d);
+  return validate_and_submit(d, queue);
 }
 
 Result<CommWork> Communicator::reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype,
-                                              ReduceOp op) {
+                                              ReduceOp op, CommQueue queue) {
   CollectiveDesc d;
   d.op = CollectiveOp::kReduceScatter;
   d.dtype = dtype;
@@ -216,10 +229,11 @@ Result<CommWork> Communicator::reduce_scatter(const void* send, void* recv, size
   d.count = recv_count;
   d.send = send;
   d.recv = recv;
-  return validate_and_submit(d);
+  return validate_and_submit(d, queue);
 }
 
-Result<CommWork> Communicator::all_reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) {
+Result<CommWork> Communicator::all_reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
+                                          CommQueue queue) {
   CollectiveDesc d;
   d.op = CollectiveOp::kAllReduce;
   d.dtype = dtype;
@@ -227,10 +241,11 @@ Result<CommWork> Communicator::all_reduce(const void* send, void* recv, size_t c
   d.count = count;
   d.send = send;
   d.recv = recv;
-  return validate_and_submit(d);
+  return validate_and_submit(d, queue);
 }
 
-Result<CommWork> Communicator::broadcast(const void* send, void* recv, size_t count, DType dtype, int root) {
+Result<CommWork> Communicator::broadcast(const void* send, void* recv, size_t count, DType dtype, int root,
+                                         CommQueue queue) {
   CollectiveDesc d;
   d.op = CollectiveOp::kBroadcast;
   d.dtype = dtype;
@@ -238,26 +253,64 @@ Result<CommWork> Communicator::broadcast(const void* send, void* recv, size_t co
   d.count = count;
   d.send = send;
   d.recv = recv;
-  return validate_and_submit(d);
+  return validate_and_submit(d, queue);
 }
 
-Result<CommWork> Communicator::barrier() {
+Result<CommWork> Communicator::barrier(CommQueue queue) {
   CollectiveDesc d;
   d.op = CollectiveOp::kBarrier;
-  return validate_and_submit(d);
+  return validate_and_submit(d, queue);
 }
 
-Status Communicator::synchronize() { return last_.wait(); }
-
-Status Communicator::wait_event(Event& event) {
-  Event* e = &event;
-  STRATA_ASSIGN_OR_RETURN(CommWork work, submit_task([e] { return e->synchronize(); }));
-  last_ = work;
-  return Status::Ok();
+Status Communicator::synchronize(CommQueue queue) {
+  if (queue_index(queue) < 0 || queue_index(queue) >= kCommQueueCount) {
+    return InvalidArgument(fmt::format("synchronize: unknown comm queue {}", queue_index(queue)));
+  }
+  CommWork last;
+  {
+    const QueueState& q = queues_[static_cast<size_t>(queue_index(queue))];
+    std::lock_guard<std::mutex> lock(q.mutex);
+    last = q.last;
+  }
+  return last.wait();
 }
 
-Status stream_wait(Stream& stream, CommWork work) {
-  return stream.launch_host([work] { work.wait().ignore(); });
+Status Communicator::synchronize() {
+  Status first;
+  for (CommQueue q : {CommQueue::kReduce, CommQueue::kGather}) {
+    Status s = synchronize(q);
+    if (first.ok() && !s.ok()) first = std::move(s);
+  }
+  return first;
 }
+
+Status Communicator::wait(const Completion& completion, CommQueue queue) {
+  if (queue_index(queue) < 0 || queue_index(queue) >= kCommQueueCount) {
+    return InvalidArgument(fmt::format("wait: unknown comm queue {}", queue_index(queue)));
+  }
+  QueueState& q = queues_[static_cast<size_t>(queue_index(queue))];
+  std::lock_guard<std::mutex> lock(q.mutex);
+  return submit_gate(queue, &completion, nullptr);
+}
+
+Status Communicator::wait_event(Event& event, CommQueue queue) {
+  if (queue_index(queue) < 0 || queue_index(queue) >= kCommQueueCount) {
+    return InvalidArgument(fmt::format("wait_event: unknown comm queue {}", queue_index(queue)));
+  }
+  QueueState& q = queues_[static_cast<size_t>(queue_index(queue))];
+  std::lock_guard<std::mutex> lock(q.mutex);
+  return submit_gate(queue, nullptr, &event);
+}
+
+uint64_t Communicator::issued(CommQueue queue) const {
+  if (queue_index(queue) < 0 || queue_index(queue) >= kCommQueueCount) return 0;
+  const QueueState& q = queues_[static_cast<size_t>(queue_index(queue))];
+  std::lock_guard<std::mutex> lock(q.mutex);
+  return q.next_sequence;
+}
+
+uint64_t Communicator::issued() const { return issued(CommQueue::kReduce) + issued(CommQueue::kGather); }
+
+Status stream_wait(Stream& stream, const CommWork& work) { return stream.wait(work.completion()); }
 
 }  // namespace strata::comm

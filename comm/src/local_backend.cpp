@@ -19,7 +19,15 @@
 // Watchdog: every rendezvous waits until the op's deadline; on expiry the
 // group is aborted with a message naming the ranks that did not arrive and
 // what each was last doing; all later collectives fail with that status.
+// Queues: each CommQueue has its own LocalGroup (its own rendezvous state,
+// the local twin of an MPI_Comm_dup) and its own CommStream.
+// Gates (Note [Comm gates]): phase 0 also posts the rank's gate status; the
+// last rank to arrive tallies them, and if any rank's gate failed every rank
+// skips the collective (no data moves) and fails it, the failed rank with
+// its gate's Status, the others naming that rank and quoting its error. The
+// group stays usable: all ranks skipped the same collective.
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstring>
 #include <vector>
@@ -37,17 +45,25 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// The outcome of the gate tally of one collective's phase 0.
+struct GateVote {
+  std::vector<int> failed;  // ranks whose gate failed, ascending
+  Status first;             // the lowest such rank's gate Status
+};
+
 class LocalGroup {
  public:
-  LocalGroup(int world_size, CommOptions options)
-      : world_size_(world_size), options_(options), slots_(static_cast<size_t>(world_size)) {}
+  LocalGroup(int world_size, CommOptions options, CommQueue queue)
+      : world_size_(world_size), options_(options), queue_(queue), slots_(static_cast<size_t>(world_size)) {}
 
   int world_size() const { return world_size_; }
   const CommOptions& options() const { return options_; }
 
   // Group barrier number `phase` of collective `sequence`. Phase 0 posts
-  // `desc` and checks that every rank posted the same collective.
-  Status rendezvous(int rank, uint64_t sequence, int phase, const CollectiveDesc* desc, Clock::time_point deadline);
+  // `desc` and `gate` (the rank's gate status), checks that every rank posted
+  // the same collective, and returns the gate tally in *vote.
+  Status rendezvous(int rank, uint64_t sequence, int phase, const CollectiveDesc* desc, Clock::time_point deadline,
+                    const Status* gate = nullptr, GateVote* vote = nullptr);
 
   // Descriptor rank `peer` posted for the current collective; valid between
   // its phase 0 and the collective's last rendezvous.
@@ -70,6 +86,7 @@ class LocalGroup {
  private:
   struct Slot {
     CollectiveDesc desc;
+    Status gate;
     uint64_t sequence = 0;
     bool posted_any = false;
     bool departed = false;
@@ -89,11 +106,13 @@ class LocalGroup {
 
   const int world_size_;
   const CommOptions options_;
+  const CommQueue queue_;
   std::mutex mutex_;
   std::condition_variable cv_;
   std::vector<Slot> slots_;
   uint64_t generation_ = 0;  // completed rendezvous
   int waiting_ = 0;
+  GateVote vote_;  // tally of the last completed phase 0
   bool aborted_ = false;
   Status abort_status_;
 };
@@ -117,22 +136,24 @@ Status LocalGroup::check_descriptors_locked(uint64_t sequence) const {
                                          a.reduce == b.reduce)));
     if (!same) {
       return FailedPrecondition(fmt::format(
-          "collective mismatch at #{} on local ({} ranks): rank 0 issued {} but rank {} issued {}. Every rank must "
-          "issue the same collectives, with the same dtype, count, root and reduction, in the same order (a "
-          "classic ZeRO-3 hang: a parameter gathered on some ranks only); the group is unusable now",
-          sequence, world_size_, describe(a, world_size_), p, describe(b, world_size_)));
+          "collective mismatch at #{} on local ({} ranks, queue {}): rank 0 issued {} but rank {} issued {}. "
+          "Every rank must issue the same collectives, with the same dtype, count, root and reduction, in the same "
+          "order on each queue (a classic ZeRO-3 hang: a parameter gathered on some ranks only); the group is "
+          "unusable now",
+          sequence, world_size_, queue_name(queue_), describe(a, world_size_), p, describe(b, world_size_)));
     }
   }
   return Status::Ok();
 }
 
 Status LocalGroup::rendezvous(int rank, uint64_t sequence, int phase, const CollectiveDesc* desc,
-                              Clock::time_point deadline) {
+                              Clock::time_point deadline, const Status* gate, GateVote* vote) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (aborted_) return abort_status_;
   Slot& me = slots_[static_cast<size_t>(rank)];
   if (desc != nullptr) {
     me.desc = *desc;
+    me.gate = gate != nullptr ? *gate : Status::Ok();
     me.sequence = sequence;
     me.posted_any = true;
   }
@@ -143,6 +164,14 @@ Status LocalGroup::rendezvous(int rank, uint64_t sequence, int phase, const Coll
     if (phase == 0) {
       Status mismatch = check_descriptors_locked(sequence);
       if (!mismatch.ok()) return abort_locked(std::move(mismatch));
+      vote_ = GateVote{};
+      for (int p = 0; p < world_size_; ++p) {
+        const Status& g = slots_[static_cast<size_t>(p)].gate;
+        if (g.ok()) continue;
+        if (vote_.failed.empty()) vote_.first = g;
+        vote_.failed.push_back(p);
+      }
+      if (vote != nullptr) *vote = vote_;
     }
     waiting_ = 0;
     ++generation_;
@@ -150,7 +179,12 @@ Status LocalGroup::rendezvous(int rank, uint64_t sequence, int phase, const Coll
     return Status::Ok();
   }
   for (;;) {
-    if (generation_ != my_generation) return Status::Ok();
+    // vote_ cannot change before this rank reads it: the next tally needs
+    // this rank's next arrival.
+    if (generation_ != my_generation) {
+      if (phase == 0 && vote != nullptr) *vote = vote_;
+      return Status::Ok();
+    }
     if (aborted_) return abort_status_;
     bool someone_departed = false;
     for (const Slot& s : slots_) someone_departed |= s.departed;
@@ -169,10 +203,10 @@ Status LocalGroup::rendezvous(int rank, uint64_t sequence, int phase, const Coll
       std::string reason = timed_out ? fmt::format("did not complete within {} ms", options_.timeout.count())
                                      : std::string("cannot complete");
       return abort_locked(DeadlineExceeded(fmt::format(
-          "comm watchdog: {} #{} ({} B) on local rank {} of {} {}: ranks that did not arrive: {}{}. Hint: every "
-          "rank must issue the same collectives in the same order; if a rank is legitimately slow raise "
-          "CommOptions::timeout or STRATA_COMM_TIMEOUT_MS",
-          op_name(mine.op), sequence, recv_bytes(mine, world_size_), rank, world_size_, reason,
+          "comm watchdog: {} #{} ({} B) on local rank {} of {} (queue {}) {}: ranks that did not arrive: {}{}. "
+          "Hint: every rank must issue the same collectives in the same order on each queue; if a rank is "
+          "legitimately slow raise CommOptions::timeout or STRATA_COMM_TIMEOUT_MS",
+          op_name(mine.op), sequence, recv_bytes(mine, world_size_), rank, world_size_, queue_name(queue_), reason,
           detail::format_rank_list(missing), details)));
     }
     if (options_.timeout.count() > 0) {
@@ -183,50 +217,69 @@ Status LocalGroup::rendezvous(int rank, uint64_t sequence, int phase, const Coll
   }
 }
 
+using LocalGroups = std::array<std::shared_ptr<LocalGroup>, kCommQueueCount>;
+
 class LocalCommunicator final : public Communicator {
  public:
-  LocalCommunicator(std::shared_ptr<LocalGroup> group, int rank)
-      : group_(std::move(group)), rank_(rank), stream_(fmt::format("comm-local-{}", rank)) {}
+  LocalCommunicator(LocalGroups groups, int rank) : groups_(std::move(groups)), rank_(rank) {
+    for (int q = 0; q < kCommQueueCount; ++q) {
+      streams_[static_cast<size_t>(q)] = std::make_unique<detail::CommStream>(
+          fmt::format("comm-l{}-{}", rank, queue_name(static_cast<CommQueue>(q))));
+    }
+  }
   ~LocalCommunicator() override {
-    // Queued collectives finish (or time out) before the rank leaves; the
-    // stream's destructor runs them. Then peers learn we are gone.
-    drain();
-    group_->depart(rank_);
+    // Queued collectives finish (or time out) before the rank leaves. Then
+    // peers learn we are gone.
+    synchronize().ignore();
+    for (auto& stream : streams_) stream.reset();
+    for (auto& group : groups_) group->depart(rank_);
   }
 
   Backend backend() const override { return Backend::kLocal; }
   int rank() const override { return rank_; }
-  int world_size() const override { return group_->world_size(); }
+  int world_size() const override { return groups_[0]->world_size(); }
 
   Result<CommBuffer> allocate_buffer(size_t bytes) override { return allocate_host_comm_buffer(bytes, "local"); }
   Status upload(void* dst, const void* src, size_t bytes) override { return host_copy(dst, src, bytes); }
   Status download(void* dst, const void* src, size_t bytes) override { return host_copy(dst, src, bytes); }
 
  protected:
-  Result<CommWork> submit_task(std::function<Status()> task) override {
-    return stream_.enqueue(issued(), std::move(task));
+  Status submit_gate(CommQueue queue, const Completion* completion, Event* event) override {
+    streams_[static_cast<size_t>(queue_index(queue))]->enqueue_gate(detail::host_gate(queue, completion, event));
+    return Status::Ok();
   }
-  Result<CommWork> submit(const CollectiveDesc& desc, uint64_t sequence) override {
-    return stream_.enqueue(sequence, [this, desc, sequence] { return execute(desc, sequence); });
+  Result<CommWork> submit(const CollectiveDesc& desc, CommQueue queue, uint64_t sequence) override {
+    return streams_[static_cast<size_t>(queue_index(queue))]->enqueue(
+        sequence, queue, where(desc, queue, sequence), [this, desc, queue, sequence](const Status& gate) {
+          return Completion::ready(execute(desc, queue, sequence, gate));
+        });
   }
 
  private:
-  void drain() {
-    Status s = synchronize();
-    s.ignore();
+  std::string where(const CollectiveDesc& d, CommQueue queue, uint64_t sequence) const {
+    return fmt::format("{} #{} on local rank {} of {} (queue {})", op_name(d.op), sequence, rank_, world_size(),
+                       queue_name(queue));
   }
-  Status execute(const CollectiveDesc& d, uint64_t sequence);
+  Status execute(const CollectiveDesc& d, CommQueue queue, uint64_t sequence, const Status& gate);
 
-  std::shared_ptr<LocalGroup> group_;
+  LocalGroups groups_;
   const int rank_;
-  detail::CommStream stream_;
+  std::array<std::unique_ptr<detail::CommStream>, kCommQueueCount> streams_;
 };
 
-Status LocalCommunicator::execute(const CollectiveDesc& d, uint64_t sequence) {
-  LocalGroup& g = *group_;
+Status LocalCommunicator::execute(const CollectiveDesc& d, CommQueue queue, uint64_t sequence, const Status& gate) {
+  LocalGroup& g = *groups_[static_cast<size_t>(queue_index(queue))];
   const int n = g.world_size();
   const Clock::time_point deadline = Clock::now() + g.options().timeout;
-  STRATA_RETURN_IF_ERROR(g.rendezvous(rank_, sequence, 0, &d, deadline));
+  GateVote vote;
+  STRATA_RETURN_IF_ERROR(g.rendezvous(rank_, sequence, 0, &d, deadline, &gate, &vote));
+  if (!vote.failed.empty()) {
+    if (!gate.ok()) return gate.with_context(fmt::format("{} not run", where(d, queue, sequence)));
+    return Status(vote.first.code(),
+                  fmt::format("{} not run: the gate of rank(s) {} failed, so every rank skipped it: {}",
+                              where(d, queue, sequence), detail::format_rank_list(vote.failed),
+                              vote.first.message()));
+  }
   if (d.op == CollectiveOp::kBarrier || d.count == 0) return Status::Ok();
 
   const size_t elt = dtype_size(d.dtype);
@@ -283,10 +336,13 @@ Result<std::vector<std::unique_ptr<Communicator>>> create_local_group(int world_
     return InvalidArgument(fmt::format("local comm: world size {} out of range; use 1..1024 ranks (--ranks)",
                                        world_size));
   }
-  auto group = std::make_shared<LocalGroup>(world_size, options);
+  LocalGroups groups;
+  for (int q = 0; q < kCommQueueCount; ++q) {
+    groups[static_cast<size_t>(q)] = std::make_shared<LocalGroup>(world_size, options, static_cast<CommQueue>(q));
+  }
   std::vector<std::unique_ptr<Communicator>> ranks;
   ranks.reserve(static_cast<size_t>(world_size));
-  for (int r = 0; r < world_size; ++r) ranks.push_back(std::make_unique<LocalCommunicator>(group, r));
+  for (int r = 0; r < world_size; ++r) ranks.push_back(std::make_unique<LocalCommunicator>(groups, r));
   return ranks;
 }
 

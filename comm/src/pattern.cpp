@@ -23,20 +23,25 @@ float move_value(int rank, size_t index) {
   return static_cast<float>(static_cast<int64_t>(h) - 125);
 }
 
-uint32_t to_bits(DType dtype, float v) {
+// Every pattern value is a small integer, exact in every dtype.
+uint64_t to_bits(DType dtype, float v) {
   switch (dtype) {
     case DType::kF32: return std::bit_cast<uint32_t>(v);
     case DType::kBF16: return fp32_to_bf16_bits(v);
     case DType::kF16: return fp32_to_fp16_bits(v);
+    case DType::kF64: return std::bit_cast<uint64_t>(static_cast<double>(v));
+    case DType::kI64: return static_cast<uint64_t>(static_cast<int64_t>(v));
   }
   return 0;
 }
 
 void store(DType dtype, void* host, size_t index, float v) {
-  if (dtype == DType::kF32) {
-    static_cast<float*>(host)[index] = v;
-  } else {
-    static_cast<uint16_t*>(host)[index] = static_cast<uint16_t>(to_bits(dtype, v));
+  const uint64_t bits = to_bits(dtype, v);
+  switch (dtype_size(dtype)) {
+    case 2: static_cast<uint16_t*>(host)[index] = static_cast<uint16_t>(bits); break;
+    case 4: static_cast<uint32_t*>(host)[index] = static_cast<uint32_t>(bits); break;
+    case 8: static_cast<uint64_t*>(host)[index] = bits; break;
+    default: break;
   }
 }
 
@@ -63,20 +68,25 @@ void fill_send_pattern(const CollectiveDesc& d, int rank, int world, void* host)
 
 void fill_sentinel(DType dtype, void* host, size_t count) {
   for (size_t i = 0; i < count; ++i) {
-    if (dtype == DType::kF32) {
-      static_cast<uint32_t*>(host)[i] = 0x7fc0dead;
-    } else {
-      static_cast<uint16_t*>(host)[i] = 0x7e5a;
+    switch (dtype_size(dtype)) {
+      case 2: static_cast<uint16_t*>(host)[i] = 0x7e5a; break;
+      case 4: static_cast<uint32_t*>(host)[i] = 0x7fc0dead; break;
+      case 8: static_cast<uint64_t*>(host)[i] = 0x7ff8deaddeadbeefull; break;  // NaN; no pattern int64 either
+      default: break;
     }
   }
 }
 
-uint32_t element_bits(DType dtype, const void* host, size_t index) {
-  if (dtype == DType::kF32) return static_cast<const uint32_t*>(host)[index];
-  return static_cast<const uint16_t*>(host)[index];
+uint64_t element_bits(DType dtype, const void* host, size_t index) {
+  switch (dtype_size(dtype)) {
+    case 2: return static_cast<const uint16_t*>(host)[index];
+    case 4: return static_cast<const uint32_t*>(host)[index];
+    case 8: return static_cast<const uint64_t*>(host)[index];
+    default: return 0;
+  }
 }
 
-uint32_t expected_bits(const CollectiveDesc& d, int rank, int world, size_t index) {
+uint64_t expected_bits(const CollectiveDesc& d, int rank, int world, size_t index) {
   switch (d.op) {
     case CollectiveOp::kAllGather: {
       const size_t per_rank = std::max<size_t>(d.count, 1);
@@ -86,6 +96,17 @@ uint32_t expected_bits(const CollectiveDesc& d, int rank, int world, size_t inde
     case CollectiveOp::kReduceScatter:
     case CollectiveOp::kAllReduce: {
       const size_t element = d.op == CollectiveOp::kReduceScatter ? static_cast<size_t>(rank) * d.count + index : index;
+      if (d.dtype == DType::kF64 || d.dtype == DType::kI64) {
+        // Accumulated in the element type; the integers are exact either way.
+        double wide = reduce_value(0, element, world);
+        for (int p = 1; p < world; ++p) {
+          const double v = reduce_value(p, element, world);
+          wide = d.reduce == ReduceOp::kMax ? std::max(wide, v) : wide + v;
+        }
+        if (d.dtype == DType::kI64) return static_cast<uint64_t>(static_cast<int64_t>(wide));
+        if (d.reduce == ReduceOp::kAvg) wide /= static_cast<double>(world);
+        return std::bit_cast<uint64_t>(wide);
+      }
       float acc = reduce_value(0, element, world);
       for (int p = 1; p < world; ++p) {
         const float v = reduce_value(p, element, world);

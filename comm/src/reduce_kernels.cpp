@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include <fmt/format.h>
 
@@ -23,6 +24,8 @@ inline void load_tile(DType dtype, const void* src, size_t begin, size_t n, floa
       for (size_t i = 0; i < n; ++i) dst[i] = fp16_bits_to_fp32(s[i]);
       break;
     }
+    case DType::kF64:
+    case DType::kI64: STRATA_CHECK(false, "64-bit types take reduce_wide"); break;
   }
 }
 
@@ -39,6 +42,47 @@ inline void store_tile(DType dtype, const float* src, void* dst, size_t begin, s
       for (size_t i = 0; i < n; ++i) d[i] = fp32_to_fp16_bits(src[i]);
       break;
     }
+    case DType::kF64:
+    case DType::kI64: STRATA_CHECK(false, "64-bit types take reduce_wide"); break;
+  }
+}
+
+// fp64 and int64: accumulate in the element type, rank order 0..n-1 (a tile
+// of every input is read before the tile of `out` is written, so `out` may
+// be one of the inputs). int64 sums wrap modulo 2^64 (unsigned arithmetic,
+// no undefined overflow).
+template <typename T>
+void reduce_wide(ReduceOp op, const void* const* inputs, int n, size_t count, void* out, int divisor) {
+  alignas(64) T acc[kTile / 2];
+  constexpr size_t kWideTile = kTile / 2;
+  for (size_t begin = 0; begin < count; begin += kWideTile) {
+    const size_t len = count - begin < kWideTile ? count - begin : kWideTile;
+    std::memcpy(acc, static_cast<const T*>(inputs[0]) + begin, len * sizeof(T));
+    for (int p = 1; p < n; ++p) {
+      const T* x = static_cast<const T*>(inputs[p]) + begin;
+      if (op == ReduceOp::kMax) {
+        for (size_t i = 0; i < len; ++i) {
+          if constexpr (std::is_floating_point_v<T>) {
+            acc[i] = (x[i] > acc[i] || std::isnan(x[i])) && !std::isnan(acc[i]) ? x[i] : acc[i];
+          } else {
+            acc[i] = x[i] > acc[i] ? x[i] : acc[i];
+          }
+        }
+      } else if constexpr (std::is_floating_point_v<T>) {
+        for (size_t i = 0; i < len; ++i) acc[i] += x[i];
+      } else {
+        for (size_t i = 0; i < len; ++i) {
+          acc[i] = static_cast<T>(static_cast<uint64_t>(acc[i]) + static_cast<uint64_t>(x[i]));
+        }
+      }
+    }
+    if constexpr (std::is_floating_point_v<T>) {
+      if (op == ReduceOp::kAvg) {
+        const auto d = static_cast<T>(divisor);
+        for (size_t i = 0; i < len; ++i) acc[i] /= d;
+      }
+    }
+    std::memcpy(static_cast<T*>(out) + begin, acc, len * sizeof(T));
   }
 }
 
@@ -63,6 +107,11 @@ inline void accumulate_max(float* __restrict acc, const float* __restrict x, siz
 
 void reduce_elements(DType dtype, ReduceOp op, const void* const* inputs, int n, size_t count, void* out,
                      int divisor) {
+  if (dtype == DType::kF64) return reduce_wide<double>(op, inputs, n, count, out, divisor);
+  if (dtype == DType::kI64) {
+    STRATA_CHECK(op != ReduceOp::kAvg, "avg of int64 is rejected at issue");
+    return reduce_wide<int64_t>(op, inputs, n, count, out, divisor);
+  }
   alignas(64) float acc[kTile];
   alignas(64) float tmp[kTile];
   for (size_t begin = 0; begin < count; begin += kTile) {

@@ -179,8 +179,8 @@ Status convert(const void* src, DType src_type, void* dst, DType dst_type, size_
   else if (src_type == DType::kF32 && dst_type == DType::kF16) k.fp32_to_fp16(s32, d16, count);
   else if (src_type == DType::kF16 && dst_type == DType::kF32) k.fp16_to_fp32(s16, d32, count);
   else
-    return InvalidArgument(fmt::format("convert: {} -> {} is not supported; go through fp32", dtype_name(src_type),
-                                       dtype_name(dst_type)));
+    return InvalidArgument(fmt::format("convert: {} -> {} is not supported; conversions are between fp32 and "
+                                       "bf16/fp16 (go through fp32)", dtype_name(src_type), dtype_name(dst_type)));
   return Status::Ok();
 }
 

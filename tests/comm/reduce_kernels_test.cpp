@@ -2,6 +2,7 @@
 // with values that are not exact (so accumulation order and rounding show).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <random>
@@ -17,6 +18,8 @@ float load(DType t, const std::vector<uint32_t>& raw, size_t i) {
     case DType::kF32: return std::bit_cast<float>(raw[i]);
     case DType::kBF16: return bf16_bits_to_fp32(static_cast<uint16_t>(raw[i]));
     case DType::kF16: return fp16_bits_to_fp32(static_cast<uint16_t>(raw[i]));
+    case DType::kF64:
+    case DType::kI64: break;  // covered by the 64-bit test below
   }
   return 0;
 }
@@ -26,6 +29,8 @@ uint32_t round_to(DType t, float v) {
     case DType::kF32: return std::bit_cast<uint32_t>(v);
     case DType::kBF16: return fp32_to_bf16_bits(v);
     case DType::kF16: return fp32_to_fp16_bits(v);
+    case DType::kF64:
+    case DType::kI64: break;
   }
   return 0;
 }
@@ -81,6 +86,57 @@ TEST(ReduceKernels, MatchScalarReferenceElementwise) {
             ASSERT_EQ(got, want) << dtype_name(t) << " " << reduce_op_name(op) << " n=" << n << " i=" << i;
           }
         }
+      }
+    }
+  }
+}
+
+// fp64 and int64 accumulate in their own type in rank order: bit for bit
+// the sequential loop, also in place (out = input 0), int64 wrapping.
+TEST(ReduceKernels, WideTypesMatchRankOrderLoopBitForBit) {
+  std::mt19937_64 rng(7);
+  std::uniform_real_distribution<double> mantissa(-1.0, 1.0);
+  std::uniform_int_distribution<int> exponent(-30, 30);
+  for (int n : {1, 2, 3, 4, 7}) {
+    const size_t count = 1500;  // several 512-element tiles plus a remainder
+    std::vector<std::vector<double>> d(static_cast<size_t>(n), std::vector<double>(count));
+    std::vector<std::vector<int64_t>> q(static_cast<size_t>(n), std::vector<int64_t>(count));
+    for (auto& v : d) for (double& x : v) x = std::ldexp(mantissa(rng), exponent(rng));
+    for (auto& v : q) for (int64_t& x : v) x = static_cast<int64_t>(rng());  // sums overflow: wrap
+    d[0][5] = NAN;
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
+      std::vector<const void*> in_d;
+      for (auto& v : d) in_d.push_back(v.data());
+      std::vector<double> out_d(count);
+      reduce_elements(DType::kF64, op, in_d.data(), n, count, out_d.data(), n);
+      for (size_t i = 0; i < count; ++i) {
+        double acc = d[0][i];
+        for (int p = 1; p < n; ++p) {
+          const double v = d[static_cast<size_t>(p)][i];
+          acc = op == ReduceOp::kMax ? ((v > acc || std::isnan(v)) && !std::isnan(acc) ? v : acc) : acc + v;
+        }
+        if (op == ReduceOp::kAvg) acc /= n;
+        if (std::isnan(acc)) {
+          ASSERT_TRUE(std::isnan(out_d[i])) << "i=" << i;
+        } else {
+          ASSERT_EQ(std::bit_cast<uint64_t>(out_d[i]), std::bit_cast<uint64_t>(acc))
+              << reduce_op_name(op) << " n=" << n << " i=" << i;
+        }
+      }
+      if (op == ReduceOp::kAvg) continue;
+      std::vector<int64_t> first = q[0];  // in place: out is input 0
+      std::vector<const void*> in_q;
+      for (auto& v : q) in_q.push_back(v.data());
+      in_q[0] = first.data();
+      reduce_elements(DType::kI64, op, in_q.data(), n, count, first.data(), n);
+      for (size_t i = 0; i < count; ++i) {
+        uint64_t sum = static_cast<uint64_t>(q[0][i]);
+        int64_t mx = q[0][i];
+        for (int p = 1; p < n; ++p) {
+          sum += static_cast<uint64_t>(q[static_cast<size_t>(p)][i]);
+          mx = std::max(mx, q[static_cast<size_t>(p)][i]);
+        }
+        ASSERT_EQ(first[i], op == ReduceOp::kMax ? mx : static_cast<int64_t>(sum)) << "n=" << n << " i=" << i;
       }
     }
   }

@@ -12,9 +12,21 @@
 //      polled with MPI_Test until done or the deadline.
 // bf16/fp16 reductions are staged through fp32 scratch (convert, reduce in
 // fp32 with MPI_FLOAT, convert back once), so they accumulate in fp32 like
-// `local`; avg is an fp32 sum divided by the world size. A failed or timed
-// out collective poisons the communicator: MPI cannot cancel a started
-// collective, so later collectives fail fast instead of mismatching.
+// `local`; avg is an fp32 sum divided by the world size. fp64 and int64
+// reductions gather every rank's input (all_gather / all_to_all of the
+// blocks) and reduce locally in rank order, so the result is the same bits
+// on every rank and equals `local`'s (these are small: norms, votes, counts).
+// A failed or timed out collective poisons its queue: MPI cannot cancel a
+// started collective, so later collectives fail fast instead of mismatching.
+// Queues: each CommQueue has its own pair of MPI_Comm_dup communicators and
+// its own CommStream, so the queues never wait for each other (below
+// MPI_THREAD_MULTIPLE their MPI calls are serialized by one lock, but the
+// nonblocking collectives still progress side by side).
+// Gates (Note [Comm gates]): the handshake carries the rank's gate status;
+// if any rank's gate failed every rank skips the collective and fails it
+// naming the rank(s), and the queue stays usable. With debug checks off
+// there is no handshake: the failed rank poisons its queue and skips, and
+// its peers end at the watchdog (documented in docs/comm.md).
 #include <mpi.h>
 #include <sched.h>
 
@@ -107,7 +119,7 @@ Status mpi_status(int code, std::string_view what) {
 
 // Wire form of a CollectiveDesc for the handshake.
 struct WireDesc {
-  uint64_t sequence, op, dtype, reduce, root, count;
+  uint64_t sequence, op, dtype, reduce, root, count, gate_failed;
 };
 
 CollectiveDesc from_wire(const WireDesc& w) {
@@ -132,23 +144,56 @@ bool same_collective(const WireDesc& a, const WireDesc& b) {
 
 constexpr int kTagModulus = 32767;  // MPI guarantees tags up to at least 32767
 
+// One CommQueue's transport. Touched only by its stream's thread (and by
+// the destructor once the stream is stopped).
+struct QueueTransport {
+  CommQueue queue = CommQueue::kReduce;
+  MPI_Comm data = MPI_COMM_NULL;
+  MPI_Comm control = MPI_COMM_NULL;
+  bool poisoned = false;
+  Status poison_status;
+  WireDesc my_desc{};
+  std::vector<WireDesc> peer_descs;
+  std::vector<float> scratch_in;
+  std::vector<float> scratch_out;
+  std::vector<uint64_t> scratch_wide;  // fp64/int64: every rank's input block
+  std::unique_ptr<detail::CommStream> stream;
+};
+
 class MpiCommunicator final : public Communicator {
  public:
-  MpiCommunicator(MPI_Comm data, MPI_Comm control, int rank, int world, CommOptions options)
-      : data_(data), control_(control), rank_(rank), world_(world), options_(options),
-        peer_descs_(static_cast<size_t>(world)) {}
+  MpiCommunicator(int rank, int world, CommOptions options) : rank_(rank), world_(world), options_(options) {}
 
   ~MpiCommunicator() override {
     Status s = synchronize();
     s.ignore();
-    stop_stream();
-    if (!poisoned_) {
-      MpiLock lock;
-      MPI_Comm_free(&data_);
-      MPI_Comm_free(&control_);
+    for (QueueTransport& t : queues_) t.stream.reset();
+    MpiLock lock;
+    for (QueueTransport& t : queues_) {
+      // A poisoned queue may have requests MPI cannot cancel; its
+      // communicators are left to MPI_Finalize rather than freed under them.
+      if (t.poisoned) continue;
+      if (t.data != MPI_COMM_NULL) MPI_Comm_free(&t.data);
+      if (t.control != MPI_COMM_NULL) MPI_Comm_free(&t.control);
     }
-    // A poisoned communicator may have requests MPI cannot cancel; its
-    // communicators are left to MPI_Finalize rather than freed under them.
+  }
+
+  // Duplicates MPI_COMM_WORLD twice per queue and starts the queues' streams.
+  Status start() {
+    for (int q = 0; q < kCommQueueCount; ++q) {
+      QueueTransport& t = queues_[static_cast<size_t>(q)];
+      t.queue = static_cast<CommQueue>(q);
+      t.peer_descs.resize(static_cast<size_t>(world_));
+      {
+        MpiLock lock;
+        STRATA_RETURN_IF_ERROR(mpi_status(MPI_Comm_dup(MPI_COMM_WORLD, &t.data), "MPI_Comm_dup"));
+        STRATA_RETURN_IF_ERROR(mpi_status(MPI_Comm_dup(MPI_COMM_WORLD, &t.control), "MPI_Comm_dup"));
+        MPI_Comm_set_errhandler(t.data, MPI_ERRORS_RETURN);
+        MPI_Comm_set_errhandler(t.control, MPI_ERRORS_RETURN);
+      }
+      t.stream = std::make_unique<detail::CommStream>(fmt::format("comm-m{}-{}", rank_, queue_name(t.queue)));
+    }
+    return Status::Ok();
   }
 
   Backend backend() const override { return Backend::kMpi; }
@@ -160,49 +205,42 @@ class MpiCommunicator final : public Communicator {
   Status download(void* dst, const void* src, size_t bytes) override { return host_copy(dst, src, bytes); }
 
  protected:
-  Result<CommWork> submit_task(std::function<Status()> task) override {
-    if (stream_ == nullptr) return FailedPrecondition("mpi communicator is shutting down");
-    return stream_->enqueue(issued(), std::move(task));
+  Status submit_gate(CommQueue queue, const Completion* completion, Event* event) override {
+    QueueTransport& t = queues_[static_cast<size_t>(queue_index(queue))];
+    if (t.stream == nullptr) return FailedPrecondition("mpi communicator is shutting down");
+    t.stream->enqueue_gate(detail::host_gate(queue, completion, event));
+    return Status::Ok();
   }
-  Result<CommWork> submit(const CollectiveDesc& desc, uint64_t sequence) override {
-    if (stream_ == nullptr) return FailedPrecondition("mpi communicator is shutting down");
-    return stream_->enqueue(sequence, [this, desc, sequence] { return execute(desc, sequence); });
+  Result<CommWork> submit(const CollectiveDesc& desc, CommQueue queue, uint64_t sequence) override {
+    QueueTransport& t = queues_[static_cast<size_t>(queue_index(queue))];
+    if (t.stream == nullptr) return FailedPrecondition("mpi communicator is shutting down");
+    return t.stream->enqueue(sequence, queue, where(t, desc, sequence), [this, &t, desc, sequence](const Status& gate) {
+      return Completion::ready(execute(t, desc, sequence, gate));
+    });
   }
 
  private:
-  void stop_stream() { stream_.reset(); }
-  Status execute(const CollectiveDesc& d, uint64_t sequence);
-  Status handshake(const CollectiveDesc& d, uint64_t sequence, Clock::time_point deadline);
-  Status run_collective(const CollectiveDesc& d, uint64_t sequence, Clock::time_point deadline);
+  Status execute(QueueTransport& t, const CollectiveDesc& d, uint64_t sequence, const Status& gate);
+  Status handshake(QueueTransport& t, const CollectiveDesc& d, uint64_t sequence, const Status& gate,
+                   Clock::time_point deadline);
+  Status run_collective(QueueTransport& t, const CollectiveDesc& d, uint64_t sequence, Clock::time_point deadline);
   // Polls `requests` until all complete (true) or the deadline passes
   // (false); an MPI error ends the poll with *error_code set.
   bool poll_all(std::vector<MPI_Request>& requests, Clock::time_point deadline, int* error_code);
-  Status poison(Status status) {
-    poisoned_ = true;
-    poison_status_ = status;
+  static Status poison(QueueTransport& t, Status status) {
+    t.poisoned = true;
+    t.poison_status = status;
     return status;
   }
-  std::string where(const CollectiveDesc& d, uint64_t sequence) const {
-    return fmt::format("{} #{} ({} B) on mpi rank {} of {}", op_name(d.op), sequence, recv_bytes(d, world_), rank_,
-                       world_);
+  std::string where(const QueueTransport& t, const CollectiveDesc& d, uint64_t sequence) const {
+    return fmt::format("{} #{} ({} B) on mpi rank {} of {} (queue {})", op_name(d.op), sequence,
+                       recv_bytes(d, world_), rank_, world_, queue_name(t.queue));
   }
 
-  MPI_Comm data_;
-  MPI_Comm control_;
   const int rank_;
   const int world_;
   const CommOptions options_;
-  // Touched only by the stream's thread.
-  bool poisoned_ = false;
-  Status poison_status_;
-  WireDesc my_desc_{};
-  std::vector<WireDesc> peer_descs_;
-  std::vector<float> scratch_in_;
-  std::vector<float> scratch_out_;
-  std::unique_ptr<detail::CommStream> stream_ = nullptr;
-
- public:
-  void start_stream() { stream_ = std::make_unique<detail::CommStream>(fmt::format("comm-mpi-{}", rank_)); }
+  std::array<QueueTransport, kCommQueueCount> queues_;
 };
 
 bool MpiCommunicator::poll_all(std::vector<MPI_Request>& requests, Clock::time_point deadline, int* error_code) {
@@ -231,9 +269,18 @@ bool MpiCommunicator::poll_all(std::vector<MPI_Request>& requests, Clock::time_p
   }
 }
 
-Status MpiCommunicator::handshake(const CollectiveDesc& d, uint64_t sequence, Clock::time_point deadline) {
-  my_desc_ = WireDesc{sequence, static_cast<uint64_t>(d.op), static_cast<uint64_t>(d.dtype),
-                      static_cast<uint64_t>(d.reduce), static_cast<uint64_t>(d.root), d.count};
+Status MpiCommunicator::handshake(QueueTransport& t, const CollectiveDesc& d, uint64_t sequence, const Status& gate,
+                                  Clock::time_point deadline) {
+  t.my_desc = WireDesc{sequence,
+                       static_cast<uint64_t>(d.op),
+                       static_cast<uint64_t>(d.dtype),
+                       static_cast<uint64_t>(d.reduce),
+                       static_cast<uint64_t>(d.root),
+                       d.count,
+                       gate.ok() ? 0u : 1u};
+  const MPI_Comm control = t.control;
+  const WireDesc& my_desc = t.my_desc;
+  std::vector<WireDesc>& peer_descs = t.peer_descs;
   const int tag = static_cast<int>(sequence % kTagModulus);
   const int words = sizeof(WireDesc) / sizeof(uint64_t);
   std::vector<MPI_Request> recvs;
@@ -245,33 +292,44 @@ Status MpiCommunicator::handshake(const CollectiveDesc& d, uint64_t sequence, Cl
       if (p == rank_) continue;
       MPI_Request r;
       STRATA_RETURN_IF_ERROR(mpi_status(
-          MPI_Irecv(&peer_descs_[static_cast<size_t>(p)], words, MPI_UINT64_T, p, tag, control_, &r), "MPI_Irecv"));
+          MPI_Irecv(&peer_descs[static_cast<size_t>(p)], words, MPI_UINT64_T, p, tag, control, &r), "MPI_Irecv"));
       recvs.push_back(r);
       recv_peer.push_back(p);
-      STRATA_RETURN_IF_ERROR(mpi_status(MPI_Isend(&my_desc_, words, MPI_UINT64_T, p, tag, control_, &r), "MPI_Isend"));
+      STRATA_RETURN_IF_ERROR(mpi_status(MPI_Isend(&my_desc, words, MPI_UINT64_T, p, tag, control, &r), "MPI_Isend"));
       sends.push_back(r);
     }
   }
   int err = MPI_SUCCESS;
   if (poll_all(recvs, deadline, &err)) {
-    STRATA_RETURN_IF_ERROR(mpi_status(err, fmt::format("handshake of {}", where(d, sequence))));
+    STRATA_RETURN_IF_ERROR(mpi_status(err, fmt::format("handshake of {}", where(t, d, sequence))));
     if (!poll_all(sends, deadline, &err)) {
-      return poison(DeadlineExceeded(fmt::format("comm watchdog: {}: handshake sends did not complete within {} ms",
-                                                 where(d, sequence), options_.timeout.count())));
+      return poison(t, DeadlineExceeded(fmt::format("comm watchdog: {}: handshake sends did not complete within {} ms",
+                                                    where(t, d, sequence), options_.timeout.count())));
     }
     for (int p = 0; p < world_; ++p) {
       if (p == rank_) continue;
-      const WireDesc& other = peer_descs_[static_cast<size_t>(p)];
-      if (!same_collective(my_desc_, other)) {
-        return poison(FailedPrecondition(fmt::format(
-            "collective mismatch at #{} on mpi ({} ranks): rank {} issued {} but rank {} issued {} (its #{}). "
-            "Every rank must issue the same collectives, with the same dtype, count, root and reduction, in the "
-            "same order (a classic ZeRO-3 hang: a parameter gathered on some ranks only); the communicator is "
-            "unusable now",
-            sequence, world_, rank_, describe(d, world_), p, describe(from_wire(other), world_), other.sequence)));
+      const WireDesc& other = peer_descs[static_cast<size_t>(p)];
+      if (!same_collective(my_desc, other)) {
+        return poison(t, FailedPrecondition(fmt::format(
+            "collective mismatch at #{} on mpi ({} ranks, queue {}): rank {} issued {} but rank {} issued {} (its "
+            "#{}). Every rank must issue the same collectives, with the same dtype, count, root and reduction, in "
+            "the same order on each queue (a classic ZeRO-3 hang: a parameter gathered on some ranks only); the "
+            "queue is unusable now",
+            sequence, world_, queue_name(t.queue), rank_, describe(d, world_), p, describe(from_wire(other), world_),
+            other.sequence)));
       }
     }
-    return Status::Ok();
+    // The gate tally: every rank saw the same flags, so all skip together.
+    std::vector<int> failed;
+    for (int p = 0; p < world_; ++p) {
+      const WireDesc& w = p == rank_ ? my_desc : peer_descs[static_cast<size_t>(p)];
+      if (w.gate_failed != 0) failed.push_back(p);
+    }
+    if (failed.empty()) return Status::Ok();
+    if (!gate.ok()) return gate.with_context(fmt::format("{} not run", where(t, d, sequence)));
+    return FailedPrecondition(fmt::format(
+        "{} not run: the gate of rank(s) {} failed, so every rank skipped it; rank {}'s log has the gate's error",
+        where(t, d, sequence), detail::format_rank_list(failed), failed.front()));
   }
   // Timed out: the peers whose descriptors are missing did not arrive.
   std::vector<int> missing;
@@ -292,117 +350,153 @@ Status MpiCommunicator::handshake(const CollectiveDesc& d, uint64_t sequence, Cl
       if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);  // tiny eager sends complete on their own
     }
   }
-  return poison(DeadlineExceeded(fmt::format(
+  return poison(t, DeadlineExceeded(fmt::format(
       "comm watchdog: {} did not complete within {} ms: ranks that did not arrive: {}{}. Hint: every rank must "
-      "issue the same collectives in the same order; if a rank is legitimately slow raise CommOptions::timeout or "
-      "STRATA_COMM_TIMEOUT_MS",
-      where(d, sequence), options_.timeout.count(), detail::format_rank_list(missing), details)));
+      "issue the same collectives in the same order on each queue; if a rank is legitimately slow (or waits on "
+      "a gate) raise CommOptions::timeout or STRATA_COMM_TIMEOUT_MS",
+      where(t, d, sequence), options_.timeout.count(), detail::format_rank_list(missing), details)));
 }
 
-Status MpiCommunicator::execute(const CollectiveDesc& d, uint64_t sequence) {
-  if (poisoned_) {
-    return FailedPrecondition(fmt::format("{}: communicator unusable after an earlier failure: {}", where(d, sequence),
-                                          poison_status_.message()));
+Status MpiCommunicator::execute(QueueTransport& t, const CollectiveDesc& d, uint64_t sequence, const Status& gate) {
+  if (t.poisoned) {
+    return FailedPrecondition(fmt::format("{}: queue unusable after an earlier failure: {}", where(t, d, sequence),
+                                          t.poison_status.message()));
   }
   const Clock::time_point deadline = Clock::now() + options_.timeout;
-  if (options_.debug_checks && world_ > 1) STRATA_RETURN_IF_ERROR(handshake(d, sequence, deadline));
-  Status s = run_collective(d, sequence, deadline);
-  if (!s.ok() && !poisoned_) poison(s).ignore();
+  if (options_.debug_checks && world_ > 1) {
+    STRATA_RETURN_IF_ERROR(handshake(t, d, sequence, gate, deadline));
+  } else if (!gate.ok()) {
+    if (world_ == 1) return gate.with_context(fmt::format("{} not run", where(t, d, sequence)));
+    // No handshake to tell the peers: skip, poison, and let their watchdog
+    // end the collective (Note [Comm gates]).
+    return poison(t, gate.with_context(fmt::format(
+                         "{} not run (debug checks off: the peers cannot be told and will end at their watchdog; "
+                         "set STRATA_COMM_DEBUG=1 to have them skip it too)",
+                         where(t, d, sequence))));
+  }
+  Status s = run_collective(t, d, sequence, deadline);
+  if (!s.ok() && !t.poisoned) poison(t, s).ignore();
   return s;
 }
 
-Status MpiCommunicator::run_collective(const CollectiveDesc& d, uint64_t sequence, Clock::time_point deadline) {
+Status MpiCommunicator::run_collective(QueueTransport& t, const CollectiveDesc& d, uint64_t sequence,
+                                       Clock::time_point deadline) {
+  const MPI_Comm data = t.data;
   const size_t elt = dtype_size(d.dtype);
   if (d.op != CollectiveOp::kBarrier && d.count > static_cast<size_t>(INT_MAX)) {
     return Unsupported(fmt::format("{}: count {} exceeds MPI's int count limit {}; split the buffer",
-                                   where(d, sequence), d.count, INT_MAX));
+                                   where(t, d, sequence), d.count, INT_MAX));
   }
   const int count = static_cast<int>(d.count);
-  const bool is16 = d.dtype != DType::kF32;
-  const MPI_Datatype move_type = is16 ? MPI_UINT16_T : MPI_FLOAT;
+  const bool wide = elt == 8;                           // fp64 / int64: gathered, reduced here
+  const bool is16 = elt == 2;                           // bf16 / fp16: staged through fp32
+  const MPI_Datatype move_type = wide ? MPI_UINT64_T : (is16 ? MPI_UINT16_T : MPI_FLOAT);
   const MPI_Op mpi_op = d.reduce == ReduceOp::kMax ? MPI_MAX : MPI_SUM;
   MPI_Request req = MPI_REQUEST_NULL;
   int rc = MPI_SUCCESS;
-  // Post-processing after completion: avg division and 16-bit conversion.
-  float* reduced = nullptr;  // fp32 result to finish into d.recv
+  // Post-processing after completion: avg division and 16-bit conversion
+  // (fp32 result in `reduced`), or the rank-order reduction of the gathered
+  // 64-bit blocks in t.scratch_wide.
+  float* reduced = nullptr;
   size_t reduced_count = 0;
-  {
-    switch (d.op) {
-      case CollectiveOp::kBarrier: {
+  bool reduce_gathered = false;
+  switch (d.op) {
+    case CollectiveOp::kBarrier: {
+      MpiLock lock;
+      rc = MPI_Ibarrier(data, &req);
+      break;
+    }
+    case CollectiveOp::kAllGather: {
+      const void* send = d.send == static_cast<char*>(d.recv) + static_cast<size_t>(rank_) * d.count * elt
+                             ? MPI_IN_PLACE
+                             : d.send;
+      if (d.count == 0) break;
+      MpiLock lock;
+      rc = MPI_Iallgather(send, count, move_type, d.recv, count, move_type, data, &req);
+      break;
+    }
+    case CollectiveOp::kBroadcast: {
+      if (d.count == 0) break;
+      if (rank_ == d.root && d.send != d.recv) std::memcpy(d.recv, d.send, d.count * elt);
+      MpiLock lock;
+      rc = MPI_Ibcast(d.recv, count, move_type, d.root, data, &req);
+      break;
+    }
+    case CollectiveOp::kReduceScatter: {
+      if (d.count == 0) break;
+      if (wide) {
+        // Block r of every rank's send lands at t.scratch_wide[p * count].
+        t.scratch_wide.resize(d.count * static_cast<size_t>(world_));
+        reduce_gathered = true;
         MpiLock lock;
-        rc = MPI_Ibarrier(data_, &req);
+        rc = MPI_Ialltoall(d.send, count, MPI_UINT64_T, t.scratch_wide.data(), count, MPI_UINT64_T, data, &req);
         break;
       }
-      case CollectiveOp::kAllGather: {
-        const void* send = d.send == static_cast<char*>(d.recv) + static_cast<size_t>(rank_) * d.count * elt
-                               ? MPI_IN_PLACE
-                               : d.send;
-        if (d.count == 0) break;
+      const size_t total = d.count * static_cast<size_t>(world_);
+      const float* in = static_cast<const float*>(d.send);
+      if (is16) {
+        t.scratch_in.resize(total);
+        detail::to_fp32(d.dtype, d.send, t.scratch_in.data(), total);
+        in = t.scratch_in.data();
+      }
+      const bool in_place = static_cast<const char*>(d.send) + static_cast<size_t>(rank_) * d.count * elt ==
+                            static_cast<const char*>(d.recv);
+      float* out = static_cast<float*>(d.recv);
+      if (is16 || in_place) {
+        t.scratch_out.resize(d.count);
+        out = t.scratch_out.data();
+      }
+      reduced = out;
+      reduced_count = d.count;
+      MpiLock lock;
+      rc = MPI_Ireduce_scatter_block(in, out, count, MPI_FLOAT, mpi_op, data, &req);
+      break;
+    }
+    case CollectiveOp::kAllReduce: {
+      if (d.count == 0) break;
+      if (wide) {
+        t.scratch_wide.resize(d.count * static_cast<size_t>(world_));
+        reduce_gathered = true;
         MpiLock lock;
-        rc = MPI_Iallgather(send, count, move_type, d.recv, count, move_type, data_, &req);
+        rc = MPI_Iallgather(d.send, count, MPI_UINT64_T, t.scratch_wide.data(), count, MPI_UINT64_T, data, &req);
         break;
       }
-      case CollectiveOp::kBroadcast: {
-        if (d.count == 0) break;
-        if (rank_ == d.root && d.send != d.recv) std::memcpy(d.recv, d.send, d.count * elt);
-        MpiLock lock;
-        rc = MPI_Ibcast(d.recv, count, move_type, d.root, data_, &req);
-        break;
+      float* out = static_cast<float*>(d.recv);
+      const void* in = d.send == d.recv ? MPI_IN_PLACE : d.send;
+      if (is16) {
+        t.scratch_out.resize(d.count);
+        detail::to_fp32(d.dtype, d.send, t.scratch_out.data(), d.count);
+        out = t.scratch_out.data();
+        in = MPI_IN_PLACE;
       }
-      case CollectiveOp::kReduceScatter: {
-        if (d.count == 0) break;
-        const size_t total = d.count * static_cast<size_t>(world_);
-        const float* in = static_cast<const float*>(d.send);
-        if (is16) {
-          scratch_in_.resize(total);
-          detail::to_fp32(d.dtype, d.send, scratch_in_.data(), total);
-          in = scratch_in_.data();
-        }
-        const bool in_place = static_cast<const char*>(d.send) + static_cast<size_t>(rank_) * d.count * elt ==
-                              static_cast<const char*>(d.recv);
-        float* out = static_cast<float*>(d.recv);
-        if (is16 || in_place) {
-          scratch_out_.resize(d.count);
-          out = scratch_out_.data();
-        }
-        reduced = out;
-        reduced_count = d.count;
-        MpiLock lock;
-        rc = MPI_Ireduce_scatter_block(in, out, count, MPI_FLOAT, mpi_op, data_, &req);
-        break;
-      }
-      case CollectiveOp::kAllReduce: {
-        if (d.count == 0) break;
-        float* out = static_cast<float*>(d.recv);
-        const void* in = d.send == d.recv ? MPI_IN_PLACE : d.send;
-        if (is16) {
-          scratch_out_.resize(d.count);
-          detail::to_fp32(d.dtype, d.send, scratch_out_.data(), d.count);
-          out = scratch_out_.data();
-          in = MPI_IN_PLACE;
-        }
-        reduced = out;
-        reduced_count = d.count;
-        MpiLock lock;
-        rc = MPI_Iallreduce(in, out, count, MPI_FLOAT, mpi_op, data_, &req);
-        break;
-      }
+      reduced = out;
+      reduced_count = d.count;
+      MpiLock lock;
+      rc = MPI_Iallreduce(in, out, count, MPI_FLOAT, mpi_op, data, &req);
+      break;
     }
   }
-  STRATA_RETURN_IF_ERROR(mpi_status(rc, where(d, sequence)));
+  STRATA_RETURN_IF_ERROR(mpi_status(rc, where(t, d, sequence)));
   if (req != MPI_REQUEST_NULL) {
     std::vector<MPI_Request> reqs{req};
     int err = MPI_SUCCESS;
     if (!poll_all(reqs, deadline, &err)) {
-      return poison(DeadlineExceeded(fmt::format(
+      return poison(t, DeadlineExceeded(fmt::format(
           "comm watchdog: {} did not complete within {} ms although {}; a rank may have died or stalled inside "
           "MPI. Hint: check the other ranks' logs; raise CommOptions::timeout or STRATA_COMM_TIMEOUT_MS if they "
           "are merely slow",
-          where(d, sequence), options_.timeout.count(),
+          where(t, d, sequence), options_.timeout.count(),
           options_.debug_checks ? "every rank arrived (handshake complete)"
                                 : "arrival is unknown (debug checks off: STRATA_COMM_DEBUG=0)")));
     }
-    STRATA_RETURN_IF_ERROR(mpi_status(err, where(d, sequence)));
+    STRATA_RETURN_IF_ERROR(mpi_status(err, where(t, d, sequence)));
+  }
+  if (reduce_gathered) {
+    std::vector<const void*> inputs(static_cast<size_t>(world_));
+    for (int p = 0; p < world_; ++p) {
+      inputs[static_cast<size_t>(p)] = t.scratch_wide.data() + static_cast<size_t>(p) * d.count;
+    }
+    detail::reduce_elements(d.dtype, d.reduce, inputs.data(), world_, d.count, d.recv, world_);
   }
   if (reduced != nullptr) {
     if (d.reduce == ReduceOp::kAvg) {
@@ -442,19 +536,15 @@ std::string mpi_library_version() {
 Result<std::unique_ptr<Communicator>> create_mpi_communicator(CommOptions options) {
   MpiRuntime& rt = runtime();
   STRATA_RETURN_IF_ERROR(rt.status);
-  MpiLock lock;
-  MPI_Comm data = MPI_COMM_NULL;
-  MPI_Comm control = MPI_COMM_NULL;
-  STRATA_RETURN_IF_ERROR(mpi_status(MPI_Comm_dup(MPI_COMM_WORLD, &data), "MPI_Comm_dup"));
-  STRATA_RETURN_IF_ERROR(mpi_status(MPI_Comm_dup(MPI_COMM_WORLD, &control), "MPI_Comm_dup"));
-  MPI_Comm_set_errhandler(data, MPI_ERRORS_RETURN);
-  MPI_Comm_set_errhandler(control, MPI_ERRORS_RETURN);
   int rank = 0;
   int world = 1;
-  MPI_Comm_rank(data, &rank);
-  MPI_Comm_size(data, &world);
-  auto comm = std::make_unique<MpiCommunicator>(data, control, rank, world, options);
-  comm->start_stream();
+  {
+    MpiLock lock;
+    STRATA_RETURN_IF_ERROR(mpi_status(MPI_Comm_rank(MPI_COMM_WORLD, &rank), "MPI_Comm_rank"));
+    STRATA_RETURN_IF_ERROR(mpi_status(MPI_Comm_size(MPI_COMM_WORLD, &world), "MPI_Comm_size"));
+  }
+  auto comm = std::make_unique<MpiCommunicator>(rank, world, options);
+  STRATA_RETURN_IF_ERROR(comm->start());
   return std::unique_ptr<Communicator>(std::move(comm));
 }
 

@@ -1,15 +1,26 @@
 // The `nccl` backend: GPU collectives on device buffers.
 //
 // Note [NCCL on the comm stream]
-// Each communicator owns a CUDA stream and an event. The CommStream worker
-// launches the NCCL call on that stream, records the event and polls it
-// (cudaEventQuery, ncclCommGetAsyncError) until it completes or the watchdog
-// deadline passes; then the communicator is aborted (ncclCommAbort) and
-// poisoned. NCCL cannot say which ranks did not arrive, so the message says
-// so. The unique id is bootstrapped over MPI when launched by mpirun, through
-// a file for single-host launches (rank 0 writes it atomically, others wait
-// for it), and locally for world size 1. 16-bit reductions are NCCL's own
-// (reduced in the element type); avg is ncclAvg.
+// Each CommQueue has its own ncclComm (NCCL requires separate communicators
+// for collectives that may run concurrently) and its own Stream from the
+// cuda Device (its cudaStream_t via native_handle()); buffers come from the
+// same Device, so they are counted in its memory stats. The queue's
+// CommStream worker only launches: gates become device-side stream waits
+// (Stream::wait(Completion) / Stream::wait(Event), no host thread parked),
+// the collective is enqueued on the queue's stream, and its completion is
+// the stream's record_completion(): nobody spins on the host. One watchdog
+// thread per communicator wakes a few times per timeout and checks the
+// oldest collective of each queue against its deadline and
+// ncclCommGetAsyncError; on expiry or an asynchronous error it aborts that
+// queue's ncclComm (ncclCommAbort), fails every collective in flight on it,
+// and poisons the queue. NCCL cannot say which ranks did not arrive, so the
+// message says so. A gate that fails cannot be voted without an extra
+// collective: this rank still takes part (its peers do not hang) and its
+// collectives on that queue fail with the gate's Status (docs/comm.md).
+// The unique ids (one per queue) are bootstrapped over MPI when launched by
+// mpirun, through a file for single-host launches (rank 0 writes it
+// atomically, others wait for it), and locally for world size 1. 16-bit
+// reductions are NCCL's own (reduced in the element type); avg is ncclAvg.
 #include <cuda_runtime.h>
 #include <nccl.h>
 #include <unistd.h>
@@ -18,13 +29,19 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <array>
+#include <atomic>
+#include <condition_variable>
+#include <deque>
 #include <fstream>
+#include <mutex>
 #include <thread>
 
 #include <fmt/format.h>
 
 #include "../comm_stream.h"
 #include "strata/comm/backends.h"
+#include "strata/core/device_registry.h"
 #include "strata/core/units.h"
 #if defined(STRATA_HAVE_MPI)
 #include "../mpi/mpi_bootstrap.h"
@@ -52,6 +69,8 @@ ncclDataType_t nccl_type(DType t) {
     case DType::kF32: return ncclFloat32;
     case DType::kF16: return ncclFloat16;
     case DType::kBF16: return ncclBfloat16;
+    case DType::kF64: return ncclFloat64;
+    case DType::kI64: return ncclInt64;
   }
   return ncclFloat32;
 }
@@ -65,143 +84,252 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   return ncclSum;
 }
 
+// One collective in flight: completed exactly once, by its stream's
+// completion or by the watchdog, whichever comes first.
+struct InFlight {
+  explicit InFlight(std::string label, Clock::time_point deadline_at)
+      : source(std::move(label)), deadline(deadline_at) {}
+  void complete_once(Status s) {
+    if (!completed.exchange(true)) source.complete(std::move(s));
+  }
+  std::atomic<bool> completed{false};
+  CompletionSource source;
+  const Clock::time_point deadline;
+};
+
+struct NcclQueue {
+  CommQueue queue = CommQueue::kReduce;
+  ncclComm_t comm = nullptr;
+  std::unique_ptr<Stream> stream;
+  DeviceBuffer barrier_word;
+  std::unique_ptr<detail::CommStream> worker;
+  std::mutex mutex;  // comm, in_flight, poison (worker launches vs watchdog aborts)
+  std::deque<std::shared_ptr<InFlight>> in_flight;
+  bool poisoned = false;
+  Status poison_status;
+};
+
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(ncclComm_t comm, cudaStream_t stream, cudaEvent_t event, float* barrier_word, int device, int rank,
-                   int world, CommOptions options)
-      : comm_(comm), cuda_stream_(stream), event_(event), barrier_word_(barrier_word), device_(device), rank_(rank),
-        world_(world), options_(options) {
-    stream_ = std::make_unique<detail::CommStream>(fmt::format("comm-nccl-{}", rank));
+  NcclCommunicator(std::unique_ptr<Device> owned, Device* device, int ordinal, int rank, int world,
+                   CommOptions options)
+      : owned_device_(std::move(owned)), device_(device), ordinal_(ordinal), rank_(rank), world_(world),
+        options_(options) {}
+
+  // Creates each queue's stream, barrier word and ncclComm, then the workers
+  // and the watchdog. `ids` holds one unique id per queue.
+  Status start(const ncclUniqueId* ids) {
+    for (int q = 0; q < kCommQueueCount; ++q) {
+      NcclQueue& nq = queues_[static_cast<size_t>(q)];
+      nq.queue = static_cast<CommQueue>(q);
+      STRATA_ASSIGN_OR_RETURN(nq.stream, device_->create_stream());
+      STRATA_ASSIGN_OR_RETURN(nq.barrier_word, device_->allocate(sizeof(float)));
+      STRATA_RETURN_IF_ERROR(device_->memset(nq.barrier_word.data(), 0, sizeof(float)));
+      STRATA_RETURN_IF_ERROR(cuda_status(cudaSetDevice(ordinal_), "cudaSetDevice"));
+      STRATA_RETURN_IF_ERROR(nccl_status(
+          ncclCommInitRank(&nq.comm, world_, ids[q], rank_),
+          fmt::format("ncclCommInitRank(rank {} of {}, cuda:{}, queue {})", rank_, world_, ordinal_,
+                      queue_name(nq.queue))));
+      nq.worker = std::make_unique<detail::CommStream>(fmt::format("comm-n{}-{}", rank_, queue_name(nq.queue)));
+    }
+    watchdog_ = std::thread([this] { watch(); });
+    return Status::Ok();
   }
+
   ~NcclCommunicator() override {
     Status s = synchronize();
     s.ignore();
-    stream_.reset();
-    cudaSetDevice(device_);
-    if (comm_ != nullptr) {
-      if (poisoned_) {
-        ncclCommAbort(comm_);
-      } else {
-        ncclCommDestroy(comm_);
-      }
+    for (NcclQueue& nq : queues_) nq.worker.reset();
+    {
+      std::lock_guard<std::mutex> lock(watchdog_mutex_);
+      stopping_ = true;
     }
-    cudaFree(barrier_word_);
-    cudaEventDestroy(event_);
-    cudaStreamDestroy(cuda_stream_);
+    watchdog_cv_.notify_all();
+    if (watchdog_.joinable()) watchdog_.join();
+    cudaSetDevice(ordinal_);
+    for (NcclQueue& nq : queues_) {
+      if (nq.comm != nullptr) {
+        if (nq.poisoned) {
+          ncclCommAbort(nq.comm);
+        } else {
+          ncclCommDestroy(nq.comm);
+        }
+      }
+      nq.barrier_word.reset();
+      nq.stream.reset();
+    }
   }
 
   Backend backend() const override { return Backend::kNccl; }
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
 
+  // Device memory from the Device (counted in its memory stats).
   Result<CommBuffer> allocate_buffer(size_t bytes) override {
     if (bytes == 0) return CommBuffer();
-    STRATA_RETURN_IF_ERROR(cuda_status(cudaSetDevice(device_), "cudaSetDevice"));
-    void* p = nullptr;
-    const cudaError_t e = cudaMalloc(&p, bytes);
-    if (e != cudaSuccess) {
-      return OutOfMemory(fmt::format("nccl comm buffer of {} on cuda:{}: {}", format_bytes(bytes, true), device_,
-                                     cudaGetErrorString(e)));
+    Result<DeviceBuffer> buffer = device_->allocate(bytes);
+    if (!buffer.ok()) {
+      return buffer.status().with_context(
+          fmt::format("nccl comm buffer of {} on cuda:{}", format_bytes(bytes, true), ordinal_));
     }
-    return CommBuffer(p, bytes, [](void* q) { cudaFree(q); });
+    auto owner = std::make_shared<DeviceBuffer>(std::move(buffer).value());
+    void* data = owner->data();
+    return CommBuffer(data, bytes, [owner](void*) { owner->reset(); });
   }
   Status upload(void* dst, const void* src, size_t bytes) override {
-    STRATA_RETURN_IF_ERROR(cuda_status(cudaSetDevice(device_), "cudaSetDevice"));
-    return cuda_status(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy host to device");
+    return device_->copy(dst, src, bytes, CopyKind::kHostToDevice);
   }
   Status download(void* dst, const void* src, size_t bytes) override {
-    STRATA_RETURN_IF_ERROR(cuda_status(cudaSetDevice(device_), "cudaSetDevice"));
-    return cuda_status(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy device to host");
+    return device_->copy(dst, src, bytes, CopyKind::kDeviceToHost);
   }
 
  protected:
-  Result<CommWork> submit_task(std::function<Status()> task) override {
-    return stream_->enqueue(issued(), std::move(task));
+  // Device-side: the queue's stream waits; the worker does not.
+  Status submit_gate(CommQueue queue, const Completion* completion, Event* event) override {
+    NcclQueue& nq = queues_[static_cast<size_t>(queue_index(queue))];
+    Stream* stream = nq.stream.get();
+    if (completion != nullptr) {
+      nq.worker->enqueue_gate([stream, gate = *completion] { return stream->wait(gate); });
+    } else {
+      nq.worker->enqueue_gate([stream, event] { return stream->wait(*event); });
+    }
+    return Status::Ok();
   }
-  Result<CommWork> submit(const CollectiveDesc& desc, uint64_t sequence) override {
-    return stream_->enqueue(sequence, [this, desc, sequence] { return execute(desc, sequence); });
+  Result<CommWork> submit(const CollectiveDesc& desc, CommQueue queue, uint64_t sequence) override {
+    NcclQueue& nq = queues_[static_cast<size_t>(queue_index(queue))];
+    return nq.worker->enqueue(sequence, queue, where(nq, desc, sequence),
+                              [this, &nq, desc, sequence](const Status& gate) {
+                                return execute(nq, desc, sequence, gate);
+                              });
   }
 
  private:
-  std::string where(const CollectiveDesc& d, uint64_t sequence) const {
-    return fmt::format("{} #{} ({} B) on nccl rank {} of {} (cuda:{})", op_name(d.op), sequence,
-                       recv_bytes(d, world_), rank_, world_, device_);
+  std::string where(const NcclQueue& nq, const CollectiveDesc& d, uint64_t sequence) const {
+    return fmt::format("{} #{} ({} B) on nccl rank {} of {} (cuda:{}, queue {})", op_name(d.op), sequence,
+                       recv_bytes(d, world_), rank_, world_, ordinal_, queue_name(nq.queue));
   }
-  Status poison(Status s) {
-    poisoned_ = true;
-    poison_status_ = s;
+  static Status poison_locked(NcclQueue& nq, Status s) {
+    if (!nq.poisoned) {
+      nq.poisoned = true;
+      nq.poison_status = s;
+    }
     return s;
   }
-  Status launch(const CollectiveDesc& d);
-  Status execute(const CollectiveDesc& d, uint64_t sequence);
+  Status launch(NcclQueue& nq, const CollectiveDesc& d);
+  Completion execute(NcclQueue& nq, const CollectiveDesc& d, uint64_t sequence, const Status& gate);
+  void watch();
 
-  ncclComm_t comm_;
-  cudaStream_t cuda_stream_;
-  cudaEvent_t event_;
-  float* barrier_word_;
-  const int device_;
+  std::unique_ptr<Device> owned_device_;  // first member: destroyed last
+  Device* device_;
+  const int ordinal_;
   const int rank_;
   const int world_;
   const CommOptions options_;
-  bool poisoned_ = false;
-  Status poison_status_;
-  std::unique_ptr<detail::CommStream> stream_;
+  std::array<NcclQueue, kCommQueueCount> queues_;
+  std::mutex watchdog_mutex_;
+  std::condition_variable watchdog_cv_;
+  bool stopping_ = false;
+  std::thread watchdog_;
 };
 
-Status NcclCommunicator::launch(const CollectiveDesc& d) {
+Status NcclCommunicator::launch(NcclQueue& nq, const CollectiveDesc& d) {
   const ncclDataType_t type = nccl_type(d.dtype);
+  auto cuda_stream = static_cast<cudaStream_t>(nq.stream->native_handle());
   switch (d.op) {
     case CollectiveOp::kAllGather:
-      return nccl_status(ncclAllGather(d.send, d.recv, d.count, type, comm_, cuda_stream_), "ncclAllGather");
+      return nccl_status(ncclAllGather(d.send, d.recv, d.count, type, nq.comm, cuda_stream), "ncclAllGather");
     case CollectiveOp::kReduceScatter:
-      return nccl_status(ncclReduceScatter(d.send, d.recv, d.count, type, nccl_op(d.reduce), comm_, cuda_stream_),
+      return nccl_status(ncclReduceScatter(d.send, d.recv, d.count, type, nccl_op(d.reduce), nq.comm, cuda_stream),
                          "ncclReduceScatter");
     case CollectiveOp::kAllReduce:
-      return nccl_status(ncclAllReduce(d.send, d.recv, d.count, type, nccl_op(d.reduce), comm_, cuda_stream_),
+      return nccl_status(ncclAllReduce(d.send, d.recv, d.count, type, nccl_op(d.reduce), nq.comm, cuda_stream),
                          "ncclAllReduce");
     case CollectiveOp::kBroadcast:
-      return nccl_status(ncclBroadcast(d.send, d.recv, d.count, type, d.root, comm_, cuda_stream_), "ncclBroadcast");
+      return nccl_status(ncclBroadcast(d.send, d.recv, d.count, type, d.root, nq.comm, cuda_stream),
+                         "ncclBroadcast");
     case CollectiveOp::kBarrier: {
       // NCCL has no barrier: an all_reduce of one element is one.
-      return nccl_status(ncclAllReduce(barrier_word_, barrier_word_, 1, ncclFloat32, ncclSum, comm_, cuda_stream_),
+      void* word = nq.barrier_word.data();
+      return nccl_status(ncclAllReduce(word, word, 1, ncclFloat32, ncclSum, nq.comm, cuda_stream),
                          "ncclAllReduce (barrier)");
     }
   }
   return Internal("unknown collective");
 }
 
-Status NcclCommunicator::execute(const CollectiveDesc& d, uint64_t sequence) {
-  if (poisoned_) {
-    return FailedPrecondition(fmt::format("{}: communicator unusable after an earlier failure: {}", where(d, sequence),
-                                          poison_status_.message()));
+Completion NcclCommunicator::execute(NcclQueue& nq, const CollectiveDesc& d, uint64_t sequence, const Status& gate) {
+  const std::string what = where(nq, d, sequence);
+  auto op = std::make_shared<InFlight>(what, Clock::now() + options_.timeout);
+  Completion done = op->source.completion();
+  Status refused;  // completed outside the lock: callbacks may call back into the communicator
+  {
+    std::lock_guard<std::mutex> lock(nq.mutex);
+    if (nq.poisoned) {
+      refused = FailedPrecondition(
+          fmt::format("{}: queue unusable after an earlier failure: {}", what, nq.poison_status.message()));
+    } else if (Status set = cuda_status(cudaSetDevice(ordinal_), "cudaSetDevice"); !set.ok()) {
+      refused = set.with_context(what);
+    } else if (d.op == CollectiveOp::kBarrier || d.count > 0) {
+      // Launched even behind a failed gate, so the peers do not hang.
+      Status launched = launch(nq, d);
+      if (!launched.ok()) refused = poison_locked(nq, launched.with_context(what));
+    }
+    if (refused.ok()) nq.in_flight.push_back(op);
   }
-  const Clock::time_point deadline = Clock::now() + options_.timeout;
-  STRATA_RETURN_IF_ERROR(cuda_status(cudaSetDevice(device_), "cudaSetDevice"));
-  if (d.op != CollectiveOp::kBarrier && d.count == 0) return Status::Ok();
-  Status launched = launch(d);
-  if (!launched.ok()) return poison(launched.with_context(where(d, sequence)));
-  Status recorded = cuda_status(cudaEventRecord(event_, cuda_stream_), "cudaEventRecord");
-  if (!recorded.ok()) return poison(recorded.with_context(where(d, sequence)));
-  for (uint64_t spin = 0;; ++spin) {
-    const cudaError_t q = cudaEventQuery(event_);
-    if (q == cudaSuccess) return Status::Ok();
-    if (q != cudaErrorNotReady) return poison(cuda_status(q, "cudaEventQuery").with_context(where(d, sequence)));
-    ncclResult_t async_error = ncclSuccess;
-    ncclCommGetAsyncError(comm_, &async_error);
-    if (async_error != ncclSuccess && async_error != ncclInProgress) {
-      return poison(nccl_status(async_error, "NCCL asynchronous error").with_context(where(d, sequence)));
+  if (!refused.ok()) {
+    op->complete_once(std::move(refused));
+    return done;
+  }
+  Status gate_failure = gate.ok() ? Status::Ok() : gate.with_context(fmt::format("{} ran behind a failed gate", what));
+  nq.stream->record_completion().then([op, gate_failure, what](const Status& s) {
+    if (!gate_failure.ok()) return op->complete_once(gate_failure);
+    op->complete_once(s.ok() ? s : s.with_context(what));
+  });
+  watchdog_cv_.notify_all();
+  return done;
+}
+
+void NcclCommunicator::watch() {
+  const auto period = options_.timeout.count() > 0
+                          ? std::clamp(options_.timeout / 8, std::chrono::milliseconds(1), std::chrono::milliseconds(200))
+                          : std::chrono::milliseconds(200);
+  std::unique_lock<std::mutex> wlock(watchdog_mutex_);
+  while (!stopping_) {
+    watchdog_cv_.wait_for(wlock, period);
+    if (stopping_) break;
+    wlock.unlock();
+    for (NcclQueue& nq : queues_) {
+      std::vector<std::shared_ptr<InFlight>> failed;
+      Status failure;
+      {
+        std::lock_guard<std::mutex> lock(nq.mutex);
+        while (!nq.in_flight.empty() && nq.in_flight.front()->completed.load()) nq.in_flight.pop_front();
+        if (nq.in_flight.empty() || nq.comm == nullptr) continue;
+        ncclResult_t async_error = ncclSuccess;
+        ncclCommGetAsyncError(nq.comm, &async_error);
+        const std::string oldest = std::string(nq.in_flight.front()->source.completion().label());
+        if (async_error != ncclSuccess && async_error != ncclInProgress) {
+          failure = nccl_status(async_error, "NCCL asynchronous error").with_context(oldest);
+        } else if (options_.timeout.count() > 0 && Clock::now() >= nq.in_flight.front()->deadline) {
+          failure = DeadlineExceeded(fmt::format(
+              "comm watchdog: {} did not complete within {} ms; the queue's NCCL communicator was aborted. Ranks "
+              "that did not arrive: unknown (NCCL does not report arrival; run the same schedule on the mpi "
+              "backend with STRATA_COMM_DEBUG=1 to find them). Hint: raise CommOptions::timeout or "
+              "STRATA_COMM_TIMEOUT_MS if a rank is merely slow (or waits on a gate)",
+              oldest, options_.timeout.count()));
+        } else {
+          continue;
+        }
+        cudaSetDevice(ordinal_);
+        ncclCommAbort(nq.comm);
+        nq.comm = nullptr;
+        poison_locked(nq, failure).ignore();
+        failed.assign(nq.in_flight.begin(), nq.in_flight.end());
+        nq.in_flight.clear();
+      }
+      for (auto& op : failed) op->complete_once(failure);  // outside the lock: callbacks run here
     }
-    if (options_.timeout.count() > 0 && (spin & 63) == 0 && Clock::now() >= deadline) {
-      ncclCommAbort(comm_);
-      comm_ = nullptr;
-      return poison(DeadlineExceeded(fmt::format(
-          "comm watchdog: {} did not complete within {} ms; the NCCL communicator was aborted. Ranks that did not "
-          "arrive: unknown (NCCL does not report arrival; run the same schedule on the mpi backend with "
-          "STRATA_COMM_DEBUG=1 to find them). Hint: raise CommOptions::timeout or STRATA_COMM_TIMEOUT_MS if a rank "
-          "is merely slow",
-          where(d, sequence), options_.timeout.count())));
-    }
-    if (spin > 1000) std::this_thread::sleep_for(std::chrono::microseconds(20));
+    wlock.lock();
   }
 }
 
@@ -215,15 +343,16 @@ int env_int(const char* name, int fallback) {
 
 // Rank 0 writes the id to `path` atomically (write tmp, rename); the others
 // wait for the file until the deadline.
-Status exchange_id_through_file(ncclUniqueId* id, int rank, const std::string& path,
+Status exchange_id_through_file(ncclUniqueId* ids, size_t count, int rank, const std::string& path,
                                 std::chrono::milliseconds timeout) {
+  const size_t bytes = count * sizeof(ncclUniqueId);
   if (rank == 0) {
     const std::string tmp = fmt::format("{}.tmp.{}", path, getpid());
     FILE* f = std::fopen(tmp.c_str(), "wb");
     if (f == nullptr) return ErrnoStatus(errno, fmt::format("writing the NCCL id file {}", tmp));
-    const size_t written = std::fwrite(id, 1, sizeof(*id), f);
+    const size_t written = std::fwrite(ids, 1, bytes, f);
     const bool closed = std::fclose(f) == 0;
-    if (written != sizeof(*id) || !closed) return IoError(fmt::format("short write of the NCCL id file {}", tmp));
+    if (written != bytes || !closed) return IoError(fmt::format("short write of the NCCL id file {}", tmp));
     if (std::rename(tmp.c_str(), path.c_str()) != 0) {
       return ErrnoStatus(errno, fmt::format("renaming {} to the NCCL id file {}", tmp, path));
     }
@@ -233,8 +362,8 @@ Status exchange_id_through_file(ncclUniqueId* id, int rank, const std::string& p
   for (;;) {
     std::ifstream in(path, std::ios::binary);
     if (in) {
-      in.read(reinterpret_cast<char*>(id), sizeof(*id));
-      if (in.gcount() == static_cast<std::streamsize>(sizeof(*id))) return Status::Ok();
+      in.read(reinterpret_cast<char*>(ids), static_cast<std::streamsize>(bytes));
+      if (in.gcount() == static_cast<std::streamsize>(bytes)) return Status::Ok();
     }
     if (Clock::now() >= deadline) {
       return DeadlineExceeded(fmt::format(
@@ -292,13 +421,32 @@ Result<std::unique_ptr<Communicator>> create_nccl_communicator(NcclOptions optio
   }
   STRATA_RETURN_IF_ERROR(cuda_status(cudaSetDevice(device), "cudaSetDevice"));
 
-  ncclUniqueId id;
-  std::memset(&id, 0, sizeof(id));
-  if (rank == 0) STRATA_RETURN_IF_ERROR(nccl_status(ncclGetUniqueId(&id), "ncclGetUniqueId"));
+  // The Device the queues' streams and buffers come from.
+  std::unique_ptr<Device> owned;
+  Device* dev = options.cuda_device;
+  if (dev == nullptr) {
+    DeviceOptions dopts;
+    dopts.ordinal = device;
+    Result<std::unique_ptr<Device>> made = make_device("cuda", dopts);
+    if (!made.ok()) return made.status().with_context(fmt::format("nccl communicator on cuda:{}", device));
+    owned = std::move(made).value();
+    dev = owned.get();
+  } else if (dev->caps().backend != "cuda" || dev->caps().ordinal != device) {
+    return InvalidArgument(fmt::format(
+        "nccl communicator: NcclOptions::cuda_device is {} {} but the communicator runs on cuda:{}; pass the cuda "
+        "Device of that GPU (or none)",
+        dev->caps().backend, dev->caps().ordinal, device));
+  }
+
+  std::array<ncclUniqueId, kCommQueueCount> ids;
+  std::memset(ids.data(), 0, sizeof(ids));
+  if (rank == 0) {
+    for (ncclUniqueId& id : ids) STRATA_RETURN_IF_ERROR(nccl_status(ncclGetUniqueId(&id), "ncclGetUniqueId"));
+  }
   if (world > 1) {
     if (via_mpi) {
 #if defined(STRATA_HAVE_MPI)
-      STRATA_RETURN_IF_ERROR(detail::mpi_broadcast_bytes(&id, sizeof(id), 0));
+      STRATA_RETURN_IF_ERROR(detail::mpi_broadcast_bytes(ids.data(), sizeof(ids), 0));
 #endif
     } else {
       std::string path = options.id_file;
@@ -310,28 +458,12 @@ Result<std::unique_ptr<Communicator>> create_nccl_communicator(NcclOptions optio
             "nccl communicator: world size {} needs a unique-id bootstrap: launch under mpirun or set "
             "STRATA_NCCL_ID_FILE (NcclOptions::id_file) to a fresh path every rank can read", world));
       }
-      STRATA_RETURN_IF_ERROR(exchange_id_through_file(&id, rank, path, options.common.timeout));
+      STRATA_RETURN_IF_ERROR(exchange_id_through_file(ids.data(), ids.size(), rank, path, options.common.timeout));
     }
   }
-  ncclComm_t comm = nullptr;
-  STRATA_RETURN_IF_ERROR(nccl_status(ncclCommInitRank(&comm, world, id, rank),
-                                     fmt::format("ncclCommInitRank(rank {} of {}, cuda:{})", rank, world, device)));
-  cudaStream_t stream = nullptr;
-  cudaEvent_t event = nullptr;
-  float* word = nullptr;
-  Status s = cuda_status(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-  if (s.ok()) s = cuda_status(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
-  if (s.ok()) s = cuda_status(cudaMalloc(reinterpret_cast<void**>(&word), sizeof(float)), "cudaMalloc");
-  if (s.ok()) s = cuda_status(cudaMemset(word, 0, sizeof(float)), "cudaMemset");
-  if (!s.ok()) {
-    if (word != nullptr) cudaFree(word);
-    if (event != nullptr) cudaEventDestroy(event);
-    if (stream != nullptr) cudaStreamDestroy(stream);
-    ncclCommDestroy(comm);
-    return s;
-  }
-  return std::unique_ptr<Communicator>(
-      std::make_unique<NcclCommunicator>(comm, stream, event, word, device, rank, world, options.common));
+  auto comm = std::make_unique<NcclCommunicator>(std::move(owned), dev, device, rank, world, options.common);
+  STRATA_RETURN_IF_ERROR(comm->start(ids.data()));
+  return std::unique_ptr<Communicator>(std::move(comm));
 }
 
 }  // namespace strata::comm

@@ -37,6 +37,11 @@ struct NcclOptions {
   // file on a shared file system (rank 0 writes it; others wait for it).
   // Environment: STRATA_NCCL_ID_FILE.
   std::string id_file;
+  // The cuda Device (of GPU `device`) the communicator's streams and comm
+  // buffers come from, so they are counted in its memory stats and its
+  // streams can gate and be gated by the engine's; must outlive the
+  // communicator. Null: the communicator makes its own.
+  Device* cuda_device = nullptr;
 };
 Result<std::unique_ptr<Communicator>> create_nccl_communicator(NcclOptions options = {});
 bool nccl_compiled();

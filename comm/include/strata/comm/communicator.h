@@ -11,10 +11,27 @@
 //   barrier         returns when every rank has reached it.
 //
 // Every call is asynchronous: it validates its arguments, queues the
-// collective on the communicator's own ordered stream and returns a CommWork,
-// an event that completes when the collective has (see Note [Comm stream] in
-// docs/comm.md). Buffers must stay valid and unmodified until then. Ops run in
-// issue order, so ranks must issue the same collectives in the same order.
+// collective on one of the communicator's ordered queues (CommQueue, default
+// kReduce; see strata/comm/queue.h) and returns a CommWork whose Completion
+// completes when the collective has (Note [Comm stream] in docs/comm.md).
+// Buffers must stay valid and unmodified until then. Ops on one queue run in
+// issue order, so ranks must issue the same collectives in the same order on
+// each queue; the queues are independent of each other.
+//
+// Dependencies: wait(completion, queue) gates the later collectives of a
+// queue on a Completion (an NVMe read, a device stream's
+// record_completion(), another queue's work) without parking a thread per
+// dependency; stream.wait(work.completion()) gates a device stream on a
+// collective. A failed gate fails the gated collectives with its Status on
+// every rank (Note [Comm gates] in docs/comm.md).
+//
+// Threads (Note [Comm threads] in docs/comm.md): every public method is
+// thread-safe. Calls on different queues may run concurrently from different
+// threads (e.g. the prefetcher gathers while the backward thread reduces);
+// calls on one queue are serialized, and their order is the queue's order, so
+// concurrent issuers of one queue must agree on an order themselves (in
+// practice: one issuing thread per queue). Destruction must not race with
+// any call.
 //
 // In place: all_gather when send == recv + rank * send_count; reduce_scatter
 // when recv == send + rank * recv_count; all_reduce and broadcast when
@@ -29,6 +46,10 @@
 // Reductions (sum, avg, max) of bf16 and fp16 accumulate in fp32 and round
 // once (RNE) at the end on local and mpi; nccl reduces in the element type
 // (NCCL's own rule). avg is the fp32 sum divided by the world size.
+// fp64 and int64 (global gradient norms, overflow votes, token counts):
+// sum and max, and avg for fp64; local and mpi sum exactly in rank order
+// 0..n-1, so every rank gets the same bits as a sequential loop over ranks;
+// int64 sums wrap modulo 2^64; avg of int64 is rejected (sum, then divide).
 //
 // Buffers are host memory for local and mpi and device memory for nccl;
 // allocate_buffer()/upload()/download() give backend-neutral buffers.
@@ -36,11 +57,14 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <array>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 
+#include "strata/comm/queue.h"
 #include "strata/comm/work.h"
 #include "strata/core/device.h"
 #include "strata/core/dtype.h"
@@ -81,10 +105,11 @@ struct CommOptions {
 Result<CommOptions> apply_comm_environment(CommOptions options);
 
 // A buffer the backend's collectives can use (host memory for local and mpi,
-// device memory for nccl). Move-only; frees itself.
+// device memory from the communicator's Device for nccl). Move-only; frees
+// itself.
 class CommBuffer {
  public:
-  using Deleter = void (*)(void* data);
+  using Deleter = std::function<void(void* data)>;
   CommBuffer() = default;
   CommBuffer(void* data, size_t bytes, Deleter deleter) : data_(data), bytes_(bytes), deleter_(deleter) {}
   CommBuffer(CommBuffer&& other) noexcept { swap(other); }
@@ -129,47 +154,67 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
 
-  Result<CommWork> all_gather(const void* send, void* recv, size_t send_count, DType dtype);
+  Result<CommWork> all_gather(const void* send, void* recv, size_t send_count, DType dtype,
+                              CommQueue queue = CommQueue::kReduce);
   Result<CommWork> reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype,
-                                  ReduceOp op = ReduceOp::kSum);
+                                  ReduceOp op = ReduceOp::kSum, CommQueue queue = CommQueue::kReduce);
   Result<CommWork> all_reduce(const void* send, void* recv, size_t count, DType dtype,
-                              ReduceOp op = ReduceOp::kSum);
-  Result<CommWork> broadcast(const void* send, void* recv, size_t count, DType dtype, int root);
-  Result<CommWork> barrier();
+                              ReduceOp op = ReduceOp::kSum, CommQueue queue = CommQueue::kReduce);
+  Result<CommWork> broadcast(const void* send, void* recv, size_t count, DType dtype, int root,
+                             CommQueue queue = CommQueue::kReduce);
+  Result<CommWork> barrier(CommQueue queue = CommQueue::kReduce);
 
-  // Waits for every collective issued so far; returns the first error.
+  // Waits for every collective issued so far on every queue (on `queue`);
+  // returns the first error (in queue order).
   Status synchronize();
+  Status synchronize(CommQueue queue);
 
-  // Stream interop (Note [Comm stream] in docs/comm.md): collectives issued
-  // after this call start only once `event` has completed, e.g. a layer's
-  // gradients produced on a device stream. `event` must stay alive until
-  // then (wait on the next collective's work).
-  Status wait_event(Event& event);
+  // Gates (Note [Comm gates] in docs/comm.md): collectives issued on `queue`
+  // after this call start only once `completion` has completed, e.g. a
+  // layer's gradients (stream.record_completion()) or an NVMe read. No host
+  // thread is parked per gate: the queue's worker waits in order (local,
+  // mpi) or the queue's device stream waits (nccl). If `completion` fails,
+  // the gated collectives fail with its Status (named "gate '<label>'") on
+  // this rank, and every peer fails them too, naming this rank: the queue is
+  // failed from then on, like a device stream.
+  Status wait(const Completion& completion, CommQueue queue = CommQueue::kReduce);
+  // The same for a device event (on nccl a device-side stream wait; on local
+  // and mpi the worker synchronizes the event). `event` must stay alive until
+  // the next collective on `queue` has started.
+  Status wait_event(Event& event, CommQueue queue = CommQueue::kReduce);
 
   // Backend-neutral buffers and host copies (synchronous).
   virtual Result<CommBuffer> allocate_buffer(size_t bytes) = 0;
   virtual Status upload(void* dst, const void* host_src, size_t bytes) = 0;
   virtual Status download(void* host_dst, const void* src, size_t bytes) = 0;
 
-  // Collectives issued so far (the next one gets this sequence number).
-  uint64_t issued() const { return next_sequence_; }
+  // Collectives issued so far on `queue` (the next one gets this sequence
+  // number), and on all queues together.
+  uint64_t issued(CommQueue queue) const;
+  uint64_t issued() const;
 
  protected:
   Communicator() = default;
-  // Queues a validated collective with sequence number `sequence`.
-  virtual Result<CommWork> submit(const CollectiveDesc& desc, uint64_t sequence) = 0;
-  // Queues a non-collective task in stream order (no sequence number).
-  virtual Result<CommWork> submit_task(std::function<Status()> task) = 0;
+  // Queues a validated collective on `queue` with sequence number `sequence`
+  // (called with the queue's issue lock held, so in queue order).
+  virtual Result<CommWork> submit(const CollectiveDesc& desc, CommQueue queue, uint64_t sequence) = 0;
+  // Appends a gate to `queue` (exactly one of `completion` / `event` is set;
+  // called with the queue's issue lock held).
+  virtual Status submit_gate(CommQueue queue, const Completion* completion, Event* event) = 0;
 
  private:
-  Result<CommWork> validate_and_submit(const CollectiveDesc& desc);
-  uint64_t next_sequence_ = 0;
-  CommWork last_;
+  struct QueueState {
+    mutable std::mutex mutex;  // issue lock: sequence numbers and submission order
+    uint64_t next_sequence = 0;
+    CommWork last;
+  };
+  Result<CommWork> validate_and_submit(const CollectiveDesc& desc, CommQueue queue);
+  std::array<QueueState, kCommQueueCount> queues_;
 };
 
-// Later work on `stream` waits until `work` has completed: a host function
-// in stream order blocks the stream until then. The collective's status is
-// still read from `work` (a stream host function cannot return one).
-Status stream_wait(Stream& stream, CommWork work);
+// Later work on `stream` waits until `work` has completed, and fails with the
+// collective's Status if it failed: stream.wait(work.completion()) (no host
+// thread blocks; see Stream::wait(const Completion&)).
+Status stream_wait(Stream& stream, const CommWork& work);
 
 }  // namespace strata::comm

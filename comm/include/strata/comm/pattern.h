@@ -1,6 +1,6 @@
 #pragma once
 // Exactly checkable collective inputs (the nccl-tests idea): every send
-// element is a small integer, exact in fp32, fp16 and bf16, and every sum of
+// element is a small integer, exact in fp32, fp16, bf16, fp64 and int64, and every sum of
 // them over up to 256 ranks is exact too, so the expected result of each
 // collective is known bit for bit whatever the reduction order. Used by the
 // tests and by `strata comm-bench` for its #wrong column.
@@ -24,11 +24,11 @@ void fill_send_pattern(const CollectiveDesc& desc, int rank, int world_size, voi
 // to write are caught.
 void fill_sentinel(DType dtype, void* host, size_t count);
 
-// Expected value (as desc.dtype bits widened to uint32; fp32 bits for fp32)
-// of element `index` of rank `rank`'s recv buffer. Reductions follow the
-// documented semantics: fp32 accumulation, avg = fp32 sum / world size,
-// one RNE rounding to 16 bits.
-uint32_t expected_bits(const CollectiveDesc& desc, int rank, int world_size, size_t index);
+// Expected value (as desc.dtype bits widened to uint64) of element `index`
+// of rank `rank`'s recv buffer. Reductions follow the documented semantics:
+// fp32 accumulation, avg = fp32 sum / world size, one RNE rounding to 16
+// bits; fp64 and int64 accumulate in their own type (avg = fp64 sum / world).
+uint64_t expected_bits(const CollectiveDesc& desc, int rank, int world_size, size_t index);
 
 // Number of recv elements that differ bitwise from expected_bits();
 // *first_wrong (if given) receives the first such index, or SIZE_MAX.
@@ -36,6 +36,6 @@ size_t count_wrong(const CollectiveDesc& desc, int rank, int world_size, const v
                    size_t* first_wrong = nullptr);
 
 // Reads element `index` of a host buffer of `dtype` as bits.
-uint32_t element_bits(DType dtype, const void* host, size_t index);
+uint64_t element_bits(DType dtype, const void* host, size_t index);
 
 }  // namespace strata::comm

@@ -1,46 +1,44 @@
 #pragma once
-// CommWork: the completion event of one queued collective. Copyable handle
-// to shared state; every copy observes the same completion and status.
-// A default-constructed CommWork is an already-completed, successful event.
+// CommWork: one queued collective. A copyable handle whose state is a
+// strata::Completion (strata/core/completion.h): every copy observes the same
+// completion and Status, and the Completion can gate a device stream
+// (stream.wait(work.completion())), another queue (comm.wait(...)) or a host
+// callback (work.completion().then(...)). A failed collective's Status names
+// the op, its sequence number on its queue and the rank(s) that failed or did
+// not arrive. A default-constructed CommWork is already complete and ok.
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
-#include <memory>
-#include <mutex>
 
+#include "strata/comm/queue.h"
+#include "strata/core/completion.h"
 #include "strata/core/status.h"
 
 namespace strata::comm {
 
-namespace detail {
-struct WorkState {
-  std::mutex mutex;
-  std::condition_variable done_cv;
-  bool done = false;
-  Status status;
-  uint64_t sequence = 0;
-  void complete(Status s);
-};
-}  // namespace detail
-
 class [[nodiscard]] CommWork {
  public:
   CommWork() = default;
-  explicit CommWork(std::shared_ptr<detail::WorkState> state) : state_(std::move(state)) {}
+  CommWork(Completion completion, uint64_t sequence, CommQueue queue)
+      : completion_(std::move(completion)), sequence_(sequence), queue_(queue) {}
 
   // Non-blocking: true once the collective has completed (or failed).
-  bool done() const;
+  bool done() const { return completion_.done(); }
   // Blocks until completion; returns the collective's status (the same on
   // every call). The watchdog bounds the wait.
-  Status wait() const;
+  Status wait() const { return completion_.wait(); }
   // Waits at most `timeout`; Unavailable if the op is still running.
   Status wait_for(std::chrono::milliseconds timeout) const;
-  // Sequence number of the collective on its communicator (0 for an empty work).
-  uint64_t sequence() const;
+  // Sequence number of the collective on its queue (0 for an empty work).
+  uint64_t sequence() const { return sequence_; }
+  CommQueue queue() const { return queue_; }
+  // The completion itself: hand it to Stream::wait, when_all, then().
+  const Completion& completion() const { return completion_; }
 
  private:
-  std::shared_ptr<detail::WorkState> state_;
+  Completion completion_;
+  uint64_t sequence_ = 0;
+  CommQueue queue_ = CommQueue::kReduce;
 };
 
 }  // namespace strata::comm

@@ -1,5 +1,8 @@
 #pragma once
 // Element types of training state and their scalar conversions.
+// fp64 and int64 are reduction types for collectives (global gradient norms,
+// overflow votes, token counts); training state itself is fp32/fp16/bf16
+// (is_state_float), and kernels that only handle those reject the others.
 // Conversions to 16-bit types round to nearest, ties to even; NaN stays NaN
 // (quieted), Inf stays Inf, fp16 subnormals are produced and read exactly.
 // These scalar functions are the reference that every SIMD path is
@@ -14,23 +17,37 @@
 
 namespace strata {
 
-enum class DType : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2 };
+enum class DType : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2, kF64 = 3, kI64 = 4 };
 
 // Storage types: raw bit patterns, no arithmetic.
 struct float16 { uint16_t bits; };
 struct bfloat16 { uint16_t bits; };
 static_assert(sizeof(float16) == 2 && sizeof(bfloat16) == 2);
 
-constexpr size_t dtype_size(DType t) { return t == DType::kF32 ? 4 : 2; }
+constexpr size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::kF32: return 4;
+    case DType::kF16:
+    case DType::kBF16: return 2;
+    case DType::kF64:
+    case DType::kI64: return 8;
+  }
+  return 0;
+}
 constexpr std::string_view dtype_name(DType t) {
   switch (t) {
     case DType::kF32: return "fp32";
     case DType::kF16: return "fp16";
     case DType::kBF16: return "bf16";
+    case DType::kF64: return "fp64";
+    case DType::kI64: return "int64";
   }
   return "?";
 }
-// Accepts fp32|float32|float, fp16|float16|half, bf16|bfloat16.
+// The types parameters, gradients and optimizer state are stored in.
+constexpr bool is_state_float(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
+// Accepts fp32|float32|float|f32, fp16|float16|half|f16, bf16|bfloat16,
+// fp64|float64|double|f64, int64|i64.
 Result<DType> parse_dtype(std::string_view name);
 
 // fp32 -> bf16, round to nearest even; NaN -> quiet NaN with the same sign.
