@@ -92,9 +92,18 @@ Status validate_state(OptimizerKind kind, const StateSpans& s) {
   STRATA_RETURN_IF_ERROR(check_span(s.grads, "grads", name, s.count));
   if (detail::uses_exp_avg(kind)) STRATA_RETURN_IF_ERROR(check_span(s.exp_avg, "exp_avg", name, s.count));
   if (detail::uses_exp_avg_sq(kind)) STRATA_RETURN_IF_ERROR(check_span(s.exp_avg_sq, "exp_avg_sq", name, s.count));
+  if (!is_state_float(s.grad_dtype)) {
+    return InvalidArgument(fmt::format("StateSpans.grad_dtype = {} is not supported; use fp32, bf16 or fp16",
+                                       dtype_name(s.grad_dtype)));
+  }
   if (s.moment_dtype != DType::kF32 && s.moment_dtype != DType::kBF16) {
     return InvalidArgument(fmt::format("StateSpans.moment_dtype = {} is not supported; use fp32 or bf16",
                                        dtype_name(s.moment_dtype)));
+  }
+  if (s.param_copy != nullptr && s.param_copy_dtype != DType::kBF16 && s.param_copy_dtype != DType::kF16 &&
+      s.param_copy_dtype != DType::kF32) {
+    return InvalidArgument(fmt::format("StateSpans.param_copy_dtype = {} is not supported; use bf16 or fp16",
+                                       dtype_name(s.param_copy_dtype)));
   }
   if (s.param_copy != nullptr && s.param_copy_dtype == DType::kF32) {
     return InvalidArgument("StateSpans.param_copy_dtype = fp32: the fp32 params are already the master copy; "
@@ -212,6 +221,10 @@ Result<GradStats> CpuOptimizer::grad_stats(const void* grads, DType grad_dtype, 
   if (count == 0) return GradStats{};
   if (grads == nullptr) {
     return InvalidArgument(fmt::format("grad_stats: grads is null but count = {}", count));
+  }
+  if (!is_state_float(grad_dtype)) {
+    return InvalidArgument(fmt::format("grad_stats: grad dtype {} is not supported; use fp32, bf16 or fp16",
+                                       dtype_name(grad_dtype)));
   }
   const size_t tile = impl_->options.tile_elements;
   const size_t tiles = (count + tile - 1) / tile;

@@ -151,6 +151,8 @@ void dispatch(bool is_probe, const StepFactors& f, const TileSpans& t) {
     case DType::kF32: return by_moment<DType::kF32>(is_probe, f, t);
     case DType::kBF16: return by_moment<DType::kBF16>(is_probe, f, t);
     case DType::kF16: return by_moment<DType::kF16>(is_probe, f, t);
+    case DType::kF64:
+    case DType::kI64: break;  // rejected by validate_state
   }
 }
 
@@ -172,6 +174,8 @@ double scalar_sum_squares(const void* grads, DType grad_dtype, size_t count) {
     case DType::kF32: return sum_squares<DType::kF32>(grads, count);
     case DType::kBF16: return sum_squares<DType::kBF16>(grads, count);
     case DType::kF16: return sum_squares<DType::kF16>(grads, count);
+    case DType::kF64:
+    case DType::kI64: break;  // rejected by grad_stats
   }
   return 0.0;
 }

@@ -197,6 +197,8 @@ struct Kernels {
       case DType::kF32: return by_moment<Probe, F, DType::kF32>(f, t);
       case DType::kBF16: return by_moment<Probe, F, DType::kBF16>(f, t);
       case DType::kF16: return by_moment<Probe, F, DType::kF16>(f, t);
+      case DType::kF64:
+      case DType::kI64: break;  // rejected by validate_state
     }
   }
   template <bool Probe>
@@ -237,6 +239,8 @@ struct Kernels {
       case DType::kF32: return sum_squares_typed<DType::kF32>(grads, count);
       case DType::kBF16: return sum_squares_typed<DType::kBF16>(grads, count);
       case DType::kF16: return sum_squares_typed<DType::kF16>(grads, count);
+      case DType::kF64:
+      case DType::kI64: break;  // rejected by grad_stats
     }
     return 0.0;
   }
