@@ -52,6 +52,8 @@ struct CpuOps {
             dst[i] = fp16_bits_to_fp32(b);
             break;
           }
+          case DType::kF64:
+          case DType::kI64: break;  // rejected by GptConfig::validate
         }
       }
     });

@@ -132,6 +132,10 @@ Status GptModel::init_layer(size_t layer_index, std::span<std::byte> params) con
           std::memcpy(dst + 2 * i, &bits, 2);
         }
         break;
+      case DType::kF64:
+      case DType::kI64:
+        return InvalidArgument(fmt::format("init_layer: tensor '{}' has dtype {}; parameters are fp32, bf16 or fp16",
+                                           t.name, dtype_name(t.dtype)));
     }
   }
   return Status::Ok();

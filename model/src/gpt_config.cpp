@@ -62,6 +62,9 @@ Status GptConfig::validate() const {
   if (n_layer < 1 || n_layer > 1024) return bad("n_layer (--layers)", n_layer, "use 1..1024");
   if (n_head < 1) return bad("n_head (--heads)", n_head, "use at least 1");
   if (n_embd < 1 || n_embd > 65536) return bad("n_embd (--embd)", n_embd, "use 1..65536");
+  if (!is_state_float(param_dtype))
+    return InvalidArgument(fmt::format("model config: param dtype {} is not supported; use fp32, bf16 or fp16 "
+                                       "(--dtype)", dtype_name(param_dtype)));
   if (n_embd % n_head != 0)
     return InvalidArgument(fmt::format("model config: n_embd={} is not a multiple of n_head={}; "
                                        "pick --embd divisible by --heads (e.g. {})",
