@@ -9,6 +9,10 @@
 // Config; nothing stops at the first problem. Resolution ("auto", batch
 // arithmetic, defaults that depend on other keys) and the rules that join
 // several keys live in config_resolve.cpp.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -49,13 +53,36 @@ bool Config::is_unresolved(std::string_view path) const {
   return std::find(unresolved.begin(), unresolved.end(), path) != unresolved.end();
 }
 
-std::string format_issue(const ConfigIssue& issue, std::string_view source) {
+// Note [Printable messages]
+// Keys, values and paths come from a user's file: a newline or an escape
+// sequence in a key must not forge or cut a line of output, and a 1 MB key
+// must not flood the terminal. Every field of a printed issue goes through
+// printable(): control bytes become \xNN, and text longer than
+// kMaxPrintedBytes is cut with its size said.
+std::string printable(std::string_view text, size_t max_bytes) {
   std::string out;
-  if (!source.empty()) out += fmt::format("{}: ", source);
+  const size_t shown = std::min(text.size(), max_bytes);
+  out.reserve(shown + 16);
+  for (size_t i = 0; i < shown; ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c < 0x20 || c == 0x7f) {
+      out += fmt::format("\\x{:02x}", c);
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  if (shown < text.size()) out += fmt::format("...(cut, {} bytes in all)", text.size());
+  return out;
+}
+
+std::string format_issue(const ConfigIssue& issue, std::string_view source) {
+  constexpr size_t kMaxPrintedBytes = 512;
+  std::string out;
+  if (!source.empty()) out += fmt::format("{}: ", printable(source, kMaxPrintedBytes));
   out += issue.severity == IssueSeverity::kError ? "error: " : "warning: ";
-  if (!issue.path.empty()) out += fmt::format("{}: ", issue.path);
-  out += issue.message;
-  if (!issue.hint.empty()) out += fmt::format("\n    hint: {}", issue.hint);
+  if (!issue.path.empty()) out += fmt::format("{}: ", printable(issue.path, kMaxPrintedBytes));
+  out += printable(issue.message, 4 * kMaxPrintedBytes);
+  if (!issue.hint.empty()) out += fmt::format("\n    hint: {}", printable(issue.hint, 4 * kMaxPrintedBytes));
   return out;
 }
 
@@ -283,6 +310,15 @@ bool Checker::check_value(const ConfigKey& k, const ordered_json& v, const std::
         error(path, "is not a finite number", fmt::format("default {}", default_text));
         return false;
       }
+      // Integer keys are stored as int64: 18446744073709551615 must not become -1,
+      // nor 2^63 INT64_MIN, whatever the key's own range says.
+      if (k.type == KeyType::kInteger &&
+          ((v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) ||
+           (v.is_number_float() && !(std::fabs(x) < 9223372036854775808.0)))) {
+        error(path, fmt::format("{} does not fit in a 64-bit signed integer", describe_json(v)),
+              fmt::format("allowed: {} (default {})", range_text(k), default_text));
+        return false;
+      }
       if (k.type == KeyType::kInteger && v.is_number_float() && x != std::floor(x)) {
         error(path, fmt::format("{} is not a whole number", describe_json(v)),
               fmt::format("this key counts elements or steps; give an integer such as {}", format_number(std::floor(x))));
@@ -423,7 +459,12 @@ void Checker::unknown_key(std::string_view parent, std::string_view name, const 
     }
   }
   std::string hint;
-  if (auto near = nearest_name(name, siblings)) {
+  // Edit distances are quadratic: a key far longer than any known key has no
+  // near neighbour, so skip the search (a 1 MB key took 45 s before).
+  constexpr size_t kMaxSuggestBytes = 128;
+  if (name.size() > kMaxSuggestBytes) {
+    hint = fmt::format("see docs/config.md (strata config defaults) for the keys of {}", where);
+  } else if (auto near = nearest_name(name, siblings)) {
     hint = fmt::format("did you mean '{}'?", *near);
   } else if (auto elsewhere = nearest_key_elsewhere(name, parent)) {
     hint = fmt::format("did you mean '{}'?", *elsewhere);
@@ -589,7 +630,69 @@ ConfigCheck check_config_ordered(const ordered_json& document, const ConfigOptio
   return check;
 }
 
+// Note [Bounded input]
+// Before the JSON parser sees a config, one linear scan refuses what no real
+// config contains and what would make later steps explode: NUL bytes (a
+// reader that stops at the NUL would accept a different document), nesting
+// deeper than kMaxConfigDepth (the error path, dump() and the destructor are
+// recursive: 70,000 levels overflowed the stack), and more than
+// kMaxConfigBytes. DeepSpeed configs nest 4 levels deep and weigh a few KB.
+namespace {
+constexpr size_t kMaxConfigDepth = 64;
+
+std::optional<ConfigIssue> prescan_config(std::string_view text) {
+  if (text.size() > kMaxConfigBytes)
+    return ConfigIssue{IssueSeverity::kError, "",
+                       fmt::format("the config is {} bytes, more than the {} a config may have", text.size(),
+                                   kMaxConfigBytes),
+                       "a DeepSpeed config is a small JSON object; is this the right file?"};
+  size_t depth = 0;
+  bool in_string = false, escaped = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '\0')
+      return ConfigIssue{IssueSeverity::kError, "", fmt::format("NUL byte at offset {}", i),
+                         "a config is UTF-8 JSON text; remove the NUL (is this a binary file?)"};
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      if (++depth > kMaxConfigDepth)
+        return ConfigIssue{IssueSeverity::kError, "",
+                           fmt::format("nesting deeper than {} levels at offset {}", kMaxConfigDepth, i),
+                           "DeepSpeed configs nest a few levels deep; this file is not one"};
+    } else if ((c == '}' || c == ']') && depth > 0) {
+      --depth;
+    }
+  }
+  return std::nullopt;
+}
+
+// The JSON path the parser was at (for errors the parser raises itself).
+std::string tracker_path(const DuplicateTracker& tracker) {
+  if (tracker.stack.empty()) return "";
+  const auto& top = tracker.stack.back();
+  if (top.last_key.empty()) return top.path;
+  return top.path.empty() ? top.last_key : top.path + "." + top.last_key;
+}
+}  // namespace
+
 ConfigCheck check_config_text(std::string_view text, const ConfigOptions& options) {
+  if (std::optional<ConfigIssue> refused = prescan_config(text)) {
+    ConfigCheck check;
+    check.config.source = options.source;
+    check.issues.push_back(std::move(*refused));
+    return check;
+  }
   std::vector<ConfigIssue> early;
   DuplicateTracker tracker{{}, &early};
   ordered_json document;
@@ -604,6 +707,16 @@ ConfigCheck check_config_text(std::string_view text, const ConfigOptions& option
     check.issues.push_back({IssueSeverity::kError, "", fmt::format("not valid JSON: {}", what),
                             "DeepSpeed configs are strict JSON: no comments, no trailing commas, keys in double quotes"});
     return check;
+  } catch (const ordered_json::exception& e) {
+    // E.g. out_of_range.406: a number such as 1e400 that no double holds.
+    ConfigCheck check;
+    check.config.source = options.source;
+    std::string what = e.what();
+    const size_t pos = what.find("] ");
+    if (pos != std::string::npos) what = what.substr(pos + 2);
+    check.issues.push_back({IssueSeverity::kError, tracker_path(tracker), fmt::format("not a usable JSON value: {}", what),
+                            "numbers must fit in a double (about 1.8e308); write a smaller value"});
+    return check;
   }
   return check_config_ordered(document, options, std::move(early));
 }
@@ -615,17 +728,50 @@ ConfigCheck check_config(const nlohmann::json& document, const ConfigOptions& op
 ConfigCheck check_config_file(const std::string& path, const ConfigOptions& options) {
   ConfigOptions with_source = options;
   if (with_source.source.empty()) with_source.source = path;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
+  Result<std::string> text = read_config_file(path);
+  if (!text.ok()) {
     ConfigCheck check;
     check.config.source = with_source.source;
-    const Status st = ErrnoStatus(errno, fmt::format("open config file '{}'", path));
-    check.issues.push_back({IssueSeverity::kError, "", st.message(), "check the path; configs are JSON files such as ds_config.json"});
+    check.issues.push_back({IssueSeverity::kError, "", text.status().message(),
+                            "check the path; configs are JSON files such as ds_config.json"});
     return check;
   }
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return check_config_text(buffer.str(), with_source);
+  return check_config_text(*text, with_source);
+}
+
+// Opens non-blocking (a FIFO must not hang us), refuses anything but a
+// regular file (/dev/zero, a directory), and reads at most kMaxConfigBytes + 1.
+Result<std::string> read_config_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus(errno, fmt::format("open config file '{}'", printable(path, 512)));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return ErrnoStatus(errno, fmt::format("stat config file '{}'", printable(path, 512)));
+  if (!S_ISREG(st.st_mode))
+    return InvalidArgument(fmt::format("config file '{}' is not a regular file (a {}); give a JSON file",
+                                       printable(path, 512),
+                                       S_ISDIR(st.st_mode)    ? "directory"
+                                       : S_ISFIFO(st.st_mode) ? "FIFO"
+                                       : S_ISCHR(st.st_mode)  ? "character device"
+                                                              : "special file"));
+  std::string text;
+  char buffer[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buffer, sizeof(buffer));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoStatus(errno, fmt::format("read config file '{}'", printable(path, 512)));
+    }
+    if (n == 0) break;
+    text.append(buffer, static_cast<size_t>(n));
+    if (text.size() > kMaxConfigBytes)
+      return InvalidArgument(fmt::format("config file '{}' is larger than {} bytes; a config is a small JSON object",
+                                         printable(path, 512), kMaxConfigBytes));
+  }
+  return text;
 }
 
 namespace {

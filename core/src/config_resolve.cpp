@@ -3,6 +3,8 @@
 // problems shows five messages, each with the JSON path and the fix.
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -120,6 +122,20 @@ void resolve_batch(Checker& c, Config& config) {
   const bool g_auto = !G && c.is_auto(kG);
   const std::string world_note = world == 1 && c.options.world_size == 1 ? " (world size 1; pass --world-size N)" : "";
 
+  // Products of user numbers are checked, never wrapped: a micro batch of
+  // 2^62 times 4 ranks must be an error, not "batch 0".
+  auto product_of = [&](std::initializer_list<int64_t> factors, const std::string& what) -> std::optional<int64_t> {
+    int64_t p = 1;
+    for (int64_t f : factors) {
+      if (__builtin_mul_overflow(p, f, &p)) {
+        c.error(c.written(kM), fmt::format("{} overflows a 64-bit integer", what),
+                "use realistic batch sizes: the product of micro batch, accumulation steps and world size must fit "
+                "in 2^63 - 1");
+        return std::nullopt;
+      }
+    }
+    return p;
+  };
   auto divide = [&](int64_t numerator, int64_t denominator, const std::string& denominator_text,
                     std::optional<int64_t>& out) {
     if (denominator <= 0 || numerator % denominator != 0 || numerator / denominator == 0) {
@@ -133,7 +149,11 @@ void resolve_batch(Checker& c, Config& config) {
   };
 
   if (T && M && G) {
-    const int64_t product = *M * *G * world;
+    const std::optional<int64_t> checked = product_of(
+        {*M, *G, world}, fmt::format("train_micro_batch_size_per_gpu {} x gradient_accumulation_steps {} x world size {}",
+                                     *M, *G, world));
+    if (!checked) return;
+    const int64_t product = *checked;
     if (*T != product) {
       c.error(c.written(kT),
               fmt::format("train_batch_size {} != train_micro_batch_size_per_gpu {} x gradient_accumulation_steps {} x "
@@ -144,11 +164,15 @@ void resolve_batch(Checker& c, Config& config) {
     }
   } else if (T && M) {
     if (!g_auto && c.present(kG)) return;
-    divide(*T, *M * world, fmt::format("train_micro_batch_size_per_gpu {} x world size {}", *M, world), G);
+    const std::string what = fmt::format("train_micro_batch_size_per_gpu {} x world size {}", *M, world);
+    if (const auto d = product_of({*M, world}, what)) divide(*T, *d, what, G);
   } else if (T && G) {
-    divide(*T, *G * world, fmt::format("gradient_accumulation_steps {} x world size {}", *G, world), M);
+    const std::string what = fmt::format("gradient_accumulation_steps {} x world size {}", *G, world);
+    if (const auto d = product_of({*G, world}, what)) divide(*T, *d, what, M);
   } else if (M && G) {
-    T = *M * *G * world;
+    T = product_of({*M, *G, world},
+                   fmt::format("train_micro_batch_size_per_gpu {} x gradient_accumulation_steps {} x world size {}", *M,
+                               *G, world));
   } else if (T) {
     if (m_auto || g_auto) {
       if (m_auto) mark_unresolved(c, config, kM, "two of the three batch keys are unknown");
@@ -168,7 +192,7 @@ void resolve_batch(Checker& c, Config& config) {
       return;
     }
     G = 1;
-    T = *M * world;
+    T = product_of({*M, world}, fmt::format("train_micro_batch_size_per_gpu {} x world size {}", *M, world));
   } else if (G) {
     if (t_auto || m_auto) {
       if (t_auto) mark_unresolved(c, config, kT, "two of the three batch keys are unknown");

@@ -183,8 +183,15 @@ struct ConfigIssue {
   std::string hint;     // "did you mean 'pin_memory'?"
 };
 
-// "file.json: error: path: message (hint: ...)"
+// "file.json: error: path: message (hint: ...)". Control characters in any
+// field are printed as \xNN and overlong fields are cut with their size said,
+// so no input can forge or cut a line of output.
 std::string format_issue(const ConfigIssue& issue, std::string_view source = {});
+// `text` with control bytes as \xNN, cut after `max_bytes` with the full size said.
+std::string printable(std::string_view text, size_t max_bytes = 512);
+
+// The largest config text accepted (a DeepSpeed config weighs a few KB).
+inline constexpr size_t kMaxConfigBytes = size_t{16} << 20;
 
 struct Config {
   ZeroConfig zero_optimization;
@@ -258,6 +265,10 @@ ConfigCheck check_config_text(std::string_view text, const ConfigOptions& option
 ConfigCheck check_config(const nlohmann::json& json, const ConfigOptions& options = {});
 // Reads and checks a file; a missing file is an error naming the path.
 ConfigCheck check_config_file(const std::string& path, const ConfigOptions& options = {});
+// Reads a config file: regular files only (a FIFO, /dev/zero or a folder is
+// an error naming it, never a hang or an unbounded read), at most
+// kMaxConfigBytes.
+Result<std::string> read_config_file(const std::string& path);
 
 // The same, as a Result: InvalidArgument listing every error when any; the
 // warnings are in Config::warnings.
