@@ -39,7 +39,6 @@ std::string_view offload_device_name(OffloadDevice d) { return config_detail::en
 std::string_view aio_engine_name(AioEngineKind e) { return config_detail::enum_name(e); }
 std::string_view optimizer_type_name(OptimizerType t) { return config_detail::enum_name(t); }
 std::string_view scheduler_type_name(SchedulerType t) { return config_detail::enum_name(t); }
-std::string_view device_kind_name(DeviceKind d) { return config_detail::enum_name(d); }
 std::string_view train_precision_name(TrainPrecision p) {
   switch (p) {
     case TrainPrecision::kFp32: return "fp32";
@@ -53,28 +52,8 @@ bool Config::is_unresolved(std::string_view path) const {
   return std::find(unresolved.begin(), unresolved.end(), path) != unresolved.end();
 }
 
-// Note [Printable messages]
-// Keys, values and paths come from a user's file: a newline or an escape
-// sequence in a key must not forge or cut a line of output, and a 1 MB key
-// must not flood the terminal. Every field of a printed issue goes through
-// printable(): control bytes become \xNN, and text longer than
-// kMaxPrintedBytes is cut with its size said.
-std::string printable(std::string_view text, size_t max_bytes) {
-  std::string out;
-  const size_t shown = std::min(text.size(), max_bytes);
-  out.reserve(shown + 16);
-  for (size_t i = 0; i < shown; ++i) {
-    const auto c = static_cast<unsigned char>(text[i]);
-    if (c < 0x20 || c == 0x7f) {
-      out += fmt::format("\\x{:02x}", c);
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  if (shown < text.size()) out += fmt::format("...(cut, {} bytes in all)", text.size());
-  return out;
-}
-
+// Keys, values and paths come from a user's file: every field of a printed
+// issue goes through printable() (strata/core/printable.h).
 std::string format_issue(const ConfigIssue& issue, std::string_view source) {
   constexpr size_t kMaxPrintedBytes = 512;
   std::string out;

@@ -31,6 +31,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "strata/core/printable.h"
+#include "strata/core/device_registry.h"  // DeviceKind (strata.device), device_kind_name
 #include "strata/core/status.h"
 
 namespace strata {
@@ -41,15 +43,12 @@ enum class OptimizerType : uint8_t { kAdam, kAdamW, kAdagrad, kLion };
 enum class SchedulerType : uint8_t { kNone, kWarmupLR, kWarmupDecayLR, kWarmupCosineLR, kOneCycle, kLRRangeTest };
 // Element type of the 16-bit (or 32-bit) training parameters.
 enum class TrainPrecision : uint8_t { kFp32, kFp16, kBf16 };
-// What training strata should run on: "auto" picks cuda when a GPU is present.
-enum class DeviceKind : uint8_t { kAuto, kCpu, kCuda };
 
 std::string_view offload_device_name(OffloadDevice d);   // "none" | "cpu" | "nvme"
 std::string_view aio_engine_name(AioEngineKind e);       // "auto" | "io_uring" | "libaio" | "psync"
 std::string_view optimizer_type_name(OptimizerType t);   // "Adam" | "AdamW" | "Adagrad" | "Lion"
 std::string_view scheduler_type_name(SchedulerType t);   // "none" | "WarmupLR" | ...
 std::string_view train_precision_name(TrainPrecision p); // "fp32" | "fp16" | "bf16"
-std::string_view device_kind_name(DeviceKind d);         // "auto" | "cpu" | "cuda"
 
 // zero_optimization.offload_optimizer
 struct OffloadOptimizerConfig {
@@ -187,8 +186,6 @@ struct ConfigIssue {
 // field are printed as \xNN and overlong fields are cut with their size said,
 // so no input can forge or cut a line of output.
 std::string format_issue(const ConfigIssue& issue, std::string_view source = {});
-// `text` with control bytes as \xNN, cut after `max_bytes` with the full size said.
-std::string printable(std::string_view text, size_t max_bytes = 512);
 
 // The largest config text accepted (a DeepSpeed config weighs a few KB).
 inline constexpr size_t kMaxConfigBytes = size_t{16} << 20;

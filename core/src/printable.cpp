@@ -1,0 +1,25 @@
+#include "strata/core/printable.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+namespace strata {
+
+std::string printable(std::string_view text, size_t max_bytes) {
+  std::string out;
+  const size_t shown = std::min(text.size(), max_bytes);
+  out.reserve(shown + 16);
+  for (size_t i = 0; i < shown; ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c < 0x20 || c == 0x7f) {
+      out += fmt::format("\\x{:02x}", c);
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  if (shown < text.size()) out += fmt::format("...(cut, {} bytes in all)", text.size());
+  return out;
+}
+
+}  // namespace strata
