@@ -46,9 +46,10 @@ struct RequestState {
   std::mutex error_mu;
   Status first_error;
   IoCallback callback;
+  CompletionSource source;  // completed by finish(), after the callback
+  Completion completion;    // source's, kept: a completed source hands out no more
 
-  std::atomic<uint32_t> done{0};
-  Status final_status;  // written before done is set
+  Status final_status;  // written before source completes
 
   void record_error(Status status);
   void finish();

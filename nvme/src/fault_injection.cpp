@@ -32,6 +32,11 @@ class FaultBackend final : public Backend {
       : inner_(std::move(inner)), plan_(plan), rng_(plan.seed + worker_index), counters_(std::move(counters)) {}
 
   void prepare(Piece& p) override {
+    if (!eligible(p.op)) {
+      inner_->prepare(p);
+      ++inner_outstanding_;
+      return;
+    }
     if (p.op == IoOp::kWrite && roll(plan_.enospc_probability)) {
       counters_->enospc.fetch_add(1);
       synthetic_.push_back({&p, -ENOSPC});
@@ -76,7 +81,7 @@ class FaultBackend final : public Backend {
         if (result >= 0) result = it->second;  // torn: claim the whole write landed
         reported_.erase(it);
       }
-      if (p.op == IoOp::kRead && result > 0 && roll(plan_.corrupt_read_probability)) {
+      if (p.op == IoOp::kRead && result > 0 && counters_->armed.load() && plan_.fault_reads && roll(plan_.corrupt_read_probability)) {
         counters_->corrupt_reads.fetch_add(1);
         uint64_t byte = rng_() % static_cast<uint64_t>(result);
         p.buffer[byte] ^= std::byte{static_cast<unsigned char>(1u << (rng_() % 8))};
@@ -127,6 +132,16 @@ class FaultBackend final : public Backend {
     int64_t result;
   };
 
+  // Armed, a faulted direction, and past the clean pieces.
+  bool eligible(IoOp op) {
+    if (!counters_->armed.load(std::memory_order_acquire)) return false;
+    if (!(op == IoOp::kRead ? plan_.fault_reads : plan_.fault_writes)) return false;
+    int64_t left = counters_->clean_left.load();
+    while (left > 0) {
+      if (counters_->clean_left.compare_exchange_weak(left, left - 1)) return false;
+    }
+    return true;
+  }
   bool roll(double probability) {
     if (probability <= 0) return false;
     return std::uniform_real_distribution<double>(0.0, 1.0)(rng_) < probability;
@@ -187,6 +202,7 @@ class FaultBackend final : public Backend {
 Result<std::unique_ptr<IoEngine>> make_fault_injecting_engine(const IoEngineOptions& options, const FaultPlan& plan,
                                                               std::shared_ptr<FaultCounters>* counters) {
   auto shared = std::make_shared<FaultCounters>();
+  shared->clean_left.store(static_cast<int64_t>(plan.clean_pieces));
   if (counters != nullptr) *counters = shared;
   EngineKind kind = options.engine == EngineKind::kAuto ? choose_engine().kind : options.engine;
   BackendWrapper wrapper = [plan, shared](std::unique_ptr<Backend> inner, uint32_t worker_index) {

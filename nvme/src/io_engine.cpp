@@ -85,21 +85,15 @@ void RequestState::finish() {
   callback = nullptr;
   if (run) run(final_status);
   run = nullptr;
-  done.store(1, std::memory_order_release);
-  done.notify_all();
+  // No engine lock is held here (see Note [I/O completion rules]).
+  source.complete(final_status);
 }
 
 }  // namespace detail
 
-bool IoHandle::done() const {
-  STRATA_CHECK(state_ != nullptr, "IoHandle::done on an empty handle");
-  return state_->done.load(std::memory_order_acquire) != 0;
-}
-
-Status IoHandle::wait() const {
-  STRATA_CHECK(state_ != nullptr, "IoHandle::wait on an empty handle");
-  while (state_->done.load(std::memory_order_acquire) == 0) state_->done.wait(0, std::memory_order_acquire);
-  return state_->final_status;
+Completion IoHandle::completion() const {
+  STRATA_CHECK(state_ != nullptr, "IoHandle::completion on an empty handle");
+  return state_->completion;
 }
 
 uint64_t IoHandle::bytes() const { return state_ ? state_->total_bytes : 0; }
@@ -260,6 +254,7 @@ class ScheduledEngine final : public IoEngine {
     s.short_resubmits = short_resubmits_.load();
     s.transient_retries = transient_retries_.load();
     s.failed_requests = failed_requests_.load();
+    s.fixed_buffer_pieces = fixed_buffer_pieces_.load();
     return s;
   }
 
@@ -312,7 +307,8 @@ class ScheduledEngine final : public IoEngine {
   std::atomic<int64_t> inflight_requests_{0};
 
   std::atomic<uint64_t> requests_{0}, pieces_{0}, bytes_read_{0}, bytes_written_{0}, direct_pieces_{0},
-      buffered_pieces_{0}, short_resubmits_{0}, transient_retries_{0}, failed_requests_{0};
+      buffered_pieces_{0}, short_resubmits_{0}, transient_retries_{0}, failed_requests_{0},
+      fixed_buffer_pieces_{0};
 };
 
 Result<FileId> ScheduledEngine::open(const std::string& path, OpenMode mode) {
@@ -445,6 +441,20 @@ Status ScheduledEngine::unregister_buffer(void* data) {
 IoHandle ScheduledEngine::submit(IoOp op, std::span<const IoSegment> segments, IoCallback callback) {
   auto req = std::make_shared<detail::RequestState>();
   req->op = op;
+  {
+    std::string path = "?";
+    if (!segments.empty()) {
+      std::lock_guard<std::mutex> lock(files_mu_);
+      if (segments[0].file < files_.size() && files_[segments[0].file].in_use) path = files_[segments[0].file].path;
+    }
+    std::string label =
+        segments.empty() ? fmt::format("nvme {} (no segments)", io_op_name(op))
+                         : fmt::format("nvme {} of {} [{}, +{})", io_op_name(op), path, segments[0].offset,
+                                       segments[0].length);
+    if (segments.size() > 1) label += fmt::format(" and {} more segment(s)", segments.size() - 1);
+    req->source = CompletionSource(std::move(label));
+    req->completion = req->source.completion();
+  }
   req->callback = std::move(callback);
   req->segments.assign(segments.begin(), segments.end());
   requests_.fetch_add(1, std::memory_order_relaxed);
@@ -679,6 +689,7 @@ void ScheduledEngine::run_worker(Worker& w) {
         }
         select_path(p);
         (p.direct ? direct_pieces_ : buffered_pieces_).fetch_add(1, std::memory_order_relaxed);
+        if (p.buffer_index >= 0) fixed_buffer_pieces_.fetch_add(1, std::memory_order_relaxed);
         w.backend->prepare(p);
         w.needs_submit = true;
         if (options_.single_submit) {

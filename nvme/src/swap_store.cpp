@@ -1,15 +1,17 @@
 // SwapStore: striped, preallocated, checksummed swap files. See swap_store.h.
 //
 // Note [Swap file layout]
-// Every file: [header page (4 KiB)][entry table ... up to index_bytes][data].
+// Every file: [header page (4 KiB)][tensor table ... up to index_bytes][data].
 // The header names the store (magic, version, job, rank, path index and
-// count, stripe, sizes) and carries its own checksum; in the first path's
-// file it also carries the entry count and the checksum of the entry table
-// that follows it. Each entry is (tensor id, extent offset, extent length,
-// tensor bytes, XXH3-64 of the bytes, flags). The table is written by
-// flush() and close(keep_files); between flushes the in-memory table is the
-// truth and a crash leaves the folder stale (its files are reclaimed by the
-// next job of the same name or by `strata swap clean`).
+// count, stripe, sizes, checksum block) and carries its own checksum; in the
+// first path's file it also carries the tensor count, the table's size and
+// the table's checksum. Format 2 (per-block checksums) table: per tensor a
+// record (id, bytes, flags, run count, block count), its runs (tensor offset,
+// length, data address) and one XXH3-64 per checksum block. Format 1 (one
+// checksum per extent) is refused on reopen with the fix. The table is
+// written by flush() and close(keep_files); between flushes the in-memory
+// table is the truth and a crash leaves the folder stale (its files are
+// reclaimed by the next job of the same name or by `strata swap clean`).
 #include "strata/nvme/swap_store.h"
 
 #include <fcntl.h>
@@ -29,16 +31,20 @@
 #include "strata/nvme/aligned_buffer.h"
 #include "strata/nvme/checksum.h"
 #include "strata/nvme/fs_probe.h"
+#include "swap_op.h"
+#include "verify_pool.h"
 
 namespace strata::nvme {
 namespace {
 
 constexpr char kMagic[8] = {'S', 'T', 'R', 'S', 'W', 'A', 'P', '1'};
-constexpr uint32_t kVersion = 1;
+// 2: per-block checksums and runs (1: one checksum per extent).
+constexpr uint32_t kVersion = 2;
 constexpr uint64_t kHeaderPage = 4096;
 constexpr const char* kSwapFileName = "swap.bin";
-// Reads are issued in chunks of this size so verification overlaps the I/O.
+// Reads are issued in chunks of about this size so verification overlaps the I/O.
 constexpr uint64_t kVerifyChunkBytes = 8u << 20;
+constexpr uint64_t kMaxChecksumBlock = 8u << 20;
 
 struct DiskHeader {
   char magic[8];
@@ -50,7 +56,9 @@ struct DiskHeader {
   uint64_t index_bytes;
   uint64_t data_bytes_per_file;
   uint64_t granularity;
+  uint64_t checksum_block;
   uint64_t entry_count;
+  uint64_t table_bytes;
   uint64_t generation;
   uint64_t table_checksum;
   char job[72];
@@ -58,123 +66,23 @@ struct DiskHeader {
 };
 static_assert(sizeof(DiskHeader) < kHeaderPage);
 
-struct DiskEntry {
+struct DiskRecord {
   uint64_t id;
-  uint64_t offset;
-  uint64_t length;
   uint64_t bytes;
-  uint64_t checksum;
   uint64_t flags;
+  uint64_t run_count;
+  uint64_t block_count;
+};
+struct DiskRun {
+  uint64_t tensor_offset;
+  uint64_t length;
+  uint64_t data_offset;
 };
 constexpr uint64_t kEntryValid = 1;
 
 uint64_t header_checksum(const DiskHeader& h) { return checksum64(&h, offsetof(DiskHeader, header_checksum)); }
 
-uint64_t now_ns() {
-  return static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-          .count());
-}
-
 }  // namespace
-
-namespace detail {
-
-struct SwapOpState {
-  SwapStore* store = nullptr;
-  TensorId id = 0;
-  bool is_write = false;
-  Extent extent;
-  uint64_t bytes = 0;
-  void* data = nullptr;
-  uint64_t expected_checksum = 0;
-  bool verify = true;
-
-  std::shared_ptr<SwapCounters> counters;
-  std::atomic<int> remaining{1};
-  std::mutex status_mu;
-  Status io_status;
-  // Reads are split into chunks with their own completions so that wait()
-  // can hash chunk i while later chunks are still being read.
-  std::vector<IoHandle> chunks;
-  std::vector<uint64_t> chunk_bytes;
-
-  void record(const Status& st) {
-    if (st.ok()) return;
-    std::lock_guard<std::mutex> lock(status_mu);
-    if (io_status.ok()) io_status = st;
-  }
-  uint64_t checksum = 0;
-
-  std::atomic<uint32_t> done{0};
-  std::mutex wait_mu;
-  bool checked = false;
-  Status final_status;
-
-  std::string describe() const {
-    return fmt::format("tensor {} (extent [{}, +{}), {} bytes)", id, extent.offset, extent.length, bytes);
-  }
-
-  // The I/O and (for writes) the checksum both arrive; the last one finishes.
-  void arrive() {
-    if (remaining.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-    SwapStore* s = store;  // every record() happened before its arrive(); the acq_rel count orders them
-    s->finish_op(id, io_status.ok(), checksum, is_write);
-    if (!io_status.ok()) {
-      final_status = io_status.with_context(fmt::format("swap {} of {}", is_write ? "write" : "read", describe()));
-    }
-    done.store(1, std::memory_order_release);
-    done.notify_all();
-    // Last touch of the store: the destructor waits for pending_ops_ to drain.
-    if (s->pending_ops_.fetch_sub(1, std::memory_order_acq_rel) == 1) s->pending_ops_.notify_all();
-  }
-};
-
-}  // namespace detail
-
-bool SwapHandle::done() const {
-  STRATA_CHECK(state_ != nullptr, "SwapHandle::done on an empty handle");
-  return state_->done.load(std::memory_order_acquire) != 0;
-}
-
-Status SwapHandle::wait() {
-  STRATA_CHECK(state_ != nullptr, "SwapHandle::wait on an empty handle");
-  detail::SwapOpState& st = *state_;
-  std::lock_guard<std::mutex> lock(st.wait_mu);
-  if (st.checked) return st.final_status;
-  // Hash each chunk as soon as it has arrived, in order, overlapping the
-  // hashing with the reads of the chunks after it.
-  std::optional<ChecksumStream> stream;
-  uint64_t hash_ns = 0;
-  if (!st.is_write && st.verify) {
-    stream.emplace();
-    uint64_t offset = 0;
-    for (size_t i = 0; i < st.chunks.size(); ++i) {
-      if (!st.chunks[i].wait().ok()) {
-        stream.reset();
-        break;
-      }
-      uint64_t t0 = now_ns();
-      stream->update(static_cast<const std::byte*>(st.data) + offset, st.chunk_bytes[i]);
-      hash_ns += now_ns() - t0;
-      offset += st.chunk_bytes[i];
-    }
-  }
-  while (st.done.load(std::memory_order_acquire) == 0) st.done.wait(0, std::memory_order_acquire);
-  st.checked = true;
-  if (!st.is_write && st.final_status.ok() && stream.has_value()) {
-    uint64_t actual = stream->digest();
-    st.counters->checksum_ns.fetch_add(hash_ns, std::memory_order_relaxed);
-    if (actual != st.expected_checksum) {
-      st.counters->verify_failures.fetch_add(1, std::memory_order_relaxed);
-      st.final_status = DataLoss(fmt::format(
-          "checksum mismatch reading {} from {}: stored xxh3 {:016x}, read back {:016x}; the swap data is "
-          "corrupt (torn write, bit rot or a file changed behind Strata's back)",
-          st.describe(), fmt::join(st.counters->file_paths, ", "), st.expected_checksum, actual));
-    }
-  }
-  return st.final_status;
-}
 
 // ---------------------------------------------------------------------------
 
@@ -185,9 +93,20 @@ Status SwapStoreOptions::validate() const {
   if (stripe_bytes == 0 || stripe_bytes % kHeaderPage != 0) {
     return InvalidArgument(fmt::format("swap store: stripe_bytes {} must be a positive multiple of 4096", stripe_bytes));
   }
-  if (index_bytes < 2 * kHeaderPage || index_bytes % kHeaderPage != 0) {
-    return InvalidArgument(fmt::format("swap store: index_bytes {} must be a multiple of 4096 and at least 8192",
-                                       index_bytes));
+  if (index_bytes != 0 && (index_bytes < 2 * kHeaderPage || index_bytes % kHeaderPage != 0)) {
+    return InvalidArgument(fmt::format(
+        "swap store: index_bytes {} must be 0 (sized from the capacity) or a multiple of 4096 and at least 8192",
+        index_bytes));
+  }
+  if (checksum_block_bytes == 0 || checksum_block_bytes % kHeaderPage != 0 ||
+      checksum_block_bytes > kMaxChecksumBlock) {
+    return InvalidArgument(fmt::format(
+        "swap store: checksum_block_bytes {} must be a multiple of 4096 between 4 KiB and 8 MiB (default 65536)",
+        checksum_block_bytes));
+  }
+  if (verify_threads == 0 || verify_threads > 64) {
+    return InvalidArgument(fmt::format("swap store: verify_threads {} must be between 1 and 64 (default 2)",
+                                       verify_threads));
   }
   if (capacity_bytes == 0 && !open_existing) {
     return InvalidArgument("swap store: capacity_bytes is 0; size it to the bytes this rank swaps out");
@@ -200,7 +119,35 @@ Status SwapStoreOptions::validate() const {
   return Status::Ok();
 }
 
-SwapStore::SwapStore(const SwapStoreOptions& options, IoEngine& engine) : options_(options), engine_(engine) {}
+SwapStore::SwapStore(const SwapStoreOptions& options, IoEngine& engine) : options_(options), engine_(engine) {
+  set_block(options_.checksum_block_bytes);
+  if (options_.index_bytes == 0) {
+    // Room for the block checksums of a full store plus 1 MiB of records and runs.
+    uint64_t blocks = (options_.capacity_bytes + block_ - 1) / block_;
+    options_.index_bytes = (kHeaderPage + (1u << 20) + blocks * 8 + kHeaderPage - 1) / kHeaderPage * kHeaderPage;
+  }
+  pool_ = std::make_unique<VerifyPool>(options_.verify_threads);
+}
+
+void SwapStore::set_block(uint64_t block) {
+  block_ = block;
+  chunk_ = std::max<uint64_t>(1, kVerifyChunkBytes / block_) * block_;
+}
+
+std::string SwapStore::name() const {
+  std::vector<std::string> folders;
+  for (const PathFile& f : files_) folders.push_back(f.folder);
+  return fmt::format("swap store of job '{}' rank {} ({})", options_.job, options_.rank, fmt::join(folders, ", "));
+}
+
+uint64_t SwapStore::index_capacity() const { return options_.index_bytes - kHeaderPage; }
+
+std::string SwapStore::locate(uint64_t address) const {
+  const uint64_t stripe = options_.stripe_bytes;
+  const uint64_t k = address / stripe;
+  const PathFile& f = files_[k % files_.size()];
+  return fmt::format("{} offset {}", f.file_path, options_.index_bytes + (k / files_.size()) * stripe + address % stripe);
+}
 
 Result<std::unique_ptr<SwapStore>> SwapStore::open(const SwapStoreOptions& options, IoEngine& engine) {
   STRATA_RETURN_IF_ERROR(options.validate());
@@ -210,7 +157,6 @@ Result<std::unique_ptr<SwapStore>> SwapStore::open(const SwapStoreOptions& optio
     store->abandon();
     return st;
   }
-  store->counters_->file_paths = store->file_paths();
   return store;
 }
 
@@ -316,24 +262,34 @@ Status SwapStore::create_files() {
 }
 
 Status SwapStore::write_headers(bool with_index) {
-  const uint64_t max_entries = (options_.index_bytes - kHeaderPage) / sizeof(DiskEntry);
-  std::vector<DiskEntry> table;
+  // Serialize the table: per tensor a record, its runs, its block checksums.
+  std::vector<uint64_t> table;
+  uint64_t count = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    std::vector<TensorId> ids;
     for (const auto& [id, e] : entries_) {
-      if (!e.valid) continue;
-      table.push_back(DiskEntry{id, e.extent.offset, e.extent.length, e.bytes, e.checksum, kEntryValid});
+      if (e.valid) ids.push_back(id);
+    }
+    std::sort(ids.begin(), ids.end());
+    for (TensorId id : ids) {
+      const Entry& e = entries_.at(id);
+      table.insert(table.end(), {id, e.bytes, kEntryValid, e.runs.size(), e.sums.size()});
+      for (const SwapRun& r : e.runs) table.insert(table.end(), {r.tensor_offset, r.length, r.data_offset});
+      table.insert(table.end(), e.sums.begin(), e.sums.end());
+      ++count;
     }
   }
-  if (table.size() > max_entries) {
-    return ResourceExhausted(fmt::format("swap index holds {} tensors at most (index_bytes {}); raise index_bytes",
-                                         max_entries, options_.index_bytes));
+  const uint64_t table_bytes = table.size() * sizeof(uint64_t);
+  if (table_bytes > index_capacity()) {
+    return ResourceExhausted(fmt::format(
+        "{}: the index needs {} bytes for {} tensors (records, runs, block checksums), room for {}; raise "
+        "index_bytes (0 sizes it from the capacity)",
+        name(), table_bytes, count, index_capacity()));
   }
-  std::sort(table.begin(), table.end(), [](const DiskEntry& a, const DiskEntry& b) { return a.id < b.id; });
   ++generation_;
   for (size_t i = 0; i < files_.size(); ++i) {
     bool has_table = with_index && i == 0;
-    uint64_t table_bytes = table.size() * sizeof(DiskEntry);
     uint64_t write_bytes = has_table ? (kHeaderPage + table_bytes + kHeaderPage - 1) / kHeaderPage * kHeaderPage
                                      : kHeaderPage;
     STRATA_ASSIGN_OR_RETURN(AlignedBuffer buf, AlignedBuffer::allocate(write_bytes, kHeaderPage));
@@ -347,9 +303,11 @@ Status SwapStore::write_headers(bool with_index) {
     h.index_bytes = options_.index_bytes;
     h.data_bytes_per_file = data_bytes_per_file_;
     h.granularity = granularity_;
-    h.entry_count = has_table ? table.size() : 0;
+    h.checksum_block = block_;
+    h.entry_count = has_table ? count : 0;
+    h.table_bytes = has_table ? table_bytes : 0;
     h.generation = generation_;
-    if (has_table && !table.empty()) {
+    if (has_table && table_bytes != 0) {
       std::memcpy(buf.data() + kHeaderPage, table.data(), table_bytes);
       h.table_checksum = checksum64(table.data(), table_bytes);
     }
@@ -396,7 +354,6 @@ Status SwapStore::reopen_files() {
     files_.back().file = *id;
     files_.back().opened = true;
   }
-  counters_->file_paths = file_paths();
   STRATA_RETURN_IF_ERROR(read_index());
   if (options_.verify_on_open) return verify_all().with_context("verifying reopened swap store");
   return Status::Ok();
@@ -413,12 +370,17 @@ Status SwapStore::read_index() {
     if (std::memcmp(h.magic, kMagic, sizeof(kMagic)) != 0) {
       return DataLoss(fmt::format("{} is not a Strata swap file (bad magic)", path));
     }
+    // The version comes before the header checksum: the header's layout depends on it.
+    if (h.version != kVersion) {
+      return Unsupported(fmt::format(
+          "{}: swap index format version {}, this build reads version {} only (version 2 keeps one checksum per "
+          "{} block for range I/O; version 1 kept one per extent). Rewrite the tensors with the build that wrote "
+          "them, or remove the kept store with `strata swap clean --path {} --job {} --include-kept`",
+          path, h.version, kVersion, "checksum", options_.paths[i], options_.job));
+    }
     if (h.header_checksum != header_checksum(h)) {
       return DataLoss(fmt::format("{}: header checksum mismatch (stored {:016x}, computed {:016x})", path,
                                   h.header_checksum, header_checksum(h)));
-    }
-    if (h.version != kVersion) {
-      return Unsupported(fmt::format("{}: swap format version {} (this build reads {})", path, h.version, kVersion));
     }
     if (h.path_index != i || h.path_count != files_.size() || h.rank != options_.rank ||
         std::string(h.job, strnlen(h.job, sizeof(h.job))) != options_.job) {
@@ -438,34 +400,74 @@ Status SwapStore::read_index() {
   data_bytes_per_file_ = first.data_bytes_per_file;
   granularity_ = first.granularity;
   generation_ = first.generation;
+  const std::string& path0 = files_[0].file_path;
+  if (first.checksum_block == 0 || first.checksum_block % kHeaderPage != 0 ||
+      first.checksum_block > kMaxChecksumBlock || first.granularity == 0 || first.checksum_block % first.granularity != 0) {
+    return DataLoss(fmt::format("{}: invalid checksum block {} / granularity {} in the header", path0,
+                                first.checksum_block, first.granularity));
+  }
+  set_block(first.checksum_block);
+  options_.checksum_block_bytes = first.checksum_block;
   options_.capacity_bytes = data_bytes_per_file_ * files_.size();
   allocator_ = std::make_unique<ExtentAllocator>(data_bytes_per_file_ * files_.size(), granularity_);
-  uint64_t max_entries = (options_.index_bytes - kHeaderPage) / sizeof(DiskEntry);
-  if (first.entry_count > max_entries) {
-    return DataLoss(fmt::format("{}: index claims {} entries, room for {}", files_[0].file_path, first.entry_count,
-                                max_entries));
+  const uint64_t table_bytes = first.table_bytes;
+  if (table_bytes > index_capacity() || table_bytes % sizeof(uint64_t) != 0) {
+    return DataLoss(fmt::format("{}: index claims a {} byte table, room for {}", path0, table_bytes,
+                                index_capacity()));
   }
-  uint64_t table_bytes = first.entry_count * sizeof(DiskEntry);
   if (table_bytes == 0) return Status::Ok();
   uint64_t read_bytes = (table_bytes + kHeaderPage - 1) / kHeaderPage * kHeaderPage;
   STRATA_ASSIGN_OR_RETURN(AlignedBuffer table_buf, AlignedBuffer::allocate(read_bytes, kHeaderPage));
   STRATA_RETURN_IF_ERROR(engine_.read_sync(files_[0].file, kHeaderPage, read_bytes, table_buf.data()));
   uint64_t actual = checksum64(table_buf.data(), table_bytes);
   if (actual != first.table_checksum) {
-    return DataLoss(fmt::format("{}: swap index checksum mismatch (stored {:016x}, computed {:016x})",
-                                files_[0].file_path, first.table_checksum, actual));
+    return DataLoss(fmt::format("{}: swap index checksum mismatch (stored {:016x}, computed {:016x})", path0,
+                                first.table_checksum, actual));
   }
-  std::vector<DiskEntry> table(first.entry_count);
+  std::vector<uint64_t> table(table_bytes / sizeof(uint64_t));
   std::memcpy(table.data(), table_buf.data(), table_bytes);
+  size_t at = 0;
+  auto take = [&](size_t n) -> const uint64_t* {
+    if (table.size() - at < n) return nullptr;
+    const uint64_t* p = table.data() + at;
+    at += n;
+    return p;
+  };
   std::lock_guard<std::mutex> lock(mu_);
-  for (const DiskEntry& d : table) {
-    Extent extent{d.offset, d.length};
-    Status st = allocator_->reserve(extent);
-    if (!st.ok() || d.bytes > d.length) {
-      return DataLoss(fmt::format("{}: index entry for tensor {} has an invalid extent [{}, +{}): {}",
-                                  files_[0].file_path, d.id, d.offset, d.length, st.message()));
+  for (uint64_t t = 0; t < first.entry_count; ++t) {
+    const uint64_t* rec = take(5);
+    if (rec == nullptr) return DataLoss(fmt::format("{}: index table ends inside tensor record {}", path0, t));
+    Entry e;
+    e.id = rec[0];
+    e.bytes = rec[1];
+    e.valid = (rec[2] & kEntryValid) != 0;
+    const uint64_t run_count = rec[3];
+    const uint64_t block_count = rec[4];
+    auto bad = [&](const std::string& why) {
+      return DataLoss(fmt::format("{}: index entry for tensor {} is invalid: {}", path0, e.id, why));
+    };
+    if (block_count != (e.bytes + block_ - 1) / block_) {
+      return bad(fmt::format("{} block checksums for {} bytes", block_count, e.bytes));
     }
-    entries_[d.id] = Entry{d.id, extent, d.bytes, d.checksum, (d.flags & kEntryValid) != 0, 0};
+    const uint64_t* runs = run_count <= table.size() ? take(3 * run_count) : nullptr;
+    const uint64_t* sums = runs != nullptr && block_count <= table.size() ? take(block_count) : nullptr;
+    if (sums == nullptr && block_count != 0) return bad("the table ends inside its runs or checksums");
+    uint64_t covered = 0;
+    for (uint64_t r = 0; r < run_count; ++r) {
+      SwapRun run{runs[3 * r], runs[3 * r + 1], runs[3 * r + 2]};
+      if (run.tensor_offset != covered || run.length == 0 || run.data_offset % granularity_ != 0) {
+        return bad(fmt::format("run {} [{}, +{}) at data address {} does not continue at byte {}", r,
+                               run.tensor_offset, run.length, run.data_offset, covered));
+      }
+      Status st = allocator_->reserve(Extent{run.data_offset, allocator_->round_up(run.length)});
+      if (!st.ok()) return bad(fmt::format("run {} overlaps other data: {}", r, st.message()));
+      covered += run.length;
+      e.runs.push_back(run);
+    }
+    if (covered != e.bytes) return bad(fmt::format("runs cover {} of {} bytes", covered, e.bytes));
+    e.sums.assign(sums, sums + block_count);
+    table_bytes_ += record_bytes(e);
+    entries_[e.id] = std::move(e);
   }
   return Status::Ok();
 }
@@ -494,146 +496,41 @@ std::vector<IoSegment> SwapStore::segments_for(const Extent& extent, uint64_t by
   return segs;
 }
 
-void SwapStore::finish_op(TensorId id, bool ok, uint64_t checksum, bool is_write) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = entries_.find(id);
-  STRATA_CHECK(it != entries_.end(), "swap store: operation finished for an unknown tensor");
-  Entry& e = it->second;
-  --e.pending;
-  if (is_write) {
-    e.valid = ok;
-    e.checksum = checksum;
-  }
-}
-
-Result<SwapHandle> SwapStore::write(TensorId id, const void* data, uint64_t bytes) {
-  if (closed_) return FailedPrecondition(fmt::format("swap write of tensor {}: the store is closed", id));
-  if (bytes == 0 || data == nullptr) {
-    return InvalidArgument(fmt::format("swap write of tensor {}: empty tensor or null buffer", id));
-  }
-  auto state = std::make_shared<detail::SwapOpState>();
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = entries_.find(id);
-    if (it == entries_.end()) {
-      uint64_t max_entries = (options_.index_bytes - kHeaderPage) / sizeof(DiskEntry);
-      if (entries_.size() >= max_entries) {
-        return ResourceExhausted(fmt::format("swap write of tensor {}: the index holds {} tensors at most; raise "
-                                             "index_bytes", id, max_entries));
+std::vector<IoSegment> SwapStore::segments_for_runs(const std::vector<SwapRun>& runs, uint64_t offset,
+                                                     uint64_t length, std::byte* data) const {
+  std::vector<IoSegment> segs;
+  const uint64_t end = offset + length;
+  for (const SwapRun& r : runs) {
+    const uint64_t a = std::max(offset, r.tensor_offset);
+    const uint64_t b = std::min(end, r.tensor_offset + r.length);
+    if (a >= b) continue;
+    std::vector<IoSegment> part =
+        segments_for(Extent{r.data_offset + (a - r.tensor_offset), b - a}, b - a, data + (a - offset));
+    for (const IoSegment& seg : part) {
+      if (!segs.empty() && segs.back().file == seg.file && segs.back().offset + segs.back().length == seg.offset &&
+          static_cast<std::byte*>(segs.back().buffer) + segs.back().length == seg.buffer) {
+        segs.back().length += seg.length;
+      } else {
+        segs.push_back(seg);
       }
-      STRATA_ASSIGN_OR_RETURN(Extent extent, allocator_->allocate(bytes));
-      it = entries_.emplace(id, Entry{id, extent, bytes, 0, false, 0}).first;
-    } else {
-      Entry& e = it->second;
-      if (e.pending != 0) {
-        return FailedPrecondition(fmt::format("swap write of tensor {}: {} operation(s) on it still in flight",
-                                              id, e.pending));
-      }
-      if (e.extent.length < allocator_->round_up(bytes)) {
-        STRATA_RETURN_IF_ERROR(allocator_->free(e.extent));
-        auto extent = allocator_->allocate(bytes);
-        if (!extent.ok()) {
-          allocator_->reserve(e.extent).ignore();  // keep the old extent; its data stays valid
-          return std::move(extent).status().with_context(fmt::format("swap write of tensor {}", id));
-        }
-        e.extent = *extent;
-      }
-      e.bytes = bytes;
     }
-    Entry& e = it->second;
-    e.valid = false;
-    ++e.pending;
-    state->extent = e.extent;
   }
-  state->store = this;
-  state->counters = counters_;
-  state->id = id;
-  state->is_write = true;
-  state->bytes = bytes;
-  state->data = const_cast<void*>(data);
-  state->remaining.store(2);
-  pending_ops_.fetch_add(1, std::memory_order_acq_rel);
-  std::vector<IoSegment> segs = segments_for(state->extent, bytes, const_cast<void*>(data));
-  engine_.submit(IoOp::kWrite, segs, [state](const Status& st) {
-    state->record(st);
-    state->arrive();
-  });
-  // Hash the bytes while the write is in flight (the engine only reads them).
-  uint64_t t0 = now_ns();
-  state->checksum = checksum64(data, bytes);
-  counters_->checksum_ns.fetch_add(now_ns() - t0, std::memory_order_relaxed);
-  counters_->bytes_written.fetch_add(bytes, std::memory_order_relaxed);
-  state->arrive();
-  return SwapHandle(state);
-}
-
-Result<SwapHandle> SwapStore::read(TensorId id, void* data, uint64_t bytes) {
-  if (closed_) return FailedPrecondition(fmt::format("swap read of tensor {}: the store is closed", id));
-  if (data == nullptr) return InvalidArgument(fmt::format("swap read of tensor {}: null buffer", id));
-  auto state = std::make_shared<detail::SwapOpState>();
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = entries_.find(id);
-    if (it == entries_.end()) {
-      return NotFound(fmt::format("swap read: tensor {} was never written to this store", id));
-    }
-    Entry& e = it->second;
-    if (!e.valid) {
-      return DataLoss(fmt::format("swap read of tensor {}: no valid data (its last write failed or is still in "
-                                  "flight)", id));
-    }
-    if (bytes != e.bytes) {
-      return InvalidArgument(fmt::format("swap read of tensor {}: asked for {} bytes, stored {}", id, bytes, e.bytes));
-    }
-    ++e.pending;
-    state->extent = e.extent;
-    state->expected_checksum = e.checksum;
-  }
-  state->store = this;
-  state->counters = counters_;
-  state->id = id;
-  state->bytes = bytes;
-  state->data = data;
-  state->verify = options_.verify_checksums;
-  const uint64_t chunk = kVerifyChunkBytes;
-  const int chunk_count = static_cast<int>((bytes + chunk - 1) / chunk);
-  state->remaining.store(chunk_count);
-  state->chunks.reserve(static_cast<size_t>(chunk_count));
-  state->chunk_bytes.reserve(static_cast<size_t>(chunk_count));
-  pending_ops_.fetch_add(1, std::memory_order_acq_rel);
-  counters_->bytes_read.fetch_add(bytes, std::memory_order_relaxed);
-  for (uint64_t done = 0; done < bytes; done += chunk) {
-    uint64_t length = std::min(chunk, bytes - done);
-    std::vector<IoSegment> segs =
-        segments_for(Extent{state->extent.offset + done, length}, length, static_cast<std::byte*>(data) + done);
-    state->chunk_bytes.push_back(length);
-    // Callbacks use only record()/arrive(), never the chunk vectors.
-    state->chunks.push_back(engine_.submit(IoOp::kRead, segs, [state](const Status& st) {
-      state->record(st);
-      state->arrive();
-    }));
-  }
-  return SwapHandle(state);
-}
-
-Status SwapStore::write_sync(TensorId id, const void* data, uint64_t bytes) {
-  STRATA_ASSIGN_OR_RETURN(SwapHandle h, write(id, data, bytes));
-  return h.wait();
-}
-
-Status SwapStore::read_sync(TensorId id, void* data, uint64_t bytes) {
-  STRATA_ASSIGN_OR_RETURN(SwapHandle h, read(id, data, bytes));
-  return h.wait();
+  return segs;
 }
 
 Status SwapStore::remove(TensorId id) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = entries_.find(id);
   if (it == entries_.end()) return NotFound(fmt::format("swap remove: tensor {} is not in the store", id));
-  if (it->second.pending != 0) {
-    return FailedPrecondition(fmt::format("swap remove of tensor {}: operations on it are in flight", id));
+  Entry& e = it->second;
+  if (!e.inflight.empty()) {
+    return FailedPrecondition(fmt::format("swap remove of tensor {}: {} operation(s) on it are in flight", id,
+                                          e.inflight.size()));
   }
-  STRATA_RETURN_IF_ERROR(allocator_->free(it->second.extent));
+  for (const SwapRun& r : e.runs) {
+    STRATA_RETURN_IF_ERROR(allocator_->free(Extent{r.data_offset, allocator_->round_up(r.length)}));
+  }
+  if (e.valid) table_bytes_ -= record_bytes(e);
   entries_.erase(it);
   return Status::Ok();
 }
@@ -654,7 +551,19 @@ Result<Extent> SwapStore::extent_of(TensorId id) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = entries_.find(id);
   if (it == entries_.end()) return NotFound(fmt::format("tensor {} is not in the swap store", id));
-  return it->second.extent;
+  const Entry& e = it->second;
+  if (e.runs.size() != 1) {
+    return FailedPrecondition(fmt::format("tensor {} lives in {} runs (range writes split it); use runs_of()", id,
+                                          e.runs.size()));
+  }
+  return Extent{e.runs[0].data_offset, allocator_->round_up(e.runs[0].length)};
+}
+
+Result<std::vector<SwapRun>> SwapStore::runs_of(TensorId id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end()) return NotFound(fmt::format("tensor {} is not in the swap store", id));
+  return it->second.runs;
 }
 
 std::vector<TensorId> SwapStore::ids() const {
@@ -679,15 +588,12 @@ Status SwapStore::verify_all() {
   if (todo.empty()) return Status::Ok();
   std::sort(todo.begin(), todo.end());
   STRATA_ASSIGN_OR_RETURN(AlignedBuffer buf, AlignedBuffer::allocate(largest, granularity_));
-  bool saved = options_.verify_checksums;
-  options_.verify_checksums = true;
-  Status result;
   for (const auto& [id, bytes] : todo) {
-    result = read_sync(id, buf.data(), bytes);
-    if (!result.ok()) break;
+    // Verified on the verify threads, whatever verify_checksums says.
+    STRATA_ASSIGN_OR_RETURN(SwapHandle h, start_read(id, 0, bytes, buf.data(), true, true));
+    STRATA_RETURN_IF_ERROR(h.wait());
   }
-  options_.verify_checksums = saved;
-  return result;
+  return Status::Ok();
 }
 
 void SwapStore::abandon() {
@@ -755,6 +661,9 @@ SwapStats SwapStore::stats() const {
   s.bytes_read = counters_->bytes_read.load();
   s.checksum_ns = counters_->checksum_ns.load();
   s.verify_failures = counters_->verify_failures.load();
+  s.write_verify_failures = counters_->write_verify_failures.load();
+  s.flips = counters_->flips.load();
+  s.bytes_read_back = counters_->bytes_read_back.load();
   return s;
 }
 

@@ -89,8 +89,13 @@ TEST_F(SwapStoreTest, WriteReadRoundTripAndExtentReuse) {
     ASSERT_TRUE((*store)->read_sync(100 + i, out.data(), out.size()).ok());  // unaligned buffer is fine
     EXPECT_TRUE(bytes_equal(tensors[i].data.data(), out.data(), out.size())) << "tensor " << 100 + i;
   }
-  // Rewriting a tensor with the same size keeps its extent; a larger one moves it.
+  // Rewriting a tensor is a shadow write: it moves to a fresh extent and the
+  // old one is freed at the flip, so the next rewrite reuses it (first fit).
   Extent before = *(*store)->extent_of(100);
+  uint64_t used_before = (*store)->stats().bytes_used;
+  ASSERT_TRUE((*store)->write_sync(100, tensors[0].buffer.data(), tensors[0].data.size()).ok());
+  EXPECT_NE(*(*store)->extent_of(100), before);
+  EXPECT_EQ((*store)->stats().bytes_used, used_before);
   ASSERT_TRUE((*store)->write_sync(100, tensors[0].buffer.data(), tensors[0].data.size()).ok());
   EXPECT_EQ(*(*store)->extent_of(100), before);
   ASSERT_TRUE((*store)->write_sync(100, tensors[7].buffer.data(), tensors[7].data.size()).ok());

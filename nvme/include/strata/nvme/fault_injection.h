@@ -27,6 +27,12 @@ struct FaultPlan {
   double corrupt_read_probability = 0;    // one bit flipped in data read
   double latency_probability = 0;         // completion delayed by up to latency_us_max
   uint32_t latency_us_max = 0;
+  // Which directions the faults above apply to (latency applies to both).
+  bool fault_reads = true;
+  bool fault_writes = true;
+  // The first `clean_pieces` pieces of a faulted direction pass untouched,
+  // so a fault lands in the middle of a request ("EIO mid-write").
+  uint64_t clean_pieces = 0;
 };
 
 struct FaultCounters {
@@ -37,6 +43,16 @@ struct FaultCounters {
   std::atomic<uint64_t> torn_writes{0};
   std::atomic<uint64_t> corrupt_reads{0};
   std::atomic<uint64_t> delayed{0};
+
+  // Live control for tests: faults are injected only while armed; arm()
+  // restarts the clean-piece count (FaultPlan::clean_pieces semantics).
+  std::atomic<bool> armed{true};
+  std::atomic<int64_t> clean_left{0};
+  void arm(uint64_t clean_pieces = 0) {
+    clean_left.store(static_cast<int64_t>(clean_pieces));
+    armed.store(true);
+  }
+  void disarm() { armed.store(false); }
 };
 
 // An engine of kind `options.engine` (kAuto allowed) with faults injected

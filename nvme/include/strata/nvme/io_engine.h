@@ -13,8 +13,20 @@
 // to intra_op_parallelism workers (one ring / aio context / thread group
 // each) through one shared queue, so work spreads dynamically: a worker with
 // free queue slots takes the next piece, whichever request it belongs to.
-// Every request has its own completion (an IoHandle to poll or wait on, and
-// an optional callback), so callers wait for what they need, not for all.
+// Every request has its own completion (an IoHandle whose completion() is a
+// strata::Completion, see core/completion.h, plus an optional callback), so
+// callers wait for, chain onto or gate a device stream on what they need.
+//
+// Note [I/O completion rules]
+//  - A request completes exactly once; its Status is ok or the first error
+//    of its pieces, naming the file, offset, length (and errno).
+//  - The IoCallback given to submit() runs first, on the engine worker that
+//    finished the last piece, with no engine lock held; then the Completion
+//    is completed (waiters wake, then() callbacks run on that same thread,
+//    again with no engine lock held). So a callback may submit new requests
+//    to this engine; it must not block waiting for another request of this
+//    engine (it would hold up a worker that request may need).
+//  - Invalid requests complete before submit() returns, on the caller.
 //
 // Every completion result is checked: short transfers are resubmitted for
 // the rest, EAGAIN/EINTR are retried, anything else completes the request
@@ -36,6 +48,7 @@
 #include <string_view>
 #include <vector>
 
+#include "strata/core/completion.h"
 #include "strata/core/status.h"
 
 namespace strata::nvme {
@@ -102,16 +115,20 @@ class IoHandle {
   explicit IoHandle(std::shared_ptr<detail::RequestState> state) : state_(std::move(state)) {}
 
   bool valid() const { return state_ != nullptr; }
-  bool done() const;                   // never blocks
-  Status wait() const;                 // blocks until done; the request's status
-  uint64_t bytes() const;              // total bytes of the request
+  // The request's completion: its Status names file, offset and length on
+  // failure; its label is "nvme read of <path> [offset, +length)".
+  Completion completion() const;
+  bool done() const { return completion().done(); }    // never blocks
+  Status wait() const { return completion().wait(); }  // blocks; the request's status
+  uint64_t bytes() const;                              // total bytes of the request
 
  private:
   std::shared_ptr<detail::RequestState> state_;
 };
 
-// Runs once per request, on an engine worker thread, before waiters wake.
-// Keep it short; it must not wait on another request of the same engine.
+// Runs once per request, on an engine worker thread, before waiters wake and
+// before then() callbacks of the completion; no engine lock is held. Keep it
+// short; it may submit, it must not wait on another request of the same engine.
 using IoCallback = std::function<void(const Status&)>;
 
 struct IoEngineStats {
@@ -124,6 +141,7 @@ struct IoEngineStats {
   uint64_t short_resubmits = 0;     // short transfers resubmitted for the rest
   uint64_t transient_retries = 0;   // EAGAIN / EINTR retried
   uint64_t failed_requests = 0;
+  uint64_t fixed_buffer_pieces = 0; // io_uring pieces issued as READ_FIXED / WRITE_FIXED
 };
 
 class IoEngine {
@@ -147,7 +165,11 @@ class IoEngine {
 
   // Optional: lets io_uring use the region as a fixed buffer. Must be called
   // while no request is in flight. Refusals (RLIMIT_MEMLOCK) are not errors:
-  // the region is used unregistered and a note says so. Default: no-op.
+  // the region is used unregistered and a note says so. Other backends
+  // record the region and ignore it. Register a long-lived region once (a
+  // slot pool's base() / total_bytes()): every later piece whose buffer lies
+  // wholly inside it is issued as READ_FIXED / WRITE_FIXED, whoever submits
+  // it (the SwapStore included); stats().fixed_buffer_pieces counts them.
   virtual Status register_buffer(void* data, size_t bytes) = 0;
   virtual Status unregister_buffer(void* data) = 0;
 
