@@ -16,11 +16,13 @@ namespace strata::cpu_adam::detail {
 enum class CopyType : uint8_t { kNone = 0, kBF16, kF16 };
 
 // Factors derived once per step (in double, rounded to float once), so that
-// every path computes the same float operations in the same order.
+// every path computes the same float operations in the same order. The bias
+// corrections and signs are folded in here, so the per-element update needs
+// no division by them (Note [Update formulas], reference.cpp).
 struct StepFactors {
   OptimizerKind kind = OptimizerKind::kAdamW;
   float grad_multiplier = 1.0f;  // clip_coefficient / loss_scale
-  float lr = 0.0f;               // Adagrad, Lion
+  float neg_lr = 0.0f;           // Adagrad, Lion: -lr
   float one_minus_beta1 = 0.0f;  // Adam/AdamW/Lion interpolation weight of m
   float beta2 = 0.0f;            // Adam/AdamW
   float one_minus_beta2 = 0.0f;  // Adam/AdamW v weight, Lion m weight
@@ -29,9 +31,9 @@ struct StepFactors {
   bool l2_decay = false;         // Adam / Adagrad with weight_decay != 0
   float decay_factor = 1.0f;     // AdamW, Lion: 1 - lr * weight_decay
   bool decoupled_decay = false;  // AdamW / Lion with weight_decay != 0
-  float step_size = 0.0f;        // Adam/AdamW: lr / (1 - beta1^t)
-  float bias_correction2_sqrt = 1.0f;  // Adam/AdamW: sqrt(1 - beta2^t)
-  bool probe_prefetch = false;   // stream probe only: use the step's software prefetch
+  float neg_step_size = 0.0f;    // Adam/AdamW: -lr / (1 - beta1^t)
+  float inv_bias_correction2_sqrt = 1.0f;  // Adam/AdamW: 1 / sqrt(1 - beta2^t)
+  bool probe_prefetch = false;   // probes only: use the step's software prefetch
 };
 
 // One tile: pointers already offset to the tile's first element.
@@ -49,9 +51,14 @@ struct TileSpans {
 
 struct KernelTable {
   void (*update)(const StepFactors& f, const TileSpans& t);
-  // Streaming probe: reads and writes exactly the streams `update` would
-  // for f.kind, with one add per stream.
+  // Same-arithmetic probe: reads and writes exactly the streams `update`
+  // would for f.kind, with one add per stream (keeps the dtype conversions).
   void (*probe)(const StepFactors& f, const TileSpans& t);
+  // Pure streaming probe: the same bytes read and written as `update`, with
+  // no arithmetic and no conversion: every stream is loaded and stored back
+  // unchanged; the 16-bit copy gets raw bytes of the params. The physical
+  // limit of the access pattern (Note [Streaming probe], kernel_body.h).
+  void (*stream)(const StepFactors& f, const TileSpans& t);
   // Sum of squares of the raw gradient in double (non-finite iff an element is).
   double (*sum_squares)(const void* grads, DType grad_dtype, size_t count);
 };

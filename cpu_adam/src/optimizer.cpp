@@ -117,7 +117,7 @@ StepFactors make_factors(OptimizerKind kind, const StepArgs& a) {
   StepFactors f;
   f.kind = kind;
   f.grad_multiplier = static_cast<float>(a.clip_coefficient / a.loss_scale);
-  f.lr = static_cast<float>(h.lr);
+  f.neg_lr = static_cast<float>(-h.lr);
   f.one_minus_beta1 = static_cast<float>(1.0 - h.beta1);
   f.beta2 = static_cast<float>(h.beta2);
   f.one_minus_beta2 = static_cast<float>(1.0 - h.beta2);
@@ -127,15 +127,16 @@ StepFactors make_factors(OptimizerKind kind, const StepArgs& a) {
   f.l2_decay = !decoupled && h.weight_decay != 0.0;
   f.decoupled_decay = decoupled && h.weight_decay != 0.0;
   f.decay_factor = static_cast<float>(1.0 - h.lr * h.weight_decay);
+  // Bias corrections folded into two per-step scalars (Note [Update formulas]).
   if (h.bias_correction) {
     const double t = static_cast<double>(a.step);
     const double bc1 = 1.0 - std::pow(h.beta1, t);
     const double bc2 = 1.0 - std::pow(h.beta2, t);
-    f.step_size = static_cast<float>(h.lr / bc1);
-    f.bias_correction2_sqrt = static_cast<float>(std::sqrt(bc2));
+    f.neg_step_size = static_cast<float>(-h.lr / bc1);
+    f.inv_bias_correction2_sqrt = static_cast<float>(1.0 / std::sqrt(bc2));
   } else {
-    f.step_size = static_cast<float>(h.lr);
-    f.bias_correction2_sqrt = 1.0f;
+    f.neg_step_size = static_cast<float>(-h.lr);
+    f.inv_bias_correction2_sqrt = 1.0f;
   }
   return f;
 }
@@ -268,7 +269,7 @@ Result<StepReport> CpuOptimizer::step(const StepArgs& args, const StateSpans& st
   return report;
 }
 
-Status CpuOptimizer::stream_probe(const StateSpans& state, bool software_prefetch) {
+Status CpuOptimizer::stream_probe(const StateSpans& state, bool software_prefetch, ProbeKind probe) {
   const OptimizerKind kind = impl_->options.kind;
   STRATA_RETURN_IF_ERROR(validate_state(kind, state));
   if (state.count == 0) return Status::Ok();
@@ -278,11 +279,16 @@ Status CpuOptimizer::stream_probe(const StateSpans& state, bool software_prefetc
   const size_t tile = impl_->options.tile_elements;
   const size_t tiles = (state.count + tile - 1) / tile;
   const KernelTable& k = *impl_->kernels;
+  const auto fn = probe == ProbeKind::kStreaming ? k.stream : k.probe;
   impl_->for_each_tile(tiles, [&](size_t i) {
     const size_t begin = i * tile;
-    k.probe(factors, tile_of(state, begin, std::min(tile, state.count - begin)));
+    fn(factors, tile_of(state, begin, std::min(tile, state.count - begin)));
   });
   return Status::Ok();
+}
+
+std::string_view probe_kind_name(ProbeKind kind) {
+  return kind == ProbeKind::kStreaming ? "streaming" : "conversion";
 }
 
 }  // namespace strata::cpu_adam

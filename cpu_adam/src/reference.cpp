@@ -3,30 +3,38 @@
 //
 // Note [Update formulas]
 // Per element, with g the gradient times f.grad_multiplier (loss-scale
-// unscaling and clipping fused), in float, each operation rounded once:
+// unscaling and clipping fused), in float; fma(a, b, c) = a * b + c rounded
+// once (std::fma), every other operation rounded once:
 //   Adam/AdamW (torch.optim.Adam/AdamW, DeepSpeed adam_w_mode):
-//     if Adam and wd != 0:   g = g + wd * p                (L2)
-//     m = m + (1 - b1) * (g - m)                            (torch's lerp)
-//     v = v * b2 + ((1 - b2) * g) * g                       (torch's addcmul)
-//     denom = sqrt(v) / sqrt(1 - b2^t) + eps
-//     if AdamW and wd != 0:  p = p * (1 - lr * wd)         (decoupled)
-//     p = p - (lr / (1 - b1^t) * m) / denom
+//     if Adam and wd != 0:   g = fma(wd, p, g)                  (L2)
+//     m = fma(1 - b1, g - m, m)                                  (torch's lerp)
+//     v = fma((1 - b2) * g, g, v * b2)                           (torch's addcmul)
+//     denom = fma(sqrt(v), 1 / sqrt(1 - b2^t), eps)
+//     if AdamW and wd != 0:  p = p * (1 - lr * wd)              (decoupled)
+//     p = fma(-lr / (1 - b1^t), m / denom, p)                    (torch's addcdiv)
 //   Adagrad (torch.optim.Adagrad, lr_decay 0):
-//     if wd != 0: g = g + wd * p;  s = s + g * g;  p = p - (lr * g) / (sqrt(s) + eps)
+//     if wd != 0: g = fma(wd, p, g);  s = fma(g, g, s);  p = fma(-lr, g / (sqrt(s) + eps), p)
 //   Lion:
-//     c = m + (1 - b1) * (g - m);  if wd != 0: p = p * (1 - lr * wd)
-//     p = p - lr * sign(c);        m = m + (1 - b2) * (g - m)
-// Scalar factors (1 - b1, lr / (1 - b1^t), sqrt(1 - b2^t), 1 - lr * wd) are
-// computed in double once per step and rounded to float once; b^t is
-// std::pow(b, t) each step, so it does not drift over long runs. Without
-// bias correction step_size = lr and sqrt(1 - b2^t) = 1.
-// The SIMD paths perform exactly these float operations in this order and
-// use no FMA in the update (sqrt and division are correctly rounded in both),
-// so their results are bit-identical to this loop; moments and the copy are
-// rounded to bf16/fp16 with round-to-nearest-even (AVX512-BF16's
-// vcvtneps2bf16 additionally flushes bf16 subnormals to zero).
+//     c = fma(1 - b1, g - m, m);  if wd != 0: p = p * (1 - lr * wd)
+//     p = fma(-lr, sign(c), p);   m = fma(1 - b2, g - m, m)
+// Adam costs one square root and one division per element; the bias
+// corrections are folded into two per-step scalars, so the element loop has
+// no division by them (torch divides sqrt(v) by sqrt(1 - b2^t) and
+// DeepSpeed multiplies; both round differently from us only at the last
+// bit, see tests/cpu_adam/torch_compare.py). Scalar factors (1 - b1,
+// -lr / (1 - b1^t), 1 / sqrt(1 - b2^t), 1 - lr * wd, -lr) are computed in
+// double once per step and rounded to float once; b^t is std::pow(b, t)
+// each step, so it does not drift over long runs. Without bias correction
+// the step factor is -lr and 1 / sqrt(1 - b2^t) = 1.
+// The SIMD paths perform exactly these float operations in this order,
+// fusing exactly these FMAs (the library builds with -ffp-contract=off so
+// the compiler fuses nothing else; sqrt, division and FMA are correctly
+// rounded everywhere), so their results are bit-identical to this loop;
+// moments and the copy are rounded to bf16/fp16 with round-to-nearest-even
+// (AVX512-BF16's vcvtneps2bf16 additionally flushes bf16 subnormals to zero).
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "kernels.h"
 
@@ -64,12 +72,12 @@ void adam_update(const StepFactors& f, const TileSpans& t) {
     float g = load<G>(t.grads, i) * f.grad_multiplier;
     float m = load<M>(t.exp_avg, i);
     float v = load<M>(t.exp_avg_sq, i);
-    if (f.l2_decay) g = g + f.weight_decay * p;
-    m = m + f.one_minus_beta1 * (g - m);
-    v = v * f.beta2 + (f.one_minus_beta2 * g) * g;
-    const float denom = std::sqrt(v) / f.bias_correction2_sqrt + f.eps;
+    if (f.l2_decay) g = std::fma(f.weight_decay, p, g);
+    m = std::fma(f.one_minus_beta1, g - m, m);
+    v = std::fma(f.one_minus_beta2 * g, g, v * f.beta2);
+    const float denom = std::fma(std::sqrt(v), f.inv_bias_correction2_sqrt, f.eps);
     if (f.decoupled_decay) p = p * f.decay_factor;
-    p = p - (f.step_size * m) / denom;
+    p = std::fma(f.neg_step_size, m / denom, p);
     t.params[i] = p;
     store<M>(t.exp_avg, i, m);
     store<M>(t.exp_avg_sq, i, v);
@@ -83,9 +91,9 @@ void adagrad_update(const StepFactors& f, const TileSpans& t) {
     float p = t.params[i];
     float g = load<G>(t.grads, i) * f.grad_multiplier;
     float s = load<M>(t.exp_avg_sq, i);
-    if (f.l2_decay) g = g + f.weight_decay * p;
-    s = s + g * g;
-    p = p - (f.lr * g) / (std::sqrt(s) + f.eps);
+    if (f.l2_decay) g = std::fma(f.weight_decay, p, g);
+    s = std::fma(g, g, s);
+    p = std::fma(f.neg_lr, g / (std::sqrt(s) + f.eps), p);
     t.params[i] = p;
     store<M>(t.exp_avg_sq, i, s);
     store_copy<C>(t.param_copy, i, p);
@@ -98,17 +106,18 @@ void lion_update(const StepFactors& f, const TileSpans& t) {
     float p = t.params[i];
     const float g = load<G>(t.grads, i) * f.grad_multiplier;
     float m = load<M>(t.exp_avg, i);
-    const float c = m + f.one_minus_beta1 * (g - m);
+    const float c = std::fma(f.one_minus_beta1, g - m, m);
     if (f.decoupled_decay) p = p * f.decay_factor;
-    p = p - f.lr * sign(c);
-    m = m + f.one_minus_beta2 * (g - m);
+    p = std::fma(f.neg_lr, sign(c), p);
+    m = std::fma(f.one_minus_beta2, g - m, m);
     t.params[i] = p;
     store<M>(t.exp_avg, i, m);
     store_copy<C>(t.param_copy, i, p);
   }
 }
 
-// The streaming probe: the same loads and stores as the update, one add each.
+// The conversion probe: the same loads and stores as the update through the
+// dtype conversions, one add each.
 template <DType G, DType M, CopyType C>
 void probe(const StepFactors& f, const TileSpans& t) {
   for (size_t i = 0; i < t.count; ++i) {
@@ -121,9 +130,37 @@ void probe(const StepFactors& f, const TileSpans& t) {
   }
 }
 
+// The streaming probe (Note [Streaming probe], x86/kernel_body.h): every
+// byte the update reads is read and every byte it writes is written, through
+// volatile accesses so none is dropped; the state is written back unchanged
+// and the copy receives the low 16 bits of each param's bit pattern.
+template <typename T>
+void stream_in_place(void* base, size_t i) {
+  volatile T* p = static_cast<T*>(base) + i;
+  *p = *p;
+}
 template <DType G, DType M, CopyType C>
-void update_or_probe(bool is_probe, const StepFactors& f, const TileSpans& t) {
-  if (is_probe) return probe<G, M, C>(f, t);
+void stream(const StepFactors& f, const TileSpans& t) {
+  using MT = std::conditional_t<M == DType::kF32, uint32_t, uint16_t>;
+  using GT = std::conditional_t<G == DType::kF32, uint32_t, uint16_t>;
+  volatile uint32_t* params = reinterpret_cast<uint32_t*>(t.params);
+  const volatile GT* grads = static_cast<const GT*>(t.grads);
+  for (size_t i = 0; i < t.count; ++i) {
+    const uint32_t p = params[i];
+    static_cast<void>(grads[i]);
+    if (uses_exp_avg(f.kind)) stream_in_place<MT>(t.exp_avg, i);
+    if (uses_exp_avg_sq(f.kind)) stream_in_place<MT>(t.exp_avg_sq, i);
+    params[i] = p;
+    if constexpr (C != CopyType::kNone) static_cast<volatile uint16_t*>(t.param_copy)[i] = static_cast<uint16_t>(p);
+  }
+}
+
+enum class Pass : uint8_t { kUpdate, kProbe, kStream };
+
+template <DType G, DType M, CopyType C>
+void update_or_probe(Pass pass, const StepFactors& f, const TileSpans& t) {
+  if (pass == Pass::kProbe) return probe<G, M, C>(f, t);
+  if (pass == Pass::kStream) return stream<G, M, C>(f, t);
   switch (f.kind) {
     case OptimizerKind::kAdam:
     case OptimizerKind::kAdamW: return adam_update<G, M, C>(f, t);
@@ -134,30 +171,31 @@ void update_or_probe(bool is_probe, const StepFactors& f, const TileSpans& t) {
 
 // Runtime dtypes -> one instantiation, once per tile.
 template <DType G, DType M>
-void by_copy(bool is_probe, const StepFactors& f, const TileSpans& t) {
+void by_copy(Pass pass, const StepFactors& f, const TileSpans& t) {
   switch (t.copy_type) {
-    case CopyType::kNone: return update_or_probe<G, M, CopyType::kNone>(is_probe, f, t);
-    case CopyType::kBF16: return update_or_probe<G, M, CopyType::kBF16>(is_probe, f, t);
-    case CopyType::kF16: return update_or_probe<G, M, CopyType::kF16>(is_probe, f, t);
+    case CopyType::kNone: return update_or_probe<G, M, CopyType::kNone>(pass, f, t);
+    case CopyType::kBF16: return update_or_probe<G, M, CopyType::kBF16>(pass, f, t);
+    case CopyType::kF16: return update_or_probe<G, M, CopyType::kF16>(pass, f, t);
   }
 }
 template <DType G>
-void by_moment(bool is_probe, const StepFactors& f, const TileSpans& t) {
-  if (t.moment_dtype == DType::kBF16) return by_copy<G, DType::kBF16>(is_probe, f, t);
-  return by_copy<G, DType::kF32>(is_probe, f, t);
+void by_moment(Pass pass, const StepFactors& f, const TileSpans& t) {
+  if (t.moment_dtype == DType::kBF16) return by_copy<G, DType::kBF16>(pass, f, t);
+  return by_copy<G, DType::kF32>(pass, f, t);
 }
-void dispatch(bool is_probe, const StepFactors& f, const TileSpans& t) {
+void dispatch(Pass pass, const StepFactors& f, const TileSpans& t) {
   switch (t.grad_dtype) {
-    case DType::kF32: return by_moment<DType::kF32>(is_probe, f, t);
-    case DType::kBF16: return by_moment<DType::kBF16>(is_probe, f, t);
-    case DType::kF16: return by_moment<DType::kF16>(is_probe, f, t);
+    case DType::kF32: return by_moment<DType::kF32>(pass, f, t);
+    case DType::kBF16: return by_moment<DType::kBF16>(pass, f, t);
+    case DType::kF16: return by_moment<DType::kF16>(pass, f, t);
     case DType::kF64:
     case DType::kI64: break;  // rejected by validate_state
   }
 }
 
-void scalar_update(const StepFactors& f, const TileSpans& t) { dispatch(false, f, t); }
-void scalar_probe(const StepFactors& f, const TileSpans& t) { dispatch(true, f, t); }
+void scalar_update(const StepFactors& f, const TileSpans& t) { dispatch(Pass::kUpdate, f, t); }
+void scalar_probe(const StepFactors& f, const TileSpans& t) { dispatch(Pass::kProbe, f, t); }
+void scalar_stream(const StepFactors& f, const TileSpans& t) { dispatch(Pass::kStream, f, t); }
 
 template <DType G>
 double sum_squares(const void* grads, size_t count) {
@@ -183,7 +221,7 @@ double scalar_sum_squares(const void* grads, DType grad_dtype, size_t count) {
 }  // namespace
 
 const KernelTable& scalar_kernels() {
-  static const KernelTable table{&scalar_update, &scalar_probe, &scalar_sum_squares};
+  static const KernelTable table{&scalar_update, &scalar_probe, &scalar_stream, &scalar_sum_squares};
   return table;
 }
 

@@ -46,12 +46,30 @@ struct Avx2 {
   static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
   static V div(V a, V b) { return _mm256_div_ps(a, b); }
   static V sqrt(V a) { return _mm256_sqrt_ps(a); }
+  static V fmadd(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }  // a * b + c, rounded once
   // +1, -1 or 0 (NaN -> 0; the step never sees NaN).
   static V sign(V x) {
     const V zero = _mm256_setzero_ps();
     const V pos = _mm256_and_ps(_mm256_cmp_ps(x, zero, _CMP_GT_OQ), _mm256_set1_ps(1.0f));
     const V neg = _mm256_and_ps(_mm256_cmp_ps(x, zero, _CMP_LT_OQ), _mm256_set1_ps(-1.0f));
     return _mm256_or_ps(pos, neg);
+  }
+
+  // Raw streams for the streaming probe (Note [Streaming probe]).
+  using R32 = __m256i;  // 8 x 32 bits
+  using R16 = __m128i;  // 8 x 16 bits
+  static R32 load_raw32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+  static void store_raw32(void* p, R32 x) { _mm256_storeu_si256(static_cast<__m256i*>(p), x); }
+  static R16 load_raw16(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
+  static void store_raw16(void* p, R16 x) { _mm_storeu_si128(static_cast<__m128i*>(p), x); }
+  template <class R>
+  static void keep(R& x) { asm volatile("" : "+x"(x)); }
+  // The low 16 bits of each lane: two shuffles, no arithmetic.
+  static R16 low16(R32 x) {
+    const __m256i pick = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1,
+                                          0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(x, pick), 0xD8);
+    return _mm256_castsi256_si128(packed);
   }
 
   static D zero_d() { return _mm256_setzero_pd(); }

@@ -52,11 +52,23 @@ struct Avx512 {
   static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
   static V div(V a, V b) { return _mm512_div_ps(a, b); }
   static V sqrt(V a) { return _mm512_sqrt_ps(a); }
+  static V fmadd(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }  // a * b + c, rounded once
   static V sign(V x) {
     const V zero = _mm512_setzero_ps();
     V r = _mm512_mask_mov_ps(zero, _mm512_cmp_ps_mask(x, zero, _CMP_GT_OQ), _mm512_set1_ps(1.0f));
     return _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(x, zero, _CMP_LT_OQ), _mm512_set1_ps(-1.0f));
   }
+
+  // Raw streams for the streaming probe (Note [Streaming probe]).
+  using R32 = __m512i;  // 16 x 32 bits
+  using R16 = __m256i;  // 16 x 16 bits
+  static R32 load_raw32(const void* p) { return _mm512_loadu_si512(p); }
+  static void store_raw32(void* p, R32 x) { _mm512_storeu_si512(p, x); }
+  static R16 load_raw16(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+  static void store_raw16(void* p, R16 x) { _mm256_storeu_si256(static_cast<__m256i*>(p), x); }
+  template <class R>
+  static void keep(R& x) { asm volatile("" : "+v"(x)); }
+  static R16 low16(R32 x) { return _mm512_cvtepi32_epi16(x); }  // vpmovdw: a shuffle, no arithmetic
 
   static D zero_d() { return _mm512_setzero_pd(); }
   static void accumulate_squares(V x, D& lo_acc, D& hi_acc) {

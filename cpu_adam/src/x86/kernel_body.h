@@ -3,15 +3,18 @@
 // (avx2.cpp: 8 lanes, avx512.cpp / avx512_bf16.cpp: 16 lanes) and
 // instantiated for every (optimizer family, grad dtype, moment dtype, copy
 // type). Included only by the x86 source files, each compiled with its own
-// -m flags.
+// -m flags (and by tests/cpu_adam/stream_bytes_test.cpp with a counting ISA).
 //
 // I provides: V, kWidth, load_f32/store_f32, load_bf16/store_bf16,
-// load_f16/store_f16, set1, add, sub, mul, div, sqrt, sign, and
-// sum_squares_f32x (double accumulation of one vector's squares).
+// load_f16/store_f16, set1, add, sub, mul, div, sqrt, fmadd, sign,
+// sum_squares helpers (zero_d, accumulate_squares, reduce_d), and for the
+// streaming probe the raw types R32/R16 with load_raw32/store_raw32,
+// load_raw16/store_raw16, keep (an optimization barrier) and low16.
 //
 // The update performs the float operations of Note [Update formulas]
-// (reference.cpp) in the same order without FMA, so results are
-// bit-identical to the scalar reference. Tails (count % kWidth) run the
+// (reference.cpp) in the same order, each FMA fused exactly where the
+// reference calls std::fma and nowhere else (-ffp-contract=off), so results
+// are bit-identical to the scalar reference. Tails (count % kWidth) run the
 // same vector code on a zero-padded copy on the stack, so there is no
 // second, scalar code path to keep in sync.
 #include <cstdint>
@@ -25,14 +28,24 @@ namespace strata::cpu_adam::detail {
 enum class Family : uint8_t { kAdam, kAdagrad, kLion };
 
 // Note [Software prefetch]
-// The update does ~3 divisions/square roots per element; with them in the
-// loop the hardware prefetchers alone leave the step at ~0.80-0.87 of the
-// plain streaming probe on one core (measured, docs/performance.md).
-// Prefetching every input stream 1024 elements ahead (4 KiB of fp32) brings
-// it to ~0.93-0.99. The probe runs as a plain loop, or with the same
-// prefetch when asked (the bench takes the faster of the two as the
-// ceiling). STRATA_CPU_ADAM_PREFETCH=<elements>
+// With the hardware prefetchers alone one core leaves part of the memory
+// bandwidth unused (it cannot keep enough lines in flight across the 4-5
+// streams); prefetching every input stream 1024 elements ahead (4 KiB of
+// fp32) closes most of that gap (measured, docs/performance.md). The probes
+// run as a plain loop, or with the same prefetch when asked (the bench takes
+// the faster of the two as the ceiling). STRATA_CPU_ADAM_PREFETCH=<elements>
 // overrides the distance (0 turns it off) for tuning on other machines.
+//
+// Note [Streaming probe]
+// The physical limit of the step's access pattern: a loop that loads every
+// byte the step loads and stores every byte it stores, in the same order,
+// tiles, threads and vector width, with no arithmetic at all: each stream
+// is loaded raw (no dtype conversion) and stored back unchanged; an
+// empty asm barrier (I::keep) stops the compiler from dropping the
+// load/store pairs; the 16-bit copy receives the low 16 bits of each
+// param's bit pattern (one narrowing shuffle). So params, grads and moments
+// are left bit-identical and only the copy is overwritten.
+// tests/cpu_adam/stream_bytes_test.cpp counts the bytes both move.
 inline size_t prefetch_elements() {
   static const size_t v = [] {
     const char* e = std::getenv("STRATA_CPU_ADAM_PREFETCH");
@@ -67,14 +80,14 @@ struct Kernels {
   // The step's factors, broadcast once per tile.
   struct Consts {
     explicit Consts(const StepFactors& f)
-        : grad_multiplier(I::set1(f.grad_multiplier)), lr(I::set1(f.lr)),
+        : grad_multiplier(I::set1(f.grad_multiplier)), neg_lr(I::set1(f.neg_lr)),
           one_minus_beta1(I::set1(f.one_minus_beta1)), beta2(I::set1(f.beta2)),
           one_minus_beta2(I::set1(f.one_minus_beta2)), eps(I::set1(f.eps)),
           weight_decay(I::set1(f.weight_decay)), decay_factor(I::set1(f.decay_factor)),
-          step_size(I::set1(f.step_size)), bias_correction2_sqrt(I::set1(f.bias_correction2_sqrt)),
+          neg_step_size(I::set1(f.neg_step_size)), inv_bias_correction2_sqrt(I::set1(f.inv_bias_correction2_sqrt)),
           l2_decay(f.l2_decay), decoupled_decay(f.decoupled_decay) {}
-    V grad_multiplier, lr, one_minus_beta1, beta2, one_minus_beta2, eps, weight_decay, decay_factor, step_size,
-        bias_correction2_sqrt;
+    V grad_multiplier, neg_lr, one_minus_beta1, beta2, one_minus_beta2, eps, weight_decay, decay_factor,
+        neg_step_size, inv_bias_correction2_sqrt;
     bool l2_decay, decoupled_decay;
   };
 
@@ -87,6 +100,7 @@ struct Kernels {
     void* param_copy;
   };
 
+  // Note [Update formulas] (reference.cpp), operation for operation.
   template <Family F, DType G, DType M, CopyType C>
   static inline void update_block(const Consts& c, const Block& b, size_t i) {
     V p = I::load_f32(b.params + i);
@@ -94,33 +108,35 @@ struct Kernels {
     if constexpr (F == Family::kAdam) {
       V m = load<M>(b.exp_avg, i);
       V v = load<M>(b.exp_avg_sq, i);
-      if (c.l2_decay) g = I::add(g, I::mul(c.weight_decay, p));
-      m = I::add(m, I::mul(c.one_minus_beta1, I::sub(g, m)));
-      v = I::add(I::mul(v, c.beta2), I::mul(I::mul(c.one_minus_beta2, g), g));
-      const V denom = I::add(I::div(I::sqrt(v), c.bias_correction2_sqrt), c.eps);
+      if (c.l2_decay) g = I::fmadd(c.weight_decay, p, g);
+      m = I::fmadd(c.one_minus_beta1, I::sub(g, m), m);
+      v = I::fmadd(I::mul(c.one_minus_beta2, g), g, I::mul(v, c.beta2));
+      const V denom = I::fmadd(I::sqrt(v), c.inv_bias_correction2_sqrt, c.eps);
       if (c.decoupled_decay) p = I::mul(p, c.decay_factor);
-      p = I::sub(p, I::div(I::mul(c.step_size, m), denom));
+      p = I::fmadd(c.neg_step_size, I::div(m, denom), p);
       store<M>(b.exp_avg, i, m);
       store<M>(b.exp_avg_sq, i, v);
     } else if constexpr (F == Family::kAdagrad) {
       V s = load<M>(b.exp_avg_sq, i);
-      if (c.l2_decay) g = I::add(g, I::mul(c.weight_decay, p));
-      s = I::add(s, I::mul(g, g));
-      p = I::sub(p, I::div(I::mul(c.lr, g), I::add(I::sqrt(s), c.eps)));
+      if (c.l2_decay) g = I::fmadd(c.weight_decay, p, g);
+      s = I::fmadd(g, g, s);
+      p = I::fmadd(c.neg_lr, I::div(g, I::add(I::sqrt(s), c.eps)), p);
       store<M>(b.exp_avg_sq, i, s);
     } else {
       V m = load<M>(b.exp_avg, i);
-      const V interpolated = I::add(m, I::mul(c.one_minus_beta1, I::sub(g, m)));
+      const V interpolated = I::fmadd(c.one_minus_beta1, I::sub(g, m), m);
       if (c.decoupled_decay) p = I::mul(p, c.decay_factor);
-      p = I::sub(p, I::mul(c.lr, I::sign(interpolated)));
-      m = I::add(m, I::mul(c.one_minus_beta2, I::sub(g, m)));
+      p = I::fmadd(c.neg_lr, I::sign(interpolated), p);
+      m = I::fmadd(c.one_minus_beta2, I::sub(g, m), m);
       store<M>(b.exp_avg, i, m);
     }
     I::store_f32(b.params + i, p);
     store_copy<C>(b.param_copy, i, p);
   }
 
-  // The streaming probe: same loads and stores, one add per stream.
+  // The conversion probe: same loads and stores through the dtype
+  // conversions, one add per stream (the ceiling before issue 9; kept as a
+  // second figure).
   template <Family F, DType G, DType M, CopyType C>
   static inline void probe_block(const Consts&, const Block& b, size_t i) {
     const V g = load<G>(b.grads, i);
@@ -131,9 +147,43 @@ struct Kernels {
     store_copy<C>(b.param_copy, i, p);
   }
 
-  template <bool Probe, Family F, DType G, DType M, CopyType C>
+  // The streaming probe, Note [Streaming probe]: raw loads and stores only.
+  template <DType T>
+  static inline void stream_in_place(void* base, size_t i) {
+    if constexpr (T == DType::kF32) {
+      auto x = I::load_raw32(static_cast<char*>(base) + i * 4);
+      I::keep(x);
+      I::store_raw32(static_cast<char*>(base) + i * 4, x);
+    } else {
+      auto x = I::load_raw16(static_cast<char*>(base) + i * 2);
+      I::keep(x);
+      I::store_raw16(static_cast<char*>(base) + i * 2, x);
+    }
+  }
+  template <Family F, DType G, DType M, CopyType C>
+  static inline void stream_block(const Consts&, const Block& b, size_t i) {
+    auto p = I::load_raw32(reinterpret_cast<const char*>(b.params) + i * 4);
+    if constexpr (G == DType::kF32) {
+      auto g = I::load_raw32(static_cast<const char*>(b.grads) + i * 4);
+      I::keep(g);
+    } else {
+      auto g = I::load_raw16(static_cast<const char*>(b.grads) + i * 2);
+      I::keep(g);
+    }
+    if constexpr (F != Family::kAdagrad) stream_in_place<M>(b.exp_avg, i);
+    if constexpr (F != Family::kLion) stream_in_place<M>(b.exp_avg_sq, i);
+    I::keep(p);
+    I::store_raw32(reinterpret_cast<char*>(b.params) + i * 4, p);
+    if constexpr (C != CopyType::kNone) I::store_raw16(static_cast<char*>(b.param_copy) + i * 2, I::low16(p));
+  }
+
+  // What a pass computes: the update, the conversion probe or the streaming probe.
+  enum class Pass : uint8_t { kUpdate, kProbe, kStream };
+
+  template <Pass P, Family F, DType G, DType M, CopyType C>
   static inline void do_block(const Consts& c, const Block& b, size_t i) {
-    if constexpr (Probe) probe_block<F, G, M, C>(c, b, i);
+    if constexpr (P == Pass::kProbe) probe_block<F, G, M, C>(c, b, i);
+    else if constexpr (P == Pass::kStream) stream_block<F, G, M, C>(c, b, i);
     else update_block<F, G, M, C>(c, b, i);
   }
 
@@ -141,14 +191,14 @@ struct Kernels {
     __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(base) + byte_offset), 0, 3);
   }
 
-  template <bool Probe, Family F, DType G, DType M, CopyType C>
+  template <Pass P, Family F, DType G, DType M, CopyType C>
   static void run(const StepFactors& f, const TileSpans& t) {
     const Consts c(f);
     const Block b{t.params, t.grads, t.exp_avg, t.exp_avg_sq, t.param_copy};
     size_t i = 0;
-    const size_t ahead = Probe && !f.probe_prefetch ? 0 : prefetch_elements();
+    const size_t ahead = P != Pass::kUpdate && !f.probe_prefetch ? 0 : prefetch_elements();
     if (ahead == 0) {
-      for (; i + W <= t.count; i += W) do_block<Probe, F, G, M, C>(c, b, i);
+      for (; i + W <= t.count; i += W) do_block<P, F, G, M, C>(c, b, i);
     } else {
       for (; i + W <= t.count; i += W) {
         const size_t j = i + ahead;
@@ -156,7 +206,7 @@ struct Kernels {
         prefetch(b.grads, j * dtype_size(G));
         if constexpr (F != Family::kAdagrad) prefetch(b.exp_avg, j * dtype_size(M));
         if constexpr (F != Family::kLion) prefetch(b.exp_avg_sq, j * dtype_size(M));
-        do_block<Probe, F, G, M, C>(c, b, i);
+        do_block<P, F, G, M, C>(c, b, i);
       }
     }
     const size_t rest = t.count - i;
@@ -170,7 +220,7 @@ struct Kernels {
     constexpr bool has_m = F != Family::kAdagrad, has_v = F != Family::kLion;
     if (has_m) std::memcpy(m, static_cast<const char*>(t.exp_avg) + i * mb, rest * mb);
     if (has_v) std::memcpy(v, static_cast<const char*>(t.exp_avg_sq) + i * mb, rest * mb);
-    do_block<Probe, F, G, M, C>(c, Block{p, g, m, v, copy}, 0);
+    do_block<P, F, G, M, C>(c, Block{p, g, m, v, copy}, 0);
     std::memcpy(t.params + i, p, rest * 4);
     if (has_m) std::memcpy(static_cast<char*>(t.exp_avg) + i * mb, m, rest * mb);
     if (has_v) std::memcpy(static_cast<char*>(t.exp_avg_sq) + i * mb, v, rest * mb);
@@ -178,40 +228,41 @@ struct Kernels {
   }
 
   // Runtime (kind, dtypes, copy) -> one instantiation; once per tile.
-  template <bool Probe, Family F, DType G, DType M>
+  template <Pass P, Family F, DType G, DType M>
   static void by_copy(const StepFactors& f, const TileSpans& t) {
     switch (t.copy_type) {
-      case CopyType::kNone: return run<Probe, F, G, M, CopyType::kNone>(f, t);
-      case CopyType::kBF16: return run<Probe, F, G, M, CopyType::kBF16>(f, t);
-      case CopyType::kF16: return run<Probe, F, G, M, CopyType::kF16>(f, t);
+      case CopyType::kNone: return run<P, F, G, M, CopyType::kNone>(f, t);
+      case CopyType::kBF16: return run<P, F, G, M, CopyType::kBF16>(f, t);
+      case CopyType::kF16: return run<P, F, G, M, CopyType::kF16>(f, t);
     }
   }
-  template <bool Probe, Family F, DType G>
+  template <Pass P, Family F, DType G>
   static void by_moment(const StepFactors& f, const TileSpans& t) {
-    if (t.moment_dtype == DType::kBF16) return by_copy<Probe, F, G, DType::kBF16>(f, t);
-    return by_copy<Probe, F, G, DType::kF32>(f, t);
+    if (t.moment_dtype == DType::kBF16) return by_copy<P, F, G, DType::kBF16>(f, t);
+    return by_copy<P, F, G, DType::kF32>(f, t);
   }
-  template <bool Probe, Family F>
+  template <Pass P, Family F>
   static void by_grad(const StepFactors& f, const TileSpans& t) {
     switch (t.grad_dtype) {
-      case DType::kF32: return by_moment<Probe, F, DType::kF32>(f, t);
-      case DType::kBF16: return by_moment<Probe, F, DType::kBF16>(f, t);
-      case DType::kF16: return by_moment<Probe, F, DType::kF16>(f, t);
+      case DType::kF32: return by_moment<P, F, DType::kF32>(f, t);
+      case DType::kBF16: return by_moment<P, F, DType::kBF16>(f, t);
+      case DType::kF16: return by_moment<P, F, DType::kF16>(f, t);
       case DType::kF64:
       case DType::kI64: break;  // rejected by validate_state
     }
   }
-  template <bool Probe>
+  template <Pass P>
   static void by_kind(const StepFactors& f, const TileSpans& t) {
     switch (f.kind) {
       case OptimizerKind::kAdam:
-      case OptimizerKind::kAdamW: return by_grad<Probe, Family::kAdam>(f, t);
-      case OptimizerKind::kAdagrad: return by_grad<Probe, Family::kAdagrad>(f, t);
-      case OptimizerKind::kLion: return by_grad<Probe, Family::kLion>(f, t);
+      case OptimizerKind::kAdamW: return by_grad<P, Family::kAdam>(f, t);
+      case OptimizerKind::kAdagrad: return by_grad<P, Family::kAdagrad>(f, t);
+      case OptimizerKind::kLion: return by_grad<P, Family::kLion>(f, t);
     }
   }
-  static void update(const StepFactors& f, const TileSpans& t) { by_kind<false>(f, t); }
-  static void probe(const StepFactors& f, const TileSpans& t) { by_kind<true>(f, t); }
+  static void update(const StepFactors& f, const TileSpans& t) { by_kind<Pass::kUpdate>(f, t); }
+  static void probe(const StepFactors& f, const TileSpans& t) { by_kind<Pass::kProbe>(f, t); }
+  static void stream(const StepFactors& f, const TileSpans& t) { by_kind<Pass::kStream>(f, t); }
 
   // Sum of squares in double: each fp32 square is exact in double, so only
   // the additions round; 4 accumulators hide the add latency.
@@ -246,7 +297,7 @@ struct Kernels {
   }
 
   static const KernelTable& table() {
-    static const KernelTable t{&update, &probe, &sum_squares};
+    static const KernelTable t{&update, &probe, &stream, &sum_squares};
     return t;
   }
 };

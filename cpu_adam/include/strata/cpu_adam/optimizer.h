@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string_view>
 
 #include "strata/core/dtype.h"
 #include "strata/core/status.h"
@@ -78,6 +79,13 @@ struct StepReport {
   size_t tiles = 0;       // tiles computed (0 on overflow)
 };
 
+// What CpuOptimizer::stream_probe computes while moving the step's bytes.
+enum class ProbeKind : uint8_t {
+  kStreaming = 0,  // raw loads and stores, no arithmetic: the physical ceiling
+  kConversion,     // dtype conversions + one add per stream (the pre-issue-9 probe)
+};
+std::string_view probe_kind_name(ProbeKind kind);  // "streaming", "conversion"
+
 struct OptimizerOptions {
   OptimizerKind kind = OptimizerKind::kAdamW;
   int threads = 0;               // 0: all logical cores; 1: the calling thread only
@@ -100,12 +108,17 @@ class CpuOptimizer {
   // Squared norm and finiteness of a gradient, same threads and tiles.
   Result<GradStats> grad_stats(const void* grads, DType grad_dtype, size_t count);
 
-  // A streaming kernel with the step's access pattern: it reads and writes
-  // exactly the streams step() would for `state` (same bytes per element)
-  // with trivial arithmetic, on the same path, threads and tiles. The
-  // ceiling step() is measured against; it overwrites the state. A plain
-  // loop, or with the step's software prefetch when `software_prefetch`.
-  Status stream_probe(const StateSpans& state, bool software_prefetch = false);
+  // A probe with the step's access pattern, the ceiling step() is measured
+  // against: it reads and writes exactly the streams step() would for
+  // `state` (same bytes per element, same order), on the same path, threads
+  // and tiles. kStreaming (the physical limit) moves the bytes with no
+  // arithmetic and leaves params, grads and moments unchanged (only
+  // param_copy is overwritten, with the low 16 bits of each param's bits);
+  // kConversion goes through the dtype conversions with one add per stream
+  // and overwrites the state. A plain loop, or with the step's software
+  // prefetch when `software_prefetch`.
+  Status stream_probe(const StateSpans& state, bool software_prefetch = false,
+                      ProbeKind probe = ProbeKind::kStreaming);
 
   OptimizerKind kind() const;
   KernelPath path() const;
