@@ -3,7 +3,7 @@
 //   strata comm-bench --backend local|mpi|nccl [--ranks N]
 //                     [--op all_gather|reduce_scatter|all_reduce|broadcast|all]
 //                     [--min-bytes 8] [--max-bytes 256MiB] [--step-factor 2]
-//                     [--dtype fp32|bf16|fp16] [--iters 20] [--warmup 5]
+//                     [--dtype fp32|bf16|fp16|fp64|int64] [--iters 20] [--warmup 5]
 //                     [--in-place] [--timeout-ms N] [--json]
 //
 // One row per op and size: size (bytes of the full buffer: recv for
@@ -389,7 +389,8 @@ CommandRegistration comm_bench_command("comm-bench", [](CLI::App& root) {
   cmd->add_option("--min-bytes", o->min_bytes, "Smallest buffer size")->capture_default_str();
   cmd->add_option("--max-bytes", o->max_bytes, "Largest buffer size")->capture_default_str();
   cmd->add_option("--step-factor", o->step_factor, "Multiply the size by this each row")->capture_default_str();
-  cmd->add_option("--dtype", o->dtype, "fp32 | bf16 | fp16 (reductions accumulate in fp32)")->capture_default_str();
+  cmd->add_option("--dtype", o->dtype, "fp32 | bf16 | fp16 (reductions accumulate in fp32) | fp64 | int64")
+      ->capture_default_str();
   cmd->add_option("--iters", o->iters, "Timed iterations per size")->capture_default_str();
   cmd->add_option("--warmup", o->warmup, "Untimed iterations per size")->capture_default_str();
   cmd->add_flag("--in-place", o->in_place, "Run the collectives in place");
