@@ -191,6 +191,109 @@ TEST_P(FaultInjection, TornWritesAndCorruptReadsAreCaughtByChecksums) {
   EXPECT_EQ((*store)->stats().verify_failures, static_cast<uint64_t>(caught));
 }
 
+// Shadow writes: a write that fails or tears in the middle leaves the
+// previous version intact, bit for bit, and the error names the tensor.
+class ShadowWriteFaults : public FaultInjection {
+ protected:
+  // A store on an engine whose writes fail per `plan` once armed (reads are clean).
+  void open_store(FaultPlan plan, const std::string& job) {
+    plan.fault_reads = false;
+    auto engine = make_fault_injecting_engine(options(), plan, &counters_);
+    ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+    engine_ = std::move(engine).value();
+    counters_->disarm();
+    SwapStoreOptions so;
+    so.paths = {dir_->path()};
+    so.job = job;
+    so.capacity_bytes = 4u << 20;
+    so.stripe_bytes = 64 * 1024;
+    so.checksum_block_bytes = 16 * 1024;
+    auto store = SwapStore::open(so, *engine_);
+    ASSERT_TRUE(store.ok()) << store.status().to_string();
+    store_ = std::move(store).value();
+    std::mt19937_64 rng(plan.seed);
+    old_ = testing::random_bytes(rng, kBytes);
+    fresh_ = testing::random_bytes(rng, kBytes);
+    ASSERT_TRUE(store_->write_sync(3, old_.data(), kBytes).ok());
+    used_ = store_->stats().bytes_used;
+  }
+  // The previous version reads back bit for bit, whole and as a range, and
+  // the failed write's shadow extent went back to the allocator.
+  void expect_old_version_intact() {
+    counters_->disarm();
+    EXPECT_EQ(store_->stats().bytes_used, used_);
+    std::vector<std::byte> out(kBytes);
+    ASSERT_TRUE(store_->read_sync(3, out.data(), kBytes).ok());
+    EXPECT_TRUE(bytes_equal(old_.data(), out.data(), kBytes));
+    std::vector<std::byte> tile(64 * 1024);
+    ASSERT_TRUE(store_->read_range(3, 64 * 1024, tile)->wait().ok());
+    EXPECT_TRUE(bytes_equal(old_.data() + 64 * 1024, tile.data(), tile.size()));
+    // And the store still takes writes.
+    ASSERT_TRUE(store_->write_sync(3, fresh_.data(), kBytes).ok());
+    ASSERT_TRUE(store_->read_sync(3, out.data(), kBytes).ok());
+    EXPECT_TRUE(bytes_equal(fresh_.data(), out.data(), kBytes));
+  }
+  static constexpr uint64_t kBytes = 256 * 1024;  // 16 engine pieces of 16 KiB
+  std::shared_ptr<FaultCounters> counters_;
+  std::unique_ptr<IoEngine> engine_;
+  std::unique_ptr<SwapStore> store_;
+  std::vector<std::byte> old_, fresh_;
+  uint64_t used_ = 0;
+};
+
+TEST_P(ShadowWriteFaults, EioMidWriteKeepsThePreviousVersion) {
+  FaultPlan plan;
+  plan.seed = testing::test_seed(31);
+  plan.eio_probability = 1.0;
+  ASSERT_NO_FATAL_FAILURE(open_store(plan, "eio-shadow"));
+  counters_->arm(/*clean_pieces=*/5);  // five pieces land, then EIO
+  Status st = store_->write_sync(3, fresh_.data(), kBytes);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.code(), StatusCode::kIoError) << st.to_string();
+  EXPECT_NE(st.message().find("tensor 3"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("previous version is intact"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("swap.bin offset"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("errno 5"), std::string::npos) << st.message();
+  EXPECT_GT(counters_->eio.load(), 0u);
+  ASSERT_NO_FATAL_FAILURE(expect_old_version_intact());
+  // A range write failing mid-way keeps the old tile too.
+  counters_->arm(2);
+  std::vector<std::byte> patch(128 * 1024, std::byte{0x5A});
+  Status range = store_->write_range(3, 0, patch)->wait();
+  EXPECT_EQ(range.code(), StatusCode::kIoError) << range.to_string();
+  EXPECT_NE(range.message().find("tensor 3 range [0, +131072)"), std::string::npos) << range.message();
+  counters_->disarm();
+  std::vector<std::byte> out(kBytes);
+  ASSERT_TRUE(store_->read_sync(3, out.data(), kBytes).ok());
+  EXPECT_TRUE(bytes_equal(fresh_.data(), out.data(), kBytes));
+}
+
+TEST_P(ShadowWriteFaults, TornWriteMidWriteIsCaughtBeforeTheFlip) {
+  FaultPlan plan;
+  plan.seed = testing::test_seed(32);
+  plan.torn_write_probability = 1.0;
+  ASSERT_NO_FATAL_FAILURE(open_store(plan, "torn-shadow"));
+  counters_->arm(/*clean_pieces=*/5);  // five pieces land whole, then every piece tears
+  Status st = store_->write_sync(3, fresh_.data(), kBytes);
+  ASSERT_FALSE(st.ok()) << "a torn write flipped the index";
+  EXPECT_EQ(st.code(), StatusCode::kDataLoss) << st.to_string();
+  EXPECT_NE(st.message().find("tensor 3"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("did not verify"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("torn"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("previous version of tensor 3 is intact"), std::string::npos) << st.message();
+  EXPECT_GT(counters_->torn_writes.load(), 0u);
+  EXPECT_EQ(store_->stats().write_verify_failures, 1u);
+  ASSERT_NO_FATAL_FAILURE(expect_old_version_intact());
+}
+
+INSTANTIATE_TEST_SUITE_P(AllEngines, ShadowWriteFaults,
+                         ::testing::Values(EngineKind::kIoUring, EngineKind::kLibaio, EngineKind::kPsync),
+                         [](const ::testing::TestParamInfo<EngineKind>& info) {
+                           std::string name(engine_kind_name(info.param));
+                           name.erase(std::remove(name.begin(), name.end(), '_'), name.end());
+                           return name;
+                         });
+
 INSTANTIATE_TEST_SUITE_P(AllEngines, FaultInjection,
                          ::testing::Values(EngineKind::kIoUring, EngineKind::kLibaio, EngineKind::kPsync),
                          [](const ::testing::TestParamInfo<EngineKind>& info) {
