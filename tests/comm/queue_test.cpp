@@ -84,6 +84,29 @@ TEST(CommQueues, GatedReduceDoesNotDelayGatherOnTheOtherQueue) {
   EXPECT_EQ(comms[0]->issued(), 2u);
 }
 
+TEST(CommQueues, AGatherChainedOnAReduceOfTheOtherQueueSeesItsResult) {
+  // The documented way to order across queues: gate one on the other's work.
+  const int n = 3;
+  auto comms = make_group(n);
+  std::vector<std::vector<float>> buf(n, std::vector<float>(300));
+  std::vector<std::vector<float>> out(n, std::vector<float>(300 * n, -1.0f));
+  run_ranks(comms, [&](int r, Communicator& c) {
+    auto& mine = buf[static_cast<size_t>(r)];
+    std::fill(mine.begin(), mine.end(), static_cast<float>(r + 1));
+    auto reduce = c.all_reduce(mine.data(), mine.data(), mine.size(), DType::kF32, ReduceOp::kMax);
+    ASSERT_TRUE(reduce.ok());
+    ASSERT_TRUE(c.wait(reduce->completion(), CommQueue::kGather).ok());
+    auto gather = c.all_gather(mine.data(), out[static_cast<size_t>(r)].data(), mine.size(), DType::kF32,
+                               CommQueue::kGather);
+    ASSERT_TRUE(gather.ok());
+    EXPECT_TRUE(gather->wait().ok());
+    EXPECT_TRUE(reduce->done());
+  });
+  for (int r = 0; r < n; ++r) {
+    for (float v : out[static_cast<size_t>(r)]) ASSERT_EQ(v, 3.0f) << "rank " << r;
+  }
+}
+
 TEST(CommQueues, FailedGateFailsTheCollectiveOnEveryRankNamingIt) {
   const int n = 3;
   auto comms = make_group(n);
