@@ -1,8 +1,9 @@
 // Google Benchmark microbenchmarks of the cpu_adam kernels: every path
 // (scalar, avx2, avx512, avx512_bf16) x optimizer x dtype mix, single
-// thread, on a working set larger than the caches, each beside the
-// streaming probe with the same access pattern -- the ceiling it is
-// compared against (bytes/s counters; "ceiling" rows are the probe).
+// thread, on a working set larger than the caches, each beside the pure
+// streaming probe that moves the same bytes with no arithmetic -- the
+// ceiling it is compared against (bytes/s counters; "ceiling" rows are the
+// probe, ProbeKind::kStreaming).
 // Paths the CPU lacks are skipped. No timing is ever asserted. Wall-clock
 // time (UseRealTime): the step is memory-bound, and on a shared machine
 // CPU time would hide the time spent waiting for memory or a core.
