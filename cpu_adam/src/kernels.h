@@ -34,6 +34,7 @@ struct StepFactors {
   float neg_step_size = 0.0f;    // Adam/AdamW: -lr / (1 - beta1^t)
   float inv_bias_correction2_sqrt = 1.0f;  // Adam/AdamW: 1 / sqrt(1 - beta2^t)
   bool probe_prefetch = false;   // probes only: use the step's software prefetch
+  bool copy_non_temporal = true; // SIMD paths: non-temporal stores for the copy (Note [Non-temporal copy])
 };
 
 // One tile: pointers already offset to the tile's first element.

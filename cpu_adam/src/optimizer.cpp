@@ -24,6 +24,7 @@
 #include "strata/cpu_adam/optimizer.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <vector>
 
 #include <fmt/format.h>
@@ -112,10 +113,20 @@ Status validate_state(OptimizerKind kind, const StateSpans& s) {
   return Status::Ok();
 }
 
+// Note [Non-temporal copy] (x86/kernel_body.h): on unless STRATA_CPU_ADAM_NT_COPY=0.
+bool non_temporal_copy() {
+  static const bool on = [] {
+    const char* e = std::getenv("STRATA_CPU_ADAM_NT_COPY");
+    return !(e != nullptr && e[0] == '0' && e[1] == '\0');
+  }();
+  return on;
+}
+
 StepFactors make_factors(OptimizerKind kind, const StepArgs& a) {
   const HyperParams& h = a.hyper;
   StepFactors f;
   f.kind = kind;
+  f.copy_non_temporal = non_temporal_copy();
   f.grad_multiplier = static_cast<float>(a.clip_coefficient / a.loss_scale);
   f.neg_lr = static_cast<float>(-h.lr);
   f.one_minus_beta1 = static_cast<float>(1.0 - h.beta1);
@@ -276,6 +287,7 @@ Status CpuOptimizer::stream_probe(const StateSpans& state, bool software_prefetc
   StepFactors factors;
   factors.kind = kind;
   factors.probe_prefetch = software_prefetch;
+  factors.copy_non_temporal = non_temporal_copy();
   const size_t tile = impl_->options.tile_elements;
   const size_t tiles = (state.count + tile - 1) / tile;
   const KernelTable& k = *impl_->kernels;

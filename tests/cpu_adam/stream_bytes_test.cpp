@@ -106,6 +106,10 @@ struct CountingIsa {
   template <class R>
   static void keep(R&) {}
   static R16 low16(R32 x) { return static_cast<R16>(x); }
+  static R16 bf16_bits(V x) { return fp32_to_bf16_bits(x); }
+  static R16 f16_bits(V x) { return fp32_to_fp16_bits(x); }
+  static void stream_raw16(void* p, R16 x) { store_raw16(p, x); }
+  static void store_fence() {}
 };
 
 using CountingKernels = detail::Kernels<CountingIsa>;

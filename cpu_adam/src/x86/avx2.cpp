@@ -22,7 +22,7 @@ struct Avx2 {
   }
   // Round to nearest even like fp32_to_bf16_bits: (x + 0x7fff + lsb) >> 16;
   // NaN -> (x >> 16) | 0x40 (quiet).
-  static void store_bf16(uint16_t* p, V x) {
+  static __m128i bf16_bits(V x) {
     const __m256i bits = _mm256_castps_si256(x);
     const __m256i high = _mm256_srli_epi32(bits, 16);
     const __m256i lsb = _mm256_and_si256(high, _mm256_set1_epi32(1));
@@ -31,15 +31,14 @@ struct Avx2 {
     const __m256i quiet_nan = _mm256_or_si256(high, _mm256_set1_epi32(0x40));
     const __m256i is_nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
     const __m256i r = _mm256_blendv_epi8(rounded, quiet_nan, is_nan);
-    const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+    return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
   }
+  static void store_bf16(uint16_t* p, V x) { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), bf16_bits(x)); }
+  static __m128i f16_bits(V x) { return _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
   static V load_f16(const uint16_t* p) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
-  static void store_f16(uint16_t* p, V x) {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-  }
+  static void store_f16(uint16_t* p, V x) { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), f16_bits(x)); }
   static V set1(float x) { return _mm256_set1_ps(x); }
   static V add(V a, V b) { return _mm256_add_ps(a, b); }
   static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
@@ -71,6 +70,8 @@ struct Avx2 {
     const __m256i packed = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(x, pick), 0xD8);
     return _mm256_castsi256_si128(packed);
   }
+  static void stream_raw16(void* p, R16 x) { _mm_stream_si128(static_cast<__m128i*>(p), x); }  // 16-B aligned
+  static void store_fence() { _mm_sfence(); }
 
   static D zero_d() { return _mm256_setzero_pd(); }
   static void accumulate_squares(V x, D& lo_acc, D& hi_acc) {

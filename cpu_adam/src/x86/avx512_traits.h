@@ -20,13 +20,13 @@ struct Avx512 {
     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
   }
-  static void store_bf16(uint16_t* p, V x) {
+  // Round to nearest even; with the AVX512-BF16 instruction subnormal
+  // inputs and outputs flush to zero; NaN -> (x >> 16) | 0x40 (quiet).
+  static __m256i bf16_bits(V x) {
 #if defined(STRATA_CPU_ADAM_AVX512_BF16_INSN)
     if constexpr (kBf16Insn) {
-      // Round to nearest even; subnormal inputs and outputs flush to zero.
       const __m256bh h = _mm512_cvtneps_pbh(x);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), reinterpret_cast<const __m256i&>(h));
-      return;
+      return reinterpret_cast<const __m256i&>(h);
     }
 #endif
     const __m512i bits = _mm512_castps_si512(x);
@@ -36,16 +36,14 @@ struct Avx512 {
         _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7fff)), lsb), 16);
     const __m512i quiet_nan = _mm512_or_si512(high, _mm512_set1_epi32(0x40));
     const __mmask16 is_nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-    const __m512i r = _mm512_mask_blend_epi32(is_nan, rounded, quiet_nan);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+    return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(is_nan, rounded, quiet_nan));
   }
+  static void store_bf16(uint16_t* p, V x) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bf16_bits(x)); }
+  static __m256i f16_bits(V x) { return _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
   static V load_f16(const uint16_t* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   }
-  static void store_f16(uint16_t* p, V x) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
-                        _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-  }
+  static void store_f16(uint16_t* p, V x) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), f16_bits(x)); }
   static V set1(float x) { return _mm512_set1_ps(x); }
   static V add(V a, V b) { return _mm512_add_ps(a, b); }
   static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
@@ -69,6 +67,8 @@ struct Avx512 {
   template <class R>
   static void keep(R& x) { asm volatile("" : "+v"(x)); }
   static R16 low16(R32 x) { return _mm512_cvtepi32_epi16(x); }  // vpmovdw: a shuffle, no arithmetic
+  static void stream_raw16(void* p, R16 x) { _mm256_stream_si256(static_cast<__m256i*>(p), x); }  // 32-B aligned
+  static void store_fence() { _mm_sfence(); }
 
   static D zero_d() { return _mm512_setzero_pd(); }
   static void accumulate_squares(V x, D& lo_acc, D& hi_acc) {

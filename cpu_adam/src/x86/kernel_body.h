@@ -9,7 +9,9 @@
 // load_f16/store_f16, set1, add, sub, mul, div, sqrt, fmadd, sign,
 // sum_squares helpers (zero_d, accumulate_squares, reduce_d), and for the
 // streaming probe the raw types R32/R16 with load_raw32/store_raw32,
-// load_raw16/store_raw16, keep (an optimization barrier) and low16.
+// load_raw16/store_raw16, keep (an optimization barrier) and low16; for
+// the copy bf16_bits/f16_bits (rounded bits), stream_raw16 (non-temporal
+// store, aligned) and store_fence.
 //
 // The update performs the float operations of Note [Update formulas]
 // (reference.cpp) in the same order, each FMA fused exactly where the
@@ -28,32 +30,51 @@ namespace strata::cpu_adam::detail {
 enum class Family : uint8_t { kAdam, kAdagrad, kLion };
 
 // Note [Software prefetch]
-// With the hardware prefetchers alone one core leaves part of the memory
-// bandwidth unused (it cannot keep enough lines in flight across the 4-5
-// streams); prefetching every input stream 1024 elements ahead (4 KiB of
-// fp32) closes most of that gap (measured, docs/performance.md). The probes
-// run as a plain loop, or with the same prefetch when asked (the bench takes
-// the faster of the two as the ceiling). STRATA_CPU_ADAM_PREFETCH=<elements>
-// overrides the distance (0 turns it off) for tuning on other machines.
-//
+// Whether prefetching helps depends on the CPU's hardware prefetchers, so
+// the default follows the measurements (docs/performance.md):
+// - Intel (the 2-core Xeon VM of issue 4): with the hardware prefetchers
+//   alone one core left bandwidth unused; prefetching every input stream
+//   1024 elements ahead (4 KiB of fp32) took the step from 0.80-0.87 to
+//   0.93-0.99 of the probe. Default 1024.
+// - AMD (the 2-core EPYC VM of issue 9): the same prefetch made the step
+//   ~10% slower (fp32 AdamW vs DeepSpeed, interleaved: 0.88-0.95 with it,
+//   1.00-1.14 without; 256 was neutral, 4096 worse). Default 0 (off).
+// The probes run as a plain loop, or with the same prefetch when asked (the
+// bench takes the faster of the two as the ceiling).
+// STRATA_CPU_ADAM_PREFETCH=<elements> overrides the distance (0 = off).
+inline size_t prefetch_elements() {
+  static const size_t v = [] {
+    const char* e = std::getenv("STRATA_CPU_ADAM_PREFETCH");
+    if (e != nullptr && *e != '\0') return static_cast<size_t>(std::strtoul(e, nullptr, 10));
+    __builtin_cpu_init();
+    return __builtin_cpu_is("amd") ? size_t{0} : size_t{1024};
+  }();
+  return v;
+}
+
 // Note [Streaming probe]
 // The physical limit of the step's access pattern: a loop that loads every
-// byte the step loads and stores every byte it stores, in the same order,
-// tiles, threads and vector width, with no arithmetic at all: each stream
+// byte the step loads and stores every byte it stores, in the same element
+// order, tiles, threads and vector width, with no arithmetic at all: each stream
 // is loaded raw (no dtype conversion) and stored back unchanged; an
 // empty asm barrier (I::keep) stops the compiler from dropping the
 // load/store pairs; the 16-bit copy receives the low 16 bits of each
 // param's bit pattern (one narrowing shuffle). So params, grads and moments
 // are left bit-identical and only the copy is overwritten.
 // tests/cpu_adam/stream_bytes_test.cpp counts the bytes both move.
-inline size_t prefetch_elements() {
-  static const size_t v = [] {
-    const char* e = std::getenv("STRATA_CPU_ADAM_PREFETCH");
-    return e != nullptr && *e != '\0' ? static_cast<size_t>(std::strtoul(e, nullptr, 10)) : size_t{1024};
-  }();
-  return v;
-}
-
+//
+// Note [Non-temporal copy]
+// The bf16/fp16 param copy is the one stream the step only writes. A normal
+// store first reads each line for ownership, so it costs 4 bytes of memory
+// traffic per element for 2 bytes of data; a non-temporal store writes the
+// line without reading it (28 instead of 30 bytes per element for the bf16
+// mix). Its reader is a DMA engine (H2D copy) or an NVMe write, not this
+// core's cache. Used when the copy's vectors are aligned (checked per tile),
+// with an sfence at the end of the tile so the tile callback and other
+// threads see the data; StepFactors::copy_non_temporal = false
+// (STRATA_CPU_ADAM_NT_COPY=0, read in optimizer.cpp) turns it off. The
+// streaming probe stores the copy the same way, so it keeps measuring the
+// step's exact access pattern.
 template <class I>
 struct Kernels {
   using V = typename I::V;
@@ -71,10 +92,15 @@ struct Kernels {
     else if constexpr (T == DType::kBF16) I::store_bf16(static_cast<uint16_t*>(base) + i, x);
     else I::store_f16(static_cast<uint16_t*>(base) + i, x);
   }
+  // The copy is a write-only stream: Note [Non-temporal copy].
+  static void store_copy_bits(void* base, size_t i, typename I::R16 bits, bool non_temporal) {
+    if (non_temporal) I::stream_raw16(static_cast<uint16_t*>(base) + i, bits);
+    else I::store_raw16(static_cast<uint16_t*>(base) + i, bits);
+  }
   template <CopyType C>
-  static void store_copy(void* base, size_t i, V p) {
-    if constexpr (C == CopyType::kBF16) I::store_bf16(static_cast<uint16_t*>(base) + i, p);
-    else if constexpr (C == CopyType::kF16) I::store_f16(static_cast<uint16_t*>(base) + i, p);
+  static void store_copy(void* base, size_t i, V p, bool non_temporal) {
+    if constexpr (C == CopyType::kBF16) store_copy_bits(base, i, I::bf16_bits(p), non_temporal);
+    else if constexpr (C == CopyType::kF16) store_copy_bits(base, i, I::f16_bits(p), non_temporal);
   }
 
   // The step's factors, broadcast once per tile.
@@ -98,6 +124,7 @@ struct Kernels {
     void* exp_avg;
     void* exp_avg_sq;
     void* param_copy;
+    bool copy_non_temporal;  // Note [Non-temporal copy]
   };
 
   // Note [Update formulas] (reference.cpp), operation for operation.
@@ -131,7 +158,7 @@ struct Kernels {
       store<M>(b.exp_avg, i, m);
     }
     I::store_f32(b.params + i, p);
-    store_copy<C>(b.param_copy, i, p);
+    store_copy<C>(b.param_copy, i, p, b.copy_non_temporal);
   }
 
   // The conversion probe: same loads and stores through the dtype
@@ -144,7 +171,7 @@ struct Kernels {
     I::store_f32(b.params + i, p);
     if constexpr (F != Family::kAdagrad) store<M>(b.exp_avg, i, I::add(load<M>(b.exp_avg, i), g));
     if constexpr (F != Family::kLion) store<M>(b.exp_avg_sq, i, I::add(load<M>(b.exp_avg_sq, i), g));
-    store_copy<C>(b.param_copy, i, p);
+    store_copy<C>(b.param_copy, i, p, b.copy_non_temporal);
   }
 
   // The streaming probe, Note [Streaming probe]: raw loads and stores only.
@@ -174,7 +201,7 @@ struct Kernels {
     if constexpr (F != Family::kLion) stream_in_place<M>(b.exp_avg_sq, i);
     I::keep(p);
     I::store_raw32(reinterpret_cast<char*>(b.params) + i * 4, p);
-    if constexpr (C != CopyType::kNone) I::store_raw16(static_cast<char*>(b.param_copy) + i * 2, I::low16(p));
+    if constexpr (C != CopyType::kNone) store_copy_bits(b.param_copy, i, I::low16(p), b.copy_non_temporal);
   }
 
   // What a pass computes: the update, the conversion probe or the streaming probe.
@@ -194,7 +221,10 @@ struct Kernels {
   template <Pass P, Family F, DType G, DType M, CopyType C>
   static void run(const StepFactors& f, const TileSpans& t) {
     const Consts c(f);
-    const Block b{t.params, t.grads, t.exp_avg, t.exp_avg_sq, t.param_copy};
+    // Whole vectors of the copy are aligned iff its first one is (i steps by W).
+    const bool non_temporal = C != CopyType::kNone && f.copy_non_temporal &&
+                              reinterpret_cast<uintptr_t>(t.param_copy) % (W * 2) == 0;
+    const Block b{t.params, t.grads, t.exp_avg, t.exp_avg_sq, t.param_copy, non_temporal};
     size_t i = 0;
     const size_t ahead = P != Pass::kUpdate && !f.probe_prefetch ? 0 : prefetch_elements();
     if (ahead == 0) {
@@ -209,6 +239,7 @@ struct Kernels {
         do_block<P, F, G, M, C>(c, b, i);
       }
     }
+    if (non_temporal) I::store_fence();  // the tile is final for other threads and DMA when run() returns
     const size_t rest = t.count - i;
     if (rest == 0) return;
     // Tail: the same vector code on a zero-padded stack copy.
@@ -220,7 +251,7 @@ struct Kernels {
     constexpr bool has_m = F != Family::kAdagrad, has_v = F != Family::kLion;
     if (has_m) std::memcpy(m, static_cast<const char*>(t.exp_avg) + i * mb, rest * mb);
     if (has_v) std::memcpy(v, static_cast<const char*>(t.exp_avg_sq) + i * mb, rest * mb);
-    do_block<P, F, G, M, C>(c, Block{p, g, m, v, copy}, 0);
+    do_block<P, F, G, M, C>(c, Block{p, g, m, v, copy, false}, 0);
     std::memcpy(t.params + i, p, rest * 4);
     if (has_m) std::memcpy(static_cast<char*>(t.exp_avg) + i * mb, m, rest * mb);
     if (has_v) std::memcpy(static_cast<char*>(t.exp_avg_sq) + i * mb, v, rest * mb);
