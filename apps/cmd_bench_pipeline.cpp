@@ -2,7 +2,7 @@
 // compute -> D2H -> pinned slot -> NVMe write, chained only by completions
 // and events, against each stage timed alone over the same chunks.
 //
-//   strata bench pipeline --path DIR [--chunks 32] [--chunk-mib 8] [--slots 3]
+//   strata bench pipeline --path DIR [--out-path DIR2] [--chunks 32] [--chunk-mib 8] [--slots 3]
 //                         [--device-threads 1] [--compute-passes 1] [--repeats 3]
 //                         [--engine auto|io_uring|libaio|psync] [--json [FILE]]
 //
@@ -70,6 +70,7 @@ struct PipelineOptions {
   int64_t chunk_mib = 8;
   int64_t slots = 3;
   std::string path;
+  std::string out_path;  // output file's directory; empty = --path
   int64_t device_threads = 1;
   int64_t compute_passes = 1;
   int64_t repeats = 3;
@@ -212,14 +213,21 @@ class PipelineBench {
     STRATA_RETURN_IF_ERROR(engine_->register_buffer(out_pool_->base(), out_pool_->total_bytes()));
 
     const uint64_t file_bytes = chunks_ * chunk_bytes_;
-    const std::string stem = fmt::format("{}/strata-bench-pipeline-{}", o_.path, ::getpid());
-    STRATA_RETURN_IF_ERROR(in_file_.create(stem + ".in", file_bytes));
-    STRATA_RETURN_IF_ERROR(out_file_.create(stem + ".out", file_bytes));
+    const std::string name = fmt::format("strata-bench-pipeline-{}", ::getpid());
+    const std::string& out_dir = o_.out_path.empty() ? o_.path : o_.out_path;
+    STRATA_RETURN_IF_ERROR(in_file_.create(fmt::format("{}/{}.in", o_.path, name), file_bytes));
+    STRATA_RETURN_IF_ERROR(out_file_.create(fmt::format("{}/{}.out", out_dir, name), file_bytes));
     STRATA_ASSIGN_OR_RETURN(in_id_, engine_->open(in_file_.path(), nvme::OpenMode::kReadWrite));
     STRATA_ASSIGN_OR_RETURN(out_id_, engine_->open(out_file_.path(), nvme::OpenMode::kReadWrite));
     STRATA_ASSIGN_OR_RETURN(nvme::FileInfo info, engine_->file_info(in_id_));
     direct_ = info.direct;
     direct_note_ = info.direct ? "O_DIRECT" : "buffered: " + info.fallback_reason;
+    STRATA_ASSIGN_OR_RETURN(nvme::FileInfo out_info, engine_->file_info(out_id_));
+    out_direct_ = out_info.direct;
+    if (!o_.out_path.empty()) {
+      direct_note_ = fmt::format("input {}, output in {} {}", direct_note_, o_.out_path,
+                                 out_info.direct ? "O_DIRECT" : "buffered: " + out_info.fallback_reason);
+    }
 
     // The input file, chunk by chunk through one slot.
     STRATA_ASSIGN_OR_RETURN(Slot slot, in_pool_->acquire("input file fill", chunk_bytes_));
@@ -348,6 +356,7 @@ class PipelineBench {
   nvme::IoEngineStats engine_stats() const { return engine_->stats(); }
   const std::string& direct_note() const { return direct_note_; }
   bool direct() const { return direct_; }
+  bool out_direct() const { return out_direct_; }
   const SlotPool& in_pool() const { return *in_pool_; }
   const SlotPool& out_pool() const { return *out_pool_; }
 
@@ -463,6 +472,7 @@ class PipelineBench {
   std::unique_ptr<nvme::IoEngine> engine_;
   nvme::FileId in_id_ = 0, out_id_ = 0;
   bool direct_ = false;
+  bool out_direct_ = false;
   std::string direct_note_;
 };
 
@@ -476,11 +486,14 @@ Status check_options(const PipelineOptions& o) {
   if (o.compute_passes < 1 || o.compute_passes > 1000)
     return InvalidArgument(fmt::format("--compute-passes {} must be in [1, 1000]", o.compute_passes));
   if (o.repeats < 1 || o.repeats > 100) return InvalidArgument(fmt::format("--repeats {} must be in [1, 100]", o.repeats));
-  struct stat st {};
-  if (::stat(o.path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
-    return InvalidArgument(fmt::format("--path {} is not a directory", o.path));
-  if (::access(o.path.c_str(), W_OK) != 0)
-    return ErrnoStatus(errno, fmt::format("--path {} is not writable", o.path));
+  for (const auto& [flag, dir] : {std::pair<const char*, const std::string*>{"--path", &o.path},
+                                  std::pair<const char*, const std::string*>{"--out-path", &o.out_path}}) {
+    if (dir->empty()) continue;
+    struct stat st {};
+    if (::stat(dir->c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+      return InvalidArgument(fmt::format("{} {} is not a directory", flag, *dir));
+    if (::access(dir->c_str(), W_OK) != 0) return ErrnoStatus(errno, fmt::format("{} {} is not writable", flag, *dir));
+  }
   return Status::Ok();
 }
 
@@ -501,11 +514,15 @@ Status run_pipeline_bench(const PipelineOptions& o) {
   if (!engine_kind.ok()) return engine_kind.status();
   const uint64_t chunk_bytes = static_cast<uint64_t>(o.chunk_mib) << 20;
   const uint64_t total = static_cast<uint64_t>(o.chunks) * chunk_bytes;
-  auto avail = nvme::available_bytes(o.path);
-  if (avail.ok() && *avail < 2 * total + (64u << 20)) {
-    return ResourceExhausted(fmt::format("--path {}: {} needed for the input and output files, {} available; lower "
-                                         "--chunks or --chunk-mib", o.path, format_bytes(2 * total, true),
-                                         format_bytes(*avail, true)));
+  // Input and output files, on one drive or two (--out-path).
+  for (const std::string* dir : {&o.path, &o.out_path}) {
+    if (dir->empty()) continue;
+    const uint64_t need = (o.out_path.empty() ? 2 : 1) * total + (64u << 20);
+    auto avail = nvme::available_bytes(*dir);
+    if (avail.ok() && *avail < need) {
+      return ResourceExhausted(fmt::format("{}: {} needed for the bench's files, {} available; lower --chunks or "
+                                           "--chunk-mib", *dir, format_bytes(need, true), format_bytes(*avail, true)));
+    }
   }
   const bool to_stdout = o.json_set && (o.json.empty() || o.json == "-");
   const bool text = !to_stdout;
@@ -574,6 +591,8 @@ Status run_pipeline_bench(const PipelineOptions& o) {
   j["compute_passes"] = o.compute_passes;
   j["engine"] = bench.engine_description();
   j["direct_io"] = bench.direct();
+  j["output_direct_io"] = bench.out_direct();
+  j["out_path"] = o.out_path.empty() ? o.path : o.out_path;
   j["engine_notes"] = bench.engine_notes();
   j["fixed_buffer_pieces"] = bench.engine_stats().fixed_buffer_pieces;
   j["io_pieces"] = bench.engine_stats().pieces;
@@ -622,6 +641,8 @@ CommandRegistration bench_pipeline("bench pipeline", [](CLI::App& root) {
       "pipeline", "NVMe read -> slot -> H2D -> compute -> D2H -> slot -> NVMe write, chained by events, vs each stage alone");
   cmd->add_option("--path", o->path, "Directory for the input and output files (created and removed by the bench)")
       ->required();
+  cmd->add_option("--out-path", o->out_path,
+                  "Directory for the output file (default: --path); another drive separates reads from writes");
   cmd->add_option("--chunks", o->chunks, "Chunks per run")->capture_default_str();
   cmd->add_option("--chunk-mib", o->chunk_mib, "MiB per chunk")->capture_default_str();
   cmd->add_option("--slots", o->slots, "Pinned staging slots per direction (input and output pools)")
