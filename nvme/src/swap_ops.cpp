@@ -329,11 +329,13 @@ Result<SwapHandle> SwapStore::start_write(TensorId id, uint64_t offset, uint64_t
     auto fresh = allocator_->allocate(length);
     if (!fresh.ok()) {
       return fail(ResourceExhausted(fmt::format(
-          "{} of tensor {} ({} bytes at offset {}): no room in the {} for its shadow extent: {} needed, {} free "
+          "{} of {}: no room in the {} for its shadow extent: {} needed, {} free "
           "(largest free extent {}). A write goes to a fresh extent and the old version is freed only after it "
           "verified, so the capacity must hold every stored tensor plus one shadow per in-flight write; raise "
           "capacity_bytes (by the largest tensor written at once) or wait for in-flight writes first",
-          what, id, length, offset, name(), format_bytes(allocator_->round_up(length), true),
+          what, whole ? fmt::format("tensor {} ({} bytes)", id, length)
+                      : fmt::format("tensor {} range [{}, +{})", id, offset, length),
+          name(), format_bytes(allocator_->round_up(length), true),
           format_bytes(allocator_->free_bytes(), true), format_bytes(allocator_->largest_free(), true))));
     }
     table_reserved_ += delta;

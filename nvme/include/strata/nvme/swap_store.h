@@ -42,7 +42,9 @@
 //    bytes, may be in flight together; a write may not overlap any other
 //    in-flight operation on the same tensor (FailedPrecondition naming
 //    both ranges). Callbacks (then) run on a verify thread or an engine
-//    worker with no store lock held; never destroy the store from one.
+//    worker with no store lock held: they may start new swap operations,
+//    but must not block waiting for one (the verify threads are few) and
+//    must not destroy the store.
 //
 // Lifetime: open() checks space on every path before creating anything,
 // close() removes the files (clean shutdown) unless keep_files is set, in
