@@ -41,6 +41,31 @@ BackendInfo cuda_info() {
 
 }  // namespace
 
+std::string_view device_kind_name(DeviceKind kind) {
+  switch (kind) {
+    case DeviceKind::kAuto: return "auto";
+    case DeviceKind::kCpu: return "cpu";
+    case DeviceKind::kCuda: return "cuda";
+  }
+  return "?";
+}
+
+Result<DeviceKind> parse_device_kind(std::string_view name, std::string_view what) {
+  for (DeviceKind k : {DeviceKind::kAuto, DeviceKind::kCpu, DeviceKind::kCuda})
+    if (name == device_kind_name(k)) return k;
+  return InvalidArgument(fmt::format("{} '{}' is not a device; use cpu, cuda or auto", what, name));
+}
+
+DeviceChoice resolve_device_kind(DeviceKind requested) {
+  if (requested != DeviceKind::kAuto) return {requested, false, "requested"};
+  const BackendInfo cuda = cuda_info();
+  if (cuda.available) {
+    const std::string first = cuda.devices.empty() ? std::string("a GPU") : cuda.devices.front();
+    return {DeviceKind::kCuda, true, fmt::format("auto: cuda ({})", first)};
+  }
+  return {DeviceKind::kCpu, true, fmt::format("auto: cpu (cuda: {})", cuda.reason)};
+}
+
 std::vector<BackendInfo> list_backends() { return {cpu_info(), cuda_info()}; }
 
 Result<std::unique_ptr<Device>> make_device(std::string_view backend, const DeviceOptions& options) {
@@ -53,6 +78,10 @@ Result<std::unique_ptr<Device>> make_device(std::string_view backend, const Devi
 #endif
   }
   return NotFound(fmt::format("unknown device backend '{}' (known: cpu, cuda)", backend));
+}
+
+Result<std::unique_ptr<Device>> make_device(DeviceKind kind, const DeviceOptions& options) {
+  return make_device(device_kind_name(resolve_device_kind(kind).kind), options);
 }
 
 }  // namespace strata
