@@ -13,9 +13,26 @@ packages=(
   libopenmpi-dev openmpi-bin
   fio python3
 )
-if [[ "${1:-}" == "--with-torch" ]]; then
+with_torch=0
+for arg in "$@"; do
+  case "$arg" in
+    --with-torch) with_torch=1 ;;
+    *) echo "install-deps: unknown argument '$arg' (usage: scripts/install-deps.sh [--with-torch])" >&2
+       exit 2 ;;
+  esac
+done
+if ((with_torch)); then
+  # Debian's torch and numpy install under /usr/bin/python3, which the tests
+  # pick over a python3 earlier on PATH that cannot import them (pyenv, venv).
   packages+=(python3-torch python3-numpy)
 fi
+
+check_torch() {
+  if ((with_torch)) && ! /usr/bin/python3 -c "import numpy, torch" 2>/dev/null; then
+    echo "install-deps: python3-torch is installed but /usr/bin/python3 cannot import torch and numpy" >&2
+    exit 1
+  fi
+}
 
 missing=()
 for p in "${packages[@]}"; do
@@ -26,12 +43,20 @@ done
 
 if ((${#missing[@]} == 0)); then
   echo "install-deps: all ${#packages[@]} packages already installed"
+  check_torch
   exit 0
 fi
 
 SUDO=""
-if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+if [[ $(id -u) -ne 0 ]]; then
+  if ! command -v sudo > /dev/null; then
+    echo "install-deps: missing ${missing[*]}; run this as root or install sudo" >&2
+    exit 1
+  fi
+  SUDO="sudo"
+fi
 echo "install-deps: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+check_torch
