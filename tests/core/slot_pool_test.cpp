@@ -248,6 +248,43 @@ TEST(SlotPool, ReleaseAfterStreamWorkKeepsTheSlotUntilTheCopyRan) {
   EXPECT_EQ(wrong, 0u);
 }
 
+// The same reuse rule on the cuda device: slots come from cudaHostAlloc, so
+// the H2D copy is truly asynchronous and the slot must not be reused before
+// the stream's completion. Skips without a usable GPU.
+TEST(SlotPool, CudaSlotsAreReusedOnlyAfterTheAsyncCopyRan) {
+  auto device_or = make_device("cuda");
+  if (!device_or.ok()) GTEST_SKIP() << device_or.status().to_string();
+  auto device = std::move(device_or).value();
+  constexpr size_t kBytes = 32 * kMiB;  // large enough that the copy is still running when we release
+  auto pool = make_pool(*device, 1, kBytes, 10000ms, "cuda staging");
+  ASSERT_TRUE(pool);
+  auto stream = device->create_stream();
+  ASSERT_TRUE(stream.ok());
+  auto dev = device->allocate(kBytes);
+  ASSERT_TRUE(dev.ok());
+  auto back = make_pool(*device, 1, kBytes, 10000ms, "cuda readback");
+  ASSERT_TRUE(back);
+
+  auto slot = pool->acquire("h2d");
+  ASSERT_TRUE(slot.ok());
+  std::memset(slot->data(), 0x5A, kBytes);
+  ASSERT_TRUE((*stream)->copy_async(dev->data(), slot->data(), kBytes, CopyKind::kHostToDevice).ok());
+  slot->release_after((*stream)->record_completion());
+  auto reused = pool->acquire("overwrite");  // waits for the copy's completion
+  ASSERT_TRUE(reused.ok()) << reused.status().to_string();
+  std::memset(reused->data(), 0x11, kBytes);
+
+  auto readback = back->acquire("d2h");
+  ASSERT_TRUE(readback.ok());
+  ASSERT_TRUE((*stream)->copy_async(readback->data(), dev->data(), kBytes, CopyKind::kDeviceToHost).ok());
+  ASSERT_TRUE((*stream)->synchronize().ok());
+  const auto* bytes = readback->as<const unsigned char>();
+  size_t wrong = 0;
+  for (size_t i = 0; i < kBytes; ++i) wrong += bytes[i] != 0x5A;
+  EXPECT_EQ(wrong, 0u);
+  EXPECT_EQ(pool->memory_stats().get(Tier::kPinnedHost).current_bytes, kBytes);
+}
+
 // Several threads acquire, fill, check and release through completions that
 // other threads complete; a slot reused before its completion would show up
 // as a corrupted pattern in the completer's check. Run under TSan as well.
