@@ -135,6 +135,14 @@ Result<std::unique_ptr<SlotPool>> SlotPool::create(Device& device, SlotPoolOptio
   }
   void* allocation = *pinned;
   const auto raw = reinterpret_cast<uintptr_t>(allocation);
+  if (extra == 0 && raw % a != 0) {
+    // A backend that returned less than page alignment: no slack to align
+    // inside, which would put the last slot past the end. Refuse loudly.
+    device.free_pinned_host(allocation, allocation_bytes);
+    return Internal(fmt::format("slot pool '{}': the {} device returned pinned memory at {} that is not aligned to "
+                                "{} bytes; use alignment <= the device's pinned alignment",
+                                name, device.caps().backend, allocation, a));
+  }
   void* base = reinterpret_cast<void*>((raw + a - 1) / a * a);
   return std::unique_ptr<SlotPool>(new SlotPool(device, std::move(options), allocation, allocation_bytes, base, stride));
 }
