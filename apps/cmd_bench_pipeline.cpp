@@ -478,14 +478,16 @@ class PipelineBench {
 
 Status check_options(const PipelineOptions& o) {
   if (o.path.empty()) return InvalidArgument("--path DIR is required (a directory on the drive to stream through)");
-  if (o.chunks < 1 || o.chunks > 1'000'000) return InvalidArgument(fmt::format("--chunks {} must be in [1, 1000000]", o.chunks));
-  if (o.chunk_mib < 1 || o.chunk_mib > 4096) return InvalidArgument(fmt::format("--chunk-mib {} must be in [1, 4096]", o.chunk_mib));
-  if (o.slots < 1 || o.slots > 64) return InvalidArgument(fmt::format("--slots {} must be in [1, 64] (3 overlaps read, copy and write)", o.slots));
-  if (o.device_threads < 1 || o.device_threads > 256)
-    return InvalidArgument(fmt::format("--device-threads {} must be in [1, 256]", o.device_threads));
-  if (o.compute_passes < 1 || o.compute_passes > 1000)
-    return InvalidArgument(fmt::format("--compute-passes {} must be in [1, 1000]", o.compute_passes));
-  if (o.repeats < 1 || o.repeats > 100) return InvalidArgument(fmt::format("--repeats {} must be in [1, 100]", o.repeats));
+  auto in_range = [](int64_t value, int64_t lo, int64_t hi, const char* flag, const char* hint) -> Status {
+    if (value >= lo && value <= hi) return Status::Ok();
+    return InvalidArgument(fmt::format("{} {} must be in [{}, {}]{}", flag, value, lo, hi, hint));
+  };
+  STRATA_RETURN_IF_ERROR(in_range(o.chunks, 1, 1'000'000, "--chunks", ""));
+  STRATA_RETURN_IF_ERROR(in_range(o.chunk_mib, 1, 4096, "--chunk-mib", ""));
+  STRATA_RETURN_IF_ERROR(in_range(o.slots, 1, 64, "--slots", " (3 overlaps read, copy and write)"));
+  STRATA_RETURN_IF_ERROR(in_range(o.device_threads, 1, 256, "--device-threads", ""));
+  STRATA_RETURN_IF_ERROR(in_range(o.compute_passes, 1, 1000, "--compute-passes", ""));
+  STRATA_RETURN_IF_ERROR(in_range(o.repeats, 1, 100, "--repeats", ""));
   for (const auto& [flag, dir] : {std::pair<const char*, const std::string*>{"--path", &o.path},
                                   std::pair<const char*, const std::string*>{"--out-path", &o.out_path}}) {
     if (dir->empty()) continue;
