@@ -12,7 +12,7 @@
 // when all staging slots are in flight. Per chunk i, with k = i % (2 x slots)
 // the device buffer (the output half is issued `slots` chunks later, see
 // Note [Issue order]):
-//   in slot <- acquire;  nvme read(in file, i) -> its callback completes read_i
+//   in slot <- acquire;  read_i = nvme read(in file, i) (IoHandle::completion())
 //   h2d stream:     wait(read_i), wait(d2h_done[k]) (device buffer k free),
 //                   copy in slot -> dev[k], record h2d_done[k];
 //                   in slot.release_after(h2d.record_completion())
