@@ -38,6 +38,7 @@ namespace {
 constexpr uint64_t kRecordHeaderBytes = 5 * sizeof(uint64_t);  // id, bytes, flags, runs, blocks
 constexpr uint64_t kRunBytes = 3 * sizeof(uint64_t);
 constexpr uint64_t kWholeRange = std::numeric_limits<uint64_t>::max() / 2;
+constexpr size_t kScratchKept = 4;  // read-back buffers kept between writes
 
 uint64_t now_ns() {
   return static_cast<uint64_t>(
@@ -386,13 +387,24 @@ Result<SwapHandle> SwapStore::start_write(TensorId id, uint64_t offset, uint64_t
 // or a verify thread; the comparison itself runs on the verify pool.
 void SwapStore::start_read_back(const std::shared_ptr<detail::SwapOpState>& op) {
   if (op->scratch.size() == 0) {
-    auto scratch = AlignedBuffer::allocate(std::min(chunk_, op->length), granularity_);
-    if (!scratch.ok()) {
-      finish(op, std::move(scratch).status().with_context(
-                     fmt::format("verifying the swap write of {}", op->what())));
-      return;
+    // Scratch buffers (one chunk each) are kept for the next write: a fresh
+    // 8 MiB allocation per write would cost its page faults every time.
+    {
+      std::lock_guard<std::mutex> lock(scratch_mu_);
+      if (!scratch_free_.empty()) {
+        op->scratch = std::move(scratch_free_.back());
+        scratch_free_.pop_back();
+      }
     }
-    op->scratch = std::move(scratch).value();
+    if (op->scratch.size() == 0) {
+      auto scratch = AlignedBuffer::allocate(chunk_, granularity_);
+      if (!scratch.ok()) {
+        finish(op, std::move(scratch).status().with_context(
+                       fmt::format("verifying the swap write of {}", op->what())));
+        return;
+      }
+      op->scratch = std::move(scratch).value();
+    }
   }
   const uint64_t at = op->read_back_cursor;
   const uint64_t len = std::min(chunk_, op->length - at);
@@ -509,7 +521,11 @@ void SwapStore::finish(const std::shared_ptr<detail::SwapOpState>& op, Status st
   }
   if (op->is_write && status.ok()) op->counters->flips.fetch_add(1, std::memory_order_relaxed);
   if (!op->is_write && status.is_data_loss()) op->counters->verify_failures.fetch_add(1, std::memory_order_relaxed);
-  op->scratch = AlignedBuffer();
+  if (op->scratch.size() != 0) {
+    std::lock_guard<std::mutex> lock(scratch_mu_);
+    if (scratch_free_.size() < kScratchKept) scratch_free_.push_back(std::move(op->scratch));
+    op->scratch = AlignedBuffer();
+  }
   // Last touch of the store: the destructor waits for pending_ops_ to drain.
   if (pending_ops_.fetch_sub(1, std::memory_order_acq_rel) == 1) pending_ops_.notify_all();
   op->source.complete(std::move(status));

@@ -64,6 +64,7 @@
 
 #include "strata/core/completion.h"
 #include "strata/core/status.h"
+#include "strata/nvme/aligned_buffer.h"
 #include "strata/nvme/extent_allocator.h"
 #include "strata/nvme/io_engine.h"
 #include "strata/nvme/swap_dir.h"
@@ -268,6 +269,8 @@ class SwapStore {
   std::atomic<int64_t> pending_ops_{0};
 
   std::shared_ptr<detail::SwapCounters> counters_ = std::make_shared<detail::SwapCounters>();
+  std::mutex scratch_mu_;
+  std::vector<AlignedBuffer> scratch_free_;  // verify_writes read-back buffers (chunk_ bytes each)
   std::unique_ptr<VerifyPool> pool_;  // last member: joined first, before the state it uses goes
 };
 
