@@ -2,6 +2,11 @@
 // cpu or cuda device, with the project's CPU optimizer. A DeepSpeed config
 // (--config) supplies optimizer, precision, batch and clipping; flags given
 // on the command line override it.
+//
+// This is where the model (model/: GptModel, GptExecutor on a Device
+// stream, GptRunner with the data) meets the training loop (offload/:
+// TrainingLoop with its ResidentProvider), which sees the model only
+// through core's contract.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -15,10 +20,18 @@
 #include <nlohmann/json.hpp>
 
 #include "command.h"
+#include <sys/sysinfo.h>
+
 #include "strata/core/config.h"
+#include "strata/core/device_registry.h"
 #include "strata/core/units.h"
+#include "strata/cpu_adam/optimizer.h"
 #include "strata/model/cpu_ops.h"
-#include "strata/model/trainer.h"
+#include "strata/model/gpt.h"
+#include "strata/model/gpt_executor.h"
+#include "strata/model/gpt_runner.h"
+#include "strata/model/text_data.h"
+#include "strata/offload/training_loop.h"
 
 namespace strata::cli {
 namespace {
@@ -50,8 +63,26 @@ struct TrainCliOptions {
 
 std::string bytes_text(uint64_t b) { return b == 0 ? "0 B" : format_bytes(b, true); }
 
+// What the run is made of, after flags and config.
+struct TrainSetup {
+  offload::TrainingOptions loop;
+  int batch = 8;
+  int seq_len = 64;
+  uint64_t seed = 1234;
+  int eval_batches = 8;
+  DeviceKind device = DeviceKind::kCpu;  // may be kAuto until resolved
+  uint64_t device_memory_bytes = 0;      // 0: cpu a quarter of host memory, cuda the whole GPU
+};
+
+// The cpu device's default capacity: a quarter of host memory.
+uint64_t default_cpu_device_bytes() {
+  struct sysinfo info {};
+  if (sysinfo(&info) != 0) return uint64_t{4} << 30;
+  return static_cast<uint64_t>(info.totalram) * info.mem_unit / 4;
+}
+
 // Applies the DeepSpeed config's optimizer, precision, batch and clipping.
-Status apply_config(const Config& cfg, TrainCliOptions& o, model::TrainOptions& t, model::GptConfig& g) {
+Status apply_config(const Config& cfg, TrainCliOptions& o, TrainSetup& t, model::GptConfig& g) {
   if (cfg.zero_optimization.stage != 0)
     return Unsupported(fmt::format("{}: zero_optimization.stage = {}: strata train runs stage 0 on one rank for now; "
                                    "set \"stage\": 0",
@@ -63,17 +94,17 @@ Status apply_config(const Config& cfg, TrainCliOptions& o, model::TrainOptions& 
                                    cfg.source));
   if (cfg.optimizer.given) {
     switch (cfg.optimizer.type) {
-      case OptimizerType::kAdam: t.optimizer = cpu_adam::adam_kind(cfg.optimizer.adam_w_mode); break;
-      case OptimizerType::kAdamW: t.optimizer = cpu_adam::OptimizerKind::kAdamW; break;
-      case OptimizerType::kAdagrad: t.optimizer = cpu_adam::OptimizerKind::kAdagrad; break;
-      case OptimizerType::kLion: t.optimizer = cpu_adam::OptimizerKind::kLion; break;
+      case OptimizerType::kAdam: t.loop.optimizer = cpu_adam::adam_kind(cfg.optimizer.adam_w_mode); break;
+      case OptimizerType::kAdamW: t.loop.optimizer = cpu_adam::OptimizerKind::kAdamW; break;
+      case OptimizerType::kAdagrad: t.loop.optimizer = cpu_adam::OptimizerKind::kAdagrad; break;
+      case OptimizerType::kLion: t.loop.optimizer = cpu_adam::OptimizerKind::kLion; break;
     }
-    if (!cfg.is_unresolved("optimizer.params.lr") && !o.given_lr) t.hyper.lr = cfg.optimizer.lr;
-    t.hyper.beta1 = cfg.optimizer.betas[0];
-    t.hyper.beta2 = cfg.optimizer.betas[1];
-    t.hyper.eps = cfg.optimizer.eps;
-    if (!o.given_wd) t.hyper.weight_decay = cfg.optimizer.weight_decay;
-    t.hyper.bias_correction = cfg.optimizer.bias_correction;
+    if (!cfg.is_unresolved("optimizer.params.lr") && !o.given_lr) t.loop.hyper.lr = cfg.optimizer.lr;
+    t.loop.hyper.beta1 = cfg.optimizer.betas[0];
+    t.loop.hyper.beta2 = cfg.optimizer.betas[1];
+    t.loop.hyper.eps = cfg.optimizer.eps;
+    if (!o.given_wd) t.loop.hyper.weight_decay = cfg.optimizer.weight_decay;
+    t.loop.hyper.bias_correction = cfg.optimizer.bias_correction;
   }
   if (!o.given_dtype) {
     if (cfg.precision() == TrainPrecision::kBf16) g.param_dtype = DType::kBF16;
@@ -82,14 +113,15 @@ Status apply_config(const Config& cfg, TrainCliOptions& o, model::TrainOptions& 
   if (cfg.batch.train_micro_batch_size_per_gpu && !o.given_batch)
     t.batch = static_cast<int>(*cfg.batch.train_micro_batch_size_per_gpu);
   if (cfg.batch.gradient_accumulation_steps && !o.given_accum)
-    t.grad_accum = static_cast<int>(*cfg.batch.gradient_accumulation_steps);
-  if (!o.given_clip) t.grad_clip = cfg.gradient_clipping;
+    t.loop.grad_accum = static_cast<int>(*cfg.batch.gradient_accumulation_steps);
+  if (!o.given_clip) t.loop.grad_clip = cfg.gradient_clipping;
   if (!o.given_device_memory && cfg.strata.device_memory != 0) t.device_memory_bytes = cfg.strata.device_memory;
-  if (!o.given_device && cfg.strata.device == strata::DeviceKind::kCuda) t.device = model::DeviceKind::kCuda;
+  // "strata.device" ("auto" unless given) decides unless --device was given.
+  if (!o.given_device) t.device = cfg.strata.device;
   for (const ConfigIssue& w : cfg.warnings) fmt::print(stderr, "strata train: {}\n", format_issue(w, cfg.source));
   if (cfg.scheduler.type != SchedulerType::kNone)
     fmt::print(stderr, "strata train: warning: {}: scheduler {} is not applied yet; the learning rate stays {}\n",
-               cfg.source, scheduler_type_name(cfg.scheduler.type), t.hyper.lr);
+               cfg.source, scheduler_type_name(cfg.scheduler.type), t.loop.hyper.lr);
   if (cfg.fp16.enabled)
     fmt::print(stderr, "strata train: note: fp16 parameters are stored in fp16, but compute and gradients are fp32, "
                        "so no loss scaling is applied\n");
@@ -114,16 +146,16 @@ int run_train(TrainCliOptions o) {
     if (!dt.ok()) return fail(dt.status().with_context("--dtype"));
     g.param_dtype = *dt;
   }
-  model::TrainOptions t;
+  TrainSetup t;
   t.batch = o.batch;
   t.seq_len = o.seq;
-  t.grad_accum = o.grad_accum;
-  t.hyper.lr = o.lr;
-  t.hyper.weight_decay = o.weight_decay;
-  t.grad_clip = o.clip;
+  t.loop.grad_accum = o.grad_accum;
+  t.loop.hyper.lr = o.lr;
+  t.loop.hyper.weight_decay = o.weight_decay;
+  t.loop.grad_clip = o.clip;
   t.seed = o.seed;
   t.eval_batches = o.eval_batches;
-  Result<model::DeviceKind> dev = model::parse_device_kind(o.device);
+  Result<DeviceKind> dev = parse_device_kind(o.device, "--device");
   if (!dev.ok()) return fail(dev.status());
   t.device = *dev;
   if (!o.device_memory.empty()) {
@@ -145,9 +177,32 @@ int run_train(TrainCliOptions o) {
   const std::string data_path = o.data.empty() ? model::default_corpus_path() : o.data;
   Result<model::TextDataset> data = model::TextDataset::load(data_path, t.seq_len);
   if (!data.ok()) return fail(data.status());
-  Result<std::unique_ptr<model::Trainer>> trainer_r = model::Trainer::create(g, t, *data);
-  if (!trainer_r.ok()) return fail(trainer_r.status());
-  model::Trainer& trainer = **trainer_r;
+
+  // The device and the stream the model runs on; "auto" says what it chose.
+  const DeviceChoice choice = resolve_device_kind(t.device);
+  DeviceOptions dopt;
+  dopt.device_memory_bytes = t.device_memory_bytes;
+  if (choice.kind == DeviceKind::kCpu && dopt.device_memory_bytes == 0)
+    dopt.device_memory_bytes = default_cpu_device_bytes();
+  Result<std::unique_ptr<Device>> device_r = make_device(choice.kind, dopt);
+  if (!device_r.ok())
+    return fail(device_r.status().with_context(
+        fmt::format("--device {}{}", device_kind_name(choice.kind),
+                    choice.kind == DeviceKind::kCuda ? " (use --device cpu)" : "")));
+  Device& device = **device_r;
+  Result<std::unique_ptr<Stream>> stream_r = device.create_stream();
+  if (!stream_r.ok()) return fail(stream_r.status().with_context("creating the model's stream"));
+  Result<std::unique_ptr<model::GptModel>> model_r = model::GptModel::create(g, t.seed);
+  if (!model_r.ok()) return fail(model_r.status());
+  Result<std::unique_ptr<model::GptExecutor>> exec_r =
+      model::GptExecutor::create(**model_r, device, **stream_r, t.batch, t.seq_len);
+  if (!exec_r.ok()) return fail(exec_r.status());
+  Result<std::unique_ptr<model::GptRunner>> runner_r =
+      model::GptRunner::create(**model_r, **exec_r, *data, t.seed, t.eval_batches);
+  if (!runner_r.ok()) return fail(runner_r.status());
+  Result<std::unique_ptr<offload::TrainingLoop>> loop_r = offload::TrainingLoop::create(**runner_r, device, t.loop);
+  if (!loop_r.ok()) return fail(loop_r.status());
+  offload::TrainingLoop& trainer = **loop_r;
 
   std::unique_ptr<std::ofstream> log;
   if (!o.json_log.empty()) {
@@ -161,15 +216,17 @@ int run_train(TrainCliOptions o) {
   fmt::print("data     {} ({} train / {} validation bytes), unigram baseline {:.4f} nats/token\n", data->name(),
              data->train().size(), data->val().size(), baseline);
   fmt::print("train    device {}, batch {} x seq {} x accum {}, {} steps, {} lr {:g} wd {:g} clip {:g}, seed {}\n",
-             model::device_kind_name(t.device), t.batch, t.seq_len, t.grad_accum, o.steps,
-             cpu_adam::optimizer_kind_name(t.optimizer), t.hyper.lr, t.hyper.weight_decay, t.grad_clip, t.seed);
-  if (t.device == model::DeviceKind::kCpu) fmt::print("matmul   {}\n", model::cpu::gemm_backend_description());
+             device_kind_name(choice.kind), t.batch, t.seq_len, t.loop.grad_accum, o.steps,
+             cpu_adam::optimizer_kind_name(t.loop.optimizer), t.loop.hyper.lr, t.loop.hyper.weight_decay,
+             t.loop.grad_clip, t.seed);
+  if (choice.automatic) fmt::print("device   {}\n", choice.reason);
+  if (choice.kind == DeviceKind::kCpu) fmt::print("matmul   {}\n", model::cpu::gemm_backend_description());
   std::fflush(stdout);
 
   std::vector<double> tps;
   double last_val = NAN;
   for (int64_t s = 1; s <= o.steps; ++s) {
-    Result<model::StepResult> r = trainer.step();
+    Result<offload::StepResult> r = trainer.step();
     if (!r.ok()) return fail(r.status().with_context(fmt::format("step {}", s)));
     std::optional<double> val;
     if ((o.eval_every > 0 && s % o.eval_every == 0) || s == o.steps) {
@@ -233,7 +290,8 @@ CommandRegistration train_command("train", [](CLI::App& root) {
   auto* wd = cmd->add_option("--weight-decay", o->weight_decay, "Weight decay")->capture_default_str();
   auto* clip = cmd->add_option("--clip", o->clip, "Global gradient-norm clipping (0: off)")->capture_default_str();
   cmd->add_option("--seed", o->seed, "Seed of initial weights and batch order")->capture_default_str();
-  auto* device = cmd->add_option("--device", o->device, "cpu | cuda")->capture_default_str();
+  auto* device = cmd->add_option("--device", o->device, "cpu | cuda | auto (cuda when a GPU is usable, else cpu)")
+                     ->capture_default_str();
   auto* devmem = cmd->add_option("--device-memory", o->device_memory,
                                  "Device memory capacity, e.g. 2GiB (cpu default: a quarter of host memory)");
   cmd->add_option("--config", o->config_path, "DeepSpeed JSON config: optimizer, precision, batch, clipping");

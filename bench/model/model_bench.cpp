@@ -8,10 +8,11 @@
 #include <cstdio>
 #include <vector>
 
+#include "strata/core/device_registry.h"
 #include "strata/model/cpu_ops.h"
 #include "strata/model/gpt_executor.h"
-#include "strata/model/resident_params.h"
 #include "strata/model/rng.h"
+#include "strata/offload/resident_provider.h"
 
 namespace {
 
@@ -44,15 +45,21 @@ BENCHMARK(BM_Sgemm)->Args({2048, 1536, 512})->Args({2048, 2048, 512})->Args({204
 // One forward + backward of a GPT at (preset, B, T) on the cpu device.
 void BM_TrainStep(benchmark::State& state, const char* name, int B, int T) {
   auto model = GptModel::create(preset(name).value(), 1).value();
-  auto params = ResidentParameters::create(*model).value();
-  auto exec = GptExecutor::create(*model, DeviceKind::kCpu, B, T, 0).value();
+  strata::MemoryStats host_stats;
+  auto params = strata::offload::ResidentProvider::create(*model, host_stats).value();
+  strata::DeviceOptions options;
+  options.device_memory_bytes = uint64_t{8} << 30;
+  auto device = strata::make_device("cpu", options).value();
+  auto stream = device->create_stream().value();
+  auto exec = GptExecutor::create(*model, *device, *stream, B, T).value();
   std::vector<int32_t> tok(static_cast<size_t>(B) * T), tgt(tok.size());
   Rng rng(3);
   for (auto& t : tok) t = static_cast<int32_t>(rng.below(256));
   for (auto& t : tgt) t = static_cast<int32_t>(rng.below(256));
   for (auto _ : state) {
     benchmark::DoNotOptimize(exec->forward(tok, tgt, *params).value());
-    if (!exec->backward(1.0f, *params).ok()) state.SkipWithError("backward failed");
+    if (!exec->backward(1.0f, *params).ok() || !params->wait_gradients().ok())
+      state.SkipWithError("backward failed");
   }
   const double flops = model->config().train_flops_per_token(T) * B * T;
   state.counters["FLOP/s"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate,

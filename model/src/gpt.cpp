@@ -104,6 +104,17 @@ void GptModel::init_layer_values(size_t layer_index, std::span<double> out) cons
   init_values(layer_index, out);
 }
 
+Status GptModel::init_layer_fp32(size_t layer_index, std::span<float> values) const {
+  if (layer_index >= layers_.size())
+    return InvalidArgument(fmt::format("init_layer_fp32: layer index {} out of range (model has {} layers)",
+                                       layer_index, layers_.size()));
+  if (values.size() != layers_[layer_index].param_count)
+    return InvalidArgument(fmt::format("init_layer_fp32: layer '{}' has {} elements, got {}",
+                                       layers_[layer_index].name, layers_[layer_index].param_count, values.size()));
+  init_values(layer_index, values);
+  return Status::Ok();
+}
+
 Status GptModel::init_layer(size_t layer_index, std::span<std::byte> params) const {
   if (layer_index >= layers_.size())
     return InvalidArgument(fmt::format("init_layer: layer index {} out of range (model has {} layers)",

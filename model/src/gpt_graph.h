@@ -4,13 +4,19 @@
 // working copies of one layer's parameters and gradients at a time.
 //
 // Note [Layer order of one step]
-// forward:  E(0) enc; for l: E(l+1) block; E(L+1) lnf; E(0) head+loss
+// forward:  E(0) enc; for l: E(l+1) block; A(L+1) lnf; E(0) head+loss; R(L+1)
 //           where E(i) = acquire(i, fwd) ... release(i, fwd)
-// backward: acquire(0, bwd) and acquire(L+1, bwd); head and lnf backward;
-//           release(L+1, bwd); for l = L-1..0: acquire(l+1, bwd), block
-//           backward, release(l+1, bwd); encoder backward; release(0, bwd).
-// Layer 0 (embedding, tied to the LM head) is held through the whole
-// backward because the head's and the encoder's gradients both land in wte.
+// backward: E(0) head; E(L+1) lnf; for l = L-1..0: E(l+1) block; E(0) encoder
+// Layer 0 (the embedding, tied to the LM head) is acquired twice in
+// backward and not held in between, so a provider may drop it while the
+// blocks run. Its gradient still sums the head's contribution first and the
+// encoder's second, in the same buffer, exactly as when it was held
+// throughout (see Note [Acquire and release] in strata/core/layered_model.h).
+//
+// With a streamed Ops backend every ops_ call only enqueues work, so the
+// graph's code is the same for synchronous (CpuOps<double>) and streamed
+// (StreamCpuOps, CudaOps) backends; the loss arrives through `loss_out`,
+// written by stream work.
 
 #include <cstddef>
 #include <cstdint>
@@ -100,9 +106,7 @@ class GptGraph {
   GptGraph(const GptGraph&) = delete;
   GptGraph& operator=(const GptGraph&) = delete;
   ~GptGraph() {
-    for (auto& [ptr, n] : owned_) device_.free(ptr, n * sizeof(T));
-    if (tokens_ != nullptr) ops_.free_ints(tokens_);
-    if (targets_ != nullptr) ops_.free_ints(targets_);
+    for (auto& [ptr, bytes] : owned_) device_.free(ptr, bytes);
   }
 
   Status allocate() {
@@ -141,14 +145,18 @@ class GptGraph {
     STRATA_RETURN_IF_ERROR(get(datt_, att, "activation gradients"));
     STRATA_RETURN_IF_ERROR(get(dfch_, N * 4 * C, "activation gradients"));
     STRATA_RETURN_IF_ERROR(get(dfch_gelu_, N * 4 * C, "activation gradients"));
-    tokens_ = ops_.alloc_ints(N);
-    targets_ = ops_.alloc_ints(N);
-    if (tokens_ == nullptr || targets_ == nullptr) return OutOfMemory("device allocation of token ids failed");
+    STRATA_RETURN_IF_ERROR(get_bytes(tokens_, N * sizeof(int32_t), "token ids"));
+    STRATA_RETURN_IF_ERROR(get_bytes(targets_, N * sizeof(int32_t), "token ids"));
     return Status::Ok();
   }
 
-  // Forward pass; keeps the activations for backward. Returns the mean loss.
-  Result<T> forward(const int32_t* tokens, const int32_t* targets, LayerSource<T>& src) {
+  // Forward pass. `keep_for_backward` false: an evaluation pass, no backward
+  // may follow. The mean loss is written to *loss_out (by stream work on a
+  // streamed backend). `tokens`/`targets` are host ids that must stay valid
+  // until the upload ran.
+  Status forward(const int32_t* tokens, const int32_t* targets, LayerSource<T>& src, T* loss_out,
+                 bool keep_for_backward) {
+    have_forward_ = false;
     const int N = B_ * T_, C = cfg_.n_embd, V = cfg_.vocab_size, NH = cfg_.n_head;
     const size_t NC = static_cast<size_t>(N) * C;
     ops_.upload_ints(tokens_, tokens, N);
@@ -182,11 +190,11 @@ class GptGraph {
     ops_.layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, residual, pf + off(lf, kLnfW), pf + off(lf, kLnfB), N, C);
     STRATA_ASSIGN_OR_RETURN(const T* p0, src.acquire_forward(0));
     ops_.matmul_forward(logits_, lnf_, p0 + off(0, kWte), static_cast<const T*>(nullptr), N, C, V);
-    const T loss = ops_.softmax_xent_forward(probs_, losses_, logits_, targets_, N, V);
+    ops_.softmax_xent_forward(probs_, losses_, logits_, targets_, N, V, loss_out);
     STRATA_RETURN_IF_ERROR(src.release_forward(0));
     STRATA_RETURN_IF_ERROR(src.release_forward(lf));
-    have_forward_ = true;
-    return loss;
+    have_forward_ = keep_for_backward;
+    return Status::Ok();
   }
 
   // Backward of the last forward; dloss scales the gradient of the mean loss
@@ -197,18 +205,23 @@ class GptGraph {
     const int N = B_ * T_, C = cfg_.n_embd, V = cfg_.vocab_size, NH = cfg_.n_head;
     const size_t NC = static_cast<size_t>(N) * C;
     const size_t lf = model_.final_layer();
-    STRATA_ASSIGN_OR_RETURN(auto e, src.acquire_backward(0));
-    STRATA_ASSIGN_OR_RETURN(auto f, src.acquire_backward(lf));
     // The logits buffer is free now; it receives dlogits.
     ops_.softmax_xent_backward(logits_, probs_, targets_, dloss / static_cast<T>(N), N, V);
-    ops_.zero(dln_, NC);
-    ops_.matmul_backward(dln_, e.second + off(0, kWte), static_cast<T*>(nullptr), logits_, lnf_,
-                         e.first + off(0, kWte), N, C, V);
-    const T* last = cfg_.n_layer > 0 ? acts_.back().residual3 : encoded_;
-    ops_.zero(dres_, NC);
-    ops_.layernorm_backward(dres_, f.second + off(lf, kLnfW), f.second + off(lf, kLnfB), dln_, last,
-                            f.first + off(lf, kLnfW), lnf_mean_, lnf_rstd_, N, C);
-    STRATA_RETURN_IF_ERROR(src.release_backward(lf));
+    {  // LM head: the tied token embedding, first use.
+      STRATA_ASSIGN_OR_RETURN(auto e, src.acquire_backward(0));
+      ops_.zero(dln_, NC);
+      ops_.matmul_backward(dln_, e.second + off(0, kWte), static_cast<T*>(nullptr), logits_, lnf_,
+                           e.first + off(0, kWte), N, C, V);
+      STRATA_RETURN_IF_ERROR(src.release_backward(0));
+    }
+    {
+      STRATA_ASSIGN_OR_RETURN(auto f, src.acquire_backward(lf));
+      const T* last = cfg_.n_layer > 0 ? acts_.back().residual3 : encoded_;
+      ops_.zero(dres_, NC);
+      ops_.layernorm_backward(dres_, f.second + off(lf, kLnfW), f.second + off(lf, kLnfB), dln_, last,
+                              f.first + off(lf, kLnfW), lnf_mean_, lnf_rstd_, N, C);
+      STRATA_RETURN_IF_ERROR(src.release_backward(lf));
+    }
     for (int l = cfg_.n_layer - 1; l >= 0; --l) {
       const size_t li = model_.block_layer(l);
       STRATA_ASSIGN_OR_RETURN(auto pg, src.acquire_backward(li));
@@ -237,8 +250,11 @@ class GptGraph {
                               N, C);
       STRATA_RETURN_IF_ERROR(src.release_backward(li));
     }
-    ops_.encoder_backward(e.second + off(0, kWte), e.second + off(0, kWpe), dres_, tokens_, B_, T_, C);
-    STRATA_RETURN_IF_ERROR(src.release_backward(0));
+    {  // Token and position embeddings: the second use of layer 0.
+      STRATA_ASSIGN_OR_RETURN(auto e, src.acquire_backward(0));
+      ops_.encoder_backward(e.second + off(0, kWte), e.second + off(0, kWpe), dres_, tokens_, B_, T_, C);
+      STRATA_RETURN_IF_ERROR(src.release_backward(0));
+    }
     return Status::Ok();
   }
 
@@ -255,12 +271,14 @@ class GptGraph {
     return model_.layers()[layer].params[static_cast<size_t>(tensor)].offset_elements;
   }
 
-  Status get(T*& ptr, size_t n, std::string_view what) {
-    STRATA_ASSIGN_OR_RETURN(void* p, device_.allocate(n * sizeof(T), what));
-    ptr = static_cast<T*>(p);
-    owned_.emplace_back(ptr, n);
+  template <typename U>
+  Status get_bytes(U*& ptr, size_t bytes, std::string_view what) {
+    STRATA_ASSIGN_OR_RETURN(void* p, device_.allocate(bytes, what));
+    ptr = static_cast<U*>(p);
+    owned_.emplace_back(p, bytes);
     return Status::Ok();
   }
+  Status get(T*& ptr, size_t n, std::string_view what) { return get_bytes(ptr, n * sizeof(T), what); }
 
   const GptModel& model_;
   const GptConfig& cfg_;
@@ -268,7 +286,7 @@ class GptGraph {
   DeviceAllocator& device_;
   const int B_, T_;
   bool have_forward_ = false;
-  std::vector<std::pair<T*, size_t>> owned_;
+  std::vector<std::pair<void*, size_t>> owned_;  // pointer, bytes
   int32_t* tokens_ = nullptr;
   int32_t* targets_ = nullptr;
   T* encoded_ = nullptr;

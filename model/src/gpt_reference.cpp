@@ -67,7 +67,9 @@ Result<double> GptReference::forward(std::span<const int32_t> tokens, std::span<
     if (tokens[i] < 0 || tokens[i] >= model_.config().vocab_size || targets[i] < 0 ||
         targets[i] >= model_.config().vocab_size)
       return InvalidArgument(fmt::format("GptReference: id at {} outside the vocabulary", i));
-  return impl_->graph.forward(tokens.data(), targets.data(), impl_->source);
+  double loss = 0;
+  STRATA_RETURN_IF_ERROR(impl_->graph.forward(tokens.data(), targets.data(), impl_->source, &loss, true));
+  return loss;
 }
 
 Status GptReference::backward(double dloss) { return impl_->graph.backward(dloss, impl_->source); }

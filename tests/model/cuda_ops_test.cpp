@@ -2,10 +2,12 @@
 // against the cpu executor. Skipped when no GPU answers.
 #include <gtest/gtest.h>
 
+#include <cuda_runtime.h>
+
 #include "cpu_backend.h"
 #include "cuda/cuda_ops.h"
+#include "strata/core/device_registry.h"
 #include "strata/model/gpt_executor.h"
-#include "strata/model/resident_params.h"
 #include "test_util.h"
 
 namespace strata::model {
@@ -14,35 +16,56 @@ namespace {
 using detail::CudaOps;
 using testing::random_vector;
 
-#define SKIP_WITHOUT_GPU()                                        \
-  do {                                                            \
-    std::string why;                                              \
-    if (!cuda_device_available(&why)) GTEST_SKIP() << why;        \
+// Any cudaGetDeviceCount error (no driver, no device) means "no GPU".
+#define SKIP_WITHOUT_GPU()                                                                       \
+  do {                                                                                           \
+    int count = 0;                                                                               \
+    const cudaError_t err = cudaGetDeviceCount(&count);                                          \
+    if (err != cudaSuccess || count == 0)                                                        \
+      GTEST_SKIP() << "no usable GPU: " << (err != cudaSuccess ? cudaGetErrorString(err) : "0 devices"); \
   } while (0)
 
+// Test-side device memory (plain cudaMalloc: the ops allocate nothing).
 struct Dev {
   CudaOps& ops;
-  std::vector<float*> owned;
+  std::vector<void*> owned;
   ~Dev() {
-    for (float* p : owned) ops.free(p);
+    cudaStreamSynchronize(static_cast<cudaStream_t>(ops.stream()));
+    for (void* p : owned) cudaFree(p);
+  }
+  void* raw(size_t bytes) {
+    void* p = nullptr;
+    EXPECT_EQ(cudaMalloc(&p, bytes + 16), cudaSuccess);
+    owned.push_back(p);
+    return p;
   }
   float* put(const std::vector<float>& h) {
-    float* p = ops.alloc(h.size());
-    ops.upload(p, h.data(), h.size());
-    owned.push_back(p);
+    float* p = static_cast<float*>(raw(h.size() * sizeof(float)));
+    cudaMemcpy(p, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice);
+    return p;
+  }
+  int32_t* put_ints(const std::vector<int32_t>& h) {
+    int32_t* p = static_cast<int32_t*>(raw(h.size() * sizeof(int32_t)));
+    cudaMemcpy(p, h.data(), h.size() * sizeof(int32_t), cudaMemcpyHostToDevice);
     return p;
   }
   float* zeros(size_t n) {
-    float* p = ops.alloc(n);
+    float* p = static_cast<float*>(raw(n * sizeof(float)));
     ops.zero(p, n);
-    owned.push_back(p);
     return p;
   }
   std::vector<float> get(const float* p, size_t n) {
+    cudaStreamSynchronize(static_cast<cudaStream_t>(ops.stream()));
     std::vector<float> h(n);
-    ops.download(h.data(), p, n);
+    cudaMemcpy(h.data(), p, n * sizeof(float), cudaMemcpyDeviceToHost);
     return h;
   }
+};
+
+struct RawStream {
+  cudaStream_t s = nullptr;
+  RawStream() { cudaStreamCreate(&s); }
+  ~RawStream() { cudaStreamDestroy(s); }
 };
 
 void expect_close(const std::vector<float>& gpu, const std::vector<float>& cpu, double rtol, double atol,
@@ -54,7 +77,8 @@ void expect_close(const std::vector<float>& gpu, const std::vector<float>& cpu, 
 
 TEST(CudaOps, EveryOpMatchesCpu) {
   SKIP_WITHOUT_GPU();
-  CudaOps ops;
+  RawStream stream;
+  CudaOps ops(stream.s);
   ASSERT_TRUE(ops.ok()) << ops.error();
   Dev dev{ops, {}};
   detail::CpuOps<float> cpu;
@@ -62,8 +86,7 @@ TEST(CudaOps, EveryOpMatchesCpu) {
   // encoder
   std::vector<int32_t> tok(N);
   for (int i = 0; i < N; ++i) tok[i] = (i * 37) % V;
-  int32_t* dtok = ops.alloc_ints(N);
-  ops.upload_ints(dtok, tok.data(), N);
+  int32_t* dtok = dev.put_ints(tok);
   auto wte = random_vector<float>(V * C, 1), wpe = random_vector<float>(T * C, 2);
   std::vector<float> enc(N * C);
   cpu.encoder_forward(enc.data(), tok.data(), wte.data(), wpe.data(), B, T, C);
@@ -131,15 +154,18 @@ TEST(CudaOps, EveryOpMatchesCpu) {
   // softmax cross-entropy
   auto logits = random_vector<float>(N * V, 11, 2.0);
   std::vector<float> p(N * V), l(N), dl(N * V);
-  const float loss = cpu.softmax_xent_forward(p.data(), l.data(), logits.data(), tok.data(), N, V);
+  float loss = 0;
+  cpu.softmax_xent_forward(p.data(), l.data(), logits.data(), tok.data(), N, V, &loss);
   cpu.softmax_xent_backward(dl.data(), p.data(), tok.data(), 1.0f / N, N, V);
   float *dp = dev.zeros(N * V), *dlosses = dev.zeros(N), *ddl = dev.zeros(N * V);
-  const float dloss = ops.softmax_xent_forward(dp, dlosses, dev.put(logits), dtok, N, V);
+  ops.softmax_xent_forward(dp, dlosses, dev.put(logits), dtok, N, V);
+  float dloss = 0;
+  for (float v : dev.get(dlosses, N)) dloss += v;
+  dloss /= static_cast<float>(N);
   ops.softmax_xent_backward(ddl, dp, dtok, 1.0f / N, N, V);
   EXPECT_NEAR(dloss, loss, 1e-5 * loss);
   expect_close(dev.get(dp, N * V), p, 1e-5, 1e-8, "softmax probs");
   expect_close(dev.get(ddl, N * V), dl, 1e-5, 1e-8, "softmax_xent_backward");
-  ops.free_ints(dtok);
   ASSERT_TRUE(ops.ok()) << ops.error();
 }
 
@@ -150,10 +176,13 @@ TEST(CudaOps, ExecutorMatchesCpuExecutor) {
     GptConfig c = *preset("tiny");
     c.param_dtype = dt;
     auto model = GptModel::create(c, 5).value();
-    auto pc = ResidentParameters::create(*model).value();
-    auto pg = ResidentParameters::create(*model).value();
-    auto ec = GptExecutor::create(*model, DeviceKind::kCpu, B, T, 0).value();
-    auto eg_r = GptExecutor::create(*model, DeviceKind::kCuda, B, T, 0);
+    auto pc = testing::resident(*model);
+    auto pg = testing::resident(*model);
+    auto cpu_rig = testing::cpu_rig();
+    auto gpu = make_device("cuda").value();
+    auto gpu_stream = gpu->create_stream().value();
+    auto ec = GptExecutor::create(*model, *cpu_rig.device, *cpu_rig.stream, B, T).value();
+    auto eg_r = GptExecutor::create(*model, *gpu, *gpu_stream, B, T);
     ASSERT_TRUE(eg_r.ok()) << eg_r.status().to_string();
     auto eg = std::move(eg_r).value();
     std::vector<int32_t> tok(B * T), tgt(B * T);
@@ -166,6 +195,8 @@ TEST(CudaOps, ExecutorMatchesCpuExecutor) {
     EXPECT_NEAR(lg, lc, 1e-4 * lc);
     ASSERT_TRUE(ec->backward(1.0f, *pc).ok());
     ASSERT_TRUE(eg->backward(1.0f, *pg).ok());
+    ASSERT_TRUE(pc->wait_gradients().ok());
+    ASSERT_TRUE(pg->wait_gradients().ok());
     for (size_t l = 0; l < model->layers().size(); ++l) {
       auto a = pg->grads(l), b = pc->grads(l);
       float max_abs = 0;

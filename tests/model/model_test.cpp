@@ -7,7 +7,7 @@
 #include "strata/model/gpt.h"
 #include "strata/model/gpt_executor.h"
 #include "strata/model/gpt_reference.h"
-#include "strata/model/resident_params.h"
+#include "strata/offload/resident_provider.h"
 #include "test_util.h"
 
 namespace strata::model {
@@ -177,8 +177,9 @@ TEST(GptModel, Fp32ExecutorMatchesDoubleReferenceElementwise) {
   const int B = 3, T = 16;
   auto model = GptModel::create(*preset("tiny"), 3).value();
   auto ref = GptReference::create(*model, B, T).value();
-  auto params = ResidentParameters::create(*model).value();
-  auto exec = GptExecutor::create(*model, DeviceKind::kCpu, B, T, 0).value();
+  auto params = testing::resident(*model);
+  auto rig = testing::cpu_rig();
+  auto exec = GptExecutor::create(*model, *rig.device, *rig.stream, B, T).value();
   std::vector<int32_t> tok, tgt;
   make_batch(B, T, 9, tok, tgt);
   const double loss_ref = ref->forward(tok, tgt).value();
@@ -186,6 +187,7 @@ TEST(GptModel, Fp32ExecutorMatchesDoubleReferenceElementwise) {
   EXPECT_NEAR(loss, loss_ref, 1e-5 * loss_ref);
   ASSERT_TRUE(ref->backward(0.5).ok());
   ASSERT_TRUE(exec->backward(0.5f, *params).ok());
+  ASSERT_TRUE(params->wait_gradients().ok());  // backward only enqueues
   for (size_t l = 0; l < model->layers().size(); ++l) {
     auto g = params->grads(l);
     double max_abs = 0;
@@ -198,27 +200,35 @@ TEST(GptModel, Fp32ExecutorMatchesDoubleReferenceElementwise) {
   std::vector<float> once(params->grads(1).begin(), params->grads(1).end());
   ASSERT_TRUE(exec->forward(tok, tgt, *params).ok());
   ASSERT_TRUE(exec->backward(0.5f, *params).ok());
+  ASSERT_TRUE(params->wait_gradients().ok());  // backward only enqueues
   for (size_t i = 0; i < once.size(); ++i) EXPECT_NEAR(params->grads(1)[i], 2 * once[i], 1e-6 + 1e-5 * std::abs(once[i]));
 }
 
 TEST(GptModel, HooksRunLayerByLayerInOrder) {
   const int B = 1, T = 4;
   auto model = GptModel::create(micro_config(), 1).value();
-  auto params = ResidentParameters::create(*model).value();
-  auto exec = GptExecutor::create(*model, DeviceKind::kCpu, B, T, 0).value();
+  auto params = testing::resident(*model);
+  auto rig = testing::cpu_rig();
+  auto exec = GptExecutor::create(*model, *rig.device, *rig.stream, B, T).value();
   params->set_recording(true);
   std::vector<int32_t> tok(B * T, 65), tgt(B * T, 66);
   ASSERT_TRUE(exec->forward(tok, tgt, *params).ok());
   ASSERT_TRUE(exec->backward(1.0f, *params).ok());
+  ASSERT_TRUE(params->wait_gradients().ok());
   const size_t L = 2, fin = L + 1;
-  using E = HookEvent;
+  using E = offload::HookEvent;
   const Pass F = Pass::kForward, Bk = Pass::kBackward;
+  auto a = [](size_t l, Pass p) { return E::acquire(l, p); };
+  auto r = [](size_t l, Pass p) { return E::release(l, p); };
+  // Forward: the embedding, the blocks, the final norm holding the head
+  // (the tied embedding again). Backward: the head (layer 0), the final
+  // norm, the blocks in reverse, the encoder (layer 0 again): layer 0 is
+  // not held while the blocks run.
   const std::vector<E> want = {
-      {0, F, true},  {0, F, false},  {1, F, true},    {1, F, false},  {2, F, true},   {2, F, false},
-      {fin, F, true}, {0, F, true},  {0, F, false},   {fin, F, false}, {0, Bk, true},  {fin, Bk, true},
-      {fin, Bk, false}, {2, Bk, true}, {2, Bk, false}, {1, Bk, true},   {1, Bk, false}, {0, Bk, false}};
+      a(0, F),    r(0, F),    a(1, F),  r(1, F),  a(2, F),  r(2, F),  a(fin, F), a(0, F),  r(0, F),  r(fin, F),
+      a(0, Bk),   r(0, Bk),   a(fin, Bk), r(fin, Bk), a(2, Bk), r(2, Bk), a(1, Bk), r(1, Bk), a(0, Bk), r(0, Bk)};
   EXPECT_EQ(params->events(), want);
-  // Never more than the tied embedding, the current layer and one more.
+  // Never more than the final norm and the tied embedding at once.
   EXPECT_LE(params->max_layers_held(), 2u);
 }
 
@@ -228,8 +238,8 @@ TEST(GptModel, Bf16ParametersAreWidenedForCompute) {
   auto m32 = GptModel::create(c, 4).value();
   c.param_dtype = DType::kBF16;
   auto m16 = GptModel::create(c, 4).value();
-  auto p32 = ResidentParameters::create(*m32).value();
-  auto p16 = ResidentParameters::create(*m16).value();
+  auto p32 = testing::resident(*m32);
+  auto p16 = testing::resident(*m16);
   EXPECT_EQ(p16->params(1).size() * 2, p32->params(1).size());
   // Round the fp32 copy to bf16 values: both must then compute the same loss.
   for (size_t l = 0; l < m32->layers().size(); ++l) {
@@ -237,8 +247,9 @@ TEST(GptModel, Bf16ParametersAreWidenedForCompute) {
     float* f = reinterpret_cast<float*>(b.data());
     for (size_t i = 0; i < b.size() / 4; ++i) f[i] = bf16_bits_to_fp32(fp32_to_bf16_bits(f[i]));
   }
-  auto e32 = GptExecutor::create(*m32, DeviceKind::kCpu, B, T, 0).value();
-  auto e16 = GptExecutor::create(*m16, DeviceKind::kCpu, B, T, 0).value();
+  auto rig = testing::cpu_rig();
+  auto e32 = GptExecutor::create(*m32, *rig.device, *rig.stream, B, T).value();
+  auto e16 = GptExecutor::create(*m16, *rig.device, *rig.stream, B, T).value();
   std::vector<int32_t> tok, tgt;
   make_batch(B, T, 2, tok, tgt);
   EXPECT_EQ(e32->forward(tok, tgt, *p32).value(), e16->forward(tok, tgt, *p16).value());
@@ -246,15 +257,17 @@ TEST(GptModel, Bf16ParametersAreWidenedForCompute) {
 
 TEST(GptModel, BadInputsAreClearErrors) {
   auto model = GptModel::create(*preset("tiny"), 1).value();
-  auto params = ResidentParameters::create(*model).value();
-  auto too_long = GptExecutor::create(*model, DeviceKind::kCpu, 2, 65, 0);
+  auto params = testing::resident(*model);
+  auto rig = testing::cpu_rig();
+  auto too_long = GptExecutor::create(*model, *rig.device, *rig.stream, 2, 65);
   ASSERT_FALSE(too_long.ok());
   EXPECT_NE(too_long.status().message().find("--seq 65"), std::string::npos) << too_long.status().message();
-  auto tiny_mem = GptExecutor::create(*model, DeviceKind::kCpu, 8, 64, 64 << 10);
+  auto small_rig = testing::cpu_rig(64 << 10);
+  auto tiny_mem = GptExecutor::create(*model, *small_rig.device, *small_rig.stream, 8, 64);
   ASSERT_FALSE(tiny_mem.ok());
   EXPECT_EQ(tiny_mem.status().code(), StatusCode::kOutOfMemory);
   EXPECT_NE(tiny_mem.status().message().find("--device-memory"), std::string::npos) << tiny_mem.status().message();
-  auto exec = GptExecutor::create(*model, DeviceKind::kCpu, 1, 4, 0).value();
+  auto exec = GptExecutor::create(*model, *rig.device, *rig.stream, 1, 4).value();
   std::vector<int32_t> tok = {1, 2, 300, 4}, tgt = {1, 2, 3, 4};
   auto r = exec->forward(tok, tgt, *params);
   ASSERT_FALSE(r.ok());
@@ -262,12 +275,12 @@ TEST(GptModel, BadInputsAreClearErrors) {
   std::vector<int32_t> short_tok = {1, 2};
   EXPECT_FALSE(exec->forward(short_tok, short_tok, *params).ok());
   EXPECT_EQ(exec->backward(1.0f, *params).code(), StatusCode::kFailedPrecondition);
-  EXPECT_FALSE(parse_device_kind("tpu").ok());
-  if (!cuda_device_available()) {
-    auto cuda = GptExecutor::create(*model, DeviceKind::kCuda, 1, 4, 0);
-    ASSERT_FALSE(cuda.ok());
-    EXPECT_NE(cuda.status().message().find("--device"), std::string::npos) << cuda.status().message();
-  }
+  EXPECT_EQ(exec->forward(tok, tgt, *params, Pass::kBackward).status().code(), StatusCode::kInvalidArgument);
+  // A stream of another device is refused.
+  auto other = testing::cpu_rig();
+  auto mixed = GptExecutor::create(*model, *rig.device, *other.stream, 1, 4);
+  ASSERT_FALSE(mixed.ok());
+  EXPECT_NE(mixed.status().message().find("another device"), std::string::npos) << mixed.status().message();
 }
 
 }  // namespace

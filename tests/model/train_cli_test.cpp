@@ -99,4 +99,20 @@ TEST(TrainCli, BadInputsExitNonZeroWithTheCulprit) {
   EXPECT_NE(r.out.find("--device 'tpu'"), std::string::npos) << r.out;
 }
 
+// --device auto (and a config's "strata.device": "auto") picks cuda when a
+// GPU is usable, else cpu, and says which on a `device` line.
+TEST(TrainCli, AutoDeviceSaysWhichItChose) {
+  CliRun r = run("--device auto --steps 1 --batch 2 --seq 16 --eval-batches 1");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const bool cpu = r.out.find("device   auto: cpu (cuda: ") != std::string::npos;
+  const bool cuda = r.out.find("device   auto: cuda (") != std::string::npos;
+  EXPECT_TRUE(cpu != cuda) << r.out;
+  EXPECT_NE(r.out.find(cpu ? "train    device cpu," : "train    device cuda,"), std::string::npos) << r.out;
+  // Without --device and without a config the default stays cpu, with no choice line.
+  r = run("--steps 1 --batch 2 --seq 16 --eval-batches 1");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_EQ(r.out.find("device   auto"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("train    device cpu,"), std::string::npos) << r.out;
+}
+
 }  // namespace

@@ -89,9 +89,10 @@ TEST(TrainFixture, Tiny300StepsLossesBitForBit) {
     EXPECT_EQ(std::bit_cast<uint64_t>(got["loss"].get<double>()), bits_of_hex(w["loss"].get<std::string>()))
         << "step " << w["step"] << ": loss " << got["loss"] << " != recorded " << w["loss_decimal"];
     ASSERT_EQ(got["val_loss"].is_null(), w["val_loss"].is_null()) << "step " << w["step"];
-    if (!w["val_loss"].is_null())
+    if (!w["val_loss"].is_null()) {
       EXPECT_EQ(std::bit_cast<uint64_t>(got["val_loss"].get<double>()), bits_of_hex(w["val_loss"].get<std::string>()))
           << "step " << w["step"] << ": val_loss " << got["val_loss"] << " != recorded " << w["val_loss_decimal"];
+    }
     ++n;
   }
   EXPECT_EQ(n, want.size());

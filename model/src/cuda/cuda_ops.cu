@@ -6,6 +6,7 @@
 #include "cuda_ops.h"
 
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -272,6 +273,24 @@ __global__ void softmax_xent_backward_kernel(float* dlogits, const float* probs,
   dlogits[idx] = probs[idx] * dloss - (v == targets[row] ? dloss : 0.0f);
 }
 
+// dst = round(dst + src) in bf16 (is_bf16) or fp16, round to nearest even.
+__global__ void accumulate_16_kernel(uint16_t* dst, const float* src, int is_bf16, size_t n) {
+  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  if (is_bf16) {
+    const float sum = __uint_as_float(static_cast<unsigned>(dst[i]) << 16) + src[i];
+    dst[i] = __bfloat16_as_ushort(__float2bfloat16_rn(sum));
+  } else {
+    const float sum = __half2float(__ushort_as_half(dst[i])) + src[i];
+    dst[i] = __half_as_ushort(__float2half_rn(sum));
+  }
+}
+
+__global__ void accumulate_f32_kernel(float* dst, const float* src, size_t n) {
+  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  if (i < n) dst[i] += src[i];
+}
+
 __global__ void widen_kernel(float* dst, const uint16_t* src, int is_bf16, size_t n) {
   const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
   if (i >= n) return;
@@ -299,102 +318,47 @@ bool CudaOps::check_blas(int st, const char* what) {
   return false;
 }
 
-CudaOps::CudaOps() {
-  cudaStream_t s = nullptr;
-  if (!check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate")) return;
-  stream_ = s;
+CudaOps::CudaOps(void* cuda_stream) : stream_(cuda_stream) {
   cublasHandle_t h = nullptr;
   if (!check_blas(cublasCreate(&h), "cublasCreate")) return;
   blas_ = h;
-  check_blas(cublasSetStream(h, s), "cublasSetStream");
+  check_blas(cublasSetStream(h, STRATA_CUDA_STREAM), "cublasSetStream");
   // Full fp32 products (no TF32), so results compare with the CPU closely.
   check_blas(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
 }
 
 CudaOps::~CudaOps() {
-  if (stream_ != nullptr) cudaStreamSynchronize(STRATA_CUDA_STREAM);
-  if (staging_ != nullptr) cudaFree(staging_);
+  // The stream is the executor's; its owner synchronizes it before this runs.
   if (blas_ != nullptr) cublasDestroy(static_cast<cublasHandle_t>(blas_));
-  if (stream_ != nullptr) cudaStreamDestroy(STRATA_CUDA_STREAM);
 }
 
-float* CudaOps::alloc(size_t n) {
-  void* p = nullptr;
-  if (!ok() || !check(cudaMalloc(&p, n * sizeof(float) + 16), "cudaMalloc")) return nullptr;
-  return static_cast<float*>(p);
-}
-void* CudaOps::alloc_bytes(size_t bytes) {
-  void* p = nullptr;
-  if (!ok() || !check(cudaMalloc(&p, bytes + 16), "cudaMalloc")) return nullptr;
-  return p;
-}
-void CudaOps::free_bytes(void* p) { free(static_cast<float*>(p)); }
-void CudaOps::free(float* p) {
-  if (p != nullptr) {
-    cudaStreamSynchronize(STRATA_CUDA_STREAM);
-    cudaFree(p);
-  }
-}
-int32_t* CudaOps::alloc_ints(size_t n) {
-  void* p = nullptr;
-  if (!ok() || !check(cudaMalloc(&p, n * sizeof(int32_t) + 16), "cudaMalloc")) return nullptr;
-  return static_cast<int32_t*>(p);
-}
-void CudaOps::free_ints(int32_t* p) {
-  if (p != nullptr) {
-    cudaStreamSynchronize(STRATA_CUDA_STREAM);
-    cudaFree(p);
-  }
-}
-void CudaOps::upload_ints(int32_t* dst, const int32_t* src, size_t n) {
-  if (ok()) check(cudaMemcpyAsync(dst, src, n * sizeof(int32_t), cudaMemcpyHostToDevice, STRATA_CUDA_STREAM), "upload_ints");
-  synchronize();  // pageable source: keep it simple and safe
-}
 void CudaOps::zero(float* p, size_t n) {
   if (ok()) check(cudaMemsetAsync(p, 0, n * sizeof(float), STRATA_CUDA_STREAM), "zero");
 }
-void CudaOps::upload(float* dst, const float* src, size_t n) {
-  if (ok()) check(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyHostToDevice, STRATA_CUDA_STREAM), "upload");
-  synchronize();
-}
-void CudaOps::download(float* dst, const float* src, size_t n) {
-  if (ok()) check(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToHost, STRATA_CUDA_STREAM), "download");
-  synchronize();
-}
-void CudaOps::synchronize() {
-  if (ok()) check(cudaStreamSynchronize(STRATA_CUDA_STREAM), "cudaStreamSynchronize");
-}
 
-void CudaOps::widen(float* dst, const std::byte* src, DType dtype, size_t n) {
+void CudaOps::widen_device(float* dst, const void* src, DType dtype, size_t n) {
   if (!ok()) return;
   // DType values (strata/core/dtype.h): kF32 = 0, kF16 = 1, kBF16 = 2.
   const auto code = static_cast<uint8_t>(dtype);
   if (code == 0) {
-    upload(dst, reinterpret_cast<const float*>(src), n);
+    check(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, STRATA_CUDA_STREAM), "widen copy");
     return;
   }
-  const size_t bytes = n * 2;
-  if (bytes > staging_bytes_) {
-    synchronize();
-    if (staging_ != nullptr) cudaFree(staging_);
-    staging_ = nullptr;
-    staging_bytes_ = 0;
-    if (!check(cudaMalloc(&staging_, bytes), "cudaMalloc(staging)")) return;
-    staging_bytes_ = bytes;
-  }
-  if (!check(cudaMemcpyAsync(staging_, src, bytes, cudaMemcpyHostToDevice, STRATA_CUDA_STREAM), "widen upload")) return;
-  widen_kernel<<<blocks_for(n, 256), 256, 0, STRATA_CUDA_STREAM>>>(dst, static_cast<const uint16_t*>(staging_),
+  widen_kernel<<<blocks_for(n, 256), 256, 0, STRATA_CUDA_STREAM>>>(dst, static_cast<const uint16_t*>(src),
                                                                    code == 2 ? 1 : 0, n);
   STRATA_LAUNCH_CHECK("widen_kernel");
-  synchronize();
 }
 
-void CudaOps::add_to_host(float* host, const float* dev, size_t n) {
+void CudaOps::accumulate_device(void* dst, DType dtype, const float* src, size_t n) {
   if (!ok()) return;
-  host_scratch_.resize(n);
-  download(host_scratch_.data(), dev, n);
-  if (!ok()) return;
-  for (size_t i = 0; i < n; ++i) host[i] += host_scratch_[i];
+  const auto code = static_cast<uint8_t>(dtype);
+  if (code == 0) {
+    accumulate_f32_kernel<<<blocks_for(n, 256), 256, 0, STRATA_CUDA_STREAM>>>(static_cast<float*>(dst), src, n);
+  } else {
+    accumulate_16_kernel<<<blocks_for(n, 256), 256, 0, STRATA_CUDA_STREAM>>>(static_cast<uint16_t*>(dst), src,
+                                                                             code == 2 ? 1 : 0, n);
+  }
+  STRATA_LAUNCH_CHECK("accumulate_kernel");
 }
 
 void CudaOps::encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int Tn,
@@ -476,16 +440,10 @@ void CudaOps::residual_forward(float* out, const float* a, const float* b, size_
   add_kernel<<<blocks_for(n, 256), 256, 0, STRATA_CUDA_STREAM>>>(out, a, b, n);
   STRATA_LAUNCH_CHECK("residual_forward");
 }
-float CudaOps::softmax_xent_forward(float* probs, float* losses, const float* logits, const int32_t* targets, int N,
+void CudaOps::softmax_xent_forward(float* probs, float* losses, const float* logits, const int32_t* targets, int N,
                                    int V) {
   softmax_xent_forward_kernel<<<N, kSoftmaxThreads, 0, STRATA_CUDA_STREAM>>>(probs, losses, logits, targets, V);
   STRATA_LAUNCH_CHECK("softmax_xent_forward");
-  host_scratch_.resize(static_cast<size_t>(N));
-  download(host_scratch_.data(), losses, static_cast<size_t>(N));
-  if (!ok()) return NAN;
-  float total = 0;
-  for (int i = 0; i < N; ++i) total += host_scratch_[static_cast<size_t>(i)];
-  return total / static_cast<float>(N);
 }
 void CudaOps::softmax_xent_backward(float* dlogits, const float* probs, const int32_t* targets, float dloss, int N,
                                     int V) {

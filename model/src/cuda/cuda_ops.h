@@ -1,8 +1,12 @@
 #pragma once
-// Ops backend on a CUDA GPU: cuBLAS for the matrix products, our kernels
-// (cuda_ops.cu) for the rest. Same signatures and semantics as CpuOps<float>
-// (see strata/model/cpu_ops.h), with device pointers. No vendor header
-// here: the stream and cuBLAS handle are opaque.
+// The GPT kernels on a CUDA GPU: cuBLAS for the matrix products, our
+// kernels (cuda_ops.cu) for the rest. Same semantics as CpuOps<float> (see
+// strata/model/cpu_ops.h), with device pointers. Every call is enqueued on
+// the stream it was given (the executor's strata::Stream, by its native
+// handle): no stream, no allocation and no synchronous copy of its own; the
+// executor's StreamCudaOps (cuda_executor.cpp) adds the host side (copies
+// through the strata::Stream, staging from the Device, host functions).
+// No vendor header here: the stream and cuBLAS handle are opaque.
 //
 // Errors are sticky: the first failing CUDA or cuBLAS call is kept in
 // error() (ops_status() turns it into a Status); later calls are no-ops.
@@ -20,30 +24,21 @@ namespace strata::model::detail {
 
 class CudaOps {
  public:
-  static constexpr bool kHostMemory = false;
-  CudaOps();
+  // `cuda_stream`: a cudaStream_t (Stream::native_handle()) that outlives this.
+  explicit CudaOps(void* cuda_stream);
   ~CudaOps();
   CudaOps(const CudaOps&) = delete;
   CudaOps& operator=(const CudaOps&) = delete;
 
   bool ok() const { return error_.empty(); }
   const std::string& error() const { return error_; }
+  void* stream() const { return stream_; }
 
-  float* alloc(size_t n);
-  void* alloc_bytes(size_t bytes);
-  void free_bytes(void* p);
-  void free(float* p);
-  int32_t* alloc_ints(size_t n);
-  void free_ints(int32_t* p);
-  void upload_ints(int32_t* dst, const int32_t* host_src, size_t n);
   void zero(float* p, size_t n);
-  void upload(float* dst, const float* host_src, size_t n);
-  void download(float* host_dst, const float* src, size_t n);
-  // dst (device, fp32) = widen(host_src stored as dtype)
-  void widen(float* dst, const std::byte* host_src, DType dtype, size_t n);
-  // host[i] += dev[i]
-  void add_to_host(float* host, const float* dev, size_t n);
-  void synchronize();
+  // dst (device, fp32) = widen(src: device memory holding n elements of dtype)
+  void widen_device(float* dst, const void* src, DType dtype, size_t n);
+  // dst (device, n elements of dtype) = round_to(dtype, dst + src)
+  void accumulate_device(void* dst, DType dtype, const float* src, size_t n);
 
   void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int Tn, int C);
   void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int Tn, int C);
@@ -62,17 +57,15 @@ class CudaOps {
   void gelu_forward(float* out, const float* inp, size_t n);
   void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n);
   void residual_forward(float* out, const float* a, const float* b, size_t n);
-  float softmax_xent_forward(float* probs, float* losses, const float* logits, const int32_t* targets, int N, int V);
+  // Per-row losses into `losses` (the mean is taken by the caller, in a fixed order).
+  void softmax_xent_forward(float* probs, float* losses, const float* logits, const int32_t* targets, int N, int V);
   void softmax_xent_backward(float* dlogits, const float* probs, const int32_t* targets, float dloss, int N, int V);
 
  private:
   bool check(int cuda_error, const char* what);
   bool check_blas(int blas_status, const char* what);
-  void* stream_ = nullptr;       // cudaStream_t
+  void* stream_ = nullptr;       // cudaStream_t, not owned
   void* blas_ = nullptr;         // cublasHandle_t
-  void* staging_ = nullptr;      // device bytes for widen()
-  size_t staging_bytes_ = 0;
-  std::vector<float> host_scratch_;
   std::string error_;
 };
 

@@ -42,6 +42,7 @@ class GptModel final : public LayeredModel {
   // N(0, 0.02/sqrt(2L)), biases 0, LayerNorm weight 1. Each layer draws from
   // its own stream (seed, layer index), so layers initialise independently.
   Status init_layer(size_t layer_index, std::span<std::byte> params) const override;
+  Status init_layer_fp32(size_t layer_index, std::span<float> values) const override;
   // Same values as init_layer, in fp32 / fp64 (before any dtype rounding of
   // the stored copy; used by optimizers' fp32 master weights and tests).
   void init_layer_values(size_t layer_index, std::span<float> out) const;

@@ -1,5 +1,6 @@
-#include "strata/model/resident_params.h"
+#include "strata/offload/resident_provider.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -7,13 +8,13 @@
 
 #include "strata/core/units.h"
 
-namespace strata::model {
+namespace strata::offload {
 namespace {
 void* alloc64(size_t bytes) { return std::aligned_alloc(64, ((bytes + 63) / 64) * 64 + 64); }
 }  // namespace
 
-Result<std::unique_ptr<ResidentParameters>> ResidentParameters::create(const LayeredModel& model) {
-  std::unique_ptr<ResidentParameters> p(new ResidentParameters());
+Result<std::unique_ptr<ResidentProvider>> ResidentProvider::create(const LayeredModel& model, MemoryStats& stats) {
+  std::unique_ptr<ResidentProvider> p(new ResidentProvider(stats));
   for (size_t i = 0; i < model.layers().size(); ++i) {
     const LayerSpec& spec = model.layers()[i];
     Layer l;
@@ -28,21 +29,26 @@ Result<std::unique_ptr<ResidentParameters>> ResidentParameters::create(const Lay
                                      format_bytes(l.param_bytes + 4 * l.grad_count, true), spec.name));
     }
     p->layers_.push_back(l);
-    p->bytes_ += l.param_bytes + l.grad_count * sizeof(float);
+    const uint64_t bytes = l.param_bytes + l.grad_count * sizeof(float);
+    p->bytes_ += bytes;
+    stats.on_allocate(Tier::kPageableHost, bytes);
     STRATA_RETURN_IF_ERROR(model.init_layer(i, {l.params, l.param_bytes}));
     std::memset(l.grads, 0, l.grad_count * sizeof(float));
   }
   return p;
 }
 
-ResidentParameters::~ResidentParameters() {
+ResidentProvider::~ResidentProvider() {
+  // The model's stream may still write a gradient; never free under it.
+  (void)wait_gradients();
   for (Layer& l : layers_) {
     std::free(l.params);
     std::free(l.grads);
   }
+  if (bytes_ != 0) stats_.on_free(Tier::kPageableHost, bytes_);
 }
 
-Result<LayerMemory> ResidentParameters::acquire(size_t layer_index, Pass pass) {
+Result<LayerMemory> ResidentProvider::acquire(size_t layer_index, Pass pass) {
   if (layer_index >= layers_.size())
     return InvalidArgument(fmt::format("acquire: layer {} out of range ({} layers)", layer_index, layers_.size()));
   Layer& l = layers_[layer_index];
@@ -50,30 +56,61 @@ Result<LayerMemory> ResidentParameters::acquire(size_t layer_index, Pass pass) {
     ++held_now_;
     max_held_ = std::max(max_held_, held_now_);
   }
-  if (recording_) events_.push_back({layer_index, pass, true});
-  return LayerMemory{l.params, pass == Pass::kBackward ? l.grads : nullptr};
+  record(HookEvent::acquire(layer_index, pass));
+  LayerMemory mem;
+  mem.params = l.params;
+  mem.params_tier = Tier::kPageableHost;
+  if (pass == Pass::kBackward) {
+    mem.grads = l.grads;
+    mem.grad_dtype = DType::kF32;
+    mem.grads_tier = Tier::kPageableHost;
+  }
+  return mem;  // ready: default, already complete
 }
 
-Status ResidentParameters::release(size_t layer_index, Pass pass) {
+Status ResidentProvider::release(size_t layer_index, Pass pass, const Completion& done) {
   if (layer_index >= layers_.size() || layers_[layer_index].held == 0)
     return Internal(fmt::format("release: layer {} ({}) is not held", layer_index, pass_name(pass)));
-  if (--layers_[layer_index].held == 0) --held_now_;
-  if (recording_) events_.push_back({layer_index, pass, false});
+  Layer& l = layers_[layer_index];
+  if (--l.held == 0) --held_now_;
+  if (pass == Pass::kBackward) l.grads_done = done;
+  record(HookEvent::release(layer_index, pass));
   return Status::Ok();
 }
 
-std::span<std::byte> ResidentParameters::params(size_t i) {
+Status ResidentProvider::begin_step() {
+  record(HookEvent::begin_step());
+  STRATA_RETURN_IF_ERROR(wait_gradients());
+  zero_grads();
+  return Status::Ok();
+}
+
+Status ResidentProvider::end_micro_batch(bool last) {
+  record(HookEvent::end_micro_batch(last));
+  return Status::Ok();
+}
+
+Status ResidentProvider::wait_gradients() {
+  Status first;
+  for (Layer& l : layers_) {
+    Status st = l.grads_done.wait();
+    if (first.ok() && !st.ok()) first = st;
+  }
+  return first;
+}
+
+std::span<std::byte> ResidentProvider::params(size_t i) {
   STRATA_CHECK(i < layers_.size(), "params: layer index out of range");
   return {layers_[i].params, layers_[i].param_bytes};
 }
 
-std::span<float> ResidentParameters::grads(size_t i) {
+std::span<float> ResidentProvider::grads(size_t i) {
   STRATA_CHECK(i < layers_.size(), "grads: layer index out of range");
   return {layers_[i].grads, layers_[i].grad_count};
 }
 
-void ResidentParameters::zero_grads() {
+void ResidentProvider::zero_grads() {
   for (Layer& l : layers_) std::memset(l.grads, 0, l.grad_count * sizeof(float));
 }
 
-}  // namespace strata::model
+}  // namespace strata::offload

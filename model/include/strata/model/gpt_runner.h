@@ -1,0 +1,53 @@
+#pragma once
+// The GPT as a ModelRunner (strata/core/layered_model.h): a GptExecutor on
+// its device stream plus the data it trains and evaluates on. This is what
+// a training loop that knows nothing of GPTs (offload/) drives: apps/ joins
+// the two.
+//
+// Batches are drawn exactly as the stage-0 trainer always drew them: the
+// training windows from a BatchLoader seeded with `seed`, one per micro
+// batch in order; evaluation batch i is the i-th non-overlapping window
+// block of the validation split.
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "strata/core/layered_model.h"
+#include "strata/core/status.h"
+#include "strata/model/gpt.h"
+#include "strata/model/gpt_executor.h"
+#include "strata/model/text_data.h"
+
+namespace strata::model {
+
+class GptRunner final : public ModelRunner {
+ public:
+  // `model`, `executor` and `data` must outlive the runner. Fails when the
+  // data is too short for the executor's sequence length or holds no
+  // validation batch; evaluates at most `eval_batches` (>= 1) batches.
+  static Result<std::unique_ptr<GptRunner>> create(const GptModel& model, GptExecutor& executor,
+                                                   const TextDataset& data, uint64_t seed, int eval_batches);
+
+  const LayeredModel& model() const override { return model_; }
+  Result<float> train_micro_batch(float loss_scale, ParameterProvider& provider) override;
+  Result<float> eval_batch(size_t index, ParameterProvider& provider) override;
+  size_t eval_batch_count() const override { return eval_count_; }
+  uint64_t tokens_per_micro_batch() const override {
+    return static_cast<uint64_t>(executor_.batch()) * static_cast<uint64_t>(executor_.seq_len());
+  }
+
+  const GptModel& gpt() const { return model_; }
+  GptExecutor& executor() { return executor_; }
+
+ private:
+  GptRunner(const GptModel& model, GptExecutor& executor, const TextDataset& data, uint64_t seed);
+  const GptModel& model_;
+  GptExecutor& executor_;
+  const TextDataset& data_;
+  BatchLoader loader_;
+  size_t eval_count_ = 0;
+  std::vector<int32_t> inputs_, targets_;
+};
+
+}  // namespace strata::model

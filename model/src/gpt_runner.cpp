@@ -1,0 +1,47 @@
+#include "strata/model/gpt_runner.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+namespace strata::model {
+
+GptRunner::GptRunner(const GptModel& model, GptExecutor& executor, const TextDataset& data, uint64_t seed)
+    : model_(model),
+      executor_(executor),
+      data_(data),
+      loader_(data.train(), executor.batch(), executor.seq_len(), seed),
+      inputs_(static_cast<size_t>(executor.batch()) * executor.seq_len()),
+      targets_(inputs_.size()) {}
+
+Result<std::unique_ptr<GptRunner>> GptRunner::create(const GptModel& model, GptExecutor& executor,
+                                                     const TextDataset& data, uint64_t seed, int eval_batches) {
+  if (eval_batches < 1) return InvalidArgument(fmt::format("eval batches {} must be at least 1", eval_batches));
+  const int seq = executor.seq_len(), batch = executor.batch();
+  if (data.train().size() <= static_cast<size_t>(seq) || data.val().size() <= static_cast<size_t>(seq))
+    return InvalidArgument(fmt::format("data '{}' is too short for --seq {}", data.name(), seq));
+  std::unique_ptr<GptRunner> r(new GptRunner(model, executor, data, seed));
+  r->eval_count_ =
+      std::min<size_t>(static_cast<size_t>(eval_batches), BatchLoader::eval_batches(data.val(), batch, seq));
+  if (r->eval_count_ == 0)
+    return InvalidArgument(fmt::format("validation split of '{}' ({} bytes) holds no batch of {} x {}; use a larger "
+                                       "file or a smaller --batch/--seq",
+                                       data.name(), data.val().size(), batch, seq));
+  return r;
+}
+
+Result<float> GptRunner::train_micro_batch(float loss_scale, ParameterProvider& provider) {
+  loader_.next(inputs_, targets_);
+  STRATA_ASSIGN_OR_RETURN(float loss, executor_.forward(inputs_, targets_, provider, Pass::kForward));
+  STRATA_RETURN_IF_ERROR(executor_.backward(loss_scale, provider));
+  return loss;
+}
+
+Result<float> GptRunner::eval_batch(size_t index, ParameterProvider& provider) {
+  if (index >= eval_count_)
+    return InvalidArgument(fmt::format("evaluation batch {} out of range ({} batches)", index, eval_count_));
+  BatchLoader::eval_batch(data_.val(), executor_.batch(), executor_.seq_len(), index, inputs_, targets_);
+  return executor_.forward(inputs_, targets_, provider, Pass::kEval);
+}
+
+}  // namespace strata::model
