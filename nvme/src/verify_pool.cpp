@@ -21,10 +21,11 @@ VerifyPool::~VerifyPool() {
 }
 
 void VerifyPool::post(std::function<void()> task) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    tasks_.push_back(std::move(task));
-  }
+  // Notify under the lock: the task may finish the last operation of a
+  // store whose destructor then destroys this pool, and must not find the
+  // condition variable still being signalled (found by TSan).
+  std::lock_guard<std::mutex> lock(mu_);
+  tasks_.push_back(std::move(task));
   cv_.notify_one();
 }
 
