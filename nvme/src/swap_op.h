@@ -41,9 +41,15 @@ struct SwapOpState {
   Status io_status;                  // first I/O error
   std::vector<Status> chunk_status;  // verification result per chunk (first by position wins)
 
-  // verify_writes read-back.
-  AlignedBuffer scratch;
-  uint64_t read_back_cursor = 0;  // bytes of the range verified so far
+  // Writes: per chunk, the two things that must arrive before it can be
+  // read back (its write request and its hashing task).
+  std::unique_ptr<std::atomic<int>[]> chunk_left;
+  // verify_writes read-back: up to kReadBackDepth chunk-sized scratch
+  // buffers per write; chunks that are written and hashed wait in `ready`
+  // for one (guarded by mu).
+  std::vector<AlignedBuffer> scratch;
+  std::vector<size_t> scratch_free;
+  std::vector<size_t> ready;
 
   CompletionSource source;
   Completion completion;  // source's, kept: a completed source hands out no more

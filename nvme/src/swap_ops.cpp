@@ -10,13 +10,14 @@
 //        off or the I/O failed); hashing never runs on an engine worker or on
 //        the thread that waits. The last arrival finishes the operation.
 // write  start_write allocates a fresh (shadow) extent for the range,
-//        registers it, submits one engine request and posts one hashing
-//        task per chunk of the caller's bytes. When the I/O and the hashes
-//        have arrived: an I/O error finishes with it; else, with
-//        verify_writes, the shadow extent is read back chunk by chunk into a
-//        scratch buffer and compared on the verify pool (one chunk at a
-//        time: a write's verification costs one chunk of memory); then
-//        finish() flips the index to the shadow extent (ok) or frees it.
+//        registers it, submits one engine request per chunk and posts one
+//        hashing task per chunk of the caller's bytes. A chunk whose write
+//        and hash have both arrived is, with verify_writes, read back into a
+//        scratch buffer (at most kReadBackDepth per write, so the read-back
+//        of chunk k overlaps the writes of the chunks after it) and compared
+//        on the verify pool; without verify_writes it is done at once. When
+//        every chunk is done, finish() flips the index to the shadow extent
+//        (ok) or frees it (an I/O error or a mismatch, first by position).
 // finish updates the tensor's entry under mu_ (flip: the replaced data goes
 //        back to the allocator at once), drops pending_ops_, and completes
 //        the operation's Completion with no store lock held.
@@ -38,7 +39,8 @@ namespace {
 constexpr uint64_t kRecordHeaderBytes = 5 * sizeof(uint64_t);  // id, bytes, flags, runs, blocks
 constexpr uint64_t kRunBytes = 3 * sizeof(uint64_t);
 constexpr uint64_t kWholeRange = std::numeric_limits<uint64_t>::max() / 2;
-constexpr size_t kScratchKept = 4;  // read-back buffers kept between writes
+constexpr size_t kScratchKept = 4;    // read-back buffers kept between writes
+constexpr size_t kReadBackDepth = 2;  // read-back buffers per write
 
 uint64_t now_ns() {
   return static_cast<uint64_t>(
@@ -266,15 +268,10 @@ void SwapStore::arrive(const std::shared_ptr<detail::SwapOpState>& op) {
     finish(op, std::move(io).with_context(context));
     return;
   }
-  if (!op->is_write) {
-    finish(op, verified);
-    return;
+  if (op->is_write && verified.is_data_loss()) {
+    op->counters->write_verify_failures.fetch_add(1, std::memory_order_relaxed);
   }
-  if (op->verify) {
-    start_read_back(op);
-    return;
-  }
-  finish(op, Status::Ok());
+  finish(op, verified);
 }
 
 // ---------------------------------------------------------------------------
@@ -355,16 +352,23 @@ Result<SwapHandle> SwapStore::start_write(TensorId id, uint64_t offset, uint64_t
   op->counters = counters_;
   op->sums.resize(blocks_for(length, block_));
   const size_t chunks = static_cast<size_t>(blocks_for(length, chunk_));
-  op->remaining.store(static_cast<int64_t>(chunks) + 1);  // the write request + one hashing task per chunk
+  op->remaining.store(static_cast<int64_t>(chunks));  // each chunk arrives once: written, hashed, verified
+  op->chunk_left = std::make_unique<std::atomic<int>[]>(chunks);
+  for (size_t c = 0; c < chunks; ++c) op->chunk_left[c].store(2);  // its write request and its hashing task
+  op->chunk_status.resize(chunks);
   op->source = CompletionSource(fmt::format("swap write of {}", op->what()));
   op->completion = op->source.completion();
   pending_ops_.fetch_add(1, std::memory_order_acq_rel);
   counters_->bytes_written.fetch_add(length, std::memory_order_relaxed);
-  std::vector<IoSegment> segs = segments_for(op->fresh, length, op->data);
-  engine_.submit(IoOp::kWrite, segs, [this, op](const Status& st) {
-    op->record_io(st);
-    arrive(op);
-  });
+  for (size_t c = 0; c < chunks; ++c) {
+    uint64_t at = c * chunk_;
+    uint64_t len = std::min(chunk_, length - at);
+    std::vector<IoSegment> segs = segments_for(Extent{op->fresh.offset + at, len}, len, op->data + at);
+    engine_.submit(IoOp::kWrite, segs, [this, op, c](const Status& st) {
+      op->record_io(st);
+      chunk_written(op, c);
+    });
+  }
   // Hash the caller's bytes on the verify pool while the write is in flight
   // (the engine only reads them).
   for (size_t c = 0; c < chunks; ++c) {
@@ -376,52 +380,103 @@ Result<SwapHandle> SwapStore::start_write(TensorId id, uint64_t offset, uint64_t
         op->sums[(at + b) / block_] = checksum64(op->data + at + b, std::min(block_, len - b));
       }
       op->counters->checksum_ns.fetch_add(now_ns() - t0, std::memory_order_relaxed);
-      arrive(op);
+      chunk_written(op, c);
     });
   }
   return SwapHandle(op);
 }
 
-// verify_writes: reads the shadow extent back one chunk at a time and checks
-// it against the checksums of the caller's bytes. Runs on an engine worker
-// or a verify thread; the comparison itself runs on the verify pool.
-void SwapStore::start_read_back(const std::shared_ptr<detail::SwapOpState>& op) {
-  if (op->scratch.size() == 0) {
+// A chunk's write request or its hashing task arrived; after both, the
+// chunk is read back (verify_writes) or done. Runs on an engine worker or a
+// verify thread.
+void SwapStore::chunk_written(const std::shared_ptr<detail::SwapOpState>& op, size_t chunk) {
+  if (op->chunk_left[chunk].fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  bool failed;
+  {
+    std::lock_guard<std::mutex> lock(op->mu);
+    failed = !op->io_status.ok();
+  }
+  if (!op->verify || failed) {
+    arrive(op);
+    return;
+  }
+  // Take a scratch slot of this write, or wait in `ready` for one.
+  size_t slot = 0;
+  {
+    std::lock_guard<std::mutex> lock(op->mu);
+    if (!op->scratch_free.empty()) {
+      slot = op->scratch_free.back();
+      op->scratch_free.pop_back();
+    } else if (op->scratch.size() < kReadBackDepth) {
+      op->scratch.reserve(kReadBackDepth);  // data pointers stay put either way
+      slot = op->scratch.size();
+      op->scratch.emplace_back();
+    } else {
+      op->ready.push_back(chunk);
+      return;
+    }
+  }
+  read_back(op, chunk, slot);
+}
+
+// Reads chunk `chunk` of the shadow extent into scratch slot `slot`, then
+// compares it on the verify pool against the checksums of the caller's bytes.
+void SwapStore::read_back(const std::shared_ptr<detail::SwapOpState>& op, size_t chunk, size_t slot) {
+  const uint64_t at = chunk * chunk_;
+  const uint64_t len = std::min(chunk_, op->length - at);
+  std::byte* buffer;
+  {
+    std::lock_guard<std::mutex> lock(op->mu);
+    buffer = op->scratch[slot].data();
+  }
+  if (buffer == nullptr) {
     // Scratch buffers (one chunk each) are kept for the next write: a fresh
     // 8 MiB allocation per write would cost its page faults every time.
+    AlignedBuffer fresh;
     {
       std::lock_guard<std::mutex> lock(scratch_mu_);
       if (!scratch_free_.empty()) {
-        op->scratch = std::move(scratch_free_.back());
+        fresh = std::move(scratch_free_.back());
         scratch_free_.pop_back();
       }
     }
-    if (op->scratch.size() == 0) {
-      auto scratch = AlignedBuffer::allocate(chunk_, granularity_);
-      if (!scratch.ok()) {
-        finish(op, std::move(scratch).status().with_context(
-                       fmt::format("verifying the swap write of {}", op->what())));
+    if (fresh.size() == 0) {
+      auto made = AlignedBuffer::allocate(chunk_, granularity_);
+      if (!made.ok()) {
+        {
+          std::lock_guard<std::mutex> lock(op->mu);
+          op->chunk_status[chunk] =
+              std::move(made).status().with_context(fmt::format("verifying the swap write of {}", op->what()));
+        }
+        release_scratch(op, slot);  // the next waiting chunk tries again
+        arrive(op);
         return;
       }
-      op->scratch = std::move(scratch).value();
+      fresh = std::move(made).value();
     }
+    buffer = fresh.data();
+    std::lock_guard<std::mutex> lock(op->mu);
+    op->scratch[slot] = std::move(fresh);
   }
-  const uint64_t at = op->read_back_cursor;
-  const uint64_t len = std::min(chunk_, op->length - at);
   op->counters->bytes_read_back.fetch_add(len, std::memory_order_relaxed);
-  std::vector<IoSegment> segs = segments_for(Extent{op->fresh.offset + at, len}, len, op->scratch.data());
-  engine_.submit(IoOp::kRead, segs, [this, op, at, len](const Status& st) {
+  std::vector<IoSegment> segs = segments_for(Extent{op->fresh.offset + at, len}, len, buffer);
+  engine_.submit(IoOp::kRead, segs, [this, op, chunk, slot, at, len, buffer](const Status& st) {
     if (!st.ok()) {
-      finish(op, st.with_context(fmt::format("reading back the swap write of {} (the previous version is intact)",
-                                             op->what())));
+      {
+        std::lock_guard<std::mutex> lock(op->mu);
+        op->chunk_status[chunk] = st.with_context(
+            fmt::format("reading back the swap write of {} (the previous version is intact)", op->what()));
+      }
+      release_scratch(op, slot);
+      arrive(op);
       return;
     }
-    pool_->post([this, op, at, len] {
+    pool_->post([this, op, chunk, slot, at, len, buffer] {
       uint64_t t0 = now_ns();
       Status result;
       for (uint64_t b = 0; b < len; b += block_) {
         uint64_t n = std::min(block_, len - b);
-        uint64_t actual = checksum64(op->scratch.data() + b, n);
+        uint64_t actual = checksum64(buffer + b, n);
         uint64_t expected = op->sums[(at + b) / block_];
         if (actual == expected) continue;
         uint64_t tensor_at = op->offset + at + b;
@@ -435,18 +490,28 @@ void SwapStore::start_read_back(const std::shared_ptr<detail::SwapOpState>& op) 
       }
       op->counters->checksum_ns.fetch_add(now_ns() - t0, std::memory_order_relaxed);
       if (!result.ok()) {
-        op->counters->write_verify_failures.fetch_add(1, std::memory_order_relaxed);
-        finish(op, std::move(result));
-        return;
+        std::lock_guard<std::mutex> lock(op->mu);
+        op->chunk_status[chunk] = std::move(result);
       }
-      op->read_back_cursor = at + len;
-      if (op->read_back_cursor < op->length) {
-        start_read_back(op);
-      } else {
-        finish(op, Status::Ok());
-      }
+      release_scratch(op, slot);
+      arrive(op);
     });
   });
+}
+
+// Hands scratch slot `slot` to the next chunk waiting for one, or frees it.
+void SwapStore::release_scratch(const std::shared_ptr<detail::SwapOpState>& op, size_t slot) {
+  size_t next = 0;
+  {
+    std::lock_guard<std::mutex> lock(op->mu);
+    if (op->ready.empty()) {
+      op->scratch_free.push_back(slot);
+      return;
+    }
+    next = op->ready.front();
+    op->ready.erase(op->ready.begin());
+  }
+  read_back(op, next, slot);
 }
 
 // ---------------------------------------------------------------------------
@@ -521,10 +586,12 @@ void SwapStore::finish(const std::shared_ptr<detail::SwapOpState>& op, Status st
   }
   if (op->is_write && status.ok()) op->counters->flips.fetch_add(1, std::memory_order_relaxed);
   if (!op->is_write && status.is_data_loss()) op->counters->verify_failures.fetch_add(1, std::memory_order_relaxed);
-  if (op->scratch.size() != 0) {
+  if (!op->scratch.empty()) {
     std::lock_guard<std::mutex> lock(scratch_mu_);
-    if (scratch_free_.size() < kScratchKept) scratch_free_.push_back(std::move(op->scratch));
-    op->scratch = AlignedBuffer();
+    for (AlignedBuffer& b : op->scratch) {
+      if (b.size() != 0 && scratch_free_.size() < kScratchKept) scratch_free_.push_back(std::move(b));
+    }
+    op->scratch.clear();
   }
   // Last touch of the store: the destructor waits for pending_ops_ to drain.
   if (pending_ops_.fetch_sub(1, std::memory_order_acq_rel) == 1) pending_ops_.notify_all();

@@ -196,7 +196,8 @@ TEST_P(FaultInjection, TornWritesAndCorruptReadsAreCaughtByChecksums) {
 class ShadowWriteFaults : public FaultInjection {
  protected:
   // A store on an engine whose writes fail per `plan` once armed (reads are clean).
-  void open_store(FaultPlan plan, const std::string& job) {
+  void open_store(FaultPlan plan, const std::string& job, uint64_t bytes = 256 * 1024) {
+    bytes_ = bytes;
     plan.fault_reads = false;
     auto engine = make_fault_injecting_engine(options(), plan, &counters_);
     ASSERT_TRUE(engine.ok()) << engine.status().to_string();
@@ -205,16 +206,16 @@ class ShadowWriteFaults : public FaultInjection {
     SwapStoreOptions so;
     so.paths = {dir_->path()};
     so.job = job;
-    so.capacity_bytes = 4u << 20;
+    so.capacity_bytes = std::max<uint64_t>(4u << 20, 3 * bytes_);
     so.stripe_bytes = 64 * 1024;
     so.checksum_block_bytes = 16 * 1024;
     auto store = SwapStore::open(so, *engine_);
     ASSERT_TRUE(store.ok()) << store.status().to_string();
     store_ = std::move(store).value();
     std::mt19937_64 rng(plan.seed);
-    old_ = testing::random_bytes(rng, kBytes);
-    fresh_ = testing::random_bytes(rng, kBytes);
-    ASSERT_TRUE(store_->write_sync(3, old_.data(), kBytes).ok());
+    old_ = testing::random_bytes(rng, bytes_);
+    fresh_ = testing::random_bytes(rng, bytes_);
+    ASSERT_TRUE(store_->write_sync(3, old_.data(), bytes_).ok());
     used_ = store_->stats().bytes_used;
   }
   // The previous version reads back bit for bit, whole and as a range, and
@@ -222,18 +223,19 @@ class ShadowWriteFaults : public FaultInjection {
   void expect_old_version_intact() {
     counters_->disarm();
     EXPECT_EQ(store_->stats().bytes_used, used_);
-    std::vector<std::byte> out(kBytes);
-    ASSERT_TRUE(store_->read_sync(3, out.data(), kBytes).ok());
-    EXPECT_TRUE(bytes_equal(old_.data(), out.data(), kBytes));
+    std::vector<std::byte> out(bytes_);
+    ASSERT_TRUE(store_->read_sync(3, out.data(), bytes_).ok());
+    EXPECT_TRUE(bytes_equal(old_.data(), out.data(), bytes_));
     std::vector<std::byte> tile(64 * 1024);
     ASSERT_TRUE(store_->read_range(3, 64 * 1024, tile)->wait().ok());
     EXPECT_TRUE(bytes_equal(old_.data() + 64 * 1024, tile.data(), tile.size()));
     // And the store still takes writes.
-    ASSERT_TRUE(store_->write_sync(3, fresh_.data(), kBytes).ok());
-    ASSERT_TRUE(store_->read_sync(3, out.data(), kBytes).ok());
-    EXPECT_TRUE(bytes_equal(fresh_.data(), out.data(), kBytes));
+    ASSERT_TRUE(store_->write_sync(3, fresh_.data(), bytes_).ok());
+    ASSERT_TRUE(store_->read_sync(3, out.data(), bytes_).ok());
+    EXPECT_TRUE(bytes_equal(fresh_.data(), out.data(), bytes_));
   }
   static constexpr uint64_t kBytes = 256 * 1024;  // 16 engine pieces of 16 KiB
+  uint64_t bytes_ = kBytes;
   std::shared_ptr<FaultCounters> counters_;
   std::unique_ptr<IoEngine> engine_;
   std::unique_ptr<SwapStore> store_;
@@ -283,6 +285,23 @@ TEST_P(ShadowWriteFaults, TornWriteMidWriteIsCaughtBeforeTheFlip) {
   EXPECT_NE(st.message().find("previous version of tensor 3 is intact"), std::string::npos) << st.message();
   EXPECT_GT(counters_->torn_writes.load(), 0u);
   EXPECT_EQ(store_->stats().write_verify_failures, 1u);
+  ASSERT_NO_FATAL_FAILURE(expect_old_version_intact());
+}
+
+// A large write is written and read back chunk by chunk (8 MiB chunks, two
+// read-back buffers); a tear in a late chunk still stops the flip.
+TEST_P(ShadowWriteFaults, TornWriteInALateChunkOfALargeTensor) {
+  FaultPlan plan;
+  plan.seed = testing::test_seed(33);
+  plan.torn_write_probability = 1.0;
+  const uint64_t bytes = (20u << 20) + 4096;  // 3 chunks
+  ASSERT_NO_FATAL_FAILURE(open_store(plan, "torn-large", bytes));
+  counters_->arm(/*clean_pieces=*/1100);  // of 1281 pieces of 16 KiB: the tear lands in the last chunk
+  Status st = store_->write_sync(3, fresh_.data(), bytes);
+  ASSERT_EQ(st.code(), StatusCode::kDataLoss) << st.to_string();
+  EXPECT_NE(st.message().find("did not verify at block"), std::string::npos) << st.message();
+  EXPECT_GT(counters_->torn_writes.load(), 0u);
+  EXPECT_GE(store_->stats().bytes_read_back, 2 * bytes - (1u << 20));
   ASSERT_NO_FATAL_FAILURE(expect_old_version_intact());
 }
 

@@ -242,7 +242,9 @@ class SwapStore {
   void io_done(const std::shared_ptr<detail::SwapOpState>& op, size_t chunk, const Status& st);
   void verify_chunk(const std::shared_ptr<detail::SwapOpState>& op, size_t chunk);
   void arrive(const std::shared_ptr<detail::SwapOpState>& op);
-  void start_read_back(const std::shared_ptr<detail::SwapOpState>& op);
+  void chunk_written(const std::shared_ptr<detail::SwapOpState>& op, size_t chunk);
+  void read_back(const std::shared_ptr<detail::SwapOpState>& op, size_t chunk, size_t slot);
+  void release_scratch(const std::shared_ptr<detail::SwapOpState>& op, size_t slot);
   void finish(const std::shared_ptr<detail::SwapOpState>& op, Status status);
   // Replaces tensor bytes [offset, +length) of `e` by a run at `address`;
   // frees the replaced data. Called under mu_.
