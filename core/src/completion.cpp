@@ -115,8 +115,10 @@ CompletionSource::~CompletionSource() {
 
 void CompletionSource::complete(Status status) {
   STRATA_CHECK(state_ != nullptr, "CompletionSource::complete on a moved-from source");
-  auto state = std::move(state_);  // the source is spent; the destructor has nothing left to do
-  state->complete(std::move(status));
+  // The state stays: completion() after complete() still returns this
+  // operation's outcome (never a fresh "ok"), and a second complete() is
+  // caught by the state's own check.
+  state_->complete(std::move(status));
 }
 
 Completion when_all(std::span<const Completion> inputs, std::string label) {

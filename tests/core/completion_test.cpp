@@ -92,11 +92,17 @@ TEST(Completion, MoveAssigningOverALiveSourceAbandonsIt) {
   a.complete(Status::Ok());
 }
 
+TEST(Completion, CompletionAfterCompleteCarriesTheOutcome) {
+  CompletionSource source("write of tensor 3");
+  source.complete(IoError("pwrite: ENOSPC"));
+  EXPECT_EQ(source.completion().status().code(), StatusCode::kIoError);  // never a fresh "ok"
+}
+
 TEST(CompletionDeath, CompletingTwiceIsABug) {
   CompletionSource source("op");
   CompletionSource* p = &source;
   p->complete(Status::Ok());
-  EXPECT_DEATH(p->complete(Status::Ok()), "moved-from|twice");
+  EXPECT_DEATH(p->complete(Status::Ok()), "completed twice");
 }
 
 TEST(WhenAll, FirstFailureInInputOrderWins) {

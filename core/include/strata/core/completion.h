@@ -83,6 +83,7 @@ class CompletionSource {
   CompletionSource& operator=(const CompletionSource&) = delete;
   ~CompletionSource();  // rule 3
 
+  // The operation's Completion; valid before and after complete().
   Completion completion() const { return Completion(state_); }
   // Publishes `status`, wakes waiters, then runs the callbacks on this thread.
   // A second call is a bug (STRATA_CHECK).
