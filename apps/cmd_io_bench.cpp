@@ -6,6 +6,22 @@
 //   strata io-bench --path DIR [--size 4GiB] [--engine auto|io_uring|libaio|psync]
 //                   [--block-size 1MiB] [--queue-depth 32] [--threads T]
 //                   [--mode read|write|both] [--json] [--sweep]
+//                   [--file NAME [--overwrite]]
+//   strata io-bench --path DIR --swap [--tensor-size 64MiB] [--swap-inflight 4]
+//                   [--swap-verify-writes on|off|both]
+//
+// --swap measures the path the engine uses instead of the raw engine:
+// tensors written and read through a SwapStore (per-block checksums on the
+// verify pool, verified reads; verify_writes as asked) from buffers of a
+// SlotPool whose region is registered with the engine once (io_uring fixed
+// buffers). The timed writes overwrite written space (a first, untimed pass
+// lays the files out), like fio over a laid-out file.
+//
+// Every number a flag takes is range-checked (an error names the flag and
+// the range). The test file stays inside --path: --file is a name in that
+// folder (no '..', no link, nothing outside it), and an existing file is
+// overwritten only when io-bench created it (it leaves a `.NAME.io-bench`
+// marker recording the file's device and inode) or --overwrite is given.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -13,7 +29,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <deque>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
@@ -22,26 +40,31 @@
 #include <fmt/format.h>
 
 #include "command.h"
+#include "strata/core/device_registry.h"
 #include "strata/core/pinned_pool.h"
+#include "strata/core/slot_pool.h"
 #include "strata/core/units.h"
 #include "strata/nvme/aio_config.h"
 #include "strata/nvme/aligned_buffer.h"
 #include "strata/nvme/fs_probe.h"
 #include "strata/nvme/io_engine.h"
+#include "strata/nvme/swap_store.h"
 
 namespace strata::cli {
 namespace {
 
 using nvme::EngineKind;
+namespace fs = std::filesystem;
 
 struct IoBenchOptions {
   std::string path;
   std::string size = "4GiB";
   std::string engine = "auto";
   std::string block_size = "1MiB";
-  uint32_t queue_depth = 32;
-  uint32_t threads = 1;
+  std::string queue_depth = "32";
+  std::string threads = "1";
   std::string mode = "both";
+  bool overwrite = false;
   bool json = false;
   bool sweep = false;
   bool keep = false;
@@ -50,6 +73,10 @@ struct IoBenchOptions {
   std::string sweep_block_sizes = "256KiB,1MiB,4MiB";
   std::string sweep_queue_depths = "8,32";
   std::string sweep_threads = "1,2";
+  bool swap = false;
+  std::string tensor_size = "64MiB";
+  std::string swap_inflight = "4";
+  std::string swap_verify_writes = "both";
 };
 
 struct Trial {
@@ -68,8 +95,36 @@ struct TrialResult {
   uint64_t bytes = 0;
   double seconds = 0;
   double gb_per_s = 0;
+  std::string io = "direct";  // direct | buffered | mixed: how the pieces of this row reached the file
+  std::string variant = "raw";  // raw (the engine) | swap (SwapStore, checksums on)
+  int verify_writes = -1;       // swap rows: 0 / 1
   std::vector<std::string> notes;
 };
+
+// Limits of the numeric flags (the engine's own limits, see IoEngineOptions::validate).
+constexpr uint64_t kMaxQueueDepth = 32768;
+constexpr uint64_t kMaxThreads = 256;
+constexpr uint64_t kMinBlock = 512;
+constexpr uint64_t kMaxBlock = 1ull << 30;
+
+// A whole number for `flag` in [lo, hi]; values that would wrap are refused, not cut.
+Result<uint32_t> parse_ranged(const std::string& text, const std::string& flag, uint64_t lo, uint64_t hi) {
+  auto v = parse_count(text, flag);
+  if (!v.ok() || *v < lo || *v > hi) {
+    return InvalidArgument(fmt::format("{} {}: must be a whole number between {} and {}", flag,
+                                       text.size() > 40 ? text.substr(0, 40) + "..." : text, lo, hi));
+  }
+  return static_cast<uint32_t>(*v);
+}
+
+Result<uint64_t> parse_block(const std::string& text, const std::string& flag) {
+  auto v = parse_bytes(text, flag);
+  if (!v.ok() || *v < kMinBlock || *v > kMaxBlock || *v % 512 != 0) {
+    return InvalidArgument(fmt::format("{} {}: must be a multiple of 512 bytes between 512 and 1GiB", flag,
+                                       text.size() > 40 ? text.substr(0, 40) + "..." : text));
+  }
+  return *v;
+}
 
 // Streams `size` bytes sequentially through the engine, keeping up to
 // 2 x threads x depth block requests outstanding.
@@ -131,6 +186,7 @@ Result<std::vector<TrialResult>> run_trial(const std::string& file_path, uint64_
   STRATA_RETURN_IF_ERROR(engine->register_buffer(window_data, window_bytes));
   STRATA_ASSIGN_OR_RETURN(nvme::FileId file, engine->open(file_path, nvme::OpenMode::kCreate));
   std::vector<TrialResult> results;
+  nvme::IoEngineStats before_stats = engine->stats();
   auto record = [&](const char* mode, double seconds) {
     TrialResult r;
     r.engine = std::string(nvme::engine_kind_name(engine->kind()));
@@ -143,9 +199,13 @@ Result<std::vector<TrialResult>> run_trial(const std::string& file_path, uint64_
     r.gb_per_s = seconds > 0 ? static_cast<double>(size) / seconds / 1e9 : 0;
     r.notes = engine->notes();
     nvme::IoEngineStats stats = engine->stats();
-    if (stats.buffered_pieces > 0) {
-      r.notes.push_back(fmt::format("{} of {} pieces went through the page cache (no O_DIRECT)",
-                                    stats.buffered_pieces, stats.pieces));
+    const uint64_t pieces = stats.pieces - before_stats.pieces;
+    const uint64_t buffered = stats.buffered_pieces - before_stats.buffered_pieces;
+    before_stats = stats;
+    r.io = buffered == 0 ? "direct" : buffered == pieces ? "buffered" : "mixed";
+    if (buffered > 0) {
+      r.notes.push_back(fmt::format("{} of {} {} pieces went through the page cache (no O_DIRECT)", buffered, pieces,
+                                    mode));
     }
     if (!window.pinned()) r.notes.push_back("buffer not pinned (RLIMIT_MEMLOCK); pageable memory used");
     for (const std::string& w : pool_warnings) r.notes.push_back(w);
@@ -173,6 +233,7 @@ Result<std::vector<TrialResult>> run_trial(const std::string& file_path, uint64_
       STRATA_ASSIGN_OR_RETURN(double s, stream(*engine, file, nvme::IoOp::kWrite, size, trial.block_size,
                                                outstanding, window_data, window_bytes));
       (void)s;
+      before_stats = engine->stats();
     }
     STRATA_RETURN_IF_ERROR(drop_cache(file_path));
     STRATA_ASSIGN_OR_RETURN(double s, stream(*engine, file, nvme::IoOp::kRead, size, trial.block_size, outstanding,
@@ -181,6 +242,151 @@ Result<std::vector<TrialResult>> run_trial(const std::string& file_path, uint64_
   }
   STRATA_RETURN_IF_ERROR(engine->close(file));
   STRATA_RETURN_IF_ERROR(engine->unregister_buffer(window_data));
+  return results;
+}
+
+// Note [io-bench --swap]
+// The engine's swap path, timed: `inflight` tensors of `tensor_bytes` in
+// flight through one SwapStore, their buffers slots of one SlotPool whose
+// whole region is registered with the engine. Writes are shadow writes
+// (fresh extent, hash on the verify pool while the chunks are written,
+// read-back when verify_writes is on, then the index flips); reads are
+// verified block by block while later chunks are read. An untimed first
+// pass writes every tensor, plus the headroom shadow writes use, so the
+// timed writes overwrite written blocks, as fio's do.
+Result<std::vector<TrialResult>> run_swap_trial(const std::string& dir, uint64_t size, const Trial& trial,
+                                                uint64_t tensor_bytes, uint32_t inflight, bool verify_writes,
+                                                bool do_write, bool do_read, bool sqpoll) {
+  nvme::IoEngineOptions o;
+  o.engine = trial.engine;
+  o.block_size = trial.block_size;
+  o.queue_depth = trial.queue_depth;
+  o.intra_op_parallelism = trial.threads;
+  o.sqpoll = sqpoll;
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<nvme::IoEngine> engine, nvme::make_io_engine(o));
+  std::vector<std::string> notes;
+  DeviceOptions device_options;
+  device_options.device_memory_bytes = std::max<uint64_t>(uint64_t{1} << 30, 2ull * inflight * tensor_bytes);
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Device> device, make_device("cpu", device_options));
+  SlotPoolOptions po;
+  po.slot_count = inflight;
+  po.slot_bytes = tensor_bytes;
+  po.name = "io-bench swap buffers";
+  std::unique_ptr<SlotPool> pool;
+  std::vector<Slot> slots;
+  nvme::AlignedBuffer fallback;
+  std::byte* base = nullptr;
+  size_t region = 0;
+  auto created = SlotPool::create(*device, po);
+  if (created.ok()) {
+    pool = std::move(*created);
+    for (uint32_t i = 0; i < inflight; ++i) {
+      STRATA_ASSIGN_OR_RETURN(Slot slot, pool->try_acquire("io-bench"));
+      slots.push_back(std::move(slot));
+    }
+    base = static_cast<std::byte*>(pool->base());
+    region = pool->total_bytes();
+  } else {
+    // The engine's own staging would fail the same way; measure anyway, and say so.
+    notes.push_back("slot pool could not be pinned (" + created.status().message() +
+                    "); aligned pageable buffers registered instead");
+    STRATA_ASSIGN_OR_RETURN(fallback, nvme::AlignedBuffer::allocate(static_cast<size_t>(inflight) * tensor_bytes, 4096));
+    base = fallback.data();
+    region = static_cast<size_t>(inflight) * tensor_bytes;
+  }
+  auto buffer = [&](uint32_t k) -> std::byte* {
+    return pool ? slots[k].as<std::byte>() : base + static_cast<size_t>(k) * tensor_bytes;
+  };
+  for (uint32_t k = 0; k < inflight; ++k) {
+    std::byte* b = buffer(k);
+    for (uint64_t i = 0; i < tensor_bytes; i += 8) {
+      uint64_t v = (i + 1) * 0x9e3779b97f4a7c15ull + k;
+      std::memcpy(b + i, &v, std::min<uint64_t>(8, tensor_bytes - i));
+    }
+  }
+  STRATA_RETURN_IF_ERROR(engine->register_buffer(base, region));
+  const uint64_t count = size / tensor_bytes;
+  const uint64_t headroom = static_cast<uint64_t>(inflight) + 1;
+  nvme::SwapStoreOptions so;
+  so.paths = {dir};
+  so.job = fmt::format("io-bench-{}", getpid());
+  so.capacity_bytes = (count + headroom) * tensor_bytes;
+  so.verify_checksums = true;
+  so.verify_writes = verify_writes;
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<nvme::SwapStore> store, nvme::SwapStore::open(so, *engine));
+  // Streams one pass over ids [0, n): each buffer is reused once its previous operation is done.
+  auto pass = [&](bool write, uint64_t n) -> Result<double> {
+    std::vector<nvme::SwapHandle> pending(inflight);
+    auto start = std::chrono::steady_clock::now();
+    for (uint64_t i = 0; i < n; ++i) {
+      uint32_t k = static_cast<uint32_t>(i % inflight);
+      if (pending[k].valid()) STRATA_RETURN_IF_ERROR(pending[k].wait());
+      STRATA_ASSIGN_OR_RETURN(pending[k], write ? store->write(i, buffer(k), tensor_bytes)
+                                                : store->read(i, buffer(k), tensor_bytes));
+    }
+    for (nvme::SwapHandle& h : pending) {
+      if (h.valid()) STRATA_RETURN_IF_ERROR(h.wait());
+    }
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  STRATA_ASSIGN_OR_RETURN(double layout, pass(true, count + headroom));
+  (void)layout;
+  for (uint64_t i = count; i < count + headroom; ++i) STRATA_RETURN_IF_ERROR(store->remove(i));
+  std::vector<TrialResult> results;
+  nvme::IoEngineStats before = engine->stats();
+  nvme::SwapStats swap_before = store->stats();
+  auto record = [&](const char* mode, double seconds) {
+    TrialResult r;
+    r.engine = std::string(nvme::engine_kind_name(engine->kind()));
+    r.mode = mode;
+    r.block_size = trial.block_size;
+    r.queue_depth = trial.queue_depth;
+    r.threads = trial.threads;
+    r.bytes = count * tensor_bytes;
+    r.seconds = seconds;
+    r.gb_per_s = seconds > 0 ? static_cast<double>(r.bytes) / seconds / 1e9 : 0;
+    r.variant = "swap";
+    r.verify_writes = verify_writes ? 1 : 0;
+    r.notes = engine->notes();
+    nvme::IoEngineStats stats = engine->stats();
+    nvme::SwapStats ss = store->stats();
+    const uint64_t pieces = stats.pieces - before.pieces;
+    const uint64_t buffered = stats.buffered_pieces - before.buffered_pieces;
+    r.io = buffered == 0 ? "direct" : buffered == pieces ? "buffered" : "mixed";
+    if (buffered > 0) {
+      r.notes.push_back(fmt::format("{} of {} swap {} pieces went through the page cache (no O_DIRECT)", buffered,
+                                    pieces, mode));
+    }
+    const double hash_s = static_cast<double>(ss.checksum_ns - swap_before.checksum_ns) / 1e9;
+    r.notes.push_back(fmt::format("swap {}: {} tensors of {}, {} in flight, checksums on, verify_writes {}; hashing "
+                                  "took {:.3f} s on the verify pool ({:.1f} GB/s per thread){}",
+                                  mode, count, format_bytes(tensor_bytes, true), inflight, verify_writes ? "on" : "off",
+                                  hash_s, hash_s > 0 ? static_cast<double>(ss.bytes_written - swap_before.bytes_written +
+                                                                           ss.bytes_read - swap_before.bytes_read +
+                                                                           ss.bytes_read_back - swap_before.bytes_read_back) /
+                                                           hash_s / 1e9
+                                                     : 0.0,
+                                  ss.bytes_read_back > swap_before.bytes_read_back
+                                      ? fmt::format(", {} read back", format_bytes(ss.bytes_read_back -
+                                                                                   swap_before.bytes_read_back, true))
+                                      : ""));
+    for (const std::string& n : notes) r.notes.push_back(n);
+    before = stats;
+    swap_before = ss;
+    results.push_back(std::move(r));
+  };
+  if (do_write) {
+    STRATA_ASSIGN_OR_RETURN(double s, pass(true, count));
+    record("write", s);
+  }
+  if (do_read) {
+    for (const std::string& f : store->file_paths()) STRATA_RETURN_IF_ERROR(drop_cache(f));
+    STRATA_ASSIGN_OR_RETURN(double s, pass(false, count));
+    record("read", s);
+  }
+  STRATA_RETURN_IF_ERROR(store->close());
+  store.reset();
+  STRATA_RETURN_IF_ERROR(engine->unregister_buffer(base));
   return results;
 }
 
@@ -205,7 +411,82 @@ Result<std::vector<T>> parse_list(const std::string& text, const std::string& fl
 nlohmann::ordered_json result_json(const TrialResult& r) {
   return nlohmann::ordered_json{{"engine", r.engine},       {"mode", r.mode},       {"block_size", r.block_size},
                         {"queue_depth", r.queue_depth}, {"threads", r.threads}, {"bytes", r.bytes},
-                        {"seconds", r.seconds},     {"gb_per_s", r.gb_per_s}};
+                        {"seconds", r.seconds},     {"gb_per_s", r.gb_per_s}, {"io", r.io},
+                        {"variant", r.variant},
+                        {"verify_writes", r.verify_writes < 0 ? nlohmann::ordered_json() : nlohmann::ordered_json(r.verify_writes == 1)},
+                        {"notes", r.notes}};
+}
+
+// The marker io-bench leaves beside a test file it created: the file's
+// device and inode, so a different file later given the same name is not
+// taken for ours.
+std::string marker_path(const std::string& dir, const std::string& name) { return dir + "/." + name + ".io-bench"; }
+
+bool created_by_io_bench(const std::string& marker, const struct stat& st) {
+  int fd = ::open(marker.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return false;
+  char buf[128] = {};
+  struct stat mst {};
+  bool regular = ::fstat(fd, &mst) == 0 && S_ISREG(mst.st_mode);
+  ssize_t n = regular ? ::pread(fd, buf, sizeof(buf) - 1, 0) : -1;
+  ::close(fd);
+  if (n <= 0) return false;
+  return std::string(buf, static_cast<size_t>(n)) ==
+         fmt::format("dev={} ino={}\n", static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino));
+}
+
+// Resolves --file inside --path (see the header comment) and creates the
+// file when it is new. Returns the path to use.
+Result<std::string> prepare_test_file(const std::string& dir, const std::string& file, bool overwrite, bool* created) {
+  *created = false;
+  std::string name = file;
+  if (!file.empty() && file.front() == '/') {
+    // An absolute path is accepted only when it names a file directly in --path.
+    std::error_code ec1, ec2;
+    fs::path parent = fs::canonical(fs::path(file).parent_path(), ec1);
+    fs::path base = fs::canonical(dir, ec2);
+    if (ec1 || ec2 || parent != base) {
+      return InvalidArgument(fmt::format("--file {}: outside --path {}; give a file name inside --path", file, dir));
+    }
+    name = fs::path(file).filename().string();
+  }
+  if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos) {
+    return InvalidArgument(fmt::format(
+        "--file {}: must be a file name inside --path {} (no '/', no '..'); io-bench writes only there", file, dir));
+  }
+  std::string path = dir + "/" + name;
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0) {
+    if (S_ISLNK(st.st_mode)) {
+      return InvalidArgument(fmt::format("--file {}: {} is a symbolic link; io-bench does not follow links", file,
+                                         path));
+    }
+    if (!S_ISREG(st.st_mode)) return InvalidArgument(fmt::format("--file {}: {} is not a regular file", file, path));
+    if (!overwrite && !created_by_io_bench(marker_path(dir, name), st)) {
+      return FailedPrecondition(fmt::format(
+          "--file {}: {} exists and was not created by io-bench; its contents would be overwritten. Pass "
+          "--overwrite to allow it, or give a new name",
+          file, path));
+    }
+    return path;
+  }
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) return ErrnoStatus(errno, fmt::format("create test file {}", path));
+  ::fstat(fd, &st);
+  ::close(fd);
+  *created = true;
+  std::string text = fmt::format("dev={} ino={}\n", static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino));
+  std::string marker = marker_path(dir, name);
+  int mfd = ::open(marker.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (mfd >= 0) {
+    if (::write(mfd, text.data(), text.size()) != static_cast<ssize_t>(text.size())) {
+      ::close(mfd);
+      ::unlink(marker.c_str());
+    } else {
+      ::close(mfd);
+    }
+  }
+  return path;
 }
 
 int fail(const Status& st) {
@@ -217,8 +498,30 @@ int run_io_bench(const IoBenchOptions& opts) {
   if (opts.path.empty()) return fail(InvalidArgument("--path DIR is required (a directory on the drive to test)"));
   auto size = parse_bytes(opts.size, "--size");
   if (!size.ok()) return fail(size.status());
-  auto block = parse_bytes(opts.block_size, "--block-size");
+  auto block = parse_block(opts.block_size, "--block-size");
   if (!block.ok()) return fail(block.status());
+  auto queue_depth = parse_ranged(opts.queue_depth, "--queue-depth", 1, kMaxQueueDepth);
+  if (!queue_depth.ok()) return fail(queue_depth.status());
+  auto thread_count = parse_ranged(opts.threads, "--threads", 1, kMaxThreads);
+  if (!thread_count.ok()) return fail(thread_count.status());
+  auto tensor_bytes = parse_bytes(opts.tensor_size, "--tensor-size");
+  if (!tensor_bytes.ok() || *tensor_bytes < 4096 || *tensor_bytes > (4ull << 30) || *tensor_bytes % 4096 != 0) {
+    return fail(InvalidArgument(fmt::format("--tensor-size {}: must be a multiple of 4096 bytes between 4KiB and 4GiB",
+                                            opts.tensor_size.substr(0, 40))));
+  }
+  auto swap_inflight = parse_ranged(opts.swap_inflight, "--swap-inflight", 1, 64);
+  if (!swap_inflight.ok()) return fail(swap_inflight.status());
+  std::vector<bool> swap_verify_modes;
+  if (opts.swap_verify_writes == "on" || opts.swap_verify_writes == "both") swap_verify_modes.push_back(true);
+  if (opts.swap_verify_writes == "off" || opts.swap_verify_writes == "both") swap_verify_modes.push_back(false);
+  if (swap_verify_modes.empty()) {
+    return fail(InvalidArgument(fmt::format("--swap-verify-writes {}: use on, off or both",
+                                            opts.swap_verify_writes.substr(0, 40))));
+  }
+  if (opts.swap && *size < *tensor_bytes) {
+    return fail(InvalidArgument(fmt::format("--size {} is smaller than --tensor-size {}", opts.size, opts.tensor_size)));
+  }
+  if (opts.swap && !opts.file.empty()) return fail(InvalidArgument("--file: not used with --swap (it uses swap folders)"));
   auto engine = nvme::parse_engine_kind(opts.engine, "--engine");
   if (!engine.ok()) return fail(engine.status());
   if (opts.mode != "read" && opts.mode != "write" && opts.mode != "both") {
@@ -240,17 +543,13 @@ int run_io_bench(const IoBenchOptions& opts) {
   std::vector<Trial> trials;
   if (opts.sweep) {
     auto blocks = parse_list<uint64_t>(opts.sweep_block_sizes, "--sweep-block-sizes",
-                                       [](const std::string& s) { return parse_bytes(s, "--sweep-block-sizes"); });
-    auto depths = parse_list<uint32_t>(opts.sweep_queue_depths, "--sweep-queue-depths",
-                                       [](const std::string& s) -> Result<uint32_t> {
-                                         STRATA_ASSIGN_OR_RETURN(uint64_t v, parse_count(s, "--sweep-queue-depths"));
-                                         return static_cast<uint32_t>(v);
-                                       });
-    auto threads = parse_list<uint32_t>(opts.sweep_threads, "--sweep-threads",
-                                        [](const std::string& s) -> Result<uint32_t> {
-                                          STRATA_ASSIGN_OR_RETURN(uint64_t v, parse_count(s, "--sweep-threads"));
-                                          return static_cast<uint32_t>(v);
-                                        });
+                                       [](const std::string& s) { return parse_block(s, "--sweep-block-sizes"); });
+    auto depths = parse_list<uint32_t>(opts.sweep_queue_depths, "--sweep-queue-depths", [](const std::string& s) {
+      return parse_ranged(s, "--sweep-queue-depths", 1, kMaxQueueDepth);
+    });
+    auto threads = parse_list<uint32_t>(opts.sweep_threads, "--sweep-threads", [](const std::string& s) {
+      return parse_ranged(s, "--sweep-threads", 1, kMaxThreads);
+    });
     if (!blocks.ok()) return fail(blocks.status());
     if (!depths.ok()) return fail(depths.status());
     if (!threads.ok()) return fail(threads.status());
@@ -269,7 +568,7 @@ int run_io_bench(const IoBenchOptions& opts) {
             if (b <= *size) trials.push_back(Trial{e, b, d, t});
           }
   } else {
-    trials.push_back(Trial{*engine, *block, opts.queue_depth, opts.threads});
+    trials.push_back(Trial{*engine, *block, *queue_depth, *thread_count});
   }
   for (const Trial& t : trials) {
     nvme::IoEngineOptions o;
@@ -280,9 +579,22 @@ int run_io_bench(const IoBenchOptions& opts) {
     if (!st.ok()) return fail(st);
   }
 
-  std::string file_path =
-      opts.file.empty() ? opts.path + fmt::format("/strata-io-bench-{}.dat", getpid()) : opts.path + "/" + opts.file;
+  bool created = false;
+  std::string file_path;  // --swap uses swap folders instead
+  if (!opts.swap) {
+    auto prepared = prepare_test_file(
+        opts.path, opts.file.empty() ? fmt::format("strata-io-bench-{}.dat", getpid()) : opts.file, opts.overwrite,
+        &created);
+    if (!prepared.ok()) return fail(prepared.status());
+    file_path = *prepared;
+  }
   bool keep = opts.keep || !opts.file.empty();
+  auto remove_test_file = [&] {
+    if (keep || file_path.empty()) return;
+    ::unlink(file_path.c_str());
+    const std::string name = fs::path(file_path).filename().string();
+    ::unlink(marker_path(opts.path, name).c_str());
+  };
   if (!opts.json) {
     fmt::print("strata io-bench: {} on {} ({}), {} per run, O_DIRECT {}\n", opts.path, probe->fs_type,
                format_bytes(probe->free_bytes, true) + " free", format_bytes(*size, true),
@@ -293,17 +605,18 @@ int run_io_bench(const IoBenchOptions& opts) {
   }
   std::vector<TrialResult> all;
   std::vector<std::string> notes;
-  for (const Trial& t : trials) {
-    auto results = run_trial(file_path, *size, t, do_write, do_read, opts.sqpoll);
+  auto take = [&](Result<std::vector<TrialResult>> results) -> bool {
     if (!results.ok()) {
-      if (!keep) ::unlink(file_path.c_str());
-      return fail(results.status());
+      remove_test_file();
+      fail(results.status());
+      return false;
     }
     for (TrialResult& r : *results) {
       if (!opts.json) {
-        fmt::print("{:<9} {:<6} {:>10} {:>6} {:>8} {:>10} {:>9.3f} {:>8.3f}\n", r.engine, r.mode,
+        fmt::print("{:<9} {:<6} {:>10} {:>6} {:>8} {:>10} {:>9.3f} {:>8.3f}{}\n", r.engine, r.mode,
                    format_bytes(r.block_size, true), r.queue_depth, r.threads, format_bytes(r.bytes, true), r.seconds,
-                   r.gb_per_s);
+                   r.gb_per_s,
+                   r.variant == "swap" ? fmt::format("  swap, verify_writes {}", r.verify_writes ? "on" : "off") : "");
         std::fflush(stdout);
       }
       for (const std::string& n : r.notes) {
@@ -311,8 +624,21 @@ int run_io_bench(const IoBenchOptions& opts) {
       }
       all.push_back(std::move(r));
     }
+    return true;
+  };
+  for (const Trial& t : trials) {
+    if (opts.swap) {
+      for (bool vw : swap_verify_modes) {
+        if (!take(run_swap_trial(opts.path, *size, t, *tensor_bytes, *swap_inflight, vw, do_write, do_read,
+                                 opts.sqpoll))) {
+          return 1;
+        }
+      }
+    } else if (!take(run_trial(file_path, *size, t, do_write, do_read, opts.sqpoll))) {
+      return 1;
+    }
   }
-  if (!keep) ::unlink(file_path.c_str());
+  remove_test_file();
 
   nlohmann::ordered_json aio;
   if (opts.sweep) {
@@ -332,6 +658,7 @@ int run_io_bench(const IoBenchOptions& opts) {
     nlohmann::ordered_json out;
     out["results"] = nlohmann::ordered_json::array();
     for (const TrialResult& r : all) out["results"].push_back(result_json(r));
+    out["notes"] = notes;
     if (opts.sweep) out["aio"] = aio;
     fmt::print("{}\n", out.dump(2));
   } else {
@@ -365,6 +692,13 @@ CommandRegistration io_bench_command("io-bench", [](CLI::App& root) {
   cmd->add_flag("--sqpoll", opts->sqpoll, "io_uring: kernel submission-polling thread (costs a core)");
   cmd->add_option("--file", opts->file, "Use (and keep) this file name inside --path; reads skip the initial fill "
                                         "when it is already written");
+  cmd->add_flag("--overwrite", opts->overwrite, "Allow --file to name an existing file io-bench did not create");
+  cmd->add_flag("--swap", opts->swap, "Measure the engine's swap path: tensors through a SwapStore (checksums, "
+                                      "verified reads) from a registered SlotPool");
+  cmd->add_option("--tensor-size", opts->tensor_size, "--swap: bytes per tensor (default 64MiB)");
+  cmd->add_option("--swap-inflight", opts->swap_inflight, "--swap: tensors in flight (default 4)");
+  cmd->add_option("--swap-verify-writes", opts->swap_verify_writes,
+                  "--swap: on|off|both: read each write back before the index flips (default both)");
   cmd->callback([opts] { exit_with(run_io_bench(*opts)); });
 });
 

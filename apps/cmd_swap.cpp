@@ -6,7 +6,9 @@
 // `list` shows every <nvme_path>/strata-<job>/rank<R> folder as active (a
 // live job holds its lock), stale (its job died) or kept (closed cleanly
 // with keep_files). `clean` removes stale folders (and kept ones with
-// --include-kept); it never touches an active one.
+// --include-kept); it never touches an active one, never follows a symbolic
+// link and never removes anything outside --path (what it refused is printed
+// on stderr; see Note [No links in swap folders] in nvme/swap_dir.h).
 #include <ctime>
 #include <memory>
 #include <string>
@@ -45,8 +47,15 @@ void print_folders(const std::vector<nvme::SwapFolder>& folders) {
   }
 }
 
+// Entries list/clean did not follow or touch (links, odd lock files).
+void print_refused(const std::vector<std::string>& refused) {
+  for (const std::string& why : refused) fmt::print(stderr, "strata swap: refused: {}\n", why);
+}
+
 int run_list(const SwapCliOptions& opts) {
-  auto folders = nvme::list_swap_folders(opts.path);
+  std::vector<std::string> refused;
+  auto folders = nvme::list_swap_folders(opts.path, &refused);
+  print_refused(refused);
   if (!folders.ok()) {
     fmt::print(stderr, "strata swap list: {}\n", folders.status().to_string());
     return 1;
@@ -81,7 +90,9 @@ int run_clean(const SwapCliOptions& opts) {
     }
   }
   nvme::CleanOptions co{opts.job, opts.include_kept, opts.dry_run};
-  auto removed = nvme::clean_swap_folders(opts.path, co);
+  std::vector<std::string> refused;
+  auto removed = nvme::clean_swap_folders(opts.path, co, &refused);
+  print_refused(refused);
   if (!removed.ok()) {
     fmt::print(stderr, "strata swap clean: {}\n", removed.status().to_string());
     return 1;

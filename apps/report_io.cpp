@@ -40,7 +40,9 @@ void fill_io(nlohmann::json& s, const std::string& path) {
     p["free"] = format_bytes(probe->free_bytes, true);
     p["free_bytes"] = probe->free_bytes;
     p["total"] = format_bytes(probe->total_bytes, true);
-    auto folders = nvme::list_swap_folders(path);
+    std::vector<std::string> refused;  // links and odd lock files: never followed or read
+    auto folders = nvme::list_swap_folders(path, &refused);
+    if (!refused.empty()) p["swap_entries_not_followed"] = refused;
     if (folders.ok()) {
       size_t active = 0, stale = 0, kept = 0;
       for (const nvme::SwapFolder& f : *folders) {

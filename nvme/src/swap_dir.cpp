@@ -47,12 +47,14 @@ std::map<std::string, std::string> parse_lock_text(const std::string& text) {
   return kv;
 }
 
+// Reads at most kMaxLockFileBytes: see Note [No links in swap folders].
 std::string read_fd_text(int fd) {
   std::string text;
   char buf[512];
   off_t offset = 0;
-  while (true) {
-    ssize_t n = pread(fd, buf, sizeof(buf), offset);
+  while (text.size() < kMaxLockFileBytes) {
+    size_t want = std::min(sizeof(buf), kMaxLockFileBytes - text.size());
+    ssize_t n = pread(fd, buf, want, offset);
     if (n <= 0) break;
     text.append(buf, static_cast<size_t>(n));
     offset += n;
@@ -60,34 +62,102 @@ std::string read_fd_text(int fd) {
   return text;
 }
 
+const char* file_type_name(mode_t mode) {
+  if (S_ISLNK(mode)) return "a symbolic link";
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  return "a regular file";
+}
+
+std::string link_target(const std::string& path) {
+  std::error_code ec;
+  fs::path target = fs::read_symlink(path, ec);
+  return ec ? std::string("?") : target.string();
+}
+
+// Why `path` (an entry that must be a real directory) is refused, or "".
+std::string not_a_plain_directory(const std::string& path, const struct stat& st) {
+  if (S_ISLNK(st.st_mode)) {
+    return fmt::format("{} is a symbolic link (to {}): not followed; swap folders are never links, remove the link "
+                       "yourself if it is not needed",
+                       path, link_target(path));
+  }
+  if (!S_ISDIR(st.st_mode)) return fmt::format("{} is {}, not a swap folder: skipped", path, file_type_name(st.st_mode));
+  return "";
+}
+
+// Opens the lock file without following a link and without blocking on a
+// FIFO; -1 with `why` set when it is missing (why empty) or refused.
+int open_lock(int dir_fd, const std::string& lock_path, int flags, std::string* why) {
+  int fd = ::openat(dir_fd, kLockName, flags | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    int err = errno;
+    struct stat st {};
+    if (err != ENOENT && ::fstatat(dir_fd, kLockName, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+      *why = fmt::format("{} is {}, not a lock file: not read", lock_path, file_type_name(st.st_mode));
+    } else if (err != ENOENT) {
+      *why = fmt::format("{}: {}", lock_path, std::strerror(err));
+    }
+    return -1;
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    *why = fmt::format("{} is {}, not a lock file: not read", lock_path, file_type_name(st.st_mode));
+    ::close(fd);
+    return -1;
+  }
+  // Back to blocking mode for flock semantics; the file is regular, so reads never block.
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  return fd;
+}
+
 Status mkdir_one(const std::string& path) {
   if (::mkdir(path.c_str(), 0700) != 0 && errno != EEXIST) {
     return ErrnoStatus(errno, fmt::format("create swap folder {} (is the nvme_path writable?)", path));
   }
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return ErrnoStatus(errno, fmt::format("stat swap folder {}", path));
+  std::string why = not_a_plain_directory(path, st);
+  if (!why.empty()) return FailedPrecondition(why);
   return Status::Ok();
 }
 
-uint64_t allocated_bytes(const std::string& folder) {
+uint64_t allocated_bytes(int dir_fd) {
   uint64_t total = 0;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(folder, ec)) {
-    struct stat st {};
-    if (::stat(entry.path().c_str(), &st) == 0) total += static_cast<uint64_t>(st.st_blocks) * 512;
+  int fd = ::dup(dir_fd);
+  if (fd < 0) return 0;
+  DIR* dir = ::fdopendir(fd);
+  if (dir == nullptr) {
+    ::close(fd);
+    return 0;
   }
+  while (struct dirent* ent = ::readdir(dir)) {
+    struct stat st {};
+    if (::fstatat(dir_fd, ent->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode)) {
+      total += static_cast<uint64_t>(st.st_blocks) * 512;
+    }
+  }
+  ::closedir(dir);
   return total;
 }
 
 // Reads one rank folder's lock without disturbing a live owner.
-SwapFolder inspect(const std::string& folder, const std::string& job, int rank) {
+SwapFolder inspect(int rank_fd, const std::string& folder, const std::string& job, int rank,
+                   std::vector<std::string>* refused) {
   SwapFolder info;
   info.path = folder;
   info.job = job;
   info.rank = rank;
-  info.bytes = allocated_bytes(folder);
-  std::string lock_path = folder + "/" + kLockName;
-  int fd = ::open(lock_path.c_str(), O_RDONLY | O_CLOEXEC);
+  info.bytes = allocated_bytes(rank_fd);
+  std::string why;
+  int fd = open_lock(rank_fd, folder + "/" + kLockName, O_RDONLY, &why);
   if (fd < 0) {
-    info.state = SwapFolderState::kStale;  // no lock file: nobody can be using it
+    // No lock file (or one that is not a file): nobody can be using the folder.
+    info.state = SwapFolderState::kStale;
+    if (!why.empty() && refused != nullptr) refused->push_back(why + "; the folder counts as stale");
     return info;
   }
   auto kv = parse_lock_text(read_fd_text(fd));
@@ -103,6 +173,66 @@ SwapFolder inspect(const std::string& folder, const std::string& job, int rank) 
   ::close(fd);
   return info;
 }
+
+// A directory opened below `parent_fd` without following a link; -1 with
+// errno set (ELOOP / ENOTDIR for a link or a non-directory).
+int open_dir_at(int parent_fd, const std::string& name) {
+  return ::openat(parent_fd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+}
+
+bool same_inode(int fd, uint64_t dev, uint64_t ino) {
+  struct stat st {};
+  return ::fstat(fd, &st) == 0 && static_cast<uint64_t>(st.st_dev) == dev && static_cast<uint64_t>(st.st_ino) == ino;
+}
+
+// Removes everything below the open directory `dir_fd` with unlinkat, never
+// following a link (a link is removed, not its target), and never crossing
+// into another file system.
+Status remove_contents_at(int dir_fd, const std::string& where, dev_t dev, int depth) {
+  if (depth > 64) return FailedPrecondition(fmt::format("{}: nested more than 64 folders deep; not removed", where));
+  int fd = ::dup(dir_fd);
+  if (fd < 0) return ErrnoStatus(errno, fmt::format("open {}", where));
+  DIR* dir = ::fdopendir(fd);
+  if (dir == nullptr) {
+    int err = errno;
+    ::close(fd);
+    return ErrnoStatus(err, fmt::format("list {}", where));
+  }
+  std::vector<std::string> names;
+  while (struct dirent* ent = ::readdir(dir)) {
+    std::string name = ent->d_name;
+    if (name != "." && name != "..") names.push_back(std::move(name));
+  }
+  ::closedir(dir);
+  for (const std::string& name : names) {
+    std::string path = where + "/" + name;
+    struct stat st {};
+    if (::fstatat(dir_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    if (S_ISDIR(st.st_mode)) {
+      if (st.st_dev != dev) return FailedPrecondition(fmt::format("{} is a mount point: not removed", path));
+      int sub = open_dir_at(dir_fd, name);
+      if (sub < 0) return ErrnoStatus(errno, fmt::format("open {} (not following links)", path));
+      Status st_sub = remove_contents_at(sub, path, dev, depth + 1);
+      ::close(sub);
+      STRATA_RETURN_IF_ERROR(st_sub);
+      if (::unlinkat(dir_fd, name.c_str(), AT_REMOVEDIR) != 0) return ErrnoStatus(errno, fmt::format("remove {}", path));
+    } else if (::unlinkat(dir_fd, name.c_str(), 0) != 0) {
+      return ErrnoStatus(errno, fmt::format("remove {}", path));
+    }
+  }
+  return Status::Ok();
+}
+
+// RAII close of a descriptor.
+struct Fd {
+  int fd = -1;
+  explicit Fd(int f) : fd(f) {}
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
 
 }  // namespace
 
@@ -130,53 +260,129 @@ Status validate_job_name(const std::string& job) {
   return Status::Ok();
 }
 
-Result<std::vector<SwapFolder>> list_swap_folders(const std::string& nvme_path) {
-  std::error_code ec;
-  if (!fs::is_directory(nvme_path, ec)) {
-    return NotFound(fmt::format("nvme_path {} is not a directory", nvme_path));
+Result<std::vector<SwapFolder>> list_swap_folders(const std::string& nvme_path, std::vector<std::string>* refused) {
+  Fd root(::open(nvme_path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (root.fd < 0) {
+    int err = errno;
+    if (err == ENOENT || err == ENOTDIR) return NotFound(fmt::format("nvme_path {} is not a directory", nvme_path));
+    return ErrnoStatus(err, fmt::format("open nvme_path {}", nvme_path));
+  }
+  std::vector<std::string> job_names;
+  {
+    int fd = ::dup(root.fd);
+    DIR* dir = fd >= 0 ? ::fdopendir(fd) : nullptr;
+    if (dir == nullptr) {
+      int err = errno;
+      if (fd >= 0) ::close(fd);
+      return ErrnoStatus(err, fmt::format("list {}", nvme_path));
+    }
+    while (struct dirent* ent = ::readdir(dir)) {
+      std::string name = ent->d_name;
+      if (name.rfind(kJobPrefix, 0) == 0) job_names.push_back(std::move(name));
+    }
+    ::closedir(dir);
   }
   std::vector<SwapFolder> folders;
-  for (const auto& job_entry : fs::directory_iterator(nvme_path, ec)) {
-    std::string name = job_entry.path().filename().string();
-    if (name.rfind(kJobPrefix, 0) != 0 || !job_entry.is_directory()) continue;
+  auto refuse = [&](std::string why) {
+    if (refused != nullptr) refused->push_back(std::move(why));
+  };
+  for (const std::string& name : job_names) {
+    std::string job_path = nvme_path + "/" + name;
+    struct stat jst {};
+    if (::fstatat(root.fd, name.c_str(), &jst, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    std::string why = not_a_plain_directory(job_path, jst);
+    if (!why.empty()) {
+      refuse(why);
+      continue;
+    }
+    Fd job_fd(open_dir_at(root.fd, name));
+    if (job_fd.fd < 0 || !same_inode(job_fd.fd, jst.st_dev, jst.st_ino)) {
+      refuse(fmt::format("{} changed while listed (or cannot be opened): skipped", job_path));
+      continue;
+    }
     std::string job = name.substr(std::strlen(kJobPrefix));
-    std::error_code ec2;
-    for (const auto& rank_entry : fs::directory_iterator(job_entry.path(), ec2)) {
-      std::string rank_name = rank_entry.path().filename().string();
-      if (rank_name.rfind("rank", 0) != 0 || !rank_entry.is_directory()) continue;
-      int rank = std::atoi(rank_name.c_str() + 4);
-      folders.push_back(inspect(rank_entry.path().string(), job, rank));
+    std::vector<std::string> rank_names;
+    {
+      int fd = ::dup(job_fd.fd);
+      DIR* dir = fd >= 0 ? ::fdopendir(fd) : nullptr;
+      if (dir == nullptr) {
+        if (fd >= 0) ::close(fd);
+        continue;
+      }
+      while (struct dirent* ent = ::readdir(dir)) {
+        std::string rname = ent->d_name;
+        if (rname.rfind("rank", 0) == 0) rank_names.push_back(std::move(rname));
+      }
+      ::closedir(dir);
+    }
+    for (const std::string& rname : rank_names) {
+      std::string rank_path = job_path + "/" + rname;
+      struct stat rst {};
+      if (::fstatat(job_fd.fd, rname.c_str(), &rst, AT_SYMLINK_NOFOLLOW) != 0) continue;
+      std::string rwhy = not_a_plain_directory(rank_path, rst);
+      if (!rwhy.empty()) {
+        refuse(rwhy);
+        continue;
+      }
+      Fd rank_fd(open_dir_at(job_fd.fd, rname));
+      if (rank_fd.fd < 0 || !same_inode(rank_fd.fd, rst.st_dev, rst.st_ino)) {
+        refuse(fmt::format("{} changed while listed (or cannot be opened): skipped", rank_path));
+        continue;
+      }
+      SwapFolder f = inspect(rank_fd.fd, rank_path, job, std::atoi(rname.c_str() + 4), refused);
+      f.job_dev = jst.st_dev;
+      f.job_ino = jst.st_ino;
+      f.rank_dev = rst.st_dev;
+      f.rank_ino = rst.st_ino;
+      folders.push_back(std::move(f));
     }
   }
   std::sort(folders.begin(), folders.end(), [](const SwapFolder& a, const SwapFolder& b) {
-    return std::tie(a.job, a.rank) < std::tie(b.job, b.rank);
+    return std::tie(a.job, a.rank, a.path) < std::tie(b.job, b.rank, b.path);
   });
-  if (ec) return ErrnoStatus(ec.value(), fmt::format("list {}", nvme_path));
   return folders;
 }
 
-Result<std::vector<SwapFolder>> clean_swap_folders(const std::string& nvme_path, const CleanOptions& options) {
-  STRATA_ASSIGN_OR_RETURN(std::vector<SwapFolder> folders, list_swap_folders(nvme_path));
+Result<std::vector<SwapFolder>> clean_swap_folders(const std::string& nvme_path, const CleanOptions& options,
+                                                   std::vector<std::string>* refused) {
+  STRATA_ASSIGN_OR_RETURN(std::vector<SwapFolder> folders, list_swap_folders(nvme_path, refused));
+  auto refuse = [&](std::string why) {
+    if (refused != nullptr) refused->push_back(std::move(why));
+  };
   std::vector<SwapFolder> removed;
+  Fd root(::open(nvme_path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (root.fd < 0) return ErrnoStatus(errno, fmt::format("open nvme_path {}", nvme_path));
   for (const SwapFolder& f : folders) {
     if (!options.job.empty() && f.job != options.job) continue;
     if (f.state == SwapFolderState::kActive) continue;
     if (f.state == SwapFolderState::kKept && !options.include_kept) continue;
     if (!options.dry_run) {
-      // Take the lock while removing so a job starting now cannot race us.
-      std::string lock_path = f.path + "/" + kLockName;
-      int fd = ::open(lock_path.c_str(), O_RDWR | O_CLOEXEC);
-      if (fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) != 0) {
-        ::close(fd);
-        continue;  // became active meanwhile
+      // Reopen both folders below the nvme_path without following links and
+      // check they are the ones listed (see Note [No links in swap folders]).
+      const std::string job_name = std::string(kJobPrefix) + f.job;
+      const std::string rank_name = fs::path(f.path).filename().string();
+      Fd job_fd(open_dir_at(root.fd, job_name));
+      if (job_fd.fd < 0 || !same_inode(job_fd.fd, f.job_dev, f.job_ino)) {
+        refuse(fmt::format("{}/{} was replaced (by a link?) after it was listed: not followed, nothing removed",
+                           nvme_path, job_name));
+        continue;
       }
-      std::error_code ec;
-      fs::remove_all(f.path, ec);
-      if (fd >= 0) ::close(fd);
-      if (ec) return ErrnoStatus(ec.value(), fmt::format("remove stale swap folder {}", f.path));
-      std::error_code ec2;
-      fs::path job_dir = fs::path(f.path).parent_path();
-      if (fs::is_empty(job_dir, ec2)) fs::remove(job_dir, ec2);
+      Fd rank_fd(open_dir_at(job_fd.fd, rank_name));
+      if (rank_fd.fd < 0 || !same_inode(rank_fd.fd, f.rank_dev, f.rank_ino)) {
+        refuse(fmt::format("{} was replaced (by a link?) after it was listed: not followed, nothing removed", f.path));
+        continue;
+      }
+      // Take the lock while removing so a job starting now cannot race us.
+      std::string why;
+      Fd lock_fd(open_lock(rank_fd.fd, f.path + "/" + kLockName, O_RDWR, &why));
+      if (lock_fd.fd >= 0 && flock(lock_fd.fd, LOCK_EX | LOCK_NB) != 0) continue;  // became active meanwhile
+      STRATA_RETURN_IF_ERROR(remove_contents_at(rank_fd.fd, f.path, static_cast<dev_t>(f.rank_dev), 0)
+                                 .with_context("remove stale swap folder"));
+      if (::unlinkat(job_fd.fd, rank_name.c_str(), AT_REMOVEDIR) != 0) {
+        return ErrnoStatus(errno, fmt::format("remove stale swap folder {}", f.path));
+      }
+      // The job folder goes when it is left empty (ENOTEMPTY otherwise: kept).
+      ::unlinkat(root.fd, job_name.c_str(), AT_REMOVEDIR);
     }
     removed.push_back(f);
   }
@@ -188,12 +394,30 @@ Result<std::vector<SwapFolder>> clean_swap_folders(const std::string& nvme_path,
 Result<SwapFolderLock> SwapFolderLock::acquire(const std::string& folder, const std::string& job, int rank) {
   fs::path rank_dir(folder);
   STRATA_RETURN_IF_ERROR(mkdir_one(rank_dir.parent_path().string()));
-  std::error_code ec;
-  bool existed = fs::exists(rank_dir, ec);
+  struct stat existing {};
+  bool existed = ::lstat(folder.c_str(), &existing) == 0;
   STRATA_RETURN_IF_ERROR(mkdir_one(folder));
   std::string lock_path = folder + "/" + kLockName;
-  int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (fd < 0) return ErrnoStatus(errno, fmt::format("open swap lock file {}", lock_path));
+  int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    int err = errno;
+    struct stat st {};
+    if (::lstat(lock_path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+      return FailedPrecondition(fmt::format("{} is {}, not a lock file; remove it (swap folders hold only Strata's "
+                                            "files)",
+                                            lock_path, file_type_name(st.st_mode)));
+    }
+    return ErrnoStatus(err, fmt::format("open swap lock file {}", lock_path));
+  }
+  {
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd);
+      return FailedPrecondition(fmt::format("{} is {}, not a lock file; remove it", lock_path,
+                                            file_type_name(st.st_mode)));
+    }
+    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  }
   if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
     int err = errno;
     auto kv = parse_lock_text(read_fd_text(fd));

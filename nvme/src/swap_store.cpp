@@ -31,56 +31,23 @@
 #include "strata/nvme/aligned_buffer.h"
 #include "strata/nvme/checksum.h"
 #include "strata/nvme/fs_probe.h"
+#include "strata/nvme/swap_index.h"
 #include "swap_op.h"
 #include "verify_pool.h"
 
 namespace strata::nvme {
 namespace {
 
-constexpr char kMagic[8] = {'S', 'T', 'R', 'S', 'W', 'A', 'P', '1'};
-// 2: per-block checksums and runs (1: one checksum per extent).
-constexpr uint32_t kVersion = 2;
-constexpr uint64_t kHeaderPage = 4096;
+using swap_index::DiskHeader;
+using swap_index::header_checksum;
+using swap_index::kEntryValid;
+using swap_index::kHeaderPage;
+using swap_index::kMagic;
+using swap_index::kMaxChecksumBlock;
+using swap_index::kVersion;
 constexpr const char* kSwapFileName = "swap.bin";
 // Reads are issued in chunks of about this size so verification overlaps the I/O.
 constexpr uint64_t kVerifyChunkBytes = 8u << 20;
-constexpr uint64_t kMaxChecksumBlock = 8u << 20;
-
-struct DiskHeader {
-  char magic[8];
-  uint32_t version;
-  uint32_t path_index;
-  uint32_t path_count;
-  int32_t rank;
-  uint64_t stripe_bytes;
-  uint64_t index_bytes;
-  uint64_t data_bytes_per_file;
-  uint64_t granularity;
-  uint64_t checksum_block;
-  uint64_t entry_count;
-  uint64_t table_bytes;
-  uint64_t generation;
-  uint64_t table_checksum;
-  char job[72];
-  uint64_t header_checksum;  // XXH3 of every byte before this field
-};
-static_assert(sizeof(DiskHeader) < kHeaderPage);
-
-struct DiskRecord {
-  uint64_t id;
-  uint64_t bytes;
-  uint64_t flags;
-  uint64_t run_count;
-  uint64_t block_count;
-};
-struct DiskRun {
-  uint64_t tensor_offset;
-  uint64_t length;
-  uint64_t data_offset;
-};
-constexpr uint64_t kEntryValid = 1;
-
-uint64_t header_checksum(const DiskHeader& h) { return checksum64(&h, offsetof(DiskHeader, header_checksum)); }
 
 }  // namespace
 
@@ -364,35 +331,33 @@ Status SwapStore::read_index() {
   DiskHeader first{};
   for (size_t i = 0; i < files_.size(); ++i) {
     STRATA_RETURN_IF_ERROR(engine_.read_sync(files_[i].file, 0, kHeaderPage, page.data()));
-    DiskHeader h{};
-    std::memcpy(&h, page.data(), sizeof(h));
     const std::string& path = files_[i].file_path;
-    if (std::memcmp(h.magic, kMagic, sizeof(kMagic)) != 0) {
-      return DataLoss(fmt::format("{} is not a Strata swap file (bad magic)", path));
-    }
-    // The version comes before the header checksum: the header's layout depends on it.
-    if (h.version != kVersion) {
-      return Unsupported(fmt::format(
-          "{}: swap index format version {}, this build reads version {} only (version 2 keeps one checksum per "
-          "{} block for range I/O; version 1 kept one per extent). Rewrite the tensors with the build that wrote "
-          "them, or remove the kept store with `strata swap clean --path {} --job {} --include-kept`",
-          path, h.version, kVersion, "checksum", options_.paths[i], options_.job));
-    }
-    if (h.header_checksum != header_checksum(h)) {
-      return DataLoss(fmt::format("{}: header checksum mismatch (stored {:016x}, computed {:016x})", path,
-                                  h.header_checksum, header_checksum(h)));
-    }
+    STRATA_ASSIGN_OR_RETURN(
+        DiskHeader h,
+        swap_index::decode_header(page.data(), kHeaderPage, path,
+                                  fmt::format("remove the kept store with `strata swap clean --path {} --job {} "
+                                              "--include-kept`",
+                                              options_.paths[i], options_.job)));
     if (h.path_index != i || h.path_count != files_.size() || h.rank != options_.rank ||
-        std::string(h.job, strnlen(h.job, sizeof(h.job))) != options_.job) {
+        swap_index::header_job(h) != options_.job) {
       return InvalidArgument(fmt::format(
           "{}: belongs to job '{}' rank {} as path {} of {}, but was opened as job '{}' rank {} path {} of {}; "
           "give the same nvme_paths in the same order",
-          path, std::string(h.job, strnlen(h.job, sizeof(h.job))), h.rank, h.path_index, h.path_count, options_.job,
-          options_.rank, i, files_.size()));
+          path, swap_index::header_job(h), h.rank, h.path_index, h.path_count, options_.job, options_.rank, i,
+          files_.size()));
     }
     if (i == 0) first = h;
-    else if (h.stripe_bytes != first.stripe_bytes || h.data_bytes_per_file != first.data_bytes_per_file) {
+    else if (h.stripe_bytes != first.stripe_bytes || h.data_bytes_per_file != first.data_bytes_per_file ||
+             h.index_bytes != first.index_bytes) {
       return DataLoss(fmt::format("{}: stripe or size differs from {}", path, files_[0].file_path));
+    }
+    // Every extent the index describes must lie inside the file.
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) return ErrnoStatus(errno, fmt::format("stat {}", path));
+    if (static_cast<uint64_t>(st.st_size) < h.index_bytes + h.data_bytes_per_file) {
+      return DataLoss(fmt::format("{} is truncated: {} bytes, its header describes {} (index {} + data {})", path,
+                                  st.st_size, h.index_bytes + h.data_bytes_per_file, h.index_bytes,
+                                  h.data_bytes_per_file));
     }
   }
   options_.stripe_bytes = first.stripe_bytes;
@@ -401,71 +366,32 @@ Status SwapStore::read_index() {
   granularity_ = first.granularity;
   generation_ = first.generation;
   const std::string& path0 = files_[0].file_path;
-  if (first.checksum_block == 0 || first.checksum_block % kHeaderPage != 0 ||
-      first.checksum_block > kMaxChecksumBlock || first.granularity == 0 || first.checksum_block % first.granularity != 0) {
-    return DataLoss(fmt::format("{}: invalid checksum block {} / granularity {} in the header", path0,
-                                first.checksum_block, first.granularity));
-  }
   set_block(first.checksum_block);
   options_.checksum_block_bytes = first.checksum_block;
   options_.capacity_bytes = data_bytes_per_file_ * files_.size();
   allocator_ = std::make_unique<ExtentAllocator>(data_bytes_per_file_ * files_.size(), granularity_);
-  const uint64_t table_bytes = first.table_bytes;
-  if (table_bytes > index_capacity() || table_bytes % sizeof(uint64_t) != 0) {
-    return DataLoss(fmt::format("{}: index claims a {} byte table, room for {}", path0, table_bytes,
-                                index_capacity()));
+  if (first.table_bytes == 0 && first.entry_count == 0) return Status::Ok();
+  uint64_t read_bytes = (first.table_bytes + kHeaderPage - 1) / kHeaderPage * kHeaderPage;
+  STRATA_ASSIGN_OR_RETURN(AlignedBuffer table_buf, AlignedBuffer::allocate(std::max(read_bytes, kHeaderPage),
+                                                                           kHeaderPage));
+  if (read_bytes != 0) {
+    STRATA_RETURN_IF_ERROR(engine_.read_sync(files_[0].file, kHeaderPage, read_bytes, table_buf.data()));
   }
-  if (table_bytes == 0) return Status::Ok();
-  uint64_t read_bytes = (table_bytes + kHeaderPage - 1) / kHeaderPage * kHeaderPage;
-  STRATA_ASSIGN_OR_RETURN(AlignedBuffer table_buf, AlignedBuffer::allocate(read_bytes, kHeaderPage));
-  STRATA_RETURN_IF_ERROR(engine_.read_sync(files_[0].file, kHeaderPage, read_bytes, table_buf.data()));
-  uint64_t actual = checksum64(table_buf.data(), table_bytes);
-  if (actual != first.table_checksum) {
-    return DataLoss(fmt::format("{}: swap index checksum mismatch (stored {:016x}, computed {:016x})", path0,
-                                first.table_checksum, actual));
-  }
-  std::vector<uint64_t> table(table_bytes / sizeof(uint64_t));
-  std::memcpy(table.data(), table_buf.data(), table_bytes);
-  size_t at = 0;
-  auto take = [&](size_t n) -> const uint64_t* {
-    if (table.size() - at < n) return nullptr;
-    const uint64_t* p = table.data() + at;
-    at += n;
-    return p;
-  };
+  STRATA_ASSIGN_OR_RETURN(std::vector<swap_index::IndexEntry> decoded,
+                          swap_index::decode_table(first, table_buf.data(), read_bytes, path0));
   std::lock_guard<std::mutex> lock(mu_);
-  for (uint64_t t = 0; t < first.entry_count; ++t) {
-    const uint64_t* rec = take(5);
-    if (rec == nullptr) return DataLoss(fmt::format("{}: index table ends inside tensor record {}", path0, t));
+  for (swap_index::IndexEntry& d : decoded) {
     Entry e;
-    e.id = rec[0];
-    e.bytes = rec[1];
-    e.valid = (rec[2] & kEntryValid) != 0;
-    const uint64_t run_count = rec[3];
-    const uint64_t block_count = rec[4];
-    auto bad = [&](const std::string& why) {
-      return DataLoss(fmt::format("{}: index entry for tensor {} is invalid: {}", path0, e.id, why));
-    };
-    if (block_count != (e.bytes + block_ - 1) / block_) {
-      return bad(fmt::format("{} block checksums for {} bytes", block_count, e.bytes));
-    }
-    const uint64_t* runs = run_count <= table.size() ? take(3 * run_count) : nullptr;
-    const uint64_t* sums = runs != nullptr && block_count <= table.size() ? take(block_count) : nullptr;
-    if (sums == nullptr && block_count != 0) return bad("the table ends inside its runs or checksums");
-    uint64_t covered = 0;
-    for (uint64_t r = 0; r < run_count; ++r) {
-      SwapRun run{runs[3 * r], runs[3 * r + 1], runs[3 * r + 2]};
-      if (run.tensor_offset != covered || run.length == 0 || run.data_offset % granularity_ != 0) {
-        return bad(fmt::format("run {} [{}, +{}) at data address {} does not continue at byte {}", r,
-                               run.tensor_offset, run.length, run.data_offset, covered));
-      }
+    e.id = d.id;
+    e.bytes = d.bytes;
+    e.valid = d.valid;
+    e.runs = std::move(d.runs);
+    e.sums = std::move(d.sums);
+    for (const SwapRun& run : e.runs) {
+      // The decoder checked the runs do not overlap; the allocator must agree.
       Status st = allocator_->reserve(Extent{run.data_offset, allocator_->round_up(run.length)});
-      if (!st.ok()) return bad(fmt::format("run {} overlaps other data: {}", r, st.message()));
-      covered += run.length;
-      e.runs.push_back(run);
+      if (!st.ok()) return DataLoss(fmt::format("{}: tensor {}: {}", path0, e.id, st.message()));
     }
-    if (covered != e.bytes) return bad(fmt::format("runs cover {} of {} bytes", covered, e.bytes));
-    e.sums.assign(sums, sums + block_count);
     table_bytes_ += record_bytes(e);
     entries_[e.id] = std::move(e);
   }

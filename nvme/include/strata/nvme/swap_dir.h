@@ -6,6 +6,16 @@
 // dead job. The lock file records pid, host, start time and a state:
 // `open` while in use (a dead job leaves it: stale) or `kept` when the job
 // closed cleanly and asked to keep its swap files for a later reopen.
+//
+// Note [No links in swap folders]
+// An nvme_path may be shared, so its `strata-*` entries are hostile input:
+// a symbolic link there must never lead list, clean or a store outside the
+// folder it was given. Job and rank folders are opened with O_NOFOLLOW and
+// checked by device and inode between listing and removal; removal works
+// below the opened folder (unlinkat), so it never follows a link either.
+// The lock file is opened O_NONBLOCK | O_NOFOLLOW, must be a regular file
+// and is read up to kMaxLockFileBytes, so a FIFO or a link to /dev/zero can
+// neither block nor exhaust memory.
 
 #include <cstdint>
 #include <string>
@@ -31,15 +41,25 @@ struct SwapFolder {
   std::string host;
   int64_t started_unix = 0;
   uint64_t bytes = 0;    // allocated on disk by the folder's files
+  // Identity of the job and rank folders when listed (clean removes only
+  // the same folders).
+  uint64_t job_dev = 0, job_ino = 0, rank_dev = 0, rank_ino = 0;
 };
+
+// Lock files hold a few short lines; longer ones are read only this far.
+inline constexpr size_t kMaxLockFileBytes = 4096;
 
 // `<nvme_path>/strata-<job>/rank<rank>`
 std::string swap_folder_path(const std::string& nvme_path, const std::string& job, int rank);
 // Checks a job name: 1-64 characters of [A-Za-z0-9._-].
 Status validate_job_name(const std::string& job);
 
-// Every rank folder of every job under `nvme_path`.
-Result<std::vector<SwapFolder>> list_swap_folders(const std::string& nvme_path);
+// Every rank folder of every job under `nvme_path`. Entries that are not
+// followed (a `strata-*` or `rank*` entry that is a symbolic link or not a
+// directory, a lock that is not a regular file) are described in `refused`
+// when given; a folder whose lock is not a regular file is listed as stale.
+Result<std::vector<SwapFolder>> list_swap_folders(const std::string& nvme_path,
+                                                  std::vector<std::string>* refused = nullptr);
 
 struct CleanOptions {
   std::string job;            // empty: every job
@@ -48,15 +68,20 @@ struct CleanOptions {
 };
 // Removes stale (and, if asked, kept) rank folders, and job folders left
 // empty. Never touches active folders. Returns the folders removed (or that
-// would be, for a dry run).
-Result<std::vector<SwapFolder>> clean_swap_folders(const std::string& nvme_path, const CleanOptions& options);
+// would be, for a dry run). Never follows a symbolic link and never removes
+// anything outside `nvme_path`; what it refused to touch is described in
+// `refused` when given.
+Result<std::vector<SwapFolder>> clean_swap_folders(const std::string& nvme_path, const CleanOptions& options,
+                                                   std::vector<std::string>* refused = nullptr);
 
 // RAII exclusive lock on a rank folder (internal to the swap store, public
 // for tests and tools).
 class SwapFolderLock {
  public:
   // Creates the folder (0700) if needed and takes the lock. Fails with
-  // FailedPrecondition naming the owner when another process holds it.
+  // FailedPrecondition naming the owner when another process holds it, and
+  // when the job or rank folder or the lock is a symbolic link or not of
+  // the expected type (see Note [No links in swap folders]).
   static Result<SwapFolderLock> acquire(const std::string& folder, const std::string& job, int rank);
   SwapFolderLock() = default;
   SwapFolderLock(SwapFolderLock&& other) noexcept;
