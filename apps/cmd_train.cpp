@@ -182,6 +182,7 @@ int run_train(TrainCliOptions o) {
   const DeviceChoice choice = resolve_device_kind(t.device);
   DeviceOptions dopt;
   dopt.device_memory_bytes = t.device_memory_bytes;
+  dopt.cuda_memory_limit_bytes = t.device_memory_bytes;  // 0: the whole GPU
   if (choice.kind == DeviceKind::kCpu && dopt.device_memory_bytes == 0)
     dopt.device_memory_bytes = default_cpu_device_bytes();
   Result<std::unique_ptr<Device>> device_r = make_device(choice.kind, dopt);

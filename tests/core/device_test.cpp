@@ -333,6 +333,23 @@ TEST_P(DeviceTest, OutOfMemoryNamesRequestedInUseAndLimit) {
   }
 }
 
+TEST_P(DeviceTest, CudaMemoryLimitCapsStrataAllocations) {
+  if (is_cpu()) GTEST_SKIP() << "the cpu device's capacity is device_memory_bytes (tested above)";
+  DeviceOptions options;
+  options.cuda_memory_limit_bytes = 64u << 20;
+  auto capped = make_device("cuda", options);
+  ASSERT_TRUE(capped.ok()) << capped.status().to_string();
+  EXPECT_EQ((*capped)->caps().memory_bytes, 64u << 20);
+  auto a = (*capped)->allocate(48u << 20);
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  auto b = (*capped)->allocate(17u << 20);
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), StatusCode::kOutOfMemory);
+  EXPECT_NE(b.status().message().find("--device-memory"), std::string::npos) << b.status().message();
+  a->reset();
+  EXPECT_TRUE((*capped)->allocate(17u << 20).ok());  // the cap is returned by frees
+}
+
 TEST_P(DeviceTest, CapacityIsReturnedByFreeAndFreeAsync) {
   if (!is_cpu()) GTEST_SKIP() << "exact capacity accounting is a cpu-device property";
   std::vector<DeviceBuffer> buffers;
@@ -436,6 +453,11 @@ TEST_P(DeviceTest, RecordCompletionChainsHostCodeOntoStreamWork) {
   EXPECT_EQ(chained.load(), 0);
   gate.open();
   ASSERT_TRUE(c.wait_for(kDeadlockGuard));
+  // Callbacks run right after the outcome is published (waiters may wake
+  // first), so give the completing thread a moment.
+  const auto deadline = std::chrono::steady_clock::now() + kDeadlockGuard;
+  while (chained.load() == 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   EXPECT_EQ(chained.load(), 1);
   ASSERT_TRUE(s->synchronize().ok());
 }

@@ -8,6 +8,9 @@
 //    pointer is handed out, so the buffer is usable on any stream.
 //    DeviceBuffer's destructor synchronizes the device before cudaFreeAsync
 //    (like cudaFree); Stream::free_async frees in that stream's order.
+//  - DeviceOptions::cuda_memory_limit_bytes caps Strata's allocations
+//    (--device-memory on a GPU), so a run can be held below the GPU's size
+//    and out-of-memory paths are testable; caps().memory_bytes reports it.
 //  - Streams are non-blocking (they do not synchronize with the legacy
 //    default stream); events are created with timing enabled so
 //    elapsed_ms works.
@@ -38,6 +41,7 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <memory>
@@ -390,12 +394,13 @@ Completion CudaStream::record_completion() {
 
 class CudaDevice final : public Device {
  public:
-  CudaDevice(int ordinal, cudaStream_t alloc_stream, const cudaDeviceProp& prop)
-      : ordinal_(ordinal), alloc_stream_(alloc_stream) {
+  CudaDevice(int ordinal, cudaStream_t alloc_stream, const cudaDeviceProp& prop, uint64_t limit_bytes)
+      : ordinal_(ordinal), alloc_stream_(alloc_stream),
+        limit_bytes_(limit_bytes != 0 ? std::min<uint64_t>(limit_bytes, prop.totalGlobalMem) : prop.totalGlobalMem) {
     caps_.backend = "cuda";
     caps_.name = prop.name;
     caps_.ordinal = ordinal;
-    caps_.memory_bytes = prop.totalGlobalMem;
+    caps_.memory_bytes = limit_bytes_;
     caps_.allocation_alignment = 256;
     caps_.copy_engines = prop.asyncEngineCount;
     caps_.async_copies = true;
@@ -413,6 +418,26 @@ class CudaDevice final : public Device {
 
   Result<DeviceBuffer> allocate(size_t bytes) override {
     if (bytes == 0) return DeviceBuffer();
+    {
+      // Reserve under the cap first, so concurrent allocations cannot both pass it.
+      std::lock_guard<std::mutex> lock(cap_mutex_);
+      if (bytes > limit_bytes_ || reserved_bytes_ > limit_bytes_ - bytes)
+        return OutOfMemory(fmt::format(
+            "cuda:{} out of memory under its cap: requested {} ({} bytes), in use by Strata {}, limit {}; raise "
+            "--device-memory (strata.device_memory), free buffers, or offload more state",
+            ordinal_, format_bytes(bytes, true), bytes, format_bytes(reserved_bytes_, true),
+            format_bytes(limit_bytes_, true)));
+      reserved_bytes_ += bytes;
+    }
+    struct Unreserve {
+      CudaDevice* device;
+      uint64_t bytes;
+      ~Unreserve() {
+        if (device == nullptr) return;
+        std::lock_guard<std::mutex> lock(device->cap_mutex_);
+        device->reserved_bytes_ -= bytes;
+      }
+    } unreserve{this, bytes};
     STRATA_CUDA(cudaSetDevice(ordinal_), ordinal_);
     void* data = nullptr;
     const cudaError_t err = cudaMallocAsync(&data, bytes, alloc_stream_);
@@ -429,6 +454,7 @@ class CudaDevice final : public Device {
     STRATA_RETURN_IF_ERROR(cuda_status(err, "cudaMallocAsync", ordinal_));
     STRATA_CUDA(cudaStreamSynchronize(alloc_stream_), ordinal_);
     stats_.on_allocate(Tier::kDevice, bytes);
+    unreserve.device = nullptr;  // the reservation now belongs to the buffer
     return wrap_buffer(data, bytes);
   }
 
@@ -512,12 +538,17 @@ class CudaDevice final : public Device {
     cudaFreeAsync(data, alloc_stream_);
     cudaStreamSynchronize(alloc_stream_);
     stats_.on_free(Tier::kDevice, bytes);
+    std::lock_guard<std::mutex> lock(cap_mutex_);
+    reserved_bytes_ -= bytes;
   }
 
  private:
   DeviceCaps caps_;
   int ordinal_;
   cudaStream_t alloc_stream_;
+  const uint64_t limit_bytes_;  // DeviceOptions::cuda_memory_limit_bytes or the GPU's memory
+  std::mutex cap_mutex_;
+  uint64_t reserved_bytes_ = 0;  // allocated or being allocated, against limit_bytes_
 };
 
 Status CudaStream::free_async(DeviceBuffer&& buffer) {
@@ -576,7 +607,8 @@ Result<std::unique_ptr<Device>> make_cuda_device(const DeviceOptions& options) {
   STRATA_CUDA(cudaGetDeviceProperties(&prop, options.ordinal), options.ordinal);
   cudaStream_t alloc_stream = nullptr;
   STRATA_CUDA(cudaStreamCreateWithFlags(&alloc_stream, cudaStreamNonBlocking), options.ordinal);
-  return std::unique_ptr<Device>(std::make_unique<CudaDevice>(options.ordinal, alloc_stream, prop));
+  return std::unique_ptr<Device>(
+      std::make_unique<CudaDevice>(options.ordinal, alloc_stream, prop, options.cuda_memory_limit_bytes));
 }
 
 }  // namespace strata::detail

@@ -59,6 +59,9 @@ struct DeviceCaps {
 // Options for make_device(). Unused fields are ignored by a backend.
 struct DeviceOptions {
   uint64_t device_memory_bytes = uint64_t{1} << 30;  // cpu: capacity (--device-memory)
+  // cuda: a cap on Strata's own allocations (--device-memory), so a run can
+  // be held to less than the GPU's memory; 0 = the GPU's memory.
+  uint64_t cuda_memory_limit_bytes = 0;
   int ordinal = 0;                                   // cuda: which GPU
 };
 
