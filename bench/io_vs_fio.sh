@@ -20,10 +20,15 @@
 # Usage: bench/io_vs_fio.sh --path DIR [--strata BUILD/apps/strata] [--size 1G]
 #                           [--bs 1M] [--qd 32] [--threads 1] [--pairs 4]
 #                           [--mode read|write|both] [--engine io_uring|libaio|psync|auto]
-#                           [--swap] [--tensor-size 64M]
+#                           [--swap] [--tensor-size 64M] [--huge-pages on|off]
+#
+# Strata backs its I/O buffers with 2 MiB pages by default (io-bench
+# --huge-pages on; Note [Huge pages for I/O buffers] in apps/cmd_io_bench.cpp);
+# fio's buffers are 4 KiB pages (fio cannot ask for transparent huge pages).
+# --huge-pages off compares page size for page size.
 set -euo pipefail
 
-path="" strata="" size="1G" bs="1M" qd=32 threads=1 pairs=4 mode="both" engine="io_uring" swap=0 tensor="64M"
+path="" strata="" size="1G" bs="1M" qd=32 threads=1 pairs=4 mode="both" engine="io_uring" swap=0 tensor="64M" huge="on"
 while (($#)); do
   case "$1" in
     --path) path="$2"; shift 2 ;;
@@ -37,7 +42,8 @@ while (($#)); do
     --engine) engine="$2"; shift 2 ;;
     --swap) swap=1; shift ;;
     --tensor-size) tensor="$2"; shift 2 ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    --huge-pages) huge="$2"; shift 2 ;;
+    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
     *) echo "io_vs_fio.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -47,6 +53,7 @@ for n in qd threads pairs; do
   [[ "${!n}" =~ ^[0-9]+$ ]] && (( ${!n} >= 1 && ${!n} <= 4096 )) ||
     { echo "io_vs_fio.sh: --${n} ${!n}: a whole number between 1 and 4096" >&2; exit 2; }
 done
+[[ "$huge" =~ ^(on|off)$ ]] || { echo "io_vs_fio.sh: --huge-pages $huge: on or off" >&2; exit 2; }
 [[ "$mode" =~ ^(read|write|both)$ ]] || { echo "io_vs_fio.sh: --mode $mode: read, write or both" >&2; exit 2; }
 command -v fio >/dev/null || { echo "io_vs_fio.sh: fio not found (apt-get install fio)" >&2; exit 2; }
 if [[ -z "$strata" ]]; then
@@ -96,7 +103,7 @@ for r in json.load(sys.stdin)['results']:
 run_strata_side() {  # pair
   local rows
   rows=$("$strata" io-bench --path "$path" --file "$strata_file" --size "$size_bytes" --block-size "$bs_bytes" \
-          --queue-depth "$qd" --threads "$threads" --engine "$engine" --mode "$mode" --json | strata_rows)
+          --queue-depth "$qd" --threads "$threads" --engine "$engine" --mode "$mode" --huge-pages "$huge" --json | strata_rows)
   while read -r variant m vw gbs io; do
     raw[$1,$m]=$gbs
     [[ "$io" == direct ]] || echo "warning: strata raw $m went $io (page cache): not comparable" >&2
@@ -104,7 +111,7 @@ run_strata_side() {  # pair
   if ((swap)); then
     rows=$("$strata" io-bench --path "$path" --swap --tensor-size "$tensor_bytes" --size "$size_bytes" \
             --block-size "$bs_bytes" --queue-depth "$qd" --threads "$threads" --engine "$engine" --mode both \
-            --swap-verify-writes both --json | strata_rows)
+            --swap-verify-writes both --huge-pages "$huge" --json | strata_rows)
     while read -r variant m vw gbs io; do
       if [[ "$m" == write && "$vw" == on ]]; then swap_on[$1,$m]=$gbs
       elif [[ "$m" == write ]]; then swap_off[$1,$m]=$gbs
@@ -115,7 +122,7 @@ run_strata_side() {  # pair
 }
 
 echo "io_vs_fio: $path ($(stat -f -c %T "$path")), size $size, block $bs, depth $qd, threads/numjobs $threads," \
-     "$pairs pairs (ABBA), strata engine $engine$( ((swap)) && echo ", swap tensors $tensor")"
+     "$pairs pairs (ABBA), strata engine $engine, huge pages $huge$( ((swap)) && echo ", swap tensors $tensor")"
 echo "fio: ioengine=io_uring direct=1, best of plain and --fixedbufs=1 --registerfiles=1"
 echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)  host: $(hostname)  cores: $(nproc)  load: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "strata: $("$strata" --version 2>/dev/null || echo "$strata")"
