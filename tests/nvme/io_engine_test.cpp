@@ -459,5 +459,18 @@ TEST(IoEngineSelection, AutoPicksAWorkingEngineAndSaysWhy) {
   EXPECT_EQ((*engine)->kind(), choice.kind);
 }
 
+// Buffers of 2 MiB or more start on a 2 MiB boundary, so the huge-page
+// advice can back them (Note [Huge pages for I/O buffers]); small ones keep
+// the alignment asked for.
+TEST(AlignedBufferTest, LargeBuffersAreHugePageAligned) {
+  auto large = AlignedBuffer::allocate((2u << 20) + 4096, 4096);
+  ASSERT_TRUE(large.ok());
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(large->data()) % (2u << 20), 0u);
+  EXPECT_EQ(large->size(), (2u << 20) + 4096);
+  auto small = AlignedBuffer::allocate(8192, 4096);
+  ASSERT_TRUE(small.ok());
+  EXPECT_EQ(small->alignment(), 4096u);
+}
+
 }  // namespace
 }  // namespace strata::nvme
