@@ -314,6 +314,12 @@ Status SwapStore::reopen_files() {
       return NotFound(fmt::format("reopen swap store: {} does not exist (no kept store for job '{}' rank {} on {})",
                                   pf.file_path, options_.job, options_.rank, options_.paths[i]));
     }
+    // Never follow a link out of the swap folder (Note [No links in swap folders]).
+    if (::lstat(pf.file_path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
+      return FailedPrecondition(fmt::format("reopen swap store: {} is not a regular file (a symbolic link?); swap "
+                                            "files are never links, remove it",
+                                            pf.file_path));
+    }
     STRATA_ASSIGN_OR_RETURN(pf.lock, SwapFolderLock::acquire(pf.folder, options_.job, options_.rank));
     files_.push_back(std::move(pf));
     auto id = engine_.open(files_.back().file_path, OpenMode::kReadWrite);

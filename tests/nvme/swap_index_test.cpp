@@ -129,5 +129,19 @@ TEST_F(SwapIndexTest, TruncatedSwapFileIsRefusedOnReopen) {
   EXPECT_NE(store.status().message().find("swap.bin is truncated"), std::string::npos) << store.status().message();
 }
 
+TEST_F(SwapIndexTest, SymlinkedSwapFileIsRefusedOnReopen) {
+  write_store();
+  std::string path = dir_->path() + "/strata-index/rank0/swap.bin";
+  std::string elsewhere = dir_->path() + "/elsewhere.bin";
+  ASSERT_EQ(::rename(path.c_str(), elsewhere.c_str()), 0);
+  ASSERT_EQ(::symlink(elsewhere.c_str(), path.c_str()), 0);
+  SwapStoreOptions so = options();
+  so.open_existing = true;
+  auto store = SwapStore::open(so, *engine_);
+  ASSERT_FALSE(store.ok());
+  EXPECT_NE(store.status().message().find("swap.bin is not a regular file (a symbolic link?)"), std::string::npos)
+      << store.status().message();
+}
+
 }  // namespace
 }  // namespace strata::nvme
