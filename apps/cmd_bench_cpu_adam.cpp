@@ -209,7 +209,9 @@ CommandRegistration bench_cpu_adam("bench cpu-adam", [](CLI::App& root) {
   auto o = std::make_shared<BenchOptions>();
   CLI::App* cmd = bench->add_subcommand("cpu-adam", "CPU optimizer step vs a pure streaming probe of the same bytes");
   cmd->add_option("--params", o->params, "Parameters per step, e.g. 64M, 1e8")->capture_default_str();
-  cmd->add_option("--threads", o->threads, "Worker threads (0 = all cores)")->capture_default_str();
+  cmd->add_option("--threads", o->threads, "Worker threads (0 = all cores)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 4096));
   cmd->add_option("--grad-dtype", o->grad_dtype, "fp32 | bf16 | fp16")->capture_default_str();
   cmd->add_option("--moment-dtype", o->moment_dtype, "fp32 | bf16")->capture_default_str();
   cmd->add_option("--param-copy", o->param_copy, "none | bf16 | fp16: 16-bit param copy written in the same pass")

@@ -143,7 +143,9 @@ int run_train(TrainCliOptions o) {
   if (o.max_seq) g.max_seq_len = o.max_seq;
   if (!o.dtype.empty()) {
     Result<DType> dt = parse_dtype(o.dtype);
-    if (!dt.ok()) return fail(dt.status().with_context("--dtype"));
+    if (!dt.ok() || !is_state_float(*dt))
+      return fail(InvalidArgument(fmt::format("--dtype '{}' is not a parameter dtype; use fp32, bf16 or fp16",
+                                              printable(o.dtype, 64))));
     g.param_dtype = *dt;
   }
   TrainSetup t;
@@ -287,8 +289,11 @@ CommandRegistration train_command("train", [](CLI::App& root) {
   auto* batch = cmd->add_option("--batch", o->batch, "Micro batch (sequences per forward)")->capture_default_str();
   cmd->add_option("--seq", o->seq, "Sequence length")->capture_default_str();
   auto* accum = cmd->add_option("--grad-accum", o->grad_accum, "Micro batches per optimizer step")->capture_default_str();
-  auto* lr = cmd->add_option("--lr", o->lr, "Learning rate")->capture_default_str();
-  auto* wd = cmd->add_option("--weight-decay", o->weight_decay, "Weight decay")->capture_default_str();
+  // Finite, bounded ranges: a flag error names the flag (not the optimizer's field).
+  auto* lr = cmd->add_option("--lr", o->lr, "Learning rate")->capture_default_str()->check(CLI::Range(0.0, 1e3));
+  auto* wd = cmd->add_option("--weight-decay", o->weight_decay, "Weight decay")
+                 ->capture_default_str()
+                 ->check(CLI::Range(0.0, 1e3));
   auto* clip = cmd->add_option("--clip", o->clip, "Global gradient-norm clipping (0: off)")->capture_default_str();
   cmd->add_option("--seed", o->seed, "Seed of initial weights and batch order")->capture_default_str();
   auto* device = cmd->add_option("--device", o->device, "cpu | cuda | auto (cuda when a GPU is usable, else cpu)")

@@ -5,6 +5,7 @@
 #include <exception>
 
 #include "command.h"
+#include "flag_guards.h"
 #include "strata/core/build_info.h"
 
 int main(int argc, char** argv) {
@@ -15,6 +16,7 @@ int main(int argc, char** argv) {
   std::sort(commands.begin(), commands.end(),
             [](const auto& a, const auto& b) { return a.first < b.first; });
   for (auto& [name, setup] : commands) setup(app);
+  strata::cli::guard_integer_flags(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,59 @@
+#include "flag_guards.h"
+
+#include <cctype>
+#include <charconv>
+#include <cstdint>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "strata/core/printable.h"
+
+namespace strata::cli {
+namespace {
+
+// "" when `text` is acceptable for an integer option (or not a plain decimal
+// integer at all, which CLI11's own conversion then refuses), else the reason.
+std::string check_integer_text(const std::string& text, bool is_unsigned) {
+  std::string_view s(text);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  const bool negative = !s.empty() && s.front() == '-';
+  std::string_view digits = s;
+  if (!digits.empty() && (digits.front() == '-' || digits.front() == '+')) digits.remove_prefix(1);
+  if (digits.empty()) return {};
+  for (char c : digits)
+    if (!std::isdigit(static_cast<unsigned char>(c))) return {};  // hex, 1e3, words: CLI11 decides
+  if (is_unsigned) {
+    if (negative && digits.find_first_not_of('0') != std::string_view::npos)
+      return fmt::format("{} is negative; give a whole number >= 0", printable(text, 64));
+    uint64_t v = 0;
+    const auto r = std::from_chars(digits.data(), digits.data() + digits.size(), v);
+    if (r.ec == std::errc::result_out_of_range)
+      return fmt::format("{} is out of range (the largest is 18446744073709551615)", printable(text, 64));
+    return {};
+  }
+  int64_t v = 0;
+  const std::string signed_text = negative ? "-" + std::string(digits) : std::string(digits);
+  const auto r = std::from_chars(signed_text.data(), signed_text.data() + signed_text.size(), v);
+  if (r.ec == std::errc::result_out_of_range)
+    return fmt::format("{} is out of range ({} .. {})", printable(text, 64), INT64_MIN, INT64_MAX);
+  return {};
+}
+
+}  // namespace
+
+void guard_integer_flags(CLI::App& app) {
+  for (CLI::Option* opt : app.get_options()) {
+    const std::string type = opt->get_type_name();
+    const bool is_unsigned = type.rfind("UINT", 0) == 0;
+    const bool is_signed = !is_unsigned && type.rfind("INT", 0) == 0;
+    if (!is_unsigned && !is_signed) continue;
+    // An empty description keeps --help unchanged.
+    opt->check(CLI::Validator(
+        [is_unsigned](std::string& value) { return check_integer_text(value, is_unsigned); }, "", ""));
+  }
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) guard_integer_flags(*sub);
+}
+
+}  // namespace strata::cli
