@@ -156,37 +156,10 @@ Result<double> stream(nvme::IoEngine& engine, nvme::FileId file, nvme::IoOp op, 
   return seconds;
 }
 
-// Note [Huge pages for I/O buffers]
-// On this project's VMs (virtio-blk) a 1 MiB O_DIRECT read into 4 KiB pages
-// is a 256-segment request, which the disk's segment limit splits; the same
-// read into one 2 MiB page is a single segment. Measured (io-bench --mode
-// read, 512 MiB, 1 MiB blocks, depth 32, registered buffer): 1.17-1.27 GB/s
-// with 4 KiB pages, 3.40-3.73 GB/s with 2 MiB pages, in alternation. fio's
-// --fixedbufs runs are fast for the same reason when its buffers happen to
-// be huge-page backed. So io-bench backs its buffers with 2 MiB pages
-// (--huge-pages on, the default): MADV_HUGEPAGE, then MADV_COLLAPSE for the
-// pages the pool already faulted in and locked. The engine's own pools
-// (core PinnedPool, SlotPool on the cpu device) allocate 4 KiB pages today;
-// see docs/performance.md.
-#ifndef MADV_COLLAPSE
-#define MADV_COLLAPSE 25
-#endif
+// --huge-pages on: the buffers are 2 MiB-aligned and backed by 2 MiB pages
+// (nvme::back_with_huge_pages; Note [Huge pages for I/O buffers] in
+// nvme/src/aligned_buffer.cpp); off: 4 KiB pages, as fio's buffers are.
 constexpr uintptr_t kHugePage = 2u << 20;
-
-// Backs the 2 MiB-aligned part of [data, +bytes) with huge pages; "" when
-// done, else why not (a note).
-std::string back_with_huge_pages(void* data, size_t bytes) {
-  const uintptr_t begin = (reinterpret_cast<uintptr_t>(data) + kHugePage - 1) & ~(kHugePage - 1);
-  const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + bytes) & ~(kHugePage - 1);
-  if (end <= begin) return "buffers smaller than a 2 MiB page: 4 KiB pages";
-  void* p = reinterpret_cast<void*>(begin);
-  if (::madvise(p, end - begin, MADV_HUGEPAGE) != 0 || ::madvise(p, end - begin, MADV_COLLAPSE) != 0) {
-    return fmt::format("2 MiB pages refused ({}): buffers use 4 KiB pages, so a 1 MiB request spans 256 of them "
-                       "(slower on disks with a low segment limit, e.g. virtio)",
-                       std::strerror(errno));
-  }
-  return "";
-}
 
 Status drop_cache(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -208,6 +181,7 @@ Result<std::vector<TrialResult>> run_trial(const std::string& file_path, uint64_
   o.queue_depth = trial.queue_depth;
   o.intra_op_parallelism = trial.threads;
   o.sqpoll = sqpoll;
+  o.huge_page_buffers = huge_pages;
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<nvme::IoEngine> engine, nvme::make_io_engine(o));
   uint32_t outstanding = std::max<uint32_t>(2 * trial.threads * trial.queue_depth, 2);
   uint64_t window_bytes = std::min<uint64_t>(size, static_cast<uint64_t>(outstanding) * trial.block_size);
@@ -221,7 +195,7 @@ Result<std::vector<TrialResult>> run_trial(const std::string& file_path, uint64_
   STRATA_ASSIGN_OR_RETURN(PinnedBuffer window, pool->allocate(window_bytes));
   auto* window_data = window.as<std::byte>();
   for (size_t i = 0; i < window_bytes; i += 4096) window_data[i] = static_cast<std::byte>(i / 4096);
-  std::string huge_note = huge_pages ? back_with_huge_pages(window_data, window_bytes) : "";
+  std::string huge_note = huge_pages ? nvme::back_with_huge_pages(window_data, window_bytes) : "";
   if (!huge_note.empty()) pool_warnings.push_back(huge_note);
   STRATA_RETURN_IF_ERROR(engine->register_buffer(window_data, window_bytes));
   STRATA_ASSIGN_OR_RETURN(nvme::FileId file, engine->open(file_path, nvme::OpenMode::kCreate));
@@ -306,6 +280,7 @@ Result<std::vector<TrialResult>> run_swap_trial(const std::string& dir, uint64_t
   o.queue_depth = trial.queue_depth;
   o.intra_op_parallelism = trial.threads;
   o.sqpoll = sqpoll;
+  o.huge_page_buffers = huge_pages;
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<nvme::IoEngine> engine, nvme::make_io_engine(o));
   std::vector<std::string> notes;
   DeviceOptions device_options;
@@ -331,7 +306,7 @@ Result<std::vector<TrialResult>> run_swap_trial(const std::string& dir, uint64_t
     }
     base = static_cast<std::byte*>(pool->base());
     region = pool->total_bytes();
-    std::string huge_note = huge_pages ? back_with_huge_pages(base, region) : "";
+    std::string huge_note = huge_pages ? nvme::back_with_huge_pages(base, region) : "";
     if (!huge_note.empty()) notes.push_back(huge_note);
     huge = huge_pages && huge_note.empty();
   } else {

@@ -16,6 +16,7 @@
 
 #include "engine_core.h"
 #include "file_probe.h"
+#include "strata/nvme/aligned_buffer.h"
 
 namespace strata::nvme {
 
@@ -401,6 +402,10 @@ Status ScheduledEngine::register_buffer(void* data, size_t bytes) {
     return ResourceExhausted(fmt::format("register_buffer: all {} buffer slots are in use", kMaxRegions));
   }
   Region region{static_cast<std::byte*>(data), bytes, false};
+  if (options_.huge_page_buffers) {
+    std::string why = back_with_huge_pages(data, bytes);
+    if (!why.empty()) add_note(why);
+  }
   if (options_.register_buffers && kind_ == EngineKind::kIoUring) {
     bool ok = true;
     std::string why;

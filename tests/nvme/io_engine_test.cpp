@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <thread>
@@ -470,6 +472,55 @@ TEST(AlignedBufferTest, LargeBuffersAreHugePageAligned) {
   auto small = AlignedBuffer::allocate(8192, 4096);
   ASSERT_TRUE(small.ok());
   EXPECT_EQ(small->alignment(), 4096u);
+}
+
+// register_buffer() backs a registered region with 2 MiB pages (Note [Huge
+// pages for I/O buffers]) or says why not in a note; with the option off it
+// leaves the pages alone.
+uint64_t anon_huge_kb_at(const void* p) {
+  std::FILE* f = std::fopen("/proc/self/smaps", "r");
+  if (f == nullptr) return 0;
+  char line[512];
+  bool inside = false;
+  uint64_t kb = 0;
+  const auto addr = reinterpret_cast<uintptr_t>(p);
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    unsigned long lo = 0, hi = 0;
+    if (std::sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && std::strchr(line, '-') < std::strchr(line, ' ')) {
+      inside = addr >= lo && addr < hi;
+    } else if (inside && std::sscanf(line, "AnonHugePages: %lu kB", &lo) == 1) {
+      kb = lo;
+    }
+  }
+  std::fclose(f);
+  return kb;
+}
+
+TEST(HugePageBuffers, RegisteredRegionIsBackedByHugePagesOrNoted) {
+  for (bool on : {true, false}) {
+    IoEngineOptions o;
+    o.engine = EngineKind::kPsync;
+    o.huge_page_buffers = on;
+    auto engine = make_io_engine(o);
+    ASSERT_TRUE(engine.ok());
+    constexpr size_t kBytes = 8u << 20;
+    void* region = std::aligned_alloc(2u << 20, kBytes);
+    ASSERT_NE(region, nullptr);
+    std::memset(region, 1, kBytes);  // faulted in as whatever pages the system gives
+    const uint64_t before = anon_huge_kb_at(region);
+    ASSERT_TRUE((*engine)->register_buffer(region, kBytes).ok());
+    const uint64_t after = anon_huge_kb_at(region);
+    bool noted = false;
+    for (const std::string& n : (*engine)->notes()) noted = noted || n.find("2 MiB pages refused") != std::string::npos;
+    if (on) {
+      EXPECT_TRUE(after >= (kBytes >> 10) || noted) << "AnonHugePages " << after << " kB, no note";
+    } else {
+      EXPECT_EQ(after, before);
+      EXPECT_FALSE(noted);
+    }
+    ASSERT_TRUE((*engine)->unregister_buffer(region).ok());
+    std::free(region);
+  }
 }
 
 }  // namespace

@@ -7,10 +7,19 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 
 #include "strata/core/status.h"
 
 namespace strata::nvme {
+
+// Backs the 2 MiB-aligned part of [data, +bytes) with 2 MiB pages
+// (MADV_HUGEPAGE, then MADV_COLLAPSE for pages already faulted in, locked
+// ones included). Returns "" when done or when no whole 2 MiB page fits,
+// else why not (for a note). Why it matters: Note [Huge pages for I/O
+// buffers] in aligned_buffer.cpp. Call before the region is registered with
+// io_uring (registration pins the pages it finds).
+std::string back_with_huge_pages(void* data, size_t bytes);
 
 class AlignedBuffer {
  public:

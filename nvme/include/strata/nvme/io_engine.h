@@ -70,6 +70,8 @@ struct IoEngineOptions {
   bool sqpoll = false;                // io_uring: kernel submission thread (burns a core)
   bool register_buffers = true;       // io_uring: use buffers given to register_buffer() as fixed
   bool register_files = true;         // io_uring: fixed-file table
+  bool huge_page_buffers = true;      // register_buffer(): back the region with 2 MiB pages first
+                                      //   (Note [Huge pages for I/O buffers], aligned_buffer.cpp)
   bool direct_io = true;              // O_DIRECT where the file system allows it
   uint32_t max_files = 64;            // open files per engine
   uint32_t max_retries = 64;          // EAGAIN / EINTR / zero-progress retries per piece
