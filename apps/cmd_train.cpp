@@ -110,10 +110,21 @@ Status apply_config(const Config& cfg, TrainCliOptions& o, TrainSetup& t, model:
     if (cfg.precision() == TrainPrecision::kBf16) g.param_dtype = DType::kBF16;
     if (cfg.precision() == TrainPrecision::kFp16) g.param_dtype = DType::kF16;
   }
-  if (cfg.batch.train_micro_batch_size_per_gpu && !o.given_batch)
-    t.batch = static_cast<int>(*cfg.batch.train_micro_batch_size_per_gpu);
-  if (cfg.batch.gradient_accumulation_steps && !o.given_accum)
-    t.loop.grad_accum = static_cast<int>(*cfg.batch.gradient_accumulation_steps);
+  // Narrowed to int only after a range check (4294967304 must not become 8).
+  if (cfg.batch.train_micro_batch_size_per_gpu && !o.given_batch) {
+    const int64_t mb = *cfg.batch.train_micro_batch_size_per_gpu;
+    if (mb < 1 || mb > 65536)
+      return InvalidArgument(fmt::format(
+          "{}: train_micro_batch_size_per_gpu {} is out of range for strata train (1..65536)", cfg.source, mb));
+    t.batch = static_cast<int>(mb);
+  }
+  if (cfg.batch.gradient_accumulation_steps && !o.given_accum) {
+    const int64_t ga = *cfg.batch.gradient_accumulation_steps;
+    if (ga < 1 || ga > 1000000)
+      return InvalidArgument(fmt::format(
+          "{}: gradient_accumulation_steps {} is out of range for strata train (1..1000000)", cfg.source, ga));
+    t.loop.grad_accum = static_cast<int>(ga);
+  }
   if (!o.given_clip) t.loop.grad_clip = cfg.gradient_clipping;
   if (!o.given_device_memory && cfg.strata.device_memory != 0) t.device_memory_bytes = cfg.strata.device_memory;
   // "strata.device" ("auto" unless given) decides unless --device was given.

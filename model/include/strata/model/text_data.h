@@ -21,6 +21,8 @@
 namespace strata::model {
 
 inline constexpr int kByteVocabSize = 256;
+// The largest --data file the loader reads (it holds the file in memory).
+inline constexpr uint64_t kMaxDataBytes = uint64_t{4} << 30;
 
 // Tokens of a string: its bytes. Decoding is the inverse.
 std::vector<int32_t> encode_bytes(std::string_view text);
@@ -32,8 +34,10 @@ std::string default_corpus_path();
 
 class TextDataset {
  public:
-  // Reads `path`. Fails (naming the path) if it cannot be read or is too
-  // short to hold one training and one validation window of seq_len+1 bytes.
+  // Reads `path`. Fails (naming the path) if it cannot be read, is not a
+  // regular file (a FIFO, /dev/zero, a folder), is larger than kMaxDataBytes,
+  // or is too short to hold one training and one validation window of
+  // seq_len+1 bytes.
   static Result<TextDataset> load(const std::string& path, int seq_len, double val_fraction = 0.1);
   static Result<TextDataset> from_text(std::string text, int seq_len, double val_fraction = 0.1,
                                        std::string name = "<memory>");
