@@ -43,6 +43,7 @@
 #include "command.h"
 #include "strata/core/device_registry.h"
 #include "strata/core/pinned_pool.h"
+#include "strata/core/printable.h"
 #include "strata/core/slot_pool.h"
 #include "strata/core/units.h"
 #include "strata/nvme/aio_config.h"
@@ -472,27 +473,31 @@ Result<std::string> prepare_test_file(const std::string& dir, const std::string&
     fs::path parent = fs::canonical(fs::path(file).parent_path(), ec1);
     fs::path base = fs::canonical(dir, ec2);
     if (ec1 || ec2 || parent != base) {
-      return InvalidArgument(fmt::format("--file {}: outside --path {}; give a file name inside --path", file, dir));
+      return InvalidArgument(fmt::format("--file {}: outside --path {}; give a file name inside --path",
+                                         printable(file), printable(dir)));
     }
     name = fs::path(file).filename().string();
   }
   if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos) {
     return InvalidArgument(fmt::format(
-        "--file {}: must be a file name inside --path {} (no '/', no '..'); io-bench writes only there", file, dir));
+        "--file {}: must be a file name inside --path {} (no '/', no '..'); io-bench writes only there",
+        printable(file), printable(dir)));
   }
   std::string path = dir + "/" + name;
   struct stat st {};
   if (::lstat(path.c_str(), &st) == 0) {
     if (S_ISLNK(st.st_mode)) {
-      return InvalidArgument(fmt::format("--file {}: {} is a symbolic link; io-bench does not follow links", file,
-                                         path));
+      return InvalidArgument(fmt::format("--file {}: {} is a symbolic link; io-bench does not follow links",
+                                         printable(file), printable(path)));
     }
-    if (!S_ISREG(st.st_mode)) return InvalidArgument(fmt::format("--file {}: {} is not a regular file", file, path));
+    if (!S_ISREG(st.st_mode)) {
+      return InvalidArgument(fmt::format("--file {}: {} is not a regular file", printable(file), printable(path)));
+    }
     if (!overwrite && !created_by_io_bench(marker_path(dir, name), st)) {
       return FailedPrecondition(fmt::format(
           "--file {}: {} exists and was not created by io-bench; its contents would be overwritten. Pass "
           "--overwrite to allow it, or give a new name",
-          file, path));
+          printable(file), printable(path)));
     }
     return path;
   }
@@ -690,7 +695,7 @@ int run_io_bench(const IoBenchOptions& opts) {
     for (const TrialResult& r : all) out["results"].push_back(result_json(r));
     out["notes"] = notes;
     if (opts.sweep) out["aio"] = aio;
-    fmt::print("{}\n", out.dump(2));
+    fmt::print("{}\n", out.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
   } else {
     for (const std::string& n : notes) fmt::print("note: {}\n", n);
     if (opts.sweep) {

@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "command.h"
+#include "strata/core/printable.h"
 #include "strata/core/units.h"
 #include "strata/nvme/swap_dir.h"
 
@@ -42,8 +43,10 @@ void print_folders(const std::vector<nvme::SwapFolder>& folders) {
   fmt::print("{:<20} {:>5} {:<7} {:>8} {:<20} {:>12}  {}\n", "job", "rank", "state", "pid", "started (UTC)", "bytes",
              "folder");
   for (const nvme::SwapFolder& f : folders) {
-    fmt::print("{:<20} {:>5} {:<7} {:>8} {:<20} {:>12}  {}\n", f.job, f.rank, nvme::swap_folder_state_name(f.state),
-               f.pid, when(f.started_unix), format_bytes(f.bytes, true), f.path);
+    // Names come from the file system: escaped so none can forge a line.
+    fmt::print("{:<20} {:>5} {:<7} {:>8} {:<20} {:>12}  {}\n", printable(f.job, 64), f.rank,
+               nvme::swap_folder_state_name(f.state), f.pid, when(f.started_unix), format_bytes(f.bytes, true),
+               printable(f.path));
   }
 }
 
@@ -67,7 +70,8 @@ int run_list(const SwapCliOptions& opts) {
                      {"pid", f.pid}, {"host", f.host}, {"started_unix", f.started_unix}, {"bytes", f.bytes},
                      {"path", f.path}});
     }
-    fmt::print("{}\n", out.dump(2));
+    // Folder names need not be UTF-8: replace what JSON cannot carry.
+    fmt::print("{}\n", out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
     return 0;
   }
   if (folders->empty()) {
@@ -99,8 +103,8 @@ int run_clean(const SwapCliOptions& opts) {
   }
   uint64_t bytes = 0;
   for (const auto& f : *removed) {
-    fmt::print("{} {} ({}, job {}, rank {}, {})\n", opts.dry_run ? "would remove" : "removed", f.path,
-               nvme::swap_folder_state_name(f.state), f.job, f.rank, format_bytes(f.bytes, true));
+    fmt::print("{} {} ({}, job {}, rank {}, {})\n", opts.dry_run ? "would remove" : "removed", printable(f.path),
+               nvme::swap_folder_state_name(f.state), printable(f.job, 64), f.rank, format_bytes(f.bytes, true));
     bytes += f.bytes;
   }
   fmt::print("{} folder(s), {} {}\n", removed->size(), format_bytes(bytes, true),

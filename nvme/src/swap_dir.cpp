@@ -19,6 +19,8 @@
 
 #include <fmt/format.h>
 
+#include "strata/core/printable.h"
+
 namespace strata::nvme {
 namespace fs = std::filesystem;
 
@@ -75,7 +77,7 @@ const char* file_type_name(mode_t mode) {
 std::string link_target(const std::string& path) {
   std::error_code ec;
   fs::path target = fs::read_symlink(path, ec);
-  return ec ? std::string("?") : target.string();
+  return ec ? std::string("?") : printable(target.string(), 256);
 }
 
 // Why `path` (an entry that must be a real directory) is refused, or "".
@@ -83,9 +85,11 @@ std::string not_a_plain_directory(const std::string& path, const struct stat& st
   if (S_ISLNK(st.st_mode)) {
     return fmt::format("{} is a symbolic link (to {}): not followed; swap folders are never links, remove the link "
                        "yourself if it is not needed",
-                       path, link_target(path));
+                       printable(path), link_target(path));
   }
-  if (!S_ISDIR(st.st_mode)) return fmt::format("{} is {}, not a swap folder: skipped", path, file_type_name(st.st_mode));
+  if (!S_ISDIR(st.st_mode)) {
+    return fmt::format("{} is {}, not a swap folder: skipped", printable(path), file_type_name(st.st_mode));
+  }
   return "";
 }
 
@@ -97,15 +101,15 @@ int open_lock(int dir_fd, const std::string& lock_path, int flags, std::string* 
     int err = errno;
     struct stat st {};
     if (err != ENOENT && ::fstatat(dir_fd, kLockName, &st, AT_SYMLINK_NOFOLLOW) == 0) {
-      *why = fmt::format("{} is {}, not a lock file: not read", lock_path, file_type_name(st.st_mode));
+      *why = fmt::format("{} is {}, not a lock file: not read", printable(lock_path), file_type_name(st.st_mode));
     } else if (err != ENOENT) {
-      *why = fmt::format("{}: {}", lock_path, std::strerror(err));
+      *why = fmt::format("{}: {}", printable(lock_path), std::strerror(err));
     }
     return -1;
   }
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    *why = fmt::format("{} is {}, not a lock file: not read", lock_path, file_type_name(st.st_mode));
+    *why = fmt::format("{} is {}, not a lock file: not read", printable(lock_path), file_type_name(st.st_mode));
     ::close(fd);
     return -1;
   }
@@ -297,7 +301,7 @@ Result<std::vector<SwapFolder>> list_swap_folders(const std::string& nvme_path, 
     }
     Fd job_fd(open_dir_at(root.fd, name));
     if (job_fd.fd < 0 || !same_inode(job_fd.fd, jst.st_dev, jst.st_ino)) {
-      refuse(fmt::format("{} changed while listed (or cannot be opened): skipped", job_path));
+      refuse(fmt::format("{} changed while listed (or cannot be opened): skipped", printable(job_path)));
       continue;
     }
     std::string job = name.substr(std::strlen(kJobPrefix));
@@ -326,7 +330,7 @@ Result<std::vector<SwapFolder>> list_swap_folders(const std::string& nvme_path, 
       }
       Fd rank_fd(open_dir_at(job_fd.fd, rname));
       if (rank_fd.fd < 0 || !same_inode(rank_fd.fd, rst.st_dev, rst.st_ino)) {
-        refuse(fmt::format("{} changed while listed (or cannot be opened): skipped", rank_path));
+        refuse(fmt::format("{} changed while listed (or cannot be opened): skipped", printable(rank_path)));
         continue;
       }
       SwapFolder f = inspect(rank_fd.fd, rank_path, job, std::atoi(rname.c_str() + 4), refused);
@@ -364,12 +368,13 @@ Result<std::vector<SwapFolder>> clean_swap_folders(const std::string& nvme_path,
       Fd job_fd(open_dir_at(root.fd, job_name));
       if (job_fd.fd < 0 || !same_inode(job_fd.fd, f.job_dev, f.job_ino)) {
         refuse(fmt::format("{}/{} was replaced (by a link?) after it was listed: not followed, nothing removed",
-                           nvme_path, job_name));
+                           printable(nvme_path), printable(job_name)));
         continue;
       }
       Fd rank_fd(open_dir_at(job_fd.fd, rank_name));
       if (rank_fd.fd < 0 || !same_inode(rank_fd.fd, f.rank_dev, f.rank_ino)) {
-        refuse(fmt::format("{} was replaced (by a link?) after it was listed: not followed, nothing removed", f.path));
+        refuse(fmt::format("{} was replaced (by a link?) after it was listed: not followed, nothing removed",
+                           printable(f.path)));
         continue;
       }
       // Take the lock while removing so a job starting now cannot race us.

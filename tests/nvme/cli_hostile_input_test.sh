@@ -48,6 +48,15 @@ out=$(run report --path "$P" 2>&1); rc=$?
 out=$(run swap clean --path "$P" 2>&1); rc=$?
 [[ $rc -eq 0 && ! -e "$P/strata-fifo" && ! -e "$P/strata-zero" ]] || fail "swap clean of odd lock files: exit $rc: $out"
 
+# 6. Names from the file system are escaped (no forged lines) and non-UTF-8 names do not break --json.
+mkdir -p "$P/strata-a"$'\n'"OK fake/rank0" "$P/strata-"$'\xff'"/rank0"
+out=$(run swap list --path "$P" 2>&1); rc=$?
+[[ $rc -eq 0 ]] || fail "swap list with odd names: exit $rc: $out"
+grep -q '^OK fake' <<<"$out" && fail "a folder name forged a line of swap list output: $out"
+grep -qF 'strata-a\x0aOK fake' <<<"$out" || fail "the newline in a folder name is not escaped: $out"
+out=$(run swap list --path "$P" --json 2>&1) || fail "swap list --json with a non-UTF-8 folder name: $out"
+rm -rf "$P"/strata-*
+
 # 2. io-bench --file is confined to --path and does not overwrite others' files.
 bench() { run io-bench --path "$P" --size 1MiB --block-size 256KiB --queue-depth 2 --mode write "$@"; }
 mkdir -p "$P/sub"
