@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <new>
+#include <system_error>
 
 #include "command.h"
 #include "flag_guards.h"
@@ -21,6 +23,16 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr,
+                 "strata: error: out of host memory (an allocation failed); the run needs more memory than this "
+                 "machine or its limits give: use a smaller model (--preset), --batch or --seq, or offload less to "
+                 "the host; `strata estimate` shows the footprint\n");
+    return 1;
+  } catch (const std::system_error& e) {
+    std::fprintf(stderr, "strata: error: %s (the system refused a resource: threads, files or memory; check ulimit)\n",
+                 e.what());
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "strata: error: %s\n", e.what());
     return 1;
