@@ -12,6 +12,7 @@ packages=(
   liburing-dev libaio-dev
   libopenmpi-dev openmpi-bin
   fio python3
+  clang libclang-rt-14-dev   # libFuzzer targets (scripts/fuzz.sh, tests/fuzz)
 )
 with_torch=0
 for arg in "$@"; do

@@ -3,11 +3,14 @@
 #   1. the full suite (ctest) on the release build; the PyTorch comparisons
 #      are required here: without torch they fail instead of skipping,
 #   2. the core, config, nvme and cpu_adam suites again under ASan + UBSan,
-#   3. the concurrency-heavy suites (core, comm, nvme) under TSan.
+#   3. the concurrency-heavy suites (core, comm, nvme) under TSan,
+#   4. every libFuzzer target of tests/fuzz for STRATA_FUZZ_SECONDS (default
+#      60) each, seeded, failing on a crash, a leak, UB or a broken property.
 # GPU tests skip cleanly on machines without a GPU.
 # Environment: STRATA_JOBS (parallel jobs, default nproc),
 #   STRATA_SKIP_SANITIZE=1 skips 2 and 3, STRATA_TSAN=0 skips 3 only,
-#   STRATA_TSAN_LABELS (ctest label regex of 3, default core|comm|nvme).
+#   STRATA_TSAN_LABELS (ctest label regex of 3, default core|comm|nvme),
+#   STRATA_FUZZ_SECONDS=0 skips 4.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh --with-torch
@@ -49,5 +52,12 @@ if [[ "${STRATA_SKIP_SANITIZE:-0}" != "1" ]]; then
       ctest --test-dir build-tsan -j "$jobs" --output-on-failure -L "${STRATA_TSAN_LABELS:-core|comm|nvme}" \
             -E "DeviceTest.CopyOnOneStreamOverlapsComputeOnAnother/cpu"
   fi
+fi
+fuzz_seconds="${STRATA_FUZZ_SECONDS:-60}"
+if [[ "$fuzz_seconds" != "0" ]]; then
+  for target in $(scripts/fuzz.sh --list | sed 's/^fuzz targets: //'); do
+    phase "fuzz $target (${fuzz_seconds} s)"
+    scripts/fuzz.sh "$target" "$fuzz_seconds"
+  done
 fi
 phase "all green"
