@@ -90,7 +90,7 @@ CommandRegistration config_command("config", [](CLI::App& root) {
   CLI::App* check = group->add_subcommand("check", "Check a config; exit 0 when valid, else list every problem");
   check->add_option("file", check_opts->file, "DeepSpeed JSON config")->required();
   check->add_option("--world-size", check_opts->world_size, "Data-parallel ranks, for the batch arithmetic")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
   check->add_option("--hidden-size", check_opts->hidden_size, "Model hidden size, to resolve \"auto\" bucket sizes");
   check->add_flag("--strict-auto", check_opts->strict_auto, "Treat an unresolved \"auto\" as an error");
   check->add_flag("-q,--quiet", check_opts->quiet, "Print errors only, not warnings");
@@ -100,7 +100,7 @@ CommandRegistration config_command("config", [](CLI::App& root) {
   CLI::App* show = group->add_subcommand("show", "Print the fully resolved config as JSON");
   show->add_option("file", show_opts->file, "DeepSpeed JSON config")->required();
   show->add_option("--world-size", show_opts->world_size, "Data-parallel ranks, for the batch arithmetic")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
   show->add_option("--hidden-size", show_opts->hidden_size, "Model hidden size, to resolve \"auto\" bucket sizes");
   show->add_flag("-q,--quiet", show_opts->quiet, "Do not print warnings");
   show->callback([show_opts] { exit_with(run_show(*show_opts)); });

@@ -93,8 +93,9 @@ CommandRegistration estimate_command("estimate", [](CLI::App& root) {
       "estimate", "Memory per GPU, per node and on NVMe for every ZeRO stage and offload choice");
   cmd->add_option("--params", opts->params, "Parameter count: 7B, 7e9, 350M")->required();
   cmd->add_option("--largest-layer", opts->largest_layer, "Parameters of the largest layer (stage-3 gather buffers)");
-  cmd->add_option("--gpus-per-node", opts->gpus_per_node, "GPUs per node")->check(CLI::PositiveNumber);
-  cmd->add_option("--nodes", opts->nodes, "Nodes")->check(CLI::PositiveNumber);
+  // Bounded ranges: CLI11's PositiveNumber printed DBL_MAX (310 digits) in its error.
+  cmd->add_option("--gpus-per-node", opts->gpus_per_node, "GPUs per node")->check(CLI::Range(1, 4096));
+  cmd->add_option("--nodes", opts->nodes, "Nodes")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--config", opts->config, "DeepSpeed config: marks its row, takes buffers and precision from it");
   cmd->add_option("--gpu-memory", opts->gpu_memory, "Memory per GPU, e.g. 80GB");
   cmd->add_option("--cpu-memory", opts->cpu_memory, "Host memory per node, e.g. 512GB");

@@ -26,11 +26,26 @@
 namespace strata {
 namespace {
 
+// Saturating arithmetic, but never silently: a saturated value marks the
+// whole estimate as out of range and estimate_memory() refuses it.
+thread_local bool t_saturated = false;
 uint64_t mul_sat(uint64_t a, uint64_t b) {
   const unsigned __int128 product = static_cast<unsigned __int128>(a) * b;
-  return product > UINT64_MAX ? UINT64_MAX : static_cast<uint64_t>(product);
+  if (product > UINT64_MAX) {
+    t_saturated = true;
+    return UINT64_MAX;
+  }
+  return static_cast<uint64_t>(product);
 }
-uint64_t add_sat(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
+uint64_t add_sat(uint64_t a, uint64_t b) {
+  if (a > UINT64_MAX - b) {
+    t_saturated = true;
+    return UINT64_MAX;
+  }
+  return a + b;
+}
+// The largest world the estimator models (shard arithmetic stays exact).
+constexpr uint64_t kMaxEstimateWorld = uint64_t{1} << 24;
 uint64_t u(int64_t v) { return v < 0 ? 0 : static_cast<uint64_t>(v); }
 
 bool valid_placement(const Placement& pl) {
@@ -201,9 +216,15 @@ Result<Estimate> estimate_memory(const EstimateInput& input) {
     return InvalidArgument(fmt::format("--gpus-per-node {} and --nodes {} must both be at least 1", input.gpus_per_node,
                                        input.nodes));
   }
+  if (input.world_size() > kMaxEstimateWorld) {
+    return InvalidArgument(fmt::format("--gpus-per-node {} x --nodes {} = {} GPUs is more than the {} the estimator "
+                                       "models; give a realistic cluster size",
+                                       input.gpus_per_node, input.nodes, input.world_size(), kMaxEstimateWorld));
+  }
   if (input.config_row && !valid_placement(*input.config_row)) {
     return InvalidArgument("the config's stage and offload devices are not a valid combination");
   }
+  t_saturated = false;
   Estimate estimate;
   estimate.input = input;
   for (const Placement& pl : estimate_placements()) {
@@ -222,6 +243,13 @@ Result<Estimate> estimate_memory(const EstimateInput& input) {
     }
     STRATA_ASSIGN_OR_RETURN(EstimateRow partial, estimate_row(input, *input.config_row));
     estimate.rows.push_back(partial);
+  }
+  if (t_saturated) {
+    t_saturated = false;
+    return InvalidArgument(fmt::format(
+        "--params {}: the byte counts of this model exceed 2^64 bytes (16 EiB) on at least one row, which the "
+        "estimator does not represent; give a smaller parameter count",
+        format_count(input.params)));
   }
   return estimate;
 }

@@ -41,6 +41,17 @@ uint64_t reference_bytes_per_rank(int stage, uint64_t psi, uint64_t n) {
   }
 }
 
+TEST(Estimator, ByteCountsBeyond64BitsAreAnErrorNotASaturatedNumber) {
+  auto huge = estimate_memory(input(2'000'000'000'000'000'000ull, 1));
+  ASSERT_FALSE(huge.ok());
+  EXPECT_NE(huge.status().message().find("exceed 2^64 bytes"), std::string::npos) << huge.status().message();
+  EXPECT_TRUE(estimate_memory(input(1'000'000'000'000'000ull, 8)).ok());  // 1e15 still fits
+  auto world = estimate_memory(input(7'000'000'000ull, 65536, 65536));
+  ASSERT_FALSE(world.ok());
+  EXPECT_NE(world.status().message().find("GPUs is more than"), std::string::npos) << world.status().message();
+  EXPECT_TRUE(estimate_memory(input(7'000'000'000ull, 8)).ok());  // and the next estimate is clean again
+}
+
 TEST(Estimator, DesignExamplesExactly) {
   EXPECT_EQ(row(input(7'000'000'000, 1), 0).gpu_model_state_bytes, 112'000'000'000ull);
   EXPECT_EQ(row(input(7'000'000'000, 8), 0).gpu_model_state_bytes, 112'000'000'000ull);
