@@ -394,7 +394,8 @@ CommandRegistration comm_bench_command("comm-bench", [](CLI::App& root) {
   cmd->add_option("--iters", o->iters, "Timed iterations per size")->capture_default_str();
   cmd->add_option("--warmup", o->warmup, "Untimed iterations per size")->capture_default_str();
   cmd->add_flag("--in-place", o->in_place, "Run the collectives in place");
-  cmd->add_option("--timeout-ms", o->timeout_ms, "Watchdog per collective (default 300000 or STRATA_COMM_TIMEOUT_MS)");
+  cmd->add_option("--timeout-ms", o->timeout_ms, "Watchdog per collective (default 300000 or STRATA_COMM_TIMEOUT_MS)")
+      ->check(CLI::Range(int64_t{0}, static_cast<int64_t>(comm::kMaxCommTimeout.count())));
   cmd->add_flag("--json", o->json, "Print {\"results\":[...]} instead of the table");
   cmd->callback([o] { exit_with(run_comm_bench(*o)); });
 });

@@ -1,9 +1,12 @@
 #include "strata/comm/communicator.h"
 
+#include <cerrno>
 #include <cstdlib>
 #include <limits>
 
 #include <fmt/format.h>
+
+#include "strata/core/printable.h"
 
 #include "strata/core/units.h"
 
@@ -61,13 +64,23 @@ Result<ReduceOp> parse_reduce_op(std::string_view text, std::string_view what) {
   return InvalidArgument(fmt::format("{}: unknown reduction '{}'; choose sum, avg or max", what, text));
 }
 
+Status validate_comm_options(const CommOptions& options) {
+  if (options.timeout.count() < 0 || options.timeout > kMaxCommTimeout)
+    return InvalidArgument(fmt::format("comm watchdog timeout {} ms is out of range: use 0 (no watchdog) .. {} ms (30 "
+                                       "days) (--timeout-ms, STRATA_COMM_TIMEOUT_MS, CommOptions::timeout)",
+                                       options.timeout.count(), kMaxCommTimeout.count()));
+  return Status::Ok();
+}
+
 Result<CommOptions> apply_comm_environment(CommOptions options) {
   if (const char* t = std::getenv("STRATA_COMM_TIMEOUT_MS"); t != nullptr && *t != '\0') {
     char* end = nullptr;
+    errno = 0;
     const long long ms = std::strtoll(t, &end, 10);
-    if (end == t || *end != '\0' || ms < 0) {
+    if (end == t || *end != '\0' || ms < 0 || errno == ERANGE || ms > kMaxCommTimeout.count()) {
       return InvalidArgument(fmt::format(
-          "STRATA_COMM_TIMEOUT_MS='{}' is not a non-negative integer of milliseconds (0 = no watchdog)", t));
+          "STRATA_COMM_TIMEOUT_MS='{}' is not an integer of milliseconds in 0..{} (0 = no watchdog)", printable(t, 64),
+          kMaxCommTimeout.count()));
     }
     options.timeout = std::chrono::milliseconds(ms);
   }

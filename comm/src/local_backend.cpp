@@ -336,6 +336,7 @@ Result<std::vector<std::unique_ptr<Communicator>>> create_local_group(int world_
     return InvalidArgument(fmt::format("local comm: world size {} out of range; use 1..1024 ranks (--ranks)",
                                        world_size));
   }
+  STRATA_RETURN_IF_ERROR(validate_comm_options(options));
   LocalGroups groups;
   for (int q = 0; q < kCommQueueCount; ++q) {
     groups[static_cast<size_t>(q)] = std::make_shared<LocalGroup>(world_size, options, static_cast<CommQueue>(q));

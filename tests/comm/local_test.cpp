@@ -274,10 +274,25 @@ TEST(LocalComm, EnvironmentOverridesAreParsedStrictly) {
   auto bad = apply_comm_environment({});
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("STRATA_COMM_TIMEOUT_MS='5s'"), std::string::npos);
+  // Beyond 30 days the deadline would overflow the clock (9e15 ms failed at once).
+  setenv("STRATA_COMM_TIMEOUT_MS", "9000000000000000", 1);
+  EXPECT_EQ(apply_comm_environment({}).status().code(), StatusCode::kInvalidArgument);
+  setenv("STRATA_COMM_TIMEOUT_MS", "99999999999999999999", 1);  // ERANGE, not a saturated value
+  EXPECT_EQ(apply_comm_environment({}).status().code(), StatusCode::kInvalidArgument);
   unsetenv("STRATA_COMM_TIMEOUT_MS");
   setenv("STRATA_COMM_DEBUG", "maybe", 1);
   EXPECT_EQ(apply_comm_environment({}).status().code(), StatusCode::kInvalidArgument);
   unsetenv("STRATA_COMM_DEBUG");
+}
+
+TEST(LocalComm, WatchdogTimeoutsBeyondThirtyDaysAreRefused) {
+  CommOptions options;
+  options.timeout = std::chrono::milliseconds(9'000'000'000'000'000LL);
+  auto group = create_local_group(2, options);
+  ASSERT_FALSE(group.ok());
+  EXPECT_NE(group.status().message().find("out of range"), std::string::npos) << group.status().message();
+  options.timeout = kMaxCommTimeout;
+  EXPECT_TRUE(create_local_group(2, options).ok());
 }
 
 TEST(LocalComm, NamesParseAndRejectUnknownValues) {

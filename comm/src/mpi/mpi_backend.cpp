@@ -534,6 +534,7 @@ std::string mpi_library_version() {
 }
 
 Result<std::unique_ptr<Communicator>> create_mpi_communicator(CommOptions options) {
+  STRATA_RETURN_IF_ERROR(validate_comm_options(options));
   MpiRuntime& rt = runtime();
   STRATA_RETURN_IF_ERROR(rt.status);
   int rank = 0;

@@ -397,6 +397,7 @@ Result<int> cuda_device_count() {
 }
 
 Result<std::unique_ptr<Communicator>> create_nccl_communicator(NcclOptions options) {
+  STRATA_RETURN_IF_ERROR(validate_comm_options(options.common));
   STRATA_ASSIGN_OR_RETURN(int devices, cuda_device_count());
   if (devices <= 0) return Unsupported("nccl communicator: no CUDA device on this machine; use --backend mpi or local");
   int rank = options.rank;

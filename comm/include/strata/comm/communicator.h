@@ -99,6 +99,12 @@ struct CommOptions {
   bool debug_checks = true;
 };
 
+// The longest watchdog a communicator accepts (30 days): a deadline
+// beyond it would overflow the clock (9e15 ms used to fail at once).
+inline constexpr std::chrono::milliseconds kMaxCommTimeout{30LL * 24 * 3600 * 1000};
+// InvalidArgument when options.timeout is negative or above kMaxCommTimeout.
+Status validate_comm_options(const CommOptions& options);
+
 // Applies STRATA_COMM_TIMEOUT_MS / STRATA_COMM_DEBUG to `options`; a
 // malformed value is an InvalidArgument naming the variable. The factories
 // take options as given; the strata CLI applies the environment first.
