@@ -184,7 +184,7 @@ Status run_bench(const BenchOptions& o) {
     j["stream_probe_prefetch_bytes_per_second"] = bytes / t_stream_prefetch;
     j["conversion_probe_bytes_per_second"] = conversion_ceiling;
     j["ratio_vs_conversion_probe"] = conversion_ratio;
-    fmt::print("{}\n", j.dump());
+    fmt::print("{}\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
     return Status::Ok();
   }
   fmt::print("cpu-adam {}: {} params, grads {}, moments {}, param copy {}, overflow check {}\n",

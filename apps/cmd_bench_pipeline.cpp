@@ -612,12 +612,12 @@ Status run_pipeline_bench(const PipelineOptions& o) {
   j["verify"] = {{"elements", checked}, {"wrong", wrong}};
 
   if (json_file.is_open()) {
-    json_file << j.dump(2) << "\n";
+    json_file << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     json_file.close();
     if (!json_file) return ErrnoStatus(errno, fmt::format("--json: write {}", o.json));
   }
   if (to_stdout) {
-    fmt::print("{}\n", j.dump(2));
+    fmt::print("{}\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
   } else {
     fmt::print("  medians: alone read {:.3f} h2d {:.3f} compute {:.3f} d2h {:.3f} write {:.3f} s; max {:.3f} ({}), "
                "sum {:.3f}\n", med.read, med.h2d, med.compute, med.d2h, med.write, med.max(), med.bottleneck(),

@@ -245,7 +245,7 @@ void print_rows(const std::vector<Row>& rows, const Plan& plan, int n, const Com
                          {"busbw_gbps", r.busbw_gbps},
                          {"wrong", r.wrong}});
     }
-    fmt::print("{}\n", nlohmann::json{{"results", results}}.dump(2));
+    fmt::print("{}\n", nlohmann::json{{"results", results}}.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
     return;
   }
   fmt::print("#\n# {:>15} {:>12} {:>12} {:>6} {:>12} {:>12} {:>12} {:>7}\n", "op", "size", "count", "type",

@@ -70,7 +70,7 @@ int run_show(const ConfigCommandOptions& opts) {
     std::fprintf(stderr, "%s: invalid: %zu error(s); nothing to show\n", opts.file.c_str(), check.error_count());
     return 1;
   }
-  fmt::print("{}\n", config_to_json(check.config).dump(2));
+  fmt::print("{}\n", config_to_json(check.config).dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
   return 0;
 }
 
@@ -78,7 +78,7 @@ int run_defaults(const ConfigCommandOptions& opts) {
   if (opts.markdown) {
     fmt::print("{}", config_keys_markdown());
   } else {
-    fmt::print("{}\n", config_defaults_json().dump(2));
+    fmt::print("{}\n", config_defaults_json().dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
   }
   return 0;
 }

@@ -80,7 +80,7 @@ int run_estimate(const EstimateOptions& opts) {
   auto estimate = estimate_memory(input);
   if (!estimate.ok()) return fail(estimate.status());
   if (opts.json) {
-    fmt::print("{}\n", estimate_to_json(*estimate).dump(2));
+    fmt::print("{}\n", estimate_to_json(*estimate).dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
   } else {
     fmt::print("{}", format_estimate(*estimate, opts.binary));
   }

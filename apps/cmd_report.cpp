@@ -102,7 +102,7 @@ int run_report(const ReportOptions& opts) {
     report[section.name] = body;
   }
   if (opts.json) {
-    fmt::print("{}\n", report.dump(2));
+    fmt::print("{}\n", report.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
   } else {
     fmt::print("Strata report\n");
     for (const ReportSection& section : sections) {

@@ -269,7 +269,7 @@ int run_train(TrainCliOptions o) {
                          {"pinned", r->peak_pinned_bytes},
                          {"host", r->peak_host_bytes},
                          {"nvme", r->peak_nvme_bytes}};
-      *log << j.dump() << '\n';
+      *log << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
       log->flush();
     }
   }
