@@ -7,6 +7,8 @@
 # corpus in build-fuzz/corpus/TARGET, and copies every crash, leak or broken
 # property into tests/fuzz/reproducers/TARGET/, which the normal test suite
 # replays (ctest -L fuzz). Exit status: 0 when nothing was found.
+# Runs of different targets may go in parallel once each target is built
+# (STRATA_FUZZ_NO_BUILD=1 skips the build step).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 targets=$(sed -n 's/^set(STRATA_FUZZ_TARGETS \(.*\))$/\1/p' tests/fuzz/CMakeLists.txt)
@@ -31,8 +33,12 @@ if [[ ! -f "$build_dir/CMakeCache.txt" ]]; then
     -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
     -DCMAKE_CXX_FLAGS="-fno-omit-frame-pointer" \
     -DSTRATA_FUZZ=ON -DSTRATA_ENABLE_CUDA=OFF -DSTRATA_BUILD_BENCH=OFF >/dev/null
+else
+  cmake "$build_dir" >/dev/null  # picks up targets added since the first configure
 fi
-cmake --build "$build_dir" -j "$jobs" --target "strata_fuzz_$target"
+if [[ "${STRATA_FUZZ_NO_BUILD:-0}" != "1" ]]; then
+  cmake --build "$build_dir" -j "$jobs" --target "strata_fuzz_$target"
+fi
 work="$build_dir/corpus/$target"
 repro="tests/fuzz/reproducers/$target"
 mkdir -p "$work" "$repro" "$build_dir/artifacts/$target"
