@@ -80,6 +80,8 @@ Status ResidentProvider::release(size_t layer_index, Pass pass, const Completion
 
 Status ResidentProvider::begin_step() {
   record(HookEvent::begin_step());
+  // Blocking on purpose: zeroing is a host write into buffers the model's
+  // stream may still be accumulating into (the last step's backward).
   STRATA_RETURN_IF_ERROR(wait_gradients());
   zero_grads();
   return Status::Ok();
@@ -93,6 +95,9 @@ Status ResidentProvider::end_micro_batch(bool last) {
 Status ResidentProvider::wait_gradients() {
   Status first;
   for (Layer& l : layers_) {
+    // Blocking on purpose: the caller (norm, optimizer) reads the gradient on
+    // the host next; stage 0 has nothing to overlap with it. The engine will
+    // chain per-layer work on grads_done instead of waiting here.
     Status st = l.grads_done.wait();
     if (first.ok() && !st.ok()) first = st;
   }
