@@ -9,9 +9,6 @@
 // Config; nothing stops at the first problem. Resolution ("auto", batch
 // arithmetic, defaults that depend on other keys) and the rules that join
 // several keys live in config_resolve.cpp.
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
@@ -26,6 +23,7 @@
 
 #include "config_internal.h"
 #include "config_values.h"
+#include "strata/core/bounded_file.h"
 #include "strata/core/config.h"
 #include "strata/core/config_schema.h"
 #include "strata/core/units.h"
@@ -718,39 +716,9 @@ ConfigCheck check_config_file(const std::string& path, const ConfigOptions& opti
   return check_config_text(*text, with_source);
 }
 
-// Opens non-blocking (a FIFO must not hang us), refuses anything but a
-// regular file (/dev/zero, a directory), and reads at most kMaxConfigBytes + 1.
 Result<std::string> read_config_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus(errno, fmt::format("open config file '{}'", printable(path, 512)));
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) return ErrnoStatus(errno, fmt::format("stat config file '{}'", printable(path, 512)));
-  if (!S_ISREG(st.st_mode))
-    return InvalidArgument(fmt::format("config file '{}' is not a regular file (a {}); give a JSON file",
-                                       printable(path, 512),
-                                       S_ISDIR(st.st_mode)    ? "directory"
-                                       : S_ISFIFO(st.st_mode) ? "FIFO"
-                                       : S_ISCHR(st.st_mode)  ? "character device"
-                                                              : "special file"));
-  std::string text;
-  char buffer[1 << 16];
-  for (;;) {
-    const ssize_t n = ::read(fd, buffer, sizeof(buffer));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoStatus(errno, fmt::format("read config file '{}'", printable(path, 512)));
-    }
-    if (n == 0) break;
-    text.append(buffer, static_cast<size_t>(n));
-    if (text.size() > kMaxConfigBytes)
-      return InvalidArgument(fmt::format("config file '{}' is larger than {} bytes; a config is a small JSON object",
-                                         printable(path, 512), kMaxConfigBytes));
-  }
-  return text;
+  return read_regular_file(path, kMaxConfigBytes,
+                           {.what = "config file", .flag = "", .hint = "give a DeepSpeed JSON config file"});
 }
 
 namespace {

@@ -1,9 +1,5 @@
 #include "strata/model/text_data.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -13,7 +9,7 @@
 
 #include <fmt/format.h>
 
-#include "strata/core/printable.h"
+#include "strata/core/bounded_file.h"
 
 namespace strata::model {
 
@@ -58,37 +54,13 @@ Result<TextDataset> TextDataset::from_text(std::string text, int seq_len, double
 Result<TextDataset> TextDataset::load(const std::string& path, int seq_len, double val_fraction) {
   if (path.empty())
     return NotFound("no data file: the shipped corpus (data/corpus.txt) was not found; pass --data FILE");
-  // A FIFO must not hang us and /dev/zero must not be read without bound:
-  // open non-blocking, accept only a regular file, read exactly its size.
-  const std::string shown = printable(path, 256);
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus(errno, fmt::format("open data file '{}' (--data)", shown));
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) return ErrnoStatus(errno, fmt::format("stat data file '{}' (--data)", shown));
-  if (!S_ISREG(st.st_mode))
-    return InvalidArgument(fmt::format("data file '{}' (--data) is not a regular file (a {}); give a text file",
-                                       shown, S_ISDIR(st.st_mode) ? "directory" : S_ISFIFO(st.st_mode) ? "FIFO"
-                                                                                : S_ISCHR(st.st_mode) ? "character device"
-                                                                                                      : "special file"));
-  const auto bytes = static_cast<uint64_t>(st.st_size);
-  if (bytes > kMaxDataBytes)
-    return InvalidArgument(fmt::format("data file '{}' (--data) is {} bytes; the byte-level loader holds it in memory "
-                                       "and takes at most {} bytes: cut it (head -c) or use a smaller corpus",
-                                       shown, bytes, kMaxDataBytes));
-  std::string text(bytes, '\0');
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::read(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return ErrnoStatus(errno, fmt::format("read data file '{}' (--data) at offset {}", shown, done));
-    if (n == 0) break;  // the file shrank while we read it: use what is there
-    done += static_cast<size_t>(n);
-  }
-  text.resize(done);
+  // A FIFO must not hang us and /dev/zero must not be read without bound.
+  STRATA_ASSIGN_OR_RETURN(std::string text,
+                          read_regular_file(path, kMaxDataBytes,
+                                            {.what = "data file",
+                                             .flag = "--data",
+                                             .hint = "give a text file of at most 4 GiB (the byte-level loader holds "
+                                                     "it in memory; cut a larger one with head -c)"}));
   return from_text(std::move(text), seq_len, val_fraction, path);
 }
 

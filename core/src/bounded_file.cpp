@@ -1,0 +1,61 @@
+#include "strata/core/bounded_file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include <fmt/format.h>
+
+#include "strata/core/printable.h"
+
+namespace strata {
+namespace {
+
+std::string_view file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "directory";
+  if (S_ISFIFO(mode)) return "FIFO";
+  if (S_ISCHR(mode)) return "character device";
+  return "special file";
+}
+
+}  // namespace
+
+Result<std::string> read_regular_file(const std::string& path, uint64_t max_bytes, const FileDescription& file) {
+  const std::string name = fmt::format("{} '{}'{}", file.what, printable(path, 256),
+                                       file.flag.empty() ? "" : fmt::format(" ({})", file.flag));
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus(errno, fmt::format("open {}", name));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return ErrnoStatus(errno, fmt::format("stat {}", name));
+  if (!S_ISREG(st.st_mode))
+    return InvalidArgument(fmt::format("{} is not a regular file (a {}); {}", name, file_kind(st.st_mode), file.hint));
+  const auto too_large = [&] {
+    return InvalidArgument(fmt::format("{} is larger than {} bytes; {}", name, max_bytes, file.hint));
+  };
+  if (static_cast<uint64_t>(st.st_size) > max_bytes) return too_large();
+  std::string text;
+  text.resize(static_cast<size_t>(st.st_size));
+  size_t done = 0;
+  for (;;) {
+    if (done == text.size()) {
+      if (done > max_bytes) return too_large();
+      text.resize(done + 65536);  // the file may have grown since fstat: keep reading, bounded
+    }
+    const ssize_t n = ::read(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoStatus(errno, fmt::format("read {} at offset {}", name, done));
+    if (n == 0) break;
+    done += static_cast<size_t>(n);
+  }
+  if (done > max_bytes) return too_large();
+  text.resize(done);
+  return text;
+}
+
+}  // namespace strata
