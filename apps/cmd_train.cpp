@@ -1,12 +1,14 @@
-// strata train: trains the reference GPT on one rank (ZeRO stage 0) on the
-// cpu or cuda device, with the project's CPU optimizer. A DeepSpeed config
-// (--config) supplies optimizer, precision, batch and clipping; flags given
+// strata train: trains the reference GPT with the ZeRO engine (offload/:
+// Engine) on one rank or many: `--ranks N` runs N ranks as threads of this
+// process (local backend, one cpu device of --device-memory each);
+// `mpirun -np N strata train --backend mpi` runs them as processes. A
+// DeepSpeed config (--config) supplies stage, offload placement, optimizer,
+// precision, batch, clipping, loss scaling and the lr schedule; flags given
 // on the command line override it.
 //
 // This is where the model (model/: GptModel, GptExecutor on a Device
-// stream, GptRunner with the data) meets the training loop (offload/:
-// TrainingLoop with its ResidentProvider), which sees the model only
-// through core's contract.
+// stream, GptRunner with its rank's slice of the data) meets the engine,
+// which sees the model only through core's contract.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -14,6 +16,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -31,7 +34,8 @@
 #include "strata/model/gpt_executor.h"
 #include "strata/model/gpt_runner.h"
 #include "strata/model/text_data.h"
-#include "strata/offload/training_loop.h"
+#include "strata/comm/backends.h"
+#include "strata/offload/engine.h"
 
 namespace strata::cli {
 namespace {
@@ -56,6 +60,13 @@ struct TrainCliOptions {
   int eval_every = 50;
   int eval_batches = 8;
   bool quiet = false;
+  int ranks = 1;
+  std::string backend = "local";
+  int stage = -1;                      // -1: the config's (0 without one)
+  std::string offload_optimizer;       // "": the config's
+  std::string offload_param;
+  std::string overlap_optimizer;       // "": the config's (on)
+  int optimizer_threads = 0;
   // Which flags were given (they override the config).
   bool given_batch = false, given_accum = false, given_lr = false, given_wd = false, given_clip = false,
        given_dtype = false, given_device = false, given_device_memory = false;
@@ -65,13 +76,15 @@ std::string bytes_text(uint64_t b) { return b == 0 ? "0 B" : format_bytes(b, tru
 
 // What the run is made of, after flags and config.
 struct TrainSetup {
-  offload::TrainingOptions loop;
+  offload::EngineOptions engine;
   int batch = 8;
   int seq_len = 64;
   uint64_t seed = 1234;
   int eval_batches = 8;
   DeviceKind device = DeviceKind::kCpu;  // may be kAuto until resolved
-  uint64_t device_memory_bytes = 0;      // 0: cpu a quarter of host memory, cuda the whole GPU
+  uint64_t device_memory_bytes = 0;      // 0: cpu a quarter of host memory (split over ranks), cuda the whole GPU
+  bool breakdown = false;                // wall_clock_breakdown
+  bool has_config = false;
 };
 
 // The cpu device's default capacity: a quarter of host memory.
@@ -81,31 +94,22 @@ uint64_t default_cpu_device_bytes() {
   return static_cast<uint64_t>(info.totalram) * info.mem_unit / 4;
 }
 
-// Applies the DeepSpeed config's optimizer, precision, batch and clipping.
+Result<OffloadDevice> parse_offload(const std::string& text, const char* flag) {
+  if (text == "none") return OffloadDevice::kNone;
+  if (text == "cpu") return OffloadDevice::kCpu;
+  if (text == "nvme") return OffloadDevice::kNvme;
+  return InvalidArgument(fmt::format("{} '{}' is not none, cpu or nvme", flag, printable(text, 64)));
+}
+
+// Applies the DeepSpeed config: engine options, precision, batch.
 Status apply_config(const Config& cfg, TrainCliOptions& o, TrainSetup& t, model::GptConfig& g) {
-  if (cfg.zero_optimization.stage != 0)
-    return Unsupported(fmt::format("{}: zero_optimization.stage = {}: strata train runs stage 0 on one rank for now; "
-                                   "set \"stage\": 0",
-                                   cfg.source, cfg.zero_optimization.stage));
-  if (cfg.zero_optimization.offload_optimizer.device != OffloadDevice::kNone ||
-      cfg.zero_optimization.offload_param.device != OffloadDevice::kNone)
-    return Unsupported(fmt::format("{}: offload_optimizer/offload_param need the offload engine, which strata train "
-                                   "does not use yet; set their \"device\" to \"none\"",
-                                   cfg.source));
-  if (cfg.optimizer.given) {
-    switch (cfg.optimizer.type) {
-      case OptimizerType::kAdam: t.loop.optimizer = cpu_adam::adam_kind(cfg.optimizer.adam_w_mode); break;
-      case OptimizerType::kAdamW: t.loop.optimizer = cpu_adam::OptimizerKind::kAdamW; break;
-      case OptimizerType::kAdagrad: t.loop.optimizer = cpu_adam::OptimizerKind::kAdagrad; break;
-      case OptimizerType::kLion: t.loop.optimizer = cpu_adam::OptimizerKind::kLion; break;
-    }
-    if (!cfg.is_unresolved("optimizer.params.lr") && !o.given_lr) t.loop.hyper.lr = cfg.optimizer.lr;
-    t.loop.hyper.beta1 = cfg.optimizer.betas[0];
-    t.loop.hyper.beta2 = cfg.optimizer.betas[1];
-    t.loop.hyper.eps = cfg.optimizer.eps;
-    if (!o.given_wd) t.loop.hyper.weight_decay = cfg.optimizer.weight_decay;
-    t.loop.hyper.bias_correction = cfg.optimizer.bias_correction;
-  }
+  const double lr = t.engine.hyper.lr, wd = t.engine.hyper.weight_decay, clip = t.engine.grad_clip;
+  const int accum = t.engine.grad_accum;
+  STRATA_ASSIGN_OR_RETURN(t.engine, offload::engine_options_from_config(cfg));
+  if (o.given_lr || !cfg.optimizer.given || cfg.is_unresolved("optimizer.params.lr")) t.engine.hyper.lr = lr;
+  if (o.given_wd || !cfg.optimizer.given) t.engine.hyper.weight_decay = wd;
+  if (o.given_clip) t.engine.grad_clip = clip;
+  if (o.given_accum || !cfg.batch.gradient_accumulation_steps) t.engine.grad_accum = accum;
   if (!o.given_dtype) {
     if (cfg.precision() == TrainPrecision::kBf16) g.param_dtype = DType::kBF16;
     if (cfg.precision() == TrainPrecision::kFp16) g.param_dtype = DType::kF16;
@@ -118,25 +122,184 @@ Status apply_config(const Config& cfg, TrainCliOptions& o, TrainSetup& t, model:
           "{}: train_micro_batch_size_per_gpu {} is out of range for strata train (1..65536)", cfg.source, mb));
     t.batch = static_cast<int>(mb);
   }
-  if (cfg.batch.gradient_accumulation_steps && !o.given_accum) {
-    const int64_t ga = *cfg.batch.gradient_accumulation_steps;
-    if (ga < 1 || ga > 1000000)
-      return InvalidArgument(fmt::format(
-          "{}: gradient_accumulation_steps {} is out of range for strata train (1..1000000)", cfg.source, ga));
-    t.loop.grad_accum = static_cast<int>(ga);
-  }
-  if (!o.given_clip) t.loop.grad_clip = cfg.gradient_clipping;
   if (!o.given_device_memory && cfg.strata.device_memory != 0) t.device_memory_bytes = cfg.strata.device_memory;
   // "strata.device" ("auto" unless given) decides unless --device was given.
   if (!o.given_device) t.device = cfg.strata.device;
+  t.breakdown = cfg.wall_clock_breakdown;
+  t.has_config = true;
   for (const ConfigIssue& w : cfg.warnings) fmt::print(stderr, "strata train: {}\n", format_issue(w, cfg.source));
-  if (cfg.scheduler.type != SchedulerType::kNone)
-    fmt::print(stderr, "strata train: warning: {}: scheduler {} is not applied yet; the learning rate stays {}\n",
-               cfg.source, scheduler_type_name(cfg.scheduler.type), t.loop.hyper.lr);
-  if (cfg.fp16.enabled)
-    fmt::print(stderr, "strata train: note: fp16 parameters are stored in fp16, but compute and gradients are fp32, "
-                       "so no loss scaling is applied\n");
   return Status::Ok();
+}
+
+// Flags that override the placement (applied after the config).
+Status apply_placement_flags(const TrainCliOptions& o, TrainSetup& t) {
+  if (o.stage != -1) {
+    if (o.stage < 0 || o.stage > 3) return InvalidArgument(fmt::format("--stage {} is not 0, 1, 2 or 3", o.stage));
+    t.engine.stage = o.stage;
+  }
+  if (!o.offload_optimizer.empty()) {
+    STRATA_ASSIGN_OR_RETURN(t.engine.offload_optimizer, parse_offload(o.offload_optimizer, "--offload-optimizer"));
+  }
+  if (!o.offload_param.empty()) {
+    STRATA_ASSIGN_OR_RETURN(t.engine.offload_param, parse_offload(o.offload_param, "--offload-param"));
+  }
+  if (t.engine.offload_optimizer == OffloadDevice::kNvme || t.engine.offload_param == OffloadDevice::kNvme)
+    return Unsupported("nvme offload is not built into the engine yet (issue 12); use cpu");
+  if (t.engine.offload_param != OffloadDevice::kNone && t.engine.stage != 3)
+    return InvalidArgument(fmt::format("--offload-param needs stage 3 (parameters are partitioned only there); "
+                                       "stage is {}",
+                                       t.engine.stage));
+  if (!o.overlap_optimizer.empty()) {
+    if (o.overlap_optimizer != "on" && o.overlap_optimizer != "off")
+      return InvalidArgument(fmt::format("--overlap-optimizer '{}' is not on or off", printable(o.overlap_optimizer, 32)));
+    t.engine.overlap_optimizer = o.overlap_optimizer == "on";
+  }
+  t.engine.optimizer_threads = o.optimizer_threads;
+  return Status::Ok();
+}
+
+// Everything one rank trains with. Built inside the rank's thread.
+struct RankState {
+  std::unique_ptr<Device> device;
+  std::unique_ptr<Stream> stream;
+  std::unique_ptr<model::GptModel> model;
+  std::unique_ptr<model::GptExecutor> executor;
+  std::unique_ptr<model::GptRunner> runner;
+  std::unique_ptr<offload::Engine> engine;
+};
+
+Status build_rank(const TrainSetup& t, const model::GptConfig& g, const model::TextDataset& data, DeviceKind kind,
+                  comm::Communicator& comm, RankState& rs) {
+  DeviceOptions dopt;
+  dopt.device_memory_bytes = t.device_memory_bytes;
+  dopt.cuda_memory_limit_bytes = t.device_memory_bytes;  // 0: the whole GPU
+  if (kind == DeviceKind::kCpu && dopt.device_memory_bytes == 0)
+    dopt.device_memory_bytes = default_cpu_device_bytes() / static_cast<uint64_t>(comm.world_size());
+  Result<std::unique_ptr<Device>> device = make_device(kind, dopt);
+  if (!device.ok())
+    return device.status().with_context(fmt::format("--device {}{}", device_kind_name(kind),
+                                                    kind == DeviceKind::kCuda ? " (use --device cpu)" : ""));
+  rs.device = std::move(*device);
+  STRATA_ASSIGN_OR_RETURN(rs.stream, rs.device->create_stream());
+  STRATA_ASSIGN_OR_RETURN(rs.model, model::GptModel::create(g, t.seed));
+  STRATA_ASSIGN_OR_RETURN(rs.executor, model::GptExecutor::create(*rs.model, *rs.device, *rs.stream, t.batch, t.seq_len));
+  STRATA_ASSIGN_OR_RETURN(rs.runner, model::GptRunner::create(*rs.model, *rs.executor, data, t.seed, t.eval_batches,
+                                                              {comm.rank(), comm.world_size()}));
+  STRATA_ASSIGN_OR_RETURN(rs.engine, offload::Engine::create(t.engine, *rs.runner, *rs.device, comm));
+  return Status::Ok();
+}
+
+// Every rank says whether it is ready; a rank that failed makes all stop
+// (so no rank waits for a peer that will never issue its collectives).
+Status vote(comm::Communicator& comm, const Status& mine, const char* what) {
+  int64_t failed = mine.ok() ? 0 : comm.rank() + 1, first = 0;
+  Result<comm::CommWork> w = comm.all_reduce(&failed, &first, 1, DType::kI64, comm::ReduceOp::kMax);
+  if (!w.ok()) return w.status();
+  STRATA_RETURN_IF_ERROR(w->wait());
+  if (!mine.ok()) return mine;
+  if (first != 0) return FailedPrecondition(fmt::format("rank {} failed {}; every rank stops", first - 1, what));
+  return Status::Ok();
+}
+
+// One line per step and the JSON log (rank 0 only).
+struct Reporter {
+  const TrainCliOptions& o;
+  std::ofstream* log = nullptr;
+  void step(int64_t s, const offload::StepMetrics& m, std::optional<double> val) const {
+    if (!o.quiet) {
+      fmt::print("step {:>5}/{} | loss {:.4f}{} | {:>8.0f} tok/s | {:>8.1f} ms | peak device {} pinned {} host {} nvme "
+                 "{} | lr {:.3g} norm {:.3f}{}{}\n",
+                 s, o.steps, m.loss, val ? fmt::format(" | val {:.4f}", *val) : std::string(), m.tokens_per_s,
+                 m.step_ms, bytes_text(m.peak_device_bytes), bytes_text(m.peak_pinned_bytes),
+                 bytes_text(m.peak_host_bytes), bytes_text(m.peak_nvme_bytes), m.lr, m.grad_norm,
+                 m.loss_scale != 1 ? fmt::format(" scale {:g}", m.loss_scale) : std::string(),
+                 m.skipped ? " | SKIPPED (fp16 overflow)" : "");
+      std::fflush(stdout);
+    }
+    if (log != nullptr) {
+      nlohmann::ordered_json j;
+      j["step"] = s;
+      j["loss"] = m.loss;
+      j["val_loss"] = val ? nlohmann::ordered_json(*val) : nlohmann::ordered_json(nullptr);
+      j["lr"] = m.lr;
+      j["loss_scale"] = m.loss_scale;
+      j["grad_norm"] = m.grad_norm;
+      j["skipped"] = m.skipped;
+      j["tokens_per_s"] = m.tokens_per_s;
+      j["step_ms"] = m.step_ms;
+      j["forward_ms"] = m.forward_ms;
+      j["backward_ms"] = m.backward_ms;
+      j["optimizer_ms"] = m.optimizer_ms;
+      j["exposed_ms"] = {{"reduce", m.wait_reduce_ms}, {"optimizer", m.wait_optimizer_ms}, {"gather", m.wait_gather_ms}};
+      j["bytes"] = {{"h2d", m.h2d_bytes}, {"d2h", m.d2h_bytes}, {"gather", m.gather_bytes}, {"reduce", m.reduce_bytes}};
+      j["peak_bytes"] = {{"device", m.peak_device_bytes},
+                         {"pinned", m.peak_pinned_bytes},
+                         {"host", m.peak_host_bytes},
+                         {"nvme", m.peak_nvme_bytes}};
+      *log << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
+      log->flush();
+    }
+  }
+};
+
+struct Summary {
+  std::vector<double> tps;
+  double last_val = NAN;
+  std::vector<offload::StepMetrics> steps;
+};
+
+// Trains on one rank. Rank 0 (printer) reports.
+Status train_rank(const TrainCliOptions& o, const TrainSetup& t, const model::GptConfig& g,
+                  const model::TextDataset& data, DeviceKind kind, comm::Communicator& comm, const Reporter* reporter,
+                  Summary* summary) {
+  RankState rs;
+  Status built = build_rank(t, g, data, kind, comm, rs);
+  STRATA_RETURN_IF_ERROR(vote(comm, built, "to set up"));
+  if (reporter != nullptr && !o.quiet) {
+    fmt::print("engine   {}\n", rs.engine->describe());
+    std::fflush(stdout);
+  }
+  for (int64_t s = 1; s <= o.steps; ++s) {
+    Result<offload::StepMetrics> r = rs.engine->step();
+    if (!r.ok()) return r.status().with_context(fmt::format("step {} on rank {}", s, comm.rank()));
+    std::optional<double> val;
+    if ((o.eval_every > 0 && s % o.eval_every == 0) || s == o.steps) {
+      Result<double> v = rs.engine->evaluate();
+      if (!v.ok()) return v.status().with_context(fmt::format("validation at step {} on rank {}", s, comm.rank()));
+      val = *v;
+      if (summary) summary->last_val = *v;
+    }
+    if (summary) {
+      if (s > 1) summary->tps.push_back(r->tokens_per_s);
+      summary->steps.push_back(*r);
+    }
+    if (reporter != nullptr) reporter->step(s, *r, val);
+  }
+  return rs.engine->synchronize();
+}
+
+void print_breakdown(const Summary& sum) {
+  if (sum.steps.size() < 2) return;
+  // Medians over steps 2.. (step 1 records the acquire sequence).
+  auto median = [&](auto field) {
+    std::vector<double> v;
+    for (size_t i = 1; i < sum.steps.size(); ++i) v.push_back(field(sum.steps[i]));
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  using M = offload::StepMetrics;
+  fmt::print("breakdown (median of steps 2..{}, ms)\n", sum.steps.size());
+  fmt::print("  step {:>9.2f}   forward {:>9.2f}   backward {:>9.2f}   optimizer (own thread) {:>9.2f}\n",
+             median([](const M& m) { return m.step_ms; }), median([](const M& m) { return m.forward_ms; }),
+             median([](const M& m) { return m.backward_ms; }), median([](const M& m) { return m.optimizer_ms; }));
+  fmt::print("  exposed: reduce+norm {:>9.2f}   optimizer {:>9.2f}   gather {:>9.2f}\n",
+             median([](const M& m) { return m.wait_reduce_ms; }), median([](const M& m) { return m.wait_optimizer_ms; }),
+             median([](const M& m) { return m.wait_gather_ms; }));
+  fmt::print("  bytes/step: h2d {}  d2h {}  gather {}  reduce {}\n",
+             bytes_text(static_cast<uint64_t>(median([](const M& m) { return double(m.h2d_bytes); }))),
+             bytes_text(static_cast<uint64_t>(median([](const M& m) { return double(m.d2h_bytes); }))),
+             bytes_text(static_cast<uint64_t>(median([](const M& m) { return double(m.gather_bytes); }))),
+             bytes_text(static_cast<uint64_t>(median([](const M& m) { return double(m.reduce_bytes); }))));
 }
 
 int run_train(TrainCliOptions o) {
@@ -159,13 +322,20 @@ int run_train(TrainCliOptions o) {
                                               printable(o.dtype, 64))));
     g.param_dtype = *dt;
   }
+  if (o.ranks < 1 || o.ranks > 64) return fail(InvalidArgument(fmt::format("--ranks {} is not in 1..64", o.ranks)));
+  Result<comm::Backend> backend = comm::parse_backend(o.backend, "--backend");
+  if (!backend.ok()) return fail(backend.status());
+  if (*backend != comm::Backend::kLocal && o.ranks != 1)
+    return fail(InvalidArgument(fmt::format("--ranks {} is for --backend local; with {} start one process per rank "
+                                            "(mpirun -np N strata train --backend {})",
+                                            o.ranks, o.backend, o.backend)));
   TrainSetup t;
   t.batch = o.batch;
   t.seq_len = o.seq;
-  t.loop.grad_accum = o.grad_accum;
-  t.loop.hyper.lr = o.lr;
-  t.loop.hyper.weight_decay = o.weight_decay;
-  t.loop.grad_clip = o.clip;
+  t.engine.grad_accum = o.grad_accum;
+  t.engine.hyper.lr = o.lr;
+  t.engine.hyper.weight_decay = o.weight_decay;
+  t.engine.grad_clip = o.clip;
   t.seed = o.seed;
   t.eval_batches = o.eval_batches;
   Result<DeviceKind> dev = parse_device_kind(o.device, "--device");
@@ -177,10 +347,20 @@ int run_train(TrainCliOptions o) {
     t.device_memory_bytes = *bytes;
   }
   if (!o.config_path.empty()) {
-    Result<Config> cfg = load_config(o.config_path);
+    ConfigOptions copt;
+    copt.world_size = o.ranks;
+    Result<Config> cfg = load_config(o.config_path, copt);
     if (!cfg.ok()) return fail(cfg.status());
     Status st = apply_config(*cfg, o, t, g);
     if (!st.ok()) return fail(st);
+  }
+  Status placement = apply_placement_flags(o, t);
+  if (!placement.ok()) return fail(placement);
+  // Gradients in the parameters' dtype unless the config says otherwise;
+  // fp16 without a config gets DeepSpeed's dynamic loss scale.
+  if (!t.has_config) {
+    t.engine.grad_dtype = g.param_dtype;
+    if (g.param_dtype == DType::kF16) t.engine.fp16.enabled = true;
   }
   if (o.steps < 1) return fail(InvalidArgument(fmt::format("--steps {} must be at least 1", o.steps)));
   if (o.eval_every < 0) return fail(InvalidArgument(fmt::format("--eval-every {} must be >= 0 (0: only at the end)", o.eval_every)));
@@ -191,104 +371,86 @@ int run_train(TrainCliOptions o) {
   Result<model::TextDataset> data = model::TextDataset::load(data_path, t.seq_len);
   if (!data.ok()) return fail(data.status());
 
-  // The device and the stream the model runs on; "auto" says what it chose.
+  // Communicators: N local ranks, or this process's rank of mpirun.
+  Result<comm::CommOptions> copts = comm::apply_comm_environment({});
+  if (!copts.ok()) return fail(copts.status());
+  std::vector<std::unique_ptr<comm::Communicator>> comms;
+  if (*backend == comm::Backend::kLocal) {
+    Result<std::vector<std::unique_ptr<comm::Communicator>>> group = comm::create_local_group(o.ranks, *copts);
+    if (!group.ok()) return fail(group.status());
+    comms = std::move(*group);
+  } else if (*backend == comm::Backend::kMpi) {
+    Result<std::unique_ptr<comm::Communicator>> c = comm::create_mpi_communicator(*copts);
+    if (!c.ok()) return fail(c.status().with_context("--backend mpi"));
+    comms.push_back(std::move(*c));
+  } else {
+    return fail(Unsupported("--backend nccl: strata train runs the engine on local or mpi ranks in this build; the "
+                            "engine's cuda path needs the device optimizer kernel (issue 11 notes)"));
+  }
+  const bool printer = comms.front()->rank() == 0;
   const DeviceChoice choice = resolve_device_kind(t.device);
-  DeviceOptions dopt;
-  dopt.device_memory_bytes = t.device_memory_bytes;
-  dopt.cuda_memory_limit_bytes = t.device_memory_bytes;  // 0: the whole GPU
-  if (choice.kind == DeviceKind::kCpu && dopt.device_memory_bytes == 0)
-    dopt.device_memory_bytes = default_cpu_device_bytes();
-  Result<std::unique_ptr<Device>> device_r = make_device(choice.kind, dopt);
-  if (!device_r.ok())
-    return fail(device_r.status().with_context(
-        fmt::format("--device {}{}", device_kind_name(choice.kind),
-                    choice.kind == DeviceKind::kCuda ? " (use --device cpu)" : "")));
-  Device& device = **device_r;
-  Result<std::unique_ptr<Stream>> stream_r = device.create_stream();
-  if (!stream_r.ok()) return fail(stream_r.status().with_context("creating the model's stream"));
-  Result<std::unique_ptr<model::GptModel>> model_r = model::GptModel::create(g, t.seed);
-  if (!model_r.ok()) return fail(model_r.status());
-  Result<std::unique_ptr<model::GptExecutor>> exec_r =
-      model::GptExecutor::create(**model_r, device, **stream_r, t.batch, t.seq_len);
-  if (!exec_r.ok()) return fail(exec_r.status());
-  Result<std::unique_ptr<model::GptRunner>> runner_r =
-      model::GptRunner::create(**model_r, **exec_r, *data, t.seed, t.eval_batches);
-  if (!runner_r.ok()) return fail(runner_r.status());
-  Result<std::unique_ptr<offload::TrainingLoop>> loop_r = offload::TrainingLoop::create(**runner_r, device, t.loop);
-  if (!loop_r.ok()) return fail(loop_r.status());
-  offload::TrainingLoop& trainer = **loop_r;
 
   std::unique_ptr<std::ofstream> log;
-  if (!o.json_log.empty()) {
+  if (printer && !o.json_log.empty()) {
     log = std::make_unique<std::ofstream>(o.json_log, std::ios::trunc);
     if (!*log) return fail(ErrnoStatus(errno, fmt::format("open --json-log '{}'", o.json_log)));
   }
-
+  const int world = comms.front()->world_size();
   const double baseline = data->unigram_baseline();
   const double flops_per_token = g.train_flops_per_token(t.seq_len);
-  fmt::print("model    {}\n", g.describe());
-  fmt::print("data     {} ({} train / {} validation bytes), unigram baseline {:.4f} nats/token\n", data->name(),
-             data->train().size(), data->val().size(), baseline);
-  fmt::print("train    device {}, batch {} x seq {} x accum {}, {} steps, {} lr {:g} wd {:g} clip {:g}, seed {}\n",
-             device_kind_name(choice.kind), t.batch, t.seq_len, t.loop.grad_accum, o.steps,
-             cpu_adam::optimizer_kind_name(t.loop.optimizer), t.loop.hyper.lr, t.loop.hyper.weight_decay,
-             t.loop.grad_clip, t.seed);
-  if (choice.automatic) fmt::print("device   {}\n", choice.reason);
-  if (choice.kind == DeviceKind::kCpu) fmt::print("matmul   {}\n", model::cpu::gemm_backend_description());
-  std::fflush(stdout);
-
-  std::vector<double> tps;
-  double last_val = NAN;
-  for (int64_t s = 1; s <= o.steps; ++s) {
-    Result<offload::StepResult> r = trainer.step();
-    if (!r.ok()) return fail(r.status().with_context(fmt::format("step {}", s)));
-    std::optional<double> val;
-    if ((o.eval_every > 0 && s % o.eval_every == 0) || s == o.steps) {
-      Result<double> v = trainer.evaluate();
-      if (!v.ok()) return fail(v.status().with_context(fmt::format("validation at step {}", s)));
-      val = *v;
-      last_val = *v;
-    }
-    if (s > 1) tps.push_back(r->tokens_per_s);
-    if (!o.quiet) {
-      fmt::print("step {:>5}/{} | loss {:.4f}{} | {:>8.0f} tok/s | {:>8.1f} ms | peak device {} pinned {} host {} nvme {}{}\n",
-                 s, o.steps, r->loss, val ? fmt::format(" | val {:.4f}", *val) : std::string(), r->tokens_per_s,
-                 r->step_ms, bytes_text(r->peak_device_bytes), bytes_text(r->peak_pinned_bytes),
-                 bytes_text(r->peak_host_bytes), bytes_text(r->peak_nvme_bytes),
-                 r->skipped ? " | SKIPPED (non-finite gradient)" : "");
-      std::fflush(stdout);
-    }
-    if (log) {
-      nlohmann::ordered_json j;
-      j["step"] = s;
-      j["loss"] = r->loss;
-      j["val_loss"] = val ? nlohmann::ordered_json(*val) : nlohmann::ordered_json(nullptr);
-      j["tokens_per_s"] = r->tokens_per_s;
-      j["step_ms"] = r->step_ms;
-      j["peak_bytes"] = {{"device", r->peak_device_bytes},
-                         {"pinned", r->peak_pinned_bytes},
-                         {"host", r->peak_host_bytes},
-                         {"nvme", r->peak_nvme_bytes}};
-      *log << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
-      log->flush();
-    }
+  if (printer) {
+    fmt::print("model    {}\n", g.describe());
+    fmt::print("data     {} ({} train / {} validation bytes), unigram baseline {:.4f} nats/token\n", data->name(),
+               data->train().size(), data->val().size(), baseline);
+    fmt::print("train    device {}, batch {} x seq {} x accum {} x ranks {}, {} steps, {} lr {:g} wd {:g} clip {:g}, "
+               "seed {}\n",
+               device_kind_name(choice.kind), t.batch, t.seq_len, t.engine.grad_accum, world, o.steps,
+               cpu_adam::optimizer_kind_name(t.engine.optimizer), t.engine.hyper.lr, t.engine.hyper.weight_decay,
+               t.engine.grad_clip, t.seed);
+    if (choice.automatic) fmt::print("device   {}\n", choice.reason);
+    if (choice.kind == DeviceKind::kCpu) fmt::print("matmul   {}\n", model::cpu::gemm_backend_description());
+    std::fflush(stdout);
   }
+  Reporter reporter{o, log.get()};
+  Summary summary;
+  std::vector<Status> results(comms.size());
+  {
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < comms.size(); ++i) {
+      const bool first = i == 0 && printer;
+      threads.emplace_back([&, i, first] {
+        results[i] = train_rank(o, t, g, *data, choice.kind, *comms[i], first ? &reporter : nullptr,
+                                first ? &summary : nullptr);
+      });
+    }
+    for (auto& th : threads) th.join();
+  }
+  // The first failure in rank order; a rank that only saw a peer fail comes after the peer's own error.
+  const Status* first_error = nullptr;
+  for (const Status& st : results)
+    if (!st.ok() && st.message().find("every rank stops") == std::string::npos) { first_error = &st; break; }
+  if (first_error == nullptr)
+    for (const Status& st : results)
+      if (!st.ok()) { first_error = &st; break; }
+  if (first_error != nullptr) return fail(*first_error);
+  if (!printer) return 0;
+  if (t.breakdown) print_breakdown(summary);
   double median = 0;
-  if (!tps.empty()) {
-    std::sort(tps.begin(), tps.end());
-    median = tps[tps.size() / 2];
+  if (!summary.tps.empty()) {
+    std::sort(summary.tps.begin(), summary.tps.end());
+    median = summary.tps[summary.tps.size() / 2];
   }
   fmt::print("done     val loss {:.4f} vs unigram baseline {:.4f} ({}); median {:.0f} tok/s = {:.2f} GFLOP/s "
              "(model FLOPs {:.3g}/token)\n",
-             last_val, baseline, last_val < baseline ? "below" : "NOT below", median, median * flops_per_token / 1e9,
-             flops_per_token);
+             summary.last_val, baseline, summary.last_val < baseline ? "below" : "NOT below", median,
+             median * flops_per_token / 1e9, flops_per_token);
   return 0;
 }
 
 CommandRegistration train_command("train", [](CLI::App& root) {
   auto o = std::make_shared<TrainCliOptions>();
   CLI::App* cmd = root.add_subcommand(
-      "train", "Train the reference GPT on one rank (stage 0) on the cpu or cuda device");
+      "train", "Train the reference GPT with the ZeRO engine (stages 0-3, cpu offload) on one rank or many");
   cmd->add_option("--preset", o->preset, "Model size: tiny | small | gpt2 | gpt2-medium | 1b")->capture_default_str();
   cmd->add_option("--layers", o->layers, "Override the number of blocks");
   cmd->add_option("--heads", o->heads, "Override the number of attention heads");
@@ -311,13 +473,25 @@ CommandRegistration train_command("train", [](CLI::App& root) {
                      ->capture_default_str();
   auto* devmem = cmd->add_option("--device-memory", o->device_memory,
                                  "Device memory capacity, e.g. 2GiB (cpu default: a quarter of host memory)");
-  cmd->add_option("--config", o->config_path, "DeepSpeed JSON config: optimizer, precision, batch, clipping");
+  cmd->add_option("--config", o->config_path,
+                  "DeepSpeed JSON config: ZeRO stage and offload, optimizer, precision, batch, clipping, scheduler");
   cmd->add_option("--json-log", o->json_log, "Write one JSON object per step to this file");
   cmd->add_option("--data", o->data, "Train on this text file (default: the shipped corpus)");
   cmd->add_option("--eval-every", o->eval_every, "Validation loss every N steps (0: only at the end)")
       ->capture_default_str();
   cmd->add_option("--eval-batches", o->eval_batches, "Validation batches per evaluation")->capture_default_str();
   cmd->add_flag("--quiet", o->quiet, "No per-step progress lines");
+  cmd->add_option("--ranks", o->ranks, "Data-parallel ranks as threads of this process (--backend local)")
+      ->capture_default_str();
+  cmd->add_option("--backend", o->backend, "local | mpi (one process per rank under mpirun)")->capture_default_str();
+  cmd->add_option("--stage", o->stage, "ZeRO stage 0-3 (overrides zero_optimization.stage)");
+  cmd->add_option("--offload-optimizer", o->offload_optimizer, "none | cpu (overrides offload_optimizer.device)");
+  cmd->add_option("--offload-param", o->offload_param, "none | cpu, stage 3 (overrides offload_param.device)");
+  cmd->add_option("--overlap-optimizer", o->overlap_optimizer,
+                  "on | off: step the optimizer under the next forward (overrides strata.overlap_optimizer)");
+  cmd->add_option("--optimizer-threads", o->optimizer_threads, "CPU optimizer threads per rank (0: all cores)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1024));
   cmd->callback([o, batch, accum, lr, wd, clip, dtype, device, devmem] {
     o->given_batch = batch->count() > 0;
     o->given_accum = accum->count() > 0;

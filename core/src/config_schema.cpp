@@ -311,6 +311,9 @@ std::vector<ConfigKey> build_table() {
   add(Key("strata.verify_checksums", B, "true", "Check the checksum of every NVMe extent read back.").bind(STRATA_BIND(strata.verify_checksums)));
   add(Key("strata.optimizer_state_dtype", E, "\"fp32\"", "Element type of the Adam moments m and v (master weights stay fp32).")
           .one_of("fp32|bf16").bind(STRATA_BIND(strata.optimizer_state_dtype)));
+  add(Key("strata.overlap_optimizer", B, "true",
+          "Step the CPU optimizer layer by layer while the next forward runs (exact: same losses as false).")
+          .bind(STRATA_BIND(strata.overlap_optimizer)));
 
   // --- accepted for compatibility, not acted upon -------------------------------------
   add(section("tensorboard", "DeepSpeed monitor; accepted, Strata does not act on it.").flag(kKeyIgnored));

@@ -203,8 +203,8 @@ void select_blas_kernels() {
 // small products (the tiny preset ran 2.4x faster single-threaded), so
 // products under 100 MFLOP run on one thread and larger ones on OpenBLAS's
 // configured count. The thread count does not change results (OpenBLAS
-// splits M and N, not K). gemm is called from one thread at a time (the
-// graph's), so the switch needs no lock.
+// splits M and N, not K). Several ranks of one process (strata train
+// --ranks N) call gemm concurrently, so the switch is taken under a lock.
 int configured_blas_threads() {
   static const int configured = openblas_get_num_threads();
   return configured;
@@ -213,8 +213,10 @@ int configured_blas_threads() {
 void set_blas_threads_for(double flops) {
   select_blas_kernels();
   const int configured = configured_blas_threads();
+  static std::mutex mutex;
   static int current = configured;
   const int want = flops < 1e8 ? 1 : configured;
+  std::lock_guard<std::mutex> lock(mutex);
   if (want != current) {
     openblas_set_num_threads(want);
     current = want;

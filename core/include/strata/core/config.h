@@ -170,6 +170,7 @@ struct StrataSection {
   uint64_t host_memory_budget = 0;  // bytes of pinned + pageable host state; 0: unlimited
   bool verify_checksums = true;     // checksum NVMe extents on read
   std::string optimizer_state_dtype = "fp32";  // fp32 | bf16: dtype of Adam's m and v
+  bool overlap_optimizer = true;    // step layer by layer under the next forward (exact)
 };
 
 enum class IssueSeverity : uint8_t { kWarning, kError };

@@ -61,6 +61,7 @@
 #include <vector>
 
 #include "strata/core/completion.h"
+#include "strata/core/device.h"
 #include "strata/core/dtype.h"
 #include "strata/core/status.h"
 #include "strata/core/tier.h"
@@ -164,6 +165,10 @@ class ModelRunner {
   virtual size_t eval_batch_count() const = 0;
   // Tokens (or samples) one micro-batch trains on, for throughput.
   virtual uint64_t tokens_per_micro_batch() const = 0;
+  // The stream the model's work runs on, or null. A provider may enqueue a
+  // host function on it in acquire(), before returning, to time when the
+  // stream reaches the layer (exposed-wait metrics); nothing else.
+  virtual Stream* model_stream() { return nullptr; }
 };
 
 // Total parameter elements of a model.

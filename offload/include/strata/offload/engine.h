@@ -1,0 +1,158 @@
+#pragma once
+// The ZeRO engine: owns every piece of one rank's training state and is the
+// model's ParameterProvider (strata/core/layered_model.h).
+//
+//   EngineOptions o = ...;                       // or engine_options_from_config(cfg)
+//   auto engine = Engine::create(o, runner, device, comm);  // one per rank
+//   for (...) { auto r = engine->step(); ... }   // drives runner's micro-batches
+//   double val = *engine->evaluate();
+//
+// Stages (Note [Stages]):
+//   0  every rank holds full parameters, gradients and optimizer state; the
+//      gradient is summed over ranks and every rank steps every element.
+//   1  + optimizer state sharded: a rank steps its shard, then the updated
+//      parameters are all-gathered.
+//   2  + gradients reduce-scattered as each layer's backward ends; the full
+//      gradient buffer of a layer is freed once its shard is taken away.
+//   3  + parameters partitioned: acquire all-gathers a layer (from its device
+//      shard, or from the pinned host shard with offload_param cpu: H2D, then
+//      gather); release frees it. Prefetch follows the acquire sequence
+//      recorded in the first micro-batch; layers below the persistence
+//      threshold stay gathered.
+// Gradient sums always run as a reduce-scatter over ranks in rank order
+// (fp32 accumulation; stage 0 all-gathers the reduced pieces back), so every
+// stage adds the same numbers in the same order.
+//
+// Optimizer placement (Note [Optimizer tier]): offload_optimizer none keeps
+// fp32 master weights (16-bit parameters only) and moments in device memory
+// and steps them with the CPU kernels (cpu device only: a cuda device needs
+// the fused device kernel, which this build does not have, so it asks for
+// offload_optimizer cpu); cpu keeps them in pinned host memory, copies each
+// layer's reduced gradient piece D2H as soon as it is reduced (while
+// backward continues) and steps it there. Both are an OptimizerStateTier
+// (state_tier.h); the NVMe tier is a third one.
+//
+// Note [Gradient norm]
+// Every rank piece is a whole number of kShardAlign-element blocks. Each
+// block's fp64 sum of squares is computed by whoever holds the block; the
+// per-block sums of all ranks are gathered and added layer by layer,
+// sub-group by sub-group, rank by rank, block by block. Stage 0 computes the
+// same blocks itself and adds them in the same order, so the norm (and the
+// clip coefficient and every update) is bit-identical across stages.
+//
+// Note [Exact overlap]
+// With overlap_optimizer (default), step() returns once the optimizer step
+// of every layer is queued on the optimizer thread in forward order. Each
+// layer's parameters carry a ready Completion (the update, its H2D copy and
+// gather); the next forward waits per layer, so it runs while later layers
+// are still being stepped, and never sees a stale parameter. Off: step()
+// waits for every update. Losses are bit-identical either way.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "strata/comm/communicator.h"
+#include "strata/core/config.h"
+#include "strata/core/device.h"
+#include "strata/core/layered_model.h"
+#include "strata/core/status.h"
+#include "strata/cpu_adam/hyper_params.h"
+#include "strata/offload/partition.h"
+
+namespace strata::offload {
+
+struct EngineOptions {
+  int stage = 0;
+  OffloadDevice offload_optimizer = OffloadDevice::kNone;
+  OffloadDevice offload_param = OffloadDevice::kNone;
+  int64_t sub_group_size = 1'000'000'000;
+  int64_t reduce_bucket_size = 500'000'000;
+  bool overlap_comm = false;
+  int64_t prefetch_bucket_size = 50'000'000;        // stage3_prefetch_bucket_size
+  int64_t max_live_parameters = 1'000'000'000;      // stage3_max_live_parameters
+  int64_t max_reuse_distance = 1'000'000'000;       // stage3_max_reuse_distance
+  int64_t persistence_threshold = 100'000;          // stage3_param_persistence_threshold
+  bool overlap_optimizer = true;                    // strata.overlap_optimizer
+  DType grad_dtype = DType::kF32;                   // data_types.grad_accum_dtype
+  DType moment_dtype = DType::kF32;                 // strata.optimizer_state_dtype
+  cpu_adam::OptimizerKind optimizer = cpu_adam::OptimizerKind::kAdamW;
+  cpu_adam::HyperParams hyper{.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.0,
+                              .bias_correction = true};
+  double grad_clip = 1.0;   // 0: off
+  int grad_accum = 1;
+  int optimizer_threads = 0;  // 0: all cores
+  // fp16 dynamic (or static) loss scaling; off unless fp16.enabled.
+  Fp16Config fp16;
+  // The learning-rate schedule; type kNone keeps hyper.lr.
+  SchedulerConfig scheduler;
+  std::string source = "engine options";  // config file name, for messages
+};
+
+// The engine options a DeepSpeed config asks for. Fails (naming the key and
+// the fix) for what this engine cannot run: nvme placement, ratio < 1,
+// offload_param without stage 3, an unsupported grad_accum_dtype.
+Result<EngineOptions> engine_options_from_config(const Config& config);
+
+// One step's numbers, the same on every rank except the per-rank bytes.
+struct StepMetrics {
+  int64_t step = 0;            // optimizer steps applied so far (a skipped step does not count)
+  double loss = 0;             // mean over the global batch (every rank, every micro-batch)
+  double lr = 0;
+  double loss_scale = 1;
+  double grad_norm = 0;        // unscaled, before clipping
+  bool skipped = false;        // fp16 overflow: nothing was updated
+  double tokens_per_s = 0;     // global tokens (all ranks) per second
+  double step_ms = 0, forward_ms = 0, backward_ms = 0, optimizer_ms = 0;
+  // Time the driving thread waited, per link, this step.
+  double wait_reduce_ms = 0;     // backward end -> every gradient reduced and offloaded
+  double wait_optimizer_ms = 0;  // forward blocked on parameters still being updated (exposed optimizer)
+  double wait_gather_ms = 0;     // forward/backward blocked on parameter gathers
+  // Bytes moved this step, per link, by this rank.
+  uint64_t h2d_bytes = 0, d2h_bytes = 0, gather_bytes = 0, reduce_bytes = 0;
+  // Peaks since the start, per tier, for this rank.
+  uint64_t peak_device_bytes = 0, peak_pinned_bytes = 0, peak_host_bytes = 0, peak_nvme_bytes = 0;
+};
+
+class Engine final : public ParameterProvider {
+ public:
+  // `runner` (whose model runs on `device`), `device` and `comm` must
+  // outlive the engine. Every rank creates its engine with the same options.
+  static Result<std::unique_ptr<Engine>> create(const EngineOptions& options, ModelRunner& runner, Device& device,
+                                                comm::Communicator& comm);
+  ~Engine() override;
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // One optimizer step: grad_accum micro-batches of the runner, gradient
+  // reduction, global norm, clipping, the (possibly overlapped) update.
+  Result<StepMetrics> step();
+  // Mean validation loss over the runner's evaluation batches and all ranks.
+  Result<double> evaluate();
+  // Waits for every queued update (the end of training, or before reading state).
+  Status synchronize();
+
+  // ParameterProvider
+  Result<LayerMemory> acquire(size_t layer_index, Pass pass) override;
+  Status release(size_t layer_index, Pass pass, const Completion& done) override;
+  Status begin_step() override;
+  Status end_micro_batch(bool last) override;
+
+  const EngineOptions& options() const;
+  const Partition& partition() const;
+  int rank() const;
+  int world_size() const;
+  int64_t steps_done() const;
+  // This rank's full fp32 master values of layer i, gathered from every
+  // rank's shard (a collective: every rank must call it). For tests and export.
+  Result<std::vector<float>> gather_master(size_t layer_index);
+  // A one-line description: "stage 3, optimizer cpu (pinned host), params cpu, bf16, 2 ranks".
+  std::string describe() const;
+
+ private:
+  struct Impl;
+  explicit Engine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace strata::offload

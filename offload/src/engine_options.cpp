@@ -1,0 +1,82 @@
+#include <fmt/format.h>
+
+#include "strata/cpu_adam/hyper_params.h"
+#include "strata/offload/engine.h"
+
+namespace strata::offload {
+
+Result<EngineOptions> engine_options_from_config(const Config& cfg) {
+  EngineOptions o;
+  const ZeroConfig& z = cfg.zero_optimization;
+  o.source = cfg.source.empty() ? std::string("config") : cfg.source;
+  if (z.stage < 0 || z.stage > 3)
+    return InvalidArgument(fmt::format("{}: zero_optimization.stage {} is not 0, 1, 2 or 3", o.source, z.stage));
+  o.stage = z.stage;
+  o.offload_optimizer = z.offload_optimizer.device;
+  o.offload_param = z.offload_param.device;
+  if (o.offload_optimizer == OffloadDevice::kNvme || o.offload_param == OffloadDevice::kNvme)
+    return Unsupported(fmt::format(
+        "{}: zero_optimization.{}.device \"nvme\": the engine's NVMe tier is not built yet (issue 12); use \"cpu\"",
+        o.source, o.offload_optimizer == OffloadDevice::kNvme ? "offload_optimizer" : "offload_param"));
+  if (o.offload_param != OffloadDevice::kNone && o.stage != 3)
+    return InvalidArgument(fmt::format(
+        "{}: zero_optimization.offload_param needs stage 3 (parameters are partitioned only there); stage is {}",
+        o.source, o.stage));
+  if (o.offload_param == OffloadDevice::kCpu && o.offload_optimizer != OffloadDevice::kCpu)
+    return Unsupported(fmt::format(
+        "{}: offload_param \"cpu\" with offload_optimizer \"none\": the updated parameters would be written from "
+        "device state into host shards; set zero_optimization.offload_optimizer.device to \"cpu\" as well",
+        o.source));
+  if (z.offload_optimizer.ratio != 1.0)
+    return Unsupported(fmt::format("{}: zero_optimization.offload_optimizer.ratio {}: partial optimizer offload is not "
+                                   "built yet; use 1.0",
+                                   o.source, z.offload_optimizer.ratio));
+  o.sub_group_size = z.sub_group_size;
+  o.reduce_bucket_size = z.reduce_bucket_size;
+  o.overlap_comm = z.overlap_comm;
+  o.prefetch_bucket_size = z.stage3_prefetch_bucket_size;
+  o.max_live_parameters = z.stage3_max_live_parameters;
+  o.max_reuse_distance = z.stage3_max_reuse_distance;
+  o.persistence_threshold = z.stage3_param_persistence_threshold;
+  o.overlap_optimizer = cfg.strata.overlap_optimizer;
+  const TrainPrecision prec = cfg.precision();
+  const DType train_dtype = prec == TrainPrecision::kBf16   ? DType::kBF16
+                            : prec == TrainPrecision::kFp16 ? DType::kF16
+                                                            : DType::kF32;
+  o.grad_dtype = train_dtype;
+  if (!cfg.data_types.grad_accum_dtype.empty()) {
+    Result<DType> g = parse_dtype(cfg.data_types.grad_accum_dtype);
+    if (!g.ok() || !is_state_float(*g))
+      return InvalidArgument(fmt::format("{}: data_types.grad_accum_dtype '{}' is not fp32, bf16 or fp16", o.source,
+                                         cfg.data_types.grad_accum_dtype));
+    o.grad_dtype = *g;
+  }
+  o.moment_dtype = cfg.strata.optimizer_state_dtype == "bf16" ? DType::kBF16 : DType::kF32;
+  if (cfg.optimizer.given) {
+    switch (cfg.optimizer.type) {
+      case OptimizerType::kAdam: o.optimizer = cpu_adam::adam_kind(cfg.optimizer.adam_w_mode); break;
+      case OptimizerType::kAdamW: o.optimizer = cpu_adam::OptimizerKind::kAdamW; break;
+      case OptimizerType::kAdagrad: o.optimizer = cpu_adam::OptimizerKind::kAdagrad; break;
+      case OptimizerType::kLion: o.optimizer = cpu_adam::OptimizerKind::kLion; break;
+    }
+    if (!cfg.is_unresolved("optimizer.params.lr")) o.hyper.lr = cfg.optimizer.lr;
+    o.hyper.beta1 = cfg.optimizer.betas[0];
+    o.hyper.beta2 = cfg.optimizer.betas[1];
+    o.hyper.eps = cfg.optimizer.eps;
+    o.hyper.weight_decay = cfg.optimizer.weight_decay;
+    o.hyper.bias_correction = cfg.optimizer.bias_correction;
+  }
+  o.grad_clip = cfg.gradient_clipping;
+  if (cfg.batch.gradient_accumulation_steps) {
+    const int64_t ga = *cfg.batch.gradient_accumulation_steps;
+    if (ga < 1 || ga > 1'000'000)
+      return InvalidArgument(
+          fmt::format("{}: gradient_accumulation_steps {} is out of range (1..1000000)", o.source, ga));
+    o.grad_accum = static_cast<int>(ga);
+  }
+  o.fp16 = cfg.fp16;
+  o.scheduler = cfg.scheduler;
+  return o;
+}
+
+}  // namespace strata::offload

@@ -1,0 +1,119 @@
+#include "strata/offload/state_tier.h"
+
+#include <cstring>
+#include <map>
+#include <tuple>
+
+#include <fmt/format.h>
+
+#include "strata/core/units.h"
+
+namespace strata::offload {
+namespace {
+
+struct IdLess {
+  bool operator()(const StateId& a, const StateId& b) const {
+    return std::tie(a.layer, a.group, a.rank) < std::tie(b.layer, b.group, b.rank);
+  }
+};
+
+class MemoryStateTier final : public OptimizerStateTier {
+ public:
+  MemoryStateTier(Device& device, Tier tier, DType moment_dtype, MemoryStats& host_stats)
+      : device_(device), tier_(tier), moment_dtype_(moment_dtype), host_stats_(host_stats) {}
+  ~MemoryStateTier() override {
+    for (auto& [id, p] : pieces_) release(p);
+  }
+
+  Tier tier() const override { return tier_; }
+  std::string describe() const override {
+    return tier_ == Tier::kDevice ? "device memory" : "pinned host memory";
+  }
+
+  Status add(const StateId& id, const std::string& name, size_t count, std::span<const float> master_init) override {
+    STRATA_CHECK(pieces_.find(id) == pieces_.end(), "optimizer state piece added twice");
+    STRATA_CHECK(master_init.empty() || master_init.size() == count, "master init size mismatch");
+    const size_t me = dtype_size(moment_dtype_);
+    Piece p;
+    p.count = count;
+    p.bytes = count * (2 * me + (master_init.empty() ? 0 : sizeof(float)));
+    if (p.bytes == 0) p.bytes = 64;  // an empty piece still gets an address
+    if (tier_ == Tier::kDevice) {
+      Result<DeviceBuffer> b = device_.allocate(p.bytes);
+      if (!b.ok())
+        return OutOfMemory(fmt::format("optimizer state of {} ({}) does not fit in device memory: {}; offload it "
+                                       "with zero_optimization.offload_optimizer.device \"cpu\" or raise --device-memory",
+                                       name, format_bytes(p.bytes, true), b.status().message()));
+      p.device = std::move(*b);
+      p.data = static_cast<std::byte*>(p.device.data());
+    } else {
+      Result<void*> b = device_.allocate_pinned_host(p.bytes);
+      if (!b.ok())
+        return OutOfMemory(fmt::format("optimizer state of {} ({}) could not be allocated in pinned host memory: {}",
+                                       name, format_bytes(p.bytes, true), b.status().message()));
+      p.data = static_cast<std::byte*>(*b);
+      host_stats_.on_allocate(Tier::kPinnedHost, p.bytes);
+    }
+    std::memset(p.data, 0, p.bytes);
+    p.has_master = !master_init.empty();
+    if (p.has_master) std::memcpy(p.data + 2 * me * count, master_init.data(), count * sizeof(float));
+    bytes_ += p.bytes;
+    pieces_.emplace(id, std::move(p));
+    return Status::Ok();
+  }
+
+  Result<PieceState> open(const StateId& id) override {
+    auto it = pieces_.find(id);
+    STRATA_CHECK(it != pieces_.end(), "opening an optimizer state piece that was never added");
+    Piece& p = it->second;
+    const size_t me = dtype_size(moment_dtype_);
+    PieceState s;
+    s.count = p.count;
+    s.exp_avg = p.data;
+    s.exp_avg_sq = p.data + me * p.count;
+    s.master = p.has_master ? reinterpret_cast<float*>(p.data + 2 * me * p.count) : nullptr;
+    s.moment_dtype = moment_dtype_;
+    return s;
+  }
+  Status close(const StateId&, bool) override { return Status::Ok(); }
+  uint64_t bytes() const override { return bytes_; }
+
+ private:
+  struct Piece {
+    size_t count = 0, bytes = 0;
+    bool has_master = false;
+    std::byte* data = nullptr;
+    DeviceBuffer device;
+  };
+  void release(Piece& p) {
+    if (tier_ == Tier::kPinnedHost && p.data != nullptr) {
+      device_.free_pinned_host(p.data, p.bytes);
+      host_stats_.on_free(Tier::kPinnedHost, p.bytes);
+    }
+    p.data = nullptr;
+  }
+  Device& device_;
+  Tier tier_;
+  DType moment_dtype_;
+  MemoryStats& host_stats_;
+  std::map<StateId, Piece, IdLess> pieces_;
+  uint64_t bytes_ = 0;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<OptimizerStateTier>> make_memory_state_tier(Device& device, Tier tier, DType moment_dtype,
+                                                                   MemoryStats& host_stats) {
+  if (tier != Tier::kDevice && tier != Tier::kPinnedHost)
+    return InvalidArgument(fmt::format("optimizer state tier {} is not a memory tier", tier_name(tier)));
+  if (tier == Tier::kDevice && !device.caps().host_addressable)
+    return Unsupported(fmt::format(
+        "optimizer state on the {} device needs a device optimizer kernel, which this build does not have; set "
+        "zero_optimization.offload_optimizer.device to \"cpu\"",
+        device.caps().backend));
+  if (moment_dtype != DType::kF32 && moment_dtype != DType::kBF16)
+    return InvalidArgument(fmt::format("strata.optimizer_state_dtype {} is not fp32 or bf16", dtype_name(moment_dtype)));
+  return std::unique_ptr<OptimizerStateTier>(new MemoryStateTier(device, tier, moment_dtype, host_stats));
+}
+
+}  // namespace strata::offload
