@@ -10,10 +10,12 @@
 #include "strata/offload/engine.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <mutex>
 
@@ -149,6 +151,7 @@ struct Engine::Impl {
   bool tracing = true;
   size_t cursor = 0;
   std::vector<int> expected_bwd;  // kBackward acquires per layer per micro-batch
+  std::vector<int> forward_acquires;  // kForward acquires per layer in the first micro-batch
   std::vector<std::vector<size_t>> uses;  // trace positions of each layer
 
   int64_t steps = 0;        // applied updates
@@ -156,10 +159,33 @@ struct Engine::Impl {
   int micro = 0;
   bool in_train_micro = false;
   bool last_micro = false;
-  uint64_t live_elements = 0;
+  // Device elements held by stage-3 gathers and stage 2-3 full gradients,
+  // including buffers whose stream-ordered free has not run yet: what the
+  // caps (stage3_max_live_parameters, reduce_bucket_size) bound.
+  struct PendingFree {
+    Completion freed;
+    uint64_t elements;
+  };
+  struct LiveCount {
+    uint64_t held = 0;                // allocated, not yet handed to a free
+    std::deque<PendingFree> freeing;  // handed to xfer's free, in order
+    uint64_t now() {
+      while (!freeing.empty() && freeing.front().freed.done()) freeing.pop_front();
+      uint64_t n = held;
+      for (const PendingFree& f : freeing) n += f.elements;
+      return n;
+    }
+    // Waits (oldest first) until `more` elements fit under `cap`, or nothing is left to wait for.
+    Status make_room(uint64_t more, uint64_t cap) {
+      while (now() + more > cap && !freeing.empty()) STRATA_RETURN_IF_ERROR(freeing.front().freed.wait());
+      return Status::Ok();
+    }
+  };
+  LiveCount live_params, live_grads;
   // per-step counters
   uint64_t h2d_bytes = 0, d2h_bytes = 0, gather_bytes = 0, reduce_bytes = 0;
   std::vector<std::shared_ptr<WaitProbe>> probes;
+  std::array<std::byte, 4> fault_bytes{};  // the injected gradient value, in the gradient dtype
 
   Impl(const EngineOptions& o, ModelRunner& r, Device& d, comm::Communicator& c)
       : opt(o), runner(r), model(r.model()), device(d), comm(c) {}
@@ -261,6 +287,7 @@ Status Engine::Impl::init() {
   const size_t n = model.layers().size();
   layers.resize(n);
   expected_bwd.assign(n, 0);
+  forward_acquires.assign(n, 0);
   uses.assign(n, {});
   for (size_t i = 0; i < n; ++i) STRATA_RETURN_IF_ERROR(init_layer(i));
   worker = std::make_unique<SerialWorker>(fmt::format("optimizer of rank {}", rank));
@@ -351,10 +378,16 @@ Result<LayerMemory> Engine::Impl::acquire(size_t li, Pass pass) {
     if (tracing) {
       trace.emplace_back(li, pass);
       uses[li].push_back(trace.size() - 1);
+      if (pass == Pass::kForward) ++forward_acquires[li];
       if (pass == Pass::kBackward) ++expected_bwd[li];
     }
     ++cursor;
   }
+  if (pass == Pass::kBackward && l.reduce_launched)
+    return FailedPrecondition(fmt::format(
+        "layer {} '{}' was acquired for backward after its gradient reduction started: the model's backward "
+        "acquires a layer more often than its forward did (Note [Acquire and release]); the engine needs them to match",
+        li, printable(lp.name, 64)));
   LayerMemory mem;
   std::vector<Completion> waits;
   Completion update_ready;
@@ -365,8 +398,9 @@ Result<LayerMemory> Engine::Impl::acquire(size_t li, Pass pass) {
   } else {
     if (!l.gathered_valid) {
       // On demand: wait for frees in flight when the live cap would be passed.
-      if (live_elements + lp.padded_elements > static_cast<uint64_t>(opt.max_live_parameters))
-        STRATA_RETURN_IF_ERROR(xfer->synchronize().with_context("freeing gathered parameters"));
+      STRATA_RETURN_IF_ERROR(
+          live_params.make_room(lp.padded_elements, static_cast<uint64_t>(opt.max_live_parameters))
+              .with_context("freeing gathered parameters"));
       STRATA_RETURN_IF_ERROR(issue_gather(li));
     }
     update_ready = l.shard_ready;
@@ -378,6 +412,11 @@ Result<LayerMemory> Engine::Impl::acquire(size_t li, Pass pass) {
   mem.params_tier = Tier::kDevice;
   if (pass == Pass::kBackward) {
     if (!l.full_grads) {
+      // Gradients waiting for their reduction are capped by reduce_bucket_size
+      // (stages 2, 3): wait for earlier layers' reductions to free theirs.
+      STRATA_RETURN_IF_ERROR(live_grads.make_room(lp.padded_elements, static_cast<uint64_t>(opt.reduce_bucket_size))
+                                 .with_context("freeing reduced gradients"));
+      live_grads.held += lp.padded_elements;
       STRATA_ASSIGN_OR_RETURN(l.full_grads, alloc_device(lp.padded_elements * ge(),
                                                          fmt::format("gradients of layer {} '{}'", li,
                                                                      printable(lp.name, 64))));
@@ -416,7 +455,7 @@ Status Engine::Impl::issue_gather(size_t li) {
   STRATA_ASSIGN_OR_RETURN(l.gathered, alloc_device(lp.padded_elements * l.pe,
                                                    fmt::format("gathered parameters of layer {} '{}'", li,
                                                                printable(lp.name, 64))));
-  live_elements += lp.padded_elements;
+  live_params.held += lp.padded_elements;
   std::byte* full = l.gathered.as<std::byte>();
   if (param_on_host()) {
     // H2D of this rank's pieces into their place, then gather in place.
@@ -452,7 +491,7 @@ void Engine::Impl::prefetch_after(size_t position) {
     if (l.persistent || l.gathered_valid) continue;
     const uint64_t n = part.layer(lj).padded_elements;
     if (issued + n > static_cast<uint64_t>(opt.prefetch_bucket_size)) break;
-    if (live_elements + n > static_cast<uint64_t>(opt.max_live_parameters)) break;
+    if (live_params.now() + n > static_cast<uint64_t>(opt.max_live_parameters)) break;
     if (!issue_gather(lj).ok()) break;  // out of memory: it will be fetched on demand (and the error said then)
     issued += n;
   }
@@ -464,7 +503,9 @@ Status Engine::Impl::drop_gathered(size_t li, const Completion& done) {
   STRATA_RETURN_IF_ERROR(xfer->wait(done));
   STRATA_RETURN_IF_ERROR(xfer->free_async(std::move(l.gathered)));
   l.gathered_valid = false;
-  live_elements -= part.layer(li).padded_elements;
+  const uint64_t n = part.layer(li).padded_elements;
+  live_params.held -= n;
+  live_params.freeing.push_back({xfer->record_completion(), n});
   return Status::Ok();
 }
 
@@ -495,7 +536,12 @@ Status Engine::Impl::release(size_t li, Pass pass, const Completion& done) {
   if (pass == Pass::kBackward) {
     l.grad_done = done;
     ++l.bwd_releases;
-    if (in_train_micro && last_micro && !tracing && l.bwd_releases == expected_bwd[li] && !l.reduce_launched)
+    // A layer's gradient is complete at its last backward release: as many
+    // as the recorded sequence has, or, while the first micro-batch is being
+    // recorded, as many as its forward acquires (a backward mirrors its
+    // forward; acquire() fails loudly if a model breaks that).
+    const int expected = tracing ? forward_acquires[li] : expected_bwd[li];
+    if (in_train_micro && last_micro && l.bwd_releases == expected && !l.reduce_launched)
       STRATA_RETURN_IF_ERROR(launch_reduction(li));
   }
   return Status::Ok();
@@ -509,12 +555,23 @@ Status Engine::Impl::launch_reduction(size_t li) {
   const LayerPartition& lp = part.layer(li);
   l.reduce_launched = true;
   if (!l.full_grads) {  // no backward touched the layer: its gradient is zero
+    live_grads.held += lp.padded_elements;
     STRATA_ASSIGN_OR_RETURN(l.full_grads, alloc_device(lp.padded_elements * ge(), fmt::format("gradients of layer {}", li)));
     STRATA_RETURN_IF_ERROR(device.memset(l.full_grads.data(), 0, lp.padded_elements * ge()));
   }
   std::byte* full = l.full_grads.as<std::byte>();
   const size_t e = ge();
-  STRATA_RETURN_IF_ERROR(comm.wait(l.grad_done, comm::CommQueue::kReduce));
+  Completion local = l.grad_done;
+  if (opt.fault_step == step_index && opt.fault_rank == rank && opt.fault_layer == li) {
+    const float v = opt.fault_value;
+    if (opt.grad_dtype == DType::kF32) std::memcpy(fault_bytes.data(), &v, 4);
+    if (opt.grad_dtype == DType::kBF16) convert_fp32_to_bf16(&v, reinterpret_cast<bfloat16*>(fault_bytes.data()), 1);
+    if (opt.grad_dtype == DType::kF16) convert_fp32_to_fp16(&v, reinterpret_cast<float16*>(fault_bytes.data()), 1);
+    STRATA_RETURN_IF_ERROR(xfer->wait(l.grad_done));
+    STRATA_RETURN_IF_ERROR(xfer->copy_async(full, fault_bytes.data(), e, CopyKind::kHostToDevice));
+    local = xfer->record_completion();
+  }
+  STRATA_RETURN_IF_ERROR(comm.wait(local, comm::CommQueue::kReduce));
   Completion reduced;
   for (const SubGroup& g : lp.groups) {
     std::byte* send = full + g.padded_begin * e;
@@ -554,7 +611,11 @@ Status Engine::Impl::launch_reduction(size_t li) {
             xfer->copy_async(dst + g.shard_offset * e, full + lp.piece_begin(g, rank) * e, g.piece * e, kind));
     }
     if (kind == CopyKind::kDeviceToHost) d2h_bytes += owned_elements(lp) * e;
-    if (opt.stage >= 2) STRATA_RETURN_IF_ERROR(xfer->free_async(std::move(l.full_grads)));
+    if (opt.stage >= 2) {
+      STRATA_RETURN_IF_ERROR(xfer->free_async(std::move(l.full_grads)));
+      live_grads.held -= lp.padded_elements;
+      live_grads.freeing.push_back({xfer->record_completion(), lp.padded_elements});
+    }
     l.grads_taken = xfer->record_completion();
   }
   // Block sums of the owned pieces (padding blocks sum to zero).
@@ -871,7 +932,9 @@ int Engine::rank() const { return impl_->rank; }
 int Engine::world_size() const { return impl_->world; }
 int64_t Engine::steps_done() const { return impl_->steps; }
 
-Result<std::vector<float>> Engine::gather_master(size_t li) {
+double Engine::loss_scale() const { return impl_->scaler->scale(); }
+
+Result<std::vector<float>> Engine::gather_state(size_t li, StateKind kind) {
   Impl& m = *impl_;
   if (li >= m.layers.size()) return InvalidArgument(fmt::format("layer {} out of range", li));
   STRATA_RETURN_IF_ERROR(synchronize());
@@ -885,14 +948,19 @@ Result<std::vector<float>> Engine::gather_master(size_t li) {
     if (count == 0) continue;
     const StateId id{static_cast<uint32_t>(li), static_cast<uint32_t>(gi), m.rank};
     STRATA_ASSIGN_OR_RETURN(PieceState s, m.tier->open(id));
-    if (s.master != nullptr) {
-      std::memcpy(mine.data() + g.shard_offset, s.master, count * sizeof(float));
+    float* out = mine.data() + g.shard_offset;
+    if (kind != StateKind::kMaster) {
+      const void* src = kind == StateKind::kExpAvg ? s.exp_avg : s.exp_avg_sq;
+      if (s.moment_dtype == DType::kF32)
+        std::memcpy(out, src, count * sizeof(float));
+      else
+        convert_bf16_to_fp32(static_cast<const bfloat16*>(src), out, count);
+    } else if (s.master != nullptr) {
+      std::memcpy(out, s.master, count * sizeof(float));
     } else {
       // fp32 parameters are their own master, in device memory.
-      std::vector<std::byte> tmp(count * l.pe);
       STRATA_RETURN_IF_ERROR(
-          m.device.copy(tmp.data(), m.param_location(li, g, m.rank), tmp.size(), CopyKind::kDeviceToHost));
-      std::memcpy(mine.data() + g.shard_offset, tmp.data(), tmp.size());
+          m.device.copy(out, m.param_location(li, g, m.rank), count * l.pe, CopyKind::kDeviceToHost));
     }
     STRATA_RETURN_IF_ERROR(m.tier->close(id, false));
   }
@@ -904,8 +972,8 @@ Result<std::vector<float>> Engine::gather_master(size_t li) {
   for (const SubGroup& g : lp.groups)
     for (int r = 0; r < m.world; ++r) {
       const size_t n = lp.piece_real(g, r);
-      std::memcpy(out.data() + lp.piece_begin(g, r), all.data() + static_cast<size_t>(r) * lp.shard_elements + g.shard_offset,
-                  n * sizeof(float));
+      std::memcpy(out.data() + lp.piece_begin(g, r),
+                  all.data() + static_cast<size_t>(r) * lp.shard_elements + g.shard_offset, n * sizeof(float));
     }
   return out;
 }

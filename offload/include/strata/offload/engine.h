@@ -87,6 +87,13 @@ struct EngineOptions {
   // The learning-rate schedule; type kNone keeps hyper.lr.
   SchedulerConfig scheduler;
   std::string source = "engine options";  // config file name, for messages
+  // Test hook: overwrite element 0 of layer `fault_layer`'s local gradient
+  // with `fault_value` on rank `fault_rank` in step() call `fault_step`
+  // (1-based; 0: never), before it is reduced. Inf/NaN model an overflow.
+  int64_t fault_step = 0;
+  int fault_rank = 0;
+  size_t fault_layer = 0;
+  float fault_value = 0;
 };
 
 // The engine options a DeepSpeed config asks for. Fails (naming the key and
@@ -143,9 +150,14 @@ class Engine final : public ParameterProvider {
   int rank() const;
   int world_size() const;
   int64_t steps_done() const;
-  // This rank's full fp32 master values of layer i, gathered from every
-  // rank's shard (a collective: every rank must call it). For tests and export.
-  Result<std::vector<float>> gather_master(size_t layer_index);
+  // The full values of one piece of layer i's state, gathered from every
+  // rank's shard as fp32 (a collective: every rank must call it), after
+  // every queued update. kMaster is the fp32 master (the parameters
+  // themselves for fp32 parameters stepped on the device). For tests and export.
+  enum class StateKind : uint8_t { kMaster, kExpAvg, kExpAvgSq };
+  Result<std::vector<float>> gather_state(size_t layer_index, StateKind kind = StateKind::kMaster);
+  // The loss scale the next step will use (1 unless fp16).
+  double loss_scale() const;
   // A one-line description: "stage 3, optimizer cpu (pinned host), params cpu, bf16, 2 ranks".
   std::string describe() const;
 

@@ -1,0 +1,411 @@
+// The ZeRO engine (offload/engine.h) driving the GPT on local ranks:
+//  - the parity matrix: for each world size, every stage x optimizer
+//    placement x parameter placement x overlap setting gives bit-identical
+//    losses to stage 0 (fp32, bf16, fp16; clipping on, accumulation 2), and
+//    across world sizes with the same global batch losses agree to 1e-5;
+//  - fp16 overflow on one rank: the step is skipped on every rank, the scale
+//    halves, and every piece of state is bit-identical to the step before;
+//  - fp32 overflow stops with the step number;
+//  - memory: stage 3 + cpu offload on 4 ranks holds under 1/3 of stage 0's
+//    device bytes per rank;
+//  - the partition and the block sums on their own, and bad options.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "strata/comm/backends.h"
+#include "strata/core/device_registry.h"
+#include "strata/model/gpt.h"
+#include "strata/model/gpt_executor.h"
+#include "strata/model/gpt_runner.h"
+#include "strata/model/text_data.h"
+#include "strata/offload/engine.h"
+#include "strata/offload/grad_norm.h"
+#include "strata/offload/partition.h"
+
+namespace strata::offload {
+namespace {
+
+using model::GptConfig;
+using model::TextDataset;
+
+const TextDataset& corpus() {
+  static const TextDataset data = TextDataset::load(model::default_corpus_path(), 16).value();
+  return data;
+}
+
+// A small GPT that trains in milliseconds per step.
+GptConfig small_gpt(DType dtype = DType::kF32) {
+  GptConfig g;
+  g.vocab_size = 256;
+  g.max_seq_len = 16;
+  g.n_layer = 2;
+  g.n_head = 2;
+  g.n_embd = 32;
+  g.param_dtype = dtype;
+  return g;
+}
+
+struct TrainRun {
+  int world = 1;
+  int global_batch = 8;
+  int seq_len = 16;
+  int steps = 30;
+  uint64_t device_bytes = uint64_t{256} << 20;
+  GptConfig gpt = small_gpt();
+  EngineOptions opt;
+  // Called on every rank after each step (collectives allowed).
+  std::function<void(Engine&, int64_t step)> after_step;
+  TrainRun() {
+    opt.grad_accum = 2;
+    opt.grad_clip = 0.5;  // clipping active on most steps
+    opt.hyper.lr = 3e-3;
+    opt.hyper.weight_decay = 0.01;
+  }
+};
+
+struct Outcome {
+  Status status;
+  std::vector<double> losses;          // rank 0's (the global mean)
+  std::vector<StepMetrics> metrics;    // rank 0's
+  std::vector<uint64_t> peak_device;   // per rank
+  std::vector<double> val;             // rank 0's final validation loss
+};
+
+Outcome train(const TrainRun& run) {
+  Outcome out;
+  auto comms = comm::create_local_group(run.world).value();
+  std::vector<Status> st(run.world);
+  out.peak_device.assign(run.world, 0);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < run.world; ++r) {
+    threads.emplace_back([&, r] {
+      auto body = [&]() -> Status {
+        DeviceOptions dopt;
+        dopt.device_memory_bytes = run.device_bytes;
+        STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Device> device, make_device(DeviceKind::kCpu, dopt));
+        STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, device->create_stream());
+        STRATA_ASSIGN_OR_RETURN(auto gpt, model::GptModel::create(run.gpt, 1234));
+        STRATA_ASSIGN_OR_RETURN(auto exec, model::GptExecutor::create(*gpt, *device, *stream,
+                                                                      run.global_batch / run.world, run.seq_len));
+        STRATA_ASSIGN_OR_RETURN(auto runner, model::GptRunner::create(*gpt, *exec, corpus(), 1234, 2,
+                                                                      model::RankSlice{r, run.world}));
+        STRATA_ASSIGN_OR_RETURN(auto engine, Engine::create(run.opt, *runner, *device, *comms[r]));
+        for (int s = 1; s <= run.steps; ++s) {
+          STRATA_ASSIGN_OR_RETURN(StepMetrics m, engine->step());
+          if (r == 0) {
+            out.losses.push_back(m.loss);
+            out.metrics.push_back(m);
+          }
+          if (run.after_step) run.after_step(*engine, s);
+        }
+        STRATA_ASSIGN_OR_RETURN(double v, engine->evaluate());
+        if (r == 0) out.val.push_back(v);
+        STRATA_RETURN_IF_ERROR(engine->synchronize());
+        out.peak_device[r] = device->memory_stats().get(Tier::kDevice).peak_bytes;
+        return Status::Ok();
+      };
+      st[r] = body();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const Status& s : st)
+    if (!s.ok()) {
+      out.status = s;
+      break;
+    }
+  return out;
+}
+
+struct Placement {
+  int stage;
+  OffloadDevice optimizer, param;
+  bool overlap = true;
+  int64_t sub_group = 1'000'000'000;
+  int64_t max_live = 1'000'000'000, reuse = 1'000'000'000, persistence = 100'000;
+  std::string name() const {
+    return fmt::format("stage {} optimizer {} param {} overlap {} sub_group {} live {} reuse {} persist {}", stage,
+                       offload_device_name(optimizer), offload_device_name(param), overlap, sub_group, max_live, reuse,
+                       persistence);
+  }
+};
+
+std::vector<Placement> matrix() {
+  using D = OffloadDevice;
+  std::vector<Placement> m;
+  for (int stage = 1; stage <= 3; ++stage)
+    for (D o : {D::kNone, D::kCpu}) m.push_back({stage, o, D::kNone});
+  m.push_back({3, D::kCpu, D::kCpu});
+  // Overlap off, several sub-groups per layer, and stage 3 with every layer
+  // partitioned, nothing kept (live cap of one layer, no reuse) or all kept.
+  m.push_back({3, D::kCpu, D::kCpu, false, 4096, 1'000'000'000, 1'000'000'000, 0});
+  m.push_back({3, D::kNone, D::kNone, true, 4096, 20'000, 0, 0});
+  m.push_back({2, D::kCpu, D::kNone, false, 8192});
+  return m;
+}
+
+void expect_same_losses(const Outcome& base, const Outcome& other, const std::string& what) {
+  ASSERT_TRUE(other.status.ok()) << what << ": " << other.status.to_string();
+  ASSERT_EQ(base.losses.size(), other.losses.size()) << what;
+  for (size_t i = 0; i < base.losses.size(); ++i)
+    ASSERT_EQ(std::bit_cast<uint64_t>(base.losses[i]), std::bit_cast<uint64_t>(other.losses[i]))
+        << what << ": step " << i + 1 << " loss " << other.losses[i] << " vs stage 0 " << base.losses[i];
+  ASSERT_EQ(base.val, other.val) << what;
+}
+
+class ParityMatrix : public ::testing::TestWithParam<std::tuple<int, DType>> {};
+
+TEST_P(ParityMatrix, EveryPlacementMatchesStageZeroBitForBit) {
+  const auto [world, dtype] = GetParam();
+  TrainRun base;
+  base.world = world;
+  base.gpt = small_gpt(dtype);
+  base.opt.grad_dtype = dtype;
+  base.opt.fp16.enabled = dtype == DType::kF16;
+  const Outcome ref = train(base);
+  ASSERT_TRUE(ref.status.ok()) << ref.status.to_string();
+  ASSERT_EQ(ref.losses.size(), 30u);
+  // It learns: the last loss is well below the first.
+  EXPECT_LT(ref.losses.back(), ref.losses.front() - 1.0);
+  for (const Placement& p : matrix()) {
+    TrainRun r = base;
+    r.opt.stage = p.stage;
+    r.opt.offload_optimizer = p.optimizer;
+    r.opt.offload_param = p.param;
+    r.opt.overlap_optimizer = p.overlap;
+    r.opt.sub_group_size = p.sub_group;
+    r.opt.max_live_parameters = p.max_live;
+    r.opt.max_reuse_distance = p.reuse;
+    r.opt.persistence_threshold = p.persistence;
+    expect_same_losses(ref, train(r), fmt::format("world {} {} {}", world, dtype_name(dtype), p.name()));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, ParityMatrix,
+                         ::testing::Combine(::testing::Values(1, 2, 4),
+                                            ::testing::Values(DType::kF32, DType::kBF16, DType::kF16)),
+                         [](const auto& info) {
+                           return fmt::format("world{}_{}", std::get<0>(info.param),
+                                              dtype_name(std::get<1>(info.param)));
+                         });
+
+TEST(EngineAcrossWorlds, SameGlobalBatchAgreesWithinOneInTenThousandThousand) {
+  std::vector<Outcome> outs;
+  for (int world : {1, 2, 4}) {
+    TrainRun r;
+    r.world = world;
+    r.steps = 100;
+    r.opt.hyper.lr = 1e-3;
+    r.opt.stage = world == 1 ? 0 : 3;
+    r.opt.offload_optimizer = OffloadDevice::kCpu;
+    outs.push_back(train(r));
+    ASSERT_TRUE(outs.back().status.ok()) << outs.back().status.to_string();
+  }
+  for (size_t w = 1; w < outs.size(); ++w)
+    for (size_t i = 0; i < outs[0].losses.size(); ++i)
+      EXPECT_LE(std::abs(outs[w].losses[i] - outs[0].losses[i]) / std::abs(outs[0].losses[i]), 1e-5)
+          << "world " << (w == 1 ? 2 : 4) << " step " << i + 1;
+}
+
+// An Inf gradient on rank 1 at step 4 (fp16, hysteresis 1): every rank
+// skips the step, the scale halves, and every state stays bit-identical.
+TEST(EngineFp16, OverflowOnOneRankSkipsTheStepEverywhereAndChangesNothing) {
+  TrainRun r;
+  r.world = 2;
+  r.steps = 6;
+  r.gpt = small_gpt(DType::kF16);
+  r.opt.grad_dtype = DType::kF16;
+  r.opt.stage = 2;
+  r.opt.offload_optimizer = OffloadDevice::kCpu;
+  r.opt.fp16.enabled = true;
+  r.opt.fp16.hysteresis = 1;
+  r.opt.fault_step = 4;
+  r.opt.fault_rank = 1;
+  r.opt.fault_layer = 1;
+  r.opt.fault_value = std::numeric_limits<float>::infinity();
+  using K = Engine::StateKind;
+  std::mutex mu;
+  std::map<int64_t, std::vector<std::vector<float>>> snapshots;  // rank 0, per step
+  r.after_step = [&](Engine& e, int64_t step) {
+    std::vector<std::vector<float>> all;
+    for (size_t li = 0; li < e.partition().layer_count(); ++li)
+      for (K k : {K::kMaster, K::kExpAvg, K::kExpAvgSq}) all.push_back(e.gather_state(li, k).value());
+    if (e.rank() == 0) {
+      std::lock_guard<std::mutex> lock(mu);
+      snapshots[step] = std::move(all);
+    }
+  };
+  const Outcome o = train(r);
+  ASSERT_TRUE(o.status.ok()) << o.status.to_string();
+  ASSERT_EQ(o.metrics.size(), 6u);
+  EXPECT_FALSE(o.metrics[2].skipped);
+  EXPECT_TRUE(o.metrics[3].skipped);
+  EXPECT_FALSE(o.metrics[4].skipped);
+  EXPECT_EQ(o.metrics[3].step, o.metrics[2].step) << "a skipped step is not counted";
+  EXPECT_EQ(o.metrics[3].loss_scale, 65536.0);
+  EXPECT_EQ(o.metrics[4].loss_scale, 32768.0) << "the scale halves after the overflow";
+  ASSERT_EQ(snapshots[3].size(), snapshots[4].size());
+  for (size_t i = 0; i < snapshots[3].size(); ++i)
+    EXPECT_EQ(0, std::memcmp(snapshots[3][i].data(), snapshots[4][i].data(), snapshots[3][i].size() * 4))
+        << "state " << i << " changed in the skipped step";
+  EXPECT_NE(0, std::memcmp(snapshots[4][0].data(), snapshots[5][0].data(), snapshots[4][0].size() * 4))
+      << "training goes on after the skipped step";
+}
+
+TEST(EngineFp32, NonFiniteGradientStopsWithTheStepNumber) {
+  TrainRun r;
+  r.world = 2;
+  r.steps = 5;
+  r.opt.stage = 1;
+  r.opt.fault_step = 3;
+  r.opt.fault_rank = 0;
+  r.opt.fault_value = std::numeric_limits<float>::quiet_NaN();
+  const Outcome o = train(r);
+  ASSERT_FALSE(o.status.ok());
+  EXPECT_EQ(o.status.code(), StatusCode::kDataLoss);
+  EXPECT_NE(o.status.message().find("step 3"), std::string::npos) << o.status.message();
+}
+
+// Parameters dominate this model's device memory (wide layers, one short
+// sequence), so the ZeRO ledger shows: stage 3 + cpu offload on 4 ranks
+// keeps a shard, one or two gathered layers and one layer's gradient.
+TEST(EngineMemory, Stage3CpuOffloadOnFourRanksHoldsUnderAThirdOfStageZero) {
+  TrainRun base;
+  base.world = 4;
+  base.global_batch = 4;
+  base.seq_len = 8;
+  base.steps = 2;
+  base.gpt.n_embd = 128;
+  base.gpt.n_layer = 4;
+  base.gpt.n_head = 4;
+  base.opt.grad_accum = 1;
+  const Outcome s0 = train(base);
+  ASSERT_TRUE(s0.status.ok()) << s0.status.to_string();
+  TrainRun r = base;
+  r.opt.stage = 3;
+  r.opt.offload_optimizer = OffloadDevice::kCpu;
+  r.opt.offload_param = OffloadDevice::kCpu;
+  r.opt.persistence_threshold = 0;
+  r.opt.max_reuse_distance = 0;
+  r.opt.prefetch_bucket_size = 0;
+  // About two blocks' worth of gathered parameters and of unreduced gradients.
+  r.opt.max_live_parameters = 2 * 12 * 128 * 128 + 2 * kShardAlign * 4;
+  r.opt.reduce_bucket_size = 2 * 12 * 128 * 128 + 2 * kShardAlign * 4;
+  const Outcome s3 = train(r);
+  ASSERT_TRUE(s3.status.ok()) << s3.status.to_string();
+  for (int rank = 0; rank < 4; ++rank)
+    EXPECT_LT(s3.peak_device[rank] * 3, s0.peak_device[rank])
+        << "rank " << rank << ": stage 3 " << s3.peak_device[rank] << " B vs stage 0 " << s0.peak_device[rank] << " B";
+  EXPECT_EQ(s0.losses, s3.losses);
+}
+
+TEST(EngineMemory, DeviceTooSmallNamesTheStateAndTheTier) {
+  TrainRun r;
+  r.steps = 1;
+  r.gpt.n_embd = 128;
+  r.gpt.n_layer = 4;
+  r.gpt.n_head = 4;
+  r.device_bytes = 6 << 20;  // activations fit; 13 MiB of parameters + optimizer state do not
+  const Outcome o = train(r);
+  ASSERT_FALSE(o.status.ok());
+  EXPECT_EQ(o.status.code(), StatusCode::kOutOfMemory) << o.status.to_string();
+  EXPECT_NE(o.status.message().find("device memory"), std::string::npos) << o.status.message();
+  EXPECT_NE(o.status.message().find("layer"), std::string::npos) << o.status.message();
+  EXPECT_NE(o.status.message().find("offload_optimizer.device"), std::string::npos) << o.status.message();
+}
+
+TEST(EngineOptions, RefusesWhatItCannotRunWithTheKeyAndTheFix) {
+  Config cfg;
+  cfg.source = "ds.json";
+  cfg.zero_optimization.stage = 3;
+  cfg.zero_optimization.offload_optimizer.device = OffloadDevice::kNvme;
+  Result<EngineOptions> r = engine_options_from_config(cfg);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kUnsupported);
+  EXPECT_NE(r.status().message().find("offload_optimizer.device \"nvme\""), std::string::npos);
+  cfg.zero_optimization.offload_optimizer.device = OffloadDevice::kCpu;
+  cfg.zero_optimization.stage = 2;
+  cfg.zero_optimization.offload_param.device = OffloadDevice::kCpu;
+  r = engine_options_from_config(cfg);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("needs stage 3"), std::string::npos) << r.status().message();
+  cfg.zero_optimization.offload_param.device = OffloadDevice::kNone;
+  cfg.zero_optimization.offload_optimizer.ratio = 0.5;
+  r = engine_options_from_config(cfg);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("ratio"), std::string::npos);
+  cfg.zero_optimization.offload_optimizer.ratio = 1.0;
+  cfg.data_types.grad_accum_dtype = "int8";
+  r = engine_options_from_config(cfg);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("data_types.grad_accum_dtype"), std::string::npos);
+  cfg.data_types.grad_accum_dtype = "fp32";
+  cfg.bf16.enabled = true;
+  r = engine_options_from_config(cfg);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->stage, 2);
+  EXPECT_EQ(r->grad_dtype, DType::kF32);
+}
+
+TEST(Partition, PiecesAreAlignedPaddedAtTheLayerEndAndCoverEveryElement) {
+  std::vector<LayerSpec> layers(3);
+  layers[0].name = "a";
+  layers[0].param_count = 10'000;
+  layers[1].name = "b";
+  layers[1].param_count = 0;
+  layers[2].name = "c";
+  layers[2].param_count = 3 * 8192 + 5;
+  for (int world : {1, 2, 3, 4}) {
+    Partition p = Partition::create(layers, world, 8192).value();
+    EXPECT_EQ(p.sub_group_elements() % (kShardAlign * world), 0u);
+    for (size_t li = 0; li < 3; ++li) {
+      const LayerPartition& lp = p.layer(li);
+      size_t real = 0;
+      for (size_t gi = 0; gi < lp.groups.size(); ++gi) {
+        const SubGroup& g = lp.groups[gi];
+        EXPECT_EQ(g.piece % kShardAlign, 0u);
+        // Only the last sub-group has padding, so real elements are a prefix.
+        if (gi + 1 < lp.groups.size()) EXPECT_EQ(g.real, g.piece * world);
+        EXPECT_EQ(g.padded_begin, real);
+        for (int r = 0; r < world; ++r) real += lp.piece_real(g, r);
+      }
+      EXPECT_EQ(real, lp.elements) << "world " << world << " layer " << li;
+      EXPECT_EQ(lp.padded_elements, lp.shard_elements * world);
+    }
+  }
+  EXPECT_EQ(Partition::create(layers, 2, 1).value().sub_group_elements(), 2 * kShardAlign);
+  EXPECT_FALSE(Partition::create(layers, 0, 8192).ok());
+  EXPECT_FALSE(Partition::create(layers, 2, 0).ok());
+  EXPECT_EQ(Partition::create(layers, 2, 8192).value().describe(StateId{2, 1, 1}), "layer 2 'c' group 1 rank 1");
+}
+
+TEST(BlockSums, DoNotDependOnWhereABlockLivesAndCarryNonFiniteValues) {
+  std::vector<float> g(4 * kShardAlign);
+  for (size_t i = 0; i < g.size(); ++i) g[i] = std::sin(0.001f * static_cast<float>(i)) * 1e-3f;
+  std::vector<double> all(4), one(1);
+  block_sums_of_squares(g.data(), DType::kF32, g.size(), kShardAlign, all);
+  // The same block copied elsewhere gives the same bits.
+  std::vector<float> copy(g.begin() + 2 * kShardAlign, g.begin() + 3 * kShardAlign);
+  block_sums_of_squares(copy.data(), DType::kF32, copy.size(), kShardAlign, one);
+  EXPECT_EQ(std::bit_cast<uint64_t>(one[0]), std::bit_cast<uint64_t>(all[2]));
+  double naive = 0;
+  for (size_t i = 2 * kShardAlign; i < 3 * kShardAlign; ++i) naive += double(g[i]) * g[i];
+  EXPECT_NEAR(one[0], naive, 1e-12 * naive);
+  copy[7] = std::numeric_limits<float>::infinity();
+  block_sums_of_squares(copy.data(), DType::kF32, copy.size(), kShardAlign, one);
+  EXPECT_TRUE(std::isinf(one[0]));
+  copy[7] = std::numeric_limits<float>::quiet_NaN();
+  block_sums_of_squares(copy.data(), DType::kF32, copy.size(), kShardAlign, one);
+  EXPECT_TRUE(std::isnan(one[0]));
+}
+
+}  // namespace
+}  // namespace strata::offload
