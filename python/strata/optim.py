@@ -1,0 +1,308 @@
+"""CPU optimizers over Strata's cpu_adam kernels, as torch.optim.Optimizers.
+
+    opt = strata.optim.CPUAdam(model.parameters(), lr=1e-3, weight_decay=0.01)  # AdamW
+    loss.backward(); opt.step(); opt.zero_grad()
+
+Each param group is stepped by one native call: the tiled, multi-threaded
+kernel runs over every tensor of the group with the GIL released. The
+parameters are the fp32 master weights (CPU tensors); gradients are their
+.grad (fp32) or given to step(grads=...) in fp32, bf16 or fp16; step can
+write a bf16/fp16 copy of the updated parameters in the same pass
+(step(param_copies=...), DeepSpeed's fp16_param_groups). Moments are fp32 or,
+with moment_dtype=torch.bfloat16, bf16. State keys and layout match torch's
+(exp_avg, exp_avg_sq / sum, step), so state dicts move between
+torch.optim.AdamW / Adam / Adagrad and these classes both ways.
+"""
+
+import torch
+
+from . import _native
+from ._tensors import span
+
+__all__ = ["CPUAdam", "CPUAdagrad", "CPULion"]
+
+_GRAD_DTYPES = ("float32", "bfloat16", "float16")
+_COPY_DTYPES = ("bfloat16", "float16")
+_MOMENT_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
+
+
+class _CPUOptimizer(torch.optim.Optimizer):
+    """Shared machinery: state creation, tensor checks, one native call per group."""
+
+    _kind = None            # cpu_adam kind name
+    _state_keys = ()        # moment tensors in the state, in kernel order (exp_avg, exp_avg_sq)
+
+    def __init__(self, params, defaults, *, kind, moment_dtype, threads, tile_elements, kernel_path):
+        if moment_dtype not in _MOMENT_DTYPES:
+            raise TypeError(f"moment_dtype {moment_dtype} is not torch.float32 or torch.bfloat16")
+        self._moment_dtype = moment_dtype
+        super().__init__(params, defaults)
+        for gi, group in enumerate(self.param_groups):
+            self._check_group(gi, group)
+        # One kernel object: its threads and tile size; hyper-parameters come per call.
+        self._native = _native.CpuOptimizer(kind, threads=threads, tile_elements=tile_elements, path=kernel_path)
+
+    # -- properties --------------------------------------------------------
+    @property
+    def kernel_path(self):
+        """The SIMD path the kernels run (scalar, avx2, avx512, avx512_bf16) ..."""
+        return self._native.path
+
+    @property
+    def kernel_path_reason(self):
+        """... and why it was chosen (cpuid features or STRATA_CPU_ADAM_PATH)."""
+        return self._native.path_reason
+
+    @property
+    def threads(self):
+        return self._native.threads
+
+    # -- torch.optim.Optimizer hooks ---------------------------------------
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        # A state dict saved by torch.optim.AdamW/Adam/Adagrad has torch's
+        # group keys only: ours take their defaults, theirs are checked.
+        for gi, group in enumerate(self.param_groups):
+            for key, value in self.defaults.items():
+                group.setdefault(key, value)
+            self._check_group(gi, group)
+
+    def add_param_group(self, param_group):
+        super().add_param_group(param_group)
+        self._check_group(len(self.param_groups) - 1, self.param_groups[-1])
+
+    def _check_group(self, gi, group):
+        if group.get("amsgrad", False):
+            raise ValueError(f"param group {gi}: amsgrad=True is not supported by strata's CPU optimizers "
+                             f"(use amsgrad=False)")
+        if group.get("maximize", False):
+            raise ValueError(f"param group {gi}: maximize=True is not supported; negate the loss instead")
+        for pi, p in enumerate(group["params"]):
+            self._check_param(p, f"param {pi} of group {gi}")
+
+    @staticmethod
+    def _check_param(p, what):
+        if p.device.type != "cpu":
+            raise ValueError(f"{what} is on {p.device}: strata.optim steps CPU tensors; offload first "
+                             f"(keep fp32 master weights on the CPU and copy the update back, "
+                             f"e.g. with step(param_copies=...))")
+        if p.dtype != torch.float32:
+            raise TypeError(f"{what} has dtype {p.dtype}: strata.optim steps fp32 master weights; keep an fp32 "
+                            f"copy on the CPU and pass bf16/fp16 gradients with step(grads=...)")
+        if not p.is_contiguous():
+            raise ValueError(f"{what} is not contiguous: call .contiguous() on it before building the optimizer")
+
+    # -- state -------------------------------------------------------------
+    def _init_state(self, p, group):
+        """A fresh state for p, torch's layout (step as a float tensor, like torch 1.13+)."""
+        state = {"step": torch.tensor(0.0)}
+        for key in self._state_keys:
+            state[key] = torch.zeros_like(p, dtype=self._moment_dtype, memory_format=torch.contiguous_format)
+        return state
+
+    def _state_for(self, p, group, what):
+        state = self.state[p]
+        if len(state) == 0:
+            state.update(self._init_state(p, group))
+        for key in self._state_keys:
+            t = state.get(key)
+            if t is None:
+                raise KeyError(f"{what}: state has no '{key}' (was it saved by another optimizer?)")
+            # load_state_dict casts moments to the param's dtype (fp32) and
+            # may leave them on another device: bring them back to ours.
+            if t.dtype != self._moment_dtype or t.device.type != "cpu" or not t.is_contiguous():
+                t = t.to(device="cpu", dtype=self._moment_dtype, memory_format=torch.contiguous_format)
+                state[key] = t
+            if t.numel() != p.numel():
+                raise ValueError(f"{what}: state '{key}' has {t.numel()} elements, the param {p.numel()}")
+        return state
+
+    # -- step --------------------------------------------------------------
+    def _group_hyper(self, group):
+        """(lr, beta1, beta2, eps, weight_decay, bias_correction) of a group."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def step(self, closure=None, *, grads=None, param_copies=None, fp16_param_groups=None):
+        """One update of every parameter that has a gradient.
+
+        closure: re-evaluates the model and returns the loss (torch semantics).
+        grads: optional list (one per param group) of lists of gradient
+            tensors (fp32, bf16 or fp16, CPU, one per param, None to skip)
+            used instead of p.grad, e.g. bf16 gradients copied from a GPU.
+        param_copies: optional list (one per group) of lists of bf16/fp16 CPU
+            tensors (one per param, or None) that receive the updated params,
+            rounded, in the same pass. fp16_param_groups is DeepSpeed's name
+            for the same thing.
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if fp16_param_groups is not None:
+            if param_copies is not None:
+                raise ValueError("pass param_copies or fp16_param_groups, not both")
+            param_copies = fp16_param_groups
+        grads = self._per_group(grads, "grads")
+        param_copies = self._per_group(param_copies, "param_copies")
+        moment_dtype = _MOMENT_DTYPES[self._moment_dtype]
+        for gi, group in enumerate(self.param_groups):
+            params = group["params"]
+            group_grads = self._per_param(grads[gi], gi, params, "grads")
+            group_copies = self._per_param(param_copies[gi], gi, params, "param_copies")
+            spans, keep, steps = [], [], []
+            for pi, p in enumerate(params):
+                g = group_grads[pi] if group_grads is not None else p.grad
+                if g is None:
+                    continue
+                what = f"param {pi} of group {gi}"
+                self._check_param(p, what)
+                if g.is_sparse:
+                    raise ValueError(f"the gradient of {what} is sparse: strata.optim needs dense gradients")
+                g_ptr, g_count, g_dtype, _ = span(g, f"the gradient of {what}", dtypes=_GRAD_DTYPES)
+                if g_count != p.numel():
+                    raise ValueError(f"the gradient of {what} has {g_count} elements, the param {p.numel()} "
+                                     f"(shape {tuple(g.shape)} vs {tuple(p.shape)})")
+                state = self._state_for(p, group, what)
+                moments = [state[k].data_ptr() for k in self._state_keys]
+                exp_avg = moments[0] if self._kind != "adagrad" else 0
+                exp_avg_sq = moments[-1] if self._kind != "lion" else 0
+                c_ptr, c_dtype = 0, "bfloat16"
+                copy = group_copies[pi] if group_copies is not None else None
+                if copy is not None:
+                    c_ptr, c_count, c_dtype, _ = span(copy, f"the param copy of {what}", dtypes=_COPY_DTYPES)
+                    if c_count != p.numel():
+                        raise ValueError(f"the param copy of {what} has {c_count} elements, the param {p.numel()}")
+                step_t = state["step"]
+                step = int(step_t.item()) + 1 if torch.is_tensor(step_t) else int(step_t) + 1
+                spans.append((p.numel(), p.data_ptr(), g_ptr, g_dtype, exp_avg, exp_avg_sq, moment_dtype,
+                              c_ptr, c_dtype, step))
+                keep.append((g, copy))  # alive until the native call returns (GIL released inside)
+                steps.append(state)
+            if not spans:
+                continue
+            lr, beta1, beta2, eps, weight_decay, bias_correction = self._group_hyper(group)
+            self._native.step_spans(spans, lr, beta1, beta2, eps, weight_decay, bias_correction)
+            for state in steps:
+                if torch.is_tensor(state["step"]):
+                    state["step"] += 1
+                else:
+                    state["step"] = torch.tensor(float(state["step"] + 1))
+            del keep
+        return loss
+
+    def _per_group(self, lists, name):
+        if lists is None:
+            return [None] * len(self.param_groups)
+        lists = list(lists)
+        if len(lists) != len(self.param_groups):
+            raise ValueError(f"{name} has {len(lists)} entries, the optimizer {len(self.param_groups)} param groups "
+                             f"(one list per group)")
+        return lists
+
+    @staticmethod
+    def _per_param(entries, gi, params, name):
+        if entries is None:
+            return None
+        entries = list(entries)
+        if len(entries) != len(params):
+            raise ValueError(f"{name}[{gi}] has {len(entries)} tensors, param group {gi} has {len(params)} params")
+        return entries
+
+
+def _check_common(lr, eps, weight_decay, betas=None):
+    if not lr >= 0.0:
+        raise ValueError(f"Invalid learning rate: {lr}")
+    if not eps >= 0.0:
+        raise ValueError(f"Invalid epsilon value: {eps}")
+    if not weight_decay >= 0.0:
+        raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+    if betas is not None:
+        if len(betas) != 2:
+            raise ValueError(f"betas must be two numbers, got {betas}")
+        for i, b in enumerate(betas):
+            if not 0.0 <= b < 1.0:
+                raise ValueError(f"Invalid beta parameter at index {i}: {b}")
+
+
+class CPUAdam(_CPUOptimizer):
+    """Adam/AdamW on the CPU (DeepSpeedCPUAdam's arguments; adamw_mode=True is
+    torch.optim.AdamW, False is torch.optim.Adam with L2 weight decay)."""
+
+    _state_keys = ("exp_avg", "exp_avg_sq")
+
+    def __init__(self, params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+                 amsgrad=False, adamw_mode=True, fp32_optimizer_states=True, *, moment_dtype=torch.float32,
+                 threads=0, tile_elements=65536, kernel_path="auto"):
+        if amsgrad:
+            raise ValueError("amsgrad=True is not supported by strata.optim.CPUAdam (nor by DeepSpeedCPUAdam); "
+                             "use amsgrad=False")
+        if not fp32_optimizer_states:
+            raise ValueError("fp32_optimizer_states=False: strata keeps fp32 master weights; for 16-bit moments "
+                             "pass moment_dtype=torch.bfloat16")
+        _check_common(lr, eps, weight_decay, betas)
+        self.adamw_mode = adamw_mode
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                        bias_correction=bias_correction, amsgrad=False)
+        self._kind = "adamw" if adamw_mode else "adam"
+        super().__init__(params, defaults, kind=self._kind, moment_dtype=moment_dtype, threads=threads,
+                         tile_elements=tile_elements, kernel_path=kernel_path)
+
+    def _group_hyper(self, group):
+        beta1, beta2 = group["betas"]
+        return (float(group["lr"]), float(beta1), float(beta2), float(group["eps"]), float(group["weight_decay"]),
+                bool(group["bias_correction"]))
+
+
+class CPUAdagrad(_CPUOptimizer):
+    """torch.optim.Adagrad on the CPU (lr_decay 0). State key 'sum' as in torch."""
+
+    _state_keys = ("sum",)
+    _kind = "adagrad"
+
+    def __init__(self, params, lr=1e-2, lr_decay=0.0, weight_decay=0.0, initial_accumulator_value=0.0, eps=1e-10,
+                 *, moment_dtype=torch.float32, threads=0, tile_elements=65536, kernel_path="auto"):
+        if lr_decay != 0.0:
+            raise ValueError(f"lr_decay={lr_decay} is not supported by strata.optim.CPUAdagrad: use a learning-rate "
+                             f"scheduler (torch.optim.lr_scheduler) instead")
+        if not eps > 0.0:
+            raise ValueError(f"Invalid epsilon value: {eps} (Adagrad needs eps > 0)")
+        if not initial_accumulator_value >= 0.0:
+            raise ValueError(f"Invalid initial_accumulator_value value: {initial_accumulator_value}")
+        _check_common(lr, eps, weight_decay)
+        defaults = dict(lr=lr, lr_decay=0.0, eps=eps, weight_decay=weight_decay,
+                        initial_accumulator_value=initial_accumulator_value)
+        super().__init__(params, defaults, kind="adagrad", moment_dtype=moment_dtype, threads=threads,
+                         tile_elements=tile_elements, kernel_path=kernel_path)
+
+    def _check_group(self, gi, group):
+        super()._check_group(gi, group)
+        if group.get("lr_decay", 0.0) != 0.0:
+            raise ValueError(f"param group {gi}: lr_decay={group['lr_decay']} is not supported (use a scheduler)")
+
+    def _init_state(self, p, group):
+        state = super()._init_state(p, group)
+        state["sum"].fill_(group["initial_accumulator_value"])
+        return state
+
+    def _group_hyper(self, group):
+        return (float(group["lr"]), 0.9, 0.999, float(group["eps"]), float(group["weight_decay"]), False)
+
+
+class CPULion(_CPUOptimizer):
+    """Lion (Chen et al. 2023) on the CPU: sign of the interpolated momentum,
+    decoupled weight decay. State key 'exp_avg'."""
+
+    _state_keys = ("exp_avg",)
+    _kind = "lion"
+
+    def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, *, moment_dtype=torch.float32,
+                 threads=0, tile_elements=65536, kernel_path="auto"):
+        _check_common(lr, 0.0, weight_decay, betas)
+        defaults = dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay)
+        super().__init__(params, defaults, kind="lion", moment_dtype=moment_dtype, threads=threads,
+                         tile_elements=tile_elements, kernel_path=kernel_path)
+
+    def _group_hyper(self, group):
+        beta1, beta2 = group["betas"]
+        return (float(group["lr"]), float(beta1), float(beta2), 0.0, float(group["weight_decay"]), False)
