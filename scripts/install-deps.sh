@@ -13,6 +13,7 @@ packages=(
   libopenmpi-dev openmpi-bin
   fio python3
   clang libclang-rt-14-dev   # libFuzzer targets (scripts/fuzz.sh, tests/fuzz)
+  pybind11-dev python3-venv python3-pytest   # the strata Python package (python/test.sh)
 )
 with_torch=0
 for arg in "$@"; do

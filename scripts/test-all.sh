@@ -2,6 +2,7 @@
 # Installs dependencies (PyTorch included), builds Strata, and runs every test:
 #   1. the full suite (ctest) on the release build; the PyTorch comparisons
 #      are required here: without torch they fail instead of skipping,
+#   1b. the Python package's pytest suite (python/test.sh; torch required),
 #   2. the core, config, nvme and cpu_adam suites again under ASan + UBSan,
 #   3. the concurrency-heavy suites (core, comm, nvme) under TSan,
 #   4. every libFuzzer target of tests/fuzz for STRATA_FUZZ_SECONDS (default
@@ -25,6 +26,12 @@ phase "release build"
 STRATA_BUILD_DIR=build scripts/build.sh -DSTRATA_REQUIRE_TORCH=ON
 phase "release ctest"
 ctest --test-dir build -j "$jobs" --output-on-failure
+
+# The Python package (python/, docs/python.md): its native module is added to
+# the release build (only the module compiles), then pytest runs in a venv of
+# /usr/bin/python3 --system-site-packages; a missing torch fails.
+phase "python package (build + pytest)"
+STRATA_PYTHON_BUILD_DIR=build python/test.sh
 
 if [[ "${STRATA_SKIP_SANITIZE:-0}" != "1" ]]; then
   # The sanitizer builds skip CUDA and benchmarks to keep CI quick.
