@@ -206,37 +206,42 @@ def test_bf16_moments_state_dict_round_trip_restores_bf16():
     assert torch.equal(p, q) and not torch.equal(m, opt.state[p]["exp_avg"])
 
 
-def _bf16_reference_step(p, g_bf16, m, v, t, lr, b1, b2, eps, wd):
-    """Note [Update formulas] (cpu_adam/src/reference.cpp) in float32 torch ops."""
-    f = torch.float32
-    g = g_bf16.to(f)
-    one_b1 = torch.tensor(1 - b1, dtype=f)
-    one_b2 = torch.tensor(1 - b2, dtype=f)
-    m = m + one_b1 * (g - m)
-    v = v * torch.tensor(b2, dtype=f) + (one_b2 * g) * g
-    inv_bc2 = torch.tensor(1 / (1 - b2 ** t) ** 0.5, dtype=f)
-    denom = v.sqrt() * inv_bc2 + torch.tensor(eps, dtype=f)
-    p = p * torch.tensor(1 - lr * wd, dtype=f)
-    p = p + torch.tensor(-lr / (1 - b1 ** t), dtype=f) * (m / denom)
+def fma(a, b, c):
+    """a * b + c rounded once to float32 (the float32 product is exact in float64)."""
+    return (a.double() * b.double() + c.double()).float()
+
+
+def _reference_adamw_step(p, g16, m, v, t, lr, b1, b2, eps, wd):
+    """Note [Update formulas] (cpu_adam/src/reference.cpp), operation for
+    operation: per-step scalars in double rounded once to float, the same FMAs."""
+    f32 = lambda x: torch.tensor(x, dtype=torch.float32)  # noqa: E731  (double -> float, rounded once)
+    g = g16.to(torch.float32)
+    m = fma(f32(1.0 - b1), g - m, m)
+    v = fma(f32(1.0 - b2) * g, g, v * f32(b2))
+    denom = fma(v.sqrt(), f32(1.0 / (1.0 - b2 ** t) ** 0.5), f32(eps))
+    p = p * f32(1.0 - lr * wd)
+    p = fma(f32(-lr / (1.0 - b1 ** t)), m / denom, p)
     return p, m, v
 
 
-def test_bf16_grads_and_bf16_copy_against_reference():
+@pytest.mark.parametrize("path", strata._native.supported_kernel_paths())
+def test_bf16_grads_and_bf16_copy_against_reference(path):
     """bf16 gradients through step(grads=...) and a bf16 copy written in the
-    same pass, against the C++ reference formulas (fma-free float ops: equal
-    within a couple of ulps) and the copy equal to the new params rounded."""
+    same pass, bit for bit against the C++ reference formulas, and the copy
+    equal to the new params rounded to bf16."""
     torch.manual_seed(3)
     n = 70001  # not a multiple of any vector width or tile
     p = torch.nn.Parameter(torch.randn(n))
-    opt = CPUAdam([p], lr=1e-2, weight_decay=0.02)
+    opt = CPUAdam([p], lr=1e-2, weight_decay=0.02, kernel_path=path)
     ref_p, ref_m, ref_v = p.detach().clone(), torch.zeros(n), torch.zeros(n)
     copy_out = torch.empty(n, dtype=torch.bfloat16)
     for t in range(1, 6):
         g = (0.1 * torch.randn(n)).to(torch.bfloat16)
         opt.step(grads=[[g]], param_copies=[[copy_out]])
-        ref_p, ref_m, ref_v = _bf16_reference_step(ref_p, g, ref_m, ref_v, t, 1e-2, 0.9, 0.999, 1e-8, 0.02)
-        assert_close_rel(p, ref_p, 1e-6, f"param after step {t}")
-        assert_close_rel(opt.state[p]["exp_avg"], ref_m, 1e-6, f"exp_avg after step {t}")
+        ref_p, ref_m, ref_v = _reference_adamw_step(ref_p, g, ref_m, ref_v, t, 1e-2, 0.9, 0.999, 1e-8, 0.02)
+        assert torch.equal(p.detach(), ref_p), f"param after step {t}"
+        assert torch.equal(opt.state[p]["exp_avg"], ref_m), f"exp_avg after step {t}"
+        assert torch.equal(opt.state[p]["exp_avg_sq"], ref_v), f"exp_avg_sq after step {t}"
         # The copy is the updated fp32 param rounded to bf16, exactly.
         assert torch.equal(copy_out, p.detach().to(torch.bfloat16)), f"bf16 copy after step {t}"
     # fp16 copy and fp16 grads too; DeepSpeed's name for the copies.
