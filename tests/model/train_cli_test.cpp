@@ -44,7 +44,13 @@ TEST(TrainCli, ProgressLinesAndJsonLogShape) {
     auto j = nlohmann::ordered_json::parse(line);  // keeps the file's key order
     std::vector<std::string> keys;
     for (auto it = j.begin(); it != j.end(); ++it) keys.push_back(it.key());
-    EXPECT_EQ(keys, (std::vector<std::string>{"step", "loss", "val_loss", "tokens_per_s", "step_ms", "peak_bytes"}));
+    EXPECT_EQ(keys, (std::vector<std::string>{"step", "loss", "val_loss", "lr", "loss_scale", "grad_norm", "skipped",
+                                              "tokens_per_s", "step_ms", "forward_ms", "backward_ms", "optimizer_ms",
+                                              "exposed_ms", "bytes", "peak_bytes"}));
+    EXPECT_EQ(j["exposed_ms"].size(), 3u);
+    EXPECT_EQ(j["bytes"].size(), 4u);
+    EXPECT_GT(j["grad_norm"].get<double>(), 0);
+    EXPECT_EQ(j["loss_scale"].get<double>(), 1.0);
     EXPECT_EQ(j["step"].get<int>(), lines);
     EXPECT_TRUE(j["loss"].is_number());
     EXPECT_EQ(j["val_loss"].is_null(), lines % 2 == 1) << line;
@@ -53,8 +59,9 @@ TEST(TrainCli, ProgressLinesAndJsonLogShape) {
     const auto& pb = j["peak_bytes"];
     EXPECT_EQ(pb.size(), 4u);
     EXPECT_GT(pb["device"].get<uint64_t>(), 0u);
+    // Stage 0 without offload: every byte of training state is device memory.
     EXPECT_EQ(pb["pinned"].get<uint64_t>(), 0u);
-    EXPECT_GT(pb["host"].get<uint64_t>(), 0u);
+    EXPECT_EQ(pb["host"].get<uint64_t>(), 0u);
     EXPECT_EQ(pb["nvme"].get<uint64_t>(), 0u);
   }
   EXPECT_EQ(lines, 4);
@@ -77,11 +84,27 @@ TEST(TrainCli, ConfigAppliesAndFlagsOverride) {
 }
 
 TEST(TrainCli, BadInputsExitNonZeroWithTheCulprit) {
-  const std::string cfg = temp_path("stage2.json");
-  std::ofstream(cfg) << R"({"zero_optimization": {"stage": 2}})";
+  const std::string cfg = temp_path("nvme.json");
+  std::ofstream(cfg) << R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme",
+    "nvme_path": "/tmp"}}})";
   CliRun r = run("--config " + cfg);
   EXPECT_NE(r.rc, 0);
-  EXPECT_NE(r.out.find("stage = 2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("offload_optimizer.device \"nvme\""), std::string::npos) << r.out;
+  r = run("--stage 2 --offload-param cpu");
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.out.find("--offload-param needs stage 3"), std::string::npos) << r.out;
+  r = run("--stage 4");
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.out.find("--stage 4"), std::string::npos) << r.out;
+  r = run("--offload-optimizer disk");
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.out.find("--offload-optimizer 'disk'"), std::string::npos) << r.out;
+  r = run("--ranks 0");
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.out.find("--ranks 0"), std::string::npos) << r.out;
+  r = run("--ranks 2 --backend mpi");
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.out.find("mpirun -np N"), std::string::npos) << r.out;
   r = run("--preset huge");
   EXPECT_EQ(r.rc, 2);
   EXPECT_NE(r.out.find("valid presets"), std::string::npos) << r.out;
@@ -116,3 +139,36 @@ TEST(TrainCli, AutoDeviceSaysWhichItChose) {
 }
 
 }  // namespace
+
+namespace strata {
+namespace {
+
+// Two local ranks at stage 3 with both offloads: the engine line says so,
+// the losses equal stage 0's on the same two ranks (bit for bit, as printed
+// in the JSON log), and the optimizer state sits in pinned host memory.
+TEST(TrainCli, RanksAndZeroStagesFromFlags) {
+  const std::string a = temp_path("s0.jsonl"), b = temp_path("s3.jsonl");
+  CliRun r0 = run("--steps 3 --seq 16 --batch 2 --eval-every 0 --ranks 2 --stage 0 --json-log " + a);
+  ASSERT_EQ(r0.rc, 0) << r0.out;
+  CliRun r3 = run("--steps 3 --seq 16 --batch 2 --eval-every 0 --ranks 2 --stage 3 --offload-optimizer cpu "
+                  "--offload-param cpu --json-log " + b);
+  ASSERT_EQ(r3.rc, 0) << r3.out;
+  EXPECT_NE(r3.out.find("engine   stage 3, optimizer cpu (pinned host memory), params cpu"), std::string::npos)
+      << r3.out;
+  EXPECT_NE(r3.out.find("x ranks 2"), std::string::npos) << r3.out;
+  std::ifstream fa(a), fb(b);
+  std::string la, lb;
+  int n = 0;
+  while (std::getline(fa, la) && std::getline(fb, lb)) {
+    auto ja = nlohmann::json::parse(la), jb = nlohmann::json::parse(lb);
+    EXPECT_EQ(ja["loss"].get<double>(), jb["loss"].get<double>()) << "step " << ja["step"];
+    EXPECT_GT(jb["peak_bytes"]["pinned"].get<uint64_t>(), 0u);
+    EXPECT_GT(jb["bytes"]["h2d"].get<uint64_t>(), 0u);
+    EXPECT_GT(jb["bytes"]["d2h"].get<uint64_t>(), 0u);
+    ++n;
+  }
+  EXPECT_EQ(n, 3);
+}
+
+}  // namespace
+}  // namespace strata
