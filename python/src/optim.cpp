@@ -3,12 +3,31 @@
 // raw spans per param group; step_spans steps them all in one call with the
 // GIL released, each span with its own step count (torch keeps one per
 // parameter, and a loaded state dict may mix them).
+//
+// Note [One parallel loop per group]
+// A model's parameter list is many tensors, most of them small (GPT-2 small:
+// 148 tensors, 74 of them 768 elements). Calling CpuOptimizer::step once per
+// tensor ran one oneTBB parallel_for per tensor: 148 fork/joins, each ending
+// with idle workers, measured 40% slower than one step over the same
+// elements as a single span (72 vs 51 ms, 124M params, 2 threads). So the
+// group is cut into tiles across all its tensors (tile_elements each, never
+// crossing a tensor; the same tile boundaries CpuOptimizer uses inside one
+// tensor), and one parallel_for over all tiles runs them on this object's
+// arena, each worker stepping its tiles through its own single-threaded
+// CpuOptimizer (threads = 1: inline, no nested arena). Every element sees
+// the same float operations as in one CpuOptimizer::step (the update is
+// elementwise and every kernel path is bit-identical to the reference), so
+// results do not depend on the tiling or the thread count.
 #include <cstdint>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include <fmt/format.h>
+#include <oneapi/tbb/blocked_range.h>
+#include <oneapi/tbb/parallel_for.h>
+#include <oneapi/tbb/partitioner.h>
+#include <oneapi/tbb/task_arena.h>
 #include <pybind11/stl.h>
 
 #include "errors.h"
@@ -37,10 +56,43 @@ struct Job {
   int64_t step = 1;
 };
 
+struct Tile {
+  uint32_t job = 0;
+  size_t begin = 0;
+  size_t count = 0;
+};
+
+// Elements [begin, begin + count) of every span of `s`.
+const void* advance(const void* base, size_t elements, DType dtype) {
+  return base == nullptr ? nullptr : static_cast<const char*>(base) + elements * dtype_size(dtype);
+}
+void* advance(void* base, size_t elements, DType dtype) {
+  return base == nullptr ? nullptr : static_cast<char*>(base) + elements * dtype_size(dtype);
+}
+cpu_adam::StateSpans slice(const cpu_adam::StateSpans& s, size_t begin, size_t count) {
+  cpu_adam::StateSpans t = s;
+  t.count = count;
+  t.params = s.params + begin;
+  t.grads = advance(s.grads, begin, s.grad_dtype);
+  t.exp_avg = advance(s.exp_avg, begin, s.moment_dtype);
+  t.exp_avg_sq = advance(s.exp_avg_sq, begin, s.moment_dtype);
+  t.param_copy = advance(s.param_copy, begin, s.param_copy_dtype);
+  return t;
+}
+
 class PyCpuOptimizer {
  public:
   PyCpuOptimizer(const std::string& kind, int threads, size_t tile_elements, const std::string& path)
-      : optimizer_(make(kind, threads, tile_elements, path)) {}
+      : optimizer_(make(kind, threads, tile_elements, path)) {
+    // Note [One parallel loop per group]: one single-threaded optimizer per
+    // arena slot; the main one (above) reports the path, threads and tile size.
+    const int slots = optimizer_.threads();
+    for (int i = 0; i < slots; ++i) workers_.push_back(make(kind, 1, tile_elements, path));
+    if (slots > 1) {
+      arena_ = std::make_unique<tbb::task_arena>(slots);
+      arena_->initialize();
+    }
+  }
 
   // Steps every span; returns the tiles computed. Raises on invalid input,
   // naming the span's index in the group.
@@ -72,23 +124,47 @@ class PyCpuOptimizer {
     // torch semantics: a non-finite gradient is applied, not skipped, and no
     // extra read of the gradient is paid for a check the caller did not ask for.
     args.overflow_check = cpu_adam::OverflowCheck::kAssumeFinite;
-    Status failed;
-    size_t tiles = 0;
-    {
-      py::gil_scoped_release release;
-      for (size_t i = 0; i < jobs.size(); ++i) {
-        if (jobs[i].spans.count == 0) continue;
-        args.step = jobs[i].step;
-        auto report = optimizer_.step(args, jobs[i].spans);
-        if (!report.ok()) {
-          failed = report.status().with_context(fmt::format("tensor {} of the group ({} elements)", i, jobs[i].spans.count));
-          break;
-        }
-        tiles += report->tiles;
+    std::vector<Tile> tiles;
+    const size_t tile = optimizer_.tile_elements();
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      for (size_t begin = 0; begin < jobs[i].spans.count; begin += tile) {
+        tiles.push_back({static_cast<uint32_t>(i), begin, std::min(tile, jobs[i].spans.count - begin)});
       }
     }
+    std::vector<Status> errors(tiles.size());
+    auto run = [&](size_t t) {
+      const Tile& tl = tiles[t];
+      const int slot = arena_ ? tbb::this_task_arena::current_thread_index() : 0;
+      cpu_adam::StepArgs a = args;
+      a.step = jobs[tl.job].step;
+      auto report = workers_[static_cast<size_t>(slot)].step(a, slice(jobs[tl.job].spans, tl.begin, tl.count));
+      if (!report.ok()) errors[t] = report.status();
+    };
+    {
+      py::gil_scoped_release release;
+      if (!arena_ || tiles.size() <= 1) {
+        for (size_t t = 0; t < tiles.size(); ++t) run(t);
+      } else {
+        arena_->execute([&] {
+          tbb::parallel_for(
+              tbb::blocked_range<size_t>(0, tiles.size(), 1),
+              [&](const tbb::blocked_range<size_t>& r) {
+                for (size_t t = r.begin(); t != r.end(); ++t) run(t);
+              },
+              tbb::simple_partitioner());
+        });
+      }
+    }
+    Status failed;
+    for (size_t t = 0; t < tiles.size() && failed.ok(); ++t) {
+      if (!errors[t].ok()) {
+        failed = errors[t].with_context(
+            fmt::format("tensor {} of the group ({} elements)", tiles[t].job, jobs[tiles[t].job].spans.count));
+      }
+    }
+    const size_t tile_count = tiles.size();
     throw_if_error(failed);
-    return tiles;
+    return tile_count;
   }
 
   // Squared L2 norm and finiteness of one gradient span (GIL released).
@@ -120,6 +196,8 @@ class PyCpuOptimizer {
   }
 
   CpuOptimizer optimizer_;
+  std::vector<CpuOptimizer> workers_;       // one per arena slot, threads = 1
+  std::unique_ptr<tbb::task_arena> arena_;  // null with one thread
 };
 
 }  // namespace

@@ -345,3 +345,25 @@ def test_kernel_path_and_threads_are_reported():
     opt = CPUAdam([torch.nn.Parameter(torch.zeros(4))], threads=1, kernel_path="scalar")
     assert opt.kernel_path == "scalar" and opt.threads == 1
     assert "scalar" in strata._native.supported_kernel_paths()
+
+
+def test_results_do_not_depend_on_threads_or_tiles():
+    """Note [One parallel loop per group] (python/src/optim.cpp): a group is
+    tiled across its tensors; every element still sees the same operations."""
+    shapes = [(300, 7), (5,), (70000,), (1,), (129, 64)]
+    results = []
+    for threads, tile in ((1, 65536), (2, 65536), (2, 64), (3, 128)):
+        g = torch.Generator().manual_seed(11)
+        params = [torch.nn.Parameter(torch.randn(s, generator=g)) for s in shapes]
+        copies = [torch.empty(s, dtype=torch.bfloat16) for s in shapes]
+        opt = CPUAdam(params, lr=1e-2, weight_decay=0.01, threads=threads, tile_elements=tile)
+        for _ in range(3):
+            for p in params:
+                p.grad = torch.randn(p.shape, generator=g)
+            opt.step(param_copies=[copies])
+        results.append((params, copies, opt))
+    base_params, base_copies, base_opt = results[0]
+    for params, copies, opt in results[1:]:
+        for a, b, ca, cb in zip(base_params, params, base_copies, copies):
+            assert torch.equal(a, b) and torch.equal(ca, cb)
+            assert torch.equal(base_opt.state[a]["exp_avg_sq"], opt.state[b]["exp_avg_sq"])
