@@ -1,0 +1,129 @@
+// The device optimizer's host side: argument checks, the per-step factors
+// and the dispatch to the CUDA launcher (cuda/device_adam.cu). The factors
+// are derived here, by the host compiler, with the same double expressions
+// as cpu_adam's make_factors (cpu_adam/src/optimizer.cpp), so that the kernel
+// starts from the very floats the CPU reference uses (docs/device-adam.md).
+#include "strata/offload/device_adam.h"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "cuda/device_adam_kernel.h"
+
+namespace strata::offload {
+namespace {
+
+using cpu_adam::OptimizerKind;
+
+Status check_pointer(const void* p, size_t index, const char* field, size_t count) {
+  if (p != nullptr) return Status::Ok();
+  return InvalidArgument(fmt::format("device_adam: DeviceAdamTensor[{}].{} is null but count = {}", index, field,
+                                     count));
+}
+
+}  // namespace
+
+Status validate_device_adam(const DeviceAdamArgs& args, std::span<const DeviceAdamTensor> tensors) {
+  if (args.kind != OptimizerKind::kAdam && args.kind != OptimizerKind::kAdamW) {
+    return Unsupported(fmt::format("device_adam: optimizer '{}' has no device kernel (adam and adamw only); "
+                                   "use offload_optimizer.device: cpu for it",
+                                   cpu_adam::optimizer_kind_name(args.kind)));
+  }
+  if (args.step < 1) {
+    return InvalidArgument(fmt::format("device_adam: step = {}: steps count from 1 (the first update is step 1)",
+                                       args.step));
+  }
+  if (!(std::isfinite(args.loss_scale) && args.loss_scale > 0.0)) {
+    return InvalidArgument(fmt::format("device_adam: loss_scale = {} must be finite and > 0 (1 when not scaling)",
+                                       args.loss_scale));
+  }
+  if (!(std::isfinite(args.clip_coefficient) && args.clip_coefficient > 0.0)) {
+    return InvalidArgument(fmt::format("device_adam: clip_coefficient = {} must be finite and > 0 (1 when not "
+                                       "clipping)", args.clip_coefficient));
+  }
+  STRATA_RETURN_IF_ERROR(cpu_adam::validate_hyper_params(args.kind, args.hyper));
+  if (!is_state_float(args.grad_dtype)) {
+    return InvalidArgument(fmt::format("device_adam: grad_dtype = {} is not supported; use fp32, bf16 or fp16",
+                                       dtype_name(args.grad_dtype)));
+  }
+  if (args.moment_dtype != DType::kF32 && args.moment_dtype != DType::kBF16) {
+    return InvalidArgument(fmt::format("device_adam: moment_dtype = {} is not supported; use fp32 or bf16",
+                                       dtype_name(args.moment_dtype)));
+  }
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const DeviceAdamTensor& t = tensors[i];
+    if (t.count == 0) continue;
+    STRATA_RETURN_IF_ERROR(check_pointer(t.params, i, "params", t.count));
+    STRATA_RETURN_IF_ERROR(check_pointer(t.grads, i, "grads", t.count));
+    STRATA_RETURN_IF_ERROR(check_pointer(t.exp_avg, i, "exp_avg", t.count));
+    STRATA_RETURN_IF_ERROR(check_pointer(t.exp_avg_sq, i, "exp_avg_sq", t.count));
+    if (t.param_copy != nullptr && args.param_copy_dtype != DType::kBF16 && args.param_copy_dtype != DType::kF16) {
+      return InvalidArgument(fmt::format("device_adam: DeviceAdamTensor[{}] has a param_copy but param_copy_dtype "
+                                         "= {}; use bf16 or fp16 (the fp32 params are the master copy)",
+                                         i, dtype_name(args.param_copy_dtype)));
+    }
+  }
+  return Status::Ok();
+}
+
+namespace detail {
+
+DeviceAdamFactors make_device_adam_factors(const DeviceAdamArgs& a) {
+  const cpu_adam::HyperParams& h = a.hyper;
+  DeviceAdamFactors f;
+  f.grad_multiplier = static_cast<float>(a.clip_coefficient / a.loss_scale);
+  f.one_minus_beta1 = static_cast<float>(1.0 - h.beta1);
+  f.beta2 = static_cast<float>(h.beta2);
+  f.one_minus_beta2 = static_cast<float>(1.0 - h.beta2);
+  f.eps = static_cast<float>(h.eps);
+  f.weight_decay = static_cast<float>(h.weight_decay);
+  const bool decoupled = a.kind == OptimizerKind::kAdamW;
+  f.l2_decay = !decoupled && h.weight_decay != 0.0;
+  f.decoupled_decay = decoupled && h.weight_decay != 0.0;
+  f.decay_factor = static_cast<float>(1.0 - h.lr * h.weight_decay);
+  if (h.bias_correction) {
+    const double t = static_cast<double>(a.step);
+    const double bc1 = 1.0 - std::pow(h.beta1, t);
+    const double bc2 = 1.0 - std::pow(h.beta2, t);
+    f.neg_step_size = static_cast<float>(-h.lr / bc1);
+    f.inv_bias_correction2_sqrt = static_cast<float>(1.0 / std::sqrt(bc2));
+  } else {
+    f.neg_step_size = static_cast<float>(-h.lr);
+    f.inv_bias_correction2_sqrt = 1.0f;
+  }
+  return f;
+}
+
+}  // namespace detail
+
+bool device_adam_compiled() {
+#if STRATA_HAVE_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+Status device_adam_step(Stream& stream, const DeviceAdamArgs& args, std::span<const DeviceAdamTensor> tensors) {
+  STRATA_RETURN_IF_ERROR(validate_device_adam(args, tensors));
+  const DeviceCaps& caps = stream.device().caps();
+#if STRATA_HAVE_CUDA
+  if (caps.backend != "cuda" || stream.native_handle() == nullptr) {
+    return Unsupported(fmt::format("device_adam_step: the stream belongs to the '{}' device ({}); the fused Adam "
+                                   "kernel runs on cuda streams only (on the cpu device, step with "
+                                   "cpu_adam::CpuOptimizer as stream work)", caps.backend, caps.name));
+  }
+  bool any = false;
+  for (const DeviceAdamTensor& t : tensors) any = any || t.count > 0;
+  if (!any) return Status::Ok();
+  return detail::launch_device_adam(stream.native_handle(), detail::make_device_adam_factors(args), args.grad_dtype,
+                                    args.moment_dtype, args.param_copy_dtype, tensors);
+#else
+  return Unsupported(fmt::format("device_adam_step: this build has no CUDA kernel (configured with "
+                                 "STRATA_ENABLE_CUDA=OFF or no CUDA toolkit found), so the '{}' stream cannot run "
+                                 "the device optimizer; use offload_optimizer.device: cpu", caps.backend));
+#endif
+}
+
+}  // namespace strata::offload
