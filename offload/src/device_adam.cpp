@@ -6,6 +6,7 @@
 #include "strata/offload/device_adam.h"
 
 #include <cmath>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -67,11 +68,20 @@ Status validate_device_adam(const DeviceAdamArgs& args, std::span<const DeviceAd
   return Status::Ok();
 }
 
-namespace detail {
+#if STRATA_HAVE_CUDA
+namespace {
 
-DeviceAdamFactors make_device_adam_factors(const DeviceAdamArgs& a) {
+// Validated dtypes only (is_state_float; copies bf16/fp16).
+detail::KernelDType kernel_dtype(DType t) {
+  if (t == DType::kBF16) return detail::KernelDType::kBF16;
+  if (t == DType::kF16) return detail::KernelDType::kF16;
+  return detail::KernelDType::kF32;
+}
+
+// cpu_adam's make_factors (optimizer.cpp) for Adam/AdamW, expression for expression.
+detail::DeviceAdamFactors make_device_adam_factors(const DeviceAdamArgs& a) {
   const cpu_adam::HyperParams& h = a.hyper;
-  DeviceAdamFactors f;
+  detail::DeviceAdamFactors f;
   f.grad_multiplier = static_cast<float>(a.clip_coefficient / a.loss_scale);
   f.one_minus_beta1 = static_cast<float>(1.0 - h.beta1);
   f.beta2 = static_cast<float>(h.beta2);
@@ -95,7 +105,8 @@ DeviceAdamFactors make_device_adam_factors(const DeviceAdamArgs& a) {
   return f;
 }
 
-}  // namespace detail
+}  // namespace
+#endif  // STRATA_HAVE_CUDA
 
 bool device_adam_compiled() {
 #if STRATA_HAVE_CUDA
@@ -114,11 +125,26 @@ Status device_adam_step(Stream& stream, const DeviceAdamArgs& args, std::span<co
                                    "kernel runs on cuda streams only (on the cpu device, step with "
                                    "cpu_adam::CpuOptimizer as stream work)", caps.backend, caps.name));
   }
-  bool any = false;
-  for (const DeviceAdamTensor& t : tensors) any = any || t.count > 0;
-  if (!any) return Status::Ok();
-  return detail::launch_device_adam(stream.native_handle(), detail::make_device_adam_factors(args), args.grad_dtype,
-                                    args.moment_dtype, args.param_copy_dtype, tensors);
+  std::vector<detail::KernelTensor> kernel_tensors;
+  for (const DeviceAdamTensor& t : tensors) {
+    if (t.count == 0) continue;
+    kernel_tensors.push_back({t.params, t.grads, t.exp_avg, t.exp_avg_sq, t.param_copy,
+                              static_cast<unsigned long long>(t.count)});
+  }
+  if (kernel_tensors.empty()) return Status::Ok();
+  const detail::LaunchResult r = detail::launch_device_adam(
+      stream.native_handle(), make_device_adam_factors(args), kernel_dtype(args.grad_dtype),
+      kernel_dtype(args.moment_dtype), kernel_dtype(args.param_copy_dtype), kernel_tensors.data(),
+      kernel_tensors.size());
+  switch (r.error) {
+    case detail::LaunchError::kNone: return Status::Ok();
+    case detail::LaunchError::kOutOfMemory:
+      return OutOfMemory(fmt::format("device_adam_step on {}: {} (the kernel's chunk table, {} tensors)", caps.name,
+                                     r.message, kernel_tensors.size()));
+    case detail::LaunchError::kTooLarge: return InvalidArgument(fmt::format("device_adam_step: {}", r.message));
+    case detail::LaunchError::kCuda: break;
+  }
+  return IoError(fmt::format("device_adam_step on {}: {}", caps.name, r.message));
 #else
   return Unsupported(fmt::format("device_adam_step: this build has no CUDA kernel (configured with "
                                  "STRATA_ENABLE_CUDA=OFF or no CUDA toolkit found), so the '{}' stream cannot run "

@@ -40,15 +40,6 @@ namespace {
 constexpr unsigned kThreads = 256;
 constexpr size_t kChunkElements = 16384;  // 64 elements per thread per chunk
 
-struct KernelTensor {
-  float* params;
-  const void* grads;
-  void* exp_avg;
-  void* exp_avg_sq;
-  void* param_copy;
-  unsigned long long count;
-};
-
 struct ChunkEntry {
   uint32_t tensor;  // index into the KernelTensor array
   uint32_t chunk;   // chunk number within that tensor
@@ -98,26 +89,26 @@ __device__ __forceinline__ float fp16_bits_to_fp32(uint16_t bits) {
   return __uint_as_float(sign | ((exponent + 112u) << 23) | (mantissa << 13));
 }
 
-template <DType T>
+template <KernelDType T>
 __device__ __forceinline__ float load(const void* base, size_t i) {
-  if constexpr (T == DType::kF32) return static_cast<const float*>(base)[i];
-  if constexpr (T == DType::kBF16) return bf16_bits_to_fp32(static_cast<const uint16_t*>(base)[i]);
-  if constexpr (T == DType::kF16) return fp16_bits_to_fp32(static_cast<const uint16_t*>(base)[i]);
+  if constexpr (T == KernelDType::kF32) return static_cast<const float*>(base)[i];
+  if constexpr (T == KernelDType::kBF16) return bf16_bits_to_fp32(static_cast<const uint16_t*>(base)[i]);
+  if constexpr (T == KernelDType::kF16) return fp16_bits_to_fp32(static_cast<const uint16_t*>(base)[i]);
   return 0.0f;
 }
 
-template <DType T>
+template <KernelDType T>
 __device__ __forceinline__ void store(void* base, size_t i, float value) {
-  if constexpr (T == DType::kF32) static_cast<float*>(base)[i] = value;
-  if constexpr (T == DType::kBF16) static_cast<uint16_t*>(base)[i] = fp32_to_bf16_bits(value);
-  if constexpr (T == DType::kF16) static_cast<uint16_t*>(base)[i] = fp32_to_fp16_bits(value);
+  if constexpr (T == KernelDType::kF32) static_cast<float*>(base)[i] = value;
+  if constexpr (T == KernelDType::kBF16) static_cast<uint16_t*>(base)[i] = fp32_to_bf16_bits(value);
+  if constexpr (T == KernelDType::kF16) static_cast<uint16_t*>(base)[i] = fp32_to_fp16_bits(value);
 }
 
 // --- the kernel -------------------------------------------------------------
 
 // G: gradient dtype, M: moment dtype, C: copy dtype (used where a tensor has
 // a param_copy). One block per chunk (Note [Chunk table]).
-template <DType G, DType M, DType C>
+template <KernelDType G, KernelDType M, KernelDType C>
 __global__ void __launch_bounds__(kThreads)
     adam_kernel(const KernelTensor* __restrict__ tensors, const ChunkEntry* __restrict__ chunks,
                 DeviceAdamFactors f) {
@@ -145,42 +136,42 @@ __global__ void __launch_bounds__(kThreads)
 
 using KernelFn = void (*)(const KernelTensor*, const ChunkEntry*, DeviceAdamFactors);
 
-template <DType G, DType M>
-KernelFn pick_copy(DType c) {
-  return c == DType::kF16 ? &adam_kernel<G, M, DType::kF16> : &adam_kernel<G, M, DType::kBF16>;
+template <KernelDType G, KernelDType M>
+KernelFn pick_copy(KernelDType c) {
+  return c == KernelDType::kF16 ? &adam_kernel<G, M, KernelDType::kF16> : &adam_kernel<G, M, KernelDType::kBF16>;
 }
-template <DType G>
-KernelFn pick_moment(DType m, DType c) {
-  return m == DType::kBF16 ? pick_copy<G, DType::kBF16>(c) : pick_copy<G, DType::kF32>(c);
+template <KernelDType G>
+KernelFn pick_moment(KernelDType m, KernelDType c) {
+  return m == KernelDType::kBF16 ? pick_copy<G, KernelDType::kBF16>(c) : pick_copy<G, KernelDType::kF32>(c);
 }
-KernelFn pick_kernel(DType g, DType m, DType c) {
-  if (g == DType::kBF16) return pick_moment<DType::kBF16>(m, c);
-  if (g == DType::kF16) return pick_moment<DType::kF16>(m, c);
-  return pick_moment<DType::kF32>(m, c);
+KernelFn pick_kernel(KernelDType g, KernelDType m, KernelDType c) {
+  if (g == KernelDType::kBF16) return pick_moment<KernelDType::kBF16>(m, c);
+  if (g == KernelDType::kF16) return pick_moment<KernelDType::kF16>(m, c);
+  return pick_moment<KernelDType::kF32>(m, c);
 }
 
-Status cuda_error(cudaError_t err, const char* call) {
-  std::string text = std::string("device_adam_step: ") + call + " failed: " + cudaGetErrorName(err) + " (" +
-                     cudaGetErrorString(err) + ")";
-  if (err == cudaErrorMemoryAllocation) return OutOfMemory(text + "; the chunk table could not be allocated");
-  return IoError(std::move(text));
+LaunchResult cuda_error(cudaError_t err, const char* call) {
+  LaunchResult r;
+  r.error = err == cudaErrorMemoryAllocation ? LaunchError::kOutOfMemory : LaunchError::kCuda;
+  r.message = std::string(call) + " failed: " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")";
+  return r;
 }
 
 // Launches on the stream's own GPU: a stream of cuda:1 must not meet a
 // thread whose current device is cuda:0. Restores the caller's device.
 class StreamDeviceGuard {
  public:
-  Status enter(cudaStream_t stream) {
+  LaunchResult enter(cudaStream_t stream) {
     int stream_device = 0;
     cudaError_t err = cudaStreamGetDevice(stream, &stream_device);
     if (err != cudaSuccess) return cuda_error(err, "cudaStreamGetDevice");
     err = cudaGetDevice(&previous_);
     if (err != cudaSuccess) return cuda_error(err, "cudaGetDevice");
-    if (previous_ == stream_device) return Status::Ok();
+    if (previous_ == stream_device) return {};
     err = cudaSetDevice(stream_device);
     if (err != cudaSuccess) return cuda_error(err, "cudaSetDevice");
     switched_ = true;
-    return Status::Ok();
+    return {};
   }
   ~StreamDeviceGuard() {
     if (switched_) cudaSetDevice(previous_);
@@ -193,59 +184,56 @@ class StreamDeviceGuard {
 
 }  // namespace
 
-Status launch_device_adam(void* cuda_stream, const DeviceAdamFactors& factors, DType grad_dtype,
-                          DType moment_dtype, DType param_copy_dtype, std::span<const DeviceAdamTensor> tensors) {
+LaunchResult launch_device_adam(void* cuda_stream, const DeviceAdamFactors& factors, KernelDType grad_dtype,
+                                KernelDType moment_dtype, KernelDType param_copy_dtype, const KernelTensor* tensors,
+                                size_t tensor_count) {
   const auto stream = static_cast<cudaStream_t>(cuda_stream);
-  std::vector<KernelTensor> kernel_tensors;
   std::vector<ChunkEntry> chunks;
-  for (const DeviceAdamTensor& t : tensors) {
-    if (t.count == 0) continue;
-    const size_t tensor_chunks = (t.count + kChunkElements - 1) / kChunkElements;
-    if (tensor_chunks > UINT32_MAX || kernel_tensors.size() >= UINT32_MAX) {
-      return InvalidArgument("device_adam_step: a tensor of " + std::to_string(t.count) +
-                             " elements exceeds the chunk table's 2^32 chunks of " +
-                             std::to_string(kChunkElements));
+  for (size_t index = 0; index < tensor_count; ++index) {
+    const size_t tensor_chunks = (tensors[index].count + kChunkElements - 1) / kChunkElements;
+    if (tensor_chunks > UINT32_MAX || index > UINT32_MAX) {
+      return {LaunchError::kTooLarge, "tensor " + std::to_string(index) + " of " +
+                                          std::to_string(tensors[index].count) + " elements exceeds the chunk "
+                                          "table's 2^32 chunks of " + std::to_string(kChunkElements)};
     }
-    const auto index = static_cast<uint32_t>(kernel_tensors.size());
-    kernel_tensors.push_back({t.params, t.grads, t.exp_avg, t.exp_avg_sq, t.param_copy,
-                              static_cast<unsigned long long>(t.count)});
-    for (size_t c = 0; c < tensor_chunks; ++c) chunks.push_back({index, static_cast<uint32_t>(c)});
+    for (size_t c = 0; c < tensor_chunks; ++c) {
+      chunks.push_back({static_cast<uint32_t>(index), static_cast<uint32_t>(c)});
+    }
   }
-  if (chunks.empty()) return Status::Ok();
+  if (chunks.empty()) return {};
   if (chunks.size() > 0x7fffffffu) {
-    return InvalidArgument("device_adam_step: " + std::to_string(chunks.size()) +
-                           " chunks exceed one grid (2^31 - 1 blocks); split the step");
+    return {LaunchError::kTooLarge, std::to_string(chunks.size()) +
+                                        " chunks exceed one grid (2^31 - 1 blocks); split the step"};
   }
   // One allocation: the tensors, then the chunk entries (both 8-byte aligned).
-  const size_t tensor_bytes = kernel_tensors.size() * sizeof(KernelTensor);
+  const size_t tensor_bytes = tensor_count * sizeof(KernelTensor);
   const size_t table_bytes = tensor_bytes + chunks.size() * sizeof(ChunkEntry);
   std::vector<unsigned char> host(table_bytes);
-  std::memcpy(host.data(), kernel_tensors.data(), tensor_bytes);
+  std::memcpy(host.data(), tensors, tensor_bytes);
   std::memcpy(host.data() + tensor_bytes, chunks.data(), chunks.size() * sizeof(ChunkEntry));
 
   StreamDeviceGuard guard;
-  STRATA_RETURN_IF_ERROR(guard.enter(stream));
+  if (LaunchResult r = guard.enter(stream); r.error != LaunchError::kNone) return r;
   void* table = nullptr;
   cudaError_t err = cudaMallocAsync(&table, table_bytes, stream);
   if (err != cudaSuccess) return cuda_error(err, "cudaMallocAsync (chunk table)");
   err = cudaMemcpyAsync(table, host.data(), table_bytes, cudaMemcpyHostToDevice, stream);
-  if (err == cudaSuccess) {
-    const auto* kt = static_cast<const KernelTensor*>(table);
-    const auto* ct = reinterpret_cast<const ChunkEntry*>(static_cast<const unsigned char*>(table) + tensor_bytes);
-    pick_kernel(grad_dtype, moment_dtype, param_copy_dtype)<<<static_cast<unsigned>(chunks.size()), kThreads, 0,
-                                                               stream>>>(kt, ct, factors);
-    err = cudaGetLastError();
-    if (err != cudaSuccess) {
-      cudaFreeAsync(table, stream);
-      return cuda_error(err, "adam_kernel launch");
-    }
-  } else {
+  if (err != cudaSuccess) {
     cudaFreeAsync(table, stream);
     return cuda_error(err, "cudaMemcpyAsync (chunk table)");
   }
+  const auto* kt = static_cast<const KernelTensor*>(table);
+  const auto* ct = reinterpret_cast<const ChunkEntry*>(static_cast<const unsigned char*>(table) + tensor_bytes);
+  pick_kernel(grad_dtype, moment_dtype, param_copy_dtype)<<<static_cast<unsigned>(chunks.size()), kThreads, 0,
+                                                             stream>>>(kt, ct, factors);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) {
+    cudaFreeAsync(table, stream);
+    return cuda_error(err, "adam_kernel launch");
+  }
   err = cudaFreeAsync(table, stream);
   if (err != cudaSuccess) return cuda_error(err, "cudaFreeAsync (chunk table)");
-  return Status::Ok();
+  return {};
 }
 
 }  // namespace strata::offload::detail

@@ -1,17 +1,17 @@
 #pragma once
 // Private: the boundary between device_adam.cpp (validation and the per-step
 // factors, compiled by the host compiler exactly like cpu_adam's) and the
-// CUDA launcher in device_adam.cu. No CUDA types, so both sides include it.
+// CUDA launcher in device_adam.cu. nvcc compiles the project's .cu files as
+// C++17 (cmake/StrataDependencies.cmake), so this header includes no core
+// header (they are C++20) and carries no CUDA type: plain structs only.
 
 #include <cstddef>
 #include <cstdint>
-#include <span>
-
-#include "strata/core/dtype.h"
-#include "strata/core/status.h"
-#include "strata/offload/device_adam.h"
+#include <string>
 
 namespace strata::offload::detail {
+
+enum class KernelDType : uint8_t { kF32 = 0, kBF16, kF16 };
 
 // Per-step float factors, derived in double and rounded to float once, the
 // same derivation as cpu_adam's make_factors (optimizer.cpp) for Adam/AdamW.
@@ -29,11 +29,26 @@ struct DeviceAdamFactors {
   uint32_t decoupled_decay = 0;            // AdamW with weight_decay != 0
 };
 
-DeviceAdamFactors make_device_adam_factors(const DeviceAdamArgs& args);
+// One tensor as the kernel reads it (device pointers; count > 0).
+struct KernelTensor {
+  float* params;
+  const void* grads;
+  void* exp_avg;
+  void* exp_avg_sq;
+  void* param_copy;  // may be null
+  unsigned long long count;
+};
 
-// Enqueues the fused kernel on `cuda_stream` (a cudaStream_t) over the
-// tensors with count > 0; arguments are already validated.
-Status launch_device_adam(void* cuda_stream, const DeviceAdamFactors& factors, DType grad_dtype,
-                          DType moment_dtype, DType param_copy_dtype, std::span<const DeviceAdamTensor> tensors);
+enum class LaunchError : uint8_t { kNone = 0, kOutOfMemory, kTooLarge, kCuda };
+struct LaunchResult {
+  LaunchError error = LaunchError::kNone;
+  std::string message;  // what failed, with the CUDA error's name and text
+};
+
+// Enqueues the fused kernel on `cuda_stream` (a cudaStream_t) over
+// `tensors[0, tensor_count)`; arguments are already validated.
+LaunchResult launch_device_adam(void* cuda_stream, const DeviceAdamFactors& factors, KernelDType grad_dtype,
+                                KernelDType moment_dtype, KernelDType param_copy_dtype, const KernelTensor* tensors,
+                                size_t tensor_count);
 
 }  // namespace strata::offload::detail
