@@ -13,7 +13,7 @@ and every round is kept in --json.
 io: strata.io.AsyncIO pwrite/pread of --io-size bytes vs `strata io-bench`
 (same engine, block size, depth, threads), interleaved pairs.
 
-  python bench_python.py optim [--threads 2] [--rounds 7] [--json out.json]
+  python bench_python.py optim [--threads 2] [--rounds 7] [--deepspeed] [--json out.json]
   python bench_python.py io --path DIR --cli build/apps/strata [--io-size 512MiB] [--pairs 5]
 """
 import argparse
@@ -80,6 +80,14 @@ def bench_optim(args):
         t_opt = torch.optim.AdamW(tp, lr=1e-4, weight_decay=0.01, foreach=foreach)
         contenders[f"torch AdamW foreach={foreach}"] = t_opt.step
 
+    if args.deepspeed:
+        # DeepSpeed's op builder JIT-compiles cpu_adam (needs torch's C++
+        # headers: Debian's libtorch-dev) on first use, with -march=native and OpenMP.
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+        dp = make_params(shapes, 1)
+        ds_opt = DeepSpeedCPUAdam(dp, lr=1e-4, weight_decay=0.01, adamw_mode=True)
+        contenders["DeepSpeedCPUAdam.step"] = ds_opt.step
+
     for fn in contenders.values():  # warm-up: allocates the states
         fn()
     names = list(contenders)
@@ -96,6 +104,8 @@ def bench_optim(args):
         print(f"{k:42} {med[k]:9.4f} {n / med[k] / 1e9:9.3f}")
     best_torch = min(med["torch AdamW foreach=False"], med["torch AdamW foreach=True"])
     print(f"strata vs the faster torch path: {best_torch / med['strata CPUAdam.step']:.2f}x")
+    if args.deepspeed:
+        print(f"strata vs DeepSpeedCPUAdam: {med['DeepSpeedCPUAdam.step'] / med['strata CPUAdam.step']:.2f}x")
     per_round = [a / b - 1 for a, b in zip(rounds["strata CPUAdam.step"],
                                             rounds["native flat step (C++ bench equivalent)"])]
     print(f"Python layer overhead vs one flat native step: median {100 * statistics.median(per_round):+.1f}% "
@@ -125,7 +135,6 @@ def bench_io(args):
                 "--json", "--file", "strata-cli-io-bench.bin"]
     for pair in range(args.pairs):
         def python_side():
-            os.posix_fadvise(os.open(path, os.O_RDONLY), 0, 0, os.POSIX_FADV_DONTNEED)
             results["python_write"].append(size / timed(lambda: aio.sync_pwrite(buf, path, 0)) / 1e9)
             results["python_read"].append(size / timed(lambda: aio.sync_pread(buf, path, 0)) / 1e9)
 
@@ -159,6 +168,8 @@ def main():
     ap.add_argument("--io-size", default="512MiB")
     ap.add_argument("--queue-depth", type=int, default=32)
     ap.add_argument("--pairs", type=int, default=5)
+    ap.add_argument("--deepspeed", action="store_true",
+                    help="optim: add DeepSpeedCPUAdam (run with OMP_NUM_THREADS=--threads, in a venv with deepspeed)")
     ap.add_argument("--json")
     args = ap.parse_args()
     if args.what == "io" and not (args.path and args.cli):

@@ -32,7 +32,7 @@ def dtype_name(x):
 def span(x, what, *, dtypes=None, writable=False):
     """(address, elements, dtype name, bytes) of a CPU, contiguous tensor or array."""
     if is_torch_tensor(x):
-        if x.device.type != "cpu":
+        if not x.is_cpu:
             raise ValueError(f"{what} is on {x.device}: strata works on CPU tensors; offload it first "
                              f"(e.g. t.detach().cpu(), or keep an fp32 master copy on the CPU)")
         if x.is_sparse:

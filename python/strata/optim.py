@@ -82,7 +82,7 @@ class _CPUOptimizer(torch.optim.Optimizer):
 
     @staticmethod
     def _check_param(p, what):
-        if p.device.type != "cpu":
+        if not p.is_cpu:
             raise ValueError(f"{what} is on {p.device}: strata.optim steps CPU tensors; offload first "
                              f"(keep fp32 master weights on the CPU and copy the update back, "
                              f"e.g. with step(param_copies=...))")
@@ -94,8 +94,10 @@ class _CPUOptimizer(torch.optim.Optimizer):
 
     # -- state -------------------------------------------------------------
     def _init_state(self, p, group):
-        """A fresh state for p, torch's layout (step as a float tensor, like torch 1.13+)."""
-        state = {"step": torch.tensor(0.0)}
+        """A fresh state for p, torch's layout. `step` is a Python float: a
+        0-dim tensor costs a torch dispatch per parameter per step to update;
+        torch.optim's __setstate__ turns a float step into its tensor on load."""
+        state = {"step": 0.0}
         for key in self._state_keys:
             state[key] = torch.zeros_like(p, dtype=self._moment_dtype, memory_format=torch.contiguous_format)
         return state
@@ -110,7 +112,7 @@ class _CPUOptimizer(torch.optim.Optimizer):
                 raise KeyError(f"{what}: state has no '{key}' (was it saved by another optimizer?)")
             # load_state_dict casts moments to the param's dtype (fp32) and
             # may leave them on another device: bring them back to ours.
-            if t.dtype != self._moment_dtype or t.device.type != "cpu" or not t.is_contiguous():
+            if t.dtype != self._moment_dtype or not t.is_cpu or not t.is_contiguous():
                 t = t.to(device="cpu", dtype=self._moment_dtype, memory_format=torch.contiguous_format)
                 state[key] = t
             if t.numel() != p.numel():
@@ -173,21 +175,17 @@ class _CPUOptimizer(torch.optim.Optimizer):
                     c_ptr, c_count, c_dtype, _ = span(copy, f"the param copy of {what}", dtypes=_COPY_DTYPES)
                     if c_count != p.numel():
                         raise ValueError(f"the param copy of {what} has {c_count} elements, the param {p.numel()}")
-                step_t = state["step"]
-                step = int(step_t.item()) + 1 if torch.is_tensor(step_t) else int(step_t) + 1
+                step = int(float(state["step"])) + 1  # a tensor in state dicts saved by torch
                 spans.append((p.numel(), p.data_ptr(), g_ptr, g_dtype, exp_avg, exp_avg_sq, moment_dtype,
                               c_ptr, c_dtype, step))
                 keep.append((g, copy))  # alive until the native call returns (GIL released inside)
-                steps.append(state)
+                steps.append((state, float(step)))
             if not spans:
                 continue
             lr, beta1, beta2, eps, weight_decay, bias_correction = self._group_hyper(group)
             self._native.step_spans(spans, lr, beta1, beta2, eps, weight_decay, bias_correction)
-            for state in steps:
-                if torch.is_tensor(state["step"]):
-                    state["step"] += 1
-                else:
-                    state["step"] = torch.tensor(float(state["step"] + 1))
+            for state, step in steps:
+                state["step"] = step
             del keep
         return loss
 
