@@ -21,6 +21,7 @@
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <tbb/global_control.h>
 
 #include "command.h"
 #include <sys/sysinfo.h>
@@ -67,6 +68,7 @@ struct TrainCliOptions {
   std::string offload_param;
   std::string overlap_optimizer;       // "": the config's (on)
   int optimizer_threads = 0;
+  int device_threads = 0;              // 0: all cores (cpu device compute)
   // Which flags were given (they override the config).
   bool given_batch = false, given_accum = false, given_lr = false, given_wd = false, given_clip = false,
        given_dtype = false, given_device = false, given_device_memory = false;
@@ -246,6 +248,9 @@ struct Summary {
   std::vector<double> tps;
   double last_val = NAN;
   std::vector<offload::StepMetrics> steps;
+  offload::EngineMemory predicted, measured;  // rank 0's engine
+  uint64_t device_peak = 0, device_capacity = 0;
+  uint64_t model_state = 0;                   // unsharded parameters + gradients + optimizer state
 };
 
 // Trains on one rank. Rank 0 (printer) reports.
@@ -275,7 +280,15 @@ Status train_rank(const TrainCliOptions& o, const TrainSetup& t, const model::Gp
     }
     if (reporter != nullptr) reporter->step(s, *r, val);
   }
-  return rs.engine->synchronize();
+  STRATA_RETURN_IF_ERROR(rs.engine->synchronize());
+  if (summary) {
+    summary->predicted = rs.engine->predicted_memory();
+    summary->measured = rs.engine->measured_memory();
+    summary->device_peak = rs.device->memory_stats().get(Tier::kDevice).peak_bytes;
+    summary->device_capacity = rs.device->caps().memory_bytes;
+    summary->model_state = rs.engine->model_state_bytes();
+  }
+  return Status::Ok();
 }
 
 void print_breakdown(const Summary& sum) {
@@ -411,6 +424,14 @@ int run_train(TrainCliOptions o) {
     if (choice.kind == DeviceKind::kCpu) fmt::print("matmul   {}\n", model::cpu::gemm_backend_description());
     std::fflush(stdout);
   }
+  // The cpu device's compute threads: oneTBB's global limit (the model's
+  // loops) and OpenBLAS's. The CPU optimizer with --optimizer-threads 1 runs
+  // on its own thread, outside both.
+  std::optional<tbb::global_control> tbb_limit;
+  if (o.device_threads > 0) {
+    tbb_limit.emplace(tbb::global_control::max_allowed_parallelism, static_cast<size_t>(o.device_threads));
+    model::cpu::limit_gemm_threads(o.device_threads);
+  }
   Reporter reporter{o, log.get()};
   Summary summary;
   std::vector<Status> results(comms.size());
@@ -421,6 +442,9 @@ int run_train(TrainCliOptions o) {
       threads.emplace_back([&, i, first] {
         results[i] = train_rank(o, t, g, *data, choice.kind, *comms[i], first ? &reporter : nullptr,
                                 first ? &summary : nullptr);
+        // A failed rank leaves the group: its peers' collectives fail at once
+        // naming it (local backend), instead of waiting for the watchdog.
+        if (!results[i].ok()) comms[i].reset();
       });
     }
     for (auto& th : threads) th.join();
@@ -435,6 +459,12 @@ int run_train(TrainCliOptions o) {
   if (first_error != nullptr) return fail(*first_error);
   if (!printer) return 0;
   if (t.breakdown) print_breakdown(summary);
+  // The mission in one line: state larger than the device, trained anyway.
+  fmt::print("memory   rank 0: model state {} (unsharded parameters, gradients, optimizer state); device cap {}, "
+             "device peak {} (engine {}, predicted {}; the rest is the model's activations); pinned {} (predicted {})\n",
+             bytes_text(summary.model_state), bytes_text(summary.device_capacity), bytes_text(summary.device_peak),
+             bytes_text(summary.measured.device), bytes_text(summary.predicted.device),
+             bytes_text(summary.measured.pinned), bytes_text(summary.predicted.pinned));
   double median = 0;
   if (!summary.tps.empty()) {
     std::sort(summary.tps.begin(), summary.tps.end());
@@ -490,6 +520,11 @@ CommandRegistration train_command("train", [](CLI::App& root) {
   cmd->add_option("--overlap-optimizer", o->overlap_optimizer,
                   "on | off: step the optimizer under the next forward (overrides strata.overlap_optimizer)");
   cmd->add_option("--optimizer-threads", o->optimizer_threads, "CPU optimizer threads per rank (0: all cores)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1024));
+  cmd->add_option("--device-threads", o->device_threads,
+                  "cpu device: threads for the model's compute (0: all cores); with --optimizer-threads, keeps the two "
+                  "on separate cores")
       ->capture_default_str()
       ->check(CLI::Range(0, 1024));
   cmd->callback([o, batch, accum, lr, wd, clip, dtype, device, devmem] {

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs dependencies, builds Strata, and runs the main job on embedded
 # defaults (no GPU needed): the environment report, a memory estimate for a
-# 7B model, and a short training run of the tiny GPT preset on the cpu
-# device with the shipped corpus.
+# 7B model, and a short training run of a small GPT on the cpu device with
+# the shipped corpus, through the ZeRO engine at stage 3 with the optimizer
+# and parameters offloaded to host memory and a device cap smaller than the
+# model's training state (examples/configs/zero3-offload.json).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -12,5 +14,5 @@ echo "== strata report"
 "$strata" report
 echo "== strata estimate --params 7B --gpus-per-node 8"
 "$strata" estimate --params 7B --gpus-per-node 8
-echo "== strata train (tiny preset, cpu device, embedded defaults)"
-"$strata" train
+echo "== strata train (stage 3 + cpu offload, device cap below the model state, cpu device)"
+"$strata" train --config examples/configs/zero3-offload.json --embd 128 --seq 32 --steps 300 --eval-every 100

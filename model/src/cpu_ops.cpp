@@ -14,6 +14,7 @@
 #if STRATA_HAVE_OPENBLAS
 #include <cblas.h>
 #include <cstdlib>
+#include <atomic>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -205,9 +206,12 @@ void select_blas_kernels() {
 // configured count. The thread count does not change results (OpenBLAS
 // splits M and N, not K). Several ranks of one process (strata train
 // --ranks N) call gemm concurrently, so the switch is taken under a lock.
+std::atomic<int> g_gemm_thread_cap{0};  // limit_gemm_threads(); 0: none
+
 int configured_blas_threads() {
   static const int configured = openblas_get_num_threads();
-  return configured;
+  const int cap = g_gemm_thread_cap.load();
+  return cap > 0 ? std::min(cap, configured) : configured;
 }
 
 void set_blas_threads_for(double flops) {
@@ -223,6 +227,8 @@ void set_blas_threads_for(double flops) {
   }
 }
 }  // namespace
+
+void limit_gemm_threads(int threads) { g_gemm_thread_cap.store(threads > 0 ? threads : 0); }
 
 std::string gemm_backend_description() {
   select_blas_kernels();
@@ -244,6 +250,9 @@ void gemm<double>(bool trans_a, bool trans_b, int M, int N, int K, double alpha,
               N, K, alpha, A, lda, Bm, ldb, beta, Cm, ldc);
 }
 #else
+// The built-in loop runs on oneTBB, which the global limit already governs.
+void limit_gemm_threads(int) {}
+
 std::string gemm_backend_description() { return "built-in blocked loop (no OpenBLAS)"; }
 // Without OpenBLAS: the reference loop, parallel over row blocks of C.
 template <typename T>

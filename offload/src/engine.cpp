@@ -102,8 +102,12 @@ struct Engine::Impl {
   comm::Communicator& comm;
   int world = 1, rank = 0;
   Partition part;
-  MemoryStats host_stats;  // this engine's pinned and pageable host memory
+  // What this engine holds: device (its own buffers and device optimizer
+  // state, not the model's activations), pinned and pageable host memory.
+  MemoryStats stats;
+  EngineMemory predicted;
   std::unique_ptr<Stream> xfer;
+  std::unique_ptr<Stream> frees;  // only frees: never gated
   std::unique_ptr<OptimizerStateTier> tier;
   std::optional<cpu_adam::CpuOptimizer> optimizer;
   std::optional<LrSchedule> schedule;
@@ -152,34 +156,31 @@ struct Engine::Impl {
   size_t cursor = 0;
   std::vector<int> expected_bwd;  // kBackward acquires per layer per micro-batch
   std::vector<int> forward_acquires;  // kForward acquires per layer in the first micro-batch
+  bool window_spans_micro_batch = false;  // max(reuse, prefetch) >= every stage-3 use of a micro-batch
   std::vector<std::vector<size_t>> uses;  // trace positions of each layer
 
   int64_t steps = 0;        // applied updates
   int64_t step_index = 0;   // step() calls, for zeroing
   int micro = 0;
   bool in_train_micro = false;
+  bool in_eval = false;
   bool last_micro = false;
   // Device elements held by stage-3 gathers and stage 2-3 full gradients,
-  // including buffers whose stream-ordered free has not run yet: what the
-  // caps (stage3_max_live_parameters, reduce_bucket_size) bound.
-  struct PendingFree {
-    Completion freed;
-    uint64_t elements;
+  // including lent buffers not yet freed: what the caps
+  // (stage3_max_live_parameters, reduce_bucket_size) bound.
+  //
+  // A buffer the engine lent out (to the model's stream, a collective, a
+  // copy) is freed only once `safe` has completed, successfully or not:
+  // then nobody uses it any more. Frees are not left to a stream's order
+  // alone, because a failed stream skips its waits and would free early.
+  struct Deferred {
+    Completion safe;
+    DeviceBuffer buffer;
+    uint64_t elements = 0;
   };
   struct LiveCount {
-    uint64_t held = 0;                // allocated, not yet handed to a free
-    std::deque<PendingFree> freeing;  // handed to xfer's free, in order
-    uint64_t now() {
-      while (!freeing.empty() && freeing.front().freed.done()) freeing.pop_front();
-      uint64_t n = held;
-      for (const PendingFree& f : freeing) n += f.elements;
-      return n;
-    }
-    // Waits (oldest first) until `more` elements fit under `cap`, or nothing is left to wait for.
-    Status make_room(uint64_t more, uint64_t cap) {
-      while (now() + more > cap && !freeing.empty()) STRATA_RETURN_IF_ERROR(freeing.front().freed.wait());
-      return Status::Ok();
-    }
+    uint64_t held = 0;              // allocated and not handed back
+    std::deque<Deferred> freeing;   // handed back, waiting for `safe`, in order
   };
   LiveCount live_params, live_grads;
   // per-step counters
@@ -217,8 +218,48 @@ struct Engine::Impl {
     if (!b.ok())
       return OutOfMemory(fmt::format("{} ({}) does not fit in device memory on rank {}: {}", what,
                                      format_bytes(bytes, true), rank, b.status().message()));
+    stats.on_allocate(Tier::kDevice, b->size_bytes());
     return b;
   }
+  // Hands `buffer` back: it is freed once `safe` has completed.
+  void free_after(LiveCount& lc, DeviceBuffer&& buffer, Completion safe, uint64_t elements) {
+    lc.held -= elements;
+    lc.freeing.push_back(Deferred{std::move(safe), std::move(buffer), elements});
+  }
+  // Frees what is safe to free (oldest first; with `block`, waits for the
+  // oldest first). The free runs on `frees`, a stream nothing gates, so it
+  // is immediate; synchronizing it makes the memory reusable at once.
+  Status reap(LiveCount& lc, bool block) {
+    bool freed = false;
+    while (!lc.freeing.empty()) {
+      Deferred& d = lc.freeing.front();
+      if (block) d.safe.wait().ignore();  // failed or not, its users are done
+      if (!d.safe.done()) break;
+      const uint64_t bytes = d.buffer.size_bytes();
+      STRATA_RETURN_IF_ERROR(frees->free_async(std::move(d.buffer)));
+      stats.on_free(Tier::kDevice, bytes);
+      lc.freeing.pop_front();
+      freed = true;
+      block = false;
+    }
+    return freed ? frees->synchronize() : Status::Ok();
+  }
+  uint64_t live_now(LiveCount& lc) {
+    reap(lc, false).ignore();
+    uint64_t n = lc.held;
+    for (const Deferred& d : lc.freeing) n += d.elements;
+    return n;
+  }
+  // Waits (oldest first) until `more` elements fit under `cap`, or nothing is left to wait for.
+  Status make_room(LiveCount& lc, uint64_t more, uint64_t cap) {
+    while (live_now(lc) + more > cap && !lc.freeing.empty()) STRATA_RETURN_IF_ERROR(reap(lc, true));
+    return Status::Ok();
+  }
+  Status drain(LiveCount& lc) {
+    while (!lc.freeing.empty()) STRATA_RETURN_IF_ERROR(reap(lc, true));
+    return Status::Ok();
+  }
+  EngineMemory plan() const;
 
   // Where rank piece (g, r)'s parameters live on this rank (device or host pointer).
   std::byte* param_location(size_t li, const SubGroup& g, int r) {
@@ -235,6 +276,7 @@ struct Engine::Impl {
   Result<LayerMemory> acquire(size_t li, Pass pass);
   Status release(size_t li, Pass pass, const Completion& done);
   Status issue_gather(size_t li);
+  Status make_room_for_gather(size_t li);
   void prefetch_after(size_t position);
   Status drop_gathered(size_t li, const Completion& done);
   Status launch_reduction(size_t li);
@@ -243,6 +285,73 @@ struct Engine::Impl {
   Result<double> evaluate();
   Result<double> global_norm_squared();
 };
+
+// ---------------------------------------------------------------- memory plan
+
+// What init_layer and the step allocate, summed without allocating. Stage-3
+// gathers and stage 2-3 full gradients are transient: the executor enqueues
+// a whole pass before the stream runs it, so all of them are alive at once
+// unless the caps (stage3_max_live_parameters, reduce_bucket_size) bound
+// them, and a cap is never below one layer.
+EngineMemory Engine::Impl::plan() const {
+  EngineMemory m;
+  const size_t me = dtype_size(opt.moment_dtype);
+  uint64_t np_total = 0, np_max = 0, g_total = 0, g_max = 0, np_total_real = 0;
+  size_t np_pe = 2;
+  for (size_t li = 0; li < part.layer_count(); ++li) {
+    const LayerSpec& spec = model.layers()[li];
+    const LayerPartition& lp = part.layer(li);
+    const DType pd = spec.params.empty() ? DType::kF32 : spec.params.front().dtype;
+    const size_t pe = dtype_size(pd);
+    const bool persistent = opt.stage < 3 || static_cast<int64_t>(spec.param_count) < opt.persistence_threshold;
+    const bool master = !(pd == DType::kF32 && !opt_on_host());
+    const uint64_t F = lp.padded_elements, S = lp.shard_elements, owned = owned_elements(lp);
+    if (persistent) {
+      m.device_params += F * pe;
+    } else {
+      if (param_on_host())
+        m.pinned += S * pe;
+      else
+        m.device_params += S * pe;
+      np_total += F;
+      np_total_real += lp.elements;
+      np_max = std::max(np_max, F);
+      np_pe = pe;
+    }
+    if (opt.stage <= 1) {
+      m.device_grads += F * ge();
+    } else {
+      g_total += F;
+      g_max = std::max(g_max, F);
+    }
+    if (opt_on_host()) {
+      m.pinned += std::max<uint64_t>(64, owned * ge());
+      if (!(param_on_host() && !persistent)) m.pinned += std::max<uint64_t>(64, owned * pe);
+    } else if (!grads_in_place()) {
+      m.device_optimizer += owned * ge();
+    }
+    for (const SubGroup& g : lp.groups)
+      for (int r = owned_rank_begin(); r < owned_rank_end(); ++r) {
+        const uint64_t bytes = std::max<uint64_t>(64, lp.piece_real(g, r) * (2 * me + (master ? 4 : 0)));
+        (opt_on_host() ? m.pinned : m.device_optimizer) += bytes;
+      }
+  }
+  // Gathered layers: at most one copy per layer is valid, and a dropped copy
+  // lives on until the pass that used it has run. When the reuse or prefetch
+  // window spans a whole micro-batch nothing is dropped within a step, so at
+  // most every layer once; otherwise the next pass's gathers may be issued
+  // while the last pass's copies still wait for their free: twice.
+  const uint64_t window = static_cast<uint64_t>(std::max(opt.max_reuse_distance, opt.prefetch_bucket_size));
+  const bool spans = window >= 2 * np_total_real;
+  const uint64_t unbounded = spans ? np_total : 2 * np_total;
+  m.device_gathered = std::min(unbounded, std::max<uint64_t>(opt.max_live_parameters, np_max)) * np_pe;
+  // With gradient accumulation every layer's full gradient lives until the
+  // last micro-batch reduces it (the sum over micro-batches is taken before
+  // the sum over ranks, as at stage 0), so the bucket cannot bound them.
+  m.device_grads += (opt.grad_accum > 1 ? g_total : std::min(g_total, std::max<uint64_t>(opt.reduce_bucket_size, g_max))) * ge();
+  m.device = m.device_params + m.device_grads + m.device_optimizer + m.device_gathered;
+  return m;
+}
 
 // ---------------------------------------------------------------- set-up
 
@@ -275,8 +384,9 @@ Status Engine::Impl::init() {
 
   STRATA_ASSIGN_OR_RETURN(part, Partition::create(model.layers(), world, opt.sub_group_size));
   STRATA_ASSIGN_OR_RETURN(xfer, device.create_stream());
+  STRATA_ASSIGN_OR_RETURN(frees, device.create_stream());
   STRATA_ASSIGN_OR_RETURN(tier, make_memory_state_tier(device, opt_on_host() ? Tier::kPinnedHost : Tier::kDevice,
-                                                       opt.moment_dtype, host_stats));
+                                                       opt.moment_dtype, stats));
   cpu_adam::OptimizerOptions oo;
   oo.kind = opt.optimizer;
   oo.threads = opt.optimizer_threads;
@@ -284,6 +394,39 @@ Status Engine::Impl::init() {
   optimizer.emplace(std::move(o));
   model_stream = runner.model_stream();
 
+  // The plan first: a config whose state cannot fit the device fails here,
+  // before anything is allocated, with the plan's row and the fix.
+  predicted = plan();
+  {
+    uint64_t real = 0;
+    for (size_t li = 0; li < part.layer_count(); ++li) real += part.layer(li).elements;
+    window_spans_micro_batch =
+        static_cast<uint64_t>(std::max(opt.max_reuse_distance, opt.prefetch_bucket_size)) >= 2 * real;
+  }
+  {
+    const uint64_t cap = device.caps().memory_bytes;
+    const uint64_t used = device.memory_stats().get(Tier::kDevice).current_bytes;
+    const uint64_t free_bytes = cap > used ? cap - used : 0;
+    if (cap != 0 && predicted.device > free_bytes) {
+      std::string fix;
+      if (!opt_on_host())
+        fix = "set zero_optimization.offload_optimizer.device to \"cpu\"";
+      else if (opt.stage < 3)
+        fix = "use zero_optimization.stage 3";
+      else if (!param_on_host())
+        fix = "set zero_optimization.offload_param.device to \"cpu\"";
+      else
+        fix = "lower stage3_max_live_parameters / reduce_bucket_size";
+      return OutOfMemory(fmt::format(
+          "stage {}, optimizer {}, params {} on {} rank(s) needs {} of device memory per rank for its training state "
+          "(parameters {}, gradients {}, optimizer state {}, gathered layers {}) but {} of the device's {} is free after "
+          "the model's own buffers; {} or raise --device-memory (strata.device_memory)",
+          opt.stage, offload_device_name(opt.offload_optimizer), offload_device_name(opt.offload_param), world,
+          format_bytes(predicted.device, true), format_bytes(predicted.device_params, true),
+          format_bytes(predicted.device_grads, true), format_bytes(predicted.device_optimizer, true),
+          format_bytes(predicted.device_gathered, true), format_bytes(free_bytes, true), format_bytes(cap, true), fix));
+    }
+  }
   const size_t n = model.layers().size();
   layers.resize(n);
   expected_bwd.assign(n, 0);
@@ -324,7 +467,7 @@ Status Engine::Impl::init_layer(size_t li) {
     STRATA_ASSIGN_OR_RETURN(l.full_params, alloc_device(lp.padded_elements * l.pe, "parameters of " + lname));
     STRATA_RETURN_IF_ERROR(device.copy(l.full_params.data(), init.data(), init.size(), CopyKind::kHostToDevice));
   } else if (param_on_host()) {
-    STRATA_ASSIGN_OR_RETURN(l.host_shard, HostBuffer::create(device, host_stats, lp.shard_elements * l.pe,
+    STRATA_ASSIGN_OR_RETURN(l.host_shard, HostBuffer::create(device, stats, lp.shard_elements * l.pe,
                                                              "parameter shard of " + lname));
     for (const SubGroup& g : lp.groups)
       std::memcpy(l.host_shard.data() + g.shard_offset * l.pe, init.data() + lp.piece_begin(g, rank) * l.pe,
@@ -343,10 +486,10 @@ Status Engine::Impl::init_layer(size_t li) {
   const size_t owned = owned_elements(lp);
   if (opt_on_host()) {
     STRATA_ASSIGN_OR_RETURN(l.opt_grads_host,
-                            HostBuffer::create(device, host_stats, owned * ge(), "gradient shard of " + lname));
+                            HostBuffer::create(device, stats, owned * ge(), "gradient shard of " + lname));
     // Updated values wait here for their H2D copy, unless they go straight into a host shard.
     if (!(param_on_host() && !l.persistent)) {
-      STRATA_ASSIGN_OR_RETURN(l.staging, HostBuffer::create(device, host_stats, owned * l.pe,
+      STRATA_ASSIGN_OR_RETURN(l.staging, HostBuffer::create(device, stats, owned * l.pe,
                                                             "parameter staging of " + lname));
     }
   } else if (!grads_in_place()) {
@@ -398,9 +541,7 @@ Result<LayerMemory> Engine::Impl::acquire(size_t li, Pass pass) {
   } else {
     if (!l.gathered_valid) {
       // On demand: wait for frees in flight when the live cap would be passed.
-      STRATA_RETURN_IF_ERROR(
-          live_params.make_room(lp.padded_elements, static_cast<uint64_t>(opt.max_live_parameters))
-              .with_context("freeing gathered parameters"));
+      STRATA_RETURN_IF_ERROR(make_room_for_gather(li).with_context("freeing gathered parameters"));
       STRATA_RETURN_IF_ERROR(issue_gather(li));
     }
     update_ready = l.shard_ready;
@@ -414,7 +555,7 @@ Result<LayerMemory> Engine::Impl::acquire(size_t li, Pass pass) {
     if (!l.full_grads) {
       // Gradients waiting for their reduction are capped by reduce_bucket_size
       // (stages 2, 3): wait for earlier layers' reductions to free theirs.
-      STRATA_RETURN_IF_ERROR(live_grads.make_room(lp.padded_elements, static_cast<uint64_t>(opt.reduce_bucket_size))
+      STRATA_RETURN_IF_ERROR(make_room(live_grads, lp.padded_elements, static_cast<uint64_t>(opt.reduce_bucket_size))
                                  .with_context("freeing reduced gradients"));
       live_grads.held += lp.padded_elements;
       STRATA_ASSIGN_OR_RETURN(l.full_grads, alloc_device(lp.padded_elements * ge(),
@@ -483,6 +624,21 @@ Status Engine::Impl::issue_gather(size_t li) {
   return Status::Ok();
 }
 
+// stage3_max_live_parameters for an on-demand gather of layer `li`: wait
+// for frees in flight, then drop kept (gathered, not held) layers, oldest
+// index first, until the gather fits or nothing else can go.
+Status Engine::Impl::make_room_for_gather(size_t li) {
+  const uint64_t more = part.layer(li).padded_elements, cap = static_cast<uint64_t>(opt.max_live_parameters);
+  STRATA_RETURN_IF_ERROR(make_room(live_params, more, cap));
+  for (size_t j = 0; j < layers.size() && live_now(live_params) + more > cap; ++j) {
+    Layer& k = layers[j];
+    if (j == li || k.persistent || !k.gathered_valid || k.held > 0) continue;
+    STRATA_RETURN_IF_ERROR(drop_gathered(j, k.last_use));
+    STRATA_RETURN_IF_ERROR(make_room(live_params, more, cap));
+  }
+  return Status::Ok();
+}
+
 void Engine::Impl::prefetch_after(size_t position) {
   uint64_t issued = 0;
   for (size_t p = position + 1; p < trace.size(); ++p) {
@@ -491,7 +647,7 @@ void Engine::Impl::prefetch_after(size_t position) {
     if (l.persistent || l.gathered_valid) continue;
     const uint64_t n = part.layer(lj).padded_elements;
     if (issued + n > static_cast<uint64_t>(opt.prefetch_bucket_size)) break;
-    if (live_params.now() + n > static_cast<uint64_t>(opt.max_live_parameters)) break;
+    if (live_now(live_params) + n > static_cast<uint64_t>(opt.max_live_parameters)) break;
     if (!issue_gather(lj).ok()) break;  // out of memory: it will be fetched on demand (and the error said then)
     issued += n;
   }
@@ -500,12 +656,10 @@ void Engine::Impl::prefetch_after(size_t position) {
 Status Engine::Impl::drop_gathered(size_t li, const Completion& done) {
   Layer& l = layers[li];
   if (!l.gathered_valid) return Status::Ok();
-  STRATA_RETURN_IF_ERROR(xfer->wait(done));
-  STRATA_RETURN_IF_ERROR(xfer->free_async(std::move(l.gathered)));
+  // Its users: the gather that filled it (and the H2D before), the model's last pass over it.
+  const Completion users[] = {l.gathered_ready, done};
+  free_after(live_params, std::move(l.gathered), when_all(users), part.layer(li).padded_elements);
   l.gathered_valid = false;
-  const uint64_t n = part.layer(li).padded_elements;
-  live_params.held -= n;
-  live_params.freeing.push_back({xfer->record_completion(), n});
   return Status::Ok();
 }
 
@@ -518,13 +672,23 @@ Status Engine::Impl::release(size_t li, Pass pass, const Completion& done) {
     l.last_use = done;
     if (l.held == 0) {
       // Keep it when its next use in this micro-batch's sequence is near.
-      bool keep = false;
+      // While the first micro-batch is recorded the next use is unknown: keep
+      // the layer when the window spans a whole micro-batch anyway.
+      // Evaluation passes reuse the same parameters: keep them until
+      // evaluate() ends.
+      bool keep = (in_train_micro && tracing && window_spans_micro_batch) || in_eval;
       if (in_train_micro && !tracing) {
-        const size_t here = cursor - 1;
+        // The next use in this micro-batch's sequence, or, when another
+        // micro-batch of this step follows, in its sequence (cyclically).
+        const size_t here = cursor - 1, n = trace.size();
+        const size_t span = last_micro ? n - here - 1 : n - 1;
         uint64_t distance = 0;
-        for (size_t p = here + 1; p < trace.size(); ++p) {
+        for (size_t k = 1; k <= span; ++k) {
+          const size_t p = (here + k) % n;
           if (trace[p].first == li) {
-            keep = distance <= static_cast<uint64_t>(opt.max_reuse_distance);
+            // Soon reused, or within the prefetch window (a prefetch would
+            // gather it again at once): dropping it would only cost a gather.
+            keep = distance <= static_cast<uint64_t>(std::max(opt.max_reuse_distance, opt.prefetch_bucket_size));
             break;
           }
           distance += part.layer(trace[p].first).elements;
@@ -611,12 +775,12 @@ Status Engine::Impl::launch_reduction(size_t li) {
             xfer->copy_async(dst + g.shard_offset * e, full + lp.piece_begin(g, rank) * e, g.piece * e, kind));
     }
     if (kind == CopyKind::kDeviceToHost) d2h_bytes += owned_elements(lp) * e;
-    if (opt.stage >= 2) {
-      STRATA_RETURN_IF_ERROR(xfer->free_async(std::move(l.full_grads)));
-      live_grads.held -= lp.padded_elements;
-      live_grads.freeing.push_back({xfer->record_completion(), lp.padded_elements});
-    }
     l.grads_taken = xfer->record_completion();
+    if (opt.stage >= 2) {
+      // Its users: the model's backward, the reduction in place, the copy out.
+      const Completion users[] = {l.grad_done, reduced, l.grads_taken};
+      free_after(live_grads, std::move(l.full_grads), when_all(users), lp.padded_elements);
+    }
   }
   // Block sums of the owned pieces (padding blocks sum to zero).
   const std::byte* src = dst != nullptr ? dst : full;
@@ -777,6 +941,7 @@ Result<StepMetrics> Engine::Impl::step() {
   const double old_busy = worker->busy_seconds();
   h2d_bytes = d2h_bytes = gather_bytes = reduce_bytes = 0;
   probes.clear();
+  STRATA_RETURN_IF_ERROR(drain(live_params));  // an evaluation's dropped copies
   ++step_index;
   for (Layer& l : layers) l.reduce_launched = false;
   const double scale = scaler->scale();
@@ -862,8 +1027,8 @@ Result<StepMetrics> Engine::Impl::step() {
   m.gather_bytes = gather_bytes;
   m.reduce_bytes = reduce_bytes;
   m.peak_device_bytes = device.memory_stats().get(Tier::kDevice).peak_bytes;
-  m.peak_pinned_bytes = host_stats.get(Tier::kPinnedHost).peak_bytes;
-  m.peak_host_bytes = host_stats.get(Tier::kPageableHost).peak_bytes;
+  m.peak_pinned_bytes = stats.get(Tier::kPinnedHost).peak_bytes;
+  m.peak_host_bytes = stats.get(Tier::kPageableHost).peak_bytes;
   m.peak_nvme_bytes = 0;
   return m;
 }
@@ -871,10 +1036,17 @@ Result<StepMetrics> Engine::Impl::step() {
 Result<double> Engine::Impl::evaluate() {
   double sum = 0;
   const size_t count = runner.eval_batch_count();
+  STRATA_RETURN_IF_ERROR(drain(live_params));  // the step's dropped copies are gone before eval gathers
+  in_eval = true;
   for (size_t b = 0; b < count; ++b) {
-    STRATA_ASSIGN_OR_RETURN(float loss, runner.eval_batch(b, *self));
-    sum += loss;
+    Result<float> loss = runner.eval_batch(b, *self);
+    if (!loss.ok()) {
+      in_eval = false;
+      return loss.status();
+    }
+    sum += *loss;
   }
+  in_eval = false;
   // Stage 3: nothing stays gathered between evaluations.
   for (size_t li = 0; li < layers.size(); ++li)
     if (!layers[li].persistent && layers[li].held == 0)
@@ -892,6 +1064,11 @@ Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Engine::~Engine() {
   if (impl_) {
+    // The model's stream may still run work that reads or writes the
+    // engine's buffers (a step that failed half-way): let it finish first.
+    if (impl_->model_stream) impl_->model_stream->synchronize().ignore();
+    if (impl_->xfer) impl_->xfer->synchronize().ignore();
+    impl_->comm.synchronize().ignore();
     if (impl_->worker) impl_->worker.reset();  // runs what is queued; the state it steps is still alive
     if (impl_->xfer) impl_->xfer->synchronize().ignore();
     impl_->comm.synchronize().ignore();
@@ -933,6 +1110,23 @@ int Engine::world_size() const { return impl_->world; }
 int64_t Engine::steps_done() const { return impl_->steps; }
 
 double Engine::loss_scale() const { return impl_->scaler->scale(); }
+EngineMemory Engine::predicted_memory() const { return impl_->predicted; }
+uint64_t Engine::model_state_bytes() const {
+  const Impl& m = *impl_;
+  uint64_t total = 0;
+  for (size_t li = 0; li < m.layers.size(); ++li) {
+    const uint64_t n = m.part.layer(li).elements;
+    const Impl::Layer& l = m.layers[li];
+    total += n * (l.pe + m.ge() + 2 * dtype_size(m.opt.moment_dtype) + (l.pd == DType::kF32 ? 0 : 4));
+  }
+  return total;
+}
+EngineMemory Engine::measured_memory() const {
+  EngineMemory m;
+  m.device = impl_->stats.get(Tier::kDevice).peak_bytes;
+  m.pinned = impl_->stats.get(Tier::kPinnedHost).peak_bytes;
+  return m;
+}
 
 Result<std::vector<float>> Engine::gather_state(size_t li, StateKind kind) {
   Impl& m = *impl_;

@@ -46,6 +46,7 @@ class MemoryStateTier final : public OptimizerStateTier {
                                        name, format_bytes(p.bytes, true), b.status().message()));
       p.device = std::move(*b);
       p.data = static_cast<std::byte*>(p.device.data());
+      host_stats_.on_allocate(Tier::kDevice, p.device.size_bytes());
     } else {
       Result<void*> b = device_.allocate_pinned_host(p.bytes);
       if (!b.ok())
@@ -86,6 +87,7 @@ class MemoryStateTier final : public OptimizerStateTier {
     DeviceBuffer device;
   };
   void release(Piece& p) {
+    if (tier_ == Tier::kDevice && p.device) host_stats_.on_free(Tier::kDevice, p.device.size_bytes());
     if (tier_ == Tier::kPinnedHost && p.data != nullptr) {
       device_.free_pinned_host(p.data, p.bytes);
       host_stats_.on_free(Tier::kPinnedHost, p.bytes);

@@ -11,6 +11,7 @@
 //  - the partition and the block sums on their own, and bad options.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -64,6 +65,10 @@ struct TrainRun {
   EngineOptions opt;
   // Called on every rank after each step (collectives allowed).
   std::function<void(Engine&, int64_t step)> after_step;
+  // Rank `fail_rank` returns an error after step `fail_step` (0: never) and
+  // leaves the group, as a crashed rank would.
+  int fail_rank = -1;
+  int fail_step = 0;
   TrainRun() {
     opt.grad_accum = 2;
     opt.grad_clip = 0.5;  // clipping active on most steps
@@ -78,6 +83,7 @@ struct Outcome {
   std::vector<StepMetrics> metrics;    // rank 0's
   std::vector<uint64_t> peak_device;   // per rank
   std::vector<double> val;             // rank 0's final validation loss
+  std::vector<EngineMemory> predicted, measured;  // per rank
 };
 
 Outcome train(const TrainRun& run) {
@@ -85,6 +91,8 @@ Outcome train(const TrainRun& run) {
   auto comms = comm::create_local_group(run.world).value();
   std::vector<Status> st(run.world);
   out.peak_device.assign(run.world, 0);
+  out.predicted.resize(run.world);
+  out.measured.resize(run.world);
   std::vector<std::thread> threads;
   for (int r = 0; r < run.world; ++r) {
     threads.emplace_back([&, r] {
@@ -106,14 +114,18 @@ Outcome train(const TrainRun& run) {
             out.metrics.push_back(m);
           }
           if (run.after_step) run.after_step(*engine, s);
+          if (r == run.fail_rank && s == run.fail_step) return Internal(fmt::format("rank {} crashed", r));
         }
         STRATA_ASSIGN_OR_RETURN(double v, engine->evaluate());
         if (r == 0) out.val.push_back(v);
         STRATA_RETURN_IF_ERROR(engine->synchronize());
         out.peak_device[r] = device->memory_stats().get(Tier::kDevice).peak_bytes;
+        out.predicted[r] = engine->predicted_memory();
+        out.measured[r] = engine->measured_memory();
         return Status::Ok();
       };
       st[r] = body();
+      if (!st[r].ok()) comms[r].reset();  // a failed rank leaves the group
     });
   }
   for (auto& t : threads) t.join();
@@ -307,6 +319,25 @@ TEST(EngineMemory, Stage3CpuOffloadOnFourRanksHoldsUnderAThirdOfStageZero) {
   EXPECT_EQ(s0.losses, s3.losses);
 }
 
+// A rank that fails mid-run ends every other rank with an error naming it,
+// at once (its departure), not after the watchdog and never as a hang.
+TEST(EngineRanks, ARankThatFailsEndsEveryRankWithAnErrorNamingIt) {
+  TrainRun r;
+  r.world = 3;
+  r.steps = 6;
+  r.opt.stage = 3;
+  r.opt.offload_optimizer = OffloadDevice::kCpu;
+  r.fail_rank = 1;
+  r.fail_step = 2;
+  const auto t0 = std::chrono::steady_clock::now();
+  const Outcome o = train(r);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_FALSE(o.status.ok());
+  // Rank 0's error (the first in rank order) names rank 1.
+  EXPECT_NE(o.status.message().find("rank 1"), std::string::npos) << o.status.to_string();
+  EXPECT_LT(seconds, 60.0) << "ranks waited for the watchdog instead of seeing the departure";
+}
+
 TEST(EngineMemory, DeviceTooSmallNamesTheStateAndTheTier) {
   TrainRun r;
   r.steps = 1;
@@ -318,8 +349,61 @@ TEST(EngineMemory, DeviceTooSmallNamesTheStateAndTheTier) {
   ASSERT_FALSE(o.status.ok());
   EXPECT_EQ(o.status.code(), StatusCode::kOutOfMemory) << o.status.to_string();
   EXPECT_NE(o.status.message().find("device memory"), std::string::npos) << o.status.message();
-  EXPECT_NE(o.status.message().find("layer"), std::string::npos) << o.status.message();
+  // Refused before anything is allocated, with the plan's row and the fix.
+  EXPECT_NE(o.status.message().find("stage 0, optimizer none, params none on 1 rank(s) needs"), std::string::npos)
+      << o.status.message();
+  EXPECT_NE(o.status.message().find("optimizer state"), std::string::npos) << o.status.message();
   EXPECT_NE(o.status.message().find("offload_optimizer.device"), std::string::npos) << o.status.message();
+}
+
+// The plan (made before allocating) against what the run held, per rank:
+// measured <= predicted <= 1.25 x measured for device and pinned memory.
+TEST(EngineMemory, PredictedPeaksBoundTheMeasuredOnesWithinAQuarter) {
+  using D = OffloadDevice;
+  struct Case {
+    int world, stage;
+    D opt, param;
+    DType dtype;
+    int64_t live, bucket;
+  };
+  const int64_t layer = 12 * 128 * 128;  // one block's elements
+  for (const Case& c : {Case{1, 0, D::kNone, D::kNone, DType::kF32, 1'000'000'000, 500'000'000},
+                        Case{2, 1, D::kCpu, D::kNone, DType::kBF16, 1'000'000'000, 500'000'000},
+                        Case{2, 2, D::kNone, D::kNone, DType::kF32, 1'000'000'000, 2 * layer},
+                        Case{4, 3, D::kCpu, D::kCpu, DType::kBF16, 2 * layer, 2 * layer},
+                        Case{2, 3, D::kCpu, D::kNone, DType::kF32, 1'000'000'000, 500'000'000}}) {
+    TrainRun r;
+    r.world = c.world;
+    r.steps = 2;
+    r.global_batch = 4;
+    r.seq_len = 8;
+    r.gpt.n_embd = 128;
+    r.gpt.n_layer = 4;
+    r.gpt.n_head = 4;
+    r.gpt.param_dtype = c.dtype;
+    r.opt.grad_dtype = c.dtype;
+    r.opt.stage = c.stage;
+    r.opt.offload_optimizer = c.opt;
+    r.opt.offload_param = c.param;
+    r.opt.max_live_parameters = c.live;
+    r.opt.reduce_bucket_size = c.bucket;
+    r.opt.max_reuse_distance = 0;
+    r.opt.persistence_threshold = 0;
+    const Outcome o = train(r);
+    ASSERT_TRUE(o.status.ok()) << o.status.to_string();
+    for (int rank = 0; rank < c.world; ++rank) {
+      const EngineMemory& p = o.predicted[rank];
+      const EngineMemory& m = o.measured[rank];
+      const std::string what = fmt::format("world {} stage {} optimizer {} param {} {} rank {}: device measured {} "
+                                           "predicted {}, pinned measured {} predicted {}",
+                                           c.world, c.stage, offload_device_name(c.opt), offload_device_name(c.param),
+                                           dtype_name(c.dtype), rank, m.device, p.device, m.pinned, p.pinned);
+      EXPECT_LE(m.device, p.device) << what;
+      EXPECT_LE(p.device, m.device * 1.25) << what;
+      EXPECT_LE(m.pinned, p.pinned) << what;
+      EXPECT_LE(p.pinned, m.pinned * 1.25) << what;
+    }
+  }
 }
 
 TEST(EngineOptions, RefusesWhatItCannotRunWithTheKeyAndTheFix) {

@@ -37,6 +37,11 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, T alpha, const T* A, 
           int ldb, T beta, T* Cm, int ldc);
 // "OpenBLAS core SkylakeX (...), 2 threads": what gemm<float> runs on.
 std::string gemm_backend_description();
+// At most `threads` OpenBLAS threads per product from now on (0: OpenBLAS's
+// own count). With oneTBB's global limit this keeps the model's compute on
+// a given number of cores (strata train --device-threads), e.g. to leave
+// the others to the CPU optimizer. Results do not depend on it.
+void limit_gemm_threads(int threads);
 // Straightforward triple loop; the reference every gemm path is compared to.
 template <typename T>
 void gemm_reference(bool trans_a, bool trans_b, int M, int N, int K, T alpha, const T* A, int lda,

@@ -121,6 +121,16 @@ struct StepMetrics {
   uint64_t peak_device_bytes = 0, peak_pinned_bytes = 0, peak_host_bytes = 0, peak_nvme_bytes = 0;
 };
 
+// Bytes one rank's engine holds at its peak, per tier: its own buffers and
+// optimizer state, not the model's activations. predicted_memory() is the
+// plan from the partition and the options, made before anything is
+// allocated; measured_memory() what the run held (peaks since creation).
+struct EngineMemory {
+  uint64_t device = 0;  // = the four parts below
+  uint64_t device_params = 0, device_grads = 0, device_optimizer = 0, device_gathered = 0;
+  uint64_t pinned = 0;  // offloaded optimizer state, gradient shards, staging, host parameter shards
+};
+
 class Engine final : public ParameterProvider {
  public:
   // `runner` (whose model runs on `device`), `device` and `comm` must
@@ -158,6 +168,11 @@ class Engine final : public ParameterProvider {
   Result<std::vector<float>> gather_state(size_t layer_index, StateKind kind = StateKind::kMaster);
   // The loss scale the next step will use (1 unless fp16).
   double loss_scale() const;
+  EngineMemory predicted_memory() const;
+  // The whole model's training state as one rank would hold it without
+  // ZeRO (parameters, gradients, master weights, moments), in bytes.
+  uint64_t model_state_bytes() const;
+  EngineMemory measured_memory() const;  // device and pinned peaks only
   // A one-line description: "stage 3, optimizer cpu (pinned host), params cpu, bf16, 2 ranks".
   std::string describe() const;
 

@@ -47,8 +47,8 @@ class OptimizerStateTier {
 };
 
 // Device memory of `device` (kDevice; needs a host-addressable device, since
-// the CPU kernels step it) or pinned host memory from `device` (kPinnedHost,
-// counted in `host_stats`).
+// the CPU kernels step it) or pinned host memory from `device` (kPinnedHost).
+// Either is also counted in `host_stats` (the engine's own stats, by tier).
 Result<std::unique_ptr<OptimizerStateTier>> make_memory_state_tier(Device& device, Tier tier, DType moment_dtype,
                                                                    MemoryStats& host_stats);
 

@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""Exact overlap of the CPU optimizer with the next forward, measured.
+
+Runs `strata train` with the optimizer offloaded (stage 3, optimizer on the
+host) and overlap on and off, in interleaved pairs (ABBA), plus stage 0
+without offload, and reports per configuration the medians over steps
+2..N of: step time, forward time, optimizer time (on its own thread), and the
+exposed optimizer wait the engine measured on the model's stream.
+
+    ideal exposed = max(0, optimizer alone - forward alone)
+where "optimizer alone" is the optimizer thread's busy time per step and
+"forward alone" the forward time with overlap off (nothing to wait for).
+The target of issue 11: exposed <= 1.10 x ideal + 5% of the step.
+
+Usage: overlap.py STRATA [--rounds R] [--steps S] -- TRAIN ARGS...
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+
+def run(strata, args, extra, steps):
+    with tempfile.TemporaryDirectory() as tmp:
+        log = os.path.join(tmp, "log.jsonl")
+        cmd = [strata, "train", *args, *extra, "--steps", str(steps), "--eval-every", "0", "--quiet",
+               "--json-log", log]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        with open(log) as f:
+            rows = [json.loads(line) for line in f]
+    rows = rows[1:]  # step 1 records the acquire sequence
+    med = lambda key: statistics.median(r[key] for r in rows)
+    return {"step_ms": med("step_ms"), "forward_ms": med("forward_ms"), "optimizer_ms": med("optimizer_ms"),
+            "exposed_ms": statistics.median(r["exposed_ms"]["optimizer"] for r in rows)}
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("strata")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("train_args", nargs=argparse.REMAINDER)
+    a = p.parse_args()
+    args = [x for x in a.train_args if x != "--"]
+    offload = ["--stage", "3", "--offload-optimizer", "cpu"]
+    variants = {"on": offload + ["--overlap-optimizer", "on"], "off": offload + ["--overlap-optimizer", "off"],
+                "stage0": ["--stage", "0", "--offload-optimizer", "none", "--overlap-optimizer", "on"]}
+    order = []
+    for r in range(a.rounds):  # ABBA-style: on, off, stage0, then reversed
+        seq = ["on", "off", "stage0"]
+        order += seq if r % 2 == 0 else seq[::-1]
+    results = {k: [] for k in variants}
+    for name in order:
+        res = run(a.strata, args, variants[name], a.steps)
+        results[name].append(res)
+        print(f"  {name:>6}: step {res['step_ms']:8.1f} ms  forward {res['forward_ms']:8.1f}  "
+              f"optimizer {res['optimizer_ms']:8.1f}  exposed {res['exposed_ms']:8.2f}", flush=True)
+    med = {k: {f: statistics.median(x[f] for x in v) for f in v[0]} for k, v in results.items()}
+    ideal = max(0.0, med["on"]["optimizer_ms"] - med["off"]["forward_ms"])
+    exposed = med["on"]["exposed_ms"]
+    bound = 1.10 * ideal + 0.05 * med["on"]["step_ms"]
+    print(f"args: {' '.join(args)}")
+    print(f"stage 0 (optimizer on the device, overlapped): step {med['stage0']['step_ms']:.1f} ms")
+    print(f"stage 3 + optimizer offload, overlap off: step {med['off']['step_ms']:.1f} ms "
+          f"(forward alone {med['off']['forward_ms']:.1f} ms, optimizer alone {med['off']['optimizer_ms']:.1f} ms)")
+    print(f"stage 3 + optimizer offload, overlap on:  step {med['on']['step_ms']:.1f} ms, "
+          f"exposed optimizer {exposed:.2f} ms")
+    print(f"ideal exposed max(0, optimizer - forward) = {ideal:.2f} ms; target <= 1.10 x ideal + 5% of step = "
+          f"{bound:.2f} ms: {'MET' if exposed <= bound else 'NOT MET'}")
+
+
+if __name__ == "__main__":
+    main()
