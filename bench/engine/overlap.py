@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Exact overlap of the CPU optimizer with the next forward, measured.
 
-Runs `strata train` with the optimizer offloaded (stage 3, optimizer on the
-host) and overlap on and off, in interleaved pairs (ABBA), plus stage 0
+Runs `strata train` with the optimizer offloaded (stage 2 by default,
+optimizer on the host) and overlap on and off, in interleaved pairs (ABBA), plus stage 0
 without offload, and reports per configuration the medians over steps
 2..N of: step time, forward time, optimizer time (on its own thread), and the
 exposed optimizer wait the engine measured on the model's stream.
@@ -38,14 +38,17 @@ def run(strata, args, extra, steps):
 
 
 def main():
+    argv = sys.argv[1:]
+    train_args = argv[argv.index("--") + 1:] if "--" in argv else []
+    own = argv[:argv.index("--")] if "--" in argv else argv
     p = argparse.ArgumentParser()
     p.add_argument("strata")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--steps", type=int, default=8)
-    p.add_argument("train_args", nargs=argparse.REMAINDER)
-    a = p.parse_args()
-    args = [x for x in a.train_args if x != "--"]
-    offload = ["--stage", "3", "--offload-optimizer", "cpu"]
+    p.add_argument("--stage", type=int, default=2, help="ZeRO stage of the offloaded rows (default 2)")
+    a = p.parse_args(own)
+    args = train_args
+    offload = ["--stage", str(a.stage), "--offload-optimizer", "cpu"]
     variants = {"on": offload + ["--overlap-optimizer", "on"], "off": offload + ["--overlap-optimizer", "off"],
                 "stage0": ["--stage", "0", "--offload-optimizer", "none", "--overlap-optimizer", "on"]}
     order = []
@@ -64,9 +67,9 @@ def main():
     bound = 1.10 * ideal + 0.05 * med["on"]["step_ms"]
     print(f"args: {' '.join(args)}")
     print(f"stage 0 (optimizer on the device, overlapped): step {med['stage0']['step_ms']:.1f} ms")
-    print(f"stage 3 + optimizer offload, overlap off: step {med['off']['step_ms']:.1f} ms "
+    print(f"stage {a.stage} + optimizer offload, overlap off: step {med['off']['step_ms']:.1f} ms "
           f"(forward alone {med['off']['forward_ms']:.1f} ms, optimizer alone {med['off']['optimizer_ms']:.1f} ms)")
-    print(f"stage 3 + optimizer offload, overlap on:  step {med['on']['step_ms']:.1f} ms, "
+    print(f"stage {a.stage} + optimizer offload, overlap on:  step {med['on']['step_ms']:.1f} ms, "
           f"exposed optimizer {exposed:.2f} ms")
     print(f"ideal exposed max(0, optimizer - forward) = {ideal:.2f} ms; target <= 1.10 x ideal + 5% of step = "
           f"{bound:.2f} ms: {'MET' if exposed <= bound else 'NOT MET'}")

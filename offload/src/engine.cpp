@@ -561,7 +561,9 @@ Result<LayerMemory> Engine::Impl::acquire(size_t li, Pass pass) {
       STRATA_ASSIGN_OR_RETURN(l.full_grads, alloc_device(lp.padded_elements * ge(),
                                                          fmt::format("gradients of layer {} '{}'", li,
                                                                      printable(lp.name, 64))));
-      STRATA_RETURN_IF_ERROR(device.memset(l.full_grads.data(), 0, lp.padded_elements * ge()));
+      // Zeroed in the copy stream's order; the model waits for it (below).
+      STRATA_RETURN_IF_ERROR(xfer->memset_async(l.full_grads.data(), 0, lp.padded_elements * ge()));
+      l.grads_zeroed = xfer->record_completion();
       l.zeroed_step = step_index;
     } else if (l.zeroed_step != step_index) {
       // Persistent gradients: zero once per step, after the last step's readers.
