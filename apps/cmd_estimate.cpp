@@ -12,8 +12,12 @@
 
 #include "command.h"
 #include "strata/core/config.h"
+#include <optional>
+
 #include "strata/core/estimator.h"
 #include "strata/core/units.h"
+#include "strata/model/gpt.h"
+#include "strata/offload/engine.h"
 
 namespace strata::cli {
 namespace {
@@ -31,6 +35,9 @@ struct EstimateOptions {
   bool precision_given = false;
   bool binary = false;
   bool json = false;
+  // --model: the engine's own plan for a real model (layers, padding, buffers).
+  std::string model;
+  int layers = 0, heads = 0, embd = 0, vocab = 0, max_seq = 0;
 };
 
 int fail(const Status& status) {
@@ -38,11 +45,94 @@ int fail(const Status& status) {
   return 1;
 }
 
+// The engine's plan (offload/: plan_engine_memory, the numbers the engine
+// itself predicts before allocating) for every stage and cpu placement of a
+// real model: device and pinned bytes per rank, the largest over ranks.
+int print_engine_plan(const EstimateOptions& opts, const Config* config, uint32_t world) {
+  Result<model::GptConfig> preset = model::preset(opts.model);
+  if (!preset.ok()) return fail(preset.status().with_context("--model"));
+  model::GptConfig g = *preset;
+  if (opts.layers) g.n_layer = opts.layers;
+  if (opts.heads) g.n_head = opts.heads;
+  if (opts.embd) g.n_embd = opts.embd;
+  if (opts.vocab) g.vocab_size = opts.vocab;
+  if (opts.max_seq) g.max_seq_len = opts.max_seq;
+  offload::EngineOptions base;
+  Placement marked{-1, OffloadDevice::kNone, OffloadDevice::kNone};
+  if (config != nullptr) {
+    if (config->precision() == TrainPrecision::kBf16) g.param_dtype = DType::kBF16;
+    if (config->precision() == TrainPrecision::kFp16) g.param_dtype = DType::kF16;
+    Config runnable = *config;  // nvme rows are not in the engine yet: plan the cpu twin of the config's row
+    if (runnable.zero_optimization.offload_optimizer.device == OffloadDevice::kNvme)
+      runnable.zero_optimization.offload_optimizer.device = OffloadDevice::kCpu;
+    if (runnable.zero_optimization.offload_param.device == OffloadDevice::kNvme)
+      runnable.zero_optimization.offload_param.device = OffloadDevice::kCpu;
+    runnable.zero_optimization.offload_optimizer.ratio = 1.0;
+    Result<offload::EngineOptions> o = offload::engine_options_from_config(runnable);
+    if (!o.ok()) return fail(o.status());
+    base = *o;
+    marked = {config->zero_optimization.stage, config->zero_optimization.offload_optimizer.device,
+              config->zero_optimization.offload_param.device};
+  } else {
+    base.grad_dtype = g.param_dtype;
+  }
+  STRATA_CHECK(g.validate().ok(), "model flags were checked");
+  Result<std::unique_ptr<model::GptModel>> m = model::GptModel::create(g, 1);
+  if (!m.ok()) return fail(m.status());
+  const auto layers = (*m)->layers();
+  fmt::print("\nengine plan per rank: {} on {} rank(s); the engine's own buffers and state (activations not "
+             "included), the largest over ranks\n",
+             g.describe(), world);
+  fmt::print("  {:>5}  {:>9}  {:>6}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}\n", "stage", "optimizer", "params", "device",
+             "params", "grads", "opt state", "pinned");
+  for (int stage = 0; stage <= 3; ++stage)
+    for (OffloadDevice od : {OffloadDevice::kNone, OffloadDevice::kCpu})
+      for (OffloadDevice pdv : {OffloadDevice::kNone, OffloadDevice::kCpu}) {
+        if (pdv == OffloadDevice::kCpu && (stage != 3 || od != OffloadDevice::kCpu)) continue;
+        offload::EngineOptions o = base;
+        o.stage = stage;
+        o.offload_optimizer = od;
+        o.offload_param = pdv;
+        offload::EngineMemory worst;
+        for (uint32_t r = 0; r < world; ++r) {
+          Result<offload::EngineMemory> p = offload::plan_engine_memory(o, layers, static_cast<int>(world), static_cast<int>(r));
+          if (!p.ok()) return fail(p.status());
+          if (p->device > worst.device) worst = *p;
+          worst.pinned = std::max(worst.pinned, p->pinned);
+        }
+        const bool is_marked = marked.stage == stage && marked.optimizer == od && marked.param == pdv;
+        auto b = [&](uint64_t v) { return format_bytes(v, opts.binary); };
+        fmt::print("  {:>5}  {:>9}  {:>6}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}{}\n", stage, offload_device_name(od),
+                   offload_device_name(pdv), b(worst.device), b(worst.device_params), b(worst.device_grads + worst.device_gathered),
+                   b(worst.device_optimizer), b(worst.pinned), is_marked ? "  <- config" : "");
+      }
+  fmt::print("  (grads column: gradient buffers plus stage-3 gathered layers; nvme rows are planned as their cpu twin)\n");
+  return 0;
+}
+
+
 int run_estimate(const EstimateOptions& opts) {
   EstimateInput input;
-  auto params = parse_count(opts.params, "--params");
-  if (!params.ok()) return fail(params.status());
-  input.params = *params;
+  std::optional<Config> config_copy;
+  if (opts.params.empty() && opts.model.empty())
+    return fail(InvalidArgument("give --params (e.g. 7B) or --model (a preset, for the engine's exact plan)"));
+  if (!opts.params.empty()) {
+    auto params = parse_count(opts.params, "--params");
+    if (!params.ok()) return fail(params.status());
+    input.params = *params;
+  } else {
+    Result<model::GptConfig> preset = model::preset(opts.model);
+    if (!preset.ok()) return fail(preset.status().with_context("--model"));
+    model::GptConfig g = *preset;
+    if (opts.layers) g.n_layer = opts.layers;
+    if (opts.heads) g.n_head = opts.heads;
+    if (opts.embd) g.n_embd = opts.embd;
+    if (opts.vocab) g.vocab_size = opts.vocab;
+    if (opts.max_seq) g.max_seq_len = opts.max_seq;
+    Status valid = g.validate();
+    if (!valid.ok()) return fail(valid);
+    input.params = static_cast<uint64_t>(g.param_count());
+  }
   if (!opts.largest_layer.empty()) {
     auto layer = parse_count(opts.largest_layer, "--largest-layer");
     if (!layer.ok()) return fail(layer.status());
@@ -71,6 +161,7 @@ int run_estimate(const EstimateOptions& opts) {
       return 1;
     }
     input.from_config(check.config);
+    config_copy = check.config;
   }
   if (opts.config.empty() || opts.precision_given) {
     auto precision = ledger_precision(opts.precision, opts.grad_dtype, opts.optimizer_states);
@@ -83,6 +174,9 @@ int run_estimate(const EstimateOptions& opts) {
     fmt::print("{}\n", estimate_to_json(*estimate).dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
   } else {
     fmt::print("{}", format_estimate(*estimate, opts.binary));
+    if (!opts.model.empty())
+      return print_engine_plan(opts, config_copy ? &*config_copy : nullptr,
+                               static_cast<uint32_t>(input.world_size()));
   }
   return 0;
 }
@@ -91,7 +185,15 @@ CommandRegistration estimate_command("estimate", [](CLI::App& root) {
   auto opts = std::make_shared<EstimateOptions>();
   CLI::App* cmd = root.add_subcommand(
       "estimate", "Memory per GPU, per node and on NVMe for every ZeRO stage and offload choice");
-  cmd->add_option("--params", opts->params, "Parameter count: 7B, 7e9, 350M")->required();
+  cmd->add_option("--params", opts->params, "Parameter count: 7B, 7e9, 350M (or give --model)");
+  cmd->add_option("--model", opts->model,
+                  "A model preset (tiny, small, gpt2, ...): adds the engine's exact per-rank plan for every stage");
+  cmd->add_option("--layers", opts->layers, "With --model: override the number of blocks")->check(CLI::Range(1, 100000));
+  cmd->add_option("--heads", opts->heads, "With --model: override the attention heads")->check(CLI::Range(1, 100000));
+  cmd->add_option("--embd", opts->embd, "With --model: override the embedding width")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--vocab", opts->vocab, "With --model: override the vocabulary")->check(CLI::Range(1, 1 << 24));
+  cmd->add_option("--max-seq", opts->max_seq, "With --model: override the maximum sequence length")
+      ->check(CLI::Range(1, 1 << 24));
   cmd->add_option("--largest-layer", opts->largest_layer, "Parameters of the largest layer (stage-3 gather buffers)");
   // Bounded ranges: CLI11's PositiveNumber printed DBL_MAX (310 digits) in its error.
   cmd->add_option("--gpus-per-node", opts->gpus_per_node, "GPUs per node")->check(CLI::Range(1, 4096));

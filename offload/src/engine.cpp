@@ -286,71 +286,10 @@ struct Engine::Impl {
   Result<double> global_norm_squared();
 };
 
-// ---------------------------------------------------------------- memory plan
-
-// What init_layer and the step allocate, summed without allocating. Stage-3
-// gathers and stage 2-3 full gradients are transient: the executor enqueues
-// a whole pass before the stream runs it, so all of them are alive at once
-// unless the caps (stage3_max_live_parameters, reduce_bucket_size) bound
-// them, and a cap is never below one layer.
 EngineMemory Engine::Impl::plan() const {
-  EngineMemory m;
-  const size_t me = dtype_size(opt.moment_dtype);
-  uint64_t np_total = 0, np_max = 0, g_total = 0, g_max = 0, np_total_real = 0;
-  size_t np_pe = 2;
-  for (size_t li = 0; li < part.layer_count(); ++li) {
-    const LayerSpec& spec = model.layers()[li];
-    const LayerPartition& lp = part.layer(li);
-    const DType pd = spec.params.empty() ? DType::kF32 : spec.params.front().dtype;
-    const size_t pe = dtype_size(pd);
-    const bool persistent = opt.stage < 3 || static_cast<int64_t>(spec.param_count) < opt.persistence_threshold;
-    const bool master = !(pd == DType::kF32 && !opt_on_host());
-    const uint64_t F = lp.padded_elements, S = lp.shard_elements, owned = owned_elements(lp);
-    if (persistent) {
-      m.device_params += F * pe;
-    } else {
-      if (param_on_host())
-        m.pinned += S * pe;
-      else
-        m.device_params += S * pe;
-      np_total += F;
-      np_total_real += lp.elements;
-      np_max = std::max(np_max, F);
-      np_pe = pe;
-    }
-    if (opt.stage <= 1) {
-      m.device_grads += F * ge();
-    } else {
-      g_total += F;
-      g_max = std::max(g_max, F);
-    }
-    if (opt_on_host()) {
-      m.pinned += std::max<uint64_t>(64, owned * ge());
-      if (!(param_on_host() && !persistent)) m.pinned += std::max<uint64_t>(64, owned * pe);
-    } else if (!grads_in_place()) {
-      m.device_optimizer += owned * ge();
-    }
-    for (const SubGroup& g : lp.groups)
-      for (int r = owned_rank_begin(); r < owned_rank_end(); ++r) {
-        const uint64_t bytes = std::max<uint64_t>(64, lp.piece_real(g, r) * (2 * me + (master ? 4 : 0)));
-        (opt_on_host() ? m.pinned : m.device_optimizer) += bytes;
-      }
-  }
-  // Gathered layers: at most one copy per layer is valid, and a dropped copy
-  // lives on until the pass that used it has run. When the reuse or prefetch
-  // window spans a whole micro-batch nothing is dropped within a step, so at
-  // most every layer once; otherwise the next pass's gathers may be issued
-  // while the last pass's copies still wait for their free: twice.
-  const uint64_t window = static_cast<uint64_t>(std::max(opt.max_reuse_distance, opt.prefetch_bucket_size));
-  const bool spans = window >= 2 * np_total_real;
-  const uint64_t unbounded = spans ? np_total : 2 * np_total;
-  m.device_gathered = std::min(unbounded, std::max<uint64_t>(opt.max_live_parameters, np_max)) * np_pe;
-  // With gradient accumulation every layer's full gradient lives until the
-  // last micro-batch reduces it (the sum over micro-batches is taken before
-  // the sum over ranks, as at stage 0), so the bucket cannot bound them.
-  m.device_grads += (opt.grad_accum > 1 ? g_total : std::min(g_total, std::max<uint64_t>(opt.reduce_bucket_size, g_max))) * ge();
-  m.device = m.device_params + m.device_grads + m.device_optimizer + m.device_gathered;
-  return m;
+  Result<EngineMemory> m = plan_engine_memory(opt, model.layers(), world, rank);
+  STRATA_CHECK(m.ok(), "the engine's own partition was planned before");
+  return *m;
 }
 
 // ---------------------------------------------------------------- set-up

@@ -131,6 +131,12 @@ struct EngineMemory {
   uint64_t pinned = 0;  // offloaded optimizer state, gradient shards, staging, host parameter shards
 };
 
+// The plan on its own (no engine, nothing allocated): rank `rank` of
+// `world` training `layers` with `options`. What Engine::predicted_memory()
+// returns for the same inputs, and what `strata estimate --model` prints.
+Result<EngineMemory> plan_engine_memory(const EngineOptions& options, std::span<const LayerSpec> layers, int world,
+                                        int rank);
+
 class Engine final : public ParameterProvider {
  public:
   // `runner` (whose model runs on `device`), `device` and `comm` must

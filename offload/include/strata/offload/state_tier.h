@@ -29,6 +29,19 @@ struct PieceState {
   DType moment_dtype = DType::kF32;
 };
 
+// What a tier that moves state (NVMe) has moved so far; all zero for the
+// memory tiers. The engine reports per-step NVMe GB/s from the differences.
+struct StateTierIoStats {
+  uint64_t bytes_read = 0;      // state read into slots (completed reads)
+  uint64_t bytes_written = 0;   // state written back (completed writes, initial state included)
+  uint64_t reads = 0, writes = 0;
+  uint64_t read_wait_ns = 0;    // time open() waited for its piece's read
+  uint64_t write_wait_ns = 0;   // time spent waiting for write-backs (synchronous close, flush, re-open)
+  uint64_t prefetched_opens = 0;  // opens whose read had been started ahead (pipeline_read)
+  size_t slots = 0;             // pinned slots (buffer_count)
+  size_t peak_slots_in_use = 0; // never above `slots`
+};
+
 class OptimizerStateTier {
  public:
   virtual ~OptimizerStateTier() = default;
@@ -44,6 +57,23 @@ class OptimizerStateTier {
   virtual Status close(const StateId& id, bool modified) = 0;
   // Bytes of state held in this tier.
   virtual uint64_t bytes() const = 0;
+
+  // Optional, for tiers that stream state through a few buffers (NVMe);
+  // the memory tiers ignore them (defaults below).
+  //
+  // The order in which open() will be asked for pieces, repeated step after
+  // step (every piece at most once; pieces not listed are read on demand).
+  // Without it a tier assumes the order of add().
+  virtual void set_order(std::span<const StateId> order) { (void)order; }
+  // Hint: `id` is the next piece open() will be asked for; reading may start
+  // now (e.g. at the start of a step, or before an out-of-order walk).
+  virtual void prefetch(const StateId& id) { (void)id; }
+  // Waits for every write started by add() or close(); returns the first
+  // write failure not reported yet (a tier reports each failure once, from
+  // the next add/open/close/flush). Call it after the last add() and at the
+  // end of a step whose state must be durable (checkpoint, end of training).
+  virtual Status flush() { return Status::Ok(); }
+  virtual StateTierIoStats io_stats() const { return {}; }
 };
 
 // Device memory of `device` (kDevice; needs a host-addressable device, since

@@ -1,0 +1,101 @@
+#pragma once
+// The NVMe tier of optimizer state (offload_optimizer.device "nvme"): every
+// piece's fp32 master weights and moments live in a SwapStore (one
+// checksummed extent per piece) and are streamed through `buffer_count`
+// pinned slots.
+//
+//   auto tier = make_nvme_state_tier(options, device, stats);
+//   tier->add(id, name, count, master);   // per piece: written through a slot
+//   tier->flush();                        // initial writes done (errors here)
+//   for each step, pieces in order: s = tier->open(id); step s; tier->close(id, true);
+//
+// Note [NVMe piece layout]
+// A piece is one extent, [master | exp_avg | exp_avg_sq], each part padded
+// to kNvmeStateAlign bytes (the master only when the piece has one), so
+// every part starts 4 KiB-aligned in its slot (SIMD-friendly) and the whole
+// extent is O_DIRECT-sized. nvme_piece_bytes() gives its size; a slot must
+// hold the largest piece.
+//
+// Note [NVMe tier pipeline]
+// Slots are held by open pieces, by reads started ahead (pipeline_read) and
+// by write-backs in flight (pipeline_write: close() starts the shadow write
+// and the slot returns to the pool when it completes). With pipeline_read,
+// every open()/close()/prefetch()/flush() tops up reads of the next pieces
+// of the order (set_order, else the order of add(), cyclically, so the next
+// step's first pieces start as soon as slots free up), at most buffer_count
+// pieces ahead, only into free slots. open() of a piece already being read
+// just waits for it; any other piece is read on demand: into a free slot,
+// else after a write-back frees one, else by dropping the read-ahead piece
+// farthest in the order. So buffer_count >= 3 reads piece i+1 while i is
+// stepped and i-1 written; 1 works, without overlap.
+//
+// Note [NVMe tier errors]
+//  - A read's I/O error names the file, offset and length (IoEngine), the
+//    piece (the name given to add()) and the tensor; a checksum mismatch is
+//    DataLoss naming the piece and block. EAGAIN, EINTR and short transfers
+//    are retried inside the IoEngine and never seen here.
+//  - Writes are SwapStore shadow writes: a failed write-back leaves the
+//    previous version readable; the failure (naming file, offset and piece)
+//    is returned by close() when synchronous, else by the next
+//    add/open/close/flush call, once. A failed initial write (add) leaves
+//    the piece without state: its open() fails with that error.
+//  - Calls are serialized by a mutex (the engine calls from its driving and
+//    optimizer threads, never both at once); one piece open once at a time.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "strata/core/config.h"
+#include "strata/core/device.h"
+#include "strata/core/dtype.h"
+#include "strata/core/memory_stats.h"
+#include "strata/core/status.h"
+#include "strata/offload/state_tier.h"
+
+namespace strata::nvme {
+class IoEngine;
+}
+
+namespace strata::offload {
+
+inline constexpr uint64_t kNvmeStateAlign = 4096;
+
+// Bytes of one piece on NVMe and in a slot (Note [NVMe piece layout]); 0 for
+// an empty piece (it takes no slot and no extent).
+uint64_t nvme_piece_bytes(size_t count, bool has_master, DType moment_dtype);
+
+struct NvmeStateTierOptions {
+  std::vector<std::string> nvme_paths;  // offload_optimizer.nvme_path (several paths stripe)
+  // The run: the swap folder is <nvme_path>/strata-<job>/rank<rank>/ (swap_dir.h:
+  // locked while the tier lives, removed by its destructor, refused while
+  // another live process holds it, never reached through a symbolic link).
+  std::string job;
+  int rank = 0;
+  // Bytes of state to be added (the sum of nvme_piece_bytes over the pieces);
+  // the swap file adds (buffer_count + 1) slots of shadow space, and free
+  // space on the paths is checked up front.
+  uint64_t capacity_bytes = 0;
+  AioConfig aio;                 // the config's aio section (engine chosen as `strata report` says)
+  size_t buffer_count = 4;       // offload_optimizer.buffer_count: pinned slots
+  uint64_t slot_bytes = 0;       // per slot, >= nvme_piece_bytes of the largest piece (rounded up to 4 KiB)
+  DType moment_dtype = DType::kF32;  // strata.optimizer_state_dtype: fp32 or bf16
+  bool pipeline_read = true;     // offload_optimizer.pipeline_read
+  bool pipeline_write = true;    // offload_optimizer.pipeline_write
+  bool verify_checksums = true;  // check every read against the stored block checksums
+  bool verify_writes = false;    // read each write back before it replaces the previous version
+  // Optional: do I/O through this engine (must outlive the tier; tests pass a
+  // fault-injecting one) instead of building one from `aio`.
+  nvme::IoEngine* io_engine = nullptr;
+};
+
+// The tier. `device` pins the slots (and must outlive the tier); `stats`
+// counts the slots as kPinnedHost from creation and each piece's extent as
+// kNvme from its add(). Fails with InvalidArgument naming the option, or
+// with the swap store's error (folder locked by a live run, not enough free
+// space, a link in the folder).
+Result<std::unique_ptr<OptimizerStateTier>> make_nvme_state_tier(const NvmeStateTierOptions& options, Device& device,
+                                                                 MemoryStats& stats);
+
+}  // namespace strata::offload

@@ -1,0 +1,544 @@
+// The NVMe tier of optimizer state: see nvme_state_tier.h for the layout,
+// the pipeline and the error rules.
+#include "strata/offload/nvme_state_tier.h"
+
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include <fmt/format.h>
+
+#include "strata/core/slot_pool.h"
+#include "strata/core/units.h"
+#include "strata/nvme/aio_config.h"
+#include "strata/nvme/io_engine.h"
+#include "strata/nvme/swap_store.h"
+
+namespace strata::offload {
+namespace {
+
+uint64_t align_up(uint64_t n) { return (n + kNvmeStateAlign - 1) / kNvmeStateAlign * kNvmeStateAlign; }
+
+uint64_t now_ns() {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+          .count());
+}
+
+struct IdLess {
+  bool operator()(const StateId& a, const StateId& b) const {
+    return std::tie(a.layer, a.group, a.rank) < std::tie(b.layer, b.group, b.rank);
+  }
+};
+
+constexpr size_t kNotInOrder = static_cast<size_t>(-1);
+
+class NvmeStateTier final : public OptimizerStateTier {
+ public:
+  NvmeStateTier(const NvmeStateTierOptions& options, Device& device, MemoryStats& stats)
+      : options_(options), device_(device), stats_(stats) {}
+  ~NvmeStateTier() override;
+
+  Status init();
+
+  Tier tier() const override { return Tier::kNvme; }
+  std::string describe() const override { return description_; }
+  Status add(const StateId& id, const std::string& name, size_t count, std::span<const float> master_init) override;
+  Result<PieceState> open(const StateId& id) override;
+  Status close(const StateId& id, bool modified) override;
+  uint64_t bytes() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return state_bytes_;
+  }
+  void set_order(std::span<const StateId> order) override;
+  void prefetch(const StateId& id) override;
+  Status flush() override;
+  StateTierIoStats io_stats() const override;
+
+ private:
+  enum class Where : uint8_t { kDisk, kReading, kOpen, kWriting };
+  struct Piece {
+    StateId id;
+    std::string name;
+    size_t count = 0;
+    bool has_master = false;
+    uint64_t bytes = 0;  // nvme_piece_bytes
+    Where where = Where::kDisk;
+    Slot slot;           // kReading, kOpen
+    nvme::SwapHandle io; // kReading: its read; kWriting: its write (the slot is released after it)
+    bool initial = false;  // the write in flight is the first (add): a failure leaves no state
+    bool prefetched = false;
+    Status lost;         // the initial write failed: open() returns this
+  };
+
+  Piece& find(const StateId& id, const char* what);
+  std::string piece_name(const Piece& p) const { return fmt::format("optimizer state of {}", p.name); }
+  // Completed writes: state updated, each failure returned once (the first).
+  Status harvest();
+  // Waits for p's write (open of a piece still being written).
+  Status finish_write(Piece& p);
+  Status start_read(Piece& p);
+  Status wait_read(Piece& p);
+  Result<Slot> acquire_for_demand(const Piece& p);
+  void pump();
+  PieceState state_of(const Piece& p);
+  size_t held_by_pieces() const { return open_count_ + reading_count_; }
+
+  NvmeStateTierOptions options_;
+  Device& device_;
+  MemoryStats& stats_;
+  std::string description_;
+  uint64_t capacity_bytes_ = 0;
+
+  std::unique_ptr<nvme::IoEngine> owned_engine_;
+  nvme::IoEngine* engine_ = nullptr;
+  std::unique_ptr<SlotPool> pool_;
+  bool registered_ = false;
+  bool pinned_counted_ = false;
+  std::unique_ptr<nvme::SwapStore> store_;  // after pool_ and the engine: destroyed first
+
+  mutable std::mutex mu_;
+  std::vector<Piece> pieces_;
+  std::map<StateId, size_t, IdLess> index_;
+  std::vector<size_t> order_;       // piece indices, open() order
+  std::vector<size_t> order_pos_;   // per piece: position in order_, or kNotInOrder
+  size_t cursor_ = 0;               // position of the last opened piece in order_
+  std::vector<size_t> writing_;     // pieces with a write in flight
+  size_t open_count_ = 0, reading_count_ = 0;
+  uint64_t state_bytes_ = 0;
+  StateTierIoStats io_;
+  alignas(64) std::byte empty_[64] = {};  // where an empty piece points
+};
+
+// ---------------------------------------------------------------- set-up
+
+Status NvmeStateTier::init() {
+  const NvmeStateTierOptions& o = options_;
+  if (o.nvme_paths.empty())
+    return InvalidArgument("NVMe optimizer state: no nvme_path given (zero_optimization.offload_optimizer.nvme_path)");
+  if (o.buffer_count < 1 || o.buffer_count > 65536)
+    return InvalidArgument(fmt::format(
+        "NVMe optimizer state: buffer_count {} is out of range 1..65536 (zero_optimization.offload_optimizer."
+        "buffer_count; 4 or more overlaps reads, steps and writes)",
+        o.buffer_count));
+  if (o.slot_bytes == 0)
+    return InvalidArgument("NVMe optimizer state: slot_bytes is 0; size slots for the largest piece "
+                           "(nvme_piece_bytes of sub_group_size elements)");
+  if (o.capacity_bytes == 0)
+    return InvalidArgument("NVMe optimizer state: capacity_bytes is 0; pass the sum of nvme_piece_bytes over the "
+                           "pieces to be added");
+  if (o.moment_dtype != DType::kF32 && o.moment_dtype != DType::kBF16)
+    return InvalidArgument(
+        fmt::format("strata.optimizer_state_dtype {} is not fp32 or bf16", dtype_name(o.moment_dtype)));
+  options_.slot_bytes = align_up(o.slot_bytes);
+
+  if (o.io_engine != nullptr) {
+    engine_ = o.io_engine;
+  } else {
+    STRATA_ASSIGN_OR_RETURN(nvme::IoEngineConfig ec, nvme::io_engine_config(o.aio));
+    Result<std::unique_ptr<nvme::IoEngine>> made = nvme::make_io_engine(ec.options);
+    if (!made.ok()) return made.status().with_context("NVMe optimizer state: creating the I/O engine (aio section)");
+    owned_engine_ = std::move(made).value();
+    engine_ = owned_engine_.get();
+  }
+
+  SlotPoolOptions po;
+  po.slot_count = o.buffer_count;
+  po.slot_bytes = options_.slot_bytes;
+  po.alignment = kNvmeStateAlign;
+  po.name = "NVMe optimizer state slots";
+  po.acquire_timeout = std::chrono::milliseconds(300000);  // a write-back on a slow drive, not a hang
+  Result<std::unique_ptr<SlotPool>> pool = SlotPool::create(device_, po);
+  if (!pool.ok())
+    return pool.status().with_context(fmt::format(
+        "NVMe optimizer state: pinning {} slots of {} (lower zero_optimization.offload_optimizer.buffer_count or "
+        "sub_group_size)",
+        o.buffer_count, format_bytes(options_.slot_bytes, true)));
+  pool_ = std::move(pool).value();
+  stats_.on_allocate(Tier::kPinnedHost, pool_->total_bytes());
+  pinned_counted_ = true;
+  // One registration of the whole region: io_uring issues every slot's
+  // pieces as READ_FIXED / WRITE_FIXED. Refusals are notes, not errors.
+  STRATA_RETURN_IF_ERROR(engine_->register_buffer(pool_->base(), pool_->total_bytes()));
+  registered_ = true;
+
+  nvme::SwapStoreOptions so;
+  so.paths = o.nvme_paths;
+  so.job = o.job;
+  so.rank = o.rank;
+  // Shadow space: every write in flight holds a slot, so at most
+  // buffer_count fresh extents exist beside the state; one slot more leaves
+  // room for pieces of uneven sizes.
+  capacity_bytes_ = o.capacity_bytes;
+  so.capacity_bytes = o.capacity_bytes + (o.buffer_count + 1) * options_.slot_bytes;
+  so.verify_checksums = o.verify_checksums;
+  so.verify_writes = o.verify_writes;
+  Result<std::unique_ptr<nvme::SwapStore>> store = nvme::SwapStore::open(so, *engine_);
+  if (!store.ok()) return store.status().with_context("NVMe optimizer state");
+  store_ = std::move(store).value();
+
+  std::string paths;
+  for (const std::string& p : o.nvme_paths) paths += (paths.empty() ? "" : ", ") + p;
+  description_ = fmt::format("NVMe ({}; {}; {} x {} pinned slots; pipeline read {}, write {})", paths,
+                             engine_->describe(), o.buffer_count, format_bytes(options_.slot_bytes, true),
+                             o.pipeline_read ? "on" : "off", o.pipeline_write ? "on" : "off");
+  io_.slots = o.buffer_count;
+  return Status::Ok();
+}
+
+NvmeStateTier::~NvmeStateTier() {
+  // Nothing may touch a slot or the store after this: wait for every
+  // operation, return every slot, then close the store (removes the files).
+  for (Piece& p : pieces_) {
+    if (p.io.valid()) p.io.wait().ignore();
+    p.io = {};
+    p.slot.reset();
+  }
+  if (store_) store_->close().ignore();
+  store_.reset();
+  if (state_bytes_ > 0) stats_.on_free(Tier::kNvme, state_bytes_);
+  if (registered_) engine_->unregister_buffer(pool_->base()).ignore();
+  if (pinned_counted_) stats_.on_free(Tier::kPinnedHost, pool_->total_bytes());
+  pool_.reset();
+  owned_engine_.reset();
+}
+
+// ---------------------------------------------------------------- helpers
+
+NvmeStateTier::Piece& NvmeStateTier::find(const StateId& id, const char* what) {
+  auto it = index_.find(id);
+  STRATA_CHECK(it != index_.end(), fmt::format("{} of an optimizer state piece (layer {} group {} rank {}) that was "
+                                               "never added",
+                                               what, id.layer, id.group, id.rank));
+  return pieces_[it->second];
+}
+
+PieceState NvmeStateTier::state_of(const Piece& p) {
+  PieceState s;
+  s.count = p.count;
+  s.moment_dtype = options_.moment_dtype;
+  if (p.count == 0) {
+    s.exp_avg = s.exp_avg_sq = empty_;
+    s.master = p.has_master ? reinterpret_cast<float*>(empty_) : nullptr;
+    return s;
+  }
+  auto* base = static_cast<std::byte*>(p.slot.data());
+  const uint64_t master_bytes = p.has_master ? align_up(p.count * sizeof(float)) : 0;
+  const uint64_t moment_bytes = align_up(p.count * dtype_size(options_.moment_dtype));
+  s.master = p.has_master ? reinterpret_cast<float*>(base) : nullptr;
+  s.exp_avg = base + master_bytes;
+  s.exp_avg_sq = base + master_bytes + moment_bytes;
+  return s;
+}
+
+Status NvmeStateTier::harvest() {
+  Status first;
+  for (size_t k = 0; k < writing_.size();) {
+    Piece& p = pieces_[writing_[k]];
+    if (!p.io.done()) {
+      ++k;
+      continue;
+    }
+    Status st = p.io.wait();
+    p.io = {};
+    p.where = Where::kDisk;
+    if (st.ok()) {
+      io_.bytes_written += p.bytes;
+      ++io_.writes;
+    } else {
+      Status named = std::move(st).with_context(
+          fmt::format("{}: {} to NVMe failed", piece_name(p),
+                      p.initial ? "the initial write" : "the write-back (the previous version stays readable)"));
+      if (p.initial) p.lost = named;
+      if (first.ok()) first = std::move(named);
+    }
+    p.initial = false;
+    writing_[k] = writing_.back();
+    writing_.pop_back();
+  }
+  return first;
+}
+
+Status NvmeStateTier::finish_write(Piece& p) {
+  const uint64_t t0 = now_ns();
+  p.io.wait().ignore();  // harvest() reads the status
+  io_.write_wait_ns += now_ns() - t0;
+  return harvest();
+}
+
+Status NvmeStateTier::start_read(Piece& p) {
+  Result<nvme::SwapHandle> r = store_->read(static_cast<nvme::TensorId>(&p - pieces_.data()), p.slot.data(), p.bytes);
+  if (!r.ok()) return r.status().with_context(fmt::format("reading {} from NVMe", piece_name(p)));
+  p.io = *r;
+  p.where = Where::kReading;
+  ++reading_count_;
+  return Status::Ok();
+}
+
+Status NvmeStateTier::wait_read(Piece& p) {
+  const uint64_t t0 = now_ns();
+  Status st = p.io.wait();
+  io_.read_wait_ns += now_ns() - t0;
+  p.io = {};
+  --reading_count_;
+  if (!st.ok()) {
+    p.slot.reset();
+    p.where = Where::kDisk;
+    p.prefetched = false;
+    return std::move(st).with_context(fmt::format("reading {} from NVMe", piece_name(p)));
+  }
+  io_.bytes_read += p.bytes;
+  ++io_.reads;
+  return Status::Ok();
+}
+
+Result<Slot> NvmeStateTier::acquire_for_demand(const Piece& want) {
+  const std::string holder = piece_name(want);
+  for (;;) {
+    Result<Slot> slot = pool_->try_acquire(holder);
+    if (slot.ok()) return slot;
+    // A slot not held by an open or read-ahead piece is a write-back in
+    // flight (or just finished): it comes back by itself.
+    if (held_by_pieces() < pool_->slot_count()) return pool_->acquire(holder);
+    // Every slot holds an open or read-ahead piece: drop the read-ahead
+    // piece farthest in the order from the one wanted.
+    const size_t n = order_.size();
+    const size_t from = order_pos_[&want - pieces_.data()];
+    size_t victim = kNotInOrder, best = 0;
+    for (size_t i = 0; i < pieces_.size(); ++i) {
+      if (pieces_[i].where != Where::kReading) continue;
+      const size_t pos = order_pos_[i];
+      size_t distance = n + 1;  // pieces outside the order go first
+      if (pos != kNotInOrder && from != kNotInOrder) distance = (pos + n - from) % n;
+      if (victim == kNotInOrder || distance > best) victim = i, best = distance;
+    }
+    if (victim == kNotInOrder)
+      return FailedPrecondition(fmt::format(
+          "opening {}: all {} NVMe state slots hold open pieces; close one first (or raise "
+          "zero_optimization.offload_optimizer.buffer_count)",
+          holder, pool_->slot_count()));
+    Piece& v = pieces_[victim];
+    wait_read(v).ignore();  // its data is dropped either way; a failure shows when it is opened
+    v.slot.reset();
+    v.where = Where::kDisk;
+    v.prefetched = false;
+  }
+}
+
+void NvmeStateTier::pump() {
+  if (!options_.pipeline_read || order_.empty()) return;
+  const size_t n = order_.size();
+  size_t ahead = 0;
+  for (size_t d = 1; d < n && ahead < options_.buffer_count; ++d) {
+    Piece& q = pieces_[order_[(cursor_ + d) % n]];
+    if (q.count == 0 || !q.lost.ok()) continue;
+    ++ahead;
+    if (q.where == Where::kOpen || q.where == Where::kReading) continue;
+    if (q.where == Where::kWriting) break;  // read it once its write-back is done
+    Result<Slot> slot = pool_->try_acquire(piece_name(q));
+    if (!slot.ok()) break;
+    q.slot = std::move(slot).value();
+    if (!start_read(q).ok()) {  // read again on demand by open(), which reports the error
+      q.slot.reset();
+      break;
+    }
+    q.prefetched = true;
+  }
+  io_.peak_slots_in_use = std::max(io_.peak_slots_in_use, pool_->stats().peak_in_use);
+}
+
+// ---------------------------------------------------------------- the interface
+
+Status NvmeStateTier::add(const StateId& id, const std::string& name, size_t count,
+                          std::span<const float> master_init) {
+  std::lock_guard<std::mutex> lock(mu_);
+  STRATA_CHECK(index_.find(id) == index_.end(), "optimizer state piece added twice");
+  STRATA_CHECK(master_init.empty() || master_init.size() == count, "master init size mismatch");
+  const bool has_master = !master_init.empty();
+  const uint64_t bytes = nvme_piece_bytes(count, has_master, options_.moment_dtype);
+  if (bytes > options_.slot_bytes) {
+    const uint64_t per_element = (has_master ? 4 : 0) + 2 * dtype_size(options_.moment_dtype);
+    return InvalidArgument(fmt::format(
+        "optimizer state of {} ({} elements, {} with master and moments) does not fit one NVMe state slot of {}; "
+        "lower zero_optimization.sub_group_size so a piece has at most {} elements, or make the slots larger",
+        name, count, format_bytes(bytes, true), format_bytes(options_.slot_bytes, true),
+        (options_.slot_bytes / per_element) / 1024 * 1024 - 1024));
+  }
+  if (state_bytes_ + bytes > capacity_bytes_)
+    return ResourceExhausted(fmt::format(
+        "optimizer state of {} ({}) exceeds the NVMe state capacity of {} ({} already added); size capacity_bytes "
+        "as the sum of nvme_piece_bytes over the pieces",
+        name, format_bytes(bytes, true), format_bytes(capacity_bytes_, true), format_bytes(state_bytes_, true)));
+  Status pending = harvest();
+
+  Piece p;
+  p.id = id;
+  p.name = name;
+  p.count = count;
+  p.has_master = has_master;
+  p.bytes = bytes;
+  const size_t index = pieces_.size();
+  if (count > 0) {
+    // Through a slot: moments zero, master copied in, written as one extent;
+    // the slot returns to the pool when the write completes.
+    STRATA_ASSIGN_OR_RETURN(Slot slot, pool_->acquire(fmt::format("initial state of {}", name)));
+    std::memset(slot.data(), 0, bytes);
+    if (has_master) std::memcpy(slot.data(), master_init.data(), count * sizeof(float));
+    Result<nvme::SwapHandle> w = store_->write(static_cast<nvme::TensorId>(index), slot.data(), bytes);
+    if (!w.ok()) return w.status().with_context(fmt::format("writing the initial optimizer state of {}", name));
+    slot.release_after(w->completion());
+    p.io = *w;
+    p.where = Where::kWriting;
+    p.initial = true;
+    writing_.push_back(index);
+    stats_.on_allocate(Tier::kNvme, bytes);
+    state_bytes_ += bytes;
+  }
+  pieces_.push_back(std::move(p));
+  index_.emplace(id, index);
+  order_pos_.push_back(order_.size());
+  order_.push_back(index);
+  cursor_ = order_.size() - 1;  // the first open() is of the first piece
+  io_.peak_slots_in_use = std::max(io_.peak_slots_in_use, pool_->stats().peak_in_use);
+  return pending;
+}
+
+Result<PieceState> NvmeStateTier::open(const StateId& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  STRATA_RETURN_IF_ERROR(harvest());
+  Piece& p = find(id, "open");
+  STRATA_CHECK(p.where != Where::kOpen, fmt::format("{} opened twice", piece_name(p)));
+  const size_t index = static_cast<size_t>(&p - pieces_.data());
+  if (order_pos_[index] != kNotInOrder) cursor_ = order_pos_[index];
+  if (p.count == 0) {
+    pump();
+    return state_of(p);
+  }
+  if (p.where == Where::kWriting) STRATA_RETURN_IF_ERROR(finish_write(p));
+  if (!p.lost.ok()) return p.lost;
+  if (p.where == Where::kReading) {
+    if (p.prefetched) ++io_.prefetched_opens;
+  } else {
+    STRATA_ASSIGN_OR_RETURN(p.slot, acquire_for_demand(p));
+    Status st = start_read(p);
+    if (!st.ok()) {
+      p.slot.reset();
+      return st;
+    }
+  }
+  STRATA_RETURN_IF_ERROR(wait_read(p));
+  p.where = Where::kOpen;
+  p.prefetched = false;
+  ++open_count_;
+  pump();
+  return state_of(p);
+}
+
+Status NvmeStateTier::close(const StateId& id, bool modified) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Piece& p = find(id, "close");
+  if (p.count == 0) return harvest();
+  STRATA_CHECK(p.where == Where::kOpen, fmt::format("{} closed but not open", piece_name(p)));
+  --open_count_;
+  p.where = Where::kDisk;
+  Status result;
+  if (!modified) {
+    p.slot.reset();
+  } else {
+    const size_t index = static_cast<size_t>(&p - pieces_.data());
+    Result<nvme::SwapHandle> w = store_->write(static_cast<nvme::TensorId>(index), p.slot.data(), p.bytes);
+    if (!w.ok()) {
+      p.slot.reset();
+      result = w.status().with_context(fmt::format("writing {} back to NVMe", piece_name(p)));
+    } else if (options_.pipeline_write) {
+      p.slot.release_after(w->completion());
+      p.io = *w;
+      p.where = Where::kWriting;
+      writing_.push_back(index);
+    } else {
+      const uint64_t t0 = now_ns();
+      Status st = w->wait();
+      io_.write_wait_ns += now_ns() - t0;
+      p.slot.reset();
+      if (st.ok()) {
+        io_.bytes_written += p.bytes;
+        ++io_.writes;
+      } else {
+        result = std::move(st).with_context(fmt::format(
+            "{}: the write-back to NVMe failed (the previous version stays readable)", piece_name(p)));
+      }
+    }
+  }
+  Status pending = harvest();
+  if (result.ok()) result = std::move(pending);
+  pump();
+  return result;
+}
+
+void NvmeStateTier::set_order(std::span<const StateId> order) {
+  std::lock_guard<std::mutex> lock(mu_);
+  order_.clear();
+  order_pos_.assign(pieces_.size(), kNotInOrder);
+  for (const StateId& id : order) {
+    const size_t index = static_cast<size_t>(&find(id, "set_order") - pieces_.data());
+    STRATA_CHECK(order_pos_[index] == kNotInOrder, "set_order lists a piece twice");
+    order_pos_[index] = order_.size();
+    order_.push_back(index);
+  }
+  cursor_ = order_.empty() ? 0 : order_.size() - 1;
+}
+
+void NvmeStateTier::prefetch(const StateId& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = index_.find(id);
+  if (it == index_.end() || order_.empty()) return;
+  const size_t pos = order_pos_[it->second];
+  if (pos != kNotInOrder) {
+    cursor_ = (pos + order_.size() - 1) % order_.size();
+    pump();
+    return;
+  }
+  // Outside the order: read it alone if a slot is free.
+  Piece& p = pieces_[it->second];
+  if (p.count == 0 || p.where != Where::kDisk || !p.lost.ok() || !options_.pipeline_read) return;
+  Result<Slot> slot = pool_->try_acquire(piece_name(p));
+  if (!slot.ok()) return;
+  p.slot = std::move(slot).value();
+  if (!start_read(p).ok()) p.slot.reset();
+  else p.prefetched = true;
+}
+
+Status NvmeStateTier::flush() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint64_t t0 = now_ns();
+  for (size_t i : writing_) pieces_[i].io.wait().ignore();
+  if (!writing_.empty()) io_.write_wait_ns += now_ns() - t0;
+  Status st = harvest();
+  pump();
+  return st;
+}
+
+StateTierIoStats NvmeStateTier::io_stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  StateTierIoStats s = io_;
+  s.peak_slots_in_use = std::max(s.peak_slots_in_use, pool_->stats().peak_in_use);
+  return s;
+}
+
+}  // namespace
+
+uint64_t nvme_piece_bytes(size_t count, bool has_master, DType moment_dtype) {
+  if (count == 0) return 0;
+  return (has_master ? align_up(count * sizeof(float)) : 0) + 2 * align_up(count * dtype_size(moment_dtype));
+}
+
+Result<std::unique_ptr<OptimizerStateTier>> make_nvme_state_tier(const NvmeStateTierOptions& options, Device& device,
+                                                                 MemoryStats& stats) {
+  auto tier = std::make_unique<NvmeStateTier>(options, device, stats);
+  STRATA_RETURN_IF_ERROR(tier->init());
+  return std::unique_ptr<OptimizerStateTier>(std::move(tier));
+}
+
+}  // namespace strata::offload
