@@ -187,3 +187,26 @@ def test_flipped_bit_is_data_loss_naming_the_tensor(tmp_path):
     store.save(7, t)  # rewriting the tensor heals it
     assert torch.equal(store.load(7, out), t)
     store.close()
+
+
+def test_buffered_io_is_said(tmp_path):
+    """direct_io=False (or a file system that refuses O_DIRECT) goes through
+    the page cache, and info() says why; the data is the same."""
+    aio = AsyncIO(direct_io=False)
+    path = tmp_path / "buffered.bin"
+    buf = strata.io.empty(8192, torch.uint8)
+    buf.copy_(torch.arange(8192) % 251)
+    aio.sync_pwrite(buf, path, 4096)
+    info = aio.info(path, writable=True)
+    assert not info["direct"] and info["fallback_reason"], info
+    out = torch.zeros(8192, dtype=torch.uint8)
+    aio.sync_pread(out, path, 4096)
+    assert torch.equal(out, buf)
+    assert aio.stats()["direct_pieces"] == 0
+
+
+def test_pinned_empty_degrades_gracefully():
+    """pin=True mlocks when RLIMIT_MEMLOCK allows; refused, the tensor still works."""
+    t = strata.io.empty(1 << 20, torch.uint8, pin=True)
+    t.fill_(3)
+    assert int(t.sum()) == 3 << 20 and t.data_ptr() % 4096 == 0
