@@ -145,6 +145,10 @@ class PyCpuOptimizer {
     auto run = [&](size_t t) {
       const WorkItem& tl = items[t];
       const int slot = arena_ ? tbb::this_task_arena::current_thread_index() : 0;
+      if (slot < 0 || static_cast<size_t>(slot) >= workers_.size()) {
+        errors[t] = Internal(fmt::format("arena slot {} outside the {} per-thread optimizers", slot, workers_.size()));
+        return;
+      }
       cpu_adam::StepArgs a = args;
       a.step = jobs[tl.job].step;
       auto report = workers_[static_cast<size_t>(slot)].step(a, slice(jobs[tl.job].spans, tl.begin, tl.count));

@@ -36,10 +36,9 @@ class _CPUOptimizer(torch.optim.Optimizer):
         if moment_dtype not in _MOMENT_DTYPES:
             raise TypeError(f"moment_dtype {moment_dtype} is not torch.float32 or torch.bfloat16")
         self._moment_dtype = moment_dtype
-        super().__init__(params, defaults)
-        for gi, group in enumerate(self.param_groups):
-            self._check_group(gi, group)
+        super().__init__(params, defaults)  # add_param_group checks every group
         # One kernel object: its threads and tile size; hyper-parameters come per call.
+        self._native_args = (kind, threads, tile_elements, kernel_path)
         self._native = _native.CpuOptimizer(kind, threads=threads, tile_elements=tile_elements, path=kernel_path)
 
     # -- properties --------------------------------------------------------
@@ -58,8 +57,19 @@ class _CPUOptimizer(torch.optim.Optimizer):
         return self._native.threads
 
     # -- torch.optim.Optimizer hooks ---------------------------------------
+    def __getstate__(self):
+        # torch's keeps defaults, state and param_groups; the kernel object is
+        # rebuilt from its arguments (copy.deepcopy, pickle).
+        state = super().__getstate__()
+        state["_native_args"] = self._native_args
+        state["_moment_dtype"] = self._moment_dtype
+        return state
+
     def __setstate__(self, state):
         super().__setstate__(state)
+        if "_native" not in self.__dict__ and "_native_args" in self.__dict__:
+            kind, threads, tile_elements, kernel_path = self._native_args
+            self._native = _native.CpuOptimizer(kind, threads=threads, tile_elements=tile_elements, path=kernel_path)
         # A state dict saved by torch.optim.AdamW/Adam/Adagrad has torch's
         # group keys only: ours take their defaults, theirs are checked.
         for gi, group in enumerate(self.param_groups):

@@ -367,3 +367,17 @@ def test_results_do_not_depend_on_threads_or_tiles():
         for a, b, ca, cb in zip(base_params, params, base_copies, copies):
             assert torch.equal(a, b) and torch.equal(ca, cb)
             assert torch.equal(base_opt.state[a]["exp_avg_sq"], opt.state[b]["exp_avg_sq"])
+
+
+def test_deepcopy_and_pickle_keep_a_working_optimizer():
+    import pickle
+    p = torch.nn.Parameter(torch.randn(100))
+    opt = CPUAdam([p], lr=1e-2, moment_dtype=torch.bfloat16, threads=1)
+    p.grad = torch.randn(100)
+    opt.step()
+    for clone in (copy.deepcopy(opt), pickle.loads(pickle.dumps(opt))):
+        q = clone.param_groups[0]["params"][0]
+        q.grad = p.grad.clone()
+        clone.step()
+        assert clone.threads == 1 and clone.state[q]["exp_avg"].dtype == torch.bfloat16
+        assert float(clone.state[q]["step"]) == 2.0
