@@ -249,8 +249,9 @@ Status NvmeStateTier::harvest() {
       ++io_.writes;
     } else {
       Status named = std::move(st).with_context(
-          fmt::format("{}: {} to NVMe failed", piece_name(p),
-                      p.initial ? "the initial write" : "the write-back (the previous version stays readable)"));
+          fmt::format("{}: {}", piece_name(p),
+                      p.initial ? "the initial write to NVMe failed (the piece has no state)"
+                                : "the write-back to NVMe failed (the previous version stays readable)"));
       if (p.initial) p.lost = named;
       if (first.ok()) first = std::move(named);
     }

@@ -1,0 +1,591 @@
+// The NVMe tier of optimizer state: round trips of odd-sized pieces, every
+// pipeline setting giving the same bytes, cpu_adam through it bit-identical
+// to the pinned memory tier, faults from the injector (EIO on read and
+// write, a flipped bit, transient errors), the folder lock, a piece too big
+// for a slot, bounded slots, bad options.
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "strata/core/device_registry.h"
+#include "strata/cpu_adam/optimizer.h"
+#include "strata/nvme/fault_injection.h"
+#include "strata/nvme/io_engine.h"
+#include "strata/nvme/swap_dir.h"
+#include "strata/offload/nvme_state_tier.h"
+#include "strata/offload/state_tier.h"
+
+namespace strata::offload {
+namespace {
+
+// A fresh folder on the build tree's disk (O_DIRECT works there even where
+// /tmp is tmpfs), removed at scope exit.
+class ScratchDir {
+ public:
+  ScratchDir() {
+    std::filesystem::create_directories(STRATA_OFFLOAD_TEST_SCRATCH);
+    std::string tmpl = std::string(STRATA_OFFLOAD_TEST_SCRATCH) + "/nvme-tier-XXXXXX";
+    if (mkdtemp(tmpl.data()) != nullptr) path_ = tmpl;
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+struct PieceSpec {
+  StateId id;
+  size_t count;
+  bool master;
+};
+
+// Odd sizes: one element, not a multiple of 1024, above a 64 KiB checksum
+// block, an empty piece, pieces with and without master.
+std::vector<PieceSpec> odd_pieces() {
+  return {{{0, 0, 0}, 1, true},     {{0, 1, 0}, 1000, false}, {{1, 0, 0}, 4097, true},
+          {{1, 1, 0}, 0, true},     {{2, 0, 0}, 30011, true}, {{2, 0, 1}, 17000, false},
+          {{3, 0, 0}, 2048, true}};
+}
+
+std::string name_of(const StateId& id) { return fmt::format("layer {} 'l{}' group {} rank {}", id.layer, id.layer, id.group, id.rank); }
+
+std::vector<float> master_init(const PieceSpec& p) {
+  std::vector<float> v(p.master ? p.count : 0);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = 0.001f * static_cast<float>((i * 7919 + p.id.layer * 31 + p.id.group) % 2000) - 1.0f;
+  return v;
+}
+
+uint64_t capacity_of(const std::vector<PieceSpec>& pieces, DType md) {
+  uint64_t total = 0;
+  for (const PieceSpec& p : pieces) total += nvme_piece_bytes(p.count, p.master, md);
+  return total;
+}
+
+uint64_t largest_piece(const std::vector<PieceSpec>& pieces, DType md) {
+  uint64_t m = 0;
+  for (const PieceSpec& p : pieces) m = std::max(m, nvme_piece_bytes(p.count, p.master, md));
+  return m;
+}
+
+// The bytes of a piece's state, master first.
+std::vector<std::byte> snapshot(const PieceState& s) {
+  const size_t me = dtype_size(s.moment_dtype);
+  std::vector<std::byte> out;
+  auto append = [&](const void* p, size_t n) {
+    auto* b = static_cast<const std::byte*>(p);
+    out.insert(out.end(), b, b + n);
+  };
+  if (s.master != nullptr) append(s.master, s.count * sizeof(float));
+  append(s.exp_avg, s.count * me);
+  append(s.exp_avg_sq, s.count * me);
+  return out;
+}
+
+// A deterministic change of every byte of the state, different per step.
+void scribble(const PieceState& s, int step) {
+  const size_t me = dtype_size(s.moment_dtype);
+  auto fill = [&](void* p, size_t n, int salt) {
+    auto* b = static_cast<unsigned char*>(p);
+    for (size_t i = 0; i < n; ++i) b[i] = static_cast<unsigned char>(b[i] * 3 + i * 13 + step * 101 + salt);
+  };
+  if (s.master != nullptr) fill(s.master, s.count * sizeof(float), 1);
+  fill(s.exp_avg, s.count * me, 2);
+  fill(s.exp_avg_sq, s.count * me, 3);
+}
+
+class NvmeStateTierTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_FALSE(dir_.path().empty());
+    DeviceOptions o;
+    o.device_memory_bytes = 64u << 20;
+    auto d = make_device("cpu", o);
+    ASSERT_TRUE(d.ok()) << d.status().to_string();
+    device_ = std::move(d).value();
+  }
+
+  NvmeStateTierOptions options(const std::vector<PieceSpec>& pieces, DType md, const std::string& job = "t") {
+    NvmeStateTierOptions o;
+    o.nvme_paths = {dir_.path()};
+    o.job = job;
+    o.rank = 0;
+    o.capacity_bytes = capacity_of(pieces, md);
+    o.slot_bytes = largest_piece(pieces, md);
+    o.moment_dtype = md;
+    o.buffer_count = 3;
+    o.aio.block_size = 64 * 1024;
+    return o;
+  }
+
+  std::unique_ptr<OptimizerStateTier> make(const NvmeStateTierOptions& o) {
+    auto t = make_nvme_state_tier(o, *device_, stats_);
+    EXPECT_TRUE(t.ok()) << t.status().to_string();
+    return t.ok() ? std::move(t).value() : nullptr;
+  }
+
+  static void add_all(OptimizerStateTier& t, const std::vector<PieceSpec>& pieces) {
+    for (const PieceSpec& p : pieces) {
+      std::vector<float> m = master_init(p);
+      ASSERT_TRUE(t.add(p.id, name_of(p.id), p.count, m).ok());
+    }
+    Status st = t.flush();
+    ASSERT_TRUE(st.ok()) << st.to_string();
+  }
+
+  ScratchDir dir_;
+  std::unique_ptr<Device> device_;
+  MemoryStats stats_;
+};
+
+// --------------------------------------------------------------- round trips
+
+TEST_F(NvmeStateTierTest, RoundTripOfOddPiecesInBothMomentDtypes) {
+  for (DType md : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(dtype_name(md));
+    std::vector<PieceSpec> pieces = odd_pieces();
+    NvmeStateTierOptions o = options(pieces, md, std::string("rt-") + std::string(dtype_name(md)));
+    auto tier = make(o);
+    ASSERT_TRUE(tier);
+    EXPECT_EQ(tier->tier(), Tier::kNvme);
+    EXPECT_NE(tier->describe().find(dir_.path()), std::string::npos) << tier->describe();
+    ASSERT_NO_FATAL_FAILURE(add_all(*tier, pieces));
+    EXPECT_EQ(tier->bytes(), capacity_of(pieces, md));
+    EXPECT_EQ(stats_.get(Tier::kNvme).current_bytes, capacity_of(pieces, md));
+    // Initial state: master as given, moments zero.
+    std::vector<std::vector<std::byte>> written;
+    for (const PieceSpec& p : pieces) {
+      auto s = tier->open(p.id);
+      ASSERT_TRUE(s.ok()) << s.status().to_string();
+      ASSERT_EQ(s->count, p.count);
+      EXPECT_EQ(s->moment_dtype, md);
+      EXPECT_EQ(s->master != nullptr, p.master && p.count > 0);  // an empty master span is no master
+      if (p.count > 0) {
+        EXPECT_EQ(reinterpret_cast<uintptr_t>(s->exp_avg) % 4096, 0u);
+        EXPECT_EQ(reinterpret_cast<uintptr_t>(s->exp_avg_sq) % 4096, 0u);
+      }
+      std::vector<float> m = master_init(p);
+      if (p.master && p.count > 0) {
+        EXPECT_EQ(std::memcmp(s->master, m.data(), p.count * 4), 0);
+      }
+      std::vector<std::byte> zeros(p.count * dtype_size(md));
+      EXPECT_EQ(std::memcmp(s->exp_avg, zeros.data(), zeros.size()), 0);
+      EXPECT_EQ(std::memcmp(s->exp_avg_sq, zeros.data(), zeros.size()), 0);
+      scribble(*s, 1);
+      written.push_back(snapshot(*s));
+      ASSERT_TRUE(tier->close(p.id, true).ok());
+    }
+    ASSERT_TRUE(tier->flush().ok());
+    // Read back in reverse (no prefetch hits) and check every byte.
+    for (size_t k = pieces.size(); k-- > 0;) {
+      auto s = tier->open(pieces[k].id);
+      ASSERT_TRUE(s.ok()) << s.status().to_string();
+      EXPECT_EQ(snapshot(*s), written[k]) << name_of(pieces[k].id);
+      ASSERT_TRUE(tier->close(pieces[k].id, false).ok());
+    }
+    StateTierIoStats io = tier->io_stats();
+    EXPECT_GT(io.bytes_read, 0u);
+    EXPECT_GE(io.bytes_written, 2 * capacity_of(pieces, md) - 1);  // initial state + one write-back each
+  }
+  // Every tier is gone: its pinned slots and NVMe bytes are no longer counted, and its folder is removed.
+  EXPECT_EQ(stats_.get(Tier::kPinnedHost).current_bytes, 0u);
+  EXPECT_EQ(stats_.get(Tier::kNvme).current_bytes, 0u);
+  EXPECT_FALSE(std::filesystem::exists(nvme::swap_folder_path(dir_.path(), "rt-fp32", 0)));
+  EXPECT_TRUE(std::filesystem::is_empty(dir_.path()));
+}
+
+// Steps in order (as the engine does) with every buffer count and pipeline
+// setting: the same bytes every time; slots never above buffer_count, and
+// the pinned bytes are exactly the slots.
+TEST_F(NvmeStateTierTest, EveryPipelineSettingGivesIdenticalBytesWithinBufferCount) {
+  std::vector<PieceSpec> pieces = odd_pieces();
+  for (int extra = 0; extra < 8; ++extra) pieces.push_back({{4, static_cast<uint32_t>(extra), 0}, 3000u + 999u * extra, true});
+  std::vector<std::vector<std::byte>> reference;
+  int runs = 0;
+  for (size_t buffers = 1; buffers <= 4; ++buffers) {
+    for (int pipe = 0; pipe < 4; ++pipe) {
+      const bool pr = (pipe & 1) != 0, pw = (pipe & 2) != 0;
+      SCOPED_TRACE(fmt::format("buffer_count {} pipeline_read {} pipeline_write {}", buffers, pr, pw));
+      NvmeStateTierOptions o = options(pieces, DType::kF32, fmt::format("p{}", runs++));
+      o.buffer_count = buffers;
+      o.pipeline_read = pr;
+      o.pipeline_write = pw;
+      auto tier = make(o);
+      ASSERT_TRUE(tier);
+      EXPECT_EQ(stats_.get(Tier::kPinnedHost).current_bytes, buffers * o.slot_bytes);
+      ASSERT_NO_FATAL_FAILURE(add_all(*tier, pieces));
+      for (int step = 1; step <= 3; ++step) {
+        for (const PieceSpec& p : pieces) {
+          if (p.count == 0) continue;  // the engine skips empty pieces
+          auto s = tier->open(p.id);
+          ASSERT_TRUE(s.ok()) << s.status().to_string();
+          scribble(*s, step);
+          ASSERT_TRUE(tier->close(p.id, true).ok());
+        }
+      }
+      ASSERT_TRUE(tier->flush().ok());
+      std::vector<std::vector<std::byte>> got;
+      for (const PieceSpec& p : pieces) {
+        auto s = tier->open(p.id);
+        ASSERT_TRUE(s.ok()) << s.status().to_string();
+        got.push_back(snapshot(*s));
+        ASSERT_TRUE(tier->close(p.id, false).ok());
+      }
+      if (reference.empty()) reference = got;
+      for (size_t k = 0; k < pieces.size(); ++k) EXPECT_EQ(got[k], reference[k]) << name_of(pieces[k].id);
+      StateTierIoStats io = tier->io_stats();
+      EXPECT_EQ(io.slots, buffers);
+      EXPECT_LE(io.peak_slots_in_use, buffers);
+      EXPECT_GE(io.peak_slots_in_use, 1u);
+      if (pr && buffers >= 2) {
+        EXPECT_GT(io.prefetched_opens, 0u);  // the read-ahead was used
+      } else if (!pr) {
+        EXPECT_EQ(io.prefetched_opens, 0u);
+      }
+    }
+  }
+}
+
+// The engine's out-of-order walk (gather_state: one rank's pieces only) and
+// more open pieces than slots.
+TEST_F(NvmeStateTierTest, OutOfOrderOpensAndTooManyOpenPieces) {
+  std::vector<PieceSpec> pieces;
+  for (uint32_t g = 0; g < 6; ++g)
+    for (int r = 0; r < 2; ++r) pieces.push_back({{0, g, r}, 5000u + g * 100 + r, true});
+  NvmeStateTierOptions o = options(pieces, DType::kF32, "ooo");
+  o.buffer_count = 2;
+  auto tier = make(o);
+  ASSERT_TRUE(tier);
+  ASSERT_NO_FATAL_FAILURE(add_all(*tier, pieces));
+  // An explicit order (rank 1 first), then a walk of rank 0 only with hints.
+  std::vector<StateId> order;
+  for (int r = 1; r >= 0; --r)
+    for (uint32_t g = 0; g < 6; ++g) order.push_back({0, g, r});
+  tier->set_order(order);
+  for (const StateId& id : order) {
+    auto s = tier->open(id);
+    ASSERT_TRUE(s.ok()) << s.status().to_string();
+    s->master[0] = static_cast<float>(id.group * 10 + id.rank);
+    ASSERT_TRUE(tier->close(id, true).ok());
+  }
+  for (uint32_t g = 0; g < 6; ++g) {
+    tier->prefetch({0, g, 0});
+    auto s = tier->open({0, g, 0});
+    ASSERT_TRUE(s.ok()) << s.status().to_string();
+    EXPECT_EQ(s->master[0], static_cast<float>(g * 10));
+    ASSERT_TRUE(tier->close({0, g, 0}, false).ok());
+  }
+  // Two slots, two open pieces: a third open says so instead of hanging.
+  ASSERT_TRUE(tier->open({0, 0, 0}).ok());
+  ASSERT_TRUE(tier->open({0, 1, 0}).ok());
+  auto third = tier->open({0, 2, 0});
+  ASSERT_FALSE(third.ok());
+  EXPECT_EQ(third.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(third.status().message().find("buffer_count"), std::string::npos) << third.status().message();
+  EXPECT_NE(third.status().message().find("layer 0 'l0' group 2 rank 0"), std::string::npos);
+  ASSERT_TRUE(tier->close({0, 0, 0}, false).ok());
+  ASSERT_TRUE(tier->open({0, 2, 0}).ok());
+  EXPECT_LE(tier->io_stats().peak_slots_in_use, 2u);
+}
+
+// --------------------------------------------------------------- cpu_adam parity
+
+TEST_F(NvmeStateTierTest, CpuAdamThroughNvmeIsBitIdenticalToPinnedMemory) {
+  for (DType md : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(dtype_name(md));
+    std::vector<PieceSpec> pieces = {{{0, 0, 0}, 70000, true}, {{0, 1, 0}, 12345, true},
+                                     {{1, 0, 0}, 4096, true},  {{2, 0, 0}, 999, true}};
+    MemoryStats mem_stats;
+    auto mem = make_memory_state_tier(*device_, Tier::kPinnedHost, md, mem_stats);
+    ASSERT_TRUE(mem.ok());
+    NvmeStateTierOptions o = options(pieces, md, std::string("adam-") + std::string(dtype_name(md)));
+    o.buffer_count = 3;
+    auto nv = make(o);
+    ASSERT_TRUE(nv);
+    for (const PieceSpec& p : pieces) {
+      std::vector<float> m = master_init(p);
+      ASSERT_TRUE((*mem)->add(p.id, name_of(p.id), p.count, m).ok());
+      ASSERT_TRUE(nv->add(p.id, name_of(p.id), p.count, m).ok());
+    }
+    ASSERT_TRUE(nv->flush().ok());
+    cpu_adam::OptimizerOptions oo;
+    oo.threads = 2;
+    auto opt = cpu_adam::CpuOptimizer::create(oo);
+    ASSERT_TRUE(opt.ok());
+    std::mt19937 rng(7);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (int step = 1; step <= 6; ++step) {
+      cpu_adam::StepArgs args;
+      args.step = step;
+      args.hyper.lr = 1e-2;
+      args.hyper.weight_decay = 0.01;
+      args.clip_coefficient = 0.75;
+      for (const PieceSpec& p : pieces) {
+        std::vector<float> grads(p.count);
+        for (float& g : grads) g = normal(rng);
+        for (OptimizerStateTier* t : {mem->get(), nv.get()}) {
+          auto s = t->open(p.id);
+          ASSERT_TRUE(s.ok()) << s.status().to_string();
+          cpu_adam::StateSpans sp;
+          sp.count = s->count;
+          sp.params = s->master;
+          sp.grads = grads.data();
+          sp.exp_avg = s->exp_avg;
+          sp.exp_avg_sq = s->exp_avg_sq;
+          sp.moment_dtype = s->moment_dtype;
+          auto r = opt->step(args, sp);
+          ASSERT_TRUE(r.ok()) << r.status().to_string();
+          ASSERT_TRUE(t->close(p.id, true).ok());
+        }
+      }
+    }
+    ASSERT_TRUE(nv->flush().ok());
+    for (const PieceSpec& p : pieces) {
+      auto a = (*mem)->open(p.id);
+      auto b = nv->open(p.id);
+      ASSERT_TRUE(a.ok() && b.ok());
+      std::vector<std::byte> sa = snapshot(*a), sb = snapshot(*b);
+      ASSERT_EQ(sa.size(), sb.size());
+      size_t first = 0;
+      while (first < sa.size() && sa[first] == sb[first]) ++first;
+      EXPECT_EQ(first, sa.size()) << name_of(p.id) << ": first differing byte " << first;
+      ASSERT_TRUE((*mem)->close(p.id, false).ok());
+      ASSERT_TRUE(nv->close(p.id, false).ok());
+    }
+  }
+}
+
+// --------------------------------------------------------------- faults
+
+class NvmeStateTierFaultTest : public NvmeStateTierTest {
+ protected:
+  void make_faulty(const nvme::FaultPlan& plan) {
+    nvme::IoEngineOptions io;
+    io.block_size = 64 * 1024;
+    auto e = nvme::make_fault_injecting_engine(io, plan, &counters_);
+    ASSERT_TRUE(e.ok()) << e.status().to_string();
+    engine_ = std::move(e).value();
+    counters_->disarm();
+  }
+  std::string swap_file(const std::string& job) const {
+    return nvme::swap_folder_path(dir_.path(), job, 0) + "/swap.bin";
+  }
+  std::shared_ptr<nvme::FaultCounters> counters_;
+  std::unique_ptr<nvme::IoEngine> engine_;
+};
+
+TEST_F(NvmeStateTierFaultTest, EioOnReadNamesFileOffsetAndPiece) {
+  for (bool pipeline_read : {false, true}) {
+    SCOPED_TRACE(pipeline_read ? "pipeline_read (the failed read was started ahead)" : "read on demand");
+    nvme::FaultPlan plan;
+    plan.eio_probability = 1;
+    plan.fault_writes = false;
+    ASSERT_NO_FATAL_FAILURE(make_faulty(plan));
+    std::vector<PieceSpec> pieces = {{{5, 2, 1}, 40000, true}, {{6, 0, 0}, 100, true}};
+    const std::string job = pipeline_read ? "eio-read-ahead" : "eio-read";
+    NvmeStateTierOptions o = options(pieces, DType::kF32, job);
+    o.io_engine = engine_.get();
+    o.pipeline_read = pipeline_read;
+    {
+      auto tier = make(o);
+      ASSERT_TRUE(tier);
+      counters_->arm();  // reads only: the initial writes pass, every read (also a read-ahead) fails
+      ASSERT_NO_FATAL_FAILURE(add_all(*tier, pieces));
+      auto s = tier->open({5, 2, 1});
+      ASSERT_FALSE(s.ok());
+      const std::string msg = s.status().message();
+      std::printf("[ message  ] %s\n", s.status().to_string().c_str());
+      EXPECT_EQ(s.status().code(), StatusCode::kIoError) << s.status().to_string();
+      EXPECT_NE(msg.find("layer 5 'l5' group 2 rank 1"), std::string::npos) << msg;
+      EXPECT_NE(msg.find(swap_file(job)), std::string::npos) << msg;
+      EXPECT_NE(msg.find("offset"), std::string::npos) << msg;
+      EXPECT_GT(counters_->eio.load(), 0u);
+      // The fault was in the I/O, not the data: once it clears, the piece reads.
+      counters_->disarm();
+      auto again = tier->open({5, 2, 1});
+      ASSERT_TRUE(again.ok()) << again.status().to_string();
+      EXPECT_EQ(again->master[1], master_init(pieces[0])[1]);
+      ASSERT_TRUE(tier->close({5, 2, 1}, false).ok());
+    }
+    engine_.reset();
+  }
+}
+
+TEST_F(NvmeStateTierFaultTest, EioOnWriteKeepsThePreviousStateReadable) {
+  for (bool pipeline_write : {false, true}) {
+    SCOPED_TRACE(pipeline_write ? "pipeline_write" : "synchronous write");
+    nvme::FaultPlan plan;
+    plan.eio_probability = 1;
+    plan.fault_reads = false;
+    plan.clean_pieces = 1;  // the write fails mid-way
+    ASSERT_NO_FATAL_FAILURE(make_faulty(plan));
+    std::vector<PieceSpec> pieces = {{{1, 0, 0}, 60000, true}, {{1, 1, 0}, 5000, false}};
+    const std::string job = pipeline_write ? "eio-write-async" : "eio-write-sync";
+    NvmeStateTierOptions o = options(pieces, DType::kF32, job);
+    o.io_engine = engine_.get();
+    o.pipeline_write = pipeline_write;
+    {
+      auto tier = make(o);
+      ASSERT_TRUE(tier);
+      ASSERT_NO_FATAL_FAILURE(add_all(*tier, pieces));
+      auto s = tier->open({1, 0, 0});
+      ASSERT_TRUE(s.ok());
+      const std::vector<std::byte> before = snapshot(*s);
+      scribble(*s, 9);
+      counters_->arm(1);
+      Status st = tier->close({1, 0, 0}, true);
+      if (pipeline_write) {
+        EXPECT_TRUE(st.ok()) << "the write is still in flight: " << st.to_string();
+        st = tier->flush();
+      }
+      counters_->disarm();
+      ASSERT_FALSE(st.ok());
+      std::printf("[ message  ] %s\n", st.to_string().c_str());
+      EXPECT_EQ(st.code(), StatusCode::kIoError) << st.to_string();
+      EXPECT_NE(st.message().find("layer 1 'l1' group 0 rank 0"), std::string::npos) << st.message();
+      EXPECT_NE(st.message().find(swap_file(job)), std::string::npos) << st.message();
+      EXPECT_NE(st.message().find("offset"), std::string::npos) << st.message();
+      EXPECT_NE(st.message().find("previous version"), std::string::npos) << st.message();
+      EXPECT_TRUE(tier->flush().ok()) << "a failure is reported once";
+      auto back = tier->open({1, 0, 0});
+      ASSERT_TRUE(back.ok()) << back.status().to_string();
+      EXPECT_EQ(snapshot(*back), before);
+      ASSERT_TRUE(tier->close({1, 0, 0}, false).ok());
+    }
+    engine_.reset();
+  }
+}
+
+TEST_F(NvmeStateTierFaultTest, FlippedBitIsDataLossNamingThePiece) {
+  nvme::FaultPlan plan;
+  plan.corrupt_read_probability = 1;
+  plan.fault_writes = false;
+  ASSERT_NO_FATAL_FAILURE(make_faulty(plan));
+  std::vector<PieceSpec> pieces = {{{3, 4, 0}, 20000, true}};
+  NvmeStateTierOptions o = options(pieces, DType::kBF16, "flip");
+  o.io_engine = engine_.get();
+  auto tier = make(o);
+  ASSERT_TRUE(tier);
+  counters_->arm();  // reads only, read-ahead included
+  ASSERT_NO_FATAL_FAILURE(add_all(*tier, pieces));
+  auto s = tier->open({3, 4, 0});
+  counters_->disarm();
+  ASSERT_FALSE(s.ok());
+  std::printf("[ message  ] %s\n", s.status().to_string().c_str());
+  EXPECT_EQ(s.status().code(), StatusCode::kDataLoss) << s.status().to_string();
+  EXPECT_NE(s.status().message().find("layer 3 'l3' group 4 rank 0"), std::string::npos) << s.status().message();
+  EXPECT_NE(s.status().message().find("checksum mismatch"), std::string::npos) << s.status().message();
+  EXPECT_GT(counters_->corrupt_reads.load(), 0u);
+}
+
+TEST_F(NvmeStateTierFaultTest, TransientErrorsAndShortTransfersAreInvisible) {
+  nvme::FaultPlan plan;
+  plan.seed = 11;
+  plan.transient_probability = 0.3;
+  plan.short_probability = 0.3;
+  ASSERT_NO_FATAL_FAILURE(make_faulty(plan));
+  counters_->arm();
+  std::vector<PieceSpec> pieces = odd_pieces();
+  NvmeStateTierOptions o = options(pieces, DType::kF32, "transient");
+  o.io_engine = engine_.get();
+  auto tier = make(o);
+  ASSERT_TRUE(tier);
+  ASSERT_NO_FATAL_FAILURE(add_all(*tier, pieces));
+  for (int step = 1; step <= 2; ++step)
+    for (const PieceSpec& p : pieces) {
+      auto s = tier->open(p.id);
+      ASSERT_TRUE(s.ok()) << s.status().to_string();
+      if (step == 1 && p.master && p.count > 0) {
+        std::vector<float> m = master_init(p);
+        EXPECT_EQ(std::memcmp(s->master, m.data(), p.count * 4), 0);
+      }
+      ASSERT_TRUE(tier->close(p.id, true).ok());
+    }
+  ASSERT_TRUE(tier->flush().ok());
+  EXPECT_GT(counters_->transient.load() + counters_->short_transfers.load(), 0u);
+}
+
+// --------------------------------------------------------------- bad input
+
+TEST_F(NvmeStateTierTest, FolderLockedByALiveRunIsRefused) {
+  std::vector<PieceSpec> pieces = {{{0, 0, 0}, 1000, true}};
+  NvmeStateTierOptions o = options(pieces, DType::kF32, "locked");
+  auto first = make(o);
+  ASSERT_TRUE(first);
+  auto second = make_nvme_state_tier(o, *device_, stats_);
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), StatusCode::kFailedPrecondition) << second.status().to_string();
+  EXPECT_NE(second.status().message().find("NVMe optimizer state"), std::string::npos);
+  // The refused tier released what it had pinned; the first one still counts.
+  EXPECT_EQ(stats_.get(Tier::kPinnedHost).current_bytes, o.buffer_count * o.slot_bytes);
+  first.reset();
+  EXPECT_TRUE(make(o)) << "the folder is free once the first tier is gone";
+}
+
+TEST_F(NvmeStateTierTest, PieceTooBigForASlotNamesSubGroupSizeAndSlot) {
+  std::vector<PieceSpec> pieces = {{{0, 0, 0}, 10000, true}};
+  NvmeStateTierOptions o = options(pieces, DType::kF32, "big");
+  o.slot_bytes = 64 * 1024;
+  auto tier = make(o);
+  ASSERT_TRUE(tier);
+  std::vector<float> m = master_init(pieces[0]);
+  Status st = tier->add(pieces[0].id, "layer 0 'wte' group 0 rank 0", 10000, m);
+  std::printf("[ message  ] %s\n", st.to_string().c_str());
+  ASSERT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+  EXPECT_NE(st.message().find("layer 0 'wte' group 0 rank 0"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("sub_group_size"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("64.00 KiB"), std::string::npos) << st.message();
+  EXPECT_EQ(tier->bytes(), 0u);
+}
+
+TEST_F(NvmeStateTierTest, BadOptionsNameTheField) {
+  std::vector<PieceSpec> pieces = {{{0, 0, 0}, 1000, true}};
+  auto expect_bad = [&](NvmeStateTierOptions o, const char* needle) {
+    auto t = make_nvme_state_tier(o, *device_, stats_);
+    ASSERT_FALSE(t.ok()) << needle;
+    EXPECT_NE(t.status().message().find(needle), std::string::npos) << t.status().message();
+  };
+  NvmeStateTierOptions o = options(pieces, DType::kF32, "bad");
+  NvmeStateTierOptions b = o;
+  b.buffer_count = 0;
+  expect_bad(b, "buffer_count");
+  b = o;
+  b.slot_bytes = 0;
+  expect_bad(b, "slot_bytes");
+  b = o;
+  b.capacity_bytes = 0;
+  expect_bad(b, "capacity_bytes");
+  b = o;
+  b.moment_dtype = DType::kF16;
+  expect_bad(b, "optimizer_state_dtype");
+  b = o;
+  b.nvme_paths.clear();
+  expect_bad(b, "nvme_path");
+  b = o;
+  b.job = "../escape";
+  expect_bad(b, "job");
+  b = o;
+  b.aio.queue_depth = 0;
+  expect_bad(b, "queue_depth");
+  EXPECT_EQ(stats_.get(Tier::kPinnedHost).current_bytes, 0u);
+  // More state than the capacity given: refused at add() with the sizes.
+  auto tier = make(o);
+  ASSERT_TRUE(tier);
+  std::vector<float> m(1000, 1.0f);
+  ASSERT_TRUE(tier->add({0, 0, 0}, "a", 1000, m).ok());
+  Status st = tier->add({0, 1, 0}, "b", 1000, m);
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.to_string();
+  EXPECT_NE(st.message().find("capacity"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace strata::offload
