@@ -108,13 +108,16 @@ struct Engine::Impl {
   EngineMemory predicted;
   std::unique_ptr<Stream> xfer;
   std::unique_ptr<Stream> frees;  // only frees: never gated
-  std::unique_ptr<OptimizerStateTier> tier;
+  std::unique_ptr<OptimizerStateTier> tier;      // the optimizer state (the host part with ratio < 1)
+  std::unique_ptr<OptimizerStateTier> dev_tier;  // ratio < 1: the device part
   std::optional<cpu_adam::CpuOptimizer> optimizer;
+  std::optional<cpu_adam::CpuOptimizer> dev_optimizer;  // ratio < 1: steps the device part (its own thread)
   std::optional<LrSchedule> schedule;
   std::optional<LossScaler> scaler;
   Stream* model_stream = nullptr;
   Engine* self = nullptr;
   std::unique_ptr<SerialWorker> worker;  // last-but-one: destroyed before the state it steps
+  std::unique_ptr<SerialWorker> dev_worker;  // ratio < 1: steps the device part at the same time
 
   struct Layer {
     DType pd = DType::kF32;  // parameter dtype
@@ -199,6 +202,8 @@ struct Engine::Impl {
   // both live on the device and the full buffer persists (stages 0, 1).
   bool grads_in_place() const { return !opt_on_host() && opt.stage <= 1; }
   bool has_master(const Layer& l) const { return !(l.pd == DType::kF32 && !opt_on_host()); }
+  bool split() const { return opt.ratio < 1.0; }
+  size_t host_n(size_t count) const { return host_part(opt.ratio, count); }
 
   // Owned pieces: every rank's at stage 0, this rank's otherwise; the owned
   // layout is padded space at stage 0 and the shard layout otherwise.
@@ -281,6 +286,15 @@ struct Engine::Impl {
   Status drop_gathered(size_t li, const Completion& done);
   Status launch_reduction(size_t li);
   Status queue_update(size_t li, int64_t step, double clip, double scale, double lr);
+  struct PieceJob {
+    StateId id;
+    size_t count = 0;
+    const std::byte* grads = nullptr;
+    std::byte* param = nullptr;    // where the kernel writes the updated value (param_copy, or fp32 in place)
+    bool param_is_master = false;  // fp32 parameters stepped in place
+  };
+  Status step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimizer& o, const std::vector<PieceJob>& jobs,
+                     const cpu_adam::StepArgs& args, DType pd);
   Result<StepMetrics> step();
   Result<double> evaluate();
   Result<double> global_norm_squared();
@@ -326,11 +340,24 @@ Status Engine::Impl::init() {
   STRATA_ASSIGN_OR_RETURN(frees, device.create_stream());
   STRATA_ASSIGN_OR_RETURN(tier, make_memory_state_tier(device, opt_on_host() ? Tier::kPinnedHost : Tier::kDevice,
                                                        opt.moment_dtype, stats));
+  if (!(opt.ratio > 0.0 && opt.ratio <= 1.0))
+    return InvalidArgument(fmt::format("{}: offload_optimizer.ratio {} must be in (0, 1]", opt.source, opt.ratio));
+  if (split()) {
+    if (opt.stage != 3 || !opt_on_host() || param_on_host())
+      return Unsupported(fmt::format("{}: offload_optimizer.ratio {} needs stage 3, offload_optimizer cpu and "
+                                     "offload_param none",
+                                     opt.source, opt.ratio));
+    STRATA_ASSIGN_OR_RETURN(dev_tier, make_memory_state_tier(device, Tier::kDevice, opt.moment_dtype, stats));
+  }
   cpu_adam::OptimizerOptions oo;
   oo.kind = opt.optimizer;
   oo.threads = opt.optimizer_threads;
   STRATA_ASSIGN_OR_RETURN(cpu_adam::CpuOptimizer o, cpu_adam::CpuOptimizer::create(oo));
   optimizer.emplace(std::move(o));
+  if (split()) {
+    STRATA_ASSIGN_OR_RETURN(cpu_adam::CpuOptimizer d, cpu_adam::CpuOptimizer::create(oo));
+    dev_optimizer.emplace(std::move(d));
+  }
   model_stream = runner.model_stream();
 
   // The plan first: a config whose state cannot fit the device fails here,
@@ -373,6 +400,7 @@ Status Engine::Impl::init() {
   uses.assign(n, {});
   for (size_t i = 0; i < n; ++i) STRATA_RETURN_IF_ERROR(init_layer(i));
   worker = std::make_unique<SerialWorker>(fmt::format("optimizer of rank {}", rank));
+  if (split()) dev_worker = std::make_unique<SerialWorker>(fmt::format("device optimizer of rank {}", rank));
   return Status::Ok();
 }
 
@@ -431,18 +459,26 @@ Status Engine::Impl::init_layer(size_t li) {
       STRATA_ASSIGN_OR_RETURN(l.staging, HostBuffer::create(device, stats, owned * l.pe,
                                                             "parameter staging of " + lname));
     }
-  } else if (!grads_in_place()) {
+  }
+  if ((!opt_on_host() && !grads_in_place()) || split()) {
     STRATA_ASSIGN_OR_RETURN(l.opt_grads_dev, alloc_device(owned * ge(), "gradient shard of " + lname));
   }
   // Optimizer state of every owned piece.
   for (size_t gi = 0; gi < lp.groups.size(); ++gi) {
     const SubGroup& g = lp.groups[gi];
     for (int r = owned_rank_begin(); r < owned_rank_end(); ++r) {
-      const size_t count = lp.piece_real(g, r);
+      const size_t count = lp.piece_real(g, r), host = host_n(count);
+      const StateId id{static_cast<uint32_t>(li), static_cast<uint32_t>(gi), r};
       std::span<const float> master;
-      if (has_master(l)) master = std::span<const float>(init32.data() + lp.piece_begin(g, r), count);
-      STRATA_RETURN_IF_ERROR(tier->add(StateId{static_cast<uint32_t>(li), static_cast<uint32_t>(gi), r},
-                                       state_name(li, gi, r), count, master));
+      if (has_master(l)) master = std::span<const float>(init32.data() + lp.piece_begin(g, r), host);
+      STRATA_RETURN_IF_ERROR(tier->add(id, state_name(li, gi, r), host, master));
+      if (split()) {
+        // The device part: fp32 parameters are their own master there.
+        std::span<const float> dev_master;
+        if (l.pd != DType::kF32)
+          dev_master = std::span<const float>(init32.data() + lp.piece_begin(g, r) + host, count - host);
+        STRATA_RETURN_IF_ERROR(dev_tier->add(id, state_name(li, gi, r) + " (device part)", count - host, dev_master));
+      }
     }
   }
   l.block_sums.assign(owned / kShardAlign, 0.0);
@@ -706,6 +742,19 @@ Status Engine::Impl::launch_reduction(size_t li) {
   }
   if (dst == nullptr) {
     l.grads_taken = reduced;
+  } else if (split()) {
+    // ratio < 1: the whole piece stays on the device (the device part steps
+    // from there, the block sums read it), only the host part goes D2H.
+    STRATA_RETURN_IF_ERROR(xfer->wait(reduced));
+    std::byte* dev = l.opt_grads_dev.as<std::byte>();
+    for (const SubGroup& g : lp.groups) {
+      const std::byte* piece = full + lp.piece_begin(g, rank) * e;
+      STRATA_RETURN_IF_ERROR(xfer->copy_async(dev + g.shard_offset * e, piece, g.piece * e, CopyKind::kDeviceToDevice));
+      const size_t host = host_n(lp.piece_real(g, rank));
+      STRATA_RETURN_IF_ERROR(xfer->copy_async(dst + g.shard_offset * e, piece, host * e, CopyKind::kDeviceToHost));
+      d2h_bytes += host * e;
+    }
+    dst = dev;  // where the block sums read
   } else {
     STRATA_RETURN_IF_ERROR(xfer->wait(reduced));
     if (stage0()) {
@@ -716,6 +765,8 @@ Status Engine::Impl::launch_reduction(size_t li) {
             xfer->copy_async(dst + g.shard_offset * e, full + lp.piece_begin(g, rank) * e, g.piece * e, kind));
     }
     if (kind == CopyKind::kDeviceToHost) d2h_bytes += owned_elements(lp) * e;
+  }
+  if (dst != nullptr) {
     l.grads_taken = xfer->record_completion();
     if (opt.stage >= 2) {
       // Its users: the model's backward, the reduction in place, the copy out.
@@ -782,15 +833,8 @@ Result<double> Engine::Impl::global_norm_squared() {
 Status Engine::Impl::queue_update(size_t li, int64_t step, double clip, double scale, double lr) {
   Layer& l = layers[li];
   const LayerPartition& lp = part.layer(li);
-  // Pointers are computed here (driving thread); the worker only steps.
-  struct PieceJob {
-    StateId id;
-    size_t count;
-    const std::byte* grads;
-    std::byte* param;      // where the updated value is written by the kernel (param_copy or in-place fp32)
-    bool param_is_master;  // fp32 in place
-  };
-  std::vector<PieceJob> jobs;
+  // Pointers are computed here (driving thread); the workers only step.
+  std::vector<PieceJob> host_jobs, dev_jobs;
   const std::byte* gsrc = opt_on_host() ? l.opt_grads_host.data()
                           : grads_in_place() ? l.full_grads.as<std::byte>()
                                              : l.opt_grads_dev.as<std::byte>();
@@ -798,13 +842,25 @@ Status Engine::Impl::queue_update(size_t li, int64_t step, double clip, double s
   for (size_t gi = 0; gi < lp.groups.size(); ++gi) {
     const SubGroup& g = lp.groups[gi];
     for (int r = owned_rank_begin(); r < owned_rank_end(); ++r) {
+      const size_t count = lp.piece_real(g, r), host = host_n(count);
       PieceJob j;
       j.id = StateId{static_cast<uint32_t>(li), static_cast<uint32_t>(gi), r};
-      j.count = lp.piece_real(g, r);
+      j.count = host;
       j.grads = gsrc + (gpadded ? lp.piece_begin(g, r) : g.shard_offset) * ge();
       j.param_is_master = !has_master(l);
       j.param = l.staging ? l.staging.data() + owned_offset(lp, g, r) * l.pe : param_location(li, g, r);
-      jobs.push_back(j);
+      host_jobs.push_back(j);
+      if (split()) {
+        // The device part: grads from the device copy, the update straight
+        // into the device parameters (fp32: they are the master).
+        PieceJob d;
+        d.id = j.id;
+        d.count = count - host;
+        d.grads = l.opt_grads_dev.as<std::byte>() + (g.shard_offset + host) * ge();
+        d.param = param_location(li, g, r) + host * l.pe;
+        d.param_is_master = l.pd == DType::kF32;
+        dev_jobs.push_back(d);
+      }
     }
   }
   cpu_adam::StepArgs args;
@@ -814,36 +870,16 @@ Status Engine::Impl::queue_update(size_t li, int64_t step, double clip, double s
   args.clip_coefficient = clip;
   args.loss_scale = scale;
   args.overflow_check = cpu_adam::OverflowCheck::kAssumeFinite;
-  const DType pd = l.pd, gd = opt.grad_dtype;
-  l.opt_done = worker->submit(
-      [this, jobs = std::move(jobs), args, pd, gd] {
-        for (const PieceJob& j : jobs) {
-          if (j.count == 0) continue;
-          STRATA_ASSIGN_OR_RETURN(PieceState s, tier->open(j.id));
-          cpu_adam::StateSpans sp;
-          sp.count = j.count;
-          sp.grads = j.grads;
-          sp.grad_dtype = gd;
-          sp.exp_avg = s.exp_avg;
-          sp.exp_avg_sq = s.exp_avg_sq;
-          sp.moment_dtype = s.moment_dtype;
-          if (j.param_is_master) {
-            sp.params = reinterpret_cast<float*>(j.param);
-          } else {
-            sp.params = s.master;
-            if (pd != DType::kF32) {
-              sp.param_copy = j.param;
-              sp.param_copy_dtype = pd;
-            }
-          }
-          Result<cpu_adam::StepReport> rep = optimizer->step(args, sp);
-          if (!rep.ok()) return rep.status().with_context(fmt::format("optimizer step of {}", part.describe(j.id)));
-          if (!j.param_is_master && pd == DType::kF32) std::memcpy(j.param, s.master, j.count * sizeof(float));
-          STRATA_RETURN_IF_ERROR(tier->close(j.id, true));
-        }
-        return Status::Ok();
-      },
-      l.partials_done, fmt::format("optimizer step of layer {}", li));
+  const DType pd = l.pd;
+  l.opt_done = worker->submit([this, jobs = std::move(host_jobs), args, pd] { return step_pieces(*tier, *optimizer, jobs, args, pd); },
+                              l.partials_done, fmt::format("optimizer step of layer {}", li));
+  if (split()) {
+    const Completion dev_done =
+        dev_worker->submit([this, jobs = std::move(dev_jobs), args, pd] { return step_pieces(*dev_tier, *dev_optimizer, jobs, args, pd); },
+                           l.partials_done, fmt::format("device optimizer step of layer {}", li));
+    const Completion both[] = {l.opt_done, dev_done};
+    l.opt_done = when_all(both, fmt::format("optimizer step of layer {}", li));
+  }
   l.grads_consumed = l.opt_done;
   Completion updated = l.opt_done;
   if (l.staging) {
@@ -852,10 +888,12 @@ Status Engine::Impl::queue_update(size_t li, int64_t step, double clip, double s
     for (const SubGroup& g : lp.groups)
       for (int r = owned_rank_begin(); r < owned_rank_end(); ++r) {
         const size_t at = owned_offset(lp, g, r);
-        STRATA_RETURN_IF_ERROR(xfer->copy_async(param_location(li, g, r), l.staging.data() + at * l.pe,
-                                                g.piece * l.pe, CopyKind::kHostToDevice));
+        // ratio < 1: only the host part (the device part is already in place).
+        const size_t n = split() ? host_n(lp.piece_real(g, r)) : g.piece;
+        STRATA_RETURN_IF_ERROR(xfer->copy_async(param_location(li, g, r), l.staging.data() + at * l.pe, n * l.pe,
+                                                CopyKind::kHostToDevice));
+        h2d_bytes += n * l.pe;
       }
-    h2d_bytes += owned_elements(lp) * l.pe;
     updated = xfer->record_completion();
   }
   if (l.persistent) {
@@ -873,6 +911,35 @@ Status Engine::Impl::queue_update(size_t li, int64_t step, double clip, double s
     l.params_ready = updated;
   } else {
     l.shard_ready = updated;
+  }
+  return Status::Ok();
+}
+
+Status Engine::Impl::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimizer& o, const std::vector<PieceJob>& jobs,
+                                 const cpu_adam::StepArgs& args, DType pd) {
+  for (const PieceJob& j : jobs) {
+    if (j.count == 0) continue;
+    STRATA_ASSIGN_OR_RETURN(PieceState st, t.open(j.id));
+    cpu_adam::StateSpans sp;
+    sp.count = j.count;
+    sp.grads = j.grads;
+    sp.grad_dtype = opt.grad_dtype;
+    sp.exp_avg = st.exp_avg;
+    sp.exp_avg_sq = st.exp_avg_sq;
+    sp.moment_dtype = st.moment_dtype;
+    if (j.param_is_master) {
+      sp.params = reinterpret_cast<float*>(j.param);
+    } else {
+      sp.params = st.master;
+      if (pd != DType::kF32) {
+        sp.param_copy = j.param;
+        sp.param_copy_dtype = pd;
+      }
+    }
+    Result<cpu_adam::StepReport> rep = o.step(args, sp);
+    if (!rep.ok()) return rep.status().with_context(fmt::format("optimizer step of {}", part.describe(j.id)));
+    if (!j.param_is_master && pd == DType::kF32) std::memcpy(j.param, st.master, j.count * sizeof(float));
+    STRATA_RETURN_IF_ERROR(t.close(j.id, true));
   }
   return Status::Ok();
 }
@@ -1011,6 +1078,7 @@ Engine::~Engine() {
     if (impl_->xfer) impl_->xfer->synchronize().ignore();
     impl_->comm.synchronize().ignore();
     if (impl_->worker) impl_->worker.reset();  // runs what is queued; the state it steps is still alive
+    if (impl_->dev_worker) impl_->dev_worker.reset();
     if (impl_->xfer) impl_->xfer->synchronize().ignore();
     impl_->comm.synchronize().ignore();
   }
@@ -1077,13 +1145,11 @@ Result<std::vector<float>> Engine::gather_state(size_t li, StateKind kind) {
   Impl::Layer& l = m.layers[li];
   // This rank's own pieces in shard layout, as fp32.
   std::vector<float> mine(lp.shard_elements, 0.0f);
-  for (size_t gi = 0; gi < lp.groups.size(); ++gi) {
-    const SubGroup& g = lp.groups[gi];
-    const size_t count = lp.piece_real(g, m.rank);
-    if (count == 0) continue;
-    const StateId id{static_cast<uint32_t>(li), static_cast<uint32_t>(gi), m.rank};
-    STRATA_ASSIGN_OR_RETURN(PieceState s, m.tier->open(id));
-    float* out = mine.data() + g.shard_offset;
+  // One tier's part of a piece (`count` elements from element `first`) into `out`.
+  auto read_part = [&](OptimizerStateTier& t, const StateId& id, const SubGroup& g, size_t first, size_t count,
+                       float* out) -> Status {
+    if (count == 0) return Status::Ok();
+    STRATA_ASSIGN_OR_RETURN(PieceState s, t.open(id));
     if (kind != StateKind::kMaster) {
       const void* src = kind == StateKind::kExpAvg ? s.exp_avg : s.exp_avg_sq;
       if (s.moment_dtype == DType::kF32)
@@ -1094,10 +1160,18 @@ Result<std::vector<float>> Engine::gather_state(size_t li, StateKind kind) {
       std::memcpy(out, s.master, count * sizeof(float));
     } else {
       // fp32 parameters are their own master, in device memory.
-      STRATA_RETURN_IF_ERROR(
-          m.device.copy(out, m.param_location(li, g, m.rank), count * l.pe, CopyKind::kDeviceToHost));
+      STRATA_RETURN_IF_ERROR(m.device.copy(out, m.param_location(li, g, m.rank) + first * l.pe, count * l.pe,
+                                           CopyKind::kDeviceToHost));
     }
-    STRATA_RETURN_IF_ERROR(m.tier->close(id, false));
+    return t.close(id, false);
+  };
+  for (size_t gi = 0; gi < lp.groups.size(); ++gi) {
+    const SubGroup& g = lp.groups[gi];
+    const size_t count = lp.piece_real(g, m.rank), host = m.host_n(count);
+    const StateId id{static_cast<uint32_t>(li), static_cast<uint32_t>(gi), m.rank};
+    float* out = mine.data() + g.shard_offset;
+    STRATA_RETURN_IF_ERROR(read_part(*m.tier, id, g, 0, host, out));
+    if (m.split()) STRATA_RETURN_IF_ERROR(read_part(*m.dev_tier, id, g, host, count - host, out + host));
   }
   std::vector<float> all(lp.shard_elements * m.world);
   STRATA_ASSIGN_OR_RETURN(comm::CommWork w, m.comm.all_gather(mine.data(), all.data(), lp.shard_elements, DType::kF32,

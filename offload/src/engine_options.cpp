@@ -27,10 +27,16 @@ Result<EngineOptions> engine_options_from_config(const Config& cfg) {
         "{}: offload_param \"cpu\" with offload_optimizer \"none\": the updated parameters would be written from "
         "device state into host shards; set zero_optimization.offload_optimizer.device to \"cpu\" as well",
         o.source));
-  if (z.offload_optimizer.ratio != 1.0)
-    return Unsupported(fmt::format("{}: zero_optimization.offload_optimizer.ratio {}: partial optimizer offload is not "
-                                   "built yet; use 1.0",
-                                   o.source, z.offload_optimizer.ratio));
+  o.ratio = z.offload_optimizer.ratio;
+  if (!(o.ratio > 0.0 && o.ratio <= 1.0))
+    return InvalidArgument(fmt::format("{}: zero_optimization.offload_optimizer.ratio {} must be in (0, 1]", o.source,
+                                       o.ratio));
+  if (o.ratio < 1.0 && (o.stage != 3 || o.offload_optimizer != OffloadDevice::kCpu ||
+                        o.offload_param != OffloadDevice::kNone))
+    return Unsupported(fmt::format(
+        "{}: zero_optimization.offload_optimizer.ratio {} (partial offload) needs stage 3, offload_optimizer \"cpu\" "
+        "and offload_param \"none\" (stage is {}); set ratio to 1.0 or change the placement",
+        o.source, o.ratio, o.stage));
   o.sub_group_size = z.sub_group_size;
   o.reduce_bucket_size = z.reduce_bucket_size;
   o.overlap_comm = z.overlap_comm;

@@ -24,6 +24,7 @@ Result<EngineMemory> plan_engine_memory(const EngineOptions& opt, std::span<cons
   const bool param_on_host = opt.offload_param != OffloadDevice::kNone;
   const bool stage0 = opt.stage == 0;
   const bool grads_in_place = !opt_on_host && opt.stage <= 1;
+  const bool split = opt.ratio < 1.0;
   const size_t ge = dtype_size(opt.grad_dtype);
   const int owned_begin = stage0 ? 0 : rank, owned_end = stage0 ? world : rank + 1;
   EngineMemory m;
@@ -59,13 +60,16 @@ Result<EngineMemory> plan_engine_memory(const EngineOptions& opt, std::span<cons
     if (opt_on_host) {
       m.pinned += std::max<uint64_t>(64, owned * ge);
       if (!(param_on_host && !persistent)) m.pinned += std::max<uint64_t>(64, owned * pe);
-    } else if (!grads_in_place) {
-      m.device_optimizer += owned * ge;
     }
+    if ((!opt_on_host && !grads_in_place) || split) m.device_optimizer += std::max<uint64_t>(64, owned * ge);
     for (const SubGroup& g : lp.groups)
       for (int r = owned_begin; r < owned_end; ++r) {
-        const uint64_t bytes = std::max<uint64_t>(64, lp.piece_real(g, r) * (2 * me + (master ? 4 : 0)));
-        (opt_on_host ? m.pinned : m.device_optimizer) += bytes;
+        const uint64_t count = lp.piece_real(g, r), host = host_part(opt.ratio, count);
+        (opt_on_host ? m.pinned : m.device_optimizer) += std::max<uint64_t>(64, host * (2 * me + (master ? 4 : 0)));
+        // ratio < 1: the device part (fp32 parameters are their own master there).
+        if (split)
+          m.device_optimizer +=
+              std::max<uint64_t>(64, (count - host) * (2 * me + (pd == DType::kF32 ? 0 : 4)));
       }
   }
   // Gathered layers: at most one copy per layer is valid, and a dropped copy

@@ -143,10 +143,11 @@ struct Placement {
   bool overlap = true;
   int64_t sub_group = 1'000'000'000;
   int64_t max_live = 1'000'000'000, reuse = 1'000'000'000, persistence = 100'000;
+  double ratio = 1.0;
   std::string name() const {
-    return fmt::format("stage {} optimizer {} param {} overlap {} sub_group {} live {} reuse {} persist {}", stage,
-                       offload_device_name(optimizer), offload_device_name(param), overlap, sub_group, max_live, reuse,
-                       persistence);
+    return fmt::format("stage {} optimizer {} param {} overlap {} sub_group {} live {} reuse {} persist {} ratio {}",
+                       stage, offload_device_name(optimizer), offload_device_name(param), overlap, sub_group, max_live,
+                       reuse, persistence, ratio);
   }
 };
 
@@ -161,6 +162,10 @@ std::vector<Placement> matrix() {
   m.push_back({3, D::kCpu, D::kCpu, false, 4096, 1'000'000'000, 1'000'000'000, 0});
   m.push_back({3, D::kNone, D::kNone, true, 4096, 20'000, 0, 0});
   m.push_back({2, D::kCpu, D::kNone, false, 8192});
+  // Partial offload: part of every piece's state stays on the device and is
+  // stepped there at the same time.
+  m.push_back({3, D::kCpu, D::kNone, true, 1'000'000'000, 1'000'000'000, 1'000'000'000, 0, 0.5});
+  m.push_back({3, D::kCpu, D::kNone, false, 4096, 1'000'000'000, 1'000'000'000, 100'000, 0.3});
   return m;
 }
 
@@ -197,6 +202,7 @@ TEST_P(ParityMatrix, EveryPlacementMatchesStageZeroBitForBit) {
     r.opt.max_live_parameters = p.max_live;
     r.opt.max_reuse_distance = p.reuse;
     r.opt.persistence_threshold = p.persistence;
+    r.opt.ratio = p.ratio;
     expect_same_losses(ref, train(r), fmt::format("world {} {} {}", world, dtype_name(dtype), p.name()));
   }
 }
@@ -365,13 +371,15 @@ TEST(EngineMemory, PredictedPeaksBoundTheMeasuredOnesWithinAQuarter) {
     D opt, param;
     DType dtype;
     int64_t live, bucket;
+    double ratio = 1.0;
   };
   const int64_t layer = 12 * 128 * 128;  // one block's elements
   for (const Case& c : {Case{1, 0, D::kNone, D::kNone, DType::kF32, 1'000'000'000, 500'000'000},
                         Case{2, 1, D::kCpu, D::kNone, DType::kBF16, 1'000'000'000, 500'000'000},
                         Case{2, 2, D::kNone, D::kNone, DType::kF32, 1'000'000'000, 2 * layer},
                         Case{4, 3, D::kCpu, D::kCpu, DType::kBF16, 2 * layer, 2 * layer},
-                        Case{2, 3, D::kCpu, D::kNone, DType::kF32, 1'000'000'000, 500'000'000}}) {
+                        Case{2, 3, D::kCpu, D::kNone, DType::kF32, 1'000'000'000, 500'000'000},
+                        Case{2, 3, D::kCpu, D::kNone, DType::kBF16, 2 * layer, 2 * layer, 0.5}}) {
     TrainRun r;
     r.world = c.world;
     r.steps = 2;
@@ -387,6 +395,7 @@ TEST(EngineMemory, PredictedPeaksBoundTheMeasuredOnesWithinAQuarter) {
     r.opt.offload_param = c.param;
     r.opt.max_live_parameters = c.live;
     r.opt.reduce_bucket_size = c.bucket;
+    r.opt.ratio = c.ratio;
     r.opt.max_reuse_distance = 0;
     r.opt.persistence_threshold = 0;
     const Outcome o = train(r);
@@ -422,10 +431,16 @@ TEST(EngineOptions, RefusesWhatItCannotRunWithTheKeyAndTheFix) {
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("needs stage 3"), std::string::npos) << r.status().message();
   cfg.zero_optimization.offload_param.device = OffloadDevice::kNone;
-  cfg.zero_optimization.offload_optimizer.ratio = 0.5;
+  cfg.zero_optimization.offload_optimizer.ratio = 0.5;  // at stage 2: refused
   r = engine_options_from_config(cfg);
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("ratio"), std::string::npos);
+  EXPECT_NE(r.status().message().find("ratio 0.5 (partial offload) needs stage 3"), std::string::npos)
+      << r.status().message();
+  cfg.zero_optimization.stage = 3;
+  r = engine_options_from_config(cfg);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->ratio, 0.5);
+  cfg.zero_optimization.stage = 2;
   cfg.zero_optimization.offload_optimizer.ratio = 1.0;
   cfg.data_types.grad_accum_dtype = "int8";
   r = engine_options_from_config(cfg);
@@ -437,6 +452,13 @@ TEST(EngineOptions, RefusesWhatItCannotRunWithTheKeyAndTheFix) {
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_EQ(r->stage, 2);
   EXPECT_EQ(r->grad_dtype, DType::kF32);
+}
+
+TEST(EngineRatio, HostPartIsAWholeNumberOfVectorsAndTheRestStaysOnTheDevice) {
+  EXPECT_EQ(host_part(1.0, 1000), 1000u);
+  EXPECT_EQ(host_part(0.5, 1000), 496u);
+  EXPECT_EQ(host_part(0.5, 10), 0u);
+  EXPECT_EQ(host_part(0.25, 4096), 1024u);
 }
 
 TEST(Partition, PiecesAreAlignedPaddedAtTheLayerEndAndCoverEveryElement) {

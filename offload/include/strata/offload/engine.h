@@ -66,6 +66,11 @@ struct EngineOptions {
   int stage = 0;
   OffloadDevice offload_optimizer = OffloadDevice::kNone;
   OffloadDevice offload_param = OffloadDevice::kNone;
+  // offload_optimizer.ratio: the fraction of each piece's optimizer state
+  // kept in pinned host memory and stepped by the host thread; the rest
+  // stays in device memory and is stepped at the same time on the device's
+  // side. < 1 only at stage 3 with offload_optimizer cpu and offload_param none.
+  double ratio = 1.0;
   int64_t sub_group_size = 1'000'000'000;
   int64_t reduce_bucket_size = 500'000'000;
   bool overlap_comm = false;
@@ -130,6 +135,15 @@ struct EngineMemory {
   uint64_t device_params = 0, device_grads = 0, device_optimizer = 0, device_gathered = 0;
   uint64_t pinned = 0;  // offloaded optimizer state, gradient shards, staging, host parameter shards
 };
+
+// With offload_optimizer.ratio < 1: how many of a piece's `count` elements
+// live (and are stepped) on the host; the rest stay on the device. A
+// multiple of 16 (whole SIMD vectors on both sides).
+inline size_t host_part(double ratio, size_t count) {
+  if (ratio >= 1.0) return count;
+  const size_t n = static_cast<size_t>(ratio * static_cast<double>(count));
+  return n / 16 * 16;
+}
 
 // The plan on its own (no engine, nothing allocated): rank `rank` of
 // `world` training `layers` with `options`. What Engine::predicted_memory()
