@@ -367,6 +367,8 @@ int run_train(TrainCliOptions o) {
     Status st = apply_config(*cfg, o, t, g);
     if (!st.ok()) return fail(st);
   }
+  // The host budget is for this process: each local rank gets an equal share.
+  if (t.engine.host_memory_budget != 0) t.engine.host_memory_budget /= static_cast<uint64_t>(o.ranks);
   Status placement = apply_placement_flags(o, t);
   if (!placement.ok()) return fail(placement);
   // Gradients in the parameters' dtype unless the config says otherwise;

@@ -393,6 +393,24 @@ Status Engine::Impl::init() {
           format_bytes(predicted.device_gathered, true), format_bytes(free_bytes, true), format_bytes(cap, true), fix));
     }
   }
+  if (opt.host_memory_budget != 0 && predicted.pinned > opt.host_memory_budget) {
+    // Name the largest host buffer: that is the one to shrink or move.
+    const std::pair<uint64_t, const char*> parts[] = {
+        {predicted.pinned_optimizer, "optimizer state (master weights and moments): move it to nvme (issue 12) or use "
+                                     "offload_optimizer.ratio < 1 at stage 3, or strata.optimizer_state_dtype bf16"},
+        {predicted.pinned_grads, "gradient shards: use a larger world size or data_types.grad_accum_dtype bf16"},
+        {predicted.pinned_staging, "parameter staging: use a larger world size"},
+        {predicted.pinned_params, "parameter shards (offload_param cpu): set offload_param.device to none"}};
+    const auto* largest = &parts[0];
+    for (const auto& p : parts)
+      if (p.first > largest->first) largest = &p;
+    return ResourceExhausted(fmt::format(
+        "{}: this rank's host tier needs {} of pinned memory (optimizer state {}, gradient shards {}, staging {}, "
+        "parameter shards {}) but its share of strata.host_memory_budget is {}; the largest is the {}",
+        opt.source, format_bytes(predicted.pinned, true), format_bytes(predicted.pinned_optimizer, true),
+        format_bytes(predicted.pinned_grads, true), format_bytes(predicted.pinned_staging, true),
+        format_bytes(predicted.pinned_params, true), format_bytes(opt.host_memory_budget, true), largest->second));
+  }
   const size_t n = model.layers().size();
   layers.resize(n);
   expected_bwd.assign(n, 0);

@@ -81,6 +81,7 @@ Result<EngineOptions> engine_options_from_config(const Config& cfg) {
     o.grad_accum = static_cast<int>(ga);
   }
   o.fp16 = cfg.fp16;
+  o.host_memory_budget = cfg.strata.host_memory_budget;
   o.scheduler = cfg.scheduler;
   return o;
 }

@@ -43,7 +43,7 @@ Result<EngineMemory> plan_engine_memory(const EngineOptions& opt, std::span<cons
       m.device_params += F * pe;
     } else {
       if (param_on_host)
-        m.pinned += S * pe;
+        m.pinned_params += S * pe;
       else
         m.device_params += S * pe;
       np_total += F;
@@ -58,14 +58,14 @@ Result<EngineMemory> plan_engine_memory(const EngineOptions& opt, std::span<cons
       g_max = std::max(g_max, F);
     }
     if (opt_on_host) {
-      m.pinned += std::max<uint64_t>(64, owned * ge);
-      if (!(param_on_host && !persistent)) m.pinned += std::max<uint64_t>(64, owned * pe);
+      m.pinned_grads += std::max<uint64_t>(64, owned * ge);
+      if (!(param_on_host && !persistent)) m.pinned_staging += std::max<uint64_t>(64, owned * pe);
     }
     if ((!opt_on_host && !grads_in_place) || split) m.device_optimizer += std::max<uint64_t>(64, owned * ge);
     for (const SubGroup& g : lp.groups)
       for (int r = owned_begin; r < owned_end; ++r) {
         const uint64_t count = lp.piece_real(g, r), host = host_part(opt.ratio, count);
-        (opt_on_host ? m.pinned : m.device_optimizer) += std::max<uint64_t>(64, host * (2 * me + (master ? 4 : 0)));
+        (opt_on_host ? m.pinned_optimizer : m.device_optimizer) += std::max<uint64_t>(64, host * (2 * me + (master ? 4 : 0)));
         // ratio < 1: the device part (fp32 parameters are their own master there).
         if (split)
           m.device_optimizer +=
@@ -86,6 +86,7 @@ Result<EngineMemory> plan_engine_memory(const EngineOptions& opt, std::span<cons
   // the sum over ranks, as at stage 0), so the bucket cannot bound them.
   m.device_grads += (opt.grad_accum > 1 ? g_total : std::min(g_total, std::max<uint64_t>(opt.reduce_bucket_size, g_max))) * ge;
   m.device = m.device_params + m.device_grads + m.device_optimizer + m.device_gathered;
+  m.pinned = m.pinned_optimizer + m.pinned_grads + m.pinned_staging + m.pinned_params;
   return m;
 }
 

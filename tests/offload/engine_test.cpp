@@ -362,6 +362,23 @@ TEST(EngineMemory, DeviceTooSmallNamesTheStateAndTheTier) {
   EXPECT_NE(o.status.message().find("offload_optimizer.device"), std::string::npos) << o.status.message();
 }
 
+TEST(EngineMemory, HostBudgetTooSmallNamesTheLargestHostBuffer) {
+  TrainRun r;
+  r.steps = 1;
+  r.world = 2;
+  r.opt.stage = 2;
+  r.opt.offload_optimizer = OffloadDevice::kCpu;
+  r.opt.host_memory_budget = 64 << 10;
+  const Outcome o = train(r);
+  ASSERT_FALSE(o.status.ok());
+  EXPECT_EQ(o.status.code(), StatusCode::kResourceExhausted) << o.status.to_string();
+  EXPECT_NE(o.status.message().find("strata.host_memory_budget is 64.00 KiB"), std::string::npos) << o.status.message();
+  EXPECT_NE(o.status.message().find("the largest is the optimizer state"), std::string::npos) << o.status.message();
+  // Within the budget it trains.
+  r.opt.host_memory_budget = 64 << 20;
+  EXPECT_TRUE(train(r).status.ok());
+}
+
 // The plan (made before allocating) against what the run held, per rank:
 // measured <= predicted <= 1.25 x measured for device and pinned memory.
 TEST(EngineMemory, PredictedPeaksBoundTheMeasuredOnesWithinAQuarter) {

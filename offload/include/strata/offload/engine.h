@@ -87,6 +87,10 @@ struct EngineOptions {
   double grad_clip = 1.0;   // 0: off
   int grad_accum = 1;
   int optimizer_threads = 0;  // 0: all cores
+  // Most host memory (pinned + pageable) this rank's engine may hold; 0:
+  // unlimited. strata train gives each of its --ranks an equal share of
+  // strata.host_memory_budget. A plan above it is refused at creation.
+  uint64_t host_memory_budget = 0;
   // fp16 dynamic (or static) loss scaling; off unless fp16.enabled.
   Fp16Config fp16;
   // The learning-rate schedule; type kNone keeps hyper.lr.
@@ -133,7 +137,8 @@ struct StepMetrics {
 struct EngineMemory {
   uint64_t device = 0;  // = the four parts below
   uint64_t device_params = 0, device_grads = 0, device_optimizer = 0, device_gathered = 0;
-  uint64_t pinned = 0;  // offloaded optimizer state, gradient shards, staging, host parameter shards
+  uint64_t pinned = 0;  // = the four parts below
+  uint64_t pinned_optimizer = 0, pinned_grads = 0, pinned_staging = 0, pinned_params = 0;
 };
 
 // With offload_optimizer.ratio < 1: how many of a piece's `count` elements
