@@ -1,0 +1,307 @@
+#pragma once
+// Engine::Impl: the state of one rank's engine, shared by engine.cpp (set-up
+// and the public methods), engine_passes.cpp (the provider hooks: acquire,
+// release, stage-3 gathers, gradient reductions) and engine_step.cpp (the
+// global norm, the update, the step, evaluation). Private to offload/src.
+//
+// Threads: the driving thread calls step(), evaluate() and, through the
+// runner, acquire/release. It issues every collective (one issuing thread
+// per comm queue: kReduce for gradients, norms and losses, kGather for
+// parameter gathers). The optimizer runs on `worker` (SerialWorker); copies
+// and memsets run on `xfer`, a stream of the Device; frees on `frees`.
+// Completions order everything (docs/async.md); the driving thread blocks
+// only where the step needs a number (the loss, the global norm).
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <fmt/format.h>
+#include "serial_worker.h"
+#include "strata/core/dtype_convert.h"
+#include "strata/core/memory_stats.h"
+#include "strata/core/units.h"
+#include "strata/cpu_adam/grad_stats.h"
+#include "strata/cpu_adam/optimizer.h"
+#include "strata/offload/grad_norm.h"
+#include "strata/offload/loss_scaler.h"
+#include "strata/offload/lr_schedule.h"
+#include "strata/offload/state_tier.h"
+#include "strata/offload/engine.h"
+
+namespace strata::offload {
+namespace engine_detail {
+
+using Clock = std::chrono::steady_clock;
+inline double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+
+// Pinned host memory from the Device, counted in the engine's host stats.
+class HostBuffer {
+ public:
+  HostBuffer() = default;
+  static Result<HostBuffer> create(Device& device, MemoryStats& stats, size_t bytes, const std::string& what) {
+    Result<void*> p = device.allocate_pinned_host(bytes == 0 ? 64 : bytes);
+    if (!p.ok())
+      return OutOfMemory(fmt::format("{} ({}) could not be allocated in pinned host memory: {}", what,
+                                     format_bytes(bytes, true), p.status().message()));
+    HostBuffer b;
+    b.device_ = &device;
+    b.stats_ = &stats;
+    b.data_ = static_cast<std::byte*>(*p);
+    b.bytes_ = bytes == 0 ? 64 : bytes;
+    std::memset(b.data_, 0, b.bytes_);
+    stats.on_allocate(Tier::kPinnedHost, b.bytes_);
+    return b;
+  }
+  HostBuffer(HostBuffer&& o) noexcept { swap(o); }
+  HostBuffer& operator=(HostBuffer&& o) noexcept {
+    HostBuffer t(std::move(o));
+    swap(t);
+    return *this;
+  }
+  ~HostBuffer() {
+    if (data_ != nullptr) {
+      device_->free_pinned_host(data_, bytes_);
+      stats_->on_free(Tier::kPinnedHost, bytes_);
+    }
+  }
+  std::byte* data() const { return data_; }
+  explicit operator bool() const { return data_ != nullptr; }
+
+ private:
+  void swap(HostBuffer& o) noexcept {
+    std::swap(device_, o.device_);
+    std::swap(stats_, o.stats_);
+    std::swap(data_, o.data_);
+    std::swap(bytes_, o.bytes_);
+  }
+  Device* device_ = nullptr;
+  MemoryStats* stats_ = nullptr;
+  std::byte* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Wall-clock moments of one forward wait, filled by callbacks on other threads.
+struct WaitProbe {
+  std::atomic<int64_t> reached_ns{-1};  // the model's stream reached the layer
+  std::atomic<int64_t> update_ns{-1};   // the optimizer's update of the layer was in place
+  std::atomic<int64_t> ready_ns{-1};    // everything the layer waited for was done
+};
+inline int64_t now_ns() { return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count(); }
+
+}  // namespace engine_detail
+
+using namespace engine_detail;
+
+struct Engine::Impl {
+  EngineOptions opt;
+  ModelRunner& runner;
+  const LayeredModel& model;
+  Device& device;
+  comm::Communicator& comm;
+  int world = 1, rank = 0;
+  Partition part;
+  // What this engine holds: device (its own buffers and device optimizer
+  // state, not the model's activations), pinned and pageable host memory.
+  MemoryStats stats;
+  EngineMemory predicted;
+  std::unique_ptr<Stream> xfer;
+  std::unique_ptr<Stream> frees;  // only frees: never gated
+  std::unique_ptr<OptimizerStateTier> tier;      // the optimizer state (the host part with ratio < 1)
+  std::unique_ptr<OptimizerStateTier> dev_tier;  // ratio < 1: the device part
+  std::optional<cpu_adam::CpuOptimizer> optimizer;
+  std::optional<cpu_adam::CpuOptimizer> dev_optimizer;  // ratio < 1: steps the device part (its own thread)
+  std::optional<LrSchedule> schedule;
+  std::optional<LossScaler> scaler;
+  Stream* model_stream = nullptr;
+  Engine* self = nullptr;
+  std::unique_ptr<SerialWorker> worker;  // last-but-one: destroyed before the state it steps
+  std::unique_ptr<SerialWorker> dev_worker;  // ratio < 1: steps the device part at the same time
+
+  struct Layer {
+    DType pd = DType::kF32;  // parameter dtype
+    size_t pe = 4;           // its size
+    bool persistent = true;  // full parameters stay on the device
+    DeviceBuffer full_params;
+    Completion params_ready;
+    DeviceBuffer dev_shard;  // stage 3, offload_param none
+    HostBuffer host_shard;   // stage 3, offload_param cpu
+    Completion shard_ready;
+    DeviceBuffer gathered;   // stage 3: this layer gathered
+    Completion gathered_ready;
+    Completion last_use;            // the `done` of the latest release of the gathered copy
+    bool gathered_valid = false;
+    int held = 0;
+    // gradients
+    DeviceBuffer full_grads;
+    int64_t zeroed_step = -1;
+    Completion grads_zeroed;
+    Completion grad_done;           // `done` of the latest kBackward release
+    int bwd_releases = 0;           // this micro-batch
+    bool reduce_launched = false;   // this step
+    Completion grads_consumed;      // everything that read full_grads this step
+    // optimizer input
+    DeviceBuffer opt_grads_dev;     // owned layout, when the optimizer tier is the device and grads are not in place
+    HostBuffer opt_grads_host;      // owned layout, offload_optimizer cpu
+    HostBuffer staging;             // updated 16-bit (or fp32 master) values before their H2D copy
+    Completion grads_taken;
+    std::vector<double> block_sums; // owned blocks, owned order
+    Completion partials_done;
+    Completion opt_done;
+    std::shared_ptr<WaitProbe> probe;  // this step's forward wait, when measured
+  };
+  std::vector<Layer> layers;
+
+  // acquire sequence of one micro-batch, recorded in the first one
+  std::vector<std::pair<size_t, Pass>> trace;
+  bool tracing = true;
+  size_t cursor = 0;
+  std::vector<int> expected_bwd;  // kBackward acquires per layer per micro-batch
+  std::vector<int> forward_acquires;  // kForward acquires per layer in the first micro-batch
+  bool window_spans_micro_batch = false;  // max(reuse, prefetch) >= every stage-3 use of a micro-batch
+  std::vector<std::vector<size_t>> uses;  // trace positions of each layer
+
+  int64_t steps = 0;        // applied updates
+  int64_t step_index = 0;   // step() calls, for zeroing
+  int micro = 0;
+  bool in_train_micro = false;
+  bool in_eval = false;
+  bool last_micro = false;
+  // Device elements held by stage-3 gathers and stage 2-3 full gradients,
+  // including lent buffers not yet freed: what the caps
+  // (stage3_max_live_parameters, reduce_bucket_size) bound.
+  //
+  // A buffer the engine lent out (to the model's stream, a collective, a
+  // copy) is freed only once `safe` has completed, successfully or not:
+  // then nobody uses it any more. Frees are not left to a stream's order
+  // alone, because a failed stream skips its waits and would free early.
+  struct Deferred {
+    Completion safe;
+    DeviceBuffer buffer;
+    uint64_t elements = 0;
+  };
+  struct LiveCount {
+    uint64_t held = 0;              // allocated and not handed back
+    std::deque<Deferred> freeing;   // handed back, waiting for `safe`, in order
+  };
+  LiveCount live_params, live_grads;
+  // per-step counters
+  uint64_t h2d_bytes = 0, d2h_bytes = 0, gather_bytes = 0, reduce_bytes = 0;
+  std::vector<std::shared_ptr<WaitProbe>> probes;
+  std::array<std::byte, 4> fault_bytes{};  // the injected gradient value, in the gradient dtype
+
+  Impl(const EngineOptions& o, ModelRunner& r, Device& d, comm::Communicator& c)
+      : opt(o), runner(r), model(r.model()), device(d), comm(c) {}
+
+  bool stage0() const { return opt.stage == 0; }
+  bool opt_on_host() const { return opt.offload_optimizer == OffloadDevice::kCpu; }
+  bool param_on_host() const { return opt.offload_param == OffloadDevice::kCpu; }
+  size_t ge() const { return dtype_size(opt.grad_dtype); }
+  // Grads are read by the optimizer from the full buffer (no copy) when
+  // both live on the device and the full buffer persists (stages 0, 1).
+  bool grads_in_place() const { return !opt_on_host() && opt.stage <= 1; }
+  bool has_master(const Layer& l) const { return !(l.pd == DType::kF32 && !opt_on_host()); }
+  bool split() const { return opt.ratio < 1.0; }
+  size_t host_n(size_t count) const { return host_part(opt.ratio, count); }
+
+  // Owned pieces: every rank's at stage 0, this rank's otherwise; the owned
+  // layout is padded space at stage 0 and the shard layout otherwise.
+  int owned_rank_begin() const { return stage0() ? 0 : rank; }
+  int owned_rank_end() const { return stage0() ? world : rank + 1; }
+  size_t owned_offset(const LayerPartition& lp, const SubGroup& g, int r) const {
+    return stage0() ? lp.piece_begin(g, r) : g.shard_offset;
+  }
+  size_t owned_elements(const LayerPartition& lp) const { return stage0() ? lp.padded_elements : lp.shard_elements; }
+
+  std::string state_name(size_t layer, size_t group, int r) const {
+    return part.describe(StateId{static_cast<uint32_t>(layer), static_cast<uint32_t>(group), r});
+  }
+
+  Result<DeviceBuffer> alloc_device(size_t bytes, const std::string& what) {
+    Result<DeviceBuffer> b = device.allocate(bytes == 0 ? 64 : bytes);
+    if (!b.ok())
+      return OutOfMemory(fmt::format("{} ({}) does not fit in device memory on rank {}: {}", what,
+                                     format_bytes(bytes, true), rank, b.status().message()));
+    stats.on_allocate(Tier::kDevice, b->size_bytes());
+    return b;
+  }
+  // Hands `buffer` back: it is freed once `safe` has completed.
+  void free_after(LiveCount& lc, DeviceBuffer&& buffer, Completion safe, uint64_t elements) {
+    lc.held -= elements;
+    lc.freeing.push_back(Deferred{std::move(safe), std::move(buffer), elements});
+  }
+  // Frees what is safe to free (oldest first; with `block`, waits for the
+  // oldest first). The free runs on `frees`, a stream nothing gates, so it
+  // is immediate; synchronizing it makes the memory reusable at once.
+  Status reap(LiveCount& lc, bool block) {
+    bool freed = false;
+    while (!lc.freeing.empty()) {
+      Deferred& d = lc.freeing.front();
+      if (block) d.safe.wait().ignore();  // failed or not, its users are done
+      if (!d.safe.done()) break;
+      const uint64_t bytes = d.buffer.size_bytes();
+      STRATA_RETURN_IF_ERROR(frees->free_async(std::move(d.buffer)));
+      stats.on_free(Tier::kDevice, bytes);
+      lc.freeing.pop_front();
+      freed = true;
+      block = false;
+    }
+    return freed ? frees->synchronize() : Status::Ok();
+  }
+  uint64_t live_now(LiveCount& lc) {
+    reap(lc, false).ignore();
+    uint64_t n = lc.held;
+    for (const Deferred& d : lc.freeing) n += d.elements;
+    return n;
+  }
+  // Waits (oldest first) until `more` elements fit under `cap`, or nothing is left to wait for.
+  Status make_room(LiveCount& lc, uint64_t more, uint64_t cap) {
+    while (live_now(lc) + more > cap && !lc.freeing.empty()) STRATA_RETURN_IF_ERROR(reap(lc, true));
+    return Status::Ok();
+  }
+  Status drain(LiveCount& lc) {
+    while (!lc.freeing.empty()) STRATA_RETURN_IF_ERROR(reap(lc, true));
+    return Status::Ok();
+  }
+  EngineMemory plan() const;
+
+  // Where rank piece (g, r)'s parameters live on this rank (device or host pointer).
+  std::byte* param_location(size_t li, const SubGroup& g, int r) {
+    Layer& l = layers[li];
+    const LayerPartition& lp = part.layer(li);
+    if (l.persistent) return l.full_params.as<std::byte>() + lp.piece_begin(g, r) * l.pe;
+    STRATA_CHECK(r == rank, "a stage-3 rank holds only its own shard");
+    if (param_on_host()) return l.host_shard.data() + g.shard_offset * l.pe;
+    return l.dev_shard.as<std::byte>() + g.shard_offset * l.pe;
+  }
+
+  Status init();
+  Status init_layer(size_t li);
+  Result<LayerMemory> acquire(size_t li, Pass pass);
+  Status release(size_t li, Pass pass, const Completion& done);
+  Status issue_gather(size_t li);
+  Status make_room_for_gather(size_t li);
+  void prefetch_after(size_t position);
+  Status drop_gathered(size_t li, const Completion& done);
+  Status launch_reduction(size_t li);
+  Status queue_update(size_t li, int64_t step, double clip, double scale, double lr);
+  struct PieceJob {
+    StateId id;
+    size_t count = 0;
+    const std::byte* grads = nullptr;
+    std::byte* param = nullptr;    // where the kernel writes the updated value (param_copy, or fp32 in place)
+    bool param_is_master = false;  // fp32 parameters stepped in place
+  };
+  Status step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimizer& o, const std::vector<PieceJob>& jobs,
+                     const cpu_adam::StepArgs& args, DType pd);
+  Result<StepMetrics> step();
+  Result<double> evaluate();
+  Result<double> global_norm_squared();
+};
+
+
+}  // namespace strata::offload

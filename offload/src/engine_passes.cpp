@@ -1,0 +1,326 @@
+// The ZeRO engine's provider hooks (Note [Acquire and release] in
+// strata/core/layered_model.h): acquire and release of a layer, stage-3
+// gathers, prefetch and drops, and the gradient reduction each layer's last
+// backward release starts.
+#include "engine_impl.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include <fmt/format.h>
+
+namespace strata::offload {
+
+// ---------------------------------------------------------------- provider hooks
+
+Result<LayerMemory> Engine::Impl::acquire(size_t li, Pass pass) {
+  if (li >= layers.size())
+    return InvalidArgument(fmt::format("acquire of layer {}: the model has {} layers", li, layers.size()));
+  Layer& l = layers[li];
+  const LayerPartition& lp = part.layer(li);
+  if (in_train_micro) {
+    if (tracing) {
+      trace.emplace_back(li, pass);
+      uses[li].push_back(trace.size() - 1);
+      if (pass == Pass::kForward) ++forward_acquires[li];
+      if (pass == Pass::kBackward) ++expected_bwd[li];
+    }
+    ++cursor;
+  }
+  if (pass == Pass::kBackward && l.reduce_launched)
+    return FailedPrecondition(fmt::format(
+        "layer {} '{}' was acquired for backward after its gradient reduction started: the model's backward "
+        "acquires a layer more often than its forward did (Note [Acquire and release]); the engine needs them to match",
+        li, printable(lp.name, 64)));
+  LayerMemory mem;
+  std::vector<Completion> waits;
+  Completion update_ready;
+  if (l.persistent) {
+    mem.params = l.full_params.as<std::byte>();
+    update_ready = l.params_ready;
+    waits.push_back(l.params_ready);
+  } else {
+    if (!l.gathered_valid) {
+      // On demand: wait for frees in flight when the live cap would be passed.
+      STRATA_RETURN_IF_ERROR(make_room_for_gather(li).with_context("freeing gathered parameters"));
+      STRATA_RETURN_IF_ERROR(issue_gather(li));
+    }
+    update_ready = l.shard_ready;
+    mem.params = l.gathered.as<std::byte>();
+    waits.push_back(l.gathered_ready);
+    if (in_train_micro && !tracing) prefetch_after(cursor - 1);
+  }
+  ++l.held;
+  mem.params_tier = Tier::kDevice;
+  if (pass == Pass::kBackward) {
+    if (!l.full_grads) {
+      // Gradients waiting for their reduction are capped by reduce_bucket_size
+      // (stages 2, 3): wait for earlier layers' reductions to free theirs.
+      STRATA_RETURN_IF_ERROR(make_room(live_grads, lp.padded_elements, static_cast<uint64_t>(opt.reduce_bucket_size))
+                                 .with_context("freeing reduced gradients"));
+      live_grads.held += lp.padded_elements;
+      STRATA_ASSIGN_OR_RETURN(l.full_grads, alloc_device(lp.padded_elements * ge(),
+                                                         fmt::format("gradients of layer {} '{}'", li,
+                                                                     printable(lp.name, 64))));
+      // Zeroed in the copy stream's order; the model waits for it (below).
+      STRATA_RETURN_IF_ERROR(xfer->memset_async(l.full_grads.data(), 0, lp.padded_elements * ge()));
+      l.grads_zeroed = xfer->record_completion();
+      l.zeroed_step = step_index;
+    } else if (l.zeroed_step != step_index) {
+      // Persistent gradients: zero once per step, after the last step's readers.
+      STRATA_RETURN_IF_ERROR(xfer->wait(l.grads_consumed));
+      STRATA_RETURN_IF_ERROR(xfer->memset_async(l.full_grads.data(), 0, lp.padded_elements * ge()));
+      l.grads_zeroed = xfer->record_completion();
+      l.zeroed_step = step_index;
+    }
+    waits.push_back(l.grads_zeroed);
+    mem.grads = l.full_grads.data();
+    mem.grad_dtype = opt.grad_dtype;
+    mem.grads_tier = Tier::kDevice;
+  }
+  bool pending = false;
+  for (const Completion& c : waits) pending = pending || !c.done();
+  mem.ready = waits.size() == 1 ? waits.front() : when_all(waits, fmt::format("layer {} ready", li));
+  // Exposed-wait probe: when the model's stream reaches this layer, and when
+  // what it waits for completes.
+  if (pending && model_stream != nullptr && pass == Pass::kForward) {
+    auto probe = std::make_shared<WaitProbe>();
+    STRATA_RETURN_IF_ERROR(model_stream->launch_host([probe] { probe->reached_ns.store(now_ns()); }));
+    update_ready.then([probe](const Status&) { probe->update_ns.store(now_ns()); });
+    mem.ready.then([probe](const Status&) { probe->ready_ns.store(now_ns()); });
+    probes.push_back(std::move(probe));
+  }
+  return mem;
+}
+
+Status Engine::Impl::issue_gather(size_t li) {
+  Layer& l = layers[li];
+  const LayerPartition& lp = part.layer(li);
+  STRATA_ASSIGN_OR_RETURN(l.gathered, alloc_device(lp.padded_elements * l.pe,
+                                                   fmt::format("gathered parameters of layer {} '{}'", li,
+                                                               printable(lp.name, 64))));
+  live_params.held += lp.padded_elements;
+  std::byte* full = l.gathered.as<std::byte>();
+  if (param_on_host()) {
+    // H2D of this rank's pieces into their place, then gather in place.
+    STRATA_RETURN_IF_ERROR(xfer->wait(l.shard_ready));
+    for (const SubGroup& g : lp.groups)
+      STRATA_RETURN_IF_ERROR(xfer->copy_async(full + lp.piece_begin(g, rank) * l.pe,
+                                              l.host_shard.data() + g.shard_offset * l.pe, g.piece * l.pe,
+                                              CopyKind::kHostToDevice));
+    h2d_bytes += lp.shard_elements * l.pe;
+    STRATA_RETURN_IF_ERROR(comm.wait(xfer->record_completion(), comm::CommQueue::kGather));
+  } else {
+    STRATA_RETURN_IF_ERROR(comm.wait(l.shard_ready, comm::CommQueue::kGather));
+  }
+  Completion last;
+  for (const SubGroup& g : lp.groups) {
+    const std::byte* send = param_on_host() ? full + lp.piece_begin(g, rank) * l.pe
+                                            : l.dev_shard.as<std::byte>() + g.shard_offset * l.pe;
+    STRATA_ASSIGN_OR_RETURN(comm::CommWork w, comm.all_gather(send, full + g.padded_begin * l.pe, g.piece, l.pd,
+                                                              comm::CommQueue::kGather));
+    last = w.completion();
+  }
+  gather_bytes += lp.padded_elements * l.pe;
+  l.gathered_ready = last;
+  l.gathered_valid = true;
+  return Status::Ok();
+}
+
+// stage3_max_live_parameters for an on-demand gather of layer `li`: wait
+// for frees in flight, then drop kept (gathered, not held) layers, oldest
+// index first, until the gather fits or nothing else can go.
+Status Engine::Impl::make_room_for_gather(size_t li) {
+  const uint64_t more = part.layer(li).padded_elements, cap = static_cast<uint64_t>(opt.max_live_parameters);
+  STRATA_RETURN_IF_ERROR(make_room(live_params, more, cap));
+  for (size_t j = 0; j < layers.size() && live_now(live_params) + more > cap; ++j) {
+    Layer& k = layers[j];
+    if (j == li || k.persistent || !k.gathered_valid || k.held > 0) continue;
+    STRATA_RETURN_IF_ERROR(drop_gathered(j, k.last_use));
+    STRATA_RETURN_IF_ERROR(make_room(live_params, more, cap));
+  }
+  return Status::Ok();
+}
+
+void Engine::Impl::prefetch_after(size_t position) {
+  uint64_t issued = 0;
+  for (size_t p = position + 1; p < trace.size(); ++p) {
+    const size_t lj = trace[p].first;
+    Layer& l = layers[lj];
+    if (l.persistent || l.gathered_valid) continue;
+    const uint64_t n = part.layer(lj).padded_elements;
+    if (issued + n > static_cast<uint64_t>(opt.prefetch_bucket_size)) break;
+    if (live_now(live_params) + n > static_cast<uint64_t>(opt.max_live_parameters)) break;
+    if (!issue_gather(lj).ok()) break;  // out of memory: it will be fetched on demand (and the error said then)
+    issued += n;
+  }
+}
+
+Status Engine::Impl::drop_gathered(size_t li, const Completion& done) {
+  Layer& l = layers[li];
+  if (!l.gathered_valid) return Status::Ok();
+  // Its users: the gather that filled it (and the H2D before), the model's last pass over it.
+  const Completion users[] = {l.gathered_ready, done};
+  free_after(live_params, std::move(l.gathered), when_all(users), part.layer(li).padded_elements);
+  l.gathered_valid = false;
+  return Status::Ok();
+}
+
+Status Engine::Impl::release(size_t li, Pass pass, const Completion& done) {
+  if (li >= layers.size() || layers[li].held <= 0)
+    return FailedPrecondition(fmt::format("release of layer {} that is not held", li));
+  Layer& l = layers[li];
+  --l.held;
+  if (!l.persistent) {
+    l.last_use = done;
+    if (l.held == 0) {
+      // Keep it when its next use in this micro-batch's sequence is near.
+      // While the first micro-batch is recorded the next use is unknown: keep
+      // the layer when the window spans a whole micro-batch anyway.
+      // Evaluation passes reuse the same parameters: keep them until
+      // evaluate() ends.
+      bool keep = (in_train_micro && tracing && window_spans_micro_batch) || in_eval;
+      if (in_train_micro && !tracing) {
+        // The next use in this micro-batch's sequence, or, when another
+        // micro-batch of this step follows, in its sequence (cyclically).
+        const size_t here = cursor - 1, n = trace.size();
+        const size_t span = last_micro ? n - here - 1 : n - 1;
+        uint64_t distance = 0;
+        for (size_t k = 1; k <= span; ++k) {
+          const size_t p = (here + k) % n;
+          if (trace[p].first == li) {
+            // Soon reused, or within the prefetch window (a prefetch would
+            // gather it again at once): dropping it would only cost a gather.
+            keep = distance <= static_cast<uint64_t>(std::max(opt.max_reuse_distance, opt.prefetch_bucket_size));
+            break;
+          }
+          distance += part.layer(trace[p].first).elements;
+        }
+      }
+      if (!keep) STRATA_RETURN_IF_ERROR(drop_gathered(li, done));
+    }
+  }
+  if (pass == Pass::kBackward) {
+    l.grad_done = done;
+    ++l.bwd_releases;
+    // A layer's gradient is complete at its last backward release: as many
+    // as the recorded sequence has, or, while the first micro-batch is being
+    // recorded, as many as its forward acquires (a backward mirrors its
+    // forward; acquire() fails loudly if a model breaks that).
+    const int expected = tracing ? forward_acquires[li] : expected_bwd[li];
+    if (in_train_micro && last_micro && l.bwd_releases == expected && !l.reduce_launched)
+      STRATA_RETURN_IF_ERROR(launch_reduction(li));
+  }
+  return Status::Ok();
+}
+
+// Sums the layer's gradient over ranks (reduce-scatter in rank order; stage
+// 0 gathers the reduced pieces back), moves the owned pieces to where the
+// optimizer reads them, and queues their block sums.
+Status Engine::Impl::launch_reduction(size_t li) {
+  Layer& l = layers[li];
+  const LayerPartition& lp = part.layer(li);
+  l.reduce_launched = true;
+  if (!l.full_grads) {  // no backward touched the layer: its gradient is zero
+    live_grads.held += lp.padded_elements;
+    STRATA_ASSIGN_OR_RETURN(l.full_grads, alloc_device(lp.padded_elements * ge(), fmt::format("gradients of layer {}", li)));
+    STRATA_RETURN_IF_ERROR(device.memset(l.full_grads.data(), 0, lp.padded_elements * ge()));
+  }
+  std::byte* full = l.full_grads.as<std::byte>();
+  const size_t e = ge();
+  Completion local = l.grad_done;
+  if (opt.fault_step == step_index && opt.fault_rank == rank && opt.fault_layer == li) {
+    const float v = opt.fault_value;
+    if (opt.grad_dtype == DType::kF32) std::memcpy(fault_bytes.data(), &v, 4);
+    if (opt.grad_dtype == DType::kBF16) convert_fp32_to_bf16(&v, reinterpret_cast<bfloat16*>(fault_bytes.data()), 1);
+    if (opt.grad_dtype == DType::kF16) convert_fp32_to_fp16(&v, reinterpret_cast<float16*>(fault_bytes.data()), 1);
+    STRATA_RETURN_IF_ERROR(xfer->wait(l.grad_done));
+    STRATA_RETURN_IF_ERROR(xfer->copy_async(full, fault_bytes.data(), e, CopyKind::kHostToDevice));
+    local = xfer->record_completion();
+  }
+  STRATA_RETURN_IF_ERROR(comm.wait(local, comm::CommQueue::kReduce));
+  Completion reduced;
+  for (const SubGroup& g : lp.groups) {
+    std::byte* send = full + g.padded_begin * e;
+    STRATA_ASSIGN_OR_RETURN(comm::CommWork w, comm.reduce_scatter(send, send + g.piece * rank * e, g.piece,
+                                                                  opt.grad_dtype, comm::ReduceOp::kSum,
+                                                                  comm::CommQueue::kReduce));
+    reduced = w.completion();
+  }
+  reduce_bytes += lp.padded_elements * e;
+  if (stage0()) {
+    for (const SubGroup& g : lp.groups) {
+      STRATA_ASSIGN_OR_RETURN(comm::CommWork w, comm.all_gather(full + lp.piece_begin(g, rank) * e,
+                                                                full + g.padded_begin * e, g.piece, opt.grad_dtype,
+                                                                comm::CommQueue::kReduce));
+      reduced = w.completion();
+    }
+    reduce_bytes += lp.padded_elements * e;
+  }
+  // Where the optimizer reads the owned pieces.
+  std::byte* dst = nullptr;
+  CopyKind kind = CopyKind::kDeviceToDevice;
+  if (opt_on_host()) {
+    dst = l.opt_grads_host.data();
+    kind = CopyKind::kDeviceToHost;
+  } else if (!grads_in_place()) {
+    dst = l.opt_grads_dev.as<std::byte>();
+  }
+  if (dst == nullptr) {
+    l.grads_taken = reduced;
+  } else if (split()) {
+    // ratio < 1: the whole piece stays on the device (the device part steps
+    // from there, the block sums read it), only the host part goes D2H.
+    STRATA_RETURN_IF_ERROR(xfer->wait(reduced));
+    std::byte* dev = l.opt_grads_dev.as<std::byte>();
+    for (const SubGroup& g : lp.groups) {
+      const std::byte* piece = full + lp.piece_begin(g, rank) * e;
+      STRATA_RETURN_IF_ERROR(xfer->copy_async(dev + g.shard_offset * e, piece, g.piece * e, CopyKind::kDeviceToDevice));
+      const size_t host = host_n(lp.piece_real(g, rank));
+      STRATA_RETURN_IF_ERROR(xfer->copy_async(dst + g.shard_offset * e, piece, host * e, CopyKind::kDeviceToHost));
+      d2h_bytes += host * e;
+    }
+    dst = dev;  // where the block sums read
+  } else {
+    STRATA_RETURN_IF_ERROR(xfer->wait(reduced));
+    if (stage0()) {
+      STRATA_RETURN_IF_ERROR(xfer->copy_async(dst, full, lp.padded_elements * e, kind));
+    } else {
+      for (const SubGroup& g : lp.groups)
+        STRATA_RETURN_IF_ERROR(
+            xfer->copy_async(dst + g.shard_offset * e, full + lp.piece_begin(g, rank) * e, g.piece * e, kind));
+    }
+    if (kind == CopyKind::kDeviceToHost) d2h_bytes += owned_elements(lp) * e;
+  }
+  if (dst != nullptr) {
+    l.grads_taken = xfer->record_completion();
+    if (opt.stage >= 2) {
+      // Its users: the model's backward, the reduction in place, the copy out.
+      const Completion users[] = {l.grad_done, reduced, l.grads_taken};
+      free_after(live_grads, std::move(l.full_grads), when_all(users), lp.padded_elements);
+    }
+  }
+  // Block sums of the owned pieces (padding blocks sum to zero).
+  const std::byte* src = dst != nullptr ? dst : full;
+  const bool in_padded_layout = dst == nullptr || stage0();
+  l.partials_done = worker->submit(
+      [this, li, src, in_padded_layout] {
+        Layer& lay = layers[li];
+        const LayerPartition& p = part.layer(li);
+        size_t out = 0;
+        for (const SubGroup& g : p.groups)
+          for (int r = owned_rank_begin(); r < owned_rank_end(); ++r) {
+            const size_t at = in_padded_layout ? p.piece_begin(g, r) : g.shard_offset;
+            block_sums_of_squares(src + at * ge(), opt.grad_dtype, g.piece, kShardAlign,
+                                  std::span<double>(lay.block_sums.data() + out, g.piece / kShardAlign));
+            out += g.piece / kShardAlign;
+          }
+        return Status::Ok();
+      },
+      l.grads_taken, fmt::format("gradient block sums of layer {}", li));
+  l.grads_consumed = l.partials_done;
+  return Status::Ok();
+}
+
+}  // namespace strata::offload

@@ -1,0 +1,284 @@
+// The ZeRO engine's step: micro-batches, the global norm from block sums,
+// the overflow vote and loss scale, the per-layer update queued in forward
+// order (Note [Exact overlap] in engine.h), evaluation.
+#include "engine_impl.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include <fmt/format.h>
+
+namespace strata::offload {
+
+// ---------------------------------------------------------------- the step
+
+Result<double> Engine::Impl::global_norm_squared() {
+  // Every layer's block sums, this rank's owned order, layer by layer.
+  std::vector<double> mine;
+  for (size_t li = 0; li < layers.size(); ++li) {
+    STRATA_RETURN_IF_ERROR(layers[li].partials_done.wait().with_context(
+        fmt::format("reducing the gradients of layer {} on rank {}", li, rank)));
+    mine.insert(mine.end(), layers[li].block_sums.begin(), layers[li].block_sums.end());
+  }
+  double total = 0;
+  if (stage0()) {
+    for (double v : mine) total += v;  // already in (layer, group, rank, block) order
+    return total;
+  }
+  std::vector<double> all(mine.size() * world);
+  STRATA_ASSIGN_OR_RETURN(comm::CommWork w, comm.all_gather(mine.data(), all.data(), mine.size(), DType::kF64,
+                                                            comm::CommQueue::kReduce));
+  STRATA_RETURN_IF_ERROR(w.wait().with_context("gathering the gradient norm's block sums"));
+  // all[r] holds rank r's blocks in (layer, group, block) order; add in
+  // (layer, group, rank, block) order, as stage 0 does.
+  size_t layer_base = 0;
+  for (size_t li = 0; li < layers.size(); ++li) {
+    const LayerPartition& lp = part.layer(li);
+    for (const SubGroup& g : lp.groups) {
+      const size_t nb = g.piece / kShardAlign, gb = layer_base + g.shard_offset / kShardAlign;
+      for (int r = 0; r < world; ++r)
+        for (size_t j = 0; j < nb; ++j) total += all[static_cast<size_t>(r) * mine.size() + gb + j];
+    }
+    layer_base += lp.shard_elements / kShardAlign;
+  }
+  return total;
+}
+
+Status Engine::Impl::queue_update(size_t li, int64_t step, double clip, double scale, double lr) {
+  Layer& l = layers[li];
+  const LayerPartition& lp = part.layer(li);
+  // Pointers are computed here (driving thread); the workers only step.
+  std::vector<PieceJob> host_jobs, dev_jobs;
+  const std::byte* gsrc = opt_on_host() ? l.opt_grads_host.data()
+                          : grads_in_place() ? l.full_grads.as<std::byte>()
+                                             : l.opt_grads_dev.as<std::byte>();
+  const bool gpadded = grads_in_place() || stage0();
+  for (size_t gi = 0; gi < lp.groups.size(); ++gi) {
+    const SubGroup& g = lp.groups[gi];
+    for (int r = owned_rank_begin(); r < owned_rank_end(); ++r) {
+      const size_t count = lp.piece_real(g, r), host = host_n(count);
+      PieceJob j;
+      j.id = StateId{static_cast<uint32_t>(li), static_cast<uint32_t>(gi), r};
+      j.count = host;
+      j.grads = gsrc + (gpadded ? lp.piece_begin(g, r) : g.shard_offset) * ge();
+      j.param_is_master = !has_master(l);
+      j.param = l.staging ? l.staging.data() + owned_offset(lp, g, r) * l.pe : param_location(li, g, r);
+      host_jobs.push_back(j);
+      if (split()) {
+        // The device part: grads from the device copy, the update straight
+        // into the device parameters (fp32: they are the master).
+        PieceJob d;
+        d.id = j.id;
+        d.count = count - host;
+        d.grads = l.opt_grads_dev.as<std::byte>() + (g.shard_offset + host) * ge();
+        d.param = param_location(li, g, r) + host * l.pe;
+        d.param_is_master = l.pd == DType::kF32;
+        dev_jobs.push_back(d);
+      }
+    }
+  }
+  cpu_adam::StepArgs args;
+  args.step = step;
+  args.hyper = opt.hyper;
+  args.hyper.lr = lr;
+  args.clip_coefficient = clip;
+  args.loss_scale = scale;
+  args.overflow_check = cpu_adam::OverflowCheck::kAssumeFinite;
+  const DType pd = l.pd;
+  l.opt_done = worker->submit([this, jobs = std::move(host_jobs), args, pd] { return step_pieces(*tier, *optimizer, jobs, args, pd); },
+                              l.partials_done, fmt::format("optimizer step of layer {}", li));
+  if (split()) {
+    const Completion dev_done =
+        dev_worker->submit([this, jobs = std::move(dev_jobs), args, pd] { return step_pieces(*dev_tier, *dev_optimizer, jobs, args, pd); },
+                           l.partials_done, fmt::format("device optimizer step of layer {}", li));
+    const Completion both[] = {l.opt_done, dev_done};
+    l.opt_done = when_all(both, fmt::format("optimizer step of layer {}", li));
+  }
+  l.grads_consumed = l.opt_done;
+  Completion updated = l.opt_done;
+  if (l.staging) {
+    // H2D of the updated owned pieces into the device parameters.
+    STRATA_RETURN_IF_ERROR(xfer->wait(l.opt_done));
+    for (const SubGroup& g : lp.groups)
+      for (int r = owned_rank_begin(); r < owned_rank_end(); ++r) {
+        const size_t at = owned_offset(lp, g, r);
+        // ratio < 1: only the host part (the device part is already in place).
+        const size_t n = split() ? host_n(lp.piece_real(g, r)) : g.piece;
+        STRATA_RETURN_IF_ERROR(xfer->copy_async(param_location(li, g, r), l.staging.data() + at * l.pe, n * l.pe,
+                                                CopyKind::kHostToDevice));
+        h2d_bytes += n * l.pe;
+      }
+    updated = xfer->record_completion();
+  }
+  if (l.persistent) {
+    if (!stage0()) {
+      STRATA_RETURN_IF_ERROR(comm.wait(updated, comm::CommQueue::kGather));
+      std::byte* full = l.full_params.as<std::byte>();
+      for (const SubGroup& g : lp.groups) {
+        STRATA_ASSIGN_OR_RETURN(comm::CommWork w, comm.all_gather(full + lp.piece_begin(g, rank) * l.pe,
+                                                                  full + g.padded_begin * l.pe, g.piece, l.pd,
+                                                                  comm::CommQueue::kGather));
+        updated = w.completion();
+      }
+      gather_bytes += lp.padded_elements * l.pe;
+    }
+    l.params_ready = updated;
+  } else {
+    l.shard_ready = updated;
+  }
+  return Status::Ok();
+}
+
+Status Engine::Impl::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimizer& o, const std::vector<PieceJob>& jobs,
+                                 const cpu_adam::StepArgs& args, DType pd) {
+  for (const PieceJob& j : jobs) {
+    if (j.count == 0) continue;
+    STRATA_ASSIGN_OR_RETURN(PieceState st, t.open(j.id));
+    cpu_adam::StateSpans sp;
+    sp.count = j.count;
+    sp.grads = j.grads;
+    sp.grad_dtype = opt.grad_dtype;
+    sp.exp_avg = st.exp_avg;
+    sp.exp_avg_sq = st.exp_avg_sq;
+    sp.moment_dtype = st.moment_dtype;
+    if (j.param_is_master) {
+      sp.params = reinterpret_cast<float*>(j.param);
+    } else {
+      sp.params = st.master;
+      if (pd != DType::kF32) {
+        sp.param_copy = j.param;
+        sp.param_copy_dtype = pd;
+      }
+    }
+    Result<cpu_adam::StepReport> rep = o.step(args, sp);
+    if (!rep.ok()) return rep.status().with_context(fmt::format("optimizer step of {}", part.describe(j.id)));
+    if (!j.param_is_master && pd == DType::kF32) std::memcpy(j.param, st.master, j.count * sizeof(float));
+    STRATA_RETURN_IF_ERROR(t.close(j.id, true));
+  }
+  return Status::Ok();
+}
+
+Result<StepMetrics> Engine::Impl::step() {
+  const auto t0 = Clock::now();
+  const double old_busy = worker->busy_seconds();
+  h2d_bytes = d2h_bytes = gather_bytes = reduce_bytes = 0;
+  probes.clear();
+  STRATA_RETURN_IF_ERROR(drain(live_params));  // an evaluation's dropped copies
+  ++step_index;
+  for (Layer& l : layers) l.reduce_launched = false;
+  const double scale = scaler->scale();
+  const double dloss = scale / (static_cast<double>(opt.grad_accum) * world);
+  double loss_sum = 0, fwd_ms = 0, bwd_ms = 0;
+  for (micro = 0; micro < opt.grad_accum; ++micro) {
+    last_micro = micro == opt.grad_accum - 1;
+    for (Layer& l : layers) l.bwd_releases = 0;
+    cursor = 0;
+    in_train_micro = true;
+    const auto tf = Clock::now();
+    Result<float> loss = runner.train_micro_batch(static_cast<float>(dloss), *self);
+    in_train_micro = false;
+    if (!loss.ok()) return loss.status().with_context(fmt::format("micro-batch {} on rank {}", micro + 1, rank));
+    fwd_ms += ms_since(tf);
+    loss_sum += *loss;
+    if (tracing) {
+      tracing = false;  // the sequence is known from now on
+    }
+    for (size_t li = 0; li < layers.size(); ++li) {
+      Layer& l = layers[li];
+      // Stage 3 drops gathered copies at the end of a step's last backward
+      // (the update will change them); kept ones wait for their last reader.
+      if (last_micro && !l.persistent && l.held == 0) STRATA_RETURN_IF_ERROR(drop_gathered(li, l.last_use));
+      if (last_micro && !l.reduce_launched) STRATA_RETURN_IF_ERROR(launch_reduction(li));
+    }
+  }
+  const auto tb = Clock::now();
+  for (size_t li = 0; li < layers.size(); ++li)
+    STRATA_RETURN_IF_ERROR(layers[li].grad_done.wait().with_context(fmt::format("backward of layer {}", li)));
+  bwd_ms = ms_since(tb);
+  const auto tr = Clock::now();
+  STRATA_ASSIGN_OR_RETURN(double sum_squares, global_norm_squared());
+  // The loss of the global batch: every rank's micro-batch losses, in rank order.
+  double loss_all = 0;
+  {
+    STRATA_ASSIGN_OR_RETURN(comm::CommWork w, comm.all_reduce(&loss_sum, &loss_all, 1, DType::kF64,
+                                                              comm::ReduceOp::kSum, comm::CommQueue::kReduce));
+    STRATA_RETURN_IF_ERROR(w.wait().with_context("summing the loss over ranks"));
+  }
+  const double wait_reduce_ms = ms_since(tr);
+  StepMetrics m;
+  m.loss = loss_all / (static_cast<double>(opt.grad_accum) * world);
+  m.loss_scale = scale;
+  m.grad_norm = std::sqrt(sum_squares) / scale;
+  const bool finite = std::isfinite(sum_squares);
+  if (!std::isfinite(m.loss) && opt.fp16.enabled == false)
+    return DataLoss(fmt::format("step {}: the loss is {} (not finite); training stopped", steps + 1, m.loss));
+  if (!finite && !opt.fp16.enabled)
+    return DataLoss(fmt::format("step {}: the gradient norm is not finite ({}); training stopped (only fp16 skips "
+                                "steps on overflow)",
+                                steps + 1, m.grad_norm));
+  m.skipped = !finite;
+  STRATA_RETURN_IF_ERROR(scaler->update(!finite).with_context(fmt::format("step {}", steps + 1)));
+  m.lr = schedule->lr(steps + 1);
+  if (finite) {
+    ++steps;
+    const double clip = cpu_adam::clip_coefficient(m.grad_norm, opt.grad_clip);
+    for (size_t li = 0; li < layers.size(); ++li) STRATA_RETURN_IF_ERROR(queue_update(li, steps, clip, scale, m.lr));
+    if (!opt.overlap_optimizer)
+      for (size_t li = 0; li < layers.size(); ++li) {
+        Layer& l = layers[li];
+        STRATA_RETURN_IF_ERROR((l.persistent ? l.params_ready : l.shard_ready).wait());
+      }
+  }
+  m.step = steps;
+  m.step_ms = ms_since(t0);
+  m.forward_ms = fwd_ms;
+  m.backward_ms = bwd_ms;
+  m.wait_reduce_ms = wait_reduce_ms;
+  m.optimizer_ms = (worker->busy_seconds() - old_busy) * 1e3;
+  for (const auto& p : probes) {
+    const int64_t reached = p->reached_ns.load(), upd = p->update_ns.load(), ready = p->ready_ns.load();
+    if (reached < 0 || ready < 0) continue;
+    const double total = std::max<int64_t>(0, ready - reached) / 1e6;
+    const double on_update = upd < 0 ? 0 : std::max<int64_t>(0, std::min(upd, ready) - reached) / 1e6;
+    m.wait_optimizer_ms += on_update;
+    m.wait_gather_ms += total - on_update;
+  }
+  m.tokens_per_s = static_cast<double>(runner.tokens_per_micro_batch()) * opt.grad_accum * world / (m.step_ms / 1e3);
+  m.h2d_bytes = h2d_bytes;
+  m.d2h_bytes = d2h_bytes;
+  m.gather_bytes = gather_bytes;
+  m.reduce_bytes = reduce_bytes;
+  m.peak_device_bytes = device.memory_stats().get(Tier::kDevice).peak_bytes;
+  m.peak_pinned_bytes = stats.get(Tier::kPinnedHost).peak_bytes;
+  m.peak_host_bytes = stats.get(Tier::kPageableHost).peak_bytes;
+  m.peak_nvme_bytes = 0;
+  return m;
+}
+
+Result<double> Engine::Impl::evaluate() {
+  double sum = 0;
+  const size_t count = runner.eval_batch_count();
+  STRATA_RETURN_IF_ERROR(drain(live_params));  // the step's dropped copies are gone before eval gathers
+  in_eval = true;
+  for (size_t b = 0; b < count; ++b) {
+    Result<float> loss = runner.eval_batch(b, *self);
+    if (!loss.ok()) {
+      in_eval = false;
+      return loss.status();
+    }
+    sum += *loss;
+  }
+  in_eval = false;
+  // Stage 3: nothing stays gathered between evaluations.
+  for (size_t li = 0; li < layers.size(); ++li)
+    if (!layers[li].persistent && layers[li].held == 0)
+      STRATA_RETURN_IF_ERROR(drop_gathered(li, layers[li].last_use));
+  double all = 0;
+  STRATA_ASSIGN_OR_RETURN(comm::CommWork w,
+                          comm.all_reduce(&sum, &all, 1, DType::kF64, comm::ReduceOp::kSum, comm::CommQueue::kReduce));
+  STRATA_RETURN_IF_ERROR(w.wait().with_context("summing the validation loss over ranks"));
+  return all / (static_cast<double>(count) * world);
+}
+
+}  // namespace strata::offload
