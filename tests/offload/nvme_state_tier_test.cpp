@@ -531,6 +531,20 @@ TEST_F(NvmeStateTierTest, FolderLockedByALiveRunIsRefused) {
   EXPECT_TRUE(make(o)) << "the folder is free once the first tier is gone";
 }
 
+// A shared nvme_path is hostile input: a job folder that is a symbolic link
+// (here to a folder outside the path) is never followed.
+TEST_F(NvmeStateTierTest, LinkedJobFolderIsNotFollowed) {
+  ScratchDir elsewhere;
+  ASSERT_FALSE(elsewhere.path().empty());
+  std::filesystem::create_directory_symlink(elsewhere.path(), dir_.path() + "/strata-linked");
+  std::vector<PieceSpec> pieces = {{{0, 0, 0}, 1000, true}};
+  auto t = make_nvme_state_tier(options(pieces, DType::kF32, "linked"), *device_, stats_);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), StatusCode::kFailedPrecondition) << t.status().to_string();
+  EXPECT_NE(t.status().message().find("link"), std::string::npos) << t.status().message();
+  EXPECT_TRUE(std::filesystem::is_empty(elsewhere.path()));
+}
+
 TEST_F(NvmeStateTierTest, PieceTooBigForASlotNamesSubGroupSizeAndSlot) {
   std::vector<PieceSpec> pieces = {{{0, 0, 0}, 10000, true}};
   NvmeStateTierOptions o = options(pieces, DType::kF32, "big");
