@@ -11,7 +11,7 @@
 // with idle workers, measured 40% slower than one step over the same
 // elements as a single span (72 vs 51 ms, 124M params, 2 threads). So the
 // group is cut into work items across all its tensors (runs of whole tiles,
-// never crossing a tensor, about 64 per thread, so the tile boundaries are
+// never crossing a tensor, about 256 per thread, so the tile boundaries are
 // the ones CpuOptimizer uses inside one tensor), and one parallel_for over
 // all items runs them on this object's arena, each worker stepping its items
 // through its own single-threaded CpuOptimizer (threads = 1: tiles inline,
@@ -128,13 +128,13 @@ class PyCpuOptimizer {
     // torch semantics: a non-finite gradient is applied, not skipped, and no
     // extra read of the gradient is paid for a check the caller did not ask for.
     args.overflow_check = cpu_adam::OverflowCheck::kAssumeFinite;
-    // Work items of whole tiles: about 64 per thread over the group (fewer
+    // Work items of whole tiles: about 256 per thread over the group (fewer
     // calls, each still balanced), or whole tensors with one thread.
     const size_t tile = optimizer_.tile_elements();
     size_t total_tiles = 0;
     for (const Job& job : jobs) total_tiles += (job.spans.count + tile - 1) / tile;
     const size_t per_item =
-        arena_ ? tile * std::max<size_t>(1, total_tiles / (64 * workers_.size())) : std::numeric_limits<size_t>::max();
+        arena_ ? tile * std::max<size_t>(1, total_tiles / (256 * workers_.size())) : std::numeric_limits<size_t>::max();
     std::vector<WorkItem> items;
     for (size_t i = 0; i < jobs.size(); ++i) {
       for (size_t begin = 0; begin < jobs[i].spans.count; begin += std::min(per_item, jobs[i].spans.count - begin)) {
