@@ -591,6 +591,14 @@ TEST_F(NvmeStateTierTest, BadOptionsNameTheField) {
   b.aio.queue_depth = 0;
   expect_bad(b, "queue_depth");
   EXPECT_EQ(stats_.get(Tier::kPinnedHost).current_bytes, 0u);
+  // More state than the drive holds: refused up front (ENOSPC predicted), nothing left behind.
+  b = o;
+  b.capacity_bytes = 1ull << 50;
+  auto huge = make_nvme_state_tier(b, *device_, stats_);
+  ASSERT_FALSE(huge.ok());
+  EXPECT_EQ(huge.status().code(), StatusCode::kResourceExhausted) << huge.status().to_string();
+  EXPECT_NE(huge.status().message().find("available"), std::string::npos) << huge.status().message();
+  EXPECT_TRUE(std::filesystem::is_empty(dir_.path()));
   // More state than the capacity given: refused at add() with the sizes.
   auto tier = make(o);
   ASSERT_TRUE(tier);
