@@ -1,6 +1,7 @@
 """strata.io: AsyncIO pread/pwrite over the IoEngine and the checksummed SwapStore."""
 import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -102,24 +103,38 @@ def test_errors_carry_the_status_text(tmp_path):
 
 
 def test_wait_releases_the_gil(tmp_path):
+    """A Python thread runs while wait() blocks: its timestamps fall strictly
+    inside the wait (with the GIL held throughout, none could)."""
     aio = AsyncIO(engine="psync")
     data = torch.ones(64 << 20, dtype=torch.uint8)
-    counter = [0]
-    stop = threading.Event()
+    ticks = []
+    running, stop = threading.Event(), threading.Event()
 
-    def spin():
+    def ticker():
+        running.set()
         while not stop.is_set():
-            counter[0] += 1
+            ticks.append(time.perf_counter())
+            time.sleep(0.0005)
 
-    th = threading.Thread(target=spin)
+    th = threading.Thread(target=ticker)
     th.start()
+    running.wait()
+    windows = []  # (start, end) of each wait; writes repeat until 50 ms were spent waiting
     try:
-        before = counter[0]
-        aio.pwrite(data, tmp_path / "big.bin", 0).wait()
-        assert counter[0] > before, "a Python thread must run while wait() blocks"
+        for _ in range(20):
+            handle = aio.pwrite(data, tmp_path / "big.bin", 0)
+            start = time.perf_counter()
+            handle.wait()
+            windows.append((start, time.perf_counter()))
+            if sum(e - s for s, e in windows) > 0.05:
+                break
     finally:
         stop.set()
         th.join()
+    waited = sum(e - s for s, e in windows)
+    during = [t for t in ticks if any(s < t < e for s, e in windows)]
+    assert waited > 0.005, f"{len(windows)} writes of 64 MiB waited only {1e3 * waited:.1f} ms"
+    assert len(during) >= 2, f"the ticker ran {len(during)} times during {1e3 * waited:.1f} ms of waiting"
 
 
 def store_options(tmp_path):
