@@ -21,6 +21,7 @@
 // elementwise and every kernel path is bit-identical to the reference), so
 // results do not depend on the tiling or the thread count.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -126,48 +127,25 @@ class PyCpuOptimizer {
     args.loss_scale = loss_scale;
     args.clip_coefficient = clip_coefficient;
     // torch semantics: a non-finite gradient is applied, not skipped, and no
-    // extra read of the gradient is paid for a check the caller did not ask for.
+    // extra read of the gradient is paid for a check the caller did not ask
+    // for (the Python step scans the whole step first with
+    // grad_stats_spans when asked: skip_if_nonfinite; a per-item scan here
+    // would skip items, not the step).
     args.overflow_check = cpu_adam::OverflowCheck::kAssumeFinite;
-    // Work items of whole tiles: about 256 per thread over the group (fewer
-    // calls, each still balanced), or whole tensors with one thread.
-    const size_t tile = optimizer_.tile_elements();
+    std::vector<size_t> counts;
+    for (const Job& job : jobs) counts.push_back(job.spans.count);
     size_t total_tiles = 0;
-    for (const Job& job : jobs) total_tiles += (job.spans.count + tile - 1) / tile;
-    const size_t per_item =
-        arena_ ? tile * std::max<size_t>(1, total_tiles / (256 * workers_.size())) : std::numeric_limits<size_t>::max();
-    std::vector<WorkItem> items;
-    for (size_t i = 0; i < jobs.size(); ++i) {
-      for (size_t begin = 0; begin < jobs[i].spans.count; begin += std::min(per_item, jobs[i].spans.count - begin)) {
-        items.push_back({static_cast<uint32_t>(i), begin, std::min(per_item, jobs[i].spans.count - begin)});
-      }
-    }
+    const std::vector<WorkItem> items = make_items(counts, &total_tiles);
     std::vector<Status> errors(items.size());
-    auto run = [&](size_t t) {
-      const WorkItem& tl = items[t];
-      const int slot = arena_ ? tbb::this_task_arena::current_thread_index() : 0;
-      if (slot < 0 || static_cast<size_t>(slot) >= workers_.size()) {
-        errors[t] = Internal(fmt::format("arena slot {} outside the {} per-thread optimizers", slot, workers_.size()));
-        return;
-      }
-      cpu_adam::StepArgs a = args;
-      a.step = jobs[tl.job].step;
-      auto report = workers_[static_cast<size_t>(slot)].step(a, slice(jobs[tl.job].spans, tl.begin, tl.count));
-      if (!report.ok()) errors[t] = report.status();
-    };
     {
       py::gil_scoped_release release;
-      if (!arena_ || items.size() <= 1) {
-        for (size_t t = 0; t < items.size(); ++t) run(t);
-      } else {
-        arena_->execute([&] {
-          tbb::parallel_for(
-              tbb::blocked_range<size_t>(0, items.size(), 1),
-              [&](const tbb::blocked_range<size_t>& r) {
-                for (size_t t = r.begin(); t != r.end(); ++t) run(t);
-              },
-              tbb::simple_partitioner());
-        });
-      }
+      run_items(items.size(), [&](size_t t, CpuOptimizer& worker) {
+        const WorkItem& item = items[t];
+        cpu_adam::StepArgs a = args;
+        a.step = jobs[item.job].step;
+        auto report = worker.step(a, slice(jobs[item.job].spans, item.begin, item.count));
+        if (!report.ok()) errors[t] = report.status();
+      }, errors);
     }
     Status failed;
     for (size_t t = 0; t < items.size() && failed.ok(); ++t) {
@@ -179,6 +157,49 @@ class PyCpuOptimizer {
     const size_t tile_count = total_tiles;
     throw_if_error(failed);
     return tile_count;
+  }
+
+  // Squared L2 norm and finiteness of many gradient spans (grads, dtype,
+  // count), one pass with the GIL released: sums of fixed tiles (tile_elements
+  // of one tensor) in double, added in tensor and tile order, so the result
+  // does not depend on the thread count.
+  std::pair<double, bool> grad_stats_spans(const std::vector<std::tuple<uintptr_t, std::string, uint64_t>>& spans) {
+    std::vector<size_t> counts;
+    std::vector<const char*> bases;
+    std::vector<DType> dtypes;
+    for (const auto& [grads, dtype, count] : spans) {
+      counts.push_back(count);
+      bases.push_back(reinterpret_cast<const char*>(grads));
+      dtypes.push_back(value_or_raise(parse_dtype(dtype, "grad")));
+    }
+    size_t total_tiles = 0;
+    const std::vector<WorkItem> items = make_items(counts, &total_tiles);
+    const size_t tile = optimizer_.tile_elements();
+    // Tile t of tensor j lands at first_tile[j] + t.
+    std::vector<size_t> first_tile(counts.size() + 1, 0);
+    for (size_t j = 0; j < counts.size(); ++j) first_tile[j + 1] = first_tile[j] + (counts[j] + tile - 1) / tile;
+    std::vector<double> partial(total_tiles, 0.0);
+    std::vector<Status> errors(items.size());
+    {
+      py::gil_scoped_release release;
+      run_items(items.size(), [&](size_t t, CpuOptimizer& worker) {
+        const WorkItem& item = items[t];
+        const size_t elem = dtype_size(dtypes[item.job]);
+        for (size_t begin = item.begin; begin < item.begin + item.count; begin += tile) {
+          const size_t n = std::min(tile, item.begin + item.count - begin);
+          auto stats = worker.grad_stats(bases[item.job] + begin * elem, dtypes[item.job], n);
+          if (!stats.ok()) {
+            errors[t] = stats.status().with_context(fmt::format("gradient {}", item.job));
+            return;
+          }
+          partial[first_tile[item.job] + begin / tile] = stats->sum_squares;
+        }
+      }, errors);
+    }
+    for (const Status& st : errors) throw_if_error(st);
+    double sum = 0.0;
+    for (double p : partial) sum += p;
+    return {sum, std::isfinite(sum)};
   }
 
   // Squared L2 norm and finiteness of one gradient span (GIL released).
@@ -200,6 +221,50 @@ class PyCpuOptimizer {
   size_t tile_elements() const { return optimizer_.tile_elements(); }
 
  private:
+  // Work items of whole tiles over tensors of `counts` elements: about 256
+  // per thread (fewer calls, each still balanced), or whole tensors with one
+  // thread (Note [One parallel loop per group]).
+  std::vector<WorkItem> make_items(const std::vector<size_t>& counts, size_t* total_tiles) const {
+    const size_t tile = optimizer_.tile_elements();
+    *total_tiles = 0;
+    for (size_t c : counts) *total_tiles += (c + tile - 1) / tile;
+    const size_t per_item = arena_ ? tile * std::max<size_t>(1, *total_tiles / (256 * workers_.size()))
+                                   : std::numeric_limits<size_t>::max();
+    std::vector<WorkItem> items;
+    for (size_t i = 0; i < counts.size(); ++i) {
+      for (size_t begin = 0; begin < counts[i]; begin += std::min(per_item, counts[i] - begin)) {
+        items.push_back({static_cast<uint32_t>(i), begin, std::min(per_item, counts[i] - begin)});
+      }
+    }
+    return items;
+  }
+
+  // Runs fn(item, worker) for every item, on the arena (each worker thread
+  // with its own single-threaded optimizer) or inline. Call without the GIL.
+  template <typename Fn>
+  void run_items(size_t count, const Fn& fn, std::vector<Status>& errors) {
+    auto run = [&](size_t t) {
+      const int slot = arena_ ? tbb::this_task_arena::current_thread_index() : 0;
+      if (slot < 0 || static_cast<size_t>(slot) >= workers_.size()) {
+        errors[t] = Internal(fmt::format("arena slot {} outside the {} per-thread optimizers", slot, workers_.size()));
+        return;
+      }
+      fn(t, workers_[static_cast<size_t>(slot)]);
+    };
+    if (!arena_ || count <= 1) {
+      for (size_t t = 0; t < count; ++t) run(t);
+      return;
+    }
+    arena_->execute([&] {
+      tbb::parallel_for(
+          tbb::blocked_range<size_t>(0, count, 1),
+          [&](const tbb::blocked_range<size_t>& r) {
+            for (size_t t = r.begin(); t != r.end(); ++t) run(t);
+          },
+          tbb::simple_partitioner());
+    });
+  }
+
   static CpuOptimizer make(const std::string& kind, int threads, size_t tile_elements, const std::string& path) {
     cpu_adam::OptimizerOptions options;
     options.kind = value_or_raise(cpu_adam::parse_optimizer_kind(kind));
@@ -224,6 +289,7 @@ void bind_optim(py::module_& m) {
            py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"), py::arg("bias_correction"),
            py::arg("loss_scale") = 1.0, py::arg("clip_coefficient") = 1.0)
       .def("grad_stats", &PyCpuOptimizer::grad_stats, py::arg("grads"), py::arg("dtype"), py::arg("count"))
+      .def("grad_stats_spans", &PyCpuOptimizer::grad_stats_spans, py::arg("spans"))
       .def_property_readonly("kind", &PyCpuOptimizer::kind)
       .def_property_readonly("path", &PyCpuOptimizer::path)
       .def_property_readonly("path_reason", &PyCpuOptimizer::path_reason)

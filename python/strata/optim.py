@@ -14,12 +14,14 @@ with moment_dtype=torch.bfloat16, bf16. State keys and layout match torch's
 torch.optim.AdamW / Adam / Adagrad and these classes both ways.
 """
 
+import math
+
 import torch
 
 from . import _native
 from ._tensors import span
 
-__all__ = ["CPUAdam", "CPUAdagrad", "CPULion"]
+__all__ = ["CPUAdam", "CPUAdagrad", "CPULion", "clip_coefficient"]
 
 _GRAD_DTYPES = ("float32", "bfloat16", "float16")
 _COPY_DTYPES = ("bfloat16", "float16")
@@ -134,35 +136,18 @@ class _CPUOptimizer(torch.optim.Optimizer):
         """(lr, beta1, beta2, eps, weight_decay, bias_correction) of a group."""
         raise NotImplementedError
 
-    @torch.no_grad()
-    def step(self, closure=None, *, grads=None, param_copies=None, fp16_param_groups=None):
-        """One update of every parameter that has a gradient.
-
-        closure: re-evaluates the model and returns the loss (torch semantics).
-        grads: optional list (one per param group) of lists of gradient
-            tensors (fp32, bf16 or fp16, CPU, one per param, None to skip)
-            used instead of p.grad, e.g. bf16 gradients copied from a GPU.
-        param_copies: optional list (one per group) of lists of bf16/fp16 CPU
-            tensors (one per param, or None) that receive the updated params,
-            rounded, in the same pass. fp16_param_groups is DeepSpeed's name
-            for the same thing.
-        """
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        if fp16_param_groups is not None:
-            if param_copies is not None:
-                raise ValueError("pass param_copies or fp16_param_groups, not both")
-            param_copies = fp16_param_groups
+    def _gather(self, grads, param_copies):
+        """Checks every tensor and builds, per param group, the spans for the
+        native step: [(group, spans, keep, states)]."""
         grads = self._per_group(grads, "grads")
         param_copies = self._per_group(param_copies, "param_copies")
         moment_dtype = _MOMENT_DTYPES[self._moment_dtype]
+        work = []
         for gi, group in enumerate(self.param_groups):
             params = group["params"]
             group_grads = self._per_param(grads[gi], gi, params, "grads")
             group_copies = self._per_param(param_copies[gi], gi, params, "param_copies")
-            spans, keep, steps = [], [], []
+            spans, keep, states = [], [], []
             for pi, p in enumerate(params):
                 g = group_grads[pi] if group_grads is not None else p.grad
                 if g is None:
@@ -189,15 +174,79 @@ class _CPUOptimizer(torch.optim.Optimizer):
                 spans.append((p.numel(), p.data_ptr(), g_ptr, g_dtype, exp_avg, exp_avg_sq, moment_dtype,
                               c_ptr, c_dtype, step))
                 keep.append((g, copy))  # alive until the native call returns (GIL released inside)
-                steps.append((state, float(step)))
-            if not spans:
-                continue
+                states.append((state, float(step)))
+            if spans:
+                work.append((group, spans, keep, states))
+        return work
+
+    @torch.no_grad()
+    def step(self, closure=None, *, grads=None, param_copies=None, fp16_param_groups=None, loss_scale=1.0,
+             clip_coefficient=1.0, skip_if_nonfinite=False):
+        """One update of every parameter that has a gradient.
+
+        closure: re-evaluates the model and returns the loss (torch semantics).
+        grads: optional list (one per param group) of lists of gradient
+            tensors (fp32, bf16 or fp16, CPU, one per param, None to skip)
+            used instead of p.grad, e.g. bf16 gradients copied from a GPU.
+        param_copies: optional list (one per group) of lists of bf16/fp16 CPU
+            tensors (one per param, or None) that receive the updated params,
+            rounded, in the same pass. fp16_param_groups is DeepSpeed's name
+            for the same thing.
+        loss_scale, clip_coefficient: the optimizer sees
+            grad * (clip_coefficient / loss_scale), fused into the step (no
+            pass over the gradients); clip_coefficient as from
+            clip_coefficient(grad_norm(), max_norm).
+        skip_if_nonfinite: first read every gradient (one pass); if any
+            holds an Inf or NaN, change nothing (params, moments, step
+            counts) and set last_step_skipped (dynamic loss scaling). Off:
+            a non-finite gradient is applied, as in torch.
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if fp16_param_groups is not None:
+            if param_copies is not None:
+                raise ValueError("pass param_copies or fp16_param_groups, not both")
+            param_copies = fp16_param_groups
+        for name, value in (("loss_scale", loss_scale), ("clip_coefficient", clip_coefficient)):
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name}={value} must be a finite number > 0")
+        work = self._gather(grads, param_copies)
+        self.last_step_skipped = False
+        if skip_if_nonfinite:
+            _, finite = self._native.grad_stats_spans([(s[2], s[3], s[0]) for _, spans, _, _ in work for s in spans])
+            if not finite:
+                self.last_step_skipped = True
+                return loss
+        for group, spans, keep, states in work:
             lr, beta1, beta2, eps, weight_decay, bias_correction = self._group_hyper(group)
-            self._native.step_spans(spans, lr, beta1, beta2, eps, weight_decay, bias_correction)
-            for state, step in steps:
+            self._native.step_spans(spans, lr, beta1, beta2, eps, weight_decay, bias_correction,
+                                    loss_scale=float(loss_scale), clip_coefficient=float(clip_coefficient))
+            for state, step in states:
                 state["step"] = step
             del keep
         return loss
+
+    @torch.no_grad()
+    def grad_norm(self, *, grads=None, loss_scale=1.0):
+        """The L2 norm of every gradient the next step() would use, over all
+        param groups (inf or nan when one holds an Inf or NaN), divided by
+        loss_scale: one multi-threaded pass, GIL released, summed in double
+        over fixed tiles (independent of the thread count)."""
+        spans = []
+        grads = self._per_group(grads, "grads")
+        for gi, group in enumerate(self.param_groups):
+            group_grads = self._per_param(grads[gi], gi, group["params"], "grads")
+            for pi, p in enumerate(group["params"]):
+                g = group_grads[pi] if group_grads is not None else p.grad
+                if g is None:
+                    continue
+                ptr, count, dtype, _ = span(g, f"the gradient of param {pi} of group {gi}", dtypes=_GRAD_DTYPES)
+                spans.append((ptr, dtype, count))
+        sum_squares, _ = self._native.grad_stats_spans(spans)
+        return math.sqrt(sum_squares) / loss_scale
+
 
     def _per_group(self, lists, name):
         if lists is None:
@@ -216,6 +265,14 @@ class _CPUOptimizer(torch.optim.Optimizer):
         if len(entries) != len(params):
             raise ValueError(f"{name}[{gi}] has {len(entries)} tensors, param group {gi} has {len(params)} params")
         return entries
+
+
+def clip_coefficient(total_norm, max_norm):
+    """torch.nn.utils.clip_grad_norm_'s factor: min(1, max_norm / (total_norm + 1e-6));
+    1 when max_norm <= 0 (no clipping) or the norm is not finite."""
+    if max_norm <= 0 or not math.isfinite(total_norm):
+        return 1.0
+    return min(1.0, max_norm / (total_norm + 1e-6))
 
 
 def _check_common(lr, eps, weight_decay, betas=None):
