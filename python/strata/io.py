@@ -14,7 +14,7 @@ strata exceptions carrying the C++ Status text (file, offset, length, errno).
 import os
 
 from . import _native
-from ._tensors import is_torch_tensor, span, torch
+from ._tensors import span, torch
 
 __all__ = ["AsyncIO", "IoHandle", "SwapStore", "SwapHandle", "empty", "choose_engine"]
 
@@ -250,4 +250,3 @@ class SwapStore:
         self.close()
 
 
-del is_torch_tensor
