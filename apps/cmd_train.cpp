@@ -69,6 +69,7 @@ struct TrainCliOptions {
   std::string overlap_optimizer;       // "": the config's (on)
   int optimizer_threads = 0;
   int device_threads = 0;              // 0: all cores (cpu device compute)
+  std::string nvme_path;               // "": the config's offload_optimizer.nvme_path
   // Which flags were given (they override the config).
   bool given_batch = false, given_accum = false, given_lr = false, given_wd = false, given_clip = false,
        given_dtype = false, given_device = false, given_device_memory = false;
@@ -145,8 +146,12 @@ Status apply_placement_flags(const TrainCliOptions& o, TrainSetup& t) {
   if (!o.offload_param.empty()) {
     STRATA_ASSIGN_OR_RETURN(t.engine.offload_param, parse_offload(o.offload_param, "--offload-param"));
   }
-  if (t.engine.offload_optimizer == OffloadDevice::kNvme || t.engine.offload_param == OffloadDevice::kNvme)
-    return Unsupported("nvme offload is not built into the engine yet (issue 12); use cpu");
+  if (!o.nvme_path.empty()) t.engine.nvme.path = o.nvme_path;
+  if (t.engine.offload_param == OffloadDevice::kNvme)
+    return Unsupported("--offload-param nvme: parameter shards on NVMe are not built yet (issue 12); use cpu");
+  if (t.engine.offload_optimizer == OffloadDevice::kNvme && t.engine.nvme.path.empty())
+    return InvalidArgument("--offload-optimizer nvme needs a folder on the NVMe drive: give --nvme-path DIR (or "
+                           "zero_optimization.offload_optimizer.nvme_path in --config)");
   if (t.engine.offload_param != OffloadDevice::kNone && t.engine.stage != 3)
     return InvalidArgument(fmt::format("--offload-param needs stage 3 (parameters are partitioned only there); "
                                        "stage is {}",
@@ -233,7 +238,10 @@ struct Reporter {
       j["backward_ms"] = m.backward_ms;
       j["optimizer_ms"] = m.optimizer_ms;
       j["exposed_ms"] = {{"reduce", m.wait_reduce_ms}, {"optimizer", m.wait_optimizer_ms}, {"gather", m.wait_gather_ms}};
-      j["bytes"] = {{"h2d", m.h2d_bytes}, {"d2h", m.d2h_bytes}, {"gather", m.gather_bytes}, {"reduce", m.reduce_bytes}};
+      j["bytes"] = {{"h2d", m.h2d_bytes},          {"d2h", m.d2h_bytes},
+                    {"gather", m.gather_bytes},    {"reduce", m.reduce_bytes},
+                    {"nvme_read", m.nvme_read_bytes}, {"nvme_write", m.nvme_write_bytes}};
+      j["exposed_ms"]["nvme"] = m.wait_nvme_ms;
       j["peak_bytes"] = {{"device", m.peak_device_bytes},
                          {"pinned", m.peak_pinned_bytes},
                          {"host", m.peak_host_bytes},
@@ -517,8 +525,11 @@ CommandRegistration train_command("train", [](CLI::App& root) {
       ->capture_default_str();
   cmd->add_option("--backend", o->backend, "local | mpi (one process per rank under mpirun)")->capture_default_str();
   cmd->add_option("--stage", o->stage, "ZeRO stage 0-3 (overrides zero_optimization.stage)");
-  cmd->add_option("--offload-optimizer", o->offload_optimizer, "none | cpu (overrides offload_optimizer.device)");
+  cmd->add_option("--offload-optimizer", o->offload_optimizer, "none | cpu | nvme (overrides offload_optimizer.device)");
   cmd->add_option("--offload-param", o->offload_param, "none | cpu, stage 3 (overrides offload_param.device)");
+  cmd->add_option("--nvme-path", o->nvme_path,
+                  "Folder on the NVMe drive for --offload-optimizer nvme (overrides offload_optimizer.nvme_path); the "
+                  "run's swap files go to DIR/strata-train-<pid>/rank<r>/ and are removed at exit");
   cmd->add_option("--overlap-optimizer", o->overlap_optimizer,
                   "on | off: step the optimizer under the next forward (overrides strata.overlap_optimizer)");
   cmd->add_option("--optimizer-threads", o->optimizer_threads, "CPU optimizer threads per rank (0: all cores)")

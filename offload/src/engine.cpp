@@ -4,6 +4,8 @@
 // engine_impl.h.
 #include "engine_impl.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -29,8 +31,10 @@ Status Engine::Impl::init() {
     return InvalidArgument(fmt::format("{}: gradient_accumulation_steps {} must be >= 1", opt.source, opt.grad_accum));
   if (!(opt.grad_clip >= 0.0) || !std::isfinite(opt.grad_clip))
     return InvalidArgument(fmt::format("{}: gradient_clipping {} must be finite and >= 0", opt.source, opt.grad_clip));
-  if (opt.offload_optimizer == OffloadDevice::kNvme || opt.offload_param == OffloadDevice::kNvme)
-    return Unsupported(fmt::format("{}: nvme offload is not built yet; use \"cpu\"", opt.source));
+  if (opt.offload_param == OffloadDevice::kNvme)
+    return Unsupported(fmt::format("{}: parameter shards on nvme are not built yet; use \"cpu\"", opt.source));
+  if (opt.offload_optimizer == OffloadDevice::kNvme && opt.nvme.path.empty())
+    return InvalidArgument(fmt::format("{}: offload_optimizer nvme needs offload_optimizer.nvme_path", opt.source));
   if (opt.offload_param != OffloadDevice::kNone && opt.stage != 3)
     return InvalidArgument(fmt::format("{}: offload_param needs zero_optimization.stage 3", opt.source));
   if (param_on_host() && !opt_on_host())
@@ -50,8 +54,12 @@ Status Engine::Impl::init() {
   STRATA_ASSIGN_OR_RETURN(part, Partition::create(model.layers(), world, opt.sub_group_size));
   STRATA_ASSIGN_OR_RETURN(xfer, device.create_stream());
   STRATA_ASSIGN_OR_RETURN(frees, device.create_stream());
-  STRATA_ASSIGN_OR_RETURN(tier, make_memory_state_tier(device, opt_on_host() ? Tier::kPinnedHost : Tier::kDevice,
-                                                       opt.moment_dtype, stats));
+  if (opt_on_nvme()) {
+    STRATA_RETURN_IF_ERROR(make_nvme_tier());
+  } else {
+    STRATA_ASSIGN_OR_RETURN(tier, make_memory_state_tier(device, opt_on_host() ? Tier::kPinnedHost : Tier::kDevice,
+                                                         opt.moment_dtype, stats));
+  }
   if (!(opt.ratio > 0.0 && opt.ratio <= 1.0))
     return InvalidArgument(fmt::format("{}: offload_optimizer.ratio {} must be in (0, 1]", opt.source, opt.ratio));
   if (split()) {
@@ -129,8 +137,46 @@ Status Engine::Impl::init() {
   forward_acquires.assign(n, 0);
   uses.assign(n, {});
   for (size_t i = 0; i < n; ++i) STRATA_RETURN_IF_ERROR(init_layer(i));
+  // The initial state is written (NVMe tier) before the first step reads it.
+  STRATA_RETURN_IF_ERROR(tier->flush().with_context("writing the initial optimizer state"));
   worker = std::make_unique<SerialWorker>(fmt::format("optimizer of rank {}", rank));
   if (split()) dev_worker = std::make_unique<SerialWorker>(fmt::format("device optimizer of rank {}", rank));
+  return Status::Ok();
+}
+
+// offload_optimizer nvme: the NVMe tier, its slots sized for the largest
+// piece, its capacity for every piece this rank owns, its folder named for
+// this run (rank 0's process id, the same on every rank) and rank.
+Status Engine::Impl::make_nvme_tier() {
+  if (opt.ratio < 1.0)
+    return Unsupported(fmt::format("{}: offload_optimizer.ratio < 1 with nvme is not supported; use cpu", opt.source));
+  uint64_t largest = 0, total = 0;
+  for (size_t li = 0; li < part.layer_count(); ++li) {
+    const LayerPartition& lp = part.layer(li);
+    const bool master = true;  // the host optimizer keeps fp32 master weights for every dtype
+    for (const SubGroup& g : lp.groups)
+      for (int r = owned_rank_begin(); r < owned_rank_end(); ++r) {
+        const uint64_t b = nvme_piece_bytes(lp.piece_real(g, r), master, opt.moment_dtype);
+        largest = std::max(largest, b);
+        total += b;
+      }
+  }
+  int64_t job = static_cast<int64_t>(::getpid()), job0 = 0;
+  STRATA_ASSIGN_OR_RETURN(comm::CommWork w, comm.broadcast(&job, &job0, 1, DType::kI64, 0, comm::CommQueue::kReduce));
+  STRATA_RETURN_IF_ERROR(w.wait().with_context("agreeing on the swap folder's name"));
+  NvmeStateTierOptions o;
+  o.nvme_paths = {opt.nvme.path};
+  o.job = fmt::format("train-{}", job0);
+  o.rank = rank;
+  o.capacity_bytes = total;
+  o.aio = opt.nvme.aio;
+  o.buffer_count = static_cast<size_t>(opt.nvme.buffer_count);
+  o.slot_bytes = std::max<uint64_t>(largest, kNvmeStateAlign);
+  o.moment_dtype = opt.moment_dtype;
+  o.pipeline_read = opt.nvme.pipeline_read;
+  o.pipeline_write = opt.nvme.pipeline_write;
+  o.verify_checksums = opt.nvme.verify_checksums;
+  STRATA_ASSIGN_OR_RETURN(tier, make_nvme_state_tier(o, device, stats));
   return Status::Ok();
 }
 

@@ -32,6 +32,7 @@
 #include "strata/offload/lr_schedule.h"
 #include "strata/offload/state_tier.h"
 #include "strata/offload/engine.h"
+#include "strata/offload/nvme_state_tier.h"
 
 namespace strata::offload {
 namespace engine_detail {
@@ -192,13 +193,17 @@ struct Engine::Impl {
   // per-step counters
   uint64_t h2d_bytes = 0, d2h_bytes = 0, gather_bytes = 0, reduce_bytes = 0;
   std::vector<std::shared_ptr<WaitProbe>> probes;
+  StateTierIoStats io_before;  // the tier's counters at the start of the step
   std::array<std::byte, 4> fault_bytes{};  // the injected gradient value, in the gradient dtype
 
   Impl(const EngineOptions& o, ModelRunner& r, Device& d, comm::Communicator& c)
       : opt(o), runner(r), model(r.model()), device(d), comm(c) {}
 
   bool stage0() const { return opt.stage == 0; }
-  bool opt_on_host() const { return opt.offload_optimizer == OffloadDevice::kCpu; }
+  // The optimizer runs on the host for cpu and nvme placements (nvme: its
+  // state streams through pinned slots of the NVMe tier).
+  bool opt_on_host() const { return opt.offload_optimizer != OffloadDevice::kNone; }
+  bool opt_on_nvme() const { return opt.offload_optimizer == OffloadDevice::kNvme; }
   bool param_on_host() const { return opt.offload_param == OffloadDevice::kCpu; }
   size_t ge() const { return dtype_size(opt.grad_dtype); }
   // Grads are read by the optimizer from the full buffer (no copy) when
@@ -281,6 +286,7 @@ struct Engine::Impl {
 
   Status init();
   Status init_layer(size_t li);
+  Status make_nvme_tier();
   Result<LayerMemory> acquire(size_t li, Pass pass);
   Status release(size_t li, Pass pass, const Completion& done);
   Status issue_gather(size_t li);

@@ -14,10 +14,27 @@ Result<EngineOptions> engine_options_from_config(const Config& cfg) {
   o.stage = z.stage;
   o.offload_optimizer = z.offload_optimizer.device;
   o.offload_param = z.offload_param.device;
-  if (o.offload_optimizer == OffloadDevice::kNvme || o.offload_param == OffloadDevice::kNvme)
+  if (o.offload_param == OffloadDevice::kNvme)
     return Unsupported(fmt::format(
-        "{}: zero_optimization.{}.device \"nvme\": the engine's NVMe tier is not built yet (issue 12); use \"cpu\"",
-        o.source, o.offload_optimizer == OffloadDevice::kNvme ? "offload_optimizer" : "offload_param"));
+        "{}: zero_optimization.offload_param.device \"nvme\": parameter shards on NVMe are not built yet (issue "
+        "12); use \"cpu\" (optimizer state on NVMe is: offload_optimizer.device \"nvme\")",
+        o.source));
+  if (o.offload_optimizer == OffloadDevice::kNvme) {
+    const OffloadOptimizerConfig& oo = z.offload_optimizer;
+    if (oo.nvme_path.empty())
+      return InvalidArgument(fmt::format("{}: zero_optimization.offload_optimizer.nvme_path is not set: name a folder "
+                                         "on the NVMe drive for the optimizer state",
+                                         o.source));
+    if (oo.buffer_count < 1 || oo.buffer_count > 4096)
+      return InvalidArgument(fmt::format("{}: zero_optimization.offload_optimizer.buffer_count {} is not in 1..4096",
+                                         o.source, oo.buffer_count));
+    o.nvme.path = oo.nvme_path;
+    o.nvme.buffer_count = oo.buffer_count;
+    o.nvme.pipeline_read = oo.pipeline_read;
+    o.nvme.pipeline_write = oo.pipeline_write;
+    o.nvme.verify_checksums = cfg.strata.verify_checksums;
+    o.nvme.aio = cfg.aio;
+  }
   if (o.offload_param != OffloadDevice::kNone && o.stage != 3)
     return InvalidArgument(fmt::format(
         "{}: zero_optimization.offload_param needs stage 3 (parameters are partitioned only there); stage is {}",

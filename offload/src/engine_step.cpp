@@ -165,6 +165,7 @@ Result<StepMetrics> Engine::Impl::step() {
   h2d_bytes = d2h_bytes = gather_bytes = reduce_bytes = 0;
   probes.clear();
   STRATA_RETURN_IF_ERROR(drain(live_params));  // an evaluation's dropped copies
+  io_before = tier->io_stats();
   ++step_index;
   for (Layer& l : layers) l.reduce_launched = false;
   const double scale = scaler->scale();
@@ -252,7 +253,17 @@ Result<StepMetrics> Engine::Impl::step() {
   m.peak_device_bytes = device.memory_stats().get(Tier::kDevice).peak_bytes;
   m.peak_pinned_bytes = stats.get(Tier::kPinnedHost).peak_bytes;
   m.peak_host_bytes = stats.get(Tier::kPageableHost).peak_bytes;
-  m.peak_nvme_bytes = 0;
+  m.peak_nvme_bytes = stats.get(Tier::kNvme).peak_bytes;
+  if (opt_on_nvme()) {
+    // The state of this step's updates is read and written by the optimizer
+    // thread; with overlap the last layers may still be in flight here, so
+    // these count what completed since the previous step began.
+    const StateTierIoStats now = tier->io_stats();
+    m.nvme_read_bytes = now.bytes_read - io_before.bytes_read;
+    m.nvme_write_bytes = now.bytes_written - io_before.bytes_written;
+    m.wait_nvme_ms = static_cast<double>((now.read_wait_ns - io_before.read_wait_ns) +
+                                         (now.write_wait_ns - io_before.write_wait_ns)) / 1e6;
+  }
   return m;
 }
 

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "strata/offload/engine.h"
+#include "strata/offload/nvme_state_tier.h"
 #include "strata/offload/partition.h"
 
 namespace strata::offload {
@@ -29,7 +30,7 @@ Result<EngineMemory> plan_engine_memory(const EngineOptions& opt, std::span<cons
   const int owned_begin = stage0 ? 0 : rank, owned_end = stage0 ? world : rank + 1;
   EngineMemory m;
   const size_t me = dtype_size(opt.moment_dtype);
-  uint64_t np_total = 0, np_max = 0, g_total = 0, g_max = 0, np_total_real = 0;
+  uint64_t np_total = 0, np_max = 0, g_total = 0, g_max = 0, np_total_real = 0, nvme_largest = 0;
   size_t np_pe = 2;
   for (size_t li = 0; li < part.layer_count(); ++li) {
     const LayerSpec& spec = layers[li];
@@ -65,7 +66,14 @@ Result<EngineMemory> plan_engine_memory(const EngineOptions& opt, std::span<cons
     for (const SubGroup& g : lp.groups)
       for (int r = owned_begin; r < owned_end; ++r) {
         const uint64_t count = lp.piece_real(g, r), host = host_part(opt.ratio, count);
-        (opt_on_host ? m.pinned_optimizer : m.device_optimizer) += std::max<uint64_t>(64, host * (2 * me + (master ? 4 : 0)));
+        if (opt.offload_optimizer == OffloadDevice::kNvme) {
+          const uint64_t b = nvme_piece_bytes(host, true, opt.moment_dtype);
+          m.nvme += b;
+          nvme_largest = std::max(nvme_largest, b);
+        } else {
+          (opt_on_host ? m.pinned_optimizer : m.device_optimizer) +=
+              std::max<uint64_t>(64, host * (2 * me + (master ? 4 : 0)));
+        }
         // ratio < 1: the device part (fp32 parameters are their own master there).
         if (split)
           m.device_optimizer +=
@@ -86,6 +94,9 @@ Result<EngineMemory> plan_engine_memory(const EngineOptions& opt, std::span<cons
   // the sum over ranks, as at stage 0), so the bucket cannot bound them.
   m.device_grads += (opt.grad_accum > 1 ? g_total : std::min(g_total, std::max<uint64_t>(opt.reduce_bucket_size, g_max))) * ge;
   m.device = m.device_params + m.device_grads + m.device_optimizer + m.device_gathered;
+  // NVMe: the state streams through buffer_count pinned slots of the largest piece.
+  if (opt.offload_optimizer == OffloadDevice::kNvme)
+    m.pinned_optimizer = static_cast<uint64_t>(opt.nvme.buffer_count) * std::max(nvme_largest, kNvmeStateAlign);
   m.pinned = m.pinned_optimizer + m.pinned_grads + m.pinned_staging + m.pinned_params;
   return m;
 }

@@ -85,11 +85,14 @@ TEST(TrainCli, ConfigAppliesAndFlagsOverride) {
 
 TEST(TrainCli, BadInputsExitNonZeroWithTheCulprit) {
   const std::string cfg = temp_path("nvme.json");
-  std::ofstream(cfg) << R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme",
-    "nvme_path": "/tmp"}}})";
+  std::ofstream(cfg) << R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme",
+    "nvme_path": "/tmp"}, "offload_optimizer": {"device": "cpu"}}})";
   CliRun r = run("--config " + cfg);
   EXPECT_NE(r.rc, 0);
-  EXPECT_NE(r.out.find("offload_optimizer.device \"nvme\""), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("offload_param.device \"nvme\""), std::string::npos) << r.out;
+  r = run("--stage 2 --offload-optimizer nvme");
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.out.find("give --nvme-path DIR"), std::string::npos) << r.out;
   r = run("--stage 2 --offload-param cpu");
   EXPECT_EQ(r.rc, 2);
   EXPECT_NE(r.out.find("--offload-param needs stage 3"), std::string::npos) << r.out;

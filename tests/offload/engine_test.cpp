@@ -166,6 +166,10 @@ std::vector<Placement> matrix() {
   // stepped there at the same time.
   m.push_back({3, D::kCpu, D::kNone, true, 1'000'000'000, 1'000'000'000, 1'000'000'000, 0, 0.5});
   m.push_back({3, D::kCpu, D::kNone, false, 4096, 1'000'000'000, 1'000'000'000, 100'000, 0.3});
+  // Optimizer state on NVMe (streamed through pinned slots, read ahead and
+  // written back asynchronously), at stages 1 and 3, several sub-groups.
+  m.push_back({1, D::kNvme, D::kNone});
+  m.push_back({3, D::kNvme, D::kNone, true, 4096});
   return m;
 }
 
@@ -203,6 +207,11 @@ TEST_P(ParityMatrix, EveryPlacementMatchesStageZeroBitForBit) {
     r.opt.max_reuse_distance = p.reuse;
     r.opt.persistence_threshold = p.persistence;
     r.opt.ratio = p.ratio;
+    if (p.optimizer == OffloadDevice::kNvme) {
+      r.opt.nvme.path = ::testing::TempDir();
+      r.opt.nvme.buffer_count = 3;
+      r.opt.nvme.pipeline_read = r.opt.nvme.pipeline_write = true;
+    }
     expect_same_losses(ref, train(r), fmt::format("world {} {} {}", world, dtype_name(dtype), p.name()));
   }
 }
@@ -439,8 +448,19 @@ TEST(EngineOptions, RefusesWhatItCannotRunWithTheKeyAndTheFix) {
   cfg.zero_optimization.offload_optimizer.device = OffloadDevice::kNvme;
   Result<EngineOptions> r = engine_options_from_config(cfg);
   ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("offload_optimizer.nvme_path is not set"), std::string::npos)
+      << r.status().message();
+  cfg.zero_optimization.offload_optimizer.nvme_path = "/tmp";
+  r = engine_options_from_config(cfg);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->nvme.path, "/tmp");
+  cfg.zero_optimization.offload_param.device = OffloadDevice::kNvme;
+  r = engine_options_from_config(cfg);
+  ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kUnsupported);
-  EXPECT_NE(r.status().message().find("offload_optimizer.device \"nvme\""), std::string::npos);
+  EXPECT_NE(r.status().message().find("offload_param.device \"nvme\""), std::string::npos) << r.status().message();
+  cfg.zero_optimization.offload_param.device = OffloadDevice::kNone;
   cfg.zero_optimization.offload_optimizer.device = OffloadDevice::kCpu;
   cfg.zero_optimization.stage = 2;
   cfg.zero_optimization.offload_param.device = OffloadDevice::kCpu;

@@ -87,6 +87,15 @@ struct EngineOptions {
   double grad_clip = 1.0;   // 0: off
   int grad_accum = 1;
   int optimizer_threads = 0;  // 0: all cores
+  // offload_optimizer.device nvme: where and how the state is streamed.
+  struct NvmeOptions {
+    std::string path;             // offload_optimizer.nvme_path
+    int64_t buffer_count = 4;     // offload_optimizer.buffer_count: pinned slots
+    bool pipeline_read = false;   // offload_optimizer.pipeline_read
+    bool pipeline_write = false;  // offload_optimizer.pipeline_write
+    bool verify_checksums = true; // strata.verify_checksums
+    AioConfig aio;                // the aio section
+  } nvme;
   // Most host memory (pinned + pageable) this rank's engine may hold; 0:
   // unlimited. strata train gives each of its --ranks an equal share of
   // strata.host_memory_budget. A plan above it is refused at creation.
@@ -126,6 +135,8 @@ struct StepMetrics {
   double wait_gather_ms = 0;     // forward/backward blocked on parameter gathers
   // Bytes moved this step, per link, by this rank.
   uint64_t h2d_bytes = 0, d2h_bytes = 0, gather_bytes = 0, reduce_bytes = 0;
+  uint64_t nvme_read_bytes = 0, nvme_write_bytes = 0;  // optimizer state (offload_optimizer nvme)
+  double wait_nvme_ms = 0;  // the optimizer thread waited for NVMe reads and write-backs
   // Peaks since the start, per tier, for this rank.
   uint64_t peak_device_bytes = 0, peak_pinned_bytes = 0, peak_host_bytes = 0, peak_nvme_bytes = 0;
 };
@@ -139,6 +150,7 @@ struct EngineMemory {
   uint64_t device_params = 0, device_grads = 0, device_optimizer = 0, device_gathered = 0;
   uint64_t pinned = 0;  // = the four parts below
   uint64_t pinned_optimizer = 0, pinned_grads = 0, pinned_staging = 0, pinned_params = 0;
+  uint64_t nvme = 0;  // optimizer state on NVMe (offload_optimizer nvme)
 };
 
 // With offload_optimizer.ratio < 1: how many of a piece's `count` elements
