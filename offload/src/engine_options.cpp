@@ -39,7 +39,7 @@ Result<EngineOptions> engine_options_from_config(const Config& cfg) {
     return InvalidArgument(fmt::format(
         "{}: zero_optimization.offload_param needs stage 3 (parameters are partitioned only there); stage is {}",
         o.source, o.stage));
-  if (o.offload_param == OffloadDevice::kCpu && o.offload_optimizer != OffloadDevice::kCpu)
+  if (o.offload_param == OffloadDevice::kCpu && o.offload_optimizer == OffloadDevice::kNone)
     return Unsupported(fmt::format(
         "{}: offload_param \"cpu\" with offload_optimizer \"none\": the updated parameters would be written from "
         "device state into host shards; set zero_optimization.offload_optimizer.device to \"cpu\" as well",

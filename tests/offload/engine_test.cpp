@@ -169,7 +169,7 @@ std::vector<Placement> matrix() {
   // Optimizer state on NVMe (streamed through pinned slots, read ahead and
   // written back asynchronously), at stages 1 and 3, several sub-groups.
   m.push_back({1, D::kNvme, D::kNone});
-  m.push_back({3, D::kNvme, D::kNone, true, 4096});
+  m.push_back({3, D::kNvme, D::kCpu, true, 4096});
   return m;
 }
 
@@ -405,7 +405,8 @@ TEST(EngineMemory, PredictedPeaksBoundTheMeasuredOnesWithinAQuarter) {
                         Case{2, 2, D::kNone, D::kNone, DType::kF32, 1'000'000'000, 2 * layer},
                         Case{4, 3, D::kCpu, D::kCpu, DType::kBF16, 2 * layer, 2 * layer},
                         Case{2, 3, D::kCpu, D::kNone, DType::kF32, 1'000'000'000, 500'000'000},
-                        Case{2, 3, D::kCpu, D::kNone, DType::kBF16, 2 * layer, 2 * layer, 0.5}}) {
+                        Case{2, 3, D::kCpu, D::kNone, DType::kBF16, 2 * layer, 2 * layer, 0.5},
+                        Case{2, 3, D::kNvme, D::kCpu, DType::kBF16, 2 * layer, 2 * layer}}) {
     TrainRun r;
     r.world = c.world;
     r.steps = 2;
@@ -422,6 +423,7 @@ TEST(EngineMemory, PredictedPeaksBoundTheMeasuredOnesWithinAQuarter) {
     r.opt.max_live_parameters = c.live;
     r.opt.reduce_bucket_size = c.bucket;
     r.opt.ratio = c.ratio;
+    r.opt.nvme.path = ::testing::TempDir();
     r.opt.max_reuse_distance = 0;
     r.opt.persistence_threshold = 0;
     const Outcome o = train(r);
@@ -437,6 +439,7 @@ TEST(EngineMemory, PredictedPeaksBoundTheMeasuredOnesWithinAQuarter) {
       EXPECT_LE(p.device, m.device * 1.25) << what;
       EXPECT_LE(m.pinned, p.pinned) << what;
       EXPECT_LE(p.pinned, m.pinned * 1.25) << what;
+      if (c.opt == D::kNvme) EXPECT_GT(p.nvme, 0u) << what;
     }
   }
 }
