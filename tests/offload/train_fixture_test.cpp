@@ -56,8 +56,11 @@ std::string mask(const std::string& line) {
   static const std::regex tok_s(R"(\|\s+[0-9.]+ tok/s \|\s+[0-9.]+ ms \| peak device .*$)");
   static const std::regex done_tail(R"(; median .*$)");
   static const std::regex corpus(R"(^data     \S+ )");
+  // The memory line's device cap is a quarter of this machine's RAM.
+  static const std::regex memory(R"(^memory   .*$)");
   std::string out = std::regex_replace(line, tok_s, "| <timing>");
   out = std::regex_replace(out, done_tail, "; <timing>");
+  out = std::regex_replace(out, memory, "memory   <bytes>");
   return std::regex_replace(out, corpus, "data     <corpus> ");
 }
 

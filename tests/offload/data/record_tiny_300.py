@@ -39,7 +39,7 @@ def main():
         "command": "strata " + ARGS + " --json-log <log>",
         "args": ARGS,
         "recorded_from": commit,
-        "note": "losses as hex floats (exact); stdout compared with tok/s, ms, peak bytes and the median masked",
+        "note": "losses as hex floats (exact); stdout compared with tok/s, ms, peak bytes, the memory line and the median masked",
         "steps": steps,
         "stdout": out.splitlines(),
     }
