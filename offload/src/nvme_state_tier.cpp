@@ -2,6 +2,7 @@
 // the pipeline and the error rules.
 #include "strata/offload/nvme_state_tier.h"
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <map>
@@ -48,10 +49,7 @@ class NvmeStateTier final : public OptimizerStateTier {
   Status add(const StateId& id, const std::string& name, size_t count, std::span<const float> master_init) override;
   Result<PieceState> open(const StateId& id) override;
   Status close(const StateId& id, bool modified) override;
-  uint64_t bytes() const override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return state_bytes_;
-  }
+  uint64_t bytes() const override { return published_bytes_.load(std::memory_order_relaxed); }
   void set_order(std::span<const StateId> order) override;
   void prefetch(const StateId& id) override;
   Status flush() override;
@@ -85,6 +83,14 @@ class NvmeStateTier final : public OptimizerStateTier {
   void pump();
   PieceState state_of(const Piece& p);
   size_t held_by_pieces() const { return open_count_ + reading_count_; }
+  // Copies the counters for bytes() and io_stats(), which never take mu_:
+  // the engine reads them from its driving thread while the optimizer
+  // thread may hold mu_ waiting for a read.
+  void publish();
+  struct Publisher {
+    NvmeStateTier* tier;
+    ~Publisher() { tier->publish(); }
+  };
 
   NvmeStateTierOptions options_;
   Device& device_;
@@ -109,6 +115,9 @@ class NvmeStateTier final : public OptimizerStateTier {
   size_t open_count_ = 0, reading_count_ = 0;
   uint64_t state_bytes_ = 0;
   StateTierIoStats io_;
+  mutable std::mutex published_mu_;   // guards published_ (never held while waiting)
+  StateTierIoStats published_;
+  std::atomic<uint64_t> published_bytes_{0};
   alignas(64) std::byte empty_[64] = {};  // where an empty piece points
 };
 
@@ -185,6 +194,7 @@ Status NvmeStateTier::init() {
                              engine_->describe(), o.buffer_count, format_bytes(options_.slot_bytes, true),
                              o.pipeline_read ? "on" : "off", o.pipeline_write ? "on" : "off");
   io_.slots = o.buffer_count;
+  publish();
   return Status::Ok();
 }
 
@@ -355,6 +365,7 @@ void NvmeStateTier::pump() {
 Status NvmeStateTier::add(const StateId& id, const std::string& name, size_t count,
                           std::span<const float> master_init) {
   std::lock_guard<std::mutex> lock(mu_);
+  Publisher publisher{this};
   STRATA_CHECK(index_.find(id) == index_.end(), "optimizer state piece added twice");
   STRATA_CHECK(master_init.empty() || master_init.size() == count, "master init size mismatch");
   const bool has_master = !master_init.empty();
@@ -408,6 +419,7 @@ Status NvmeStateTier::add(const StateId& id, const std::string& name, size_t cou
 
 Result<PieceState> NvmeStateTier::open(const StateId& id) {
   std::lock_guard<std::mutex> lock(mu_);
+  Publisher publisher{this};
   STRATA_RETURN_IF_ERROR(harvest());
   Piece& p = find(id, "open");
   STRATA_CHECK(p.where != Where::kOpen, fmt::format("{} opened twice", piece_name(p)));
@@ -439,6 +451,7 @@ Result<PieceState> NvmeStateTier::open(const StateId& id) {
 
 Status NvmeStateTier::close(const StateId& id, bool modified) {
   std::lock_guard<std::mutex> lock(mu_);
+  Publisher publisher{this};
   Piece& p = find(id, "close");
   if (p.count == 0) return harvest();
   STRATA_CHECK(p.where == Where::kOpen, fmt::format("{} closed but not open", piece_name(p)));
@@ -493,6 +506,7 @@ void NvmeStateTier::set_order(std::span<const StateId> order) {
 
 void NvmeStateTier::prefetch(const StateId& id) {
   std::lock_guard<std::mutex> lock(mu_);
+  Publisher publisher{this};
   auto it = index_.find(id);
   if (it == index_.end() || order_.empty()) return;
   const size_t pos = order_pos_[it->second];
@@ -513,6 +527,7 @@ void NvmeStateTier::prefetch(const StateId& id) {
 
 Status NvmeStateTier::flush() {
   std::lock_guard<std::mutex> lock(mu_);
+  Publisher publisher{this};
   const uint64_t t0 = now_ns();
   for (size_t i : writing_) pieces_[i].io.wait().ignore();
   if (!writing_.empty()) io_.write_wait_ns += now_ns() - t0;
@@ -521,9 +536,18 @@ Status NvmeStateTier::flush() {
   return st;
 }
 
+void NvmeStateTier::publish() {
+  std::lock_guard<std::mutex> lock(published_mu_);
+  published_ = io_;
+  published_bytes_.store(state_bytes_, std::memory_order_relaxed);
+}
+
 StateTierIoStats NvmeStateTier::io_stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  StateTierIoStats s = io_;
+  StateTierIoStats s;
+  {
+    std::lock_guard<std::mutex> lock(published_mu_);
+    s = published_;
+  }
   s.peak_slots_in_use = std::max(s.peak_slots_in_use, pool_->stats().peak_in_use);
   return s;
 }

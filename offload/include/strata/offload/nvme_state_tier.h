@@ -41,6 +41,9 @@
 //    the piece without state: its open() fails with that error.
 //  - Calls are serialized by a mutex (the engine calls from its driving and
 //    optimizer threads, never both at once); one piece open once at a time.
+//    bytes() and io_stats() never wait: they read counters published at the
+//    end of every other call, so the driving thread can report a step while
+//    the optimizer thread waits in open().
 #include <cstddef>
 #include <cstdint>
 #include <memory>
