@@ -36,6 +36,7 @@
 #include "strata/model/gpt_runner.h"
 #include "strata/model/text_data.h"
 #include "strata/comm/backends.h"
+#include "strata/comm/host_collective.h"
 #include "strata/offload/engine.h"
 
 namespace strata::cli {
@@ -200,9 +201,10 @@ Status build_rank(const TrainSetup& t, const model::GptConfig& g, const model::T
 // (so no rank waits for a peer that will never issue its collectives).
 Status vote(comm::Communicator& comm, const Status& mine, const char* what) {
   int64_t failed = mine.ok() ? 0 : comm.rank() + 1, first = 0;
-  Result<comm::CommWork> w = comm.all_reduce(&failed, &first, 1, DType::kI64, comm::ReduceOp::kMax);
-  if (!w.ok()) return w.status();
-  STRATA_RETURN_IF_ERROR(w->wait());
+  STRATA_RETURN_IF_ERROR(comm::host_collective(
+      comm, &failed, sizeof(failed), &first, sizeof(first),
+      [&](const void* s, void* r) { return comm.all_reduce(s, r, 1, DType::kI64, comm::ReduceOp::kMax); },
+      "the ranks' vote"));
   if (!mine.ok()) return mine;
   if (first != 0) return FailedPrecondition(fmt::format("rank {} failed {}; every rank stops", first - 1, what));
   return Status::Ok();
@@ -407,8 +409,17 @@ int run_train(TrainCliOptions o) {
     if (!c.ok()) return fail(c.status().with_context("--backend mpi"));
     comms.push_back(std::move(*c));
   } else {
-    return fail(Unsupported("--backend nccl: strata train runs the engine on local or mpi ranks in this build; the "
-                            "engine's cuda path needs the device optimizer kernel (issue 11 notes)"));
+    // One rank per process on its GPU 0: give each process one GPU with
+    // CUDA_VISIBLE_DEVICES (rank and world from mpirun or STRATA_RANK /
+    // STRATA_WORLD_SIZE). Never run here: this build machine has no GPU.
+    if (t.device == DeviceKind::kCpu)
+      return fail(InvalidArgument("--backend nccl needs --device cuda (NCCL reduces device memory)"));
+    comm::NcclOptions nopt;
+    nopt.common = *copts;
+    nopt.device = 0;
+    Result<std::unique_ptr<comm::Communicator>> c = comm::create_nccl_communicator(nopt);
+    if (!c.ok()) return fail(c.status().with_context("--backend nccl"));
+    comms.push_back(std::move(*c));
   }
   const bool printer = comms.front()->rank() == 0;
   const DeviceChoice choice = resolve_device_kind(t.device);
@@ -523,7 +534,9 @@ CommandRegistration train_command("train", [](CLI::App& root) {
   cmd->add_flag("--quiet", o->quiet, "No per-step progress lines");
   cmd->add_option("--ranks", o->ranks, "Data-parallel ranks as threads of this process (--backend local)")
       ->capture_default_str();
-  cmd->add_option("--backend", o->backend, "local | mpi (one process per rank under mpirun)")->capture_default_str();
+  cmd->add_option("--backend", o->backend,
+                  "local | mpi | nccl (mpi and nccl: one process per rank under mpirun; nccl with --device cuda)")
+      ->capture_default_str();
   cmd->add_option("--stage", o->stage, "ZeRO stage 0-3 (overrides zero_optimization.stage)");
   cmd->add_option("--offload-optimizer", o->offload_optimizer, "none | cpu | nvme (overrides offload_optimizer.device)");
   cmd->add_option("--offload-param", o->offload_param, "none | cpu, stage 3 (overrides offload_param.device)");

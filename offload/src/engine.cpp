@@ -162,8 +162,10 @@ Status Engine::Impl::make_nvme_tier() {
       }
   }
   int64_t job = static_cast<int64_t>(::getpid()), job0 = 0;
-  STRATA_ASSIGN_OR_RETURN(comm::CommWork w, comm.broadcast(&job, &job0, 1, DType::kI64, 0, comm::CommQueue::kReduce));
-  STRATA_RETURN_IF_ERROR(w.wait().with_context("agreeing on the swap folder's name"));
+  STRATA_RETURN_IF_ERROR(comm::host_collective(
+      comm, &job, sizeof(job), &job0, sizeof(job0),
+      [&](const void* s, void* r) { return comm.broadcast(s, r, 1, DType::kI64, 0, comm::CommQueue::kReduce); },
+      "agreeing on the swap folder's name"));
   NvmeStateTierOptions o;
   o.nvme_paths = {opt.nvme.path};
   o.job = fmt::format("train-{}", job0);
@@ -369,9 +371,12 @@ Result<std::vector<float>> Engine::gather_state(size_t li, StateKind kind) {
     if (m.split()) STRATA_RETURN_IF_ERROR(read_part(*m.dev_tier, id, g, host, count - host, out + host));
   }
   std::vector<float> all(lp.shard_elements * m.world);
-  STRATA_ASSIGN_OR_RETURN(comm::CommWork w, m.comm.all_gather(mine.data(), all.data(), lp.shard_elements, DType::kF32,
-                                                              comm::CommQueue::kReduce));
-  STRATA_RETURN_IF_ERROR(w.wait());
+  STRATA_RETURN_IF_ERROR(comm::host_collective(
+      m.comm, mine.data(), mine.size() * sizeof(float), all.data(), all.size() * sizeof(float),
+      [&](const void* s, void* r) {
+        return m.comm.all_gather(s, r, lp.shard_elements, DType::kF32, comm::CommQueue::kReduce);
+      },
+      fmt::format("gathering the state of layer {}", li)));
   std::vector<float> out(lp.elements);
   for (const SubGroup& g : lp.groups)
     for (int r = 0; r < m.world; ++r) {

@@ -31,6 +31,7 @@
 #include "strata/offload/loss_scaler.h"
 #include "strata/offload/lr_schedule.h"
 #include "strata/offload/state_tier.h"
+#include "strata/comm/host_collective.h"
 #include "strata/offload/engine.h"
 #include "strata/offload/nvme_state_tier.h"
 

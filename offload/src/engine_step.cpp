@@ -27,9 +27,10 @@ Result<double> Engine::Impl::global_norm_squared() {
     return total;
   }
   std::vector<double> all(mine.size() * world);
-  STRATA_ASSIGN_OR_RETURN(comm::CommWork w, comm.all_gather(mine.data(), all.data(), mine.size(), DType::kF64,
-                                                            comm::CommQueue::kReduce));
-  STRATA_RETURN_IF_ERROR(w.wait().with_context("gathering the gradient norm's block sums"));
+  STRATA_RETURN_IF_ERROR(comm::host_collective(
+      comm, mine.data(), mine.size() * sizeof(double), all.data(), all.size() * sizeof(double),
+      [&](const void* s, void* r) { return comm.all_gather(s, r, mine.size(), DType::kF64, comm::CommQueue::kReduce); },
+      "gathering the gradient norm's block sums"));
   // all[r] holds rank r's blocks in (layer, group, block) order; add in
   // (layer, group, rank, block) order, as stage 0 does.
   size_t layer_base = 0;
@@ -202,9 +203,12 @@ Result<StepMetrics> Engine::Impl::step() {
   // The loss of the global batch: every rank's micro-batch losses, in rank order.
   double loss_all = 0;
   {
-    STRATA_ASSIGN_OR_RETURN(comm::CommWork w, comm.all_reduce(&loss_sum, &loss_all, 1, DType::kF64,
-                                                              comm::ReduceOp::kSum, comm::CommQueue::kReduce));
-    STRATA_RETURN_IF_ERROR(w.wait().with_context("summing the loss over ranks"));
+    STRATA_RETURN_IF_ERROR(comm::host_collective(
+        comm, &loss_sum, sizeof(double), &loss_all, sizeof(double),
+        [&](const void* s, void* r) {
+          return comm.all_reduce(s, r, 1, DType::kF64, comm::ReduceOp::kSum, comm::CommQueue::kReduce);
+        },
+        "summing the loss over ranks"));
   }
   const double wait_reduce_ms = ms_since(tr);
   StepMetrics m;
@@ -286,9 +290,12 @@ Result<double> Engine::Impl::evaluate() {
     if (!layers[li].persistent && layers[li].held == 0)
       STRATA_RETURN_IF_ERROR(drop_gathered(li, layers[li].last_use));
   double all = 0;
-  STRATA_ASSIGN_OR_RETURN(comm::CommWork w,
-                          comm.all_reduce(&sum, &all, 1, DType::kF64, comm::ReduceOp::kSum, comm::CommQueue::kReduce));
-  STRATA_RETURN_IF_ERROR(w.wait().with_context("summing the validation loss over ranks"));
+  STRATA_RETURN_IF_ERROR(comm::host_collective(
+      comm, &sum, sizeof(double), &all, sizeof(double),
+      [&](const void* s, void* r) {
+        return comm.all_reduce(s, r, 1, DType::kF64, comm::ReduceOp::kSum, comm::CommQueue::kReduce);
+      },
+      "summing the validation loss over ranks"));
   return all / (static_cast<double>(count) * world);
 }
 

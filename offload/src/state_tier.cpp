@@ -110,8 +110,9 @@ Result<std::unique_ptr<OptimizerStateTier>> make_memory_state_tier(Device& devic
     return InvalidArgument(fmt::format("optimizer state tier {} is not a memory tier", tier_name(tier)));
   if (tier == Tier::kDevice && !device.caps().host_addressable)
     return Unsupported(fmt::format(
-        "optimizer state on the {} device needs a device optimizer kernel, which this build does not have; set "
-        "zero_optimization.offload_optimizer.device to \"cpu\"",
+        "optimizer state on the {} device: the engine steps device-resident state with the CPU kernels, which need "
+        "host-addressable memory (the fused device kernel of docs/device-adam.md is not wired into the engine yet); "
+        "set zero_optimization.offload_optimizer.device to \"cpu\"",
         device.caps().backend));
   if (moment_dtype != DType::kF32 && moment_dtype != DType::kBF16)
     return InvalidArgument(fmt::format("strata.optimizer_state_dtype {} is not fp32 or bf16", dtype_name(moment_dtype)));
