@@ -27,7 +27,10 @@
 // just waits for it; any other piece is read on demand: into a free slot,
 // else after a write-back frees one, else by dropping the read-ahead piece
 // farthest in the order. So buffer_count >= 3 reads piece i+1 while i is
-// stepped and i-1 written; 1 works, without overlap.
+// stepped and i-1 written; 1 works, without overlap. Reads start only from
+// calls (no thread of its own): between steps, once the last write-backs
+// are done, prefetch(first piece) starts the next step's first reads (the
+// engine calls it e.g. when backward begins).
 //
 // Note [NVMe tier errors]
 //  - A read's I/O error names the file, offset and length (IoEngine), the
