@@ -511,7 +511,21 @@ void NvmeStateTier::prefetch(const StateId& id) {
   if (it == index_.end() || order_.empty()) return;
   const size_t pos = order_pos_[it->second];
   if (pos != kNotInOrder) {
-    cursor_ = (pos + order_.size() - 1) % order_.size();
+    const size_t n = order_.size();
+    cursor_ = (pos + n - 1) % n;
+    // The order jumped: read-ahead pieces outside the new window give their
+    // slots back (a read still in flight is waited for: at most
+    // buffer_count of them, and none when the hint agrees with the order).
+    for (size_t i = 0; i < pieces_.size(); ++i) {
+      Piece& q = pieces_[i];
+      if (q.where != Where::kReading) continue;
+      const size_t qpos = order_pos_[i];
+      if (qpos != kNotInOrder && (qpos + n - pos) % n < options_.buffer_count) continue;
+      wait_read(q).ignore();  // a failed read is read again (and reported) on demand
+      q.slot.reset();
+      q.where = Where::kDisk;
+      q.prefetched = false;
+    }
     pump();
     return;
   }

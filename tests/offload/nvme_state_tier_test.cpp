@@ -297,6 +297,34 @@ TEST_F(NvmeStateTierTest, OutOfOrderOpensAndTooManyOpenPieces) {
   EXPECT_LE(tier->io_stats().peak_slots_in_use, 2u);
 }
 
+// Read-ahead wraps around the order (the next step's first piece is read
+// while this step ends) and follows prefetch() hints.
+TEST_F(NvmeStateTierTest, ReadAheadWrapsToTheNextStepAndFollowsHints) {
+  std::vector<PieceSpec> pieces;
+  for (uint32_t g = 0; g < 6; ++g) pieces.push_back({{0, g, 0}, 3000u + g, true});
+  NvmeStateTierOptions o = options(pieces, DType::kF32, "wrap");
+  o.buffer_count = 3;
+  o.pipeline_write = false;  // slots free at close(), so the wrap-around read can start there
+  auto tier = make(o);
+  ASSERT_TRUE(tier);
+  ASSERT_NO_FATAL_FAILURE(add_all(*tier, pieces));
+  for (const PieceSpec& p : pieces) {
+    ASSERT_TRUE(tier->open(p.id).ok());
+    ASSERT_TRUE(tier->close(p.id, true).ok());
+  }
+  uint64_t before = tier->io_stats().prefetched_opens;
+  ASSERT_TRUE(tier->open(pieces[0].id).ok());
+  EXPECT_EQ(tier->io_stats().prefetched_opens, before + 1) << "the next step's first piece was read ahead";
+  ASSERT_TRUE(tier->close(pieces[0].id, false).ok());
+  // A jump: the hint moves the read-ahead to piece 4.
+  tier->prefetch(pieces[4].id);
+  before = tier->io_stats().prefetched_opens;
+  ASSERT_TRUE(tier->open(pieces[4].id).ok());
+  EXPECT_EQ(tier->io_stats().prefetched_opens, before + 1);
+  ASSERT_TRUE(tier->close(pieces[4].id, false).ok());
+  EXPECT_LE(tier->io_stats().peak_slots_in_use, 3u);
+}
+
 // --------------------------------------------------------------- cpu_adam parity
 
 TEST_F(NvmeStateTierTest, CpuAdamThroughNvmeIsBitIdenticalToPinnedMemory) {

@@ -66,7 +66,8 @@ class OptimizerStateTier {
   // Without it a tier assumes the order of add().
   virtual void set_order(std::span<const StateId> order) { (void)order; }
   // Hint: `id` is the next piece open() will be asked for; reading may start
-  // now (e.g. at the start of a step, or before an out-of-order walk).
+  // now (e.g. at the start of a step, or before an out-of-order walk). The
+  // NVMe tier continues its read-ahead from `id` in the order.
   virtual void prefetch(const StateId& id) { (void)id; }
   // Waits for every write started by add() or close(); returns the first
   // write failure not reported yet (a tier reports each failure once, from
