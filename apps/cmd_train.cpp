@@ -147,16 +147,21 @@ Status apply_placement_flags(const TrainCliOptions& o, TrainSetup& t) {
   if (!o.offload_param.empty()) {
     STRATA_ASSIGN_OR_RETURN(t.engine.offload_param, parse_offload(o.offload_param, "--offload-param"));
   }
-  if (!o.nvme_path.empty()) t.engine.nvme.path = o.nvme_path;
-  if (t.engine.offload_param == OffloadDevice::kNvme)
-    return Unsupported("--offload-param nvme: parameter shards on NVMe are not built yet (issue 12); use cpu");
+  if (!o.nvme_path.empty()) t.engine.nvme.path = t.engine.nvme_param.path = o.nvme_path;
   if (t.engine.offload_optimizer == OffloadDevice::kNvme && t.engine.nvme.path.empty())
     return InvalidArgument("--offload-optimizer nvme needs a folder on the NVMe drive: give --nvme-path DIR (or "
                            "zero_optimization.offload_optimizer.nvme_path in --config)");
+  if (t.engine.offload_param == OffloadDevice::kNvme && t.engine.nvme_param.path.empty())
+    return InvalidArgument("--offload-param nvme needs a folder on the NVMe drive: give --nvme-path DIR (or "
+                           "zero_optimization.offload_param.nvme_path in --config)");
   if (t.engine.offload_param != OffloadDevice::kNone && t.engine.stage != 3)
     return InvalidArgument(fmt::format("--offload-param needs stage 3 (parameters are partitioned only there); "
                                        "stage is {}",
                                        t.engine.stage));
+  if (t.engine.offload_param != OffloadDevice::kNone && t.engine.offload_optimizer == OffloadDevice::kNone)
+    return InvalidArgument(fmt::format("--offload-param {} needs the optimizer off the device too: add "
+                                       "--offload-optimizer cpu (or nvme)",
+                                       offload_device_name(t.engine.offload_param)));
   if (!o.overlap_optimizer.empty()) {
     if (o.overlap_optimizer != "on" && o.overlap_optimizer != "off")
       return InvalidArgument(fmt::format("--overlap-optimizer '{}' is not on or off", printable(o.overlap_optimizer, 32)));
@@ -539,10 +544,10 @@ CommandRegistration train_command("train", [](CLI::App& root) {
       ->capture_default_str();
   cmd->add_option("--stage", o->stage, "ZeRO stage 0-3 (overrides zero_optimization.stage)");
   cmd->add_option("--offload-optimizer", o->offload_optimizer, "none | cpu | nvme (overrides offload_optimizer.device)");
-  cmd->add_option("--offload-param", o->offload_param, "none | cpu, stage 3 (overrides offload_param.device)");
+  cmd->add_option("--offload-param", o->offload_param, "none | cpu | nvme, stage 3 (overrides offload_param.device)");
   cmd->add_option("--nvme-path", o->nvme_path,
-                  "Folder on the NVMe drive for --offload-optimizer nvme (overrides offload_optimizer.nvme_path); the "
-                  "run's swap files go to DIR/strata-train-<pid>/rank<r>/ and are removed at exit");
+                  "Folder on the NVMe drive for --offload-optimizer/--offload-param nvme (overrides the config's "
+                  "nvme_path); the run's swap files go to DIR/strata-train-<pid>[-params]/rank<r>/, removed at exit");
   cmd->add_option("--overlap-optimizer", o->overlap_optimizer,
                   "on | off: step the optimizer under the next forward (overrides strata.overlap_optimizer)");
   cmd->add_option("--optimizer-threads", o->optimizer_threads, "CPU optimizer threads per rank (0: all cores)")

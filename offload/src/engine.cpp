@@ -31,8 +31,8 @@ Status Engine::Impl::init() {
     return InvalidArgument(fmt::format("{}: gradient_accumulation_steps {} must be >= 1", opt.source, opt.grad_accum));
   if (!(opt.grad_clip >= 0.0) || !std::isfinite(opt.grad_clip))
     return InvalidArgument(fmt::format("{}: gradient_clipping {} must be finite and >= 0", opt.source, opt.grad_clip));
-  if (opt.offload_param == OffloadDevice::kNvme)
-    return Unsupported(fmt::format("{}: parameter shards on nvme are not built yet; use \"cpu\"", opt.source));
+  if (opt.offload_param == OffloadDevice::kNvme && opt.nvme_param.path.empty())
+    return InvalidArgument(fmt::format("{}: offload_param nvme needs offload_param.nvme_path", opt.source));
   if (opt.offload_optimizer == OffloadDevice::kNvme && opt.nvme.path.empty())
     return InvalidArgument(fmt::format("{}: offload_optimizer nvme needs offload_optimizer.nvme_path", opt.source));
   if (opt.offload_param != OffloadDevice::kNone && opt.stage != 3)
@@ -54,6 +54,16 @@ Status Engine::Impl::init() {
   STRATA_ASSIGN_OR_RETURN(part, Partition::create(model.layers(), world, opt.sub_group_size));
   STRATA_ASSIGN_OR_RETURN(xfer, device.create_stream());
   STRATA_ASSIGN_OR_RETURN(frees, device.create_stream());
+  if (opt_on_nvme() || opt.offload_param == OffloadDevice::kNvme) {
+    // The swap folders' run name: rank 0's process id, the same on every rank.
+    int64_t job = static_cast<int64_t>(::getpid()), job0 = 0;
+    STRATA_RETURN_IF_ERROR(comm::host_collective(
+        comm, &job, sizeof(job), &job0, sizeof(job0),
+        [&](const void* s, void* r) { return comm.broadcast(s, r, 1, DType::kI64, 0, comm::CommQueue::kReduce); },
+        "agreeing on the swap folders' name"));
+    job_name = fmt::format("train-{}", job0);
+  }
+  if (opt.offload_param == OffloadDevice::kNvme) STRATA_RETURN_IF_ERROR(make_param_swap());
   if (opt_on_nvme()) {
     STRATA_RETURN_IF_ERROR(make_nvme_tier());
   } else {
@@ -161,14 +171,9 @@ Status Engine::Impl::make_nvme_tier() {
         total += b;
       }
   }
-  int64_t job = static_cast<int64_t>(::getpid()), job0 = 0;
-  STRATA_RETURN_IF_ERROR(comm::host_collective(
-      comm, &job, sizeof(job), &job0, sizeof(job0),
-      [&](const void* s, void* r) { return comm.broadcast(s, r, 1, DType::kI64, 0, comm::CommQueue::kReduce); },
-      "agreeing on the swap folder's name"));
   NvmeStateTierOptions o;
   o.nvme_paths = {opt.nvme.path};
-  o.job = fmt::format("train-{}", job0);
+  o.job = job_name;
   o.rank = rank;
   o.capacity_bytes = total;
   o.aio = opt.nvme.aio;
@@ -179,6 +184,52 @@ Status Engine::Impl::make_nvme_tier() {
   o.pipeline_write = opt.nvme.pipeline_write;
   o.verify_checksums = opt.nvme.verify_checksums;
   STRATA_ASSIGN_OR_RETURN(tier, make_nvme_state_tier(o, device, stats));
+  return Status::Ok();
+}
+
+// offload_param nvme: which layers' shards go to NVMe (every partitioned
+// layer after the first max_in_cpu shard elements, which stay in pinned host
+// memory), and the swap store with slots for the largest of them.
+Status Engine::Impl::make_param_swap() {
+  if (opt.stage != 3) return InvalidArgument(fmt::format("{}: offload_param nvme needs stage 3", opt.source));
+  layers.resize(part.layer_count());  // (sized again, unchanged, below)
+  uint64_t cached = 0, capacity = 0, largest = 0, largest_elements = 0;
+  std::string largest_name;
+  for (size_t li = 0; li < part.layer_count(); ++li) {
+    const LayerSpec& spec = model.layers()[li];
+    const LayerPartition& lp = part.layer(li);
+    const bool persistent = static_cast<int64_t>(spec.param_count) < opt.persistence_threshold;
+    if (persistent) continue;
+    const size_t pe = dtype_size(spec.params.empty() ? DType::kF32 : spec.params.front().dtype);
+    if (cached + lp.shard_elements <= static_cast<uint64_t>(opt.nvme_param.max_in_cpu)) {
+      cached += lp.shard_elements;
+      continue;
+    }
+    layers[li].on_nvme = true;
+    const uint64_t bytes = lp.shard_elements * pe;
+    capacity += bytes;
+    if (bytes > largest) {
+      largest = bytes;
+      largest_elements = lp.shard_elements;
+      largest_name = fmt::format("layer {} '{}'", li, printable(lp.name, 64));
+    }
+  }
+  if (capacity == 0) return Status::Ok();  // everything fits max_in_cpu: no NVMe I/O at all
+  if (static_cast<uint64_t>(opt.nvme_param.buffer_size) < largest_elements)
+    return InvalidArgument(fmt::format(
+        "{}: zero_optimization.offload_param.buffer_size {} elements is smaller than the largest parameter shard on "
+        "NVMe ({} elements, {}); raise buffer_size to at least {}",
+        opt.source, opt.nvme_param.buffer_size, largest_elements, largest_name, largest_elements));
+  ParamSwapOptions o;
+  o.path = opt.nvme_param.path;
+  o.job = job_name + "-params";
+  o.rank = rank;
+  o.buffer_count = static_cast<size_t>(opt.nvme_param.buffer_count);
+  o.slot_bytes = largest;
+  o.capacity_bytes = capacity;
+  o.aio = opt.nvme.aio;
+  o.verify_checksums = opt.nvme.verify_checksums;
+  STRATA_ASSIGN_OR_RETURN(param_swap, ParamSwap::create(o, device, stats));
   return Status::Ok();
 }
 
@@ -211,6 +262,12 @@ Status Engine::Impl::init_layer(size_t li) {
   if (l.persistent) {
     STRATA_ASSIGN_OR_RETURN(l.full_params, alloc_device(lp.padded_elements * l.pe, "parameters of " + lname));
     STRATA_RETURN_IF_ERROR(device.copy(l.full_params.data(), init.data(), init.size(), CopyKind::kHostToDevice));
+  } else if (l.on_nvme) {
+    std::vector<std::byte> shard(lp.shard_elements * l.pe);
+    for (const SubGroup& g : lp.groups)
+      std::memcpy(shard.data() + g.shard_offset * l.pe, init.data() + lp.piece_begin(g, rank) * l.pe, g.piece * l.pe);
+    STRATA_RETURN_IF_ERROR(
+        param_swap->put(static_cast<uint32_t>(li), shard.data(), shard.size(), "parameter shard of " + lname));
   } else if (param_on_host()) {
     STRATA_ASSIGN_OR_RETURN(l.host_shard, HostBuffer::create(device, stats, lp.shard_elements * l.pe,
                                                              "parameter shard of " + lname));
@@ -233,7 +290,7 @@ Status Engine::Impl::init_layer(size_t li) {
     STRATA_ASSIGN_OR_RETURN(l.opt_grads_host,
                             HostBuffer::create(device, stats, owned * ge(), "gradient shard of " + lname));
     // Updated values wait here for their H2D copy, unless they go straight into a host shard.
-    if (!(param_on_host() && !l.persistent)) {
+    if (!(param_on_host() && !l.persistent) || l.on_nvme) {
       STRATA_ASSIGN_OR_RETURN(l.staging, HostBuffer::create(device, stats, owned * l.pe,
                                                             "parameter staging of " + lname));
     }

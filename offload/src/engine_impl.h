@@ -21,6 +21,7 @@
 #include <map>
 #include <mutex>
 #include <fmt/format.h>
+#include "param_swap.h"
 #include "serial_worker.h"
 #include "strata/core/dtype_convert.h"
 #include "strata/core/memory_stats.h"
@@ -131,7 +132,8 @@ struct Engine::Impl {
     DeviceBuffer full_params;
     Completion params_ready;
     DeviceBuffer dev_shard;  // stage 3, offload_param none
-    HostBuffer host_shard;   // stage 3, offload_param cpu
+    HostBuffer host_shard;   // stage 3, offload_param cpu (and nvme's cached layers)
+    bool on_nvme = false;    // stage 3, offload_param nvme: the shard lives in param_swap
     Completion shard_ready;
     DeviceBuffer gathered;   // stage 3: this layer gathered
     Completion gathered_ready;
@@ -157,6 +159,9 @@ struct Engine::Impl {
     std::shared_ptr<WaitProbe> probe;  // this step's forward wait, when measured
   };
   std::vector<Layer> layers;
+  // offload_param nvme; after `layers`, so it closes (its writes from the
+  // layers' staging buffers done) before they are freed.
+  std::unique_ptr<ParamSwap> param_swap;
 
   // acquire sequence of one micro-batch, recorded in the first one
   std::vector<std::pair<size_t, Pass>> trace;
@@ -205,7 +210,9 @@ struct Engine::Impl {
   // state streams through pinned slots of the NVMe tier).
   bool opt_on_host() const { return opt.offload_optimizer != OffloadDevice::kNone; }
   bool opt_on_nvme() const { return opt.offload_optimizer == OffloadDevice::kNvme; }
-  bool param_on_host() const { return opt.offload_param == OffloadDevice::kCpu; }
+  // Stage-3 shards off the device: in pinned host memory (cpu, and nvme's
+  // first max_in_cpu elements) or on NVMe (Layer::on_nvme).
+  bool param_on_host() const { return opt.offload_param != OffloadDevice::kNone; }
   size_t ge() const { return dtype_size(opt.grad_dtype); }
   // Grads are read by the optimizer from the full buffer (no copy) when
   // both live on the device and the full buffer persists (stages 0, 1).
@@ -288,6 +295,8 @@ struct Engine::Impl {
   Status init();
   Status init_layer(size_t li);
   Status make_nvme_tier();
+  Status make_param_swap();
+  std::string job_name;  // the swap folders' run name, the same on every rank
   Result<LayerMemory> acquire(size_t li, Pass pass);
   Status release(size_t li, Pass pass, const Completion& done);
   Status issue_gather(size_t li);

@@ -14,11 +14,23 @@ Result<EngineOptions> engine_options_from_config(const Config& cfg) {
   o.stage = z.stage;
   o.offload_optimizer = z.offload_optimizer.device;
   o.offload_param = z.offload_param.device;
-  if (o.offload_param == OffloadDevice::kNvme)
-    return Unsupported(fmt::format(
-        "{}: zero_optimization.offload_param.device \"nvme\": parameter shards on NVMe are not built yet (issue "
-        "12); use \"cpu\" (optimizer state on NVMe is: offload_optimizer.device \"nvme\")",
-        o.source));
+  if (o.offload_param == OffloadDevice::kNvme) {
+    const OffloadParamConfig& op = z.offload_param;
+    if (op.nvme_path.empty())
+      return InvalidArgument(fmt::format("{}: zero_optimization.offload_param.nvme_path is not set: name a folder on "
+                                         "the NVMe drive for the parameter shards",
+                                         o.source));
+    if (op.buffer_count < 1 || op.buffer_count > 65536 || op.buffer_size < 1 || op.max_in_cpu < 0)
+      return InvalidArgument(fmt::format("{}: zero_optimization.offload_param buffer_count {} (1..65536), buffer_size "
+                                         "{} (>= 1) or max_in_cpu {} (>= 0) is out of range",
+                                         o.source, op.buffer_count, op.buffer_size, op.max_in_cpu));
+    o.nvme_param.path = op.nvme_path;
+    o.nvme_param.buffer_count = op.buffer_count;
+    o.nvme_param.buffer_size = op.buffer_size;
+    o.nvme_param.max_in_cpu = op.max_in_cpu;
+    o.nvme.aio = cfg.aio;
+    o.nvme.verify_checksums = cfg.strata.verify_checksums;
+  }
   if (o.offload_optimizer == OffloadDevice::kNvme) {
     const OffloadOptimizerConfig& oo = z.offload_optimizer;
     if (oo.nvme_path.empty())
@@ -39,11 +51,11 @@ Result<EngineOptions> engine_options_from_config(const Config& cfg) {
     return InvalidArgument(fmt::format(
         "{}: zero_optimization.offload_param needs stage 3 (parameters are partitioned only there); stage is {}",
         o.source, o.stage));
-  if (o.offload_param == OffloadDevice::kCpu && o.offload_optimizer == OffloadDevice::kNone)
+  if (o.offload_param != OffloadDevice::kNone && o.offload_optimizer == OffloadDevice::kNone)
     return Unsupported(fmt::format(
-        "{}: offload_param \"cpu\" with offload_optimizer \"none\": the updated parameters would be written from "
+        "{}: offload_param \"{}\" with offload_optimizer \"none\": the updated parameters would be written from "
         "device state into host shards; set zero_optimization.offload_optimizer.device to \"cpu\" as well",
-        o.source));
+        o.source, offload_device_name(o.offload_param)));
   o.ratio = z.offload_optimizer.ratio;
   if (!(o.ratio > 0.0 && o.ratio <= 1.0))
     return InvalidArgument(fmt::format("{}: zero_optimization.offload_optimizer.ratio {} must be in (0, 1]", o.source,

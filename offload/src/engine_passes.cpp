@@ -102,7 +102,24 @@ Status Engine::Impl::issue_gather(size_t li) {
                                                                printable(lp.name, 64))));
   live_params.held += lp.padded_elements;
   std::byte* full = l.gathered.as<std::byte>();
-  if (param_on_host()) {
+  if (l.on_nvme) {
+    // NVMe: the shard's last write-back must be durable before it is read
+    // (a shadow write flips the index only then); read it into a slot, H2D
+    // its pieces into place, return the slot after the copies, gather in place.
+    STRATA_RETURN_IF_ERROR(l.shard_ready.wait().with_context(
+        fmt::format("writing the parameter shard of layer {}", li)));
+    const std::string name = fmt::format("parameter shard of layer {} '{}'", li, printable(lp.name, 64));
+    STRATA_ASSIGN_OR_RETURN(ParamSwap::Read rd, param_swap->read(static_cast<uint32_t>(li), lp.shard_elements * l.pe, name));
+    STRATA_RETURN_IF_ERROR(xfer->wait(rd.done));
+    const std::byte* shard = rd.slot.as<std::byte>();
+    for (const SubGroup& g : lp.groups)
+      STRATA_RETURN_IF_ERROR(xfer->copy_async(full + lp.piece_begin(g, rank) * l.pe, shard + g.shard_offset * l.pe,
+                                              g.piece * l.pe, CopyKind::kHostToDevice));
+    h2d_bytes += lp.shard_elements * l.pe;
+    const Completion copied = xfer->record_completion();
+    rd.slot.release_after(copied);
+    STRATA_RETURN_IF_ERROR(comm.wait(copied, comm::CommQueue::kGather));
+  } else if (param_on_host()) {
     // H2D of this rank's pieces into their place, then gather in place.
     STRATA_RETURN_IF_ERROR(xfer->wait(l.shard_ready));
     for (const SubGroup& g : lp.groups)

@@ -98,7 +98,21 @@ Status Engine::Impl::queue_update(size_t li, int64_t step, double clip, double s
   }
   l.grads_consumed = l.opt_done;
   Completion updated = l.opt_done;
-  if (l.staging) {
+  if (l.on_nvme) {
+    // The updated shard (in staging, shard layout) goes back to NVMe once
+    // the step has written it; the next gather waits for the write.
+    auto written = std::make_shared<CompletionSource>(fmt::format("parameter shard of layer {} written", li));
+    updated = written->completion();
+    const uint64_t bytes = lp.shard_elements * l.pe;
+    std::byte* data = l.staging.data();
+    const std::string name = fmt::format("parameter shard of layer {} '{}'", li, printable(lp.name, 64));
+    l.opt_done.then([this, li, written, bytes, data, name](const Status& st) {
+      if (!st.ok()) return written->complete(st);
+      Result<Completion> w = param_swap->write(static_cast<uint32_t>(li), data, bytes, name);
+      if (!w.ok()) return written->complete(w.status());
+      w->then([written](const Status& s) { written->complete(s); });
+    });
+  } else if (l.staging) {
     // H2D of the updated owned pieces into the device parameters.
     STRATA_RETURN_IF_ERROR(xfer->wait(l.opt_done));
     for (const SubGroup& g : lp.groups)

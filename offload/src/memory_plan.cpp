@@ -31,6 +31,7 @@ Result<EngineMemory> plan_engine_memory(const EngineOptions& opt, std::span<cons
   EngineMemory m;
   const size_t me = dtype_size(opt.moment_dtype);
   uint64_t np_total = 0, np_max = 0, g_total = 0, g_max = 0, np_total_real = 0, nvme_largest = 0;
+  uint64_t param_cached = 0, param_slot = 0;
   size_t np_pe = 2;
   for (size_t li = 0; li < part.layer_count(); ++li) {
     const LayerSpec& spec = layers[li];
@@ -40,10 +41,24 @@ Result<EngineMemory> plan_engine_memory(const EngineOptions& opt, std::span<cons
     const bool persistent = opt.stage < 3 || static_cast<int64_t>(spec.param_count) < opt.persistence_threshold;
     const bool master = !(pd == DType::kF32 && !opt_on_host);
     const uint64_t F = lp.padded_elements, S = lp.shard_elements, owned = stage0 ? lp.padded_elements : lp.shard_elements;
+    // offload_param nvme: shards past the first max_in_cpu elements live on
+    // NVMe (engine.cpp make_param_swap decides the same way).
+    bool on_nvme = false;
+    if (!persistent && opt.offload_param == OffloadDevice::kNvme) {
+      if (param_cached + S <= static_cast<uint64_t>(opt.nvme_param.max_in_cpu)) {
+        param_cached += S;
+      } else {
+        on_nvme = true;
+        m.nvme += S * pe;
+        param_slot = std::max<uint64_t>(param_slot, S * pe);
+      }
+    }
     if (persistent) {
       m.device_params += F * pe;
     } else {
-      if (param_on_host)
+      if (on_nvme)
+        ;  // on NVMe, read through the slots below
+      else if (param_on_host)
         m.pinned_params += S * pe;
       else
         m.device_params += S * pe;
@@ -60,7 +75,7 @@ Result<EngineMemory> plan_engine_memory(const EngineOptions& opt, std::span<cons
     }
     if (opt_on_host) {
       m.pinned_grads += std::max<uint64_t>(64, owned * ge);
-      if (!(param_on_host && !persistent)) m.pinned_staging += std::max<uint64_t>(64, owned * pe);
+      if (!(param_on_host && !persistent) || on_nvme) m.pinned_staging += std::max<uint64_t>(64, owned * pe);
     }
     if ((!opt_on_host && !grads_in_place) || split) m.device_optimizer += std::max<uint64_t>(64, owned * ge);
     for (const SubGroup& g : lp.groups)
@@ -97,6 +112,7 @@ Result<EngineMemory> plan_engine_memory(const EngineOptions& opt, std::span<cons
   // NVMe: the state streams through buffer_count pinned slots of the largest piece.
   if (opt.offload_optimizer == OffloadDevice::kNvme)
     m.pinned_optimizer = static_cast<uint64_t>(opt.nvme.buffer_count) * std::max(nvme_largest, kNvmeStateAlign);
+  if (param_slot != 0) m.pinned_params += static_cast<uint64_t>(opt.nvme_param.buffer_count) * std::max<uint64_t>(param_slot, 4096);
   m.pinned = m.pinned_optimizer + m.pinned_grads + m.pinned_staging + m.pinned_params;
   return m;
 }

@@ -85,11 +85,17 @@ TEST(TrainCli, ConfigAppliesAndFlagsOverride) {
 
 TEST(TrainCli, BadInputsExitNonZeroWithTheCulprit) {
   const std::string cfg = temp_path("nvme.json");
-  std::ofstream(cfg) << R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme",
-    "nvme_path": "/tmp"}, "offload_optimizer": {"device": "cpu"}}})";
+  std::ofstream(cfg) << R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"},
+    "offload_optimizer": {"device": "cpu"}}})";
   CliRun r = run("--config " + cfg);
   EXPECT_NE(r.rc, 0);
-  EXPECT_NE(r.out.find("offload_param.device \"nvme\""), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("offload_param.nvme_path: device is nvme but nvme_path is not set"), std::string::npos) << r.out;
+  r = run("--stage 3 --offload-param nvme --offload-optimizer cpu");
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.out.find("--offload-param nvme needs a folder"), std::string::npos) << r.out;
+  r = run("--stage 3 --offload-param cpu --offload-optimizer none");
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.out.find("--offload-param cpu needs the optimizer off the device"), std::string::npos) << r.out;
   r = run("--stage 2 --offload-optimizer nvme");
   EXPECT_EQ(r.rc, 2);
   EXPECT_NE(r.out.find("give --nvme-path DIR"), std::string::npos) << r.out;

@@ -170,6 +170,10 @@ std::vector<Placement> matrix() {
   // written back asynchronously), at stages 1 and 3, several sub-groups.
   m.push_back({1, D::kNvme, D::kNone});
   m.push_back({3, D::kNvme, D::kCpu, true, 4096});
+  // Parameter shards on NVMe: every partitioned layer (max_in_cpu 0), and
+  // with the optimizer on NVMe too.
+  m.push_back({3, D::kCpu, D::kNvme, true, 1'000'000'000, 1'000'000'000, 1'000'000'000, 0});
+  m.push_back({3, D::kNvme, D::kNvme, false, 4096, 20'000, 0, 0});
   return m;
 }
 
@@ -211,6 +215,11 @@ TEST_P(ParityMatrix, EveryPlacementMatchesStageZeroBitForBit) {
       r.opt.nvme.path = ::testing::TempDir();
       r.opt.nvme.buffer_count = 3;
       r.opt.nvme.pipeline_read = r.opt.nvme.pipeline_write = true;
+    }
+    if (p.param == OffloadDevice::kNvme) {
+      r.opt.nvme_param.path = ::testing::TempDir();
+      r.opt.nvme_param.buffer_count = 2;
+      r.opt.nvme_param.max_in_cpu = 0;
     }
     expect_same_losses(ref, train(r), fmt::format("world {} {} {}", world, dtype_name(dtype), p.name()));
   }
@@ -406,7 +415,8 @@ TEST(EngineMemory, PredictedPeaksBoundTheMeasuredOnesWithinAQuarter) {
                         Case{4, 3, D::kCpu, D::kCpu, DType::kBF16, 2 * layer, 2 * layer},
                         Case{2, 3, D::kCpu, D::kNone, DType::kF32, 1'000'000'000, 500'000'000},
                         Case{2, 3, D::kCpu, D::kNone, DType::kBF16, 2 * layer, 2 * layer, 0.5},
-                        Case{2, 3, D::kNvme, D::kCpu, DType::kBF16, 2 * layer, 2 * layer}}) {
+                        Case{2, 3, D::kNvme, D::kCpu, DType::kBF16, 2 * layer, 2 * layer},
+                        Case{2, 3, D::kCpu, D::kNvme, DType::kBF16, 2 * layer, 2 * layer}}) {
     TrainRun r;
     r.world = c.world;
     r.steps = 2;
@@ -424,6 +434,8 @@ TEST(EngineMemory, PredictedPeaksBoundTheMeasuredOnesWithinAQuarter) {
     r.opt.reduce_bucket_size = c.bucket;
     r.opt.ratio = c.ratio;
     r.opt.nvme.path = ::testing::TempDir();
+    r.opt.nvme_param.path = ::testing::TempDir();
+    r.opt.nvme_param.max_in_cpu = 200'000;  // the first layers' shards in host memory, the rest on NVMe
     r.opt.max_reuse_distance = 0;
     r.opt.persistence_threshold = 0;
     const Outcome o = train(r);
@@ -439,7 +451,7 @@ TEST(EngineMemory, PredictedPeaksBoundTheMeasuredOnesWithinAQuarter) {
       EXPECT_LE(p.device, m.device * 1.25) << what;
       EXPECT_LE(m.pinned, p.pinned) << what;
       EXPECT_LE(p.pinned, m.pinned * 1.25) << what;
-      if (c.opt == D::kNvme) EXPECT_GT(p.nvme, 0u) << what;
+      if (c.opt == D::kNvme || c.param == D::kNvme) EXPECT_GT(p.nvme, 0u) << what;
     }
   }
 }
@@ -458,11 +470,15 @@ TEST(EngineOptions, RefusesWhatItCannotRunWithTheKeyAndTheFix) {
   r = engine_options_from_config(cfg);
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_EQ(r->nvme.path, "/tmp");
-  cfg.zero_optimization.offload_param.device = OffloadDevice::kNvme;
+  cfg.zero_optimization.offload_param.device = OffloadDevice::kNvme;  // without its nvme_path
   r = engine_options_from_config(cfg);
   ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), StatusCode::kUnsupported);
-  EXPECT_NE(r.status().message().find("offload_param.device \"nvme\""), std::string::npos) << r.status().message();
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("offload_param.nvme_path is not set"), std::string::npos) << r.status().message();
+  cfg.zero_optimization.offload_param.nvme_path = "/tmp";
+  r = engine_options_from_config(cfg);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->nvme_param.path, "/tmp");
   cfg.zero_optimization.offload_param.device = OffloadDevice::kNone;
   cfg.zero_optimization.offload_optimizer.device = OffloadDevice::kCpu;
   cfg.zero_optimization.stage = 2;

@@ -96,6 +96,14 @@ struct EngineOptions {
     bool verify_checksums = true; // strata.verify_checksums
     AioConfig aio;                // the aio section
   } nvme;
+  // offload_param.device nvme (stage 3): shards of layers beyond the first
+  // max_in_cpu elements live on NVMe and are read through buffer_count slots.
+  struct NvmeParamOptions {
+    std::string path;                    // offload_param.nvme_path
+    int64_t buffer_count = 5;            // offload_param.buffer_count
+    int64_t buffer_size = 100'000'000;   // offload_param.buffer_size: elements per slot, >= the largest shard
+    int64_t max_in_cpu = 1'000'000'000;  // offload_param.max_in_cpu: shard elements kept in pinned host memory
+  } nvme_param;
   // Most host memory (pinned + pageable) this rank's engine may hold; 0:
   // unlimited. strata train gives each of its --ranks an equal share of
   // strata.host_memory_budget. A plan above it is refused at creation.
