@@ -183,6 +183,7 @@ Status Engine::Impl::make_nvme_tier() {
   o.pipeline_read = opt.nvme.pipeline_read;
   o.pipeline_write = opt.nvme.pipeline_write;
   o.verify_checksums = opt.nvme.verify_checksums;
+  o.io_engine = opt.nvme.io_engine;
   STRATA_ASSIGN_OR_RETURN(tier, make_nvme_state_tier(o, device, stats));
   return Status::Ok();
 }
@@ -356,6 +357,7 @@ Status Engine::synchronize() {
     STRATA_RETURN_IF_ERROR(l.shard_ready.wait());
   }
   STRATA_RETURN_IF_ERROR(impl_->xfer->synchronize());
+  STRATA_RETURN_IF_ERROR(impl_->tier->flush());  // NVMe: every write-back durable, errors reported
   return impl_->comm.synchronize();
 }
 

@@ -28,6 +28,8 @@
 #include "strata/model/gpt_executor.h"
 #include "strata/model/gpt_runner.h"
 #include "strata/model/text_data.h"
+#include "strata/nvme/aio_config.h"
+#include "strata/nvme/fault_injection.h"
 #include "strata/offload/engine.h"
 #include "strata/offload/grad_norm.h"
 #include "strata/offload/partition.h"
@@ -69,6 +71,8 @@ struct TrainRun {
   // leaves the group, as a crashed rank would.
   int fail_rank = -1;
   int fail_step = 0;
+  // Per-rank NVMe I/O engine for the optimizer state (test hook), or null.
+  std::function<nvme::IoEngine*(int rank)> engine_for_rank;
   TrainRun() {
     opt.grad_accum = 2;
     opt.grad_clip = 0.5;  // clipping active on most steps
@@ -106,7 +110,9 @@ Outcome train(const TrainRun& run) {
                                                                       run.global_batch / run.world, run.seq_len));
         STRATA_ASSIGN_OR_RETURN(auto runner, model::GptRunner::create(*gpt, *exec, corpus(), 1234, 2,
                                                                       model::RankSlice{r, run.world}));
-        STRATA_ASSIGN_OR_RETURN(auto engine, Engine::create(run.opt, *runner, *device, *comms[r]));
+        EngineOptions opt = run.opt;
+        if (run.engine_for_rank) opt.nvme.io_engine = run.engine_for_rank(r);
+        STRATA_ASSIGN_OR_RETURN(auto engine, Engine::create(opt, *runner, *device, *comms[r]));
         for (int s = 1; s <= run.steps; ++s) {
           STRATA_ASSIGN_OR_RETURN(StepMetrics m, engine->step());
           if (r == 0) {
@@ -360,6 +366,49 @@ TEST(EngineRanks, ARankThatFailsEndsEveryRankWithAnErrorNamingIt) {
   // Rank 0's error (the first in rank order) names rank 1.
   EXPECT_NE(o.status.message().find("rank 1"), std::string::npos) << o.status.to_string();
   EXPECT_LT(seconds, 60.0) << "ranks waited for the watchdog instead of seeing the departure";
+}
+
+// An I/O error while the optimizer writes its state back to NVMe fails the
+// step on every rank with the file, the offset and the piece, and no rank
+// hangs (the previous version stays readable: the tier's shadow writes,
+// tested in nvme_state_tier_test).
+TEST(EngineNvme, WriteErrorMidStepFailsTheStepNamingTheFileOffsetAndPiece) {
+  Result<nvme::IoEngineConfig> ec = nvme::io_engine_config(AioConfig{});
+  ASSERT_TRUE(ec.ok()) << ec.status().to_string();
+  nvme::FaultPlan plan;
+  plan.eio_probability = 1.0;
+  plan.fault_reads = false;
+  std::vector<std::unique_ptr<nvme::IoEngine>> engines;
+  std::vector<std::shared_ptr<nvme::FaultCounters>> counters(2);
+  for (int r = 0; r < 2; ++r) {
+    Result<std::unique_ptr<nvme::IoEngine>> e = nvme::make_fault_injecting_engine(ec->options, plan, &counters[r]);
+    ASSERT_TRUE(e.ok()) << e.status().to_string();
+    counters[r]->disarm();
+    engines.push_back(std::move(*e));
+  }
+  TrainRun r;
+  r.world = 2;
+  r.steps = 5;
+  r.opt.stage = 2;
+  r.opt.offload_optimizer = OffloadDevice::kNvme;
+  r.opt.overlap_optimizer = false;
+  r.opt.nvme.path = ::testing::TempDir();
+  r.opt.nvme.pipeline_read = r.opt.nvme.pipeline_write = true;
+  r.after_step = [&](Engine& e, int64_t step) {
+    if (step == 2) counters[e.rank()]->arm(3);  // a few clean writes, then EIO
+  };
+  r.engine_for_rank = [&](int rank) { return engines[rank].get(); };
+  const Outcome o = train(r);
+  ASSERT_FALSE(o.status.ok());
+  // A write-back's failure surfaces at the tier's next call: in step 3 or 4.
+  EXPECT_GE(o.metrics.size(), 2u);
+  EXPECT_LT(o.metrics.size(), 5u);
+  const std::string msg = o.status.to_string();
+  EXPECT_NE(msg.find("optimizer state of layer"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("the previous version stays readable"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("swap.bin offset"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("Input/output error"), std::string::npos) << msg;
+  EXPECT_GT(counters[0]->eio.load() + counters[1]->eio.load(), 0u);
 }
 
 TEST(EngineMemory, DeviceTooSmallNamesTheStateAndTheTier) {

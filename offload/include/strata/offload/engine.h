@@ -60,6 +60,10 @@
 #include "strata/cpu_adam/hyper_params.h"
 #include "strata/offload/partition.h"
 
+namespace strata::nvme {
+class IoEngine;
+}
+
 namespace strata::offload {
 
 struct EngineOptions {
@@ -95,6 +99,9 @@ struct EngineOptions {
     bool pipeline_write = false;  // offload_optimizer.pipeline_write
     bool verify_checksums = true; // strata.verify_checksums
     AioConfig aio;                // the aio section
+    // Test hook: do the optimizer state's I/O through this engine (e.g. a
+    // fault-injecting one; must outlive the engine) instead of one from `aio`.
+    nvme::IoEngine* io_engine = nullptr;
   } nvme;
   // offload_param.device nvme (stage 3): shards of layers beyond the first
   // max_in_cpu elements live on NVMe and are read through buffer_count slots.
