@@ -487,10 +487,12 @@ int run_train(TrainCliOptions o) {
   if (t.breakdown) print_breakdown(summary);
   // The mission in one line: state larger than the device, trained anyway.
   fmt::print("memory   rank 0: model state {} (unsharded parameters, gradients, optimizer state); device cap {}, "
-             "device peak {} (engine {}, predicted {}; the rest is the model's activations); pinned {} (predicted {})\n",
+             "device peak {} (engine {}, predicted {}; the rest is the model's activations); pinned {} (predicted {}); "
+             "nvme {} (predicted {})\n",
              bytes_text(summary.model_state), bytes_text(summary.device_capacity), bytes_text(summary.device_peak),
              bytes_text(summary.measured.device), bytes_text(summary.predicted.device),
-             bytes_text(summary.measured.pinned), bytes_text(summary.predicted.pinned));
+             bytes_text(summary.measured.pinned), bytes_text(summary.predicted.pinned),
+             bytes_text(summary.measured.nvme), bytes_text(summary.predicted.nvme));
   double median = 0;
   if (!summary.tps.empty()) {
     std::sort(summary.tps.begin(), summary.tps.end());

@@ -3,8 +3,10 @@
 # defaults (no GPU needed): the environment report, a memory estimate for a
 # 7B model, and a short training run of a small GPT on the cpu device with
 # the shipped corpus, through the ZeRO engine at stage 3 with the optimizer
-# and parameters offloaded to host memory and a device cap smaller than the
-# model's training state (examples/configs/zero3-offload.json).
+# state and the parameter shards on NVMe (swap files under $STRATA_NVME_DIR,
+# default $TMPDIR or /tmp, removed at exit), a device cap and a host-memory
+# budget both smaller than the model's training state
+# (examples/configs/zero3-nvme.json).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -14,5 +16,7 @@ echo "== strata report"
 "$strata" report
 echo "== strata estimate --params 7B --gpus-per-node 8"
 "$strata" estimate --params 7B --gpus-per-node 8
-echo "== strata train (stage 3 + cpu offload, device cap below the model state, cpu device)"
-"$strata" train --config examples/configs/zero3-offload.json --embd 128 --seq 32 --steps 300 --eval-every 100
+echo "== strata train (stage 3, optimizer and parameters on NVMe, device cap and host budget below the model state)"
+nvme_dir="${STRATA_NVME_DIR:-${TMPDIR:-/tmp}}"
+"$strata" train --config examples/configs/zero3-nvme.json --nvme-path "$nvme_dir" --embd 128 --seq 32 --steps 300 \
+  --eval-every 100

@@ -126,11 +126,17 @@ Status Engine::Impl::init() {
   if (opt.host_memory_budget != 0 && predicted.pinned > opt.host_memory_budget) {
     // Name the largest host buffer: that is the one to shrink or move.
     const std::pair<uint64_t, const char*> parts[] = {
-        {predicted.pinned_optimizer, "optimizer state (master weights and moments): move it to nvme (issue 12) or use "
-                                     "offload_optimizer.ratio < 1 at stage 3, or strata.optimizer_state_dtype bf16"},
+        {predicted.pinned_optimizer,
+         opt_on_nvme() ? "optimizer state's NVMe slots: lower zero_optimization.offload_optimizer.buffer_count or "
+                         "sub_group_size (a slot holds one sub-group's piece)"
+                       : "optimizer state (master weights and moments): set offload_optimizer.device to nvme, or use "
+                         "offload_optimizer.ratio < 1 at stage 3, or strata.optimizer_state_dtype bf16"},
         {predicted.pinned_grads, "gradient shards: use a larger world size or data_types.grad_accum_dtype bf16"},
         {predicted.pinned_staging, "parameter staging: use a larger world size"},
-        {predicted.pinned_params, "parameter shards (offload_param cpu): set offload_param.device to none"}};
+        {predicted.pinned_params,
+         opt.offload_param == OffloadDevice::kNvme
+             ? "parameter shards in host memory and NVMe slots: lower offload_param.max_in_cpu or buffer_count"
+             : "parameter shards (offload_param cpu): set offload_param.device to nvme or none"}};
     const auto* largest = &parts[0];
     for (const auto& p : parts)
       if (p.first > largest->first) largest = &p;
@@ -175,7 +181,10 @@ Status Engine::Impl::make_nvme_tier() {
   o.nvme_paths = {opt.nvme.path};
   o.job = job_name;
   o.rank = rank;
-  o.capacity_bytes = total;
+  // Twice the state: every piece's shadow write finds room even when pieces
+  // of different sizes have fragmented the free space (the tier adds its
+  // slots' worth on top).
+  o.capacity_bytes = 2 * total;
   o.aio = opt.nvme.aio;
   o.buffer_count = static_cast<size_t>(opt.nvme.buffer_count);
   o.slot_bytes = std::max<uint64_t>(largest, kNvmeStateAlign);
@@ -390,6 +399,7 @@ EngineMemory Engine::measured_memory() const {
   EngineMemory m;
   m.device = impl_->stats.get(Tier::kDevice).peak_bytes;
   m.pinned = impl_->stats.get(Tier::kPinnedHost).peak_bytes;
+  m.nvme = impl_->stats.get(Tier::kNvme).peak_bytes;
   return m;
 }
 

@@ -224,7 +224,7 @@ class Engine final : public ParameterProvider {
   // The whole model's training state as one rank would hold it without
   // ZeRO (parameters, gradients, master weights, moments), in bytes.
   uint64_t model_state_bytes() const;
-  EngineMemory measured_memory() const;  // device and pinned peaks only
+  EngineMemory measured_memory() const;  // device, pinned and nvme peaks only
   // A one-line description: "stage 3, optimizer cpu (pinned host), params cpu, bf16, 2 ranks".
   std::string describe() const;
 
