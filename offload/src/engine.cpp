@@ -67,8 +67,19 @@ Status Engine::Impl::init() {
   if (opt_on_nvme()) {
     STRATA_RETURN_IF_ERROR(make_nvme_tier());
   } else {
+    if (device_opt()) {
+      if (!device_adam_compiled())
+        return Unsupported(fmt::format("{}: offload_optimizer none on the {} device needs the device optimizer kernel, "
+                                       "which this build does not have; set offload_optimizer.device to \"cpu\"",
+                                       opt.source, device.caps().backend));
+      if (opt.optimizer != cpu_adam::OptimizerKind::kAdam && opt.optimizer != cpu_adam::OptimizerKind::kAdamW)
+        return Unsupported(fmt::format("{}: the device optimizer kernel steps Adam and AdamW only; set "
+                                       "offload_optimizer.device to \"cpu\" for {}",
+                                       opt.source, cpu_adam::optimizer_kind_name(opt.optimizer)));
+      STRATA_ASSIGN_OR_RETURN(opt_stream, device.create_stream());
+    }
     STRATA_ASSIGN_OR_RETURN(tier, make_memory_state_tier(device, opt_on_host() ? Tier::kPinnedHost : Tier::kDevice,
-                                                         opt.moment_dtype, stats));
+                                                         opt.moment_dtype, stats, device_opt()));
   }
   if (!(opt.ratio > 0.0 && opt.ratio <= 1.0))
     return InvalidArgument(fmt::format("{}: offload_optimizer.ratio {} must be in (0, 1]", opt.source, opt.ratio));
@@ -308,6 +319,11 @@ Status Engine::Impl::init_layer(size_t li) {
   if ((!opt_on_host() && !grads_in_place()) || split()) {
     STRATA_ASSIGN_OR_RETURN(l.opt_grads_dev, alloc_device(owned * ge(), "gradient shard of " + lname));
   }
+  if (device_opt()) {
+    const size_t n = grads_in_place() ? lp.padded_elements : owned;
+    STRATA_ASSIGN_OR_RETURN(l.norm_grads,
+                            HostBuffer::create(device, stats, n * ge(), "gradient copy for the norm of " + lname));
+  }
   // Optimizer state of every owned piece.
   for (size_t gi = 0; gi < lp.groups.size(); ++gi) {
     const SubGroup& g = lp.groups[gi];
@@ -416,14 +432,23 @@ Result<std::vector<float>> Engine::gather_state(size_t li, StateKind kind) {
                        float* out) -> Status {
     if (count == 0) return Status::Ok();
     STRATA_ASSIGN_OR_RETURN(PieceState s, t.open(id));
+    // Device-tier state is read through the Device (a cuda pointer is not host memory).
+    auto fetch = [&](void* dst, const void* src, size_t bytes) -> Status {
+      if (t.tier() == Tier::kDevice) return m.device.copy(dst, src, bytes, CopyKind::kDeviceToHost);
+      std::memcpy(dst, src, bytes);
+      return Status::Ok();
+    };
     if (kind != StateKind::kMaster) {
       const void* src = kind == StateKind::kExpAvg ? s.exp_avg : s.exp_avg_sq;
-      if (s.moment_dtype == DType::kF32)
-        std::memcpy(out, src, count * sizeof(float));
-      else
-        convert_bf16_to_fp32(static_cast<const bfloat16*>(src), out, count);
+      if (s.moment_dtype == DType::kF32) {
+        STRATA_RETURN_IF_ERROR(fetch(out, src, count * sizeof(float)));
+      } else {
+        std::vector<bfloat16> tmp(count);
+        STRATA_RETURN_IF_ERROR(fetch(tmp.data(), src, count * sizeof(bfloat16)));
+        convert_bf16_to_fp32(tmp.data(), out, count);
+      }
     } else if (s.master != nullptr) {
-      std::memcpy(out, s.master, count * sizeof(float));
+      STRATA_RETURN_IF_ERROR(fetch(out, s.master, count * sizeof(float)));
     } else {
       // fp32 parameters are their own master, in device memory.
       STRATA_RETURN_IF_ERROR(m.device.copy(out, m.param_location(li, g, m.rank) + first * l.pe, count * l.pe,

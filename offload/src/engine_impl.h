@@ -33,6 +33,7 @@
 #include "strata/offload/lr_schedule.h"
 #include "strata/offload/state_tier.h"
 #include "strata/comm/host_collective.h"
+#include "strata/offload/device_adam.h"
 #include "strata/offload/engine.h"
 #include "strata/offload/nvme_state_tier.h"
 
@@ -114,6 +115,7 @@ struct Engine::Impl {
   EngineMemory predicted;
   std::unique_ptr<Stream> xfer;
   std::unique_ptr<Stream> frees;  // only frees: never gated
+  std::unique_ptr<Stream> opt_stream;  // device_opt(): the device Adam kernel's stream
   std::unique_ptr<OptimizerStateTier> tier;      // the optimizer state (the host part with ratio < 1)
   std::unique_ptr<OptimizerStateTier> dev_tier;  // ratio < 1: the device part
   std::optional<cpu_adam::CpuOptimizer> optimizer;
@@ -152,6 +154,7 @@ struct Engine::Impl {
     DeviceBuffer opt_grads_dev;     // owned layout, when the optimizer tier is the device and grads are not in place
     HostBuffer opt_grads_host;      // owned layout, offload_optimizer cpu
     HostBuffer staging;             // updated 16-bit (or fp32 master) values before their H2D copy
+    HostBuffer norm_grads;          // device_opt(): the reduced gradient's host copy for the block sums
     Completion grads_taken;
     std::vector<double> block_sums; // owned blocks, owned order
     Completion partials_done;
@@ -219,6 +222,10 @@ struct Engine::Impl {
   bool grads_in_place() const { return !opt_on_host() && opt.stage <= 1; }
   bool has_master(const Layer& l) const { return !(l.pd == DType::kF32 && !opt_on_host()); }
   bool split() const { return opt.ratio < 1.0; }
+  // offload_optimizer none on a device whose memory the host cannot read
+  // (cuda): the fused device Adam kernel steps the state on `opt_stream`,
+  // and each layer's reduced gradient is also copied D2H for the norm.
+  bool device_opt() const { return !opt_on_host() && !device.caps().host_addressable; }
   size_t host_n(size_t count) const { return host_part(opt.ratio, count); }
 
   // Owned pieces: every rank's at stage 0, this rank's otherwise; the owned

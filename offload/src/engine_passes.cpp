@@ -310,6 +310,17 @@ Status Engine::Impl::launch_reduction(size_t li) {
     }
     if (kind == CopyKind::kDeviceToHost) d2h_bytes += owned_elements(lp) * e;
   }
+  // device_opt(): the block sums are computed on the host, from a copy.
+  const std::byte* sums_src = dst;
+  if (device_opt()) {
+    const std::byte* from = dst != nullptr ? dst : full;
+    const size_t n = dst != nullptr ? owned_elements(lp) : lp.padded_elements;
+    if (dst == nullptr) STRATA_RETURN_IF_ERROR(xfer->wait(reduced));
+    STRATA_RETURN_IF_ERROR(xfer->copy_async(l.norm_grads.data(), from, n * e, CopyKind::kDeviceToHost));
+    d2h_bytes += n * e;
+    sums_src = l.norm_grads.data();
+    if (dst == nullptr) l.grads_taken = xfer->record_completion();
+  }
   if (dst != nullptr) {
     l.grads_taken = xfer->record_completion();
     if (opt.stage >= 2) {
@@ -319,7 +330,7 @@ Status Engine::Impl::launch_reduction(size_t li) {
     }
   }
   // Block sums of the owned pieces (padding blocks sum to zero).
-  const std::byte* src = dst != nullptr ? dst : full;
+  const std::byte* src = sums_src != nullptr ? sums_src : full;
   const bool in_padded_layout = dst == nullptr || stage0();
   l.partials_done = worker->submit(
       [this, li, src, in_padded_layout] {

@@ -147,6 +147,42 @@ Status Engine::Impl::queue_update(size_t li, int64_t step, double clip, double s
 
 Status Engine::Impl::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimizer& o, const std::vector<PieceJob>& jobs,
                                  const cpu_adam::StepArgs& args, DType pd) {
+  if (device_opt() && &t == tier.get()) {
+    // The fused device kernel: one launch for the layer's pieces, on its
+    // stream; this (optimizer) thread waits for it, so the layer's update
+    // completes as on the host path.
+    DeviceAdamArgs da;
+    da.kind = opt.optimizer;
+    da.hyper = args.hyper;
+    da.step = args.step;
+    da.clip_coefficient = args.clip_coefficient;
+    da.loss_scale = args.loss_scale;
+    da.grad_dtype = opt.grad_dtype;
+    da.moment_dtype = opt.moment_dtype;
+    da.param_copy_dtype = pd == DType::kF32 ? DType::kBF16 : pd;
+    std::vector<DeviceAdamTensor> tensors;
+    for (const PieceJob& j : jobs) {
+      if (j.count == 0) continue;
+      STRATA_ASSIGN_OR_RETURN(PieceState st, t.open(j.id));
+      DeviceAdamTensor d;
+      d.count = j.count;
+      d.grads = j.grads;
+      d.exp_avg = st.exp_avg;
+      d.exp_avg_sq = st.exp_avg_sq;
+      d.params = j.param_is_master ? reinterpret_cast<float*>(j.param) : st.master;
+      if (!j.param_is_master && pd != DType::kF32) d.param_copy = j.param;
+      tensors.push_back(d);
+    }
+    STRATA_RETURN_IF_ERROR(device_adam_step(*opt_stream, da, tensors));
+    STRATA_RETURN_IF_ERROR(opt_stream->synchronize());
+    for (const PieceJob& j : jobs) {
+      if (j.count == 0) continue;
+      // fp32 parameters with a separate master do not occur here (no master
+      // on the device for fp32: the parameters are stepped in place).
+      STRATA_RETURN_IF_ERROR(t.close(j.id, true));
+    }
+    return Status::Ok();
+  }
   for (const PieceJob& j : jobs) {
     if (j.count == 0) continue;
     STRATA_ASSIGN_OR_RETURN(PieceState st, t.open(j.id));

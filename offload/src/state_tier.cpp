@@ -55,9 +55,18 @@ class MemoryStateTier final : public OptimizerStateTier {
       p.data = static_cast<std::byte*>(*b);
       host_stats_.on_allocate(Tier::kPinnedHost, p.bytes);
     }
-    std::memset(p.data, 0, p.bytes);
+    // Device memory is written through the Device (a cuda pointer is not
+    // host memory); pinned memory directly.
     p.has_master = !master_init.empty();
-    if (p.has_master) std::memcpy(p.data + 2 * me * count, master_init.data(), count * sizeof(float));
+    if (tier_ == Tier::kDevice) {
+      STRATA_RETURN_IF_ERROR(device_.memset(p.data, 0, p.bytes));
+      if (p.has_master)
+        STRATA_RETURN_IF_ERROR(device_.copy(p.data + 2 * me * count, master_init.data(), count * sizeof(float),
+                                            CopyKind::kHostToDevice));
+    } else {
+      std::memset(p.data, 0, p.bytes);
+      if (p.has_master) std::memcpy(p.data + 2 * me * count, master_init.data(), count * sizeof(float));
+    }
     bytes_ += p.bytes;
     pieces_.emplace(id, std::move(p));
     return Status::Ok();
@@ -105,14 +114,13 @@ class MemoryStateTier final : public OptimizerStateTier {
 }  // namespace
 
 Result<std::unique_ptr<OptimizerStateTier>> make_memory_state_tier(Device& device, Tier tier, DType moment_dtype,
-                                                                   MemoryStats& host_stats) {
+                                                                   MemoryStats& host_stats, bool device_kernels) {
   if (tier != Tier::kDevice && tier != Tier::kPinnedHost)
     return InvalidArgument(fmt::format("optimizer state tier {} is not a memory tier", tier_name(tier)));
-  if (tier == Tier::kDevice && !device.caps().host_addressable)
+  if (tier == Tier::kDevice && !device.caps().host_addressable && !device_kernels)
     return Unsupported(fmt::format(
-        "optimizer state on the {} device: the engine steps device-resident state with the CPU kernels, which need "
-        "host-addressable memory (the fused device kernel of docs/device-adam.md is not wired into the engine yet); "
-        "set zero_optimization.offload_optimizer.device to \"cpu\"",
+        "optimizer state on the {} device needs the device optimizer kernel (docs/device-adam.md), which this build "
+        "does not have; set zero_optimization.offload_optimizer.device to \"cpu\"",
         device.caps().backend));
   if (moment_dtype != DType::kF32 && moment_dtype != DType::kBF16)
     return InvalidArgument(fmt::format("strata.optimizer_state_dtype {} is not fp32 or bf16", dtype_name(moment_dtype)));

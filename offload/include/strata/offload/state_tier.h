@@ -80,7 +80,10 @@ class OptimizerStateTier {
 // Device memory of `device` (kDevice; needs a host-addressable device, since
 // the CPU kernels step it) or pinned host memory from `device` (kPinnedHost).
 // Either is also counted in `host_stats` (the engine's own stats, by tier).
+// `device_kernels`: the caller steps the state with device kernels (a cuda
+// device, docs/device-adam.md), so device memory need not be host-addressable.
 Result<std::unique_ptr<OptimizerStateTier>> make_memory_state_tier(Device& device, Tier tier, DType moment_dtype,
-                                                                   MemoryStats& host_stats);
+                                                                   MemoryStats& host_stats,
+                                                                   bool device_kernels = false);
 
 }  // namespace strata::offload
