@@ -118,8 +118,24 @@ done
 log "device copy benchmarks rc $bench_rc; medians:"
 grep -E '_median' "$out/bench_device_copy_cuda.log" | tee -a "$out/gpu-check.log"
 
+# 5. The engine on the GPU (issue 11): stage 0 vs stage 3 with the optimizer
+#    on the device (fused Adam kernel) and offloaded, the same losses
+#    expected within a placement's dtype; compare the JSON logs' losses.
+engine_rc=0
+for placement in "--stage 0 --offload-optimizer none" "--stage 3 --offload-optimizer none" \
+                 "--stage 3 --offload-optimizer cpu --offload-param cpu"; do
+  tag=$(echo "$placement" | tr -d ' -')
+  timeout 300 "$build/apps/strata" train --device cuda --preset tiny --steps 20 --eval-every 0 --quiet $placement \
+    --json-log "$out/engine_$tag.jsonl" > "$out/engine_$tag.log" 2>&1 || engine_rc=$?
+done
+log "engine on cuda rc $engine_rc; first/last losses:"
+for f in "$out"/engine_*.jsonl; do
+  [[ -f "$f" ]] && echo "$(basename "$f"): $(head -1 "$f" | grep -o '"loss":[^,]*') $(tail -1 "$f" | grep -o '"loss":[^,]*')" \
+    | tee -a "$out/gpu-check.log"
+done
+
 status=ok
-[[ $ctest_rc -ne 0 || $cuda_suite_rc -ne 0 || $cuda_skipped -ne 0 || $bench_rc -ne 0 ]] && status=failed
+[[ $ctest_rc -ne 0 || $cuda_suite_rc -ne 0 || $cuda_skipped -ne 0 || $bench_rc -ne 0 || $engine_rc -ne 0 ]] && status=failed
 # "H2D/pinned/4194304/real_time_median ... bytes_per_second=24.1G/s pinned" -> "H2D/pinned/4194304": "24.1G/s pinned"
 medians=$(grep -E '_median' "$out/bench_device_copy_cuda.log" | awk '{
   value = ""; for (i = 2; i <= NF; ++i) if ($i ~ /^bytes_per_second=/) { value = substr($i, 18); for (j = i + 1; j <= NF; ++j) value = value " " $j }
@@ -130,6 +146,7 @@ write_summary "$status" "ctest -L gpu rc $ctest_rc; cuda device suite $cuda_pass
   \"ctest_gpu_rc\": $ctest_rc,
   \"cuda_device_suite\": {\"rc\": $cuda_suite_rc, \"passed\": $cuda_passed, \"skipped\": $cuda_skipped},
   \"bench_rc\": $bench_rc,
+  \"engine_rc\": $engine_rc,
   \"cuda_copy_medians\": {
 $medians
   }"
