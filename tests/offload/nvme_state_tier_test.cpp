@@ -471,10 +471,9 @@ TEST_F(NvmeStateTierFaultTest, EioOnWriteKeepsThePreviousStateReadable) {
       scribble(*s, 9);
       counters_->arm(1);
       Status st = tier->close({1, 0, 0}, true);
-      if (pipeline_write) {
-        EXPECT_TRUE(st.ok()) << "the write is still in flight: " << st.to_string();
-        st = tier->flush();
-      }
+      // Asynchronous: the failure comes from close() when the write already
+      // failed (a fast fault), else from the next call (flush).
+      if (pipeline_write && st.ok()) st = tier->flush();
       counters_->disarm();
       ASSERT_FALSE(st.ok());
       std::printf("[ message  ] %s\n", st.to_string().c_str());
