@@ -318,6 +318,9 @@ struct Engine::Impl {
     const std::byte* grads = nullptr;
     std::byte* param = nullptr;    // where the kernel writes the updated value (param_copy, or fp32 in place)
     bool param_is_master = false;  // fp32 parameters stepped in place
+    // Device parameters the updated values are copied to, tile by tile, from
+    // the optimizer's tile callback while later tiles compute; null: none.
+    std::byte* h2d = nullptr;
   };
   Status step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimizer& o, const std::vector<PieceJob>& jobs,
                      const cpu_adam::StepArgs& args, DType pd);

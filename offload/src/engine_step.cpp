@@ -65,6 +65,10 @@ Status Engine::Impl::queue_update(size_t li, int64_t step, double clip, double s
       j.grads = gsrc + (gpadded ? lp.piece_begin(g, r) : g.shard_offset) * ge();
       j.param_is_master = !has_master(l);
       j.param = l.staging ? l.staging.data() + owned_offset(lp, g, r) * l.pe : param_location(li, g, r);
+      if (l.staging && !l.on_nvme) {
+        j.h2d = param_location(li, g, r);
+        h2d_bytes += host * l.pe;
+      }
       host_jobs.push_back(j);
       if (split()) {
         // The device part: grads from the device copy, the update straight
@@ -112,20 +116,9 @@ Status Engine::Impl::queue_update(size_t li, int64_t step, double clip, double s
       if (!w.ok()) return written->complete(w.status());
       w->then([written](const Status& s) { written->complete(s); });
     });
-  } else if (l.staging) {
-    // H2D of the updated owned pieces into the device parameters.
-    STRATA_RETURN_IF_ERROR(xfer->wait(l.opt_done));
-    for (const SubGroup& g : lp.groups)
-      for (int r = owned_rank_begin(); r < owned_rank_end(); ++r) {
-        const size_t at = owned_offset(lp, g, r);
-        // ratio < 1: only the host part (the device part is already in place).
-        const size_t n = split() ? host_n(lp.piece_real(g, r)) : g.piece;
-        STRATA_RETURN_IF_ERROR(xfer->copy_async(param_location(li, g, r), l.staging.data() + at * l.pe, n * l.pe,
-                                                CopyKind::kHostToDevice));
-        h2d_bytes += n * l.pe;
-      }
-    updated = xfer->record_completion();
   }
+  // Otherwise the updated values went H2D tile by tile from the optimizer's
+  // tile callback (step_pieces), so they are in place when opt_done completes.
   if (l.persistent) {
     if (!stage0()) {
       STRATA_RETURN_IF_ERROR(comm.wait(updated, comm::CommQueue::kGather));
@@ -202,9 +195,28 @@ Status Engine::Impl::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimizer& 
         sp.param_copy_dtype = pd;
       }
     }
-    Result<cpu_adam::StepReport> rep = o.step(args, sp);
+    // H2D of each finished tile while later tiles compute (Note [Exact
+    // overlap] in engine.h); a failed copy is reported after the step.
+    std::mutex copy_mutex;
+    Status copy_status;
+    cpu_adam::TileCallback on_tile;
+    if (j.h2d != nullptr) {
+      const std::byte* src = pd == DType::kF32 ? reinterpret_cast<const std::byte*>(st.master) : j.param;
+      on_tile = [&, src](const cpu_adam::TileRange& tile) {
+        const size_t pe = dtype_size(pd);
+        Status c = device.copy(j.h2d + tile.begin * pe, src + tile.begin * pe, tile.count * pe, CopyKind::kHostToDevice);
+        if (!c.ok()) {
+          std::lock_guard<std::mutex> lock(copy_mutex);
+          if (copy_status.ok()) copy_status = c;
+        }
+      };
+    }
+    Result<cpu_adam::StepReport> rep = o.step(args, sp, on_tile);
     if (!rep.ok()) return rep.status().with_context(fmt::format("optimizer step of {}", part.describe(j.id)));
-    if (!j.param_is_master && pd == DType::kF32) std::memcpy(j.param, st.master, j.count * sizeof(float));
+    STRATA_RETURN_IF_ERROR(copy_status.with_context(fmt::format("copying the update of {} to the device",
+                                                                part.describe(j.id))));
+    if (!j.param_is_master && pd == DType::kF32 && j.h2d == nullptr)
+      std::memcpy(j.param, st.master, j.count * sizeof(float));
     STRATA_RETURN_IF_ERROR(t.close(j.id, true));
   }
   return Status::Ok();
