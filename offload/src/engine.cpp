@@ -162,7 +162,6 @@ Status Engine::Impl::init() {
   layers.resize(n);
   expected_bwd.assign(n, 0);
   forward_acquires.assign(n, 0);
-  uses.assign(n, {});
   for (size_t i = 0; i < n; ++i) STRATA_RETURN_IF_ERROR(init_layer(i));
   // The initial state is written (NVMe tier) before the first step reads it.
   STRATA_RETURN_IF_ERROR(tier->flush().with_context("writing the initial optimizer state"));

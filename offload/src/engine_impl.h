@@ -159,7 +159,6 @@ struct Engine::Impl {
     std::vector<double> block_sums; // owned blocks, owned order
     Completion partials_done;
     Completion opt_done;
-    std::shared_ptr<WaitProbe> probe;  // this step's forward wait, when measured
   };
   std::vector<Layer> layers;
   // offload_param nvme; after `layers`, so it closes (its writes from the
@@ -173,7 +172,6 @@ struct Engine::Impl {
   std::vector<int> expected_bwd;  // kBackward acquires per layer per micro-batch
   std::vector<int> forward_acquires;  // kForward acquires per layer in the first micro-batch
   bool window_spans_micro_batch = false;  // max(reuse, prefetch) >= every stage-3 use of a micro-batch
-  std::vector<std::vector<size_t>> uses;  // trace positions of each layer
 
   int64_t steps = 0;        // applied updates
   int64_t step_index = 0;   // step() calls, for zeroing

@@ -68,7 +68,6 @@ Result<EngineOptions> engine_options_from_config(const Config& cfg) {
         o.source, o.ratio, o.stage));
   o.sub_group_size = z.sub_group_size;
   o.reduce_bucket_size = z.reduce_bucket_size;
-  o.overlap_comm = z.overlap_comm;
   o.prefetch_bucket_size = z.stage3_prefetch_bucket_size;
   o.max_live_parameters = z.stage3_max_live_parameters;
   o.max_reuse_distance = z.stage3_max_reuse_distance;

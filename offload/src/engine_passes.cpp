@@ -22,7 +22,6 @@ Result<LayerMemory> Engine::Impl::acquire(size_t li, Pass pass) {
   if (in_train_micro) {
     if (tracing) {
       trace.emplace_back(li, pass);
-      uses[li].push_back(trace.size() - 1);
       if (pass == Pass::kForward) ++forward_acquires[li];
       if (pass == Pass::kBackward) ++expected_bwd[li];
     }

@@ -77,7 +77,6 @@ struct EngineOptions {
   double ratio = 1.0;
   int64_t sub_group_size = 1'000'000'000;
   int64_t reduce_bucket_size = 500'000'000;
-  bool overlap_comm = false;
   int64_t prefetch_bucket_size = 50'000'000;        // stage3_prefetch_bucket_size
   int64_t max_live_parameters = 1'000'000'000;      // stage3_max_live_parameters
   int64_t max_reuse_distance = 1'000'000'000;       // stage3_max_reuse_distance
