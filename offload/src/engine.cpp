@@ -351,13 +351,15 @@ Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Engine::~Engine() {
   if (impl_) {
-    // The model's stream may still run work that reads or writes the
-    // engine's buffers (a step that failed half-way): let it finish first.
+    // Everything that may still use the engine's buffers finishes before
+    // they are freed, in this order (each waits only on work that runs by
+    // itself on other threads, so none can wait for a later one):
+    // the model's stream (a step that failed half-way may still run),
     if (impl_->model_stream) impl_->model_stream->synchronize().ignore();
-    if (impl_->xfer) impl_->xfer->synchronize().ignore();
-    impl_->comm.synchronize().ignore();
-    if (impl_->worker) impl_->worker.reset();  // runs what is queued; the state it steps is still alive
+    // the optimizer threads (they run what is queued; the state they step is still alive),
+    if (impl_->worker) impl_->worker.reset();
     if (impl_->dev_worker) impl_->dev_worker.reset();
+    // then the copies and the collectives lent those buffers.
     if (impl_->xfer) impl_->xfer->synchronize().ignore();
     impl_->comm.synchronize().ignore();
   }
@@ -375,6 +377,8 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& options, Mod
 Result<StepMetrics> Engine::step() { return impl_->step(); }
 Result<double> Engine::evaluate() { return impl_->evaluate(); }
 
+// Blocks by design: the caller asked for every queued update to be in place
+// (end of training, before reading state with gather_state, a checkpoint).
 Status Engine::synchronize() {
   for (auto& l : impl_->layers) {
     STRATA_RETURN_IF_ERROR(l.params_ready.wait());

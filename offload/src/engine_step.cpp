@@ -16,6 +16,8 @@ namespace strata::offload {
 Result<double> Engine::Impl::global_norm_squared() {
   // Every layer's block sums, this rank's owned order, layer by layer.
   std::vector<double> mine;
+  // Blocks: the norm (and with it the clip coefficient of every update)
+  // needs the block sums of every layer.
   for (size_t li = 0; li < layers.size(); ++li) {
     STRATA_RETURN_IF_ERROR(layers[li].partials_done.wait().with_context(
         fmt::format("reducing the gradients of layer {} on rank {}", li, rank)));
@@ -227,7 +229,9 @@ Result<StepMetrics> Engine::Impl::step() {
   const double old_busy = worker->busy_seconds();
   h2d_bytes = d2h_bytes = gather_bytes = reduce_bytes = 0;
   probes.clear();
-  STRATA_RETURN_IF_ERROR(drain(live_params));  // an evaluation's dropped copies
+  // Blocks until an evaluation's dropped copies are freed, so this step's
+  // gathers do not stack on them (the memory plan counts one set).
+  STRATA_RETURN_IF_ERROR(drain(live_params));
   io_before = tier->io_stats();
   ++step_index;
   for (Layer& l : layers) l.reduce_launched = false;
@@ -256,13 +260,17 @@ Result<StepMetrics> Engine::Impl::step() {
       if (last_micro && !l.reduce_launched) STRATA_RETURN_IF_ERROR(launch_reduction(li));
     }
   }
+  // Blocks, but no longer than the norm below would (it needs every
+  // gradient): waiting here first separates backward time from reduction
+  // time in the metrics and names the layer whose backward failed.
   const auto tb = Clock::now();
   for (size_t li = 0; li < layers.size(); ++li)
     STRATA_RETURN_IF_ERROR(layers[li].grad_done.wait().with_context(fmt::format("backward of layer {}", li)));
   bwd_ms = ms_since(tb);
   const auto tr = Clock::now();
   STRATA_ASSIGN_OR_RETURN(double sum_squares, global_norm_squared());
-  // The loss of the global batch: every rank's micro-batch losses, in rank order.
+  // The loss of the global batch: every rank's micro-batch losses, in rank
+  // order (blocks: the step returns this number).
   double loss_all = 0;
   {
     STRATA_RETURN_IF_ERROR(comm::host_collective(
@@ -291,6 +299,8 @@ Result<StepMetrics> Engine::Impl::step() {
     ++steps;
     const double clip = cpu_adam::clip_coefficient(m.grad_norm, opt.grad_clip);
     for (size_t li = 0; li < layers.size(); ++li) STRATA_RETURN_IF_ERROR(queue_update(li, steps, clip, scale, m.lr));
+    // strata.overlap_optimizer false: the comparison mode, the step returns
+    // only when every update is in place (the blocking is the point).
     if (!opt.overlap_optimizer)
       for (size_t li = 0; li < layers.size(); ++li) {
         Layer& l = layers[li];
@@ -336,7 +346,9 @@ Result<StepMetrics> Engine::Impl::step() {
 Result<double> Engine::Impl::evaluate() {
   double sum = 0;
   const size_t count = runner.eval_batch_count();
-  STRATA_RETURN_IF_ERROR(drain(live_params));  // the step's dropped copies are gone before eval gathers
+  // Blocks until the step's dropped copies are freed, so the evaluation's
+  // gathers do not stack on them (the memory plan counts one set).
+  STRATA_RETURN_IF_ERROR(drain(live_params));
   in_eval = true;
   for (size_t b = 0; b < count; ++b) {
     Result<float> loss = runner.eval_batch(b, *self);
