@@ -122,11 +122,11 @@ bool non_temporal_copy() {
   return on;
 }
 
-StepFactors make_factors(OptimizerKind kind, const StepArgs& a) {
+}  // namespace
+
+UpdateScalars update_scalars(OptimizerKind kind, const StepArgs& a) {
   const HyperParams& h = a.hyper;
-  StepFactors f;
-  f.kind = kind;
-  f.copy_non_temporal = non_temporal_copy();
+  UpdateScalars f;
   f.grad_multiplier = static_cast<float>(a.clip_coefficient / a.loss_scale);
   f.neg_lr = static_cast<float>(-h.lr);
   f.one_minus_beta1 = static_cast<float>(1.0 - h.beta1);
@@ -149,6 +149,28 @@ StepFactors make_factors(OptimizerKind kind, const StepArgs& a) {
     f.neg_step_size = static_cast<float>(-h.lr);
     f.inv_bias_correction2_sqrt = 1.0f;
   }
+  return f;
+}
+
+namespace {
+
+StepFactors make_factors(OptimizerKind kind, const StepArgs& a) {
+  const UpdateScalars u = update_scalars(kind, a);
+  StepFactors f;
+  f.kind = kind;
+  f.copy_non_temporal = non_temporal_copy();
+  f.grad_multiplier = u.grad_multiplier;
+  f.neg_lr = u.neg_lr;
+  f.one_minus_beta1 = u.one_minus_beta1;
+  f.beta2 = u.beta2;
+  f.one_minus_beta2 = u.one_minus_beta2;
+  f.eps = u.eps;
+  f.weight_decay = u.weight_decay;
+  f.l2_decay = u.l2_decay;
+  f.decay_factor = u.decay_factor;
+  f.decoupled_decay = u.decoupled_decay;
+  f.neg_step_size = u.neg_step_size;
+  f.inv_bias_correction2_sqrt = u.inv_bias_correction2_sqrt;
   return f;
 }
 

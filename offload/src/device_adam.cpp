@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "cuda/device_adam_kernel.h"
+#include "strata/cpu_adam/optimizer.h"
 
 namespace strata::offload {
 namespace {
@@ -78,30 +79,27 @@ detail::KernelDType kernel_dtype(DType t) {
   return detail::KernelDType::kF32;
 }
 
-// cpu_adam's make_factors (optimizer.cpp) for Adam/AdamW, expression for expression.
+// The scalars cpu_adam derives for the same step (cpu_adam::update_scalars),
+// so the device update uses the very bits the CPU paths use.
 detail::DeviceAdamFactors make_device_adam_factors(const DeviceAdamArgs& a) {
-  const cpu_adam::HyperParams& h = a.hyper;
+  cpu_adam::StepArgs args;
+  args.step = a.step;
+  args.hyper = a.hyper;
+  args.loss_scale = a.loss_scale;
+  args.clip_coefficient = a.clip_coefficient;
+  const cpu_adam::UpdateScalars u = cpu_adam::update_scalars(a.kind, args);
   detail::DeviceAdamFactors f;
-  f.grad_multiplier = static_cast<float>(a.clip_coefficient / a.loss_scale);
-  f.one_minus_beta1 = static_cast<float>(1.0 - h.beta1);
-  f.beta2 = static_cast<float>(h.beta2);
-  f.one_minus_beta2 = static_cast<float>(1.0 - h.beta2);
-  f.eps = static_cast<float>(h.eps);
-  f.weight_decay = static_cast<float>(h.weight_decay);
-  const bool decoupled = a.kind == OptimizerKind::kAdamW;
-  f.l2_decay = !decoupled && h.weight_decay != 0.0;
-  f.decoupled_decay = decoupled && h.weight_decay != 0.0;
-  f.decay_factor = static_cast<float>(1.0 - h.lr * h.weight_decay);
-  if (h.bias_correction) {
-    const double t = static_cast<double>(a.step);
-    const double bc1 = 1.0 - std::pow(h.beta1, t);
-    const double bc2 = 1.0 - std::pow(h.beta2, t);
-    f.neg_step_size = static_cast<float>(-h.lr / bc1);
-    f.inv_bias_correction2_sqrt = static_cast<float>(1.0 / std::sqrt(bc2));
-  } else {
-    f.neg_step_size = static_cast<float>(-h.lr);
-    f.inv_bias_correction2_sqrt = 1.0f;
-  }
+  f.grad_multiplier = u.grad_multiplier;
+  f.one_minus_beta1 = u.one_minus_beta1;
+  f.beta2 = u.beta2;
+  f.one_minus_beta2 = u.one_minus_beta2;
+  f.eps = u.eps;
+  f.weight_decay = u.weight_decay;
+  f.decay_factor = u.decay_factor;
+  f.neg_step_size = u.neg_step_size;
+  f.inv_bias_correction2_sqrt = u.inv_bias_correction2_sqrt;
+  f.l2_decay = u.l2_decay ? 1u : 0u;
+  f.decoupled_decay = u.decoupled_decay ? 1u : 0u;
   return f;
 }
 

@@ -276,7 +276,9 @@ TEST(DeviceAdamReference, ListEqualsPerTensorSteps) {
                                  .param_copy_dtype = a.param_copy_dtype};
     ASSERT_TRUE(opt->step({.step = a.step, .hyper = a.hyper, .loss_scale = a.loss_scale}, s).ok());
     // (A count-0 tensor has no data: memcmp of a null pointer is undefined even for 0 bytes.)
-    if (t.count != 0) EXPECT_EQ(0, std::memcmp(t.params.data(), list[i].params.data(), t.count * 4)) << "tensor " << i;
+    if (t.count != 0) {
+      EXPECT_EQ(0, std::memcmp(t.params.data(), list[i].params.data(), t.count * 4)) << "tensor " << i;
+    }
     EXPECT_EQ(t.exp_avg, list[i].exp_avg) << "tensor " << i;
     EXPECT_EQ(t.exp_avg_sq, list[i].exp_avg_sq) << "tensor " << i;
     EXPECT_EQ(t.param_copy, list[i].param_copy) << "tensor " << i;

@@ -64,6 +64,27 @@ struct StepArgs {
   OverflowCheck overflow_check = OverflowCheck::kScanFirst;
 };
 
+// The scalars one step derives once, in double, each rounded to float once
+// (Note [Update formulas] in reference.cpp): the bias corrections and signs
+// are folded in, so the per-element update needs no division by them. Every
+// CPU path uses exactly these; a device kernel that must give the same bits
+// (offload's device Adam) takes them from here instead of recomputing.
+struct UpdateScalars {
+  float grad_multiplier = 1.0f;            // clip_coefficient / loss_scale
+  float neg_lr = 0.0f;                     // Adagrad, Lion: -lr
+  float one_minus_beta1 = 0.0f;            // Adam/AdamW/Lion interpolation weight of m
+  float beta2 = 0.0f;                      // Adam/AdamW
+  float one_minus_beta2 = 0.0f;            // Adam/AdamW v weight, Lion m weight
+  float eps = 0.0f;
+  float weight_decay = 0.0f;               // Adam, Adagrad (L2 on the gradient)
+  bool l2_decay = false;                   // Adam / Adagrad with weight_decay != 0
+  float decay_factor = 1.0f;               // AdamW, Lion: 1 - lr * weight_decay
+  bool decoupled_decay = false;            // AdamW / Lion with weight_decay != 0
+  float neg_step_size = 0.0f;              // Adam/AdamW: -lr / (1 - beta1^t)
+  float inv_bias_correction2_sqrt = 1.0f;  // Adam/AdamW: 1 / sqrt(1 - beta2^t)
+};
+UpdateScalars update_scalars(OptimizerKind kind, const StepArgs& args);
+
 struct TileRange {
   size_t index = 0;  // tile number
   size_t begin = 0;  // first element
