@@ -60,13 +60,8 @@ int print_engine_plan(const EstimateOptions& opts, const Config* config, uint32_
   offload::EngineOptions base;
   Placement marked{-1, OffloadDevice::kNone, OffloadDevice::kNone};
   if (config != nullptr) {
-    if (config->precision() == TrainPrecision::kBf16) g.param_dtype = DType::kBF16;
-    if (config->precision() == TrainPrecision::kFp16) g.param_dtype = DType::kF16;
-    Config runnable = *config;  // nvme rows are not in the engine yet: plan the cpu twin of the config's row
-    if (runnable.zero_optimization.offload_optimizer.device == OffloadDevice::kNvme)
-      runnable.zero_optimization.offload_optimizer.device = OffloadDevice::kCpu;
-    if (runnable.zero_optimization.offload_param.device == OffloadDevice::kNvme)
-      runnable.zero_optimization.offload_param.device = OffloadDevice::kCpu;
+    g.param_dtype = config->precision_dtype();
+    Config runnable = *config;  // every row is planned whole (ratio 1)
     runnable.zero_optimization.offload_optimizer.ratio = 1.0;
     Result<offload::EngineOptions> o = offload::engine_options_from_config(runnable);
     if (!o.ok()) return fail(o.status());
@@ -83,12 +78,14 @@ int print_engine_plan(const EstimateOptions& opts, const Config* config, uint32_
   fmt::print("\nengine plan per rank: {} on {} rank(s); the engine's own buffers and state (activations not "
              "included), the largest over ranks\n",
              g.describe(), world);
-  fmt::print("  {:>5}  {:>9}  {:>6}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}\n", "stage", "optimizer", "params", "device",
-             "params", "grads", "opt state", "pinned");
+  fmt::print("  {:>5}  {:>9}  {:>6}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}\n", "stage", "optimizer", "params",
+             "device", "params", "grads", "opt state", "pinned", "nvme");
+  constexpr OffloadDevice kPlaces[] = {OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme};
   for (int stage = 0; stage <= 3; ++stage)
-    for (OffloadDevice od : {OffloadDevice::kNone, OffloadDevice::kCpu})
-      for (OffloadDevice pdv : {OffloadDevice::kNone, OffloadDevice::kCpu}) {
-        if (pdv == OffloadDevice::kCpu && (stage != 3 || od != OffloadDevice::kCpu)) continue;
+    for (OffloadDevice od : kPlaces)
+      for (OffloadDevice pdv : kPlaces) {
+        // Parameters leave the device only at stage 3, and only with the optimizer off it too.
+        if (pdv != OffloadDevice::kNone && (stage != 3 || od == OffloadDevice::kNone)) continue;
         offload::EngineOptions o = base;
         o.stage = stage;
         o.offload_optimizer = od;
@@ -99,14 +96,16 @@ int print_engine_plan(const EstimateOptions& opts, const Config* config, uint32_
           if (!p.ok()) return fail(p.status());
           if (p->device > worst.device) worst = *p;
           worst.pinned = std::max(worst.pinned, p->pinned);
+          worst.nvme = std::max(worst.nvme, p->nvme);
         }
         const bool is_marked = marked.stage == stage && marked.optimizer == od && marked.param == pdv;
         auto b = [&](uint64_t v) { return format_bytes(v, opts.binary); };
-        fmt::print("  {:>5}  {:>9}  {:>6}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}{}\n", stage, offload_device_name(od),
-                   offload_device_name(pdv), b(worst.device), b(worst.device_params), b(worst.device_grads + worst.device_gathered),
-                   b(worst.device_optimizer), b(worst.pinned), is_marked ? "  <- config" : "");
+        fmt::print("  {:>5}  {:>9}  {:>6}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}{}\n", stage,
+                   offload_device_name(od), offload_device_name(pdv), b(worst.device), b(worst.device_params),
+                   b(worst.device_grads + worst.device_gathered), b(worst.device_optimizer), b(worst.pinned),
+                   b(worst.nvme), is_marked ? "  <- config" : "");
       }
-  fmt::print("  (grads column: gradient buffers plus stage-3 gathered layers; nvme rows are planned as their cpu twin)\n");
+  fmt::print("  (grads column: gradient buffers plus stage-3 gathered layers)\n");
   return 0;
 }
 

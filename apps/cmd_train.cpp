@@ -114,10 +114,7 @@ Status apply_config(const Config& cfg, TrainCliOptions& o, TrainSetup& t, model:
   if (o.given_wd || !cfg.optimizer.given) t.engine.hyper.weight_decay = wd;
   if (o.given_clip) t.engine.grad_clip = clip;
   if (o.given_accum || !cfg.batch.gradient_accumulation_steps) t.engine.grad_accum = accum;
-  if (!o.given_dtype) {
-    if (cfg.precision() == TrainPrecision::kBf16) g.param_dtype = DType::kBF16;
-    if (cfg.precision() == TrainPrecision::kFp16) g.param_dtype = DType::kF16;
-  }
+  if (!o.given_dtype) g.param_dtype = cfg.precision_dtype();
   // Narrowed to int only after a range check (4294967304 must not become 8).
   if (cfg.batch.train_micro_batch_size_per_gpu && !o.given_batch) {
     const int64_t mb = *cfg.batch.train_micro_batch_size_per_gpu;

@@ -73,11 +73,7 @@ Result<EngineOptions> engine_options_from_config(const Config& cfg) {
   o.max_reuse_distance = z.stage3_max_reuse_distance;
   o.persistence_threshold = z.stage3_param_persistence_threshold;
   o.overlap_optimizer = cfg.strata.overlap_optimizer;
-  const TrainPrecision prec = cfg.precision();
-  const DType train_dtype = prec == TrainPrecision::kBf16   ? DType::kBF16
-                            : prec == TrainPrecision::kFp16 ? DType::kF16
-                                                            : DType::kF32;
-  o.grad_dtype = train_dtype;
+  o.grad_dtype = cfg.precision_dtype();
   if (!cfg.data_types.grad_accum_dtype.empty()) {
     Result<DType> g = parse_dtype(cfg.data_types.grad_accum_dtype);
     if (!g.ok() || !is_state_float(*g))

@@ -500,7 +500,9 @@ TEST(EngineMemory, PredictedPeaksBoundTheMeasuredOnesWithinAQuarter) {
       EXPECT_LE(p.device, m.device * 1.25) << what;
       EXPECT_LE(m.pinned, p.pinned) << what;
       EXPECT_LE(p.pinned, m.pinned * 1.25) << what;
-      if (c.opt == D::kNvme || c.param == D::kNvme) EXPECT_GT(p.nvme, 0u) << what;
+      if (c.opt == D::kNvme || c.param == D::kNvme) {
+        EXPECT_GT(p.nvme, 0u) << what;
+      }
     }
   }
 }
@@ -584,7 +586,9 @@ TEST(Partition, PiecesAreAlignedPaddedAtTheLayerEndAndCoverEveryElement) {
         const SubGroup& g = lp.groups[gi];
         EXPECT_EQ(g.piece % kShardAlign, 0u);
         // Only the last sub-group has padding, so real elements are a prefix.
-        if (gi + 1 < lp.groups.size()) EXPECT_EQ(g.real, g.piece * world);
+        if (gi + 1 < lp.groups.size()) {
+          EXPECT_EQ(g.real, g.piece * world);
+        }
         EXPECT_EQ(g.padded_begin, real);
         for (int r = 0; r < world; ++r) real += lp.piece_real(g, r);
       }

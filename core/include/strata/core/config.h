@@ -33,6 +33,7 @@
 
 #include "strata/core/printable.h"
 #include "strata/core/device_registry.h"  // DeviceKind (strata.device), device_kind_name
+#include "strata/core/dtype.h"
 #include "strata/core/status.h"
 
 namespace strata {
@@ -226,6 +227,11 @@ struct Config {
 
   TrainPrecision precision() const {
     return fp16.enabled ? TrainPrecision::kFp16 : bf16.enabled ? TrainPrecision::kBf16 : TrainPrecision::kFp32;
+  }
+  // The dtype of the training parameters (and, by default, gradients).
+  DType precision_dtype() const {
+    const TrainPrecision p = precision();
+    return p == TrainPrecision::kBf16 ? DType::kBF16 : p == TrainPrecision::kFp16 ? DType::kF16 : DType::kF32;
   }
   bool is_unresolved(std::string_view path) const;
 };
