@@ -24,6 +24,7 @@
 #include <tbb/global_control.h>
 
 #include "command.h"
+#include "engine_run.h"
 #include <sys/sysinfo.h>
 
 #include "strata/core/config.h"
@@ -78,32 +79,12 @@ struct TrainCliOptions {
 
 std::string bytes_text(uint64_t b) { return b == 0 ? "0 B" : format_bytes(b, true); }
 
-// What the run is made of, after flags and config.
-struct TrainSetup {
-  offload::EngineOptions engine;
-  int batch = 8;
-  int seq_len = 64;
-  uint64_t seed = 1234;
-  int eval_batches = 8;
+// What the run is made of, after flags and config (engine, batch, ...: RankSetup, engine_run.h).
+struct TrainSetup : RankSetup {
   DeviceKind device = DeviceKind::kCpu;  // may be kAuto until resolved
-  uint64_t device_memory_bytes = 0;      // 0: cpu a quarter of host memory (split over ranks), cuda the whole GPU
   bool breakdown = false;                // wall_clock_breakdown
   bool has_config = false;
 };
-
-// The cpu device's default capacity: a quarter of host memory.
-uint64_t default_cpu_device_bytes() {
-  struct sysinfo info {};
-  if (sysinfo(&info) != 0) return uint64_t{4} << 30;
-  return static_cast<uint64_t>(info.totalram) * info.mem_unit / 4;
-}
-
-Result<OffloadDevice> parse_offload(const std::string& text, const char* flag) {
-  if (text == "none") return OffloadDevice::kNone;
-  if (text == "cpu") return OffloadDevice::kCpu;
-  if (text == "nvme") return OffloadDevice::kNvme;
-  return InvalidArgument(fmt::format("{} '{}' is not none, cpu or nvme", flag, printable(text, 64)));
-}
 
 // Applies the DeepSpeed config: engine options, precision, batch.
 Status apply_config(const Config& cfg, TrainCliOptions& o, TrainSetup& t, model::GptConfig& g) {
@@ -165,50 +146,6 @@ Status apply_placement_flags(const TrainCliOptions& o, TrainSetup& t) {
     t.engine.overlap_optimizer = o.overlap_optimizer == "on";
   }
   t.engine.optimizer_threads = o.optimizer_threads;
-  return Status::Ok();
-}
-
-// Everything one rank trains with. Built inside the rank's thread.
-struct RankState {
-  std::unique_ptr<Device> device;
-  std::unique_ptr<Stream> stream;
-  std::unique_ptr<model::GptModel> model;
-  std::unique_ptr<model::GptExecutor> executor;
-  std::unique_ptr<model::GptRunner> runner;
-  std::unique_ptr<offload::Engine> engine;
-};
-
-Status build_rank(const TrainSetup& t, const model::GptConfig& g, const model::TextDataset& data, DeviceKind kind,
-                  comm::Communicator& comm, RankState& rs) {
-  DeviceOptions dopt;
-  dopt.device_memory_bytes = t.device_memory_bytes;
-  dopt.cuda_memory_limit_bytes = t.device_memory_bytes;  // 0: the whole GPU
-  if (kind == DeviceKind::kCpu && dopt.device_memory_bytes == 0)
-    dopt.device_memory_bytes = default_cpu_device_bytes() / static_cast<uint64_t>(comm.world_size());
-  Result<std::unique_ptr<Device>> device = make_device(kind, dopt);
-  if (!device.ok())
-    return device.status().with_context(fmt::format("--device {}{}", device_kind_name(kind),
-                                                    kind == DeviceKind::kCuda ? " (use --device cpu)" : ""));
-  rs.device = std::move(*device);
-  STRATA_ASSIGN_OR_RETURN(rs.stream, rs.device->create_stream());
-  STRATA_ASSIGN_OR_RETURN(rs.model, model::GptModel::create(g, t.seed));
-  STRATA_ASSIGN_OR_RETURN(rs.executor, model::GptExecutor::create(*rs.model, *rs.device, *rs.stream, t.batch, t.seq_len));
-  STRATA_ASSIGN_OR_RETURN(rs.runner, model::GptRunner::create(*rs.model, *rs.executor, data, t.seed, t.eval_batches,
-                                                              {comm.rank(), comm.world_size()}));
-  STRATA_ASSIGN_OR_RETURN(rs.engine, offload::Engine::create(t.engine, *rs.runner, *rs.device, comm));
-  return Status::Ok();
-}
-
-// Every rank says whether it is ready; a rank that failed makes all stop
-// (so no rank waits for a peer that will never issue its collectives).
-Status vote(comm::Communicator& comm, const Status& mine, const char* what) {
-  int64_t failed = mine.ok() ? 0 : comm.rank() + 1, first = 0;
-  STRATA_RETURN_IF_ERROR(comm::host_collective(
-      comm, &failed, sizeof(failed), &first, sizeof(first),
-      [&](const void* s, void* r) { return comm.all_reduce(s, r, 1, DType::kI64, comm::ReduceOp::kMax); },
-      "the ranks' vote"));
-  if (!mine.ok()) return mine;
-  if (first != 0) return FailedPrecondition(fmt::format("rank {} failed {}; every rank stops", first - 1, what));
   return Status::Ok();
 }
 
@@ -457,29 +394,11 @@ int run_train(TrainCliOptions o) {
   }
   Reporter reporter{o, log.get()};
   Summary summary;
-  std::vector<Status> results(comms.size());
-  {
-    std::vector<std::thread> threads;
-    for (size_t i = 0; i < comms.size(); ++i) {
-      const bool first = i == 0 && printer;
-      threads.emplace_back([&, i, first] {
-        results[i] = train_rank(o, t, g, *data, choice.kind, *comms[i], first ? &reporter : nullptr,
-                                first ? &summary : nullptr);
-        // A failed rank leaves the group: its peers' collectives fail at once
-        // naming it (local backend), instead of waiting for the watchdog.
-        if (!results[i].ok()) comms[i].reset();
-      });
-    }
-    for (auto& th : threads) th.join();
-  }
-  // The first failure in rank order; a rank that only saw a peer fail comes after the peer's own error.
-  const Status* first_error = nullptr;
-  for (const Status& st : results)
-    if (!st.ok() && st.message().find("every rank stops") == std::string::npos) { first_error = &st; break; }
-  if (first_error == nullptr)
-    for (const Status& st : results)
-      if (!st.ok()) { first_error = &st; break; }
-  if (first_error != nullptr) return fail(*first_error);
+  const Status trained = run_rank_threads(comms, [&](size_t i, comm::Communicator& comm) {
+    const bool first = i == 0 && printer;
+    return train_rank(o, t, g, *data, choice.kind, comm, first ? &reporter : nullptr, first ? &summary : nullptr);
+  });
+  if (!trained.ok()) return fail(trained);
   if (!printer) return 0;
   if (t.breakdown) print_breakdown(summary);
   // The mission in one line: state larger than the device, trained anyway.

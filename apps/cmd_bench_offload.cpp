@@ -1,0 +1,541 @@
+// strata bench offload: what each placement of the training state costs.
+// Runs placement rows (stage x offload_optimizer x offload_param x ratio x
+// dtype, apps/placement_rows.h) of the reference GPT with the ZeRO engine
+// on --ranks local ranks, a fresh engine per row and repeat, and reports per
+// row the step time (median, spread), tokens/s, the penalty against the
+// fastest in-memory row, bytes and GB/s per link, exposed waits and peak
+// bytes per tier (the engine's StepMetrics, rank 0). docs/offload-bench.md.
+//
+// Note [Interleaving]
+// A shared machine drifts (other jobs, thermal, page cache). Running row A's
+// repeats, then row B's, lets that drift decide the comparison. Instead each
+// repeat runs every row once, in an order rotated by one per repeat
+// (interleaved_order), so every row takes every position and the median
+// over repeats sees the same mix of good and bad moments for every row.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <tbb/global_control.h>
+
+#include "command.h"
+#include "engine_run.h"
+#include "placement_rows.h"
+#include "strata/comm/backends.h"
+#include "strata/core/units.h"
+#include "strata/model/cpu_ops.h"
+
+namespace strata::cli {
+namespace {
+
+struct BenchOffloadOptions {
+  std::string preset = "tiny";
+  int layers = 0, heads = 0, embd = 0, vocab = 0, max_seq = 0;
+  std::string dtypes = "bf16";
+  int ranks = 1;
+  int steps = 3;
+  int warmup = 1;
+  int repeats = 3;
+  int batch = 4;
+  int seq = 64;
+  std::string matrix = "default";
+  std::string configs;
+  std::string device_memory;
+  std::string host_memory;
+  std::string nvme_path;
+  int optimizer_threads = 0;
+  int device_threads = 0;
+  std::string json_out, csv_out, plot_out, plot_script;
+  bool quiet = false;
+};
+
+enum class RowStatus { kPending, kOk, kSkipped, kDoesNotFit, kFailed };
+std::string_view status_name(RowStatus s) {
+  switch (s) {
+    case RowStatus::kPending: return "pending";
+    case RowStatus::kOk: return "ok";
+    case RowStatus::kSkipped: return "skipped";
+    case RowStatus::kDoesNotFit: return "does_not_fit";
+    case RowStatus::kFailed: return "failed";
+  }
+  return "?";
+}
+
+struct RowResult {
+  PlacementRow row;
+  RowStatus status = RowStatus::kPending;
+  std::string reason;
+  std::vector<offload::StepMetrics> steps;  // rank 0's measured steps, every repeat
+  std::vector<double> repeat_median_ms;     // one per repeat that ran
+  offload::EngineMemory predicted;
+  std::string engine;                       // Engine::describe()
+};
+
+double median_of(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+template <typename F>
+double median_field(const std::vector<offload::StepMetrics>& steps, F field) {
+  std::vector<double> v;
+  v.reserve(steps.size());
+  for (const auto& m : steps) v.push_back(static_cast<double>(field(m)));
+  return median_of(std::move(v));
+}
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+// One run of one row: fresh ranks, warm-up steps, measured steps.
+Status run_row_once(const BenchOffloadOptions& o, const RankSetup& base, const model::GptConfig& g,
+                    const model::TextDataset& data, RowResult& result) {
+  RankSetup setup = base;
+  setup.engine = result.row.apply(base.engine);
+  model::GptConfig gr = g;
+  gr.param_dtype = result.row.dtype;
+  STRATA_ASSIGN_OR_RETURN(auto comms, comm::create_local_group(o.ranks, {}));
+  std::vector<offload::StepMetrics> measured;
+  std::optional<offload::EngineMemory> predicted;
+  std::string described;
+  Status st = run_rank_threads(comms, [&](size_t i, comm::Communicator& comm) -> Status {
+    RankState rs;
+    STRATA_RETURN_IF_ERROR(vote(comm, build_rank(setup, gr, data, DeviceKind::kCpu, comm, rs), "to set up"));
+    for (int s = 0; s < o.warmup + o.steps; ++s) {
+      Result<offload::StepMetrics> m = rs.engine->step();
+      if (!m.ok()) return m.status().with_context(fmt::format("step {} on rank {}", s + 1, comm.rank()));
+      if (i == 0 && s >= o.warmup) measured.push_back(*m);
+    }
+    STRATA_RETURN_IF_ERROR(rs.engine->synchronize());
+    if (i == 0) {
+      predicted = rs.engine->predicted_memory();
+      described = rs.engine->describe();
+    }
+    return Status::Ok();
+  });
+  if (!st.ok()) return st;
+  std::vector<double> ms;
+  for (const auto& m : measured) ms.push_back(m.step_ms);
+  result.repeat_median_ms.push_back(median_of(ms));
+  result.steps.insert(result.steps.end(), measured.begin(), measured.end());
+  if (predicted) result.predicted = *predicted;
+  result.engine = described;
+  return Status::Ok();
+}
+
+struct Link {
+  const char* name;
+  uint64_t offload::StepMetrics::*bytes;
+};
+constexpr Link kLinks[] = {{"h2d", &offload::StepMetrics::h2d_bytes},
+                           {"d2h", &offload::StepMetrics::d2h_bytes},
+                           {"gather", &offload::StepMetrics::gather_bytes},
+                           {"reduce", &offload::StepMetrics::reduce_bytes},
+                           {"nvme_read", &offload::StepMetrics::nvme_read_bytes},
+                           {"nvme_write", &offload::StepMetrics::nvme_write_bytes}};
+
+nlohmann::ordered_json row_json(size_t index, const RowResult& r, double baseline_ms, uint64_t tokens_per_step) {
+  using M = offload::StepMetrics;
+  nlohmann::ordered_json j;
+  j["index"] = index;
+  j["label"] = r.row.label();
+  j["stage"] = r.row.stage;
+  j["offload_optimizer"] = std::string(offload_device_name(r.row.optimizer));
+  j["offload_param"] = std::string(offload_device_name(r.row.param));
+  j["ratio"] = r.row.ratio;
+  j["dtype"] = std::string(dtype_name(r.row.dtype));
+  j["status"] = std::string(status_name(r.status));
+  j["reason"] = r.reason.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(r.reason);
+  if (r.status != RowStatus::kOk) return j;
+  std::vector<double> ms;
+  for (const M& m : r.steps) ms.push_back(m.step_ms);
+  const double med = median_of(ms);
+  const auto [lo, hi] = std::minmax_element(ms.begin(), ms.end());
+  j["engine"] = r.engine;
+  j["step_ms"] = {{"median", med}, {"min", *lo}, {"max", *hi}, {"spread", med > 0 ? (*hi - *lo) / med : 0.0}};
+  j["repeat_median_ms"] = r.repeat_median_ms;
+  j["samples_ms"] = ms;
+  j["tokens_per_s"] = med > 0 ? static_cast<double>(tokens_per_step) / (med / 1e3) : 0.0;
+  j["penalty"] = baseline_ms > 0 ? nlohmann::ordered_json(med / baseline_ms) : nlohmann::ordered_json(nullptr);
+  j["phase_ms"] = {{"forward", median_field(r.steps, [](const M& m) { return m.forward_ms; })},
+                   {"backward", median_field(r.steps, [](const M& m) { return m.backward_ms; })},
+                   {"optimizer", median_field(r.steps, [](const M& m) { return m.optimizer_ms; })}};
+  j["exposed_ms"] = {{"reduce", median_field(r.steps, [](const M& m) { return m.wait_reduce_ms; })},
+                     {"optimizer", median_field(r.steps, [](const M& m) { return m.wait_optimizer_ms; })},
+                     {"gather", median_field(r.steps, [](const M& m) { return m.wait_gather_ms; })},
+                     {"nvme", median_field(r.steps, [](const M& m) { return m.wait_nvme_ms; })}};
+  nlohmann::ordered_json bytes, rate;
+  for (const Link& l : kLinks) {
+    const double b = median_field(r.steps, [&](const M& m) { return m.*(l.bytes); });
+    bytes[l.name] = static_cast<uint64_t>(b);
+    // Over the whole step: what the link carried on average, not its peak rate.
+    rate[l.name] = med > 0 ? b / (med / 1e3) / 1e9 : 0.0;
+  }
+  j["bytes_per_step"] = bytes;
+  j["gb_per_s_over_step"] = rate;
+  uint64_t dev = 0, pin = 0, host = 0, nvme = 0;
+  for (const M& m : r.steps) {
+    dev = std::max(dev, m.peak_device_bytes);
+    pin = std::max(pin, m.peak_pinned_bytes);
+    host = std::max(host, m.peak_host_bytes);
+    nvme = std::max(nvme, m.peak_nvme_bytes);
+  }
+  j["peak_bytes"] = {{"device", dev}, {"pinned", pin}, {"host", host}, {"nvme", nvme}};
+  j["predicted_bytes"] = {{"device", r.predicted.device}, {"pinned", r.predicted.pinned}, {"nvme", r.predicted.nvme}};
+  return j;
+}
+
+std::string csv_field(const nlohmann::ordered_json& v) {
+  if (v.is_null()) return "";
+  if (v.is_string()) {
+    std::string s = v.get<std::string>(), out = "\"";
+    for (char c : s) out += c == '"' ? std::string("\"\"") : std::string(1, c);
+    return out + "\"";
+  }
+  return v.dump();
+}
+
+Status write_csv(const std::string& path, const nlohmann::ordered_json& doc) {
+  std::ofstream out(path, std::ios::trunc);
+  if (!out) return ErrnoStatus(errno, fmt::format("open --csv '{}'", printable(path, 256)));
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cols = {
+      {"index", {"index"}}, {"label", {"label"}}, {"stage", {"stage"}}, {"offload_optimizer", {"offload_optimizer"}},
+      {"offload_param", {"offload_param"}}, {"ratio", {"ratio"}}, {"dtype", {"dtype"}}, {"status", {"status"}},
+      {"step_ms_median", {"step_ms", "median"}}, {"step_ms_min", {"step_ms", "min"}},
+      {"step_ms_max", {"step_ms", "max"}}, {"tokens_per_s", {"tokens_per_s"}}, {"penalty", {"penalty"}},
+      {"forward_ms", {"phase_ms", "forward"}}, {"backward_ms", {"phase_ms", "backward"}},
+      {"optimizer_ms", {"phase_ms", "optimizer"}}, {"exposed_reduce_ms", {"exposed_ms", "reduce"}},
+      {"exposed_optimizer_ms", {"exposed_ms", "optimizer"}}, {"exposed_gather_ms", {"exposed_ms", "gather"}},
+      {"exposed_nvme_ms", {"exposed_ms", "nvme"}}, {"h2d_bytes", {"bytes_per_step", "h2d"}},
+      {"d2h_bytes", {"bytes_per_step", "d2h"}}, {"gather_bytes", {"bytes_per_step", "gather"}},
+      {"reduce_bytes", {"bytes_per_step", "reduce"}}, {"nvme_read_bytes", {"bytes_per_step", "nvme_read"}},
+      {"nvme_write_bytes", {"bytes_per_step", "nvme_write"}}, {"peak_device_bytes", {"peak_bytes", "device"}},
+      {"peak_pinned_bytes", {"peak_bytes", "pinned"}}, {"peak_nvme_bytes", {"peak_bytes", "nvme"}},
+      {"reason", {"reason"}}};
+  for (size_t c = 0; c < cols.size(); ++c) out << (c ? "," : "") << cols[c].first;
+  out << '\n';
+  for (const auto& row : doc["rows"]) {
+    for (size_t c = 0; c < cols.size(); ++c) {
+      const nlohmann::ordered_json* v = &row;
+      for (const std::string& k : cols[c].second) {
+        if (!v->is_object() || !v->contains(k)) { v = nullptr; break; }
+        v = &(*v)[k];
+      }
+      out << (c ? "," : "") << (v ? csv_field(*v) : "");
+    }
+    out << '\n';
+  }
+  out.flush();
+  if (!out) return ErrnoStatus(errno, fmt::format("write --csv '{}'", printable(path, 256)));
+  return Status::Ok();
+}
+
+// scripts/plot_offload.py beside the source tree this binary was built in
+// (build-*/apps/strata -> scripts/), or next to an installed one.
+std::string find_plot_script() {
+  std::error_code ec;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return "";
+  for (const char* rel : {"../../scripts/plot_offload.py", "../share/strata/plot_offload.py"}) {
+    const auto p = exe.parent_path() / rel;
+    if (std::filesystem::exists(p, ec)) return std::filesystem::weakly_canonical(p, ec).string();
+  }
+  return "";
+}
+
+// Single-quoted for sh.
+std::string sh_quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+Status draw_plot(const BenchOffloadOptions& o, const std::string& json_path) {
+  const std::string script = o.plot_script.empty() ? find_plot_script() : o.plot_script;
+  if (script.empty() || !std::filesystem::exists(script))
+    return NotFound(fmt::format("--plot: the plotting script {} was not found; give --plot-script PATH "
+                                "(scripts/plot_offload.py in the source tree)",
+                                script.empty() ? "scripts/plot_offload.py" : printable(script, 256)));
+  if (std::system("python3 -c 'import matplotlib' >/dev/null 2>&1") != 0)
+    return Unavailable("--plot needs python3 with matplotlib: apt-get install python3-matplotlib (or pip install "
+                       "matplotlib); the JSON and CSV outputs do not need it");
+  const std::string cmd = fmt::format("python3 {} {} {}", sh_quote(script), sh_quote(json_path), sh_quote(o.plot_out));
+  const int rc = std::system(cmd.c_str());
+  if (rc != 0) return Internal(fmt::format("--plot: '{}' failed (exit status {})", cmd, rc));
+  return Status::Ok();
+}
+
+void print_table(const nlohmann::ordered_json& doc) {
+  fmt::print("\n{:<34} {:>12} {:>10} {:>9} {:>7} | {:>8} {:>8} {:>8} {:>8} | {:>8} {:>8} {:>8} | {:>10} {:>10}\n",
+             "row", "status", "step ms", "spread", "penalty", "exp opt", "exp red", "exp gath", "exp nvme", "h2d GB/s",
+             "d2h GB/s", "nvme GB/s", "peak dev", "peak pin");
+  for (const auto& r : doc["rows"]) {
+    const std::string label = r["label"].get<std::string>();
+    const std::string status = r["status"].get<std::string>();
+    if (status != "ok") {
+      fmt::print("{:<34} {:>12}  {}\n", label, status, r["reason"].is_null() ? "" : r["reason"].get<std::string>());
+      continue;
+    }
+    const auto& e = r["exposed_ms"];
+    const auto& g = r["gb_per_s_over_step"];
+    fmt::print("{:<34} {:>12} {:>10.2f} {:>8.0f}% {:>7} | {:>8.2f} {:>8.2f} {:>8.2f} {:>8.2f} | {:>8.3f} {:>8.3f} {:>8.3f} | "
+               "{:>10} {:>10}\n",
+               label, status, r["step_ms"]["median"].get<double>(), 100 * r["step_ms"]["spread"].get<double>(),
+               r["penalty"].is_null() ? std::string("-") : fmt::format("{:.2f}x", r["penalty"].get<double>()),
+               e["optimizer"].get<double>(), e["reduce"].get<double>(), e["gather"].get<double>(),
+               e["nvme"].get<double>(), g["h2d"].get<double>(), g["d2h"].get<double>(),
+               g["nvme_read"].get<double>() + g["nvme_write"].get<double>(),
+               format_bytes(r["peak_bytes"]["device"].get<uint64_t>(), true),
+               format_bytes(r["peak_bytes"]["pinned"].get<uint64_t>(), true));
+  }
+  fmt::print("(step ms: median over repeats x steps; spread: (max - min) / median; penalty: / the fastest in-memory "
+             "row; exp: exposed wait ms; GB/s: bytes per step / step time)\n");
+}
+
+int run_bench_offload(const BenchOffloadOptions& o) {
+  auto fail = [](const Status& st) {
+    fmt::print(stderr, "strata bench offload: error: {}\n", st.to_string());
+    return st.code() == StatusCode::kInvalidArgument ? 2 : 1;
+  };
+  Result<model::GptConfig> preset = model::preset(o.preset);
+  if (!preset.ok()) return fail(preset.status().with_context("--preset"));
+  model::GptConfig g = *preset;
+  if (o.layers) g.n_layer = o.layers;
+  if (o.heads) g.n_head = o.heads;
+  if (o.embd) g.n_embd = o.embd;
+  if (o.vocab) g.vocab_size = o.vocab;
+  if (o.max_seq) g.max_seq_len = o.max_seq;
+  Result<std::vector<DType>> dtypes = parse_dtype_list(o.dtypes, "--dtype");
+  if (!dtypes.ok()) return fail(dtypes.status());
+  g.param_dtype = dtypes->front();
+  if (Status v = g.validate(); !v.ok()) return fail(v);
+  if (o.seq > g.max_seq_len)
+    return fail(InvalidArgument(fmt::format("--seq {} is longer than the model's max_seq {}", o.seq, g.max_seq_len)));
+  if (!o.plot_out.empty() && o.plot_out.size() < 5)
+    return fail(InvalidArgument(fmt::format("--plot '{}' must name a .png file", printable(o.plot_out, 64))));
+
+  std::vector<PlacementRow> rows;
+  if (!o.configs.empty()) {
+    Result<std::vector<PlacementRow>> loaded = load_rows(o.configs, dtypes->front());
+    if (!loaded.ok()) return fail(loaded.status().with_context("--configs"));
+    rows = std::move(*loaded);
+  } else if (o.matrix == "default") {
+    rows = default_matrix(*dtypes);
+  } else {
+    return fail(InvalidArgument(fmt::format("--matrix '{}' is not 'default' (or give --configs FILE)",
+                                            printable(o.matrix, 64))));
+  }
+
+  RankSetup base;
+  base.batch = o.batch;
+  base.seq_len = o.seq;
+  base.eval_batches = 1;
+  base.engine.optimizer_threads = o.optimizer_threads;
+  if (!o.device_memory.empty()) {
+    Result<uint64_t> b = parse_bytes(o.device_memory, "--device-memory");
+    if (!b.ok()) return fail(b.status());
+    base.device_memory_bytes = *b;
+  }
+  if (!o.host_memory.empty()) {
+    Result<uint64_t> b = parse_bytes(o.host_memory, "--host-memory");
+    if (!b.ok()) return fail(b.status());
+    base.engine.host_memory_budget = *b / static_cast<uint64_t>(o.ranks);
+  }
+  if (!o.nvme_path.empty()) {
+    std::error_code ec;
+    if (!std::filesystem::is_directory(o.nvme_path, ec))
+      return fail(InvalidArgument(fmt::format("--nvme-path '{}' is not a directory", printable(o.nvme_path, 256))));
+    base.engine.nvme.path = base.engine.nvme_param.path = o.nvme_path;
+  }
+  Result<model::TextDataset> data = model::TextDataset::load(model::default_corpus_path(), o.seq);
+  if (!data.ok()) return fail(data.status());
+
+  std::optional<tbb::global_control> tbb_limit;
+  if (o.device_threads > 0) {
+    tbb_limit.emplace(tbb::global_control::max_allowed_parallelism, static_cast<size_t>(o.device_threads));
+    model::cpu::limit_gemm_threads(o.device_threads);
+  }
+
+  std::vector<RowResult> results(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    results[i].row = rows[i];
+    if (std::string why = rows[i].unsupported_reason(); !why.empty()) {
+      results[i].status = RowStatus::kSkipped;
+      results[i].reason = why;
+    } else if (rows[i].uses_nvme() && o.nvme_path.empty()) {
+      results[i].status = RowStatus::kSkipped;
+      results[i].reason = "needs --nvme-path DIR (a folder on the NVMe drive)";
+    }
+  }
+  const uint64_t tokens_per_step = static_cast<uint64_t>(o.batch) * o.seq * o.ranks;
+  if (!o.quiet)
+    fmt::print("bench offload: {} on {} rank(s), batch {} x seq {}, {} warm-up + {} measured steps x {} repeats, {} "
+               "rows (interleaved)\n",
+               g.describe(), o.ranks, o.batch, o.seq, o.warmup, o.steps, o.repeats, rows.size());
+  nlohmann::ordered_json schedule = nlohmann::ordered_json::array();
+  bool any_failed = false;
+  for (int rep = 0; rep < o.repeats; ++rep) {
+    nlohmann::ordered_json order = nlohmann::ordered_json::array();
+    for (size_t idx : interleaved_order(rows.size(), static_cast<size_t>(rep))) {
+      RowResult& r = results[idx];
+      if (r.status != RowStatus::kPending && r.status != RowStatus::kOk) continue;
+      order.push_back(idx);
+      const auto t0 = std::chrono::steady_clock::now();
+      Status st = run_row_once(o, base, g, *data, r);
+      if (!st.ok()) {
+        const bool no_fit = st.code() == StatusCode::kOutOfMemory || st.code() == StatusCode::kResourceExhausted;
+        r.status = no_fit ? RowStatus::kDoesNotFit : RowStatus::kFailed;
+        r.reason = st.to_string();
+        r.steps.clear();
+        any_failed |= !no_fit;
+      } else {
+        r.status = RowStatus::kOk;
+      }
+      if (!o.quiet) {
+        fmt::print("  repeat {}/{}  {:<34} {}\n", rep + 1, o.repeats, r.row.label(),
+                   r.status == RowStatus::kOk
+                       ? fmt::format("{:.2f} ms/step ({:.1f} s)", r.repeat_median_ms.back(),
+                                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count())
+                       : std::string(status_name(r.status)));
+        std::fflush(stdout);
+      }
+    }
+    schedule.push_back(order);
+  }
+  // The baseline: the fastest row with everything on the device.
+  double baseline_ms = 0;
+  std::optional<size_t> baseline_row;
+  for (size_t i = 0; i < results.size(); ++i) {
+    if (results[i].status != RowStatus::kOk || !results[i].row.in_memory()) continue;
+    std::vector<double> ms;
+    for (const auto& m : results[i].steps) ms.push_back(m.step_ms);
+    const double med = median_of(ms);
+    if (!baseline_row || med < baseline_ms) baseline_ms = med, baseline_row = i;
+  }
+  nlohmann::ordered_json doc;
+  doc["bench"] = "offload";
+  doc["date"] = utc_now();
+  doc["model"] = {{"describe", g.describe()}, {"preset", o.preset},     {"layers", g.n_layer},
+                  {"heads", g.n_head},        {"embd", g.n_embd},       {"vocab", g.vocab_size},
+                  {"max_seq", g.max_seq_len}, {"params", g.param_count()},
+                  {"train_flops_per_token", g.train_flops_per_token(o.seq)}};
+  doc["device"] = "cpu";
+  doc["matmul"] = model::cpu::gemm_backend_description();
+  doc["ranks"] = o.ranks;
+  doc["batch"] = o.batch;
+  doc["seq"] = o.seq;
+  doc["tokens_per_step"] = tokens_per_step;
+  doc["warmup"] = o.warmup;
+  doc["steps"] = o.steps;
+  doc["repeats"] = o.repeats;
+  doc["device_memory_bytes"] = base.device_memory_bytes;
+  doc["optimizer_threads"] = o.optimizer_threads;
+  doc["device_threads"] = o.device_threads;
+  doc["schedule"] = schedule;
+  doc["baseline_row"] = baseline_row ? nlohmann::ordered_json(*baseline_row) : nlohmann::ordered_json(nullptr);
+  doc["rows"] = nlohmann::ordered_json::array();
+  for (size_t i = 0; i < results.size(); ++i)
+    doc["rows"].push_back(row_json(i, results[i], baseline_ms, tokens_per_step));
+  if (!o.quiet) print_table(doc);
+
+  const std::string text = doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  std::string json_for_plot = o.json_out;
+  if (!o.json_out.empty()) {
+    std::ofstream out(o.json_out, std::ios::trunc);
+    out << text;
+    out.flush();
+    if (!out) return fail(ErrnoStatus(errno, fmt::format("write --json '{}'", printable(o.json_out, 256))));
+  }
+  if (!o.csv_out.empty())
+    if (Status st = write_csv(o.csv_out, doc); !st.ok()) return fail(st);
+  if (!o.plot_out.empty()) {
+    std::string tmp;
+    if (json_for_plot.empty()) {
+      tmp = o.plot_out + ".json";
+      std::ofstream out(tmp, std::ios::trunc);
+      out << text;
+      if (!out) return fail(ErrnoStatus(errno, fmt::format("write '{}' for --plot", printable(tmp, 256))));
+      json_for_plot = tmp;
+    }
+    Status st = draw_plot(o, json_for_plot);
+    if (!tmp.empty()) std::filesystem::remove(tmp);
+    if (!st.ok()) return fail(st);
+    if (!o.quiet) fmt::print("plot     {}\n", o.plot_out);
+  }
+  if (any_failed) {
+    fmt::print(stderr, "strata bench offload: error: some rows failed (status \"failed\" above)\n");
+    return 1;
+  }
+  return 0;
+}
+
+CommandRegistration bench_offload("bench offload", [](CLI::App& root) {
+  auto o = std::make_shared<BenchOffloadOptions>();
+  CLI::App* bench = ensure_subcommand(root, "bench", "Benchmarks of Strata's kernels and engines");
+  CLI::App* cmd = bench->add_subcommand(
+      "offload", "Step time, tokens/s, bytes per link and memory per tier of each placement of the training state");
+  cmd->add_option("--preset", o->preset, "Model size: tiny | small | gpt2 | gpt2-medium | 1b")->capture_default_str();
+  cmd->add_option("--layers", o->layers, "Override the number of blocks")->check(CLI::Range(1, 100000));
+  cmd->add_option("--heads", o->heads, "Override the attention heads")->check(CLI::Range(1, 100000));
+  cmd->add_option("--embd", o->embd, "Override the embedding width")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--vocab", o->vocab, "Override the vocabulary (>= 256)")->check(CLI::Range(1, 1 << 24));
+  cmd->add_option("--max-seq", o->max_seq, "Override the maximum sequence length")->check(CLI::Range(1, 1 << 24));
+  cmd->add_option("--dtype", o->dtypes, "Parameter dtype(s) of the default matrix, comma-separated: fp32,bf16,fp16")
+      ->capture_default_str();
+  cmd->add_option("--ranks", o->ranks, "Data-parallel ranks as threads (local backend)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
+  cmd->add_option("--steps", o->steps, "Measured steps per row and repeat")->capture_default_str()->check(CLI::Range(1, 100000));
+  cmd->add_option("--warmup", o->warmup, "Warm-up steps per row and repeat (not measured; the first records the "
+                                         "acquire order)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 100000));
+  cmd->add_option("--repeats", o->repeats, "Repeats; each runs every row once, order rotated per repeat")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 10000));
+  cmd->add_option("--batch", o->batch, "Micro batch per rank")->capture_default_str()->check(CLI::Range(1, 65536));
+  cmd->add_option("--seq", o->seq, "Sequence length")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--matrix", o->matrix, "default: the 16 placements of strata estimate + stage-3 ratios 0.25/0.5/0.75")
+      ->capture_default_str();
+  cmd->add_option("--configs", o->configs,
+                  "Row file instead of --matrix: {\"rows\": [{\"stage\": 3, \"offload_optimizer\": \"cpu\", "
+                  "\"offload_param\": \"none\", \"ratio\": 1, \"dtype\": \"bf16\"}]}");
+  cmd->add_option("--device-memory", o->device_memory, "Device capacity per rank, e.g. 64MiB (rows that do not fit are "
+                                                       "reported with the engine's reason)");
+  cmd->add_option("--host-memory", o->host_memory, "Host memory budget for the engines (strata.host_memory_budget)");
+  cmd->add_option("--nvme-path", o->nvme_path, "Folder on the NVMe drive: runs the nvme rows (skipped without it)");
+  cmd->add_option("--optimizer-threads", o->optimizer_threads, "CPU optimizer threads per rank (0: all cores)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1024));
+  cmd->add_option("--device-threads", o->device_threads, "cpu device compute threads (0: all cores)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1024));
+  cmd->add_option("--json", o->json_out, "Write the results as JSON to this file");
+  cmd->add_option("--csv", o->csv_out, "Write one CSV line per row to this file");
+  cmd->add_option("--plot", o->plot_out, "Draw a PNG (python3 + matplotlib, scripts/plot_offload.py)");
+  cmd->add_option("--plot-script", o->plot_script, "The plotting script (default: found beside the build)");
+  cmd->add_flag("--quiet", o->quiet, "Only errors and the output files");
+  cmd->callback([o] { exit_with(run_bench_offload(*o)); });
+});
+
+}  // namespace
+}  // namespace strata::cli

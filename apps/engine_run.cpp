@@ -1,0 +1,83 @@
+// Driving the engine with the reference GPT: see engine_run.h.
+#include "engine_run.h"
+
+#include <sys/sysinfo.h>
+
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "strata/comm/host_collective.h"
+#include "strata/core/device_registry.h"
+#include "strata/core/units.h"
+
+namespace strata::cli {
+
+uint64_t default_cpu_device_bytes() {
+  struct sysinfo info {};
+  if (sysinfo(&info) != 0) return uint64_t{4} << 30;
+  return static_cast<uint64_t>(info.totalram) * info.mem_unit / 4;
+}
+
+Result<OffloadDevice> parse_offload(const std::string& text, const char* flag) {
+  if (text == "none") return OffloadDevice::kNone;
+  if (text == "cpu") return OffloadDevice::kCpu;
+  if (text == "nvme") return OffloadDevice::kNvme;
+  return InvalidArgument(fmt::format("{} '{}' is not none, cpu or nvme", flag, printable(text, 64)));
+}
+
+Status build_rank(const RankSetup& t, const model::GptConfig& g, const model::TextDataset& data, DeviceKind kind,
+                  comm::Communicator& comm, RankState& rs) {
+  DeviceOptions dopt;
+  dopt.device_memory_bytes = t.device_memory_bytes;
+  dopt.cuda_memory_limit_bytes = t.device_memory_bytes;  // 0: the whole GPU
+  if (kind == DeviceKind::kCpu && dopt.device_memory_bytes == 0)
+    dopt.device_memory_bytes = default_cpu_device_bytes() / static_cast<uint64_t>(comm.world_size());
+  Result<std::unique_ptr<Device>> device = make_device(kind, dopt);
+  if (!device.ok())
+    return device.status().with_context(fmt::format("--device {}{}", device_kind_name(kind),
+                                                    kind == DeviceKind::kCuda ? " (use --device cpu)" : ""));
+  rs.device = std::move(*device);
+  STRATA_ASSIGN_OR_RETURN(rs.stream, rs.device->create_stream());
+  STRATA_ASSIGN_OR_RETURN(rs.model, model::GptModel::create(g, t.seed));
+  STRATA_ASSIGN_OR_RETURN(rs.executor, model::GptExecutor::create(*rs.model, *rs.device, *rs.stream, t.batch, t.seq_len));
+  STRATA_ASSIGN_OR_RETURN(rs.runner, model::GptRunner::create(*rs.model, *rs.executor, data, t.seed, t.eval_batches,
+                                                              {comm.rank(), comm.world_size()}));
+  STRATA_ASSIGN_OR_RETURN(rs.engine, offload::Engine::create(t.engine, *rs.runner, *rs.device, comm));
+  return Status::Ok();
+}
+
+Status vote(comm::Communicator& comm, const Status& mine, const char* what) {
+  int64_t failed = mine.ok() ? 0 : comm.rank() + 1, first = 0;
+  STRATA_RETURN_IF_ERROR(comm::host_collective(
+      comm, &failed, sizeof(failed), &first, sizeof(first),
+      [&](const void* s, void* r) { return comm.all_reduce(s, r, 1, DType::kI64, comm::ReduceOp::kMax); },
+      "the ranks' vote"));
+  if (!mine.ok()) return mine;
+  if (first != 0) return FailedPrecondition(fmt::format("rank {} failed {}; every rank stops", first - 1, what));
+  return Status::Ok();
+}
+
+Status run_rank_threads(std::vector<std::unique_ptr<comm::Communicator>>& comms,
+                        const std::function<Status(size_t index, comm::Communicator& comm)>& fn) {
+  std::vector<Status> results(comms.size());
+  {
+    std::vector<std::thread> threads;
+    threads.reserve(comms.size());
+    for (size_t i = 0; i < comms.size(); ++i) {
+      threads.emplace_back([&, i] {
+        results[i] = fn(i, *comms[i]);
+        if (!results[i].ok()) comms[i].reset();
+      });
+    }
+    for (auto& th : threads) th.join();
+  }
+  // A rank that only saw a peer fail comes after the peer's own error.
+  for (const Status& st : results)
+    if (!st.ok() && st.message().find("every rank stops") == std::string::npos) return st;
+  for (const Status& st : results)
+    if (!st.ok()) return st;
+  return Status::Ok();
+}
+
+}  // namespace strata::cli

@@ -1,0 +1,142 @@
+// Placement rows shared by `strata bench offload` and `strata plan`: see placement_rows.h.
+#include "placement_rows.h"
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "engine_run.h"
+#include "strata/core/estimator.h"
+
+namespace strata::cli {
+
+std::string PlacementRow::label() const {
+  std::string s = fmt::format("s{} opt={} param={}", stage, offload_device_name(optimizer), offload_device_name(param));
+  if (ratio < 1.0) s += fmt::format(" r={:.2f}", ratio);
+  return s + " " + std::string(dtype_name(dtype));
+}
+
+std::string PlacementRow::unsupported_reason() const {
+  if (stage < 0 || stage > 3) return fmt::format("stage {} is not 0-3", stage);
+  if (stage == 0 && optimizer != OffloadDevice::kNone)
+    return "stage 0 keeps the optimizer state on the device (offload needs stage 1-3)";
+  if (param != OffloadDevice::kNone && stage != 3) return "parameter offload needs stage 3";
+  if (param != OffloadDevice::kNone && optimizer == OffloadDevice::kNone)
+    return "the engine keeps parameters off the device only with the optimizer off it too (offload_optimizer cpu "
+           "or nvme)";
+  if (ratio < 1.0 && !(stage == 3 && optimizer == OffloadDevice::kCpu && param == OffloadDevice::kNone))
+    return "ratio < 1 needs stage 3, optimizer cpu, params none";
+  return "";
+}
+
+offload::EngineOptions PlacementRow::apply(offload::EngineOptions o) const {
+  o.stage = stage;
+  o.offload_optimizer = optimizer;
+  o.offload_param = param;
+  o.ratio = ratio;
+  o.grad_dtype = dtype;
+  o.fp16.enabled = dtype == DType::kF16;
+  return o;
+}
+
+std::vector<PlacementRow> default_matrix(const std::vector<DType>& dtypes) {
+  std::vector<PlacementRow> rows;
+  for (DType dt : dtypes) {
+    for (const Placement& p : estimate_placements()) rows.push_back({p.stage, p.optimizer, p.param, 1.0, dt});
+    for (double r : {0.25, 0.5, 0.75}) rows.push_back({3, OffloadDevice::kCpu, OffloadDevice::kNone, r, dt});
+  }
+  return rows;
+}
+
+Result<std::vector<DType>> parse_dtype_list(const std::string& text, const char* flag) {
+  std::vector<DType> out;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    Result<DType> dt = parse_dtype(item);
+    if (!dt.ok() || !is_state_float(*dt))
+      return InvalidArgument(fmt::format("{} '{}' is not a parameter dtype; use fp32, bf16 or fp16 (comma-separated)",
+                                         flag, printable(item, 64)));
+    out.push_back(*dt);
+  }
+  if (out.empty()) return InvalidArgument(fmt::format("{} is empty; use fp32, bf16 or fp16", flag));
+  return out;
+}
+
+namespace {
+
+Result<PlacementRow> parse_row(const nlohmann::json& j, const std::string& where, DType default_dtype) {
+  if (!j.is_object()) return InvalidArgument(fmt::format("{}: a row must be an object like {{\"stage\": 3}}", where));
+  PlacementRow row;
+  row.dtype = default_dtype;
+  bool has_stage = false;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& key = it.key();
+    const std::string at = fmt::format("{}.{}", where, printable(key, 64));
+    if (key == "stage") {
+      if (!it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() > 3)
+        return InvalidArgument(fmt::format("{}: {} is not 0, 1, 2 or 3", at, it->dump()));
+      row.stage = static_cast<int>(it->get<int64_t>());
+      has_stage = true;
+    } else if (key == "offload_optimizer" || key == "offload_param") {
+      if (!it->is_string()) return InvalidArgument(fmt::format("{}: {} is not \"none\", \"cpu\" or \"nvme\"", at, it->dump()));
+      STRATA_ASSIGN_OR_RETURN(OffloadDevice d, parse_offload(it->get<std::string>(), at.c_str()));
+      (key == "offload_optimizer" ? row.optimizer : row.param) = d;
+    } else if (key == "ratio") {
+      if (!it->is_number() || !(it->get<double>() > 0.0 && it->get<double>() <= 1.0))
+        return InvalidArgument(fmt::format("{}: {} is not in (0, 1]", at, it->dump()));
+      row.ratio = it->get<double>();
+    } else if (key == "dtype") {
+      if (!it->is_string()) return InvalidArgument(fmt::format("{}: {} is not \"fp32\", \"bf16\" or \"fp16\"", at, it->dump()));
+      STRATA_ASSIGN_OR_RETURN(std::vector<DType> dts, parse_dtype_list(it->get<std::string>(), at.c_str()));
+      if (dts.size() != 1) return InvalidArgument(fmt::format("{}: give one dtype per row", at));
+      row.dtype = dts.front();
+    } else {
+      return InvalidArgument(fmt::format(
+          "{}: unknown key '{}' (a row has stage, offload_optimizer, offload_param, ratio, dtype)", where,
+          printable(key, 64)));
+    }
+  }
+  if (!has_stage) return InvalidArgument(fmt::format("{}: \"stage\" is missing", where));
+  const std::string why = row.unsupported_reason();
+  if (!why.empty()) return InvalidArgument(fmt::format("{} ({}): {}", where, row.label(), why));
+  return row;
+}
+
+}  // namespace
+
+Result<std::vector<PlacementRow>> load_rows(const std::string& path, DType default_dtype) {
+  std::ifstream in(path);
+  if (!in) return ErrnoStatus(errno, fmt::format("open row file '{}'", printable(path, 256)));
+  nlohmann::json doc = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) return InvalidArgument(fmt::format("{}: not valid JSON", printable(path, 256)));
+  const nlohmann::json* list = &doc;
+  if (doc.is_object()) {
+    for (auto it = doc.begin(); it != doc.end(); ++it)
+      if (it.key() != "rows")
+        return InvalidArgument(fmt::format("{}: unknown key '{}' (the file has one key, \"rows\")",
+                                           printable(path, 256), printable(it.key(), 64)));
+    if (!doc.contains("rows")) return InvalidArgument(fmt::format("{}: \"rows\" is missing", printable(path, 256)));
+    list = &doc["rows"];
+  }
+  if (!list->is_array() || list->empty())
+    return InvalidArgument(fmt::format("{}: \"rows\" must be a non-empty array of rows", printable(path, 256)));
+  std::vector<PlacementRow> rows;
+  for (size_t i = 0; i < list->size(); ++i) {
+    STRATA_ASSIGN_OR_RETURN(PlacementRow r,
+                            parse_row((*list)[i], fmt::format("{}: rows[{}]", printable(path, 256), i), default_dtype));
+    rows.push_back(r);
+  }
+  return rows;
+}
+
+std::vector<size_t> interleaved_order(size_t row_count, size_t repeat) {
+  std::vector<size_t> order(row_count);
+  for (size_t i = 0; i < row_count; ++i) order[i] = (i + repeat) % row_count;
+  return order;
+}
+
+}  // namespace strata::cli

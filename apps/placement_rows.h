@@ -1,0 +1,56 @@
+#pragma once
+// Placement rows: one way of placing a model's training state (ZeRO stage,
+// where the optimizer state and the parameters live, the offloaded fraction
+// of the optimizer state, the parameter dtype). `strata bench offload`
+// measures rows and `strata plan` predicts them; both read the same row
+// files and build the same default matrix.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "strata/core/config.h"
+#include "strata/core/dtype.h"
+#include "strata/core/status.h"
+#include "strata/offload/engine.h"
+
+namespace strata::cli {
+
+struct PlacementRow {
+  int stage = 0;
+  OffloadDevice optimizer = OffloadDevice::kNone;
+  OffloadDevice param = OffloadDevice::kNone;
+  double ratio = 1.0;  // offload_optimizer.ratio (< 1: stage 3, optimizer cpu, params none)
+  DType dtype = DType::kBF16;
+
+  // Everything on the device: the rows penalties are measured against.
+  bool in_memory() const { return optimizer == OffloadDevice::kNone && param == OffloadDevice::kNone; }
+  bool uses_nvme() const { return optimizer == OffloadDevice::kNvme || param == OffloadDevice::kNvme; }
+  // "s3 opt=cpu param=none r=0.50 bf16"
+  std::string label() const;
+  // Why the engine cannot run this row at all (whatever the memory), or "".
+  std::string unsupported_reason() const;
+  // `base` with this row's stage, placement, ratio and gradient dtype (the
+  // parameters'; fp16 gets DeepSpeed's dynamic loss scale).
+  offload::EngineOptions apply(offload::EngineOptions base) const;
+};
+
+// The default matrix for each dtype: the 16 placements `strata estimate`
+// prints (stage 0; stages 1-2 x optimizer none/cpu/nvme; stage 3 x optimizer
+// x params), then stage 3 + optimizer cpu at ratios 0.25, 0.5 and 0.75.
+std::vector<PlacementRow> default_matrix(const std::vector<DType>& dtypes);
+
+// "fp32,bf16" -> dtypes; each must be a parameter dtype. `flag` names the culprit.
+Result<std::vector<DType>> parse_dtype_list(const std::string& text, const char* flag);
+
+// A row file: {"rows": [{"stage": 3, "offload_optimizer": "cpu", "offload_param": "none", "ratio": 0.5,
+// "dtype": "bf16"}, ...]} (or the bare array). stage is required; the rest default to none, none, 1 and
+// `default_dtype`. Unknown keys, wrong types and out-of-range values are errors naming the file, the row and
+// the key.
+Result<std::vector<PlacementRow>> load_rows(const std::string& path, DType default_dtype);
+
+// The order rows run in repeat `repeat` (0-based) of `row_count` rows: the
+// list rotated left by `repeat`, so every row takes every position in turn
+// and drift on a shared machine does not favour the rows that run first.
+std::vector<size_t> interleaved_order(size_t row_count, size_t repeat);
+
+}  // namespace strata::cli
