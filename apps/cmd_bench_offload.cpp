@@ -275,10 +275,20 @@ Status draw_plot(const BenchOffloadOptions& o, const std::string& json_path) {
     return NotFound(fmt::format("--plot: the plotting script {} was not found; give --plot-script PATH "
                                 "(scripts/plot_offload.py in the source tree)",
                                 script.empty() ? "scripts/plot_offload.py" : printable(script, 256)));
-  if (std::system("python3 -c 'import matplotlib' >/dev/null 2>&1") != 0)
+  // The first python3 with matplotlib: the one on PATH (a virtualenv, pyenv), then the system's (apt).
+  std::string python;
+  for (const char* candidate : {"python3", "/usr/bin/python3"}) {
+    const std::string probe = fmt::format("{} -c 'import matplotlib' >/dev/null 2>&1", candidate);
+    if (std::system(probe.c_str()) == 0) {
+      python = candidate;
+      break;
+    }
+  }
+  if (python.empty())
     return Unavailable("--plot needs python3 with matplotlib: apt-get install python3-matplotlib (or pip install "
                        "matplotlib); the JSON and CSV outputs do not need it");
-  const std::string cmd = fmt::format("python3 {} {} {}", sh_quote(script), sh_quote(json_path), sh_quote(o.plot_out));
+  const std::string cmd =
+      fmt::format("{} {} {} {}", python, sh_quote(script), sh_quote(json_path), sh_quote(o.plot_out));
   const int rc = std::system(cmd.c_str());
   if (rc != 0) return Internal(fmt::format("--plot: '{}' failed (exit status {})", cmd, rc));
   return Status::Ok();
