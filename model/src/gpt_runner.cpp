@@ -46,10 +46,20 @@ Result<std::unique_ptr<GptRunner>> GptRunner::create(const GptModel& model, GptE
 
 Result<float> GptRunner::train_micro_batch(float loss_scale, ParameterProvider& provider) {
   loader_.next(global_inputs_, global_targets_);
+  ++drawn_;
   keep_slice();
   STRATA_ASSIGN_OR_RETURN(float loss, executor_.forward(inputs_, targets_, provider, Pass::kForward));
   STRATA_RETURN_IF_ERROR(executor_.backward(loss_scale, provider));
   return loss;
+}
+
+Status GptRunner::seek_data(uint64_t micro_batches) {
+  if (micro_batches < drawn_)
+    return FailedPrecondition(fmt::format("the data loader has drawn {} micro-batches already; it cannot go back to {}",
+                                          drawn_, micro_batches));
+  // The loader's windows depend only on its seed and how many were drawn: replay the draws.
+  for (; drawn_ < micro_batches; ++drawn_) loader_.next(global_inputs_, global_targets_);
+  return Status::Ok();
 }
 
 Result<float> GptRunner::eval_batch(size_t index, ParameterProvider& provider) {

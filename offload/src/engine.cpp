@@ -359,6 +359,8 @@ Engine::~Engine() {
     // the optimizer threads (they run what is queued; the state they step is still alive),
     if (impl_->worker) impl_->worker.reset();
     if (impl_->dev_worker) impl_->dev_worker.reset();
+    // the checkpoint save in flight (its snapshot was taken: it only writes files),
+    impl_->wait_save().status().ignore();
     // then the copies and the collectives lent those buffers.
     if (impl_->xfer) impl_->xfer->synchronize().ignore();
     impl_->comm.synchronize().ignore();
@@ -427,45 +429,13 @@ Result<std::vector<float>> Engine::gather_state(size_t li, StateKind kind) {
   if (li >= m.layers.size()) return InvalidArgument(fmt::format("layer {} out of range", li));
   STRATA_RETURN_IF_ERROR(synchronize());
   const LayerPartition& lp = m.part.layer(li);
-  Impl::Layer& l = m.layers[li];
   // This rank's own pieces in shard layout, as fp32.
   std::vector<float> mine(lp.shard_elements, 0.0f);
-  // One tier's part of a piece (`count` elements from element `first`) into `out`.
-  auto read_part = [&](OptimizerStateTier& t, const StateId& id, const SubGroup& g, size_t first, size_t count,
-                       float* out) -> Status {
-    if (count == 0) return Status::Ok();
-    STRATA_ASSIGN_OR_RETURN(PieceState s, t.open(id));
-    // Device-tier state is read through the Device (a cuda pointer is not host memory).
-    auto fetch = [&](void* dst, const void* src, size_t bytes) -> Status {
-      if (t.tier() == Tier::kDevice) return m.device.copy(dst, src, bytes, CopyKind::kDeviceToHost);
-      std::memcpy(dst, src, bytes);
-      return Status::Ok();
-    };
-    if (kind != StateKind::kMaster) {
-      const void* src = kind == StateKind::kExpAvg ? s.exp_avg : s.exp_avg_sq;
-      if (s.moment_dtype == DType::kF32) {
-        STRATA_RETURN_IF_ERROR(fetch(out, src, count * sizeof(float)));
-      } else {
-        std::vector<bfloat16> tmp(count);
-        STRATA_RETURN_IF_ERROR(fetch(tmp.data(), src, count * sizeof(bfloat16)));
-        convert_bf16_to_fp32(tmp.data(), out, count);
-      }
-    } else if (s.master != nullptr) {
-      STRATA_RETURN_IF_ERROR(fetch(out, s.master, count * sizeof(float)));
-    } else {
-      // fp32 parameters are their own master, in device memory.
-      STRATA_RETURN_IF_ERROR(m.device.copy(out, m.param_location(li, g, m.rank) + first * l.pe, count * l.pe,
-                                           CopyKind::kDeviceToHost));
-    }
-    return t.close(id, false);
-  };
   for (size_t gi = 0; gi < lp.groups.size(); ++gi) {
-    const SubGroup& g = lp.groups[gi];
-    const size_t count = lp.piece_real(g, m.rank), host = m.host_n(count);
-    const StateId id{static_cast<uint32_t>(li), static_cast<uint32_t>(gi), m.rank};
-    float* out = mine.data() + g.shard_offset;
-    STRATA_RETURN_IF_ERROR(read_part(*m.tier, id, g, 0, host, out));
-    if (m.split()) STRATA_RETURN_IF_ERROR(read_part(*m.dev_tier, id, g, host, count - host, out + host));
+    float* out = mine.data() + lp.groups[gi].shard_offset;
+    STRATA_RETURN_IF_ERROR(m.read_piece_state(li, gi, m.rank, kind == StateKind::kMaster ? out : nullptr,
+                                              kind == StateKind::kExpAvg ? out : nullptr,
+                                              kind == StateKind::kExpAvgSq ? out : nullptr));
   }
   std::vector<float> all(lp.shard_elements * m.world);
   STRATA_RETURN_IF_ERROR(comm::host_collective(

@@ -18,6 +18,8 @@
 #include <cmath>
 #include <cstring>
 #include <deque>
+#include <filesystem>
+#include <optional>
 #include <map>
 #include <mutex>
 #include <fmt/format.h>
@@ -325,6 +327,23 @@ struct Engine::Impl {
   Result<StepMetrics> step();
   Result<double> evaluate();
   Result<double> global_norm_squared();
+
+  // Checkpoints (engine_checkpoint.cpp).
+  struct SaveState;
+  struct SnapshotSlots;
+  std::shared_ptr<SaveState> pending_save;        // the save in flight
+  std::shared_ptr<SnapshotSlots> snapshot_slots;  // kept between saves
+  // One piece's state (piece_real elements, host part then device part) as
+  // fp32; a null pointer skips that kind. Reads and writes through the tiers.
+  Status read_piece_state(size_t li, size_t gi, int r, float* master, float* exp_avg, float* exp_avg_sq);
+  Status write_piece_state(size_t li, size_t gi, int r, const float* master, const float* exp_avg,
+                           const float* exp_avg_sq);
+  Completion snapshot_gate(size_t li);
+  Result<CheckpointSaveInfo> save(const CheckpointSaveOptions& o);
+  Result<std::optional<CheckpointSaveDone>> wait_save();
+  Status finish_save(SaveState& s);
+  Status prune_checkpoints(const std::filesystem::path& dir, int keep, const std::string& current);
+  Result<CheckpointManifest> load(const std::string& given);
 };
 
 

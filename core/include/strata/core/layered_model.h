@@ -165,6 +165,14 @@ class ModelRunner {
   virtual size_t eval_batch_count() const = 0;
   // Tokens (or samples) one micro-batch trains on, for throughput.
   virtual uint64_t tokens_per_micro_batch() const = 0;
+  // Where the training data stands: micro-batches drawn so far. A
+  // checkpoint stores it; seek_data() moves a fresh runner there (forward
+  // only), so a resumed run trains on the batches the first run would have.
+  virtual uint64_t data_position() const { return 0; }
+  virtual Status seek_data(uint64_t micro_batches) {
+    if (micro_batches == 0) return Status::Ok();
+    return Unsupported("this model runner cannot move its data to a checkpoint's position");
+  }
   // The stream the model's work runs on, or null. A provider may enqueue a
   // host function on it in acquire(), before returning, to time when the
   // stream reaches the layer (exposed-wait metrics); nothing else.

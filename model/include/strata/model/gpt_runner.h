@@ -51,6 +51,9 @@ class GptRunner final : public ModelRunner {
     return static_cast<uint64_t>(executor_.batch()) * static_cast<uint64_t>(executor_.seq_len());
   }
 
+  uint64_t data_position() const override { return drawn_; }
+  // Draws (and drops) the global batches up to `micro_batches`; FailedPrecondition when already past it.
+  Status seek_data(uint64_t micro_batches) override;
   const GptModel& gpt() const { return model_; }
   GptExecutor& executor() { return executor_; }
 
@@ -63,6 +66,7 @@ class GptRunner final : public ModelRunner {
   BatchLoader loader_;
   size_t eval_count_ = 0;
   RankSlice slice_;
+  uint64_t drawn_ = 0;  // global micro-batches drawn
   std::vector<int32_t> global_inputs_, global_targets_;  // W x batch windows
   std::vector<int32_t> inputs_, targets_;                // this rank's rows
 };

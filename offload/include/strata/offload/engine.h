@@ -58,6 +58,7 @@
 #include "strata/core/layered_model.h"
 #include "strata/core/status.h"
 #include "strata/cpu_adam/hyper_params.h"
+#include "strata/offload/checkpoint.h"
 #include "strata/offload/partition.h"
 
 namespace strata::nvme {
@@ -182,6 +183,28 @@ inline size_t host_part(double ratio, size_t count) {
 Result<EngineMemory> plan_engine_memory(const EngineOptions& options, std::span<const LayerSpec> layers, int world,
                                         int rank);
 
+// Engine::save_checkpoint's request (docs/checkpoints.md).
+struct CheckpointSaveOptions {
+  std::string dir;                   // the checkpoint folder (--save-dir); created (one level) if missing
+  std::string tag;                   // "" : global_step<step() calls>
+  int keep = 0;                      // after the commit, keep only the newest `keep` tags (0: all)
+  bool sync = false;                 // return once written and committed (--save-sync)
+  nlohmann::json app = nlohmann::json::object();  // stored as the manifest's "app" (rank 0's is used)
+  double commit_timeout_s = 600;     // rank 0 waits this long for every rank's files
+};
+struct CheckpointSaveInfo {
+  std::string tag;
+  double blocked_ms = 0;   // the caller was blocked this long (a sync save: the whole save)
+  uint64_t bytes = 0;      // this rank's bytes to write
+};
+// A finished save, as wait_checkpoint() reports it.
+struct CheckpointSaveDone {
+  std::string tag;
+  bool committed = false;  // rank 0: manifest and `latest` written; other ranks: their files written
+  double seconds = 0;      // from save_checkpoint() to the end of this rank's part
+  uint64_t bytes = 0;      // this rank's bytes written
+};
+
 class Engine final : public ParameterProvider {
  public:
   // `runner` (whose model runs on `device`), `device` and `comm` must
@@ -217,6 +240,24 @@ class Engine final : public ParameterProvider {
   // themselves for fp32 parameters stepped on the device). For tests and export.
   enum class StateKind : uint8_t { kMaster, kExpAvg, kExpAvgSq };
   Result<std::vector<float>> gather_state(size_t layer_index, StateKind kind = StateKind::kMaster);
+  // Checkpoints (Note [Checkpoint layout], checkpoint.h). A collective: every
+  // rank calls it after the same step. Waits for the previous save, then
+  // queues a snapshot of each piece of this rank's state on the optimizer
+  // thread, after this step's updates and before the next step's (so the
+  // next step runs while the state is written), into two bounded slots that
+  // a writer thread drains to files; returns at once unless options.sync
+  // (or ratio < 1, whose device part is stepped on a second thread: then it
+  // returns once the snapshot is taken). Rank 0 commits (manifest, rename,
+  // `latest`) when every rank's files are durable.
+  Result<CheckpointSaveInfo> save_checkpoint(const CheckpointSaveOptions& options);
+  // Waits for the save in flight; its error, or what it did (nullopt: none in flight).
+  Result<std::optional<CheckpointSaveDone>> wait_checkpoint();
+  // Loads DIR (its latest tag), DIR/TAG or a tag folder, saved at any world
+  // size, stage or placement, into this fresh engine (before its first
+  // step) and moves the runner's data to where the save left it. Every rank
+  // calls it; each reads only the extents its pieces overlap.
+  Result<CheckpointManifest> load_checkpoint(const std::string& dir_or_tag);
+  int64_t step_calls() const;  // step() calls so far (skipped fp16 steps included; resumed runs count the saved ones)
   // The loss scale the next step will use (1 unless fp16).
   double loss_scale() const;
   EngineMemory predicted_memory() const;

@@ -1,0 +1,141 @@
+#pragma once
+// Checkpoints: the on-disk format, its reader and verifier. The engine
+// writes them (Engine::save_checkpoint, engine.h) and reads them back
+// (Engine::load_checkpoint); `strata checkpoint inspect|verify|export` use
+// the reader alone.
+//
+// Note [Checkpoint layout]
+//   DIR/latest               the newest complete tag, one line; replaced last
+//   DIR/TAG/manifest.json    what the checkpoint is (below)
+//   DIR/TAG/rankNNNNN.model  fp32 master weights of rank N's pieces
+//   DIR/TAG/rankNNNNN.optim  fp32 exp_avg then exp_avg_sq of the same pieces
+//   DIR/.tmp-TAG-RUN/        a save in progress (never read; a crash leaves it)
+// The state is stored world-independent: an extent is a run of one layer's
+// flat elements [begin, begin + count) — fp32 whatever the parameter and
+// moment dtypes were — so a checkpoint of world size N loads at any world
+// size M, stage or placement: each rank reads the extents its new pieces
+// overlap. 16-bit parameters are not stored: they are the master rounded to
+// their dtype, which is how the engine derives them after every step.
+//
+// Note [Checkpoint atomicity]
+// Every rank writes only its own files into the save's temporary folder,
+// fsyncs them and then its rankNNNNN.json (sizes, XXH3 checksums, extents).
+// Rank 0 waits for every rank's report, writes manifest.json (temporary
+// name, fsync, rename), renames the folder to TAG, fsyncs DIR, then replaces
+// `latest` the same way. A crash at any moment leaves either no TAG (the
+// temporary folder is never read) or a complete one, and `latest` names a
+// complete tag throughout.
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "strata/core/status.h"
+
+namespace strata::offload {
+
+inline constexpr int kCheckpointFormatVersion = 1;
+inline constexpr const char* kCheckpointFormatName = "strata-checkpoint";
+// A manifest larger than this is refused unread (a user's file: bounded).
+inline constexpr uint64_t kMaxManifestBytes = 256ull << 20;
+
+// The state kinds a checkpoint stores per element.
+enum class CheckpointState : uint8_t { kMaster, kExpAvg, kExpAvgSq };
+
+struct CheckpointFile {
+  std::string name;   // "rank00000.model"
+  int rank = 0;
+  bool model = true;  // .model (master) or .optim (moments)
+  uint64_t bytes = 0;
+  uint64_t xxh3 = 0;  // of the whole file
+};
+
+struct CheckpointExtent {
+  size_t file = 0;    // index into files
+  size_t layer = 0;
+  uint64_t begin = 0, count = 0;  // layer elements
+  uint64_t offset = 0;            // bytes into the file
+  uint64_t xxh3 = 0;              // of the extent's bytes (count x 4, or 2 x count x 4 for .optim)
+};
+
+struct CheckpointLayer {
+  std::string name;
+  uint64_t elements = 0;
+  std::string dtype;  // the parameters' dtype when saved ("bf16")
+};
+
+// Counters the engine restores on resume (besides the tensors).
+struct CheckpointScalars {
+  int64_t step = 0;           // optimizer updates applied
+  int64_t step_calls = 0;     // Engine::step() calls (skipped fp16 steps included)
+  uint64_t data_position = 0; // micro-batches the model's runner has drawn (ModelRunner::data_position)
+  double loss_scale = 1;
+  int64_t scaler_iteration = 0, scaler_last_overflow = -1, scaler_hysteresis_left = 1, scaler_overflow_count = 0;
+};
+
+struct CheckpointManifest {
+  int version = kCheckpointFormatVersion;
+  std::string tag;
+  int world_size = 1;
+  int stage = 0;
+  std::string offload_optimizer, offload_param, moment_dtype, optimizer;
+  int64_t sub_group_size = 0;
+  CheckpointScalars scalars;
+  std::vector<CheckpointLayer> layers;
+  std::vector<CheckpointFile> files;
+  std::vector<CheckpointExtent> extents;  // every layer tiled exactly, per kind
+  nlohmann::json app = nlohmann::json::object();  // what the caller stored (strata train: config, model, data)
+
+  nlohmann::json to_json() const;
+  // Checks the structure completely: format name and version (a newer
+  // version is refused with the version it needs), every key's type and
+  // range, files and extents that exist and do not overlap, every layer
+  // tiled exactly by the extents of each kind. `source` names the file.
+  static Result<CheckpointManifest> from_json(const nlohmann::json& j, const std::string& source);
+  uint64_t extent_bytes(const CheckpointExtent& e) const { return e.count * (files[e.file].model ? 4 : 8); }
+  uint64_t total_bytes() const;
+};
+
+// A checkpoint tag folder resolved from what a user gave: DIR (its `latest`),
+// DIR/TAG, or a folder holding manifest.json. Never follows a symbolic link
+// for the tag folder or its files.
+Result<std::filesystem::path> resolve_checkpoint(const std::filesystem::path& dir_or_tag);
+
+// Reads and checks a tag folder's manifest and the sizes of its files.
+class CheckpointReader {
+ public:
+  static Result<CheckpointReader> open(const std::filesystem::path& dir_or_tag);
+  const CheckpointManifest& manifest() const { return manifest_; }
+  const std::filesystem::path& folder() const { return folder_; }
+  // Elements [begin, begin + out.size()) of `layer`'s `kind` state, as fp32.
+  // Reads each overlapped extent whole and checks its checksum (DataLoss
+  // naming the file, the layer and the extent); keeps the last extent read,
+  // so walking a layer in order reads each extent once.
+  Status read(size_t layer, CheckpointState kind, uint64_t begin, std::span<float> out);
+  // Every file's and extent's checksum; DataLoss naming the first bad one.
+  Status verify();
+
+ private:
+  std::filesystem::path folder_;
+  CheckpointManifest manifest_;
+  // the last extent read, for sequential walks
+  size_t cached_extent_ = SIZE_MAX;
+  std::vector<float> cached_;
+};
+
+// Validates a tag name: [A-Za-z0-9._-], 1..128 characters, not starting with '.'.
+Status check_checkpoint_tag(const std::string& tag);
+// "global_step12": the default tag of a save after `step` steps (DeepSpeed's naming).
+std::string default_checkpoint_tag(int64_t step_calls);
+
+// Small durable-file helpers shared by the writer: write `data` to
+// `folder/name` through a temporary name, fsync, rename, fsync the folder.
+Status write_file_atomically(const std::filesystem::path& folder, const std::string& name, std::string_view data);
+Status fsync_folder(const std::filesystem::path& folder);
+std::string hex64(uint64_t v);
+
+}  // namespace strata::offload

@@ -1,0 +1,643 @@
+// Engine checkpoints (engine.h: save_checkpoint, wait_checkpoint,
+// load_checkpoint; the format in checkpoint.h).
+//
+// Note [Asynchronous save]
+// save_checkpoint() queues one snapshot task per piece on the optimizer
+// thread. That thread is FIFO: the tasks run after this step's updates and
+// before the next step's, so each copies a piece's state as of this step
+// while the driving thread already runs the next forward. A task copies the
+// piece (master, exp_avg, exp_avg_sq as fp32) into one of two slots (each
+// the size of the largest piece: host memory does not grow with the state
+// or the number of saves) and hands it to the save's writer thread, which
+// writes it and frees the slot. A full pair of slots makes the optimizer
+// thread wait: that wait, not the driving thread, is what a slow disk costs
+// the next step (it shows as exposed optimizer time). Then the writer
+// finishes the rank's part and rank 0 commits (Note [Checkpoint atomicity]).
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <cstdlib>
+#include <filesystem>
+#include <thread>
+
+#include "engine_impl.h"
+#include "strata/core/bounded_file.h"
+#include "strata/nvme/checksum.h"
+
+namespace strata::offload {
+namespace fs = std::filesystem;
+
+namespace {
+
+// Test hook: STRATA_CHECKPOINT_CRASH_AT=<point> kills the process with
+// SIGKILL at that point of rank 0's commit (after-rank-files,
+// before-manifest, before-rename, before-latest, after-latest): how the
+// tests show that a kill -9 at any moment leaves a loadable `latest`.
+void crash_point(const char* point) {
+  const char* at = std::getenv("STRATA_CHECKPOINT_CRASH_AT");
+  if (at != nullptr && std::string_view(at) == point) ::kill(::getpid(), SIGKILL);
+}
+
+// A file this rank writes, with the running checksum of what was written (in order).
+struct OutFile {
+  std::string name;
+  int fd = -1;
+  uint64_t bytes = 0;
+  nvme::ChecksumStream sum;
+  ~OutFile() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+Status pwrite_all(int fd, const void* data, uint64_t bytes, uint64_t offset, const fs::path& path) {
+  uint64_t done = 0;
+  while (done < bytes) {
+    const ssize_t n =
+        ::pwrite(fd, static_cast<const char*>(data) + done, bytes - done, static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoStatus(errno, fmt::format("write '{}' at offset {}", printable(path.string(), 256), offset + done));
+    done += static_cast<uint64_t>(n);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+// Two slots of fp32 [master | exp_avg | exp_avg_sq] for the largest piece,
+// allocated at the first save and kept (counted as pageable host memory).
+struct Engine::Impl::SnapshotSlots {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::vector<float>> slots;
+  std::vector<size_t> free;
+  size_t acquire() {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return !free.empty(); });
+    const size_t s = free.back();
+    free.pop_back();
+    return s;
+  }
+  void release(size_t s) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      free.push_back(s);
+    }
+    cv.notify_all();
+  }
+};
+
+struct Engine::Impl::SaveState {
+  std::string tag;
+  fs::path dir, tmp;
+  int rank = 0, world = 1;
+  OutFile model, optim;
+  std::vector<CheckpointExtent> extents;  // file 0: model, 1: optim (this rank's numbering)
+  CheckpointManifest manifest;            // rank 0: everything but files and extents
+  int keep = 0;
+  double commit_timeout_s = 600;
+  Clock::time_point t0;
+  std::mutex mu;
+  Status error;  // the first failure of a snapshot or write task
+  std::unique_ptr<SerialWorker> writer;
+  CompletionSource done{"checkpoint save"};
+  Completion done_c = done.completion();
+  CompletionSource snapped{"checkpoint snapshot"};
+  Completion snapped_c = snapped.completion();
+  double seconds = 0;
+
+  void fail(const Status& s) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (error.ok()) error = s;
+  }
+  Status first_error() {
+    std::lock_guard<std::mutex> lock(mu);
+    return error;
+  }
+};
+
+// ---------------------------------------------------------------- piece state
+
+Status Engine::Impl::read_piece_state(size_t li, size_t gi, int r, float* master, float* ea, float* eas) {
+  const LayerPartition& lp = part.layer(li);
+  const SubGroup& g = lp.groups[gi];
+  Layer& l = layers[li];
+  const size_t count = lp.piece_real(g, r), host = host_n(count);
+  const StateId id{static_cast<uint32_t>(li), static_cast<uint32_t>(gi), r};
+  auto from = [&](OptimizerStateTier& t, size_t first, size_t n) -> Status {
+    if (n == 0) return Status::Ok();
+    STRATA_ASSIGN_OR_RETURN(PieceState s, t.open(id));
+    // Device-tier state is read through the Device (a cuda pointer is not host memory).
+    auto fetch = [&](void* dst, const void* src, size_t bytes) -> Status {
+      if (t.tier() == Tier::kDevice) return device.copy(dst, src, bytes, CopyKind::kDeviceToHost);
+      std::memcpy(dst, src, bytes);
+      return Status::Ok();
+    };
+    auto moment = [&](float* out, const void* src) -> Status {
+      if (out == nullptr) return Status::Ok();
+      if (s.moment_dtype == DType::kF32) return fetch(out + first, src, n * sizeof(float));
+      std::vector<bfloat16> tmp(n);
+      STRATA_RETURN_IF_ERROR(fetch(tmp.data(), src, n * sizeof(bfloat16)));
+      convert_bf16_to_fp32(tmp.data(), out + first, n);
+      return Status::Ok();
+    };
+    Status st = Status::Ok();
+    if (master != nullptr) {
+      if (s.master != nullptr)
+        st = fetch(master + first, s.master, n * sizeof(float));
+      else  // fp32 parameters are their own master, in device memory
+        st = device.copy(master + first, param_location(li, g, r) + first * l.pe, n * l.pe, CopyKind::kDeviceToHost);
+    }
+    if (st.ok()) st = moment(ea, s.exp_avg);
+    if (st.ok()) st = moment(eas, s.exp_avg_sq);
+    const Status closed = t.close(id, false);
+    return st.ok() ? closed : st;
+  };
+  STRATA_RETURN_IF_ERROR(from(*tier, 0, host));
+  if (split()) STRATA_RETURN_IF_ERROR(from(*dev_tier, host, count - host));
+  return Status::Ok();
+}
+
+Status Engine::Impl::write_piece_state(size_t li, size_t gi, int r, const float* master, const float* ea,
+                                       const float* eas) {
+  const LayerPartition& lp = part.layer(li);
+  const SubGroup& g = lp.groups[gi];
+  const size_t count = lp.piece_real(g, r), host = host_n(count);
+  const StateId id{static_cast<uint32_t>(li), static_cast<uint32_t>(gi), r};
+  auto into = [&](OptimizerStateTier& t, size_t first, size_t n) -> Status {
+    if (n == 0) return Status::Ok();
+    STRATA_ASSIGN_OR_RETURN(PieceState s, t.open(id));
+    auto put = [&](void* dst, const void* src, size_t bytes) -> Status {
+      if (t.tier() == Tier::kDevice) return device.copy(dst, src, bytes, CopyKind::kHostToDevice);
+      std::memcpy(dst, src, bytes);
+      return Status::Ok();
+    };
+    auto moment = [&](void* dst, const float* in) -> Status {
+      if (s.moment_dtype == DType::kF32) return put(dst, in + first, n * sizeof(float));
+      std::vector<bfloat16> tmp(n);
+      convert_fp32_to_bf16(in + first, tmp.data(), n);
+      return put(dst, tmp.data(), n * sizeof(bfloat16));
+    };
+    // Without a master the parameters are the master: load_checkpoint wrote them.
+    Status st = s.master != nullptr ? put(s.master, master + first, n * sizeof(float)) : Status::Ok();
+    if (st.ok()) st = moment(s.exp_avg, ea);
+    if (st.ok()) st = moment(s.exp_avg_sq, eas);
+    const Status closed = t.close(id, true);
+    return st.ok() ? closed : st;
+  };
+  STRATA_RETURN_IF_ERROR(into(*tier, 0, host));
+  if (split()) STRATA_RETURN_IF_ERROR(into(*dev_tier, host, count - host));
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------- save
+
+Result<std::optional<CheckpointSaveDone>> Engine::Impl::wait_save() {
+  if (!pending_save) return std::optional<CheckpointSaveDone>();
+  std::shared_ptr<SaveState> s = std::move(pending_save);
+  pending_save.reset();
+  const Status st = s->done_c.wait();
+  s->writer.reset();
+  if (!st.ok()) return st.with_context(fmt::format("checkpoint '{}' in '{}'", s->tag, printable(s->dir.string(), 256)));
+  CheckpointSaveDone d;
+  d.tag = s->tag;
+  d.committed = true;
+  d.seconds = s->seconds;
+  d.bytes = s->model.bytes + s->optim.bytes;
+  return std::optional<CheckpointSaveDone>(d);
+}
+
+// The writer's last task: durable files, this rank's report, rank 0's commit.
+Status Engine::Impl::finish_save(SaveState& s) {
+  STRATA_RETURN_IF_ERROR(s.first_error());
+  for (OutFile* f : {&s.model, &s.optim}) {
+    if (::fsync(f->fd) != 0)
+      return ErrnoStatus(errno, fmt::format("fsync '{}'", printable((s.tmp / f->name).string(), 256)));
+    ::close(f->fd);
+    f->fd = -1;
+  }
+  nlohmann::json report;
+  report["rank"] = s.rank;
+  report["files"] = nlohmann::json::array();
+  for (const OutFile* f : {&s.model, &s.optim})
+    report["files"].push_back({{"name", f->name}, {"bytes", f->bytes}, {"xxh3", hex64(f->sum.digest())}});
+  report["extents"] = nlohmann::json::array();
+  for (const CheckpointExtent& e : s.extents)
+    report["extents"].push_back({e.file, e.layer, e.begin, e.count, e.offset, hex64(e.xxh3)});
+  STRATA_RETURN_IF_ERROR(write_file_atomically(s.tmp, fmt::format("rank{:05d}.json", s.rank), report.dump()));
+  if (s.rank != 0) return Status::Ok();
+  crash_point("after-rank-files");
+
+  // Rank 0: every rank's report (or its failure), then the manifest.
+  CheckpointManifest m = s.manifest;
+  const auto deadline = Clock::now() + std::chrono::duration<double>(s.commit_timeout_s);
+  for (int r = 0; r < s.world; ++r) {
+    const fs::path rep = s.tmp / fmt::format("rank{:05d}.json", r);
+    const fs::path failed = s.tmp / fmt::format("rank{:05d}.failed", r);
+    std::error_code ec;
+    while (!fs::exists(rep, ec)) {
+      if (fs::exists(failed, ec)) {
+        Result<std::string> why = read_regular_file(failed.string(), 64 << 10, {.what = "failure report", .flag = "", .hint = ""});
+        return IoError(fmt::format("rank {} could not write its part: {}", r,
+                                   why.ok() ? printable(*why, 2048) : std::string("(unreadable report)")));
+      }
+      if (Clock::now() > deadline)
+        return DeadlineExceeded(fmt::format("rank {} did not report its files in {:g} s; the checkpoint was not "
+                                            "committed (the previous `latest` stands)",
+                                            r, s.commit_timeout_s));
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    STRATA_ASSIGN_OR_RETURN(std::string text, read_regular_file(rep.string(), kMaxManifestBytes, {.what = "rank report", .flag = "", .hint = ""}));
+    const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+    if (j.is_discarded() || !j.contains("files") || !j["files"].is_array() || j["files"].size() != 2 ||
+        !j.contains("extents") || !j["extents"].is_array())
+      return DataLoss(fmt::format("rank report '{}' is damaged", printable(rep.string(), 256)));
+    const size_t base = m.files.size();
+    for (size_t k = 0; k < 2; ++k) {
+      CheckpointFile f;
+      f.name = j["files"][k].value("name", "");
+      f.rank = r;
+      f.model = k == 0;
+      f.bytes = j["files"][k].value("bytes", uint64_t{0});
+      const std::string h = j["files"][k].value("xxh3", std::string(16, '0'));
+      f.xxh3 = std::strtoull(h.c_str(), nullptr, 16);
+      m.files.push_back(std::move(f));
+    }
+    nlohmann::json ex = j["extents"];
+    for (nlohmann::json& e : ex) {
+      if (!e.is_array() || e.size() != 6 || !e[0].is_number_unsigned())
+        return DataLoss(fmt::format("rank report '{}' is damaged", printable(rep.string(), 256)));
+      e[0] = base + e[0].get<uint64_t>();
+    }
+    // Parsed and checked with the manifest below.
+    for (const nlohmann::json& e : ex) {
+      CheckpointExtent ce;
+      ce.file = e[0].get<size_t>();
+      ce.layer = e[1].get<size_t>();
+      ce.begin = e[2].get<uint64_t>();
+      ce.count = e[3].get<uint64_t>();
+      ce.offset = e[4].get<uint64_t>();
+      ce.xxh3 = std::strtoull(e[5].get<std::string>().c_str(), nullptr, 16);
+      m.extents.push_back(ce);
+    }
+  }
+  // What is committed must read back: the same checks a loader makes.
+  const nlohmann::json mj = m.to_json();
+  STRATA_RETURN_IF_ERROR(CheckpointManifest::from_json(mj, (s.tmp / "manifest.json").string()).status());
+  crash_point("before-manifest");
+  STRATA_RETURN_IF_ERROR(write_file_atomically(s.tmp, "manifest.json", mj.dump(1)));
+  crash_point("before-rename");
+  const fs::path final_dir = s.dir / s.tag;
+  if (::rename(s.tmp.c_str(), final_dir.c_str()) != 0)
+    return ErrnoStatus(errno, fmt::format("rename '{}' to '{}' (does the tag exist already?)",
+                                          printable(s.tmp.string(), 256), printable(final_dir.string(), 256)));
+  STRATA_RETURN_IF_ERROR(fsync_folder(s.dir));
+  crash_point("before-latest");
+  STRATA_RETURN_IF_ERROR(write_file_atomically(s.dir, "latest", s.tag + "\n"));
+  crash_point("after-latest");
+  if (s.keep > 0) STRATA_RETURN_IF_ERROR(prune_checkpoints(s.dir, s.keep, s.tag));
+  return Status::Ok();
+}
+
+// Keeps the newest `keep` complete tags of `dir` (by their manifests' step
+// count), never `current`; removes only real folders directly inside `dir`
+// that hold a manifest of this format.
+Status Engine::Impl::prune_checkpoints(const fs::path& dir, int keep, const std::string& current) {
+  std::vector<std::pair<int64_t, std::string>> tags;
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    const fs::file_status st = e.symlink_status(ec);
+    if (ec || !fs::is_directory(st)) continue;  // links and files are never touched
+    const std::string name = e.path().filename().string();
+    if (name.empty() || name.front() == '.' || !check_checkpoint_tag(name).ok()) continue;
+    Result<CheckpointReader> r = CheckpointReader::open(e.path());
+    if (!r.ok()) continue;  // not a complete checkpoint of ours: leave it
+    tags.push_back({r->manifest().scalars.step_calls, name});
+  }
+  std::sort(tags.begin(), tags.end(), std::greater<>());
+  int kept = 0;
+  for (const auto& [step, name] : tags) {
+    if (name == current || kept < keep) {
+      ++kept;
+      continue;
+    }
+    fs::remove_all(dir / name, ec);  // remove_all never follows links inside
+    if (ec)
+      return ErrnoStatus(ec.value(), fmt::format("remove old checkpoint '{}' (--keep {})",
+                                                 printable((dir / name).string(), 256), keep));
+  }
+  return Status::Ok();
+}
+
+// A piece's snapshot waits for its layer's last update and for everything
+// that writes the layer's parameters after it (the stage 1-2 all-gather
+// rewrites this rank's own piece in place too).
+Completion Engine::Impl::snapshot_gate(size_t li) {
+  const Layer& l = layers[li];
+  const Completion both[] = {l.opt_done, l.persistent ? l.params_ready : l.shard_ready};
+  return when_all(both, fmt::format("layer {} updated", li));
+}
+
+Result<CheckpointSaveInfo> Engine::Impl::save(const CheckpointSaveOptions& o) {
+  const auto t0 = Clock::now();
+  // One save at a time: the previous one must have finished (its error is this call's).
+  STRATA_RETURN_IF_ERROR(wait_save().status());
+  const std::string tag = o.tag.empty() ? default_checkpoint_tag(step_index) : o.tag;
+  STRATA_RETURN_IF_ERROR(check_checkpoint_tag(tag));
+  if (o.keep < 0) return InvalidArgument(fmt::format("--keep {} must be >= 0 (0 keeps every tag)", o.keep));
+  if (!(o.commit_timeout_s > 0) || !std::isfinite(o.commit_timeout_s))
+    return InvalidArgument("checkpoint commit_timeout_s must be finite and > 0");
+  const fs::path dir = o.dir;
+  const std::string shown = printable(o.dir, 256);
+  if (o.dir.empty()) return InvalidArgument("the checkpoint folder (--save-dir) is empty");
+
+  // Rank 0 checks the folder and the tag and picks the save's temporary
+  // name; every rank learns the verdict, so all fail or none.
+  int64_t verdict[2] = {0, static_cast<int64_t>(::getpid())};  // {0 ok | 1 folder | 2 tag exists, run id}
+  std::string why;
+  if (rank == 0) {
+    std::error_code ec;
+    const fs::file_status st = fs::symlink_status(dir, ec);
+    if (fs::is_symlink(st)) {
+      verdict[0] = 1;
+      why = fmt::format("checkpoint folder '{}' is a symbolic link; give the real folder", shown);
+    } else if (!fs::exists(st)) {
+      if (!fs::create_directory(dir, ec) || ec) {
+        verdict[0] = 1;
+        why = fmt::format("cannot create checkpoint folder '{}': {} (its parent must exist)", shown, ec.message());
+      }
+    } else if (!fs::is_directory(st)) {
+      verdict[0] = 1;
+      why = fmt::format("checkpoint folder '{}' is not a folder", shown);
+    }
+    if (verdict[0] == 0 && fs::exists(fs::symlink_status(dir / tag, ec))) {
+      verdict[0] = 2;
+      why = fmt::format("checkpoint tag '{}' already exists in '{}'; nothing was overwritten: give another tag or "
+                        "folder",
+                        tag, shown);
+    }
+  }
+  int64_t agreed[2] = {0, 0};
+  STRATA_RETURN_IF_ERROR(comm::host_collective(
+      comm, verdict, sizeof(verdict), agreed, sizeof(agreed),
+      [&](const void* s, void* r) { return comm.broadcast(s, r, 2, DType::kI64, 0, comm::CommQueue::kReduce); },
+      "agreeing on the checkpoint folder"));
+  if (agreed[0] != 0) {
+    if (rank == 0) return (agreed[0] == 2 ? AlreadyExists(why) : InvalidArgument(why));
+    return FailedPrecondition(fmt::format("rank 0 refused checkpoint tag '{}' in '{}' (see rank 0's error)", tag, shown));
+  }
+
+  auto s = std::make_shared<SaveState>();
+  s->tag = tag;
+  s->dir = dir;
+  s->tmp = dir / fmt::format(".tmp-{}-{}", tag, agreed[1]);
+  s->rank = rank;
+  s->world = world;
+  s->keep = o.keep;
+  s->commit_timeout_s = o.commit_timeout_s;
+  s->t0 = t0;
+  {
+    std::error_code ec;
+    fs::create_directory(s->tmp, ec);  // every rank; EEXIST from another rank is fine
+    const fs::file_status st = fs::symlink_status(s->tmp, ec);
+    if (!fs::is_directory(st) || fs::is_symlink(st))
+      return IoError(fmt::format("cannot create the save's folder '{}'", printable(s->tmp.string(), 256)));
+  }
+  for (auto [f, kind] : {std::pair{&s->model, "model"}, std::pair{&s->optim, "optim"}}) {
+    f->name = fmt::format("rank{:05d}.{}", rank, kind);
+    const fs::path p = s->tmp / f->name;
+    f->fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (f->fd < 0) return ErrnoStatus(errno, fmt::format("create checkpoint file '{}'", printable(p.string(), 256)));
+  }
+
+  // The manifest's scalars, as of this step (rank 0 writes them).
+  CheckpointManifest& m = s->manifest;
+  m.tag = tag;
+  m.world_size = world;
+  m.stage = opt.stage;
+  m.offload_optimizer = offload_device_name(opt.offload_optimizer);
+  m.offload_param = offload_device_name(opt.offload_param);
+  m.moment_dtype = dtype_name(opt.moment_dtype);
+  m.optimizer = cpu_adam::optimizer_kind_name(opt.optimizer);
+  m.sub_group_size = opt.sub_group_size;
+  m.scalars.step = steps;
+  m.scalars.step_calls = step_index;
+  m.scalars.data_position = runner.data_position();
+  const LossScalerState& ls = scaler->state();
+  m.scalars.loss_scale = ls.scale;
+  m.scalars.scaler_iteration = ls.iteration;
+  m.scalars.scaler_last_overflow = ls.last_overflow_iteration;
+  m.scalars.scaler_hysteresis_left = ls.hysteresis_left;
+  m.scalars.scaler_overflow_count = ls.overflow_count;
+  for (size_t li = 0; li < part.layer_count(); ++li)
+    m.layers.push_back({model.layers()[li].name, part.layer(li).elements, std::string(dtype_name(layers[li].pd))});
+  m.app = o.app;
+
+  // This rank's pieces, in order, and where each goes in its files.
+  struct Piece {
+    size_t li, gi;
+    size_t count;
+  };
+  std::vector<Piece> pieces;
+  size_t largest = 0;
+  for (size_t li = 0; li < part.layer_count(); ++li) {
+    const LayerPartition& lp = part.layer(li);
+    for (size_t gi = 0; gi < lp.groups.size(); ++gi) {
+      const size_t n = lp.piece_real(lp.groups[gi], rank);
+      if (n == 0) continue;
+      pieces.push_back({li, gi, n});
+      largest = std::max(largest, n);
+      CheckpointExtent me{0, li, lp.piece_begin(lp.groups[gi], rank), n, s->model.bytes, 0};
+      CheckpointExtent oe{1, li, me.begin, n, s->optim.bytes, 0};
+      s->model.bytes += 4 * n;
+      s->optim.bytes += 8 * n;
+      s->extents.push_back(me);
+      s->extents.push_back(oe);
+    }
+  }
+  if (!snapshot_slots || snapshot_slots->slots.front().size() < 3 * largest) {
+    if (snapshot_slots) stats.on_free(Tier::kPageableHost, 2 * snapshot_slots->slots.front().size() * sizeof(float));
+    snapshot_slots = std::make_shared<SnapshotSlots>();
+    snapshot_slots->slots.assign(2, std::vector<float>(std::max<size_t>(3 * largest, 1)));
+    snapshot_slots->free = {0, 1};
+    stats.on_allocate(Tier::kPageableHost, 2 * snapshot_slots->slots.front().size() * sizeof(float));
+  }
+  s->writer = std::make_unique<SerialWorker>(fmt::format("checkpoint writer of rank {}", rank));
+
+  // The snapshot tasks (Note [Asynchronous save]); none fails the optimizer
+  // thread: a failure is the save's, recorded and reported by wait_save().
+  std::shared_ptr<SnapshotSlots> slots = snapshot_slots;
+  size_t extent = 0;
+  for (const Piece& p : pieces) {
+    const size_t e = extent;
+    extent += 2;
+    worker->submit(
+        [this, s, slots, p, e]() -> Status {
+          if (!s->first_error().ok()) return Status::Ok();
+          const size_t k = slots->acquire();
+          float* buf = slots->slots[k].data();
+          const Status st = read_piece_state(p.li, p.gi, rank, buf, buf + p.count, buf + 2 * p.count);
+          if (!st.ok()) {
+            slots->release(k);
+            s->fail(st.with_context(fmt::format("taking the snapshot of {}", state_name(p.li, p.gi, rank))));
+            return Status::Ok();
+          }
+          s->writer->submit([s, slots, p, e, k]() -> Status {
+            const float* b = slots->slots[k].data();
+            Status w = Status::Ok();
+            if (s->first_error().ok()) {
+              CheckpointExtent& me = s->extents[e];
+              CheckpointExtent& oe = s->extents[e + 1];
+              me.xxh3 = nvme::checksum64(b, 4 * p.count);
+              oe.xxh3 = nvme::checksum64(b + p.count, 8 * p.count);
+              w = pwrite_all(s->model.fd, b, 4 * p.count, me.offset, s->tmp / s->model.name);
+              if (w.ok()) w = pwrite_all(s->optim.fd, b + p.count, 8 * p.count, oe.offset, s->tmp / s->optim.name);
+              s->model.sum.update(b, 4 * p.count);
+              s->optim.sum.update(b + p.count, 8 * p.count);
+            }
+            slots->release(k);
+            if (!w.ok()) s->fail(w);
+            return Status::Ok();
+          });
+          return Status::Ok();
+        },
+        snapshot_gate(p.li), fmt::format("checkpoint snapshot of {}", state_name(p.li, p.gi, rank)));
+  }
+  // After the last snapshot (whatever the optimizer thread's state), the
+  // writer finishes: it runs after every piece's write, which was queued first.
+  Completion last = worker->submit([] { return Status::Ok(); }, {}, "checkpoint snapshot end");
+  last.then([this, s](const Status& st) {
+    if (!st.ok()) s->fail(st.with_context("the optimizer thread failed before the snapshot was taken"));
+    s->snapped.complete(s->first_error());
+    s->writer->submit([this, s]() -> Status {
+      Status f = finish_save(*s);
+      if (!f.ok()) {
+        s->fail(f);
+        // Rank 0 learns of it from this file instead of waiting out its timeout.
+        if (s->rank != 0)
+          write_file_atomically(s->tmp, fmt::format("rank{:05d}.failed", s->rank), f.to_string()).ignore();
+      }
+      s->seconds = std::chrono::duration<double>(Clock::now() - s->t0).count();
+      s->done.complete(s->first_error());
+      return Status::Ok();
+    });
+  });
+  CheckpointSaveInfo info;
+  info.tag = tag;
+  info.bytes = s->model.bytes + s->optim.bytes;
+  pending_save = s;
+  // ratio < 1: the device part is stepped by a second thread, outside the
+  // FIFO above; the next step must not start before the snapshot is taken.
+  if (split()) STRATA_RETURN_IF_ERROR(s->snapped_c.wait());
+  if (o.sync) {
+    Result<std::optional<CheckpointSaveDone>> d = wait_save();
+    if (!d.ok()) return d.status();
+  }
+  info.blocked_ms = ms_since(t0);
+  return info;
+}
+
+// ---------------------------------------------------------------- load
+
+Result<CheckpointManifest> Engine::Impl::load(const std::string& given) {
+  if (step_index != 0 || steps != 0)
+    return FailedPrecondition(fmt::format("load_checkpoint('{}') needs a fresh engine; this one has run {} steps",
+                                          printable(given, 256), step_index));
+  STRATA_ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::open(given));
+  const CheckpointManifest& m = reader.manifest();
+  const std::string src = printable(reader.folder().string(), 256);
+  if (m.layers.size() != part.layer_count())
+    return FailedPrecondition(fmt::format("checkpoint '{}' holds a model of {} layers, this model has {}: it was saved "
+                                          "from another model shape",
+                                          src, m.layers.size(), part.layer_count()));
+  for (size_t li = 0; li < part.layer_count(); ++li) {
+    const std::string& name = model.layers()[li].name;
+    if (m.layers[li].name != name || m.layers[li].elements != part.layer(li).elements)
+      return FailedPrecondition(fmt::format(
+          "checkpoint '{}' layer {} is '{}' with {} elements, this model's is '{}' with {}: it was saved from another "
+          "model shape (check --preset/--layers/--embd/--heads/--vocab/--seq)",
+          src, li, printable(m.layers[li].name, 64), m.layers[li].elements, printable(name, 64),
+          part.layer(li).elements));
+  }
+  if (m.optimizer != cpu_adam::optimizer_kind_name(opt.optimizer))
+    return FailedPrecondition(fmt::format("checkpoint '{}' was saved with optimizer {}, this run uses {}: its moments "
+                                          "do not apply",
+                                          src, m.optimizer, cpu_adam::optimizer_kind_name(opt.optimizer)));
+  LossScalerState ls;
+  ls.scale = m.scalars.loss_scale;
+  ls.iteration = m.scalars.scaler_iteration;
+  ls.last_overflow_iteration = m.scalars.scaler_last_overflow;
+  ls.hysteresis_left = m.scalars.scaler_hysteresis_left;
+  ls.overflow_count = m.scalars.scaler_overflow_count;
+  STRATA_RETURN_IF_ERROR(scaler->restore(ls).with_context(fmt::format("checkpoint '{}' loss_scaler", src)));
+
+  for (size_t li = 0; li < part.layer_count(); ++li) {
+    const LayerPartition& lp = part.layer(li);
+    Layer& l = layers[li];
+    const std::string lname = fmt::format("layer {} '{}'", li, printable(lp.name, 64));
+    // The parameters: the master rounded to their dtype (as every step writes them).
+    auto to_params = [&](const float* src32, std::byte* dst, size_t n) {
+      if (l.pd == DType::kF32) std::memcpy(dst, src32, n * 4);
+      else if (l.pd == DType::kBF16) convert_fp32_to_bf16(src32, reinterpret_cast<bfloat16*>(dst), n);
+      else convert_fp32_to_fp16(src32, reinterpret_cast<float16*>(dst), n);
+    };
+    if (l.persistent) {
+      std::vector<float> full(lp.padded_elements, 0.0f);
+      STRATA_RETURN_IF_ERROR(reader.read(li, CheckpointState::kMaster, 0, std::span<float>(full.data(), lp.elements)));
+      std::vector<std::byte> bytes(lp.padded_elements * l.pe);
+      to_params(full.data(), bytes.data(), lp.padded_elements);
+      STRATA_RETURN_IF_ERROR(device.copy(l.full_params.data(), bytes.data(), bytes.size(), CopyKind::kHostToDevice));
+    } else {
+      std::vector<float> piece;
+      std::vector<std::byte> shard(lp.shard_elements * l.pe, std::byte{0});
+      for (const SubGroup& g : lp.groups) {
+        const size_t n = lp.piece_real(g, rank);
+        if (n == 0) continue;  // all padding (its begin may lie past the layer's end)
+        piece.assign(n, 0.0f);
+        STRATA_RETURN_IF_ERROR(reader.read(li, CheckpointState::kMaster, lp.piece_begin(g, rank), piece));
+        to_params(piece.data(), shard.data() + g.shard_offset * l.pe, n);
+      }
+      if (l.on_nvme) {
+        STRATA_ASSIGN_OR_RETURN(Completion w, param_swap->write(static_cast<uint32_t>(li), shard.data(), shard.size(),
+                                                                "parameter shard of " + lname));
+        STRATA_RETURN_IF_ERROR(w.wait());
+      } else if (param_on_host()) {
+        std::memcpy(l.host_shard.data(), shard.data(), shard.size());
+      } else {
+        STRATA_RETURN_IF_ERROR(device.copy(l.dev_shard.data(), shard.data(), shard.size(), CopyKind::kHostToDevice));
+      }
+    }
+    // The optimizer state of every owned piece.
+    for (size_t gi = 0; gi < lp.groups.size(); ++gi) {
+      const SubGroup& g = lp.groups[gi];
+      for (int r = owned_rank_begin(); r < owned_rank_end(); ++r) {
+        const size_t n = lp.piece_real(g, r);
+        if (n == 0) continue;
+        std::vector<float> buf(3 * n);
+        const uint64_t b = lp.piece_begin(g, r);
+        STRATA_RETURN_IF_ERROR(reader.read(li, CheckpointState::kMaster, b, std::span<float>(buf.data(), n)));
+        STRATA_RETURN_IF_ERROR(reader.read(li, CheckpointState::kExpAvg, b, std::span<float>(buf.data() + n, n)));
+        STRATA_RETURN_IF_ERROR(reader.read(li, CheckpointState::kExpAvgSq, b, std::span<float>(buf.data() + 2 * n, n)));
+        STRATA_RETURN_IF_ERROR(write_piece_state(li, gi, r, buf.data(), buf.data() + n, buf.data() + 2 * n)
+                                   .with_context(fmt::format("loading {}", state_name(li, gi, r))));
+      }
+    }
+  }
+  STRATA_RETURN_IF_ERROR(tier->flush().with_context("writing the loaded optimizer state"));
+  STRATA_RETURN_IF_ERROR(runner.seek_data(m.scalars.data_position)
+                             .with_context(fmt::format("moving the training data to checkpoint '{}'", src)));
+  steps = m.scalars.step;
+  step_index = m.scalars.step_calls;
+  return m;
+}
+
+// ---------------------------------------------------------------- Engine
+
+Result<CheckpointSaveInfo> Engine::save_checkpoint(const CheckpointSaveOptions& options) { return impl_->save(options); }
+Result<std::optional<CheckpointSaveDone>> Engine::wait_checkpoint() { return impl_->wait_save(); }
+Result<CheckpointManifest> Engine::load_checkpoint(const std::string& dir_or_tag) { return impl_->load(dir_or_tag); }
+int64_t Engine::step_calls() const { return impl_->step_index; }
+
+}  // namespace strata::offload

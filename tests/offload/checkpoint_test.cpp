@@ -1,0 +1,325 @@
+// Checkpoints of the engine (engine.h save/load, checkpoint.h):
+//  - saving (asynchronously, every other step) does not change training;
+//  - resume parity: K steps, save, a fresh engine loads, K more: the losses
+//    and the validation loss are bit-identical to 2K straight steps, for
+//    every placement of the engine's matrix (NVMe included) and fp16;
+//  - reshard 2 -> 1, 1 -> 4, 4 -> 2 with stage and placement changed:
+//    within the cross-world tolerance of an unsharded continuation;
+//  - damage: a flipped byte (verify and load name the file), a truncated
+//    file, a newer format version, another model shape, an existing tag;
+//  - host memory does not grow with the number of saves.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "engine_harness.h"
+#include "strata/offload/checkpoint.h"
+
+namespace strata::offload {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path fresh_dir(const std::string& name) {
+  const fs::path p = fs::path(::testing::TempDir()) / ("ckpt-" + name);
+  fs::remove_all(p);
+  return p;
+}
+
+void apply(TrainRun& r, const Placement& p) {
+  r.opt.stage = p.stage;
+  r.opt.offload_optimizer = p.optimizer;
+  r.opt.offload_param = p.param;
+  r.opt.overlap_optimizer = p.overlap;
+  r.opt.sub_group_size = p.sub_group;
+  r.opt.max_live_parameters = p.max_live;
+  r.opt.max_reuse_distance = p.reuse;
+  r.opt.persistence_threshold = p.persistence;
+  r.opt.ratio = p.ratio;
+  if (p.optimizer == OffloadDevice::kNvme) {
+    r.opt.nvme.path = ::testing::TempDir();
+    r.opt.nvme.buffer_count = 3;
+    r.opt.nvme.pipeline_read = r.opt.nvme.pipeline_write = true;
+  }
+  if (p.param == OffloadDevice::kNvme) {
+    r.opt.nvme_param.path = ::testing::TempDir();
+    r.opt.nvme_param.buffer_count = 2;
+    r.opt.nvme_param.max_in_cpu = 0;
+  }
+}
+
+// Saves into `dir` after every `every`-th step (asynchronously), waits at the end.
+void save_every(TrainRun& r, const fs::path& dir, int every, int keep = 0) {
+  r.on_step = [dir, every, keep](Engine& e, int, int64_t step) -> Status {
+    if (step % every != 0) return Status::Ok();
+    CheckpointSaveOptions o;
+    o.dir = dir.string();
+    o.keep = keep;
+    o.app = {{"test", "checkpoint"}};
+    return e.save_checkpoint(o).status();
+  };
+  r.on_end = [](Engine& e, int) { return e.wait_checkpoint().status(); };
+}
+
+void resume_from(TrainRun& r, const fs::path& what) {
+  r.on_start = [what](Engine& e, int) { return e.load_checkpoint(what.string()).status(); };
+}
+
+class ResumeParity : public ::testing::TestWithParam<DType> {};
+
+TEST_P(ResumeParity, EveryPlacementContinuesBitForBit) {
+  const DType dtype = GetParam();
+  TrainRun base;
+  base.world = 2;
+  base.steps = 8;
+  base.gpt = small_gpt(dtype);
+  base.opt.grad_dtype = dtype;
+  base.opt.fp16.enabled = dtype == DType::kF16;
+  const Outcome straight = train(base);
+  ASSERT_TRUE(straight.status.ok()) << straight.status.to_string();
+  std::vector<Placement> placements = matrix();
+  placements.insert(placements.begin(), Placement{0, OffloadDevice::kNone, OffloadDevice::kNone});
+  for (const Placement& p : placements) {
+    const std::string what = fmt::format("{} {}", dtype_name(dtype), p.name());
+    const fs::path dir = fresh_dir("parity");
+    TrainRun saving = base;
+    apply(saving, p);
+    save_every(saving, dir, 2, /*keep=*/3);
+    const Outcome with_saves = train(saving);
+    expect_same_losses(straight, with_saves, what + " (saving every 2 steps)");
+    if (::testing::Test::HasFatalFailure()) return;
+    // --keep 3: the tags of steps 4, 6 and 8 remain, `latest` names step 8.
+    EXPECT_FALSE(fs::exists(dir / "global_step2")) << what;
+    ASSERT_TRUE(fs::exists(dir / "global_step4" / "manifest.json")) << what;
+    TrainRun resumed = base;
+    apply(resumed, p);
+    resume_from(resumed, dir / "global_step4");
+    const Outcome cont = train(resumed);
+    ASSERT_TRUE(cont.status.ok()) << what << ": " << cont.status.to_string();
+    ASSERT_EQ(cont.losses.size(), 4u) << what;
+    for (size_t i = 0; i < 4; ++i)
+      ASSERT_EQ(std::bit_cast<uint64_t>(cont.losses[i]), std::bit_cast<uint64_t>(straight.losses[4 + i]))
+          << what << ": resumed step " << 5 + i << " loss " << cont.losses[i] << " vs " << straight.losses[4 + i];
+    ASSERT_EQ(cont.val, straight.val) << what;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, ResumeParity, ::testing::Values(DType::kF32, DType::kBF16, DType::kF16),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+// fp16 with an overflow before the save: the loss scale, its hysteresis and
+// the skipped-step count travel with the checkpoint.
+TEST(CheckpointResume, Fp16LossScaleStateContinues) {
+  TrainRun base;
+  base.world = 2;
+  base.steps = 8;
+  base.gpt = small_gpt(DType::kF16);
+  base.opt.grad_dtype = DType::kF16;
+  base.opt.fp16.enabled = true;
+  base.opt.fp16.hysteresis = 2;
+  base.opt.fault_step = 2;
+  base.opt.fault_rank = 1;
+  base.opt.fault_value = std::numeric_limits<float>::infinity();
+  base.opt.stage = 2;
+  base.opt.offload_optimizer = OffloadDevice::kCpu;
+  const fs::path dir = fresh_dir("fp16");
+  TrainRun saving = base;
+  save_every(saving, dir, 3);
+  const Outcome a = train(saving);
+  ASSERT_TRUE(a.status.ok()) << a.status.to_string();
+  TrainRun resumed = base;
+  resume_from(resumed, dir);  // `latest`: step 6
+  const Outcome b = train(resumed);
+  ASSERT_TRUE(b.status.ok()) << b.status.to_string();
+  ASSERT_EQ(b.losses.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(std::bit_cast<uint64_t>(b.losses[i]), std::bit_cast<uint64_t>(a.losses[6 + i])) << "step " << 7 + i;
+    EXPECT_EQ(b.metrics[i].loss_scale, a.metrics[6 + i].loss_scale);
+    EXPECT_EQ(b.metrics[i].step, a.metrics[6 + i].step);  // skipped steps are not counted twice
+  }
+  CheckpointReader rd = CheckpointReader::open(dir).value();
+  EXPECT_EQ(rd.manifest().scalars.scaler_overflow_count, 1);
+  EXPECT_EQ(rd.manifest().scalars.step_calls, 6);
+  EXPECT_EQ(rd.manifest().scalars.step, 5);
+}
+
+// Reshard: saved at one world size, stage and placement; loaded at another.
+TEST(CheckpointReshard, AnyWorldSizeStageAndPlacement) {
+  struct Case {
+    int from_world, to_world;
+    Placement from, to;
+  };
+  using D = OffloadDevice;
+  const Case cases[] = {
+      {2, 1, {3, D::kCpu, D::kCpu}, {0, D::kNone, D::kNone}},
+      {1, 4, {0, D::kNone, D::kNone}, {3, D::kNvme, D::kNone, true, 4096}},
+      {4, 2, {2, D::kCpu, D::kNone, true, 4096}, {1, D::kNone, D::kNone}},
+  };
+  TrainRun ref;  // the unsharded continuation
+  ref.world = 1;
+  ref.steps = 8;
+  const Outcome straight = train(ref);
+  ASSERT_TRUE(straight.status.ok()) << straight.status.to_string();
+  for (const Case& c : cases) {
+    const std::string what = fmt::format("{} -> {} ranks", c.from_world, c.to_world);
+    const fs::path dir = fresh_dir("reshard");
+    TrainRun a = ref;
+    a.world = c.from_world;
+    a.steps = 4;
+    apply(a, c.from);
+    save_every(a, dir, 4);
+    ASSERT_TRUE(train(a).status.ok()) << what;
+    TrainRun b = ref;
+    b.world = c.to_world;
+    apply(b, c.to);
+    resume_from(b, dir);
+    const Outcome cont = train(b);
+    ASSERT_TRUE(cont.status.ok()) << what << ": " << cont.status.to_string();
+    ASSERT_EQ(cont.losses.size(), 4u) << what;
+    for (size_t i = 0; i < 4; ++i)
+      EXPECT_LE(std::abs(cont.losses[i] - straight.losses[4 + i]) / std::abs(straight.losses[4 + i]), 1e-5)
+          << what << " step " << 5 + i;
+  }
+}
+
+// One rank-2 save of the small GPT at step 2, for the damage tests.
+fs::path saved_checkpoint(const std::string& name) {
+  const fs::path dir = fresh_dir(name);
+  TrainRun a;
+  a.world = 2;
+  a.steps = 2;
+  a.opt.stage = 3;
+  a.opt.offload_optimizer = OffloadDevice::kCpu;
+  save_every(a, dir, 2);
+  const Outcome o = train(a);
+  EXPECT_TRUE(o.status.ok()) << o.status.to_string();
+  return dir;
+}
+
+Status load_into_fresh(const fs::path& what, GptConfig gpt = small_gpt()) {
+  TrainRun b;
+  b.world = 1;
+  b.steps = 3;
+  b.gpt = gpt;
+  resume_from(b, what);
+  return train(b).status;
+}
+
+TEST(CheckpointDamage, FlippedByteIsNamedByVerifyAndLoad) {
+  const fs::path dir = saved_checkpoint("flip");
+  CheckpointReader ok = CheckpointReader::open(dir).value();
+  EXPECT_TRUE(ok.verify().ok());
+  const fs::path victim = dir / "global_step2" / "rank00001.optim";
+  {
+    std::fstream f(victim, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    char c = 0;
+    f.read(&c, 1);
+    f.seekp(100);
+    c = static_cast<char>(c ^ 0x10);
+    f.write(&c, 1);
+  }
+  CheckpointReader rd = CheckpointReader::open(dir).value();
+  const Status v = rd.verify();
+  EXPECT_TRUE(v.is_data_loss()) << v.to_string();
+  EXPECT_NE(v.message().find("rank00001.optim"), std::string::npos) << v.to_string();
+  EXPECT_NE(v.message().find("layer 0"), std::string::npos) << v.to_string();
+  const Status l = load_into_fresh(dir);
+  EXPECT_TRUE(l.is_data_loss()) << l.to_string();
+  EXPECT_NE(l.message().find("rank00001.optim"), std::string::npos) << l.to_string();
+}
+
+TEST(CheckpointDamage, TruncatedFileNewerVersionOtherShapeExistingTag) {
+  const fs::path dir = saved_checkpoint("refuse");
+  const fs::path tag = dir / "global_step2";
+  // Another model shape: refused naming the layer.
+  GptConfig other = small_gpt();
+  other.n_embd = 64;
+  const Status shape = load_into_fresh(dir, other);
+  EXPECT_EQ(shape.code(), StatusCode::kFailedPrecondition) << shape.to_string();
+  EXPECT_NE(shape.message().find("another model shape"), std::string::npos) << shape.to_string();
+  // A newer format version.
+  const std::string text = [&] {
+    std::ifstream f(tag / "manifest.json");
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  }();
+  nlohmann::json j = nlohmann::json::parse(text);
+  j["version"] = kCheckpointFormatVersion + 1;
+  { std::ofstream(tag / "manifest.json") << j.dump(); }
+  Result<CheckpointReader> newer = CheckpointReader::open(dir);
+  ASSERT_FALSE(newer.ok());
+  EXPECT_EQ(newer.status().code(), StatusCode::kUnsupported);
+  EXPECT_NE(newer.status().message().find("newer"), std::string::npos) << newer.status().to_string();
+  // An extent pointing outside its file; a layer not tiled.
+  nlohmann::json bad = nlohmann::json::parse(text);
+  bad["extents"][0][4] = uint64_t{1} << 40;
+  { std::ofstream(tag / "manifest.json") << bad.dump(); }
+  Result<CheckpointReader> outside = CheckpointReader::open(dir);
+  ASSERT_FALSE(outside.ok());
+  EXPECT_NE(outside.status().message().find("extents[0]"), std::string::npos) << outside.status().to_string();
+  bad = nlohmann::json::parse(text);
+  bad["extents"].erase(0);
+  { std::ofstream(tag / "manifest.json") << bad.dump(); }
+  Result<CheckpointReader> gap = CheckpointReader::open(dir);
+  ASSERT_FALSE(gap.ok());
+  EXPECT_NE(gap.status().message().find("layer 0"), std::string::npos) << gap.status().to_string();
+  { std::ofstream(tag / "manifest.json") << text; }
+  // A truncated shard: refused at open, naming the file.
+  fs::resize_file(tag / "rank00000.model", 8);
+  Result<CheckpointReader> trunc = CheckpointReader::open(dir);
+  ASSERT_FALSE(trunc.ok());
+  EXPECT_TRUE(trunc.status().is_data_loss());
+  EXPECT_NE(trunc.status().message().find("rank00000.model"), std::string::npos) << trunc.status().to_string();
+  // Saving over an existing tag: refused on every rank, nothing touched.
+  const auto before = fs::last_write_time(tag / "manifest.json");
+  TrainRun again;
+  again.world = 2;
+  again.steps = 2;
+  save_every(again, dir, 2);
+  const Outcome o = train(again);
+  ASSERT_FALSE(o.status.ok());
+  EXPECT_NE(o.status.message().find("already exists"), std::string::npos) << o.status.to_string();
+  EXPECT_EQ(fs::last_write_time(tag / "manifest.json"), before);
+  // Bad requests.
+  TrainRun badtag;
+  badtag.steps = 1;
+  badtag.on_step = [&](Engine& e, int, int64_t) {
+    CheckpointSaveOptions so;
+    so.dir = dir.string();
+    so.tag = "a/../../escape";
+    return e.save_checkpoint(so).status();
+  };
+  const Outcome bt = train(badtag);
+  ASSERT_FALSE(bt.status.ok());
+  EXPECT_NE(bt.status.message().find("may hold only"), std::string::npos) << bt.status.to_string();
+  const Status missing = load_into_fresh(fresh_dir("nothing-here") / "x");
+  EXPECT_EQ(missing.code(), StatusCode::kNotFound) << missing.to_string();
+}
+
+TEST(CheckpointMemory, HostMemoryDoesNotGrowWithSaves) {
+  const fs::path dir = fresh_dir("memory");
+  TrainRun r;
+  r.world = 1;
+  r.steps = 12;
+  r.opt.offload_optimizer = OffloadDevice::kCpu;
+  save_every(r, dir, 1, /*keep=*/2);
+  const Outcome o = train(r);
+  ASSERT_TRUE(o.status.ok()) << o.status.to_string();
+  // The engine's host peaks (pinned, and pageable: the snapshot slots) are
+  // the same after the 1st save as after the 11th.
+  ASSERT_EQ(o.metrics.size(), 12u);
+  EXPECT_GT(o.metrics[1].peak_host_bytes, o.metrics[0].peak_host_bytes);  // the slots exist
+  EXPECT_EQ(o.metrics[1].peak_host_bytes, o.metrics.back().peak_host_bytes);
+  EXPECT_EQ(o.metrics[1].peak_pinned_bytes, o.metrics.back().peak_pinned_bytes);
+  // --keep 2: two tags and `latest` remain, no temporary folder.
+  size_t tags = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    EXPECT_NE(e.path().filename().string().rfind(".tmp-", 0), 0u) << e.path();
+    if (e.is_directory()) ++tags;
+  }
+  EXPECT_EQ(tags, 2u);
+}
+
+}  // namespace
+}  // namespace strata::offload
