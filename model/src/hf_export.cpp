@@ -154,8 +154,8 @@ class TempFile {
       const ssize_t n = ::write(fd_, p, std::min<size_t>(bytes, size_t{1} << 30));
       if (n < 0) {
         if (errno == EINTR) continue;
-        return ErrnoStatus(errno, fmt::format("hf export: writing '{}' at offset {}", tmp_.string(), offset_))
-            .with_context(fmt::format("writing {}", final_.string()));
+        return ErrnoStatus(errno, fmt::format("hf export: writing '{}' (as '{}') at offset {}", final_.string(),
+                                              tmp_.string(), offset_));
       }
       p += n;
       bytes -= static_cast<size_t>(n);

@@ -5,9 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -401,6 +403,26 @@ TEST(HfExport, AFailingReaderLeavesNoModelBehindAndKeepsTheOldOne) {
   EXPECT_EQ(read_all(dir.path / "old" / "model.safetensors"), old_model);
   EXPECT_EQ(read_all(dir.path / "old" / "config.json"), old_config);
   EXPECT_EQ(listing(dir.path / "old"), (std::vector<std::string>{"config.json", "model.safetensors"}));
+}
+
+TEST(HfExport, AFailedWriteNamesTheFileAndOffsetAndLeavesNothing) {
+  TempDir dir;
+  const GptConfig c = small_config();
+  // RLIMIT_FSIZE makes write() fail with EFBIG past 16 KiB (the file is
+  // ~44 KiB), as a full disk would, without needing one.
+  struct rlimit old_limit;
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit small = old_limit;
+  small.rlim_cur = 16 << 10;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  const Status st = export_hf_gpt2(c, dir.path, unique_reader(), {});
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  std::signal(SIGXFSZ, old_handler);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("model.safetensors"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("at offset 16384"), std::string::npos) << st.message();
+  EXPECT_TRUE(listing(dir.path).empty()) << "the temporary must be removed";
 }
 
 TEST(HfExport, OutputFolderRules) {
