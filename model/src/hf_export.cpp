@@ -245,8 +245,9 @@ Status check_target(const fs::path& path, bool overwrite) {
   return Status::Ok();
 }
 
-// Appends `tensor`'s values (Strata layout, shape [rows, cols] when
-// transposed) to `bytes` as `dtype`, transposed when the mapping says so.
+// Stores one tensor's `numel` values from `src` (Strata's layout) into `dst`
+// through `store`, transposing Strata's [out, in] to the file's [in, out]
+// when the mapping says so.
 template <typename Store>
 void convert_into(const float* src, const HfTensorMapping& m, size_t numel, std::byte* dst, Store store) {
   if (!m.transposed) {
