@@ -72,6 +72,12 @@ struct TrainCliOptions {
   int optimizer_threads = 0;
   int device_threads = 0;              // 0: all cores (cpu device compute)
   std::string nvme_path;               // "": the config's offload_optimizer.nvme_path
+  // Checkpoints (docs/checkpoints.md).
+  std::string save_dir;                // "": no saves
+  int64_t save_every = 0;              // 0: only at the end (with --save-dir)
+  int keep = 0;                        // 0: every tag
+  bool save_sync = false;
+  std::string resume;                  // DIR or DIR/TAG
   // Which flags were given (they override the config).
   bool given_batch = false, given_accum = false, given_lr = false, given_wd = false, given_clip = false,
        given_dtype = false, given_device = false, given_device_memory = false;
@@ -153,15 +159,19 @@ Status apply_placement_flags(const TrainCliOptions& o, TrainSetup& t) {
 struct Reporter {
   const TrainCliOptions& o;
   std::ofstream* log = nullptr;
-  void step(int64_t s, const offload::StepMetrics& m, std::optional<double> val) const {
+  void step(int64_t s, const offload::StepMetrics& m, std::optional<double> val,
+            const std::optional<offload::CheckpointSaveInfo>& saved = std::nullopt) const {
     if (!o.quiet) {
       fmt::print("step {:>5}/{} | loss {:.4f}{} | {:>8.0f} tok/s | {:>8.1f} ms | peak device {} pinned {} host {} nvme "
-                 "{} | lr {:.3g} norm {:.3f}{}{}\n",
+                 "{} | lr {:.3g} norm {:.3f}{}{}{}\n",
                  s, o.steps, m.loss, val ? fmt::format(" | val {:.4f}", *val) : std::string(), m.tokens_per_s,
                  m.step_ms, bytes_text(m.peak_device_bytes), bytes_text(m.peak_pinned_bytes),
                  bytes_text(m.peak_host_bytes), bytes_text(m.peak_nvme_bytes), m.lr, m.grad_norm,
                  m.loss_scale != 1 ? fmt::format(" scale {:g}", m.loss_scale) : std::string(),
-                 m.skipped ? " | SKIPPED (fp16 overflow)" : "");
+                 m.skipped ? " | SKIPPED (fp16 overflow)" : "",
+                 saved ? fmt::format(" | save {} ({}, blocked {:.1f} ms)", saved->tag, bytes_text(saved->bytes),
+                                     saved->blocked_ms)
+                       : std::string());
       std::fflush(stdout);
     }
     if (log != nullptr) {
@@ -183,6 +193,10 @@ struct Reporter {
                     {"gather", m.gather_bytes},    {"reduce", m.reduce_bytes},
                     {"nvme_read", m.nvme_read_bytes}, {"nvme_write", m.nvme_write_bytes}};
       j["exposed_ms"]["nvme"] = m.wait_nvme_ms;
+      // The time this step's save held the training loop (0: no save).
+      j["save"] = saved ? nlohmann::ordered_json{{"tag", saved->tag}, {"blocked_ms", saved->blocked_ms},
+                                                 {"bytes", saved->bytes}}
+                        : nlohmann::ordered_json(nullptr);
       j["peak_bytes"] = {{"device", m.peak_device_bytes},
                          {"pinned", m.peak_pinned_bytes},
                          {"host", m.peak_host_bytes},
@@ -202,6 +216,49 @@ struct Summary {
   uint64_t model_state = 0;                   // unsharded parameters + gradients + optimizer state
 };
 
+// What a checkpoint records of the run besides the engine's state: enough
+// for `strata checkpoint export` (the model's shape) and to refuse a resume
+// whose batches would differ.
+nlohmann::json checkpoint_app(const TrainCliOptions& o, const TrainSetup& t, const model::GptConfig& g, int world) {
+  nlohmann::json j;
+  j["program"] = "strata train";
+  j["model"] = {{"n_layer", g.n_layer},         {"n_head", g.n_head},          {"n_embd", g.n_embd},
+                {"vocab_size", g.vocab_size},   {"max_seq_len", g.max_seq_len}, {"param_dtype", dtype_name(g.param_dtype)}};
+  j["global_batch"] = static_cast<int64_t>(t.batch) * world;
+  j["seq_len"] = t.seq_len;
+  j["seed"] = t.seed;
+  j["grad_accum"] = t.engine.grad_accum;
+  j["config"] = o.config_path;
+  j["data"] = o.data;
+  return j;
+}
+
+// A resume must draw the same batches: same global batch, sequence length
+// and seed as the run that saved (the model's shape is checked by the engine).
+Result<offload::CheckpointManifest> check_resume(const TrainCliOptions& o, const TrainSetup& t,
+                                                 const model::GptConfig& g) {
+  STRATA_ASSIGN_OR_RETURN(offload::CheckpointReader r, offload::CheckpointReader::open(o.resume));
+  const nlohmann::json& app = r.manifest().app;
+  const int world = o.ranks;  // local ranks; under mpirun each process is one rank of comm's world
+  (void)g;
+  if (app.is_object() && app.value("program", "") == "strata train") {
+    const int64_t saved_batch = app.value("global_batch", int64_t{0});
+    const int64_t saved_seq = app.value("seq_len", int64_t{0});
+    const uint64_t saved_seed = app.value("seed", uint64_t{0});
+    if (saved_seq != t.seq_len || saved_seed != t.seed)
+      return FailedPrecondition(fmt::format("--resume '{}': saved with --seq {} --seed {}, this run has --seq {} --seed "
+                                            "{}; use the saved values so the run continues on the same batches",
+                                            printable(o.resume, 256), saved_seq, saved_seed, t.seq_len, t.seed));
+    if (o.backend == "local" && saved_batch != static_cast<int64_t>(t.batch) * world)
+      return FailedPrecondition(fmt::format(
+          "--resume '{}': saved with a global batch of {} sequences, this run has --batch {} x {} rank(s) = {}; keep "
+          "the global batch (e.g. --batch {} with --ranks {})",
+          printable(o.resume, 256), saved_batch, t.batch, world, static_cast<int64_t>(t.batch) * world,
+          saved_batch % world == 0 ? saved_batch / world : saved_batch, saved_batch % world == 0 ? world : 1));
+  }
+  return r.manifest();
+}
+
 // Trains on one rank. Rank 0 (printer) reports.
 Status train_rank(const TrainCliOptions& o, const TrainSetup& t, const model::GptConfig& g,
                   const model::TextDataset& data, DeviceKind kind, comm::Communicator& comm, const Reporter* reporter,
@@ -213,7 +270,21 @@ Status train_rank(const TrainCliOptions& o, const TrainSetup& t, const model::Gp
     fmt::print("engine   {}\n", rs.engine->describe());
     std::fflush(stdout);
   }
-  for (int64_t s = 1; s <= o.steps; ++s) {
+  if (!o.resume.empty()) {
+    Result<offload::CheckpointManifest> m = check_resume(o, t, g);
+    if (m.ok()) m = rs.engine->load_checkpoint(o.resume);
+    STRATA_RETURN_IF_ERROR(vote(comm, m.status(), "to load the checkpoint"));
+    if (reporter != nullptr && !o.quiet) {
+      fmt::print("resume   from '{}' tag {} (saved by {} rank{} at stage {}, optimizer {}, params {}): step {} of {}\n",
+                 printable(o.resume, 256), m->tag, m->world_size, m->world_size == 1 ? "" : "s", m->stage,
+                 m->offload_optimizer, m->offload_param, m->scalars.step_calls, o.steps);
+      std::fflush(stdout);
+    }
+    if (m->scalars.step_calls >= o.steps && reporter != nullptr)
+      fmt::print("resume   the checkpoint is at step {}, at or past --steps {}: nothing to train\n",
+                 m->scalars.step_calls, o.steps);
+  }
+  for (int64_t s = rs.engine->step_calls() + 1; s <= o.steps; ++s) {
     Result<offload::StepMetrics> r = rs.engine->step();
     if (!r.ok()) return r.status().with_context(fmt::format("step {} on rank {}", s, comm.rank()));
     std::optional<double> val;
@@ -227,9 +298,28 @@ Status train_rank(const TrainCliOptions& o, const TrainSetup& t, const model::Gp
       if (s > 1) summary->tps.push_back(r->tokens_per_s);
       summary->steps.push_back(*r);
     }
-    if (reporter != nullptr) reporter->step(s, *r, val);
+    std::optional<offload::CheckpointSaveInfo> saved;
+    if (!o.save_dir.empty() && ((o.save_every > 0 && s % o.save_every == 0) || s == o.steps)) {
+      offload::CheckpointSaveOptions so;
+      so.dir = o.save_dir;
+      so.keep = o.keep;
+      so.sync = o.save_sync;
+      so.app = checkpoint_app(o, t, g, comm.world_size());
+      Result<offload::CheckpointSaveInfo> info = rs.engine->save_checkpoint(so);
+      if (!info.ok()) return info.status().with_context(fmt::format("saving at step {} on rank {}", s, comm.rank()));
+      saved = *info;
+    }
+    if (reporter != nullptr) reporter->step(s, *r, val, saved);
   }
   STRATA_RETURN_IF_ERROR(rs.engine->synchronize());
+  {
+    Result<std::optional<offload::CheckpointSaveDone>> done = rs.engine->wait_checkpoint();
+    if (!done.ok()) return done.status().with_context(fmt::format("the last save on rank {}", comm.rank()));
+    if (reporter != nullptr && !o.quiet && done->has_value())
+      fmt::print("saved    '{}' tag {}: rank 0 wrote {} in {:.2f} s ({:.2f} GB/s) and committed it\n",
+                 printable(o.save_dir, 256), (*done)->tag, bytes_text((*done)->bytes), (*done)->seconds,
+                 (*done)->seconds > 0 ? (*done)->bytes / (*done)->seconds / 1e9 : 0.0);
+  }
   if (summary) {
     summary->predicted = rs.engine->predicted_memory();
     summary->measured = rs.engine->measured_memory();
@@ -327,6 +417,8 @@ int run_train(TrainCliOptions o) {
     if (g.param_dtype == DType::kF16) t.engine.fp16.enabled = true;
   }
   if (o.steps < 1) return fail(InvalidArgument(fmt::format("--steps {} must be at least 1", o.steps)));
+  if (o.save_dir.empty() && (o.save_every != 0 || o.keep != 0 || o.save_sync))
+    return fail(InvalidArgument("--save-every, --keep and --save-sync need --save-dir DIR (where to save)"));
   if (o.eval_every < 0) return fail(InvalidArgument(fmt::format("--eval-every {} must be >= 0 (0: only at the end)", o.eval_every)));
   Status valid = g.validate();
   if (!valid.ok()) return fail(valid);
@@ -466,6 +558,15 @@ CommandRegistration train_command("train", [](CLI::App& root) {
   cmd->add_option("--nvme-path", o->nvme_path,
                   "Folder on the NVMe drive for --offload-optimizer/--offload-param nvme (overrides the config's "
                   "nvme_path); the run's swap files go to DIR/strata-train-<pid>[-params]/rank<r>/, removed at exit");
+  cmd->add_option("--save-dir", o->save_dir,
+                  "Save checkpoints into this folder (one tag folder per save, a 'latest' file; atomic, asynchronous)");
+  cmd->add_option("--save-every", o->save_every, "Save every K steps (and after the last step); 0: only at the end")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  cmd->add_option("--keep", o->keep, "Keep only the newest N checkpoint tags in --save-dir (0: all)")
+      ->check(CLI::Range(0, 1 << 20));
+  cmd->add_flag("--save-sync", o->save_sync, "Block each step until its save is written and committed");
+  cmd->add_option("--resume", o->resume,
+                  "Resume from a checkpoint: DIR (its latest tag) or DIR/TAG; --steps stays the total step count");
   cmd->add_option("--overlap-optimizer", o->overlap_optimizer,
                   "on | off: step the optimizer under the next forward (overrides strata.overlap_optimizer)");
   cmd->add_option("--optimizer-threads", o->optimizer_threads, "CPU optimizer threads per rank (0: all cores)")

@@ -32,13 +32,16 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Test hook: STRATA_CHECKPOINT_CRASH_AT=<point> kills the process with
-// SIGKILL at that point of rank 0's commit (after-rank-files,
-// before-manifest, before-rename, before-latest, after-latest): how the
-// tests show that a kill -9 at any moment leaves a loadable `latest`.
-void crash_point(const char* point) {
+// Test hook: STRATA_CHECKPOINT_CRASH_AT=<point>[@TAG] kills the process
+// with SIGKILL at that point of rank 0's commit (after-rank-files,
+// before-manifest, before-rename, before-latest, after-latest), of the save
+// of TAG only when given: how the tests show that a kill -9 at any moment
+// leaves the previous checkpoint loadable through `latest`.
+void crash_point(const char* point, const std::string& tag) {
   const char* at = std::getenv("STRATA_CHECKPOINT_CRASH_AT");
-  if (at != nullptr && std::string_view(at) == point) ::kill(::getpid(), SIGKILL);
+  if (at == nullptr) return;
+  const std::string_view want(at);
+  if (want == point || want == std::string(point) + "@" + tag) ::kill(::getpid(), SIGKILL);
 }
 
 // A file this rank writes, with the running checksum of what was written (in order).
@@ -228,7 +231,7 @@ Status Engine::Impl::finish_save(SaveState& s) {
     report["extents"].push_back({e.file, e.layer, e.begin, e.count, e.offset, hex64(e.xxh3)});
   STRATA_RETURN_IF_ERROR(write_file_atomically(s.tmp, fmt::format("rank{:05d}.json", s.rank), report.dump()));
   if (s.rank != 0) return Status::Ok();
-  crash_point("after-rank-files");
+  crash_point("after-rank-files", s.tag);
 
   // Rank 0: every rank's report (or its failure), then the manifest.
   CheckpointManifest m = s.manifest;
@@ -286,17 +289,17 @@ Status Engine::Impl::finish_save(SaveState& s) {
   // What is committed must read back: the same checks a loader makes.
   const nlohmann::json mj = m.to_json();
   STRATA_RETURN_IF_ERROR(CheckpointManifest::from_json(mj, (s.tmp / "manifest.json").string()).status());
-  crash_point("before-manifest");
+  crash_point("before-manifest", s.tag);
   STRATA_RETURN_IF_ERROR(write_file_atomically(s.tmp, "manifest.json", mj.dump(1)));
-  crash_point("before-rename");
+  crash_point("before-rename", s.tag);
   const fs::path final_dir = s.dir / s.tag;
   if (::rename(s.tmp.c_str(), final_dir.c_str()) != 0)
     return ErrnoStatus(errno, fmt::format("rename '{}' to '{}' (does the tag exist already?)",
                                           printable(s.tmp.string(), 256), printable(final_dir.string(), 256)));
   STRATA_RETURN_IF_ERROR(fsync_folder(s.dir));
-  crash_point("before-latest");
+  crash_point("before-latest", s.tag);
   STRATA_RETURN_IF_ERROR(write_file_atomically(s.dir, "latest", s.tag + "\n"));
-  crash_point("after-latest");
+  crash_point("after-latest", s.tag);
   if (s.keep > 0) STRATA_RETURN_IF_ERROR(prune_checkpoints(s.dir, s.keep, s.tag));
   return Status::Ok();
 }

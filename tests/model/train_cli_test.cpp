@@ -46,12 +46,13 @@ TEST(TrainCli, ProgressLinesAndJsonLogShape) {
     for (auto it = j.begin(); it != j.end(); ++it) keys.push_back(it.key());
     EXPECT_EQ(keys, (std::vector<std::string>{"step", "loss", "val_loss", "lr", "loss_scale", "grad_norm", "skipped",
                                               "tokens_per_s", "step_ms", "forward_ms", "backward_ms", "optimizer_ms",
-                                              "exposed_ms", "bytes", "peak_bytes"}));
+                                              "exposed_ms", "bytes", "save", "peak_bytes"}));
     EXPECT_EQ(j["exposed_ms"].size(), 4u);  // reduce, optimizer, gather, nvme
     EXPECT_EQ(j["bytes"].size(), 6u);  // h2d, d2h, gather, reduce, nvme_read, nvme_write
     EXPECT_GT(j["grad_norm"].get<double>(), 0);
     EXPECT_EQ(j["loss_scale"].get<double>(), 1.0);
     EXPECT_EQ(j["step"].get<int>(), lines);
+    EXPECT_TRUE(j["save"].is_null());  // no --save-dir
     EXPECT_TRUE(j["loss"].is_number());
     EXPECT_EQ(j["val_loss"].is_null(), lines % 2 == 1) << line;
     EXPECT_GT(j["tokens_per_s"].get<double>(), 0);

@@ -1,0 +1,162 @@
+// strata checkpoint inspect|verify|export: what a --save-dir holds, whether
+// it is intact, and the model out of it as a Hugging Face GPT-2 folder.
+//
+//   strata checkpoint inspect DIR[/TAG] [--json]
+//   strata checkpoint verify  DIR[/TAG]
+//   strata checkpoint export  DIR[/TAG] --out OUT [--dtype fp32|bf16] [--overwrite]
+//
+// DIR resolves to its `latest` tag (offload/checkpoint.h). export streams
+// one layer's fp32 master at a time from the rank shards into
+// model.safetensors (docs/export.md).
+#include <memory>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "command.h"
+#include "strata/core/dtype.h"
+#include "strata/core/printable.h"
+#include "strata/core/units.h"
+#include "strata/model/gpt_config.h"
+#include "strata/model/hf_export.h"
+#include "strata/offload/checkpoint.h"
+
+namespace strata::cli {
+namespace {
+
+struct CheckpointCliOptions {
+  std::string path;
+  bool json = false;
+  std::string out;
+  std::string dtype = "fp32";
+  bool overwrite = false;
+};
+
+int fail(const char* sub, const Status& st) {
+  fmt::print(stderr, "strata checkpoint {}: error: {}\n", sub, st.to_string());
+  return st.code() == StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+int run_inspect(const CheckpointCliOptions& o) {
+  Result<offload::CheckpointReader> r = offload::CheckpointReader::open(o.path);
+  if (!r.ok()) return fail("inspect", r.status());
+  const offload::CheckpointManifest& m = r->manifest();
+  if (o.json) {
+    nlohmann::json j = m.to_json();
+    j["folder"] = r->folder().string();
+    j["total_bytes"] = m.total_bytes();
+    fmt::print("{}\n", j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace));
+    return 0;
+  }
+  fmt::print("checkpoint '{}' (format version {})\n", printable(r->folder().string(), 256), m.version);
+  fmt::print("  tag {}: step {} ({} step calls, {} skipped), data position {} micro-batches\n", m.tag, m.scalars.step,
+             m.scalars.step_calls, m.scalars.scaler_overflow_count, m.scalars.data_position);
+  fmt::print("  saved by {} rank{}: stage {}, optimizer {} on {}, params on {}, moments {}, sub_group_size {}\n",
+             m.world_size, m.world_size == 1 ? "" : "s", m.stage, m.optimizer, m.offload_optimizer, m.offload_param,
+             m.moment_dtype, m.sub_group_size);
+  fmt::print("  loss scale {:g}\n", m.scalars.loss_scale);
+  uint64_t elements = 0;
+  for (const offload::CheckpointLayer& l : m.layers) elements += l.elements;
+  fmt::print("  model: {} layers, {} parameters", m.layers.size(), elements);
+  if (m.app.is_object() && m.app.contains("model")) fmt::print(" ({})", printable(m.app["model"].dump(), 256));
+  fmt::print("\n  files ({} in all):\n", format_bytes(m.total_bytes(), true));
+  for (const offload::CheckpointFile& f : m.files)
+    fmt::print("    {:<18} rank {:>4}  {:>12}  xxh3 {}\n", f.name, f.rank, format_bytes(f.bytes, true),
+               offload::hex64(f.xxh3));
+  fmt::print("  {} extents; run `strata checkpoint verify` to check every checksum\n", m.extents.size());
+  return 0;
+}
+
+int run_verify(const CheckpointCliOptions& o) {
+  Result<offload::CheckpointReader> r = offload::CheckpointReader::open(o.path);
+  if (!r.ok()) return fail("verify", r.status());
+  const Status st = r->verify();
+  if (!st.ok()) return fail("verify", st);
+  fmt::print("checkpoint '{}': {} files, {} extents, {} verified (XXH3)\n", printable(r->folder().string(), 256),
+             r->manifest().files.size(), r->manifest().extents.size(), format_bytes(r->manifest().total_bytes(), true));
+  return 0;
+}
+
+// The GPT's shape as `strata train` recorded it in the manifest.
+Result<model::GptConfig> gpt_of(const offload::CheckpointManifest& m) {
+  const nlohmann::json& app = m.app;
+  if (!app.is_object() || !app.contains("model") || !app["model"].is_object())
+    return FailedPrecondition("the checkpoint does not record a GPT's shape (it was not saved by strata train); "
+                              "export needs one");
+  const nlohmann::json& j = app["model"];
+  model::GptConfig g;
+  auto field = [&](const char* key, int& out) -> Status {
+    if (!j.contains(key) || !j[key].is_number_integer() || j[key].get<int64_t>() < 1 ||
+        j[key].get<int64_t>() > (int64_t{1} << 30))
+      return InvalidArgument(fmt::format("checkpoint manifest app.model.{} is missing or out of range", key));
+    out = static_cast<int>(j[key].get<int64_t>());
+    return Status::Ok();
+  };
+  STRATA_RETURN_IF_ERROR(field("n_layer", g.n_layer));
+  STRATA_RETURN_IF_ERROR(field("n_head", g.n_head));
+  STRATA_RETURN_IF_ERROR(field("n_embd", g.n_embd));
+  STRATA_RETURN_IF_ERROR(field("vocab_size", g.vocab_size));
+  STRATA_RETURN_IF_ERROR(field("max_seq_len", g.max_seq_len));
+  STRATA_RETURN_IF_ERROR(g.validate());
+  return g;
+}
+
+int run_export(const CheckpointCliOptions& o) {
+  if (o.out.empty()) return fail("export", InvalidArgument("--out OUT is required (the folder to write)"));
+  Result<DType> dt = parse_dtype(o.dtype);
+  if (!dt.ok() || (*dt != DType::kF32 && *dt != DType::kBF16))
+    return fail("export", InvalidArgument(fmt::format("--dtype '{}' is not fp32 or bf16", printable(o.dtype, 32))));
+  Result<offload::CheckpointReader> r = offload::CheckpointReader::open(o.path);
+  if (!r.ok()) return fail("export", r.status());
+  Result<model::GptConfig> g = gpt_of(r->manifest());
+  if (!g.ok()) return fail("export", g.status());
+  model::HfExportOptions eo;
+  eo.dtype = *dt;
+  eo.overwrite = o.overwrite;
+  const size_t layers = r->manifest().layers.size();
+  const Status st = model::export_hf_gpt2(
+      *g, o.out,
+      [&](size_t layer, std::span<float> out) -> Status {
+        if (layer >= layers || out.size() != r->manifest().layers[layer].elements)
+          return FailedPrecondition(fmt::format("the checkpoint's layer {} does not match the recorded GPT shape", layer));
+        return r->read(layer, offload::CheckpointState::kMaster, 0, out);
+      },
+      eo);
+  if (!st.ok()) return fail("export", st);
+  fmt::print("exported '{}' tag {} (step {}) to '{}': model.safetensors ({}) and config.json; load it with "
+             "transformers.GPT2LMHeadModel.from_pretrained (docs/export.md)\n",
+             printable(r->folder().string(), 256), r->manifest().tag, r->manifest().scalars.step,
+             printable(o.out, 256), dtype_name(*dt));
+  return 0;
+}
+
+CommandRegistration checkpoint_command("checkpoint", [](CLI::App& root) {
+  CLI::App* group = root.add_subcommand("checkpoint", "Inspect, verify or export checkpoints of strata train --save-dir");
+  group->require_subcommand(1);
+  {
+    auto o = std::make_shared<CheckpointCliOptions>();
+    CLI::App* cmd = group->add_subcommand("inspect", "Print a checkpoint's manifest: step, placement, files, sizes");
+    cmd->add_option("path", o->path, "DIR (its latest tag) or DIR/TAG")->required();
+    cmd->add_flag("--json", o->json, "Print the manifest as JSON");
+    cmd->callback([o] { exit_with(run_inspect(*o)); });
+  }
+  {
+    auto o = std::make_shared<CheckpointCliOptions>();
+    CLI::App* cmd = group->add_subcommand("verify", "Check every file's and extent's XXH3 checksum");
+    cmd->add_option("path", o->path, "DIR (its latest tag) or DIR/TAG")->required();
+    cmd->callback([o] { exit_with(run_verify(*o)); });
+  }
+  {
+    auto o = std::make_shared<CheckpointCliOptions>();
+    CLI::App* cmd = group->add_subcommand(
+        "export", "Write the model as a Hugging Face GPT-2 folder (model.safetensors + config.json)");
+    cmd->add_option("path", o->path, "DIR (its latest tag) or DIR/TAG")->required();
+    cmd->add_option("--out", o->out, "The folder to write (created one level deep if missing)")->required();
+    cmd->add_option("--dtype", o->dtype, "fp32 | bf16")->capture_default_str();
+    cmd->add_flag("--overwrite", o->overwrite, "Replace model.safetensors / config.json already in --out");
+    cmd->callback([o] { exit_with(run_export(*o)); });
+  }
+});
+
+}  // namespace
+}  // namespace strata::cli
