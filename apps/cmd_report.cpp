@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "calibrate.h"
 #include "command.h"
 #include "strata/core/build_info.h"
 
@@ -115,10 +116,21 @@ int run_report(const ReportOptions& opts) {
 
 CommandRegistration report_command("report", [](CLI::App& root) {
   auto opts = std::make_shared<ReportOptions>();
+  auto cal = std::make_shared<CalibrateOptions>();
   CLI::App* cmd = root.add_subcommand("report", "Report build options, CPU, memory, I/O engines, GPUs, NCCL and MPI");
   cmd->add_flag("--json", opts->json, "Print the report as JSON");
   cmd->add_option("--path", opts->path, "Also probe this directory (file system, O_DIRECT, block size, free space)");
-  cmd->callback([opts] { exit_with(run_report(*opts)); });
+  cmd->add_flag("--calibrate", cal->requested, "Measure this machine's rates and write a hardware profile for strata "
+                                                "plan (report_calibrate.cpp; --path: where to measure NVMe)");
+  cmd->add_option("--out", cal->out, "With --calibrate: write the profile to this file (default: print it)");
+  cmd->callback([opts, cal] {
+    if (cal->requested) {
+      cal->path = opts->path;
+      exit_with(run_calibrate(*cal));
+    } else {
+      exit_with(run_report(*opts));
+    }
+  });
 });
 
 }  // namespace

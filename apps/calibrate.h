@@ -1,0 +1,22 @@
+#pragma once
+// strata report --calibrate: measures this machine's component rates and
+// writes a hardware profile (strata/offload/hardware_profile.h) for
+// `strata plan`. report_calibrate.cpp; docs/offload-bench.md.
+#include <string>
+
+namespace strata::cli {
+
+struct CalibrateOptions {
+  bool requested = false;  // --calibrate
+  std::string path;     // folder for the NVMe measurement ("" : the system's temporary folder, said in the profile)
+  std::string out;      // profile file ("" : print it)
+  std::string preset = "small";  // the model whose shapes the compute rate is measured on
+  int layers = 0, heads = 0, embd = 0;
+  int batch = 4, seq = 64, steps = 3;
+  std::string dtype = "bf16";
+};
+
+// Returns the process exit code; errors go to stderr naming the culprit.
+int run_calibrate(const CalibrateOptions& options);
+
+}  // namespace strata::cli

@@ -1,0 +1,372 @@
+// strata plan: for each placement row, the memory per tier (the estimator,
+// or the engine's own plan with --model) and the predicted step time on a
+// hardware profile (strata/offload/step_time_model.h), with the fastest row
+// that fits marked and what bounds each row. The offload autotuner:
+//
+//   strata plan --params 13B --gpus-per-node 8 --profile examples/profiles/dgx-h100.json
+//   strata plan --model small --profile here.json --bench bench.json   # vs strata bench offload
+//
+// docs/offload-bench.md.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "command.h"
+#include "placement_rows.h"
+#include "strata/core/config.h"
+#include "strata/core/estimator.h"
+#include "strata/core/units.h"
+#include "strata/model/gpt.h"
+#include "strata/offload/engine.h"
+#include "strata/offload/hardware_profile.h"
+#include "strata/offload/step_time_model.h"
+
+namespace strata::cli {
+namespace {
+
+struct PlanOptions {
+  std::string params, model, profile, config, configs, matrix = "default", bench, dtypes = "bf16";
+  int layers = 0, heads = 0, embd = 0, vocab = 0, max_seq = 0;
+  int blocks = 0;  // --params: transformer blocks (reduction/gather units); 0: derived
+  uint32_t gpus_per_node = 0, nodes = 1;
+  int batch = 4, seq = 64, grad_accum = 1;
+  bool json = false, binary = false;
+};
+
+int fail(const Status& st) {
+  fmt::print(stderr, "strata plan: error: {}\n", st.to_string());
+  return st.code() == StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+struct Memory {  // per GPU (device) and per node (host, nvme), as `strata estimate` prints them
+  nlohmann::ordered_json columns;
+  bool fits = true;
+  std::string why_not;
+};
+
+// --params: the estimator's row, exactly the columns `strata estimate --json` prints.
+Result<Memory> estimator_memory(const EstimateInput& base, const PlacementRow& row) {
+  EstimateInput in = base;
+  const Placement pl{row.stage, row.optimizer, row.param};
+  if (row.ratio < 1.0) {  // the estimator plans a partial offload as a config's own row
+    in.zero.offload_optimizer.ratio = row.ratio;
+    in.config_row = pl;
+  } else {
+    in.zero.offload_optimizer.ratio = 1.0;
+  }
+  STRATA_ASSIGN_OR_RETURN(EstimateRow er, estimate_row(in, pl));
+  Memory m;
+  m.columns = {{"gpu_model_state_bytes", er.gpu_model_state_bytes},
+               {"gpu_buffer_bytes", er.gpu_buffer_bytes},
+               {"cpu_bytes_per_node", er.cpu_bytes_per_node},
+               {"cpu_buffer_bytes_per_node", er.cpu_buffer_bytes_per_node},
+               {"nvme_bytes_per_node", er.nvme_bytes_per_node}};
+  m.fits = er.fits.value_or(true);
+  if (er.gpu_fits == false) m.why_not = "GPU";
+  else if (er.cpu_fits == false) m.why_not = "host";
+  else if (er.nvme_fits == false) m.why_not = "NVMe";
+  return m;
+}
+
+// --model: the engine's own plan (plan_engine_memory), the largest over ranks.
+Result<Memory> engine_memory(const offload::EngineOptions& base, const PlacementRow& row,
+                             std::span<const LayerSpec> layers, int world, const offload::HardwareProfile& hw,
+                             int ranks_per_node) {
+  const offload::EngineOptions o = row.apply(base);
+  offload::EngineMemory worst;
+  for (int r = 0; r < world; ++r) {
+    STRATA_ASSIGN_OR_RETURN(offload::EngineMemory p, offload::plan_engine_memory(o, layers, world, r));
+    worst.device = std::max(worst.device, p.device);
+    worst.pinned = std::max(worst.pinned, p.pinned);
+    worst.nvme = std::max(worst.nvme, p.nvme);
+  }
+  Memory m;
+  m.columns = {{"device_bytes", worst.device},
+               {"pinned_bytes_per_node", worst.pinned * ranks_per_node},
+               {"nvme_bytes_per_node", worst.nvme * ranks_per_node}};
+  if (worst.device > hw.device_memory_bytes) m.why_not = "GPU";
+  else if (worst.pinned * ranks_per_node > hw.host_memory_bytes) m.why_not = "host";
+  else if (worst.nvme * ranks_per_node > hw.nvme_bytes) m.why_not = "NVMe";
+  m.fits = m.why_not.empty();
+  return m;
+}
+
+int run_plan(const PlanOptions& o) {
+  if (o.profile.empty()) return fail(InvalidArgument("give --profile P.json (strata report --calibrate writes one; "
+                                                     "examples/profiles/ has others)"));
+  Result<offload::HardwareProfile> hw = offload::load_hardware_profile(o.profile);
+  if (!hw.ok()) return fail(hw.status().with_context("--profile"));
+  if (o.params.empty() == o.model.empty())
+    return fail(InvalidArgument("give exactly one of --params (e.g. 13B) or --model (a preset, for the engine's plan)"));
+  Result<std::vector<DType>> dtypes = parse_dtype_list(o.dtypes, "--dtype");
+  if (!dtypes.ok()) return fail(dtypes.status());
+  const uint32_t gpn = o.gpus_per_node ? o.gpus_per_node : static_cast<uint32_t>(hw->gpus_per_node);
+  const int world = static_cast<int>(gpn * o.nodes);
+  const int ranks_per_node = static_cast<int>(gpn);
+
+  std::optional<Config> config;
+  if (!o.config.empty()) {
+    ConfigOptions copt;
+    copt.world_size = world;
+    Result<Config> c = load_config(o.config, copt);
+    if (!c.ok()) return fail(c.status());
+    config = *c;
+  }
+  std::vector<PlacementRow> rows;
+  if (!o.configs.empty()) {
+    Result<std::vector<PlacementRow>> loaded = load_rows(o.configs, dtypes->front());
+    if (!loaded.ok()) return fail(loaded.status().with_context("--configs"));
+    rows = std::move(*loaded);
+  } else if (o.matrix == "default") {
+    rows = default_matrix(*dtypes);
+  } else {
+    return fail(InvalidArgument(fmt::format("--matrix '{}' is not 'default' (or give --configs FILE)",
+                                            printable(o.matrix, 64))));
+  }
+
+  // The model: a parameter count (FLOPs 6 per parameter and token) or a preset's exact layers.
+  uint64_t params = 0;
+  double flops_per_token = 0;
+  int units = 1;
+  std::unique_ptr<model::GptModel> gpt;
+  std::string describe;
+  if (!o.params.empty()) {
+    Result<uint64_t> n = parse_count(o.params, "--params");
+    if (!n.ok()) return fail(n.status());
+    if (*n == 0) return fail(InvalidArgument("--params must be > 0, e.g. 13B"));
+    params = *n;
+    flops_per_token = 6.0 * static_cast<double>(params);
+    // Blocks of a GPT of this size (about 12 C^2 parameters per block with L ~ C / 128) unless given.
+    units = o.blocks ? o.blocks : std::max(1, static_cast<int>(std::lround(std::cbrt(params / 12.0 / 128.0 / 128.0))));
+    describe = fmt::format("{} parameters, {} blocks{}", format_count(params), units, o.blocks ? "" : " (derived)");
+  } else {
+    Result<model::GptConfig> preset = model::preset(o.model);
+    if (!preset.ok()) return fail(preset.status().with_context("--model"));
+    model::GptConfig g = *preset;
+    if (o.layers) g.n_layer = o.layers;
+    if (o.heads) g.n_head = o.heads;
+    if (o.embd) g.n_embd = o.embd;
+    if (o.vocab) g.vocab_size = o.vocab;
+    if (o.max_seq) g.max_seq_len = o.max_seq;
+    g.param_dtype = dtypes->front();
+    if (Status v = g.validate(); !v.ok()) return fail(v);
+    if (o.seq > g.max_seq_len)
+      return fail(InvalidArgument(fmt::format("--seq {} is longer than the model's max_seq {}", o.seq, g.max_seq_len)));
+    Result<std::unique_ptr<model::GptModel>> m = model::GptModel::create(g, 1);
+    if (!m.ok()) return fail(m.status());
+    gpt = std::move(*m);
+    params = static_cast<uint64_t>(g.param_count());
+    flops_per_token = g.train_flops_per_token(o.seq);
+    units = static_cast<int>(gpt->layers().size());
+    describe = g.describe();
+  }
+
+  EstimateInput est;
+  est.params = params;
+  est.gpus_per_node = gpn;
+  est.nodes = o.nodes;
+  est.gpu_memory_bytes = hw->device_memory_bytes;
+  est.cpu_memory_bytes = hw->host_memory_bytes;
+  est.nvme_memory_bytes = hw->nvme_bytes;
+  offload::EngineOptions engine_base;
+  if (config) {
+    est.from_config(*config);
+    Config runnable = *config;
+    runnable.zero_optimization.offload_optimizer.ratio = 1.0;
+    Result<offload::EngineOptions> eo = offload::engine_options_from_config(runnable);
+    if (!eo.ok()) return fail(eo.status());
+    engine_base = *eo;
+  }
+
+  nlohmann::ordered_json doc;
+  doc["profile"] = hw->name;
+  doc["profile_file"] = o.profile;
+  doc["model"] = describe;
+  doc["params"] = params;
+  doc["world_size"] = world;
+  doc["gpus_per_node"] = gpn;
+  doc["batch"] = o.batch;
+  doc["seq"] = o.seq;
+  doc["grad_accum"] = o.grad_accum;
+  doc["tokens_per_rank"] = static_cast<double>(o.batch) * o.seq * o.grad_accum;
+  doc["flops_per_token"] = flops_per_token;
+  doc["memory_source"] = gpt ? "engine plan (plan_engine_memory), per rank device, per node host and nvme"
+                             : "estimator (strata estimate), per GPU and per node";
+  doc["rows"] = nlohmann::ordered_json::array();
+
+  std::optional<nlohmann::json> bench;
+  if (!o.bench.empty()) {
+    std::ifstream in(o.bench);
+    if (!in) return fail(ErrnoStatus(errno, fmt::format("open --bench '{}'", printable(o.bench, 256))));
+    nlohmann::json b = nlohmann::json::parse(in, nullptr, false);
+    if (b.is_discarded() || !b.contains("rows") || b.value("bench", "") != "offload")
+      return fail(InvalidArgument(fmt::format("--bench '{}' is not the JSON of strata bench offload", printable(o.bench, 256))));
+    bench = b;
+  }
+
+  std::optional<size_t> fastest;
+  double fastest_ms = 0;
+  std::vector<double> errors;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const PlacementRow& row = rows[i];
+    nlohmann::ordered_json j;
+    j["index"] = i;
+    j["label"] = row.label();
+    j["stage"] = row.stage;
+    j["offload_optimizer"] = std::string(offload_device_name(row.optimizer));
+    j["offload_param"] = std::string(offload_device_name(row.param));
+    j["ratio"] = row.ratio;
+    j["dtype"] = std::string(dtype_name(row.dtype));
+    if (std::string why = row.unsupported_reason(); !why.empty()) {
+      j["runnable"] = false;
+      j["reason"] = why;
+      doc["rows"].push_back(j);
+      continue;
+    }
+    j["runnable"] = true;
+    Result<Memory> mem = gpt ? engine_memory(engine_base, row, gpt->layers(), world, *hw, ranks_per_node)
+                             : estimator_memory(est, row);
+    if (!mem.ok()) return fail(mem.status().with_context(row.label()));
+    j["memory"] = mem->columns;
+    j["fits"] = mem->fits;
+    if (!mem->fits) j["does_not_fit"] = mem->why_not;
+    offload::StepTimeInput in;
+    in.params = params;
+    in.layers = units;
+    in.world = world;
+    in.tokens_per_rank = doc["tokens_per_rank"].get<double>();
+    in.flops_per_token = flops_per_token;
+    in.stage = row.stage;
+    in.optimizer = row.optimizer;
+    in.param = row.param;
+    in.ratio = row.ratio;
+    in.param_dtype = in.grad_dtype = row.dtype;
+    if (config) {
+      in.optimizer_state_bytes = ledger_precision_of(*config).optimizer_state_bytes;
+      in.max_live_parameters = config->zero_optimization.stage3_max_live_parameters;
+      in.max_in_cpu = config->zero_optimization.offload_param.max_in_cpu;
+      in.nvme_pipeline = config->zero_optimization.offload_optimizer.pipeline_read &&
+                         config->zero_optimization.offload_optimizer.pipeline_write;
+    }
+    Result<offload::StepTimePrediction> pr = offload::predict_step_time(in, *hw);
+    if (!pr.ok()) return fail(pr.status().with_context(row.label()));
+    const auto& b = pr->bytes;
+    j["predicted"] = {{"step_ms", pr->step_ms},
+                      {"tokens_per_s", pr->tokens_per_s},
+                      {"compute_ms", pr->compute_ms},
+                      {"optimizer_ms", pr->optimizer_ms},
+                      {"update_ms", pr->update_ms},
+                      {"grad_ms", pr->grad_ms},
+                      {"param_ms", pr->param_ms},
+                      {"nvme_ms", pr->nvme_ms},
+                      {"exposed_ms",
+                       {{"optimizer", pr->exposed_optimizer_ms},
+                        {"reduce", pr->exposed_reduce_ms},
+                        {"gather", pr->exposed_gather_ms}}},
+                      {"bytes_per_step",
+                       {{"h2d", b.h2d},
+                        {"d2h", b.d2h},
+                        {"gather", b.gather},
+                        {"reduce", b.reduce},
+                        {"nvme_read", b.nvme_read},
+                        {"nvme_write", b.nvme_write}}},
+                      {"bound", pr->bound}};
+    if (bench) {
+      for (const auto& br : (*bench)["rows"])
+        if (br.value("label", "") == row.label() && br.value("status", "") == "ok") {
+          const double measured = br["step_ms"]["median"].get<double>();
+          const double err = pr->step_ms / measured - 1.0;
+          j["measured_step_ms"] = measured;
+          j["error"] = err;
+          errors.push_back(std::abs(err));
+        }
+    }
+    if (mem->fits && (!fastest || pr->step_ms < fastest_ms)) fastest = i, fastest_ms = pr->step_ms;
+    doc["rows"].push_back(j);
+  }
+  doc["fastest_fitting_row"] = fastest ? nlohmann::ordered_json(*fastest) : nlohmann::ordered_json(nullptr);
+  if (bench && !errors.empty()) {
+    doc["max_abs_error"] = *std::max_element(errors.begin(), errors.end());
+    doc["rows_compared"] = errors.size();
+  }
+  if (o.json) {
+    fmt::print("{}\n", doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
+    return 0;
+  }
+  fmt::print("plan: {} on {} rank(s) ({} per node), batch {} x seq {} x accum {} per rank; profile {}\n", describe,
+             world, gpn, o.batch, o.seq, o.grad_accum, hw->name);
+  fmt::print("memory: {}\n", doc["memory_source"].get<std::string>());
+  auto bytes = [&](const nlohmann::ordered_json& v) { return format_bytes(v.get<uint64_t>(), o.binary); };
+  fmt::print("{:<34} {:>5} {:>11} {:>11} {:>11} | {:>10} {:>12} {:>9} {:>9} {:>9} | {:<24}{}\n", "row", "fits",
+             gpt ? "device" : "gpu", "host/node", "nvme/node", "step ms", "tokens/s", "exp opt", "exp red", "exp gath",
+             "bound", bench ? "  measured   error" : "");
+  for (const auto& j : doc["rows"]) {
+    if (!j["runnable"].get<bool>()) {
+      fmt::print("{:<34} {:>5}  {}\n", j["label"].get<std::string>(), "-", j["reason"].get<std::string>());
+      continue;
+    }
+    const auto& m = j["memory"];
+    const std::string dev = gpt ? bytes(m["device_bytes"])
+                                : format_bytes(m["gpu_model_state_bytes"].get<uint64_t>() + m["gpu_buffer_bytes"].get<uint64_t>(), o.binary);
+    const std::string host = gpt ? bytes(m["pinned_bytes_per_node"])
+                                 : format_bytes(m["cpu_bytes_per_node"].get<uint64_t>() + m["cpu_buffer_bytes_per_node"].get<uint64_t>(), o.binary);
+    const auto& p = j["predicted"];
+    std::string cmp;
+    if (j.contains("measured_step_ms"))
+      cmp = fmt::format("  {:>8.2f} {:>+6.1f}%", j["measured_step_ms"].get<double>(), 100 * j["error"].get<double>());
+    const bool best = fastest && *fastest == j["index"].get<size_t>();
+    fmt::print("{:<34} {:>5} {:>11} {:>11} {:>11} | {:>10.2f} {:>12.0f} {:>9.2f} {:>9.2f} {:>9.2f} | {:<24}{}{}\n",
+               j["label"].get<std::string>(), j["fits"].get<bool>() ? "yes" : "NO " + j["does_not_fit"].get<std::string>(),
+               dev, host, bytes(m["nvme_bytes_per_node"]), p["step_ms"].get<double>(), p["tokens_per_s"].get<double>(),
+               p["exposed_ms"]["optimizer"].get<double>(), p["exposed_ms"]["reduce"].get<double>(),
+               p["exposed_ms"]["gather"].get<double>(), p["bound"].get<std::string>(), cmp,
+               best ? "  <- fastest that fits" : "");
+  }
+  if (doc.contains("max_abs_error"))
+    fmt::print("vs --bench: {} rows compared, largest error {:.1f}%\n", doc["rows_compared"].get<size_t>(),
+               100 * doc["max_abs_error"].get<double>());
+  if (!fastest) fmt::print("no row fits this profile's memory\n");
+  return 0;
+}
+
+CommandRegistration plan_command("plan", [](CLI::App& root) {
+  auto o = std::make_shared<PlanOptions>();
+  CLI::App* cmd = root.add_subcommand(
+      "plan", "Memory per tier and predicted step time of every placement on a hardware profile; the fastest that fits");
+  cmd->add_option("--params", o->params, "Parameter count: 13B, 7e9 (memory from the estimator)");
+  cmd->add_option("--model", o->model, "A model preset (tiny, small, gpt2, ...): memory from the engine's own plan");
+  cmd->add_option("--layers", o->layers, "With --model: override the blocks")->check(CLI::Range(1, 100000));
+  cmd->add_option("--heads", o->heads, "With --model: override the attention heads")->check(CLI::Range(1, 100000));
+  cmd->add_option("--embd", o->embd, "With --model: override the embedding width")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--vocab", o->vocab, "With --model: override the vocabulary")->check(CLI::Range(1, 1 << 24));
+  cmd->add_option("--max-seq", o->max_seq, "With --model: override the maximum sequence length")
+      ->check(CLI::Range(1, 1 << 24));
+  cmd->add_option("--blocks", o->blocks, "With --params: transformer blocks (default: derived from the size)")
+      ->check(CLI::Range(1, 100000));
+  cmd->add_option("--profile", o->profile, "Hardware profile JSON (strata report --calibrate, examples/profiles/)");
+  cmd->add_option("--config", o->config, "DeepSpeed config: precision and buffer settings for every row");
+  cmd->add_option("--gpus-per-node", o->gpus_per_node, "Ranks per node (default: the profile's)")
+      ->check(CLI::Range(1, 4096));
+  cmd->add_option("--nodes", o->nodes, "Nodes")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--batch", o->batch, "Micro batch per rank")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--seq", o->seq, "Sequence length")->capture_default_str()->check(CLI::Range(1, 1 << 24));
+  cmd->add_option("--grad-accum", o->grad_accum, "Micro batches per step")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--dtype", o->dtypes, "Parameter dtype(s) of the rows, comma-separated")->capture_default_str();
+  cmd->add_option("--matrix", o->matrix, "default: the 16 placements + stage-3 ratios 0.25/0.5/0.75")->capture_default_str();
+  cmd->add_option("--configs", o->configs, "Row file (as strata bench offload --configs)");
+  cmd->add_option("--bench", o->bench, "A strata bench offload --json file: add the measured step and the error per row");
+  cmd->add_flag("--json", o->json, "Print JSON");
+  cmd->add_flag("--binary", o->binary, "GiB instead of GB");
+  cmd->callback([o] { exit_with(run_plan(*o)); });
+});
+
+}  // namespace
+}  // namespace strata::cli

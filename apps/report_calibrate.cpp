@@ -1,0 +1,356 @@
+// strata report --calibrate: this machine's component rates as a hardware
+// profile (strata/offload/hardware_profile.h), measured the way the engine
+// uses each component:
+//   - H2D / D2H: 64 MiB copies between pinned host memory and the cpu
+//     device through a Stream (the copy thread the engine's copies use);
+//   - CPU Adam: CpuOptimizer steps of 4M elements for 1..all threads, with
+//     fp32 gradients (the fp32 mix) and with bf16 gradients plus the bf16
+//     parameter copy (the bf16 mix);
+//   - NVMe: 256 MiB written then read back through the IoEngine the aio
+//     defaults pick (O_DIRECT where the file system allows it) in --path;
+//   - collectives: all_reduce of 64 MiB over 2 local ranks, nccl-tests'
+//     busbw (x 2(n-1)/n);
+//   - compute: the reference GPT (--preset, batch x seq) at stage 0 on the
+//     cpu device; the step minus what the step-time model charges the
+//     optimizer and the reductions is the compute, so the model reproduces
+//     this row exactly and the other rows test it (Note [The engine's
+//     schedule, as a model], step_time_model.h).
+#include "calibrate.h"
+
+#include <sys/statvfs.h>
+#include <sys/sysinfo.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "engine_run.h"
+#include "strata/comm/backends.h"
+#include "strata/core/device_registry.h"
+#include "strata/core/units.h"
+#include "strata/cpu_adam/optimizer.h"
+#include "strata/model/cpu_ops.h"
+#include "strata/nvme/aio_config.h"
+#include "strata/nvme/aligned_buffer.h"
+#include "strata/offload/hardware_profile.h"
+#include "strata/offload/step_time_model.h"
+
+namespace strata::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+struct CopyRates {
+  double h2d = 0, d2h = 0;
+};
+
+Result<CopyRates> measure_copies(nlohmann::ordered_json& cal) {
+  constexpr size_t kBytes = size_t{64} << 20;
+  DeviceOptions dopt;
+  dopt.device_memory_bytes = 2 * kBytes;
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Device> device, make_device(DeviceKind::kCpu, dopt));
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, device->create_stream());
+  STRATA_ASSIGN_OR_RETURN(DeviceBuffer dev, device->allocate(kBytes));
+  STRATA_ASSIGN_OR_RETURN(void* host, device->allocate_pinned_host(kBytes));
+  std::memset(host, 1, kBytes);
+  STRATA_RETURN_IF_ERROR(device->memset(dev.data(), 2, kBytes));
+  CopyRates r;
+  for (CopyKind kind : {CopyKind::kHostToDevice, CopyKind::kDeviceToHost}) {
+    std::vector<double> t;
+    for (int rep = 0; rep < 6; ++rep) {
+      const auto t0 = Clock::now();
+      Status st = kind == CopyKind::kHostToDevice ? stream->copy_async(dev.data(), host, kBytes, kind)
+                                                  : stream->copy_async(host, dev.data(), kBytes, kind);
+      if (st.ok()) st = stream->synchronize();
+      if (!st.ok()) {
+        device->free_pinned_host(host, kBytes);
+        return st.with_context("calibrating copies");
+      }
+      if (rep > 0) t.push_back(seconds_since(t0));  // the first touches the pages
+    }
+    (kind == CopyKind::kHostToDevice ? r.h2d : r.d2h) = kBytes / median(t) / 1e9;
+  }
+  device->free_pinned_host(host, kBytes);
+  cal["copies"] = {{"bytes", kBytes}, {"h2d_gb_per_s", r.h2d}, {"d2h_gb_per_s", r.d2h}, {"device", "cpu"}};
+  return r;
+}
+
+struct AdamRates {
+  double fp32 = 0, bf16 = 0;
+};
+
+Result<AdamRates> measure_cpu_adam(nlohmann::ordered_json& cal) {
+  using namespace cpu_adam;
+  constexpr size_t kCount = size_t{4} << 20;
+  std::vector<float> params(kCount, 0.5f), grads32(kCount, 1e-3f), m(kCount, 0.f), v(kCount, 0.f);
+  std::vector<uint16_t> grads16(kCount, fp32_to_bf16_bits(1e-3f)), copy(kCount, 0);
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  AdamRates all;
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+  for (int threads = 1; threads <= cores; threads = threads < cores ? std::min(cores, threads * 2) : cores + 1) {
+    STRATA_ASSIGN_OR_RETURN(CpuOptimizer opt, CpuOptimizer::create({.kind = OptimizerKind::kAdamW, .threads = threads}));
+    nlohmann::ordered_json row;
+    row["threads"] = threads;
+    for (bool bf16 : {false, true}) {
+      StateSpans s{.count = kCount, .params = params.data(),
+                   .grads = bf16 ? static_cast<const void*>(grads16.data()) : grads32.data(),
+                   .grad_dtype = bf16 ? DType::kBF16 : DType::kF32, .exp_avg = m.data(), .exp_avg_sq = v.data(),
+                   .moment_dtype = DType::kF32, .param_copy = bf16 ? copy.data() : nullptr,
+                   .param_copy_dtype = DType::kBF16};
+      std::vector<double> t;
+      for (int rep = 0; rep < 4; ++rep) {
+        StepArgs a;
+        a.step = rep + 1;
+        a.hyper = {.lr = 1e-4, .weight_decay = 0.01};
+        const auto t0 = Clock::now();
+        STRATA_ASSIGN_OR_RETURN(StepReport r, opt.step(a, s));
+        (void)r;
+        if (rep > 0) t.push_back(seconds_since(t0));
+      }
+      const double rate = kCount / median(t);
+      row[bf16 ? "bf16" : "fp32"] = rate;
+      if (threads == opt.threads() && threads >= cores) (bf16 ? all.bf16 : all.fp32) = rate;
+    }
+    rows.push_back(row);
+  }
+  cal["cpu_adam"] = {{"elements", kCount}, {"kernel", "adamw"}, {"fp32", "fp32 gradients, no parameter copy"},
+                     {"bf16", "bf16 gradients, bf16 parameter copy"}, {"params_per_s_by_threads", rows}};
+  return all;
+}
+
+struct NvmeRates {
+  double read = 0, write = 0;
+};
+
+Result<NvmeRates> measure_nvme(const std::string& dir, nlohmann::ordered_json& cal) {
+  constexpr size_t kChunk = size_t{64} << 20;
+  constexpr int kChunks = 4;
+  STRATA_ASSIGN_OR_RETURN(nvme::IoEngineConfig ec, nvme::io_engine_config(AioConfig{}));
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<nvme::IoEngine> io, nvme::make_io_engine(ec.options));
+  const std::string file = (std::filesystem::path(dir) / fmt::format("strata-calibrate-{}.bin", getpid())).string();
+  STRATA_ASSIGN_OR_RETURN(nvme::AlignedBuffer buf, nvme::AlignedBuffer::allocate(kChunk));
+  for (size_t i = 0; i < kChunk; ++i) buf.data()[i] = static_cast<std::byte>(i * 131);
+  Result<nvme::FileId> f = io->open(file, nvme::OpenMode::kCreate);
+  if (!f.ok()) return f.status().with_context("--path");
+  struct Remove {
+    std::string path;
+    ~Remove() { std::filesystem::remove(path); }
+  } remove{file};
+  STRATA_ASSIGN_OR_RETURN(nvme::FileInfo info, io->file_info(*f));
+  auto pass = [&](nvme::IoOp op) -> Result<double> {
+    const auto t0 = Clock::now();
+    std::vector<nvme::IoHandle> handles;
+    for (int c = 0; c < kChunks; ++c)
+      handles.push_back(op == nvme::IoOp::kWrite ? io->write(*f, c * kChunk, kChunk, buf.data())
+                                                 : io->read(*f, c * kChunk, kChunk, buf.data()));
+    for (auto& h : handles) STRATA_RETURN_IF_ERROR(h.wait().with_context(file));
+    if (op == nvme::IoOp::kWrite && ::fsync(-1) == 0) {}  // O_DIRECT writes are on the device when they complete
+    return kChunks * kChunk / seconds_since(t0) / 1e9;
+  };
+  STRATA_ASSIGN_OR_RETURN(double w, pass(nvme::IoOp::kWrite));
+  STRATA_ASSIGN_OR_RETURN(double r, pass(nvme::IoOp::kRead));
+  STRATA_RETURN_IF_ERROR(io->close(*f));
+  cal["nvme"] = {{"path", dir}, {"engine", io->describe()}, {"direct", info.direct},
+                 {"fallback_reason", info.fallback_reason}, {"bytes", kChunks * kChunk},
+                 {"block_size", ec.options.block_size}, {"queue_depth", ec.options.queue_depth},
+                 {"read_gb_per_s", r}, {"write_gb_per_s", w}};
+  return NvmeRates{r, w};
+}
+
+Result<double> measure_collective(nlohmann::ordered_json& cal) {
+  constexpr size_t kCount = size_t{16} << 20;  // 64 MiB of fp32
+  constexpr int kRanks = 2;
+  STRATA_ASSIGN_OR_RETURN(auto comms, comm::create_local_group(kRanks, {}));
+  std::vector<double> times[kRanks];
+  Status st = run_rank_threads(comms, [&](size_t i, comm::Communicator& c) -> Status {
+    std::vector<float> send(kCount, 1.0f), recv(kCount);
+    for (int rep = 0; rep < 4; ++rep) {
+      const auto t0 = Clock::now();
+      STRATA_ASSIGN_OR_RETURN(comm::CommWork w, c.all_reduce(send.data(), recv.data(), kCount, DType::kF32));
+      STRATA_RETURN_IF_ERROR(w.wait());
+      if (rep > 0) times[i].push_back(seconds_since(t0));
+    }
+    return Status::Ok();
+  });
+  STRATA_RETURN_IF_ERROR(st.with_context("calibrating collectives"));
+  const double t = std::max(median(times[0]), median(times[1]));
+  const double busbw = kCount * 4.0 * 2 * (kRanks - 1) / kRanks / t / 1e9;
+  cal["collective"] = {{"op", "all_reduce"}, {"ranks", kRanks}, {"bytes", kCount * 4}, {"busbw_gb_per_s", busbw},
+                       {"backend", "local"}};
+  return busbw;
+}
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+int fail(const Status& st) {
+  fmt::print(stderr, "strata report --calibrate: error: {}\n", st.to_string());
+  return st.code() == StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+}  // namespace
+
+int run_calibrate(const CalibrateOptions& o) {
+  Result<model::GptConfig> preset = model::preset(o.preset);
+  if (!preset.ok()) return fail(preset.status().with_context("--preset"));
+  model::GptConfig g = *preset;
+  if (o.layers) g.n_layer = o.layers;
+  if (o.heads) g.n_head = o.heads;
+  if (o.embd) g.n_embd = o.embd;
+  Result<DType> dt = parse_dtype(o.dtype);
+  if (!dt.ok() || !is_state_float(*dt))
+    return fail(InvalidArgument(fmt::format("--dtype '{}' is not a parameter dtype; use fp32, bf16 or fp16",
+                                            printable(o.dtype, 64))));
+  g.param_dtype = *dt;
+  if (Status v = g.validate(); !v.ok()) return fail(v);
+  if (o.seq > g.max_seq_len)
+    return fail(InvalidArgument(fmt::format("--seq {} is longer than the model's max_seq {}", o.seq, g.max_seq_len)));
+  std::string dir = o.path;
+  std::error_code ec;
+  if (dir.empty()) dir = std::filesystem::temp_directory_path(ec).string();
+  if (!std::filesystem::is_directory(dir, ec))
+    return fail(InvalidArgument(fmt::format("--path '{}' is not a directory", printable(dir, 256))));
+
+  nlohmann::ordered_json cal;
+  cal["date"] = utc_now();
+  offload::HardwareProfile p;
+  char host[256] = "this machine";
+  gethostname(host, sizeof host - 1);
+  p.name = fmt::format("{} (calibrated)", host);
+  p.gpus_per_node = 1;
+  p.shared_cores = true;
+  p.device_memory_bytes = default_cpu_device_bytes();
+  struct sysinfo si {};
+  p.host_memory_bytes = sysinfo(&si) == 0 ? static_cast<uint64_t>(si.totalram) * si.mem_unit : 0;
+  struct statvfs vfs {};
+  p.nvme_bytes = statvfs(dir.c_str(), &vfs) == 0 ? static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize : 0;
+
+  fmt::print(stderr, "calibrate: copies H2D / D2H ...\n");
+  Result<CopyRates> copies = measure_copies(cal);
+  if (!copies.ok()) return fail(copies.status());
+  p.h2d_gb_per_s = copies->h2d;
+  p.d2h_gb_per_s = copies->d2h;
+  fmt::print(stderr, "calibrate: CPU Adam ...\n");
+  Result<AdamRates> adam = measure_cpu_adam(cal);
+  if (!adam.ok()) return fail(adam.status());
+  p.cpu_adam_params_per_s_fp32 = adam->fp32;
+  p.cpu_adam_params_per_s_bf16 = adam->bf16;
+  p.device_adam_params_per_s = adam->fp32;  // the cpu device steps its state with the same CPU kernels
+  fmt::print(stderr, "calibrate: NVMe in {} ...\n", dir);
+  Result<NvmeRates> nv = measure_nvme(dir, cal);
+  if (!nv.ok()) return fail(nv.status());
+  p.nvme_read_gb_per_s = nv->read;
+  p.nvme_write_gb_per_s = nv->write;
+  fmt::print(stderr, "calibrate: collectives ...\n");
+  Result<double> bus = measure_collective(cal);
+  if (!bus.ok()) return fail(bus.status());
+  p.collective_bus_gb_per_s = *bus;
+
+  // Compute: the stage-0 in-memory step of the model, less what the
+  // step-time model charges the optimizer and the reductions.
+  fmt::print(stderr, "calibrate: compute ({}, batch {} x seq {}) ...\n", g.describe(), o.batch, o.seq);
+  Result<model::TextDataset> data = model::TextDataset::load(model::default_corpus_path(), o.seq);
+  if (!data.ok()) return fail(data.status());
+  RankSetup setup;
+  setup.batch = o.batch;
+  setup.seq_len = o.seq;
+  setup.eval_batches = 1;
+  setup.engine.grad_dtype = *dt;
+  setup.engine.fp16.enabled = *dt == DType::kF16;
+  Result<std::vector<std::unique_ptr<comm::Communicator>>> comms = comm::create_local_group(1, {});
+  if (!comms.ok()) return fail(comms.status());
+  std::vector<offload::StepMetrics> steps;
+  Status ran = run_rank_threads(*comms, [&](size_t, comm::Communicator& c) -> Status {
+    RankState rs;
+    STRATA_RETURN_IF_ERROR(build_rank(setup, g, *data, DeviceKind::kCpu, c, rs));
+    for (int s = 0; s < 1 + o.steps; ++s) {
+      STRATA_ASSIGN_OR_RETURN(offload::StepMetrics m, rs.engine->step());
+      if (s > 0) steps.push_back(m);
+    }
+    return rs.engine->synchronize();
+  });
+  if (!ran.ok()) return fail(ran.with_context("calibrating compute (lower --preset or --batch)"));
+  std::vector<double> step_ms, fb_ms, opt_ms;
+  for (const auto& m : steps) {
+    step_ms.push_back(m.step_ms);
+    fb_ms.push_back(m.forward_ms + m.backward_ms);
+    opt_ms.push_back(m.optimizer_ms);
+  }
+  offload::StepTimeInput in;
+  in.params = static_cast<uint64_t>(g.param_count());
+  in.layers = g.n_layer + 2;
+  in.tokens_per_rank = static_cast<double>(o.batch) * o.seq;
+  in.flops_per_token = g.train_flops_per_token(o.seq);
+  in.param_dtype = in.grad_dtype = *dt;
+  p.compute_gflops = 1;  // placeholder for the charge below: only the non-compute terms are read
+  Result<offload::StepTimePrediction> charge = offload::predict_step_time(in, p);
+  if (!charge.ok()) return fail(charge.status());
+  const double overhead_ms = charge->step_ms - charge->compute_ms;
+  double compute_ms = median(step_ms) - overhead_ms;
+  const bool fallback = compute_ms < 0.5 * median(fb_ms);
+  if (fallback) compute_ms = median(fb_ms);  // the charges do not fit this machine: use forward + backward
+  p.compute_gflops = in.tokens_per_rank * in.flops_per_token / (compute_ms / 1e3) / 1e9;
+  cal["compute"] = {{"model", g.describe()},
+                    {"batch", o.batch},
+                    {"seq", o.seq},
+                    {"steps", o.steps},
+                    {"train_flops_per_token", in.flops_per_token},
+                    {"step_ms", median(step_ms)},
+                    {"forward_backward_ms", median(fb_ms)},
+                    {"optimizer_ms", median(opt_ms)},
+                    {"charged_optimizer_and_reduce_ms", overhead_ms},
+                    {"compute_ms", compute_ms},
+                    {"fallback_forward_backward", fallback},
+                    {"matmul", model::cpu::gemm_backend_description()}};
+  p.calibration = cal;
+  p.notes = fmt::format("measured by strata report --calibrate on {}; the cpu device shares the host's cores with "
+                        "copies, collectives and the CPU optimizer (shared_cores){}",
+                        cal["date"].get<std::string>(),
+                        o.path.empty() ? "; NVMe rates measured in the temporary folder, give --path DIR on the drive"
+                                       : "");
+  // The profile must pass its own checks (a zero rate would be a bug here).
+  const nlohmann::ordered_json j = offload::hardware_profile_to_json(p);
+  Result<offload::HardwareProfile> check = offload::parse_hardware_profile(j, "the calibrated profile");
+  if (!check.ok()) return fail(check.status());
+  const std::string text = j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  fmt::print(stderr,
+             "calibrate: compute {:.1f} GFLOP/s, H2D {:.2f} GB/s, D2H {:.2f} GB/s, CPU Adam {:.0f}M/{:.0f}M params/s "
+             "(fp32/bf16), NVMe read {:.2f} write {:.2f} GB/s, all_reduce busbw {:.2f} GB/s\n",
+             p.compute_gflops, p.h2d_gb_per_s, p.d2h_gb_per_s, p.cpu_adam_params_per_s_fp32 / 1e6,
+             p.cpu_adam_params_per_s_bf16 / 1e6, p.nvme_read_gb_per_s, p.nvme_write_gb_per_s,
+             p.collective_bus_gb_per_s);
+  if (o.out.empty()) {
+    fmt::print("{}", text);
+    return 0;
+  }
+  std::ofstream out(o.out, std::ios::trunc);
+  out << text;
+  out.flush();
+  if (!out) return fail(ErrnoStatus(errno, fmt::format("write --out '{}'", printable(o.out, 256))));
+  fmt::print("profile  {}\n", o.out);
+  return 0;
+}
+
+}  // namespace strata::cli

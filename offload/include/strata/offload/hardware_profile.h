@@ -1,0 +1,59 @@
+#pragma once
+// A hardware profile: the component rates of one machine that the step-time
+// model (step_time_model.h) predicts a training step from. `strata report
+// --calibrate` measures one; profiles of other machines are written by hand
+// from datasheets (examples/profiles/). JSON, every rate required, positive
+// and finite; unknown keys are errors (a misspelt rate must not silently
+// become a default):
+//
+//   {"name": "dgx-h100", "gpus_per_node": 8, "shared_cores": false,
+//    "device_memory_bytes": 80e9, "host_memory_bytes": 2e12, "nvme_bytes": 30.72e12,
+//    "compute_gflops": 400000, "h2d_gb_per_s": 55, "d2h_gb_per_s": 55,
+//    "collective_bus_gb_per_s": 360, "nvme_read_gb_per_s": 25, "nvme_write_gb_per_s": 12,
+//    "cpu_adam_params_per_s": {"fp32": 3e9, "bf16": 2.5e9}, "device_adam_params_per_s": 150e9,
+//    "notes": "...", "sources": ["datasheet ..."], "calibration": {...}}
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "strata/core/dtype.h"
+#include "strata/core/status.h"
+
+namespace strata::offload {
+
+struct HardwareProfile {
+  std::string name;
+  int gpus_per_node = 1;
+  // The device's compute, its copies, the collectives and the CPU optimizer
+  // all run on the same host cores (the cpu device): nothing truly overlaps,
+  // and ranks of one node share every rate.
+  bool shared_cores = false;
+  uint64_t device_memory_bytes = 0;  // per device
+  uint64_t host_memory_bytes = 0;    // per node
+  uint64_t nvme_bytes = 0;           // per node
+  double compute_gflops = 0;         // per device: training FLOPs / (forward + backward time) for the model's shapes
+  double h2d_gb_per_s = 0;           // per device, pinned host -> device
+  double d2h_gb_per_s = 0;           // per device
+  double collective_bus_gb_per_s = 0;  // per rank, nccl-tests' busbw
+  double nvme_read_gb_per_s = 0;       // per node, at the profile's aio settings
+  double nvme_write_gb_per_s = 0;      // per node
+  double cpu_adam_params_per_s_fp32 = 0;  // per node, all cores: fp32 gradients, no parameter copy
+  double cpu_adam_params_per_s_bf16 = 0;  // per node, all cores: bf16 gradients, bf16 parameter copy out
+  double device_adam_params_per_s = 0;    // per device: the optimizer state kept on the device (offload none)
+  // Kept as given (documentation, the calibration's raw measurements).
+  nlohmann::ordered_json notes, sources, calibration;
+
+  // CPU Adam parameters per second for a parameter dtype (fp16 counts as bf16: same bytes).
+  double cpu_adam_params_per_s(DType param_dtype) const {
+    return param_dtype == DType::kF32 ? cpu_adam_params_per_s_fp32 : cpu_adam_params_per_s_bf16;
+  }
+};
+
+// Parses and checks a profile; errors name `source`, the key and the fix.
+Result<HardwareProfile> parse_hardware_profile(const nlohmann::json& json, const std::string& source);
+Result<HardwareProfile> load_hardware_profile(const std::string& path);
+nlohmann::ordered_json hardware_profile_to_json(const HardwareProfile& profile);
+
+}  // namespace strata::offload

@@ -1,0 +1,82 @@
+#pragma once
+// Predicts one training step of the engine from bytes per link and the
+// component rates of a hardware profile (hardware_profile.h), with the
+// overlap the engine's schedule achieves (docs/engine.md, "Exact overlap";
+// docs/offload-bench.md, "The step-time model"). `strata plan` prints it for
+// every placement row; `strata bench offload` measures the same rows.
+//
+// Note [The engine's schedule, as a model]
+// Per rank, with C the forward + backward compute (forward C/3, backward 2C/3):
+//   - backward: each layer's gradient is reduced (reduce-scatter, rank
+//     order) and, with the optimizer offloaded, copied D2H as soon as the
+//     layer's backward ends; only the part longer than the backward, plus
+//     the last layer's share, is exposed (exposed reduce).
+//   - the optimizer of every layer is queued once the norm is known and runs
+//     under the next forward (exact overlap): each updated tile goes H2D from
+//     the optimizer's callback, stages 1-2 all-gather the updated shards; only
+//     the part longer than the forward is exposed (exposed optimizer).
+//     NVMe optimizer state is read and written around each sub-group's step
+//     (serially with the default pipeline_read/pipeline_write off).
+//   - stage 3 gathers each layer ahead of use (prefetch from the recorded
+//     order; parameter offload adds the shard's H2D, and NVMe reads beyond
+//     max_in_cpu); only the part longer than the compute, plus the first
+//     layer's share, is exposed (exposed gather).
+//   step = C + exposed optimizer + exposed reduce + exposed gather.
+// With shared_cores (the cpu device) every one of those runs on the cores the
+// compute runs on, so nothing hides: step = C + optimizer + every transfer.
+#include <cstdint>
+#include <string>
+
+#include "strata/core/config.h"
+#include "strata/core/dtype.h"
+#include "strata/core/status.h"
+#include "strata/offload/hardware_profile.h"
+
+namespace strata::offload {
+
+struct StepTimeInput {
+  uint64_t params = 0;           // Psi, elements of the whole model
+  int layers = 1;                // units the engine gathers / reduces one at a time (>= 1)
+  int world = 1;                 // data-parallel ranks
+  double tokens_per_rank = 0;    // per optimizer step (batch x seq x grad_accum)
+  double flops_per_token = 0;    // training FLOPs (forward + backward)
+  int stage = 0;
+  OffloadDevice optimizer = OffloadDevice::kNone;
+  OffloadDevice param = OffloadDevice::kNone;
+  double ratio = 1.0;            // offload_optimizer.ratio
+  DType param_dtype = DType::kBF16;
+  DType grad_dtype = DType::kBF16;
+  uint32_t optimizer_state_bytes = 12;         // K: fp32 master + m + v (8 with bf16 moments)
+  int64_t max_live_parameters = 1'000'000'000; // stage3_max_live_parameters
+  int64_t max_in_cpu = 1'000'000'000;          // offload_param.max_in_cpu
+  bool nvme_pipeline = false;                  // offload_optimizer.pipeline_read and pipeline_write
+};
+
+// Bytes one rank moves per step on each link, as the engine's StepMetrics count them.
+struct LinkBytes {
+  uint64_t h2d = 0, d2h = 0, gather = 0, reduce = 0, nvme_read = 0, nvme_write = 0;
+};
+
+struct StepTimePrediction {
+  LinkBytes bytes;
+  double compute_ms = 0, forward_ms = 0, backward_ms = 0;
+  double optimizer_ms = 0;   // the optimizer's work (host and device parts in parallel, NVMe included)
+  double update_ms = 0;      // updated parameters back: H2D, stages 1-2 all-gather
+  double grad_ms = 0;        // gradients: reduce-scatter + D2H
+  double param_ms = 0;       // stage 3: gathers, parameter shard H2D, NVMe parameter reads
+  double nvme_ms = 0;        // NVMe reads + writes (part of optimizer_ms / param_ms)
+  double exposed_optimizer_ms = 0, exposed_reduce_ms = 0, exposed_gather_ms = 0;
+  double step_ms = 0;
+  double tokens_per_s = 0;   // all ranks
+  std::string bound;         // the resource the step waits on most: "compute", "cpu optimizer", "nvme", ...
+};
+
+// The bytes per link of one step (no rates needed). Padding is ignored
+// (shards are padded to 2048 elements: < 1% on real models).
+LinkBytes predict_link_bytes(const StepTimeInput& in);
+
+// The step time on `profile` (Note [The engine's schedule, as a model]).
+// Fails on inputs out of range (naming the field).
+Result<StepTimePrediction> predict_step_time(const StepTimeInput& in, const HardwareProfile& profile);
+
+}  // namespace strata::offload

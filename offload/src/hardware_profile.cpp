@@ -1,0 +1,135 @@
+// Hardware profiles: see hardware_profile.h.
+#include "strata/offload/hardware_profile.h"
+
+#include <cerrno>
+#include <cmath>
+#include <fstream>
+
+#include <fmt/format.h>
+
+#include "strata/core/printable.h"
+
+namespace strata::offload {
+namespace {
+
+constexpr const char* kKnownKeys =
+    "name, gpus_per_node, shared_cores, device_memory_bytes, host_memory_bytes, nvme_bytes, compute_gflops, "
+    "h2d_gb_per_s, d2h_gb_per_s, collective_bus_gb_per_s, nvme_read_gb_per_s, nvme_write_gb_per_s, "
+    "cpu_adam_params_per_s, device_adam_params_per_s, notes, sources, calibration";
+
+Status positive_number(const nlohmann::json& j, const std::string& source, const char* key, double& out) {
+  if (!j.contains(key))
+    return InvalidArgument(fmt::format("{}: \"{}\" is missing (every rate is required; `strata report --calibrate` "
+                                       "measures this machine's)",
+                                       source, key));
+  const nlohmann::json& v = j.at(key);
+  if (!v.is_number())
+    return InvalidArgument(fmt::format("{}: \"{}\" is {}, not a number", source, key, printable(v.dump(), 64)));
+  const double d = v.get<double>();
+  if (!std::isfinite(d) || d <= 0)
+    return InvalidArgument(fmt::format("{}: \"{}\" is {}; it must be a positive number", source, key, v.dump()));
+  out = d;
+  return Status::Ok();
+}
+
+Status positive_bytes(const nlohmann::json& j, const std::string& source, const char* key, uint64_t& out) {
+  double d = 0;
+  STRATA_RETURN_IF_ERROR(positive_number(j, source, key, d));
+  if (d >= 1.8e19) return InvalidArgument(fmt::format("{}: \"{}\" {} does not fit in 64 bits", source, key, d));
+  out = static_cast<uint64_t>(d);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<HardwareProfile> parse_hardware_profile(const nlohmann::json& j, const std::string& source) {
+  if (!j.is_object()) return InvalidArgument(fmt::format("{}: a hardware profile is a JSON object", source));
+  static const char* const known[] = {"name", "gpus_per_node", "shared_cores", "device_memory_bytes",
+                                      "host_memory_bytes", "nvme_bytes", "compute_gflops", "h2d_gb_per_s",
+                                      "d2h_gb_per_s", "collective_bus_gb_per_s", "nvme_read_gb_per_s",
+                                      "nvme_write_gb_per_s", "cpu_adam_params_per_s", "device_adam_params_per_s",
+                                      "notes", "sources", "calibration"};
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    bool ok = false;
+    for (const char* k : known) ok |= it.key() == k;
+    if (!ok)
+      return InvalidArgument(
+          fmt::format("{}: unknown key \"{}\" (known: {})", source, printable(it.key(), 64), kKnownKeys));
+  }
+  HardwareProfile p;
+  if (j.contains("name")) {
+    if (!j["name"].is_string()) return InvalidArgument(fmt::format("{}: \"name\" must be a string", source));
+    p.name = j["name"].get<std::string>();
+  }
+  if (j.contains("gpus_per_node")) {
+    const nlohmann::json& v = j["gpus_per_node"];
+    if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > 4096)
+      return InvalidArgument(fmt::format("{}: \"gpus_per_node\" is {}; it must be an integer in 1..4096", source,
+                                         printable(v.dump(), 64)));
+    p.gpus_per_node = static_cast<int>(v.get<int64_t>());
+  }
+  if (j.contains("shared_cores")) {
+    if (!j["shared_cores"].is_boolean())
+      return InvalidArgument(fmt::format("{}: \"shared_cores\" is {}; write true or false without quotes", source,
+                                         printable(j["shared_cores"].dump(), 64)));
+    p.shared_cores = j["shared_cores"].get<bool>();
+  }
+  STRATA_RETURN_IF_ERROR(positive_bytes(j, source, "device_memory_bytes", p.device_memory_bytes));
+  STRATA_RETURN_IF_ERROR(positive_bytes(j, source, "host_memory_bytes", p.host_memory_bytes));
+  STRATA_RETURN_IF_ERROR(positive_bytes(j, source, "nvme_bytes", p.nvme_bytes));
+  STRATA_RETURN_IF_ERROR(positive_number(j, source, "compute_gflops", p.compute_gflops));
+  STRATA_RETURN_IF_ERROR(positive_number(j, source, "h2d_gb_per_s", p.h2d_gb_per_s));
+  STRATA_RETURN_IF_ERROR(positive_number(j, source, "d2h_gb_per_s", p.d2h_gb_per_s));
+  STRATA_RETURN_IF_ERROR(positive_number(j, source, "collective_bus_gb_per_s", p.collective_bus_gb_per_s));
+  STRATA_RETURN_IF_ERROR(positive_number(j, source, "nvme_read_gb_per_s", p.nvme_read_gb_per_s));
+  STRATA_RETURN_IF_ERROR(positive_number(j, source, "nvme_write_gb_per_s", p.nvme_write_gb_per_s));
+  STRATA_RETURN_IF_ERROR(positive_number(j, source, "device_adam_params_per_s", p.device_adam_params_per_s));
+  if (!j.contains("cpu_adam_params_per_s") || !j["cpu_adam_params_per_s"].is_object())
+    return InvalidArgument(fmt::format(
+        "{}: \"cpu_adam_params_per_s\" must be an object {{\"fp32\": rate, \"bf16\": rate}} (parameters per second "
+        "of the node's CPU optimizer with every core)",
+        source));
+  const nlohmann::json& adam = j["cpu_adam_params_per_s"];
+  for (auto it = adam.begin(); it != adam.end(); ++it)
+    if (it.key() != "fp32" && it.key() != "bf16")
+      return InvalidArgument(fmt::format("{}: unknown key \"cpu_adam_params_per_s.{}\" (known: fp32, bf16)", source,
+                                         printable(it.key(), 64)));
+  STRATA_RETURN_IF_ERROR(positive_number(adam, source + ": cpu_adam_params_per_s", "fp32", p.cpu_adam_params_per_s_fp32));
+  STRATA_RETURN_IF_ERROR(positive_number(adam, source + ": cpu_adam_params_per_s", "bf16", p.cpu_adam_params_per_s_bf16));
+  if (j.contains("notes")) p.notes = j["notes"];
+  if (j.contains("sources")) p.sources = j["sources"];
+  if (j.contains("calibration")) p.calibration = j["calibration"];
+  return p;
+}
+
+Result<HardwareProfile> load_hardware_profile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return ErrnoStatus(errno, fmt::format("open hardware profile '{}'", printable(path, 256)));
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return InvalidArgument(fmt::format("{}: not valid JSON", printable(path, 256)));
+  return parse_hardware_profile(j, printable(path, 256));
+}
+
+nlohmann::ordered_json hardware_profile_to_json(const HardwareProfile& p) {
+  nlohmann::ordered_json j;
+  j["name"] = p.name;
+  j["gpus_per_node"] = p.gpus_per_node;
+  j["shared_cores"] = p.shared_cores;
+  j["device_memory_bytes"] = p.device_memory_bytes;
+  j["host_memory_bytes"] = p.host_memory_bytes;
+  j["nvme_bytes"] = p.nvme_bytes;
+  j["compute_gflops"] = p.compute_gflops;
+  j["h2d_gb_per_s"] = p.h2d_gb_per_s;
+  j["d2h_gb_per_s"] = p.d2h_gb_per_s;
+  j["collective_bus_gb_per_s"] = p.collective_bus_gb_per_s;
+  j["nvme_read_gb_per_s"] = p.nvme_read_gb_per_s;
+  j["nvme_write_gb_per_s"] = p.nvme_write_gb_per_s;
+  j["cpu_adam_params_per_s"] = {{"fp32", p.cpu_adam_params_per_s_fp32}, {"bf16", p.cpu_adam_params_per_s_bf16}};
+  j["device_adam_params_per_s"] = p.device_adam_params_per_s;
+  if (!p.notes.is_null()) j["notes"] = p.notes;
+  if (!p.sources.is_null()) j["sources"] = p.sources;
+  if (!p.calibration.is_null()) j["calibration"] = p.calibration;
+  return j;
+}
+
+}  // namespace strata::offload

@@ -1,0 +1,124 @@
+// The step-time model: see step_time_model.h, Note [The engine's schedule, as a model].
+#include "strata/offload/step_time_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+namespace strata::offload {
+
+LinkBytes predict_link_bytes(const StepTimeInput& in) {
+  const double P = static_cast<double>(in.params);
+  const double S = std::ceil(P / in.world);
+  const double p = static_cast<double>(dtype_size(in.param_dtype));
+  const double g = static_cast<double>(dtype_size(in.grad_dtype));
+  const bool off = in.optimizer != OffloadDevice::kNone;
+  const double host_elems = off ? in.ratio * S : 0.0;
+  LinkBytes b;
+  // Stage 0 reduce-scatters and all-gathers the sums back; stages 1-3 reduce-scatter each layer once.
+  b.reduce = static_cast<uint64_t>((in.stage == 0 ? 2.0 : 1.0) * P * g);
+  // Stages 1-2 all-gather the updated parameters; stage 3 gathers every layer once per step while the
+  // live window holds the whole model, else once for the forward and once for the backward.
+  if (in.stage > 0)
+    b.gather = static_cast<uint64_t>(
+        P * p * (in.stage == 3 && P > static_cast<double>(in.max_live_parameters) ? 2.0 : 1.0));
+  b.d2h = static_cast<uint64_t>(host_elems * g);
+  // Updated parameters go H2D (parameter offload: the host shard goes H2D before the gather instead).
+  b.h2d = static_cast<uint64_t>((in.param != OffloadDevice::kNone ? S : host_elems) * p);
+  double nvme = in.optimizer == OffloadDevice::kNvme ? in.optimizer_state_bytes * S : 0.0;
+  if (in.param == OffloadDevice::kNvme && S > static_cast<double>(in.max_in_cpu))
+    nvme += (S - static_cast<double>(in.max_in_cpu)) * p;
+  b.nvme_read = b.nvme_write = static_cast<uint64_t>(nvme);
+  return b;
+}
+
+Result<StepTimePrediction> predict_step_time(const StepTimeInput& in, const HardwareProfile& hw) {
+  if (in.params == 0) return InvalidArgument("step-time model: params must be > 0");
+  if (in.world < 1) return InvalidArgument(fmt::format("step-time model: world {} must be >= 1", in.world));
+  if (in.layers < 1) return InvalidArgument(fmt::format("step-time model: layers {} must be >= 1", in.layers));
+  if (in.stage < 0 || in.stage > 3) return InvalidArgument(fmt::format("step-time model: stage {} is not 0-3", in.stage));
+  if (!(in.ratio > 0 && in.ratio <= 1))
+    return InvalidArgument(fmt::format("step-time model: ratio {} is not in (0, 1]", in.ratio));
+  if (!(in.tokens_per_rank > 0) || !(in.flops_per_token > 0))
+    return InvalidArgument("step-time model: tokens per rank and FLOPs per token must be > 0");
+  StepTimePrediction r;
+  r.bytes = predict_link_bytes(in);
+  const LinkBytes& b = r.bytes;
+  const double P = static_cast<double>(in.params);
+  const double S = std::ceil(P / in.world);
+  const bool off = in.optimizer != OffloadDevice::kNone;
+  // Ranks that share one node's host (CPU optimizer, NVMe drives); with
+  // shared_cores they share every rate, the device's compute included.
+  const double per_node = hw.shared_cores ? in.world : std::min(in.world, hw.gpus_per_node);
+  const double device_share = hw.shared_cores ? in.world : 1.0;
+  auto ms = [](double bytes, double gb_per_s, double share) { return bytes / (gb_per_s * 1e9 / share) * 1e3; };
+
+  r.compute_ms = in.tokens_per_rank * in.flops_per_token / (hw.compute_gflops * 1e9 / device_share) * 1e3;
+  r.forward_ms = r.compute_ms / 3;
+  r.backward_ms = r.compute_ms - r.forward_ms;
+
+  // The optimizer: stage 0 steps every element on every rank, stages 1-3 their shard; a ratio < 1 steps
+  // the host part on the host thread and the rest on the device side at the same time.
+  const double stepped = in.stage == 0 ? P : S;
+  const double host_elems = off ? in.ratio * stepped : 0.0;
+  const double dev_elems = stepped - host_elems;
+  const double cpu_rate = hw.cpu_adam_params_per_s(in.param_dtype) / per_node;
+  const double dev_rate = hw.shared_cores ? cpu_rate : hw.device_adam_params_per_s;
+  double host_ms = host_elems / cpu_rate * 1e3;
+  const double dev_ms = dev_elems / dev_rate * 1e3;
+  const double opt_nvme_bytes = in.optimizer == OffloadDevice::kNvme ? in.optimizer_state_bytes * S : 0.0;
+  const double opt_read_ms = ms(opt_nvme_bytes, hw.nvme_read_gb_per_s, per_node);
+  const double opt_write_ms = ms(opt_nvme_bytes, hw.nvme_write_gb_per_s, per_node);
+  host_ms = in.nvme_pipeline ? std::max({host_ms, opt_read_ms, opt_write_ms}) : host_ms + opt_read_ms + opt_write_ms;
+  r.optimizer_ms = hw.shared_cores ? host_ms + dev_ms : std::max(host_ms, dev_ms);
+
+  const double coll = in.world > 1 ? static_cast<double>(in.world - 1) / in.world : 0.0;
+  // With shared cores a world-1 "collective" is still a copy on the same cores.
+  const double coll_share = hw.shared_cores ? 1.0 : coll;
+  const double gather_ms = ms(static_cast<double>(b.gather) * coll_share, hw.collective_bus_gb_per_s, device_share);
+  const double reduce_ms = ms(static_cast<double>(b.reduce) * coll_share, hw.collective_bus_gb_per_s, device_share);
+  const double h2d_ms = ms(static_cast<double>(b.h2d), hw.h2d_gb_per_s, device_share);
+  const double d2h_ms = ms(static_cast<double>(b.d2h), hw.d2h_gb_per_s, device_share);
+  const double param_nvme_bytes = static_cast<double>(b.nvme_read) - opt_nvme_bytes;
+  const double param_nvme_ms = ms(param_nvme_bytes, hw.nvme_read_gb_per_s, per_node) +
+                               ms(param_nvme_bytes, hw.nvme_write_gb_per_s, per_node);
+  r.nvme_ms = opt_read_ms + opt_write_ms + param_nvme_ms;
+  r.grad_ms = reduce_ms + d2h_ms;
+  const bool param_off = in.param != OffloadDevice::kNone;
+  r.update_ms = (param_off ? 0.0 : h2d_ms) + (in.stage == 1 || in.stage == 2 ? gather_ms : 0.0);
+  r.param_ms = in.stage == 3 ? gather_ms + (param_off ? h2d_ms : 0.0) + param_nvme_ms : 0.0;
+
+  const double L = in.layers;
+  if (hw.shared_cores) {
+    r.exposed_optimizer_ms = r.optimizer_ms + r.update_ms;
+    r.exposed_reduce_ms = r.grad_ms;
+    r.exposed_gather_ms = r.param_ms;
+  } else {
+    r.exposed_optimizer_ms = std::max(0.0, std::max(r.optimizer_ms, r.update_ms) - r.forward_ms);
+    r.exposed_reduce_ms = std::max(0.0, r.grad_ms - r.backward_ms) + r.grad_ms / L;
+    r.exposed_gather_ms = std::max(0.0, r.param_ms - r.compute_ms) + r.param_ms / L;
+  }
+  r.step_ms = r.compute_ms + r.exposed_optimizer_ms + r.exposed_reduce_ms + r.exposed_gather_ms;
+  r.tokens_per_s = in.tokens_per_rank * in.world / (r.step_ms / 1e3);
+
+  // What bounds the step: the compute unless an exposed part is at least a
+  // tenth of it; then the largest exposed part, named by its slowest link.
+  const std::pair<double, std::string> exposed[] = {
+      {r.exposed_optimizer_ms,
+       r.optimizer_ms >= r.update_ms
+           ? (opt_read_ms + opt_write_ms > host_ms / 2 ? std::string("nvme (optimizer state)")
+                                                      : std::string(off ? "cpu optimizer" : "device optimizer"))
+           : std::string(param_off || in.stage == 3 ? "h2d" : "h2d + all-gather")},
+      {r.exposed_reduce_ms, d2h_ms > reduce_ms ? "d2h" : "collectives (reduce)"},
+      {r.exposed_gather_ms, param_nvme_ms > gather_ms ? "nvme (parameters)" : (h2d_ms > gather_ms && param_off ? "h2d" : "collectives (gather)")}};
+  const auto* worst = &exposed[0];
+  for (const auto& e : exposed)
+    if (e.first > worst->first) worst = &e;
+  r.bound = worst->first >= 0.1 * r.compute_ms ? worst->second : "compute";
+  return r;
+}
+
+}  // namespace strata::offload
