@@ -359,7 +359,9 @@ Engine::~Engine() {
     // the optimizer threads (they run what is queued; the state they step is still alive),
     if (impl_->worker) impl_->worker.reset();
     if (impl_->dev_worker) impl_->dev_worker.reset();
-    // the checkpoint save in flight (its snapshot was taken: it only writes files),
+    // the checkpoint save in flight (its snapshot was taken: it only writes
+    // files; rank 0 does not wait for peers that may have failed),
+    impl_->abandon_save();
     impl_->wait_save().status().ignore();
     // then the copies and the collectives lent those buffers.
     if (impl_->xfer) impl_->xfer->synchronize().ignore();

@@ -104,6 +104,9 @@ struct Engine::Impl::SaveState {
   Clock::time_point t0;
   std::mutex mu;
   Status error;  // the first failure of a snapshot or write task
+  // Set by the engine's destructor: rank 0 stops waiting for its peers (a
+  // peer that failed may never report); its own files are still written.
+  std::atomic<bool> abandon{false};
   std::unique_ptr<SerialWorker> writer;
   CompletionSource done{"checkpoint save"};
   Completion done_c = done.completion();
@@ -212,6 +215,10 @@ Result<std::optional<CheckpointSaveDone>> Engine::Impl::wait_save() {
   return std::optional<CheckpointSaveDone>(d);
 }
 
+void Engine::Impl::abandon_save() {
+  if (pending_save) pending_save->abandon.store(true);
+}
+
 // The writer's last task: durable files, this rank's report, rank 0's commit.
 Status Engine::Impl::finish_save(SaveState& s) {
   STRATA_RETURN_IF_ERROR(s.first_error());
@@ -246,6 +253,11 @@ Status Engine::Impl::finish_save(SaveState& s) {
         return IoError(fmt::format("rank {} could not write its part: {}", r,
                                    why.ok() ? printable(*why, 2048) : std::string("(unreadable report)")));
       }
+      if (s.abandon.load())
+        return Unavailable(fmt::format("the engine was destroyed before rank {} reported its files; the checkpoint was "
+                                       "not committed (the previous `latest` stands; call wait_checkpoint() before "
+                                       "destroying the engine)",
+                                       r));
       if (Clock::now() > deadline)
         return DeadlineExceeded(fmt::format("rank {} did not report its files in {:g} s; the checkpoint was not "
                                             "committed (the previous `latest` stands)",

@@ -341,6 +341,7 @@ struct Engine::Impl {
   Completion snapshot_gate(size_t li);
   Result<CheckpointSaveInfo> save(const CheckpointSaveOptions& o);
   Result<std::optional<CheckpointSaveDone>> wait_save();
+  void abandon_save();
   Status finish_save(SaveState& s);
   Status prune_checkpoints(const std::filesystem::path& dir, int keep, const std::string& current);
   Result<CheckpointManifest> load(const std::string& given);

@@ -8,6 +8,7 @@
 //  - bad flags, a damaged shard, a changed seed: clear refusals.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <csignal>
 
@@ -46,7 +47,7 @@ CliRun run(const std::string& args, const std::string& env = "") {
 }
 
 fs::path fresh(const std::string& name) {
-  const fs::path p = fs::path(::testing::TempDir()) / ("strata_ckcli_" + name);
+  const fs::path p = fs::path(::testing::TempDir()) / ("strata_ckcli_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(p);
   fs::create_directories(p);
   return p;

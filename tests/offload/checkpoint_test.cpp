@@ -13,6 +13,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <unistd.h>
+
 #include "engine_harness.h"
 #include "strata/offload/checkpoint.h"
 
@@ -22,7 +24,8 @@ namespace {
 namespace fs = std::filesystem;
 
 fs::path fresh_dir(const std::string& name) {
-  const fs::path p = fs::path(::testing::TempDir()) / ("ckpt-" + name);
+  // Per process: ctest runs the parameterized cases side by side.
+  const fs::path p = fs::path(::testing::TempDir()) / fmt::format("ckpt-{}-{}", name, ::getpid());
   fs::remove_all(p);
   return p;
 }

@@ -250,7 +250,9 @@ class Engine final : public ParameterProvider {
   // returns once the snapshot is taken). Rank 0 commits (manifest, rename,
   // `latest`) when every rank's files are durable.
   Result<CheckpointSaveInfo> save_checkpoint(const CheckpointSaveOptions& options);
-  // Waits for the save in flight; its error, or what it did (nullopt: none in flight).
+  // Waits for the save in flight; its error, or what it did (nullopt: none in
+  // flight). Call it before destroying the engine: the destructor lets this
+  // rank's files finish but rank 0 no longer waits for its peers to commit.
   Result<std::optional<CheckpointSaveDone>> wait_checkpoint();
   // Loads DIR (its latest tag), DIR/TAG or a tag folder, saved at any world
   // size, stage or placement, into this fresh engine (before its first
