@@ -137,6 +137,7 @@ int run_plan(const PlanOptions& o) {
   double flops_per_token = 0;
   int units = 1;
   std::unique_ptr<model::GptModel> gpt;
+  std::optional<model::GptConfig> shape;  // --model: the layers per row dtype come from it
   std::string describe;
   if (!o.params.empty()) {
     Result<uint64_t> n = parse_count(o.params, "--params");
@@ -163,6 +164,7 @@ int run_plan(const PlanOptions& o) {
     Result<std::unique_ptr<model::GptModel>> m = model::GptModel::create(g, 1);
     if (!m.ok()) return fail(m.status());
     gpt = std::move(*m);
+    shape = g;
     params = static_cast<uint64_t>(g.param_count());
     flops_per_token = g.train_flops_per_token(o.seq);
     units = static_cast<int>(gpt->layers().size());
@@ -225,19 +227,31 @@ int run_plan(const PlanOptions& o) {
     j["offload_param"] = std::string(offload_device_name(row.param));
     j["ratio"] = row.ratio;
     j["dtype"] = std::string(dtype_name(row.dtype));
-    if (std::string why = row.unsupported_reason(); !why.empty()) {
-      j["runnable"] = false;
+    // The memory of every placement the estimator prints, runnable here or not.
+    const std::string why = row.unsupported_reason();
+    if (!gpt || why.empty()) {
+      std::unique_ptr<model::GptModel> typed;  // the layers in this row's dtype
+      if (shape) {
+        model::GptConfig g = *shape;
+        g.param_dtype = row.dtype;
+        Result<std::unique_ptr<model::GptModel>> m = model::GptModel::create(g, 1);
+        if (!m.ok()) return fail(m.status());
+        typed = std::move(*m);
+      }
+      Result<Memory> mem = gpt ? engine_memory(engine_base, row, typed->layers(), world, *hw, ranks_per_node)
+                               : estimator_memory(est, row);
+      if (!mem.ok()) return fail(mem.status().with_context(row.label()));
+      j["memory"] = mem->columns;
+      j["fits"] = mem->fits;
+      if (!mem->fits) j["does_not_fit"] = mem->why_not;
+    }
+    j["runnable"] = why.empty();
+    if (!why.empty()) {
       j["reason"] = why;
       doc["rows"].push_back(j);
       continue;
     }
-    j["runnable"] = true;
-    Result<Memory> mem = gpt ? engine_memory(engine_base, row, gpt->layers(), world, *hw, ranks_per_node)
-                             : estimator_memory(est, row);
-    if (!mem.ok()) return fail(mem.status().with_context(row.label()));
-    j["memory"] = mem->columns;
-    j["fits"] = mem->fits;
-    if (!mem->fits) j["does_not_fit"] = mem->why_not;
+    const bool fits = j["fits"].get<bool>();
     offload::StepTimeInput in;
     in.params = params;
     in.layers = units;
@@ -289,7 +303,7 @@ int run_plan(const PlanOptions& o) {
           errors.push_back(std::abs(err));
         }
     }
-    if (mem->fits && (!fastest || pr->step_ms < fastest_ms)) fastest = i, fastest_ms = pr->step_ms;
+    if (fits && (!fastest || pr->step_ms < fastest_ms)) fastest = i, fastest_ms = pr->step_ms;
     doc["rows"].push_back(j);
   }
   doc["fastest_fitting_row"] = fastest ? nlohmann::ordered_json(*fastest) : nlohmann::ordered_json(nullptr);

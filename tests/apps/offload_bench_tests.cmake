@@ -37,3 +37,56 @@ strata_offload_error_test(bench_offload_nvme_path_not_dir "--nvme-path '.*offloa
   bench offload --nvme-path ${STRATA_OFFLOAD_ROWS})
 strata_offload_error_test(bench_offload_seq_too_long "--seq 65 is longer than the model's max_seq 64"
   bench offload --seq 65)
+
+# strata plan: memory equals the estimator's / the engine's plan, bytes per link
+# equal the engine's, the shipped profiles plan 13B.
+if(Python3_Interpreter_FOUND)
+  foreach(mode estimator engine profiles)
+    add_test(NAME apps.plan_${mode}
+      COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/check_plan.py $<TARGET_FILE:strata_cli>
+              ${PROJECT_SOURCE_DIR} ${STRATA_OFFLOAD_WORK}/plan-${mode} ${mode})
+    set_tests_properties(apps.plan_${mode} PROPERTIES LABELS apps TIMEOUT 300
+      PASS_REGULAR_EXPRESSION "plan ${mode} ok")
+  endforeach()
+endif()
+set(profile ${CMAKE_CURRENT_SOURCE_DIR}/data/test_profile.json)
+strata_offload_error_test(plan_needs_profile "give --profile P.json" plan --params 13B)
+strata_offload_error_test(plan_params_or_model "give exactly one of --params .* or --model"
+  plan --params 13B --model tiny --profile ${profile})
+strata_offload_error_test(plan_missing_profile "open hardware profile '.*no_such_profile.json'.*No such file"
+  plan --params 13B --profile ${bad}/no_such_profile.json)
+strata_offload_error_test(plan_bad_params "--params" plan --params 13Q --profile ${profile})
+# Bad profiles name the key.
+file(READ ${profile} good_profile)
+function(strata_bad_profile name find replace pattern)
+  string(REPLACE "${find}" "${replace}" text "${good_profile}")
+  file(WRITE ${STRATA_OFFLOAD_WORK}/${name}.json "${text}")
+  strata_offload_error_test(plan_profile_${name} "${pattern}" plan --params 1B --profile ${STRATA_OFFLOAD_WORK}/${name}.json)
+endfunction()
+strata_bad_profile(missing_rate "\"h2d_gb_per_s\": 10, " ""
+  "missing_rate.json: \"h2d_gb_per_s\" is missing \\(every rate is required")
+strata_bad_profile(negative_rate "\"nvme_write_gb_per_s\": 1" "\"nvme_write_gb_per_s\": -1"
+  "\"nvme_write_gb_per_s\" is -1; it must be a positive number")
+strata_bad_profile(zero_rate "\"compute_gflops\": 50" "\"compute_gflops\": 0"
+  "\"compute_gflops\" is 0; it must be a positive number")
+strata_bad_profile(string_rate "\"d2h_gb_per_s\": 10" "\"d2h_gb_per_s\": \"fast\""
+  "\"d2h_gb_per_s\" is \"fast\", not a number")
+strata_bad_profile(unknown_key "\"h2d_gb_per_s\"" "\"h2d_gbps\""
+  "unknown key \"h2d_gbps\" \\(known: name, gpus_per_node")
+strata_bad_profile(shared_cores_string "\"shared_cores\": true" "\"shared_cores\": \"true\""
+  "\"shared_cores\" is \"true\"; write true or false without quotes")
+strata_bad_profile(adam_missing_bf16 ", \"bf16\": 1e9" ""
+  "cpu_adam_params_per_s: \"bf16\" is missing")
+strata_bad_profile(adam_unknown_mix "\"bf16\": 1e9" "\"fp8\": 1e9"
+  "unknown key \"cpu_adam_params_per_s.fp8\" \\(known: fp32, bf16\\)")
+strata_bad_profile(gpus_per_node_range "\"gpus_per_node\": 1" "\"gpus_per_node\": 0"
+  "\"gpus_per_node\" is 0; it must be an integer in 1..4096")
+
+# strata report --calibrate writes a profile that strata plan loads.
+file(MAKE_DIRECTORY ${STRATA_OFFLOAD_WORK}/calibrate)
+add_test(NAME apps.report_calibrate_profile
+  COMMAND sh -c "$<TARGET_FILE:strata_cli> report --calibrate --path ${STRATA_OFFLOAD_WORK}/calibrate --out ${STRATA_OFFLOAD_WORK}/calibrate/here.json && ! ls ${STRATA_OFFLOAD_WORK}/calibrate | grep -q strata-calibrate && $<TARGET_FILE:strata_cli> plan --model tiny --profile ${STRATA_OFFLOAD_WORK}/calibrate/here.json")
+set_tests_properties(apps.report_calibrate_profile PROPERTIES LABELS apps TIMEOUT 300
+  PASS_REGULAR_EXPRESSION "profile  .*here.json.*plan: tiny.*<- fastest that fits")
+strata_offload_error_test(report_calibrate_bad_path "--path '.*no_such_dir' is not a directory"
+  report --calibrate --path ${STRATA_OFFLOAD_WORK}/no_such_dir)
