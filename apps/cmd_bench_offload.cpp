@@ -35,6 +35,8 @@
 #include "strata/comm/backends.h"
 #include "strata/core/units.h"
 #include "strata/model/cpu_ops.h"
+#include "strata/offload/hardware_profile.h"
+#include "strata/offload/step_time_model.h"
 
 namespace strata::cli {
 namespace {
@@ -57,6 +59,7 @@ struct BenchOffloadOptions {
   int optimizer_threads = 0;
   int device_threads = 0;
   std::string json_out, csv_out, plot_out, plot_script;
+  std::string profile;  // a hardware profile: each row also gets the step-time model's prediction
   bool quiet = false;
 };
 
@@ -317,6 +320,15 @@ void print_table(const nlohmann::ordered_json& doc) {
                format_bytes(r["peak_bytes"]["device"].get<uint64_t>(), true),
                format_bytes(r["peak_bytes"]["pinned"].get<uint64_t>(), true));
   }
+  if (doc.contains("profile")) {
+    fmt::print("\npredicted on profile '{}' (strata plan's step-time model):\n", doc["profile"].get<std::string>());
+    for (const auto& r : doc["rows"])
+      if (r.contains("predicted"))
+        fmt::print("{:<34} measured {:>10.2f} ms  predicted {:>10.2f} ms ({:>+6.1f}%)  ideal {:>10.2f} ms  bound {}\n",
+                   r["label"].get<std::string>(), r["step_ms"]["median"].get<double>(),
+                   r["predicted"]["step_ms"].get<double>(), 100 * r["predicted"]["error"].get<double>(),
+                   r["predicted"]["ideal_ms"].get<double>(), r["predicted"]["bound"].get<std::string>());
+  }
   fmt::print("(step ms: median over repeats x steps; spread: (max - min) / median; penalty: / the fastest in-memory "
              "row; exp: exposed wait ms; GB/s: bytes per step / step time)\n");
 }
@@ -375,6 +387,12 @@ int run_bench_offload(const BenchOffloadOptions& o) {
     if (!std::filesystem::is_directory(o.nvme_path, ec))
       return fail(InvalidArgument(fmt::format("--nvme-path '{}' is not a directory", printable(o.nvme_path, 256))));
     base.engine.nvme.path = base.engine.nvme_param.path = o.nvme_path;
+  }
+  std::optional<offload::HardwareProfile> profile;
+  if (!o.profile.empty()) {
+    Result<offload::HardwareProfile> p = offload::load_hardware_profile(o.profile);
+    if (!p.ok()) return fail(p.status().with_context("--profile"));
+    profile = *p;
   }
   Result<model::TextDataset> data = model::TextDataset::load(model::default_corpus_path(), o.seq);
   if (!data.ok()) return fail(data.status());
@@ -465,6 +483,24 @@ int run_bench_offload(const BenchOffloadOptions& o) {
   doc["rows"] = nlohmann::ordered_json::array();
   for (size_t i = 0; i < results.size(); ++i)
     doc["rows"].push_back(row_json(i, results[i], baseline_ms, tokens_per_step));
+  if (profile) {
+    // The step-time model on the profile, beside what was measured.
+    for (size_t i = 0; i < results.size(); ++i) {
+      if (results[i].status != RowStatus::kOk) continue;
+      model::GptConfig gr = g;
+      gr.param_dtype = results[i].row.dtype;
+      Result<offload::StepTimePrediction> pr =
+          offload::predict_step_time(gpt_step_input(gr, results[i].row, o.ranks, o.batch, o.seq, 1), *profile);
+      if (!pr.ok()) return fail(pr.status().with_context(results[i].row.label()));
+      nlohmann::ordered_json& j = doc["rows"][i];
+      const double measured = j["step_ms"]["median"].get<double>();
+      j["predicted"] = {{"step_ms", pr->step_ms},
+                        {"ideal_ms", pr->ideal_ms},
+                        {"bound", pr->bound},
+                        {"error", pr->step_ms / measured - 1.0}};
+    }
+    doc["profile"] = profile->name;
+  }
   if (!o.quiet) print_table(doc);
 
   const std::string text = doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
@@ -539,6 +575,8 @@ CommandRegistration bench_offload("bench offload", [](CLI::App& root) {
   cmd->add_option("--device-threads", o->device_threads, "cpu device compute threads (0: all cores)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1024));
+  cmd->add_option("--profile", o->profile,
+                  "Hardware profile (strata report --calibrate): add each row's predicted and ideal step (strata plan)");
   cmd->add_option("--json", o->json_out, "Write the results as JSON to this file");
   cmd->add_option("--csv", o->csv_out, "Write one CSV line per row to this file");
   cmd->add_option("--plot", o->plot_out, "Draw a PNG (python3 + matplotlib, scripts/plot_offload.py)");

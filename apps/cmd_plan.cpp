@@ -253,16 +253,20 @@ int run_plan(const PlanOptions& o) {
     }
     const bool fits = j["fits"].get<bool>();
     offload::StepTimeInput in;
-    in.params = params;
-    in.layers = units;
-    in.world = world;
-    in.tokens_per_rank = doc["tokens_per_rank"].get<double>();
-    in.flops_per_token = flops_per_token;
-    in.stage = row.stage;
-    in.optimizer = row.optimizer;
-    in.param = row.param;
-    in.ratio = row.ratio;
-    in.param_dtype = in.grad_dtype = row.dtype;
+    if (shape) {
+      in = gpt_step_input(*shape, row, world, o.batch, o.seq, o.grad_accum);
+    } else {
+      in.params = params;
+      in.layers = units;
+      in.world = world;
+      in.tokens_per_rank = doc["tokens_per_rank"].get<double>();
+      in.flops_per_token = flops_per_token;
+      in.stage = row.stage;
+      in.optimizer = row.optimizer;
+      in.param = row.param;
+      in.ratio = row.ratio;
+      in.param_dtype = in.grad_dtype = row.dtype;
+    }
     if (config) {
       in.optimizer_state_bytes = ledger_precision_of(*config).optimizer_state_bytes;
       in.max_live_parameters = config->zero_optimization.stage3_max_live_parameters;
@@ -274,6 +278,7 @@ int run_plan(const PlanOptions& o) {
     if (!pr.ok()) return fail(pr.status().with_context(row.label()));
     const auto& b = pr->bytes;
     j["predicted"] = {{"step_ms", pr->step_ms},
+                      {"ideal_ms", pr->ideal_ms},
                       {"tokens_per_s", pr->tokens_per_s},
                       {"compute_ms", pr->compute_ms},
                       {"optimizer_ms", pr->optimizer_ms},

@@ -133,6 +133,22 @@ Result<std::vector<PlacementRow>> load_rows(const std::string& path, DType defau
   return rows;
 }
 
+offload::StepTimeInput gpt_step_input(const model::GptConfig& g, const PlacementRow& row, int world, int batch, int seq,
+                                      int grad_accum) {
+  offload::StepTimeInput in;
+  in.params = static_cast<uint64_t>(g.param_count());
+  in.layers = g.n_layer + 2;  // embedding, blocks, final norm: the engine's layers
+  in.world = world;
+  in.tokens_per_rank = static_cast<double>(batch) * seq * grad_accum;
+  in.flops_per_token = g.train_flops_per_token(seq);
+  in.stage = row.stage;
+  in.optimizer = row.optimizer;
+  in.param = row.param;
+  in.ratio = row.ratio;
+  in.param_dtype = in.grad_dtype = row.dtype;
+  return in;
+}
+
 std::vector<size_t> interleaved_order(size_t row_count, size_t repeat) {
   std::vector<size_t> order(row_count);
   for (size_t i = 0; i < row_count; ++i) order[i] = (i + repeat) % row_count;

@@ -11,7 +11,9 @@
 #include "strata/core/config.h"
 #include "strata/core/dtype.h"
 #include "strata/core/status.h"
+#include "strata/model/gpt_config.h"
 #include "strata/offload/engine.h"
+#include "strata/offload/step_time_model.h"
 
 namespace strata::cli {
 
@@ -47,6 +49,11 @@ Result<std::vector<DType>> parse_dtype_list(const std::string& text, const char*
 // `default_dtype`. Unknown keys, wrong types and out-of-range values are errors naming the file, the row and
 // the key.
 Result<std::vector<PlacementRow>> load_rows(const std::string& path, DType default_dtype);
+
+// The step-time model's input for `row` of the reference GPT `g` (its own
+// dtype: the row's) on `world` ranks, `batch` x `seq` x `grad_accum` tokens per rank.
+offload::StepTimeInput gpt_step_input(const model::GptConfig& g, const PlacementRow& row, int world, int batch, int seq,
+                                      int grad_accum);
 
 // The order rows run in repeat `repeat` (0-based) of `row_count` rows: the
 // list rotated left by `repeat`, so every row takes every position in turn

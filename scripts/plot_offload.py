@@ -7,7 +7,8 @@ Top panel: each row's median step time as stacked bars (compute = forward +
 backward on the model's stream; exposed transfer = the waits for gathers,
 reductions and NVMe; exposed optimizer = the forward's wait for parameters
 still being updated; other = the rest of the step), with the penalty against
-the fastest in-memory row written above each bar. Bottom panel: peak bytes
+the fastest in-memory row written above each bar, and the step-time model's
+prediction as a black tick when the bench ran with --profile. Bottom panel: peak bytes
 per tier (device, pinned host, NVMe) of rank 0. Rows that did not run (skipped,
 do not fit) are listed under the figure with their status.
 
@@ -66,11 +67,15 @@ def main(argv):
                                 (optim, "exposed optimizer", "#c44e52"), (rest, "other", "#bbbbbb")):
         top.bar(x, values, bottom=bottom_acc, label=name, color=color)
         bottom_acc = [a + v for a, v in zip(bottom_acc, values)]
+    predicted = [(i, r["predicted"]["step_ms"]) for i, r in enumerate(ran) if "predicted" in r]
+    if predicted:
+        top.scatter([i for i, _ in predicted], [v for _, v in predicted], marker="_", s=400, color="black",
+                    zorder=3, label=f"predicted ({doc.get('profile', 'profile')})")
     for i, r in enumerate(ran):
         if r.get("penalty") is not None:
             top.text(i, bottom_acc[i], f"{r['penalty']:.2f}x", ha="center", va="bottom", fontsize=8)
     top.set_ylabel("median step (ms)")
-    top.legend(fontsize=8)
+    top.legend(fontsize=8, loc="lower right")
     top.set_title("step time: compute / exposed transfer / exposed optimizer", fontsize=9)
 
     width = 0.27

@@ -93,9 +93,14 @@ Result<StepTimePrediction> predict_step_time(const StepTimeInput& in, const Hard
 
   const double L = in.layers;
   if (hw.shared_cores) {
-    r.exposed_optimizer_ms = r.optimizer_ms + r.update_ms;
+    // Every part that runs on the cores adds to the step; NVMe transfers do
+    // not use the cores (O_DIRECT DMA), so they hide under the forward (the
+    // optimizer's) or the compute (parameter reads) like on a GPU machine.
+    const double opt_nvme_ms = opt_read_ms + opt_write_ms;
+    r.exposed_optimizer_ms =
+        (r.optimizer_ms - opt_nvme_ms) + r.update_ms + std::max(0.0, opt_nvme_ms - r.forward_ms);
     r.exposed_reduce_ms = r.grad_ms;
-    r.exposed_gather_ms = r.param_ms;
+    r.exposed_gather_ms = (r.param_ms - param_nvme_ms) + std::max(0.0, param_nvme_ms - r.compute_ms);
   } else {
     r.exposed_optimizer_ms = std::max(0.0, std::max(r.optimizer_ms, r.update_ms) - r.forward_ms);
     r.exposed_reduce_ms = std::max(0.0, r.grad_ms - r.backward_ms) + r.grad_ms / L;
@@ -103,6 +108,7 @@ Result<StepTimePrediction> predict_step_time(const StepTimeInput& in, const Hard
   }
   r.step_ms = r.compute_ms + r.exposed_optimizer_ms + r.exposed_reduce_ms + r.exposed_gather_ms;
   r.tokens_per_s = in.tokens_per_rank * in.world / (r.step_ms / 1e3);
+  r.ideal_ms = std::max({r.compute_ms, r.optimizer_ms, r.update_ms, r.grad_ms, r.param_ms});
 
   // What bounds the step: the compute unless an exposed part is at least a
   // tenth of it; then the largest exposed part, named by its slowest link.

@@ -8,7 +8,8 @@ MODE schema: the JSON's keys and types, every row's status, the penalty
 MODE nofit: under a device cap, rows the engine refuses are "does_not_fit"
             with the engine's reason; the rest run; no penalty without a
             baseline.
-MODE csv:   one header and one line per row, the same medians as the JSON.
+MODE csv:   one header and one line per row, the same medians as the JSON;
+            with --profile every row carries the model's prediction.
 MODE plot:  --plot writes a PNG that opens, with the two panels named in its
             metadata (exit 77, skipped, without matplotlib).
 """
@@ -150,8 +151,9 @@ def mode_nofit(strata, rows_file, work):
 
 
 def mode_csv(strata, rows_file, work):
+    profile = os.path.join(os.path.dirname(rows_file), "test_profile.json")
     out, args = common(rows_file, work, "csv", ["--csv", os.path.join(work, "bench.csv"), "--repeats", "1",
-                                                 "--quiet"])
+                                                 "--quiet", "--profile", profile])
     run(strata, args)
     doc = json.load(open(out))
     with open(os.path.join(work, "bench.csv"), newline="") as f:
@@ -163,6 +165,17 @@ def mode_csv(strata, rows_file, work):
             fail(f"CSV line {line['label']} / {line['status']} does not match {row['label']}")
         if row["status"] == "ok" and float(line["step_ms_median"]) != row["step_ms"]["median"]:
             fail(f"CSV median {line['step_ms_median']} != JSON {row['step_ms']['median']}")
+    # --profile: each row that ran carries the step-time model's prediction beside the measurement.
+    for row in doc["rows"]:
+        if row["status"] != "ok":
+            continue
+        p = row.get("predicted")
+        if not p or not p["step_ms"] > 0 or not 0 < p["ideal_ms"] <= p["step_ms"] * (1 + 1e-9):
+            fail(f"row {row['label']}: no sound prediction with --profile: {p}")
+        if not math.isclose(p["error"], p["step_ms"] / row["step_ms"]["median"] - 1, rel_tol=1e-9, abs_tol=1e-12):
+            fail(f"row {row['label']}: error {p['error']} is not predicted / measured - 1")
+    if doc.get("profile") != "test machine":
+        fail(f"the JSON does not name the profile: {doc.get('profile')}")
     print("bench offload csv ok")
 
 

@@ -107,6 +107,17 @@ def mode_profiles(strata, src, work):
         for r in plan["rows"]:
             if r["runnable"] and not r["predicted"]["step_ms"] > 0:
                 fail(f"{name} {r['label']}: step {r['predicted']['step_ms']}")
+        for r in plan["rows"]:
+            if not r["runnable"]:
+                continue
+            p = r["predicted"]
+            parts = p["compute_ms"] + sum(p["exposed_ms"].values())
+            if abs(parts - p["step_ms"]) > 1e-6 * p["step_ms"]:
+                fail(f"{name} {r['label']}: step {p['step_ms']} != compute + exposed parts {parts}")
+            if not p["ideal_ms"] <= p["step_ms"] * (1 + 1e-9):
+                fail(f"{name} {r['label']}: ideal {p['ideal_ms']} above the predicted step {p['step_ms']}")
+            if p["step_ms"] < p["compute_ms"]:
+                fail(f"{name} {r['label']}: step below its compute")
         best = min(fitting, key=lambda r: r["predicted"]["step_ms"])
         if plan["fastest_fitting_row"] != best["index"]:
             fail(f"{name}: marked row {plan['fastest_fitting_row']}, fastest fitting is {best['index']}")

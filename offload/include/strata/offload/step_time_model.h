@@ -22,8 +22,10 @@
 //     max_in_cpu); only the part longer than the compute, plus the first
 //     layer's share, is exposed (exposed gather).
 //   step = C + exposed optimizer + exposed reduce + exposed gather.
-// With shared_cores (the cpu device) every one of those runs on the cores the
-// compute runs on, so nothing hides: step = C + optimizer + every transfer.
+// With shared_cores (the cpu device) the optimizer's kernels, the copies and
+// the collectives run on the cores the compute runs on, so they do not hide:
+// step = C + optimizer + every transfer; only NVMe transfers (DMA, no core)
+// still hide under the forward (optimizer state) or the compute (parameters).
 #include <cstdint>
 #include <string>
 
@@ -67,6 +69,10 @@ struct StepTimePrediction {
   double nvme_ms = 0;        // NVMe reads + writes (part of optimizer_ms / param_ms)
   double exposed_optimizer_ms = 0, exposed_reduce_ms = 0, exposed_gather_ms = 0;
   double step_ms = 0;
+  // Perfect overlap of independent resources: the largest of compute,
+  // optimizer, update, gradients and parameters. With shared_cores not
+  // reachable (they share the cores), the bound the engine's schedule aims at otherwise.
+  double ideal_ms = 0;
   double tokens_per_s = 0;   // all ranks
   std::string bound;         // the resource the step waits on most: "compute", "cpu optimizer", "nvme", ...
 };
