@@ -8,6 +8,7 @@
 // DIR resolves to its `latest` tag (offload/checkpoint.h). export streams
 // one layer's fp32 master at a time from the rank shards into
 // model.safetensors (docs/export.md).
+#include <filesystem>
 #include <memory>
 #include <string>
 
@@ -64,6 +65,14 @@ int run_inspect(const CheckpointCliOptions& o) {
     fmt::print("    {:<18} rank {:>4}  {:>12}  xxh3 {}\n", f.name, f.rank, format_bytes(f.bytes, true),
                offload::hex64(f.xxh3));
   fmt::print("  {} extents; run `strata checkpoint verify` to check every checksum\n", m.extents.size());
+  // Saves that were killed leave their temporary folder beside the tags.
+  std::error_code ec;
+  for (const std::filesystem::directory_entry& e : std::filesystem::directory_iterator(r->folder().parent_path(), ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(".tmp-", 0) == 0)
+      fmt::print("  interrupted save (never read): {}; delete it when no run is saving into this folder\n",
+                 printable(name, 128));
+  }
   return 0;
 }
 

@@ -27,6 +27,7 @@
 #include "engine_run.h"
 #include <sys/sysinfo.h>
 
+#include "strata/core/bounded_file.h"
 #include "strata/core/config.h"
 #include "strata/core/device_registry.h"
 #include "strata/core/units.h"
@@ -77,6 +78,7 @@ struct TrainCliOptions {
   int64_t save_every = 0;              // 0: only at the end (with --save-dir)
   int keep = 0;                        // 0: every tag
   bool save_sync = false;
+  int save_slots = 2;
   std::string resume;                  // DIR or DIR/TAG
   // Which flags were given (they override the config).
   bool given_batch = false, given_accum = false, given_lr = false, given_wd = false, given_clip = false,
@@ -229,6 +231,15 @@ nlohmann::json checkpoint_app(const TrainCliOptions& o, const TrainSetup& t, con
   j["seed"] = t.seed;
   j["grad_accum"] = t.engine.grad_accum;
   j["config"] = o.config_path;
+  // The config itself, so the checkpoint says how it was trained even if the file changes.
+  if (!o.config_path.empty()) {
+    Result<std::string> text = read_regular_file(o.config_path, kMaxConfigBytes,
+                                                 {.what = "config file", .flag = "--config", .hint = ""});
+    if (text.ok()) {
+      nlohmann::json c = nlohmann::json::parse(*text, nullptr, false, true);
+      if (!c.is_discarded()) j["config_json"] = c;
+    }
+  }
   j["data"] = o.data;
   return j;
 }
@@ -304,6 +315,7 @@ Status train_rank(const TrainCliOptions& o, const TrainSetup& t, const model::Gp
       so.dir = o.save_dir;
       so.keep = o.keep;
       so.sync = o.save_sync;
+      so.snapshot_slots = o.save_slots;
       so.app = checkpoint_app(o, t, g, comm.world_size());
       Result<offload::CheckpointSaveInfo> info = rs.engine->save_checkpoint(so);
       if (!info.ok()) return info.status().with_context(fmt::format("saving at step {} on rank {}", s, comm.rank()));
@@ -417,8 +429,8 @@ int run_train(TrainCliOptions o) {
     if (g.param_dtype == DType::kF16) t.engine.fp16.enabled = true;
   }
   if (o.steps < 1) return fail(InvalidArgument(fmt::format("--steps {} must be at least 1", o.steps)));
-  if (o.save_dir.empty() && (o.save_every != 0 || o.keep != 0 || o.save_sync))
-    return fail(InvalidArgument("--save-every, --keep and --save-sync need --save-dir DIR (where to save)"));
+  if (o.save_dir.empty() && (o.save_every != 0 || o.keep != 0 || o.save_sync || o.save_slots != 2))
+    return fail(InvalidArgument("--save-every, --keep, --save-sync and --save-slots need --save-dir DIR (where to save)"));
   if (o.eval_every < 0) return fail(InvalidArgument(fmt::format("--eval-every {} must be >= 0 (0: only at the end)", o.eval_every)));
   Status valid = g.validate();
   if (!valid.ok()) return fail(valid);
@@ -565,6 +577,10 @@ CommandRegistration train_command("train", [](CLI::App& root) {
   cmd->add_option("--keep", o->keep, "Keep only the newest N checkpoint tags in --save-dir (0: all)")
       ->check(CLI::Range(0, 1 << 20));
   cmd->add_flag("--save-sync", o->save_sync, "Block each step until its save is written and committed");
+  cmd->add_option("--save-slots", o->save_slots,
+                  "Host slots (each one piece's fp32 state) between a save's snapshot and its writer")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
   cmd->add_option("--resume", o->resume,
                   "Resume from a checkpoint: DIR (its latest tag) or DIR/TAG; --steps stays the total step count");
   cmd->add_option("--overlap-optimizer", o->overlap_optimizer,

@@ -4,7 +4,8 @@
 Runs `strata train` on the same model and folder three ways, interleaved
 (the order rotates every round so disk and CPU drift do not favour one):
   none   no saves
-  async  --save-every K (the default: snapshot on the optimizer thread, written in the background)
+  async  --save-every K (the default: snapshot on the optimizer thread, written in the background; 2 slots)
+  asyncN the same with --save-slots N
   sync   --save-every K --save-sync (each save blocks until written and committed)
 and reports per mode: the whole run's wall time, the median time a save
 blocked the step that asked for it (from the step log), the median step
@@ -61,16 +62,19 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--every", type=int, default=2)
+    ap.add_argument("--slots", type=int, default=8, help="--save-slots of the second async mode (the first has 2)")
     a = ap.parse_args()
     shutil.rmtree(a.folder, ignore_errors=True)
     os.makedirs(a.folder)
-    modes = {"none": [], "async": ["--save-every", str(a.every)], "sync": ["--save-every", str(a.every), "--save-sync"]}
+    every = ["--save-every", str(a.every)]
+    modes = {"none": [], "async": every, f"async{a.slots}": every + ["--save-slots", str(a.slots)],
+             "sync": every + ["--save-sync"]}
     order = list(modes)
     results = {k: [] for k in modes}
     ceilings = []
     for rnd in range(a.rounds):
         ceilings.append(io_bench_write(a.strata, a.folder))
-        seq = order[rnd % 3:] + order[:rnd % 3]
+        seq = order[rnd % len(order):] + order[:rnd % len(order)]
         if rnd % 2 == 1:
             seq.reverse()
         for mode in seq:
@@ -80,7 +84,7 @@ def main():
             shutil.rmtree(d, ignore_errors=True)
         print(f"round {rnd + 1}: order {' '.join(seq)}; io-bench write {ceilings[-1]} GB/s", flush=True)
     print(f"\nmodel: {' '.join(MODEL)}; {a.steps} steps, a save every {a.every} (async and sync), {a.rounds} rounds")
-    print(f"{'mode':<6} {'wall s (per round)':<26} {'blocked ms (median)':>20} {'step after save ms':>20} "
+    print(f"{'mode':<7} {'wall s (per round)':<26} {'blocked ms (median)':>20} {'step after save ms':>20} "
           f"{'other steps ms':>15} {'bytes/save':>11} {'save GB/s':>10}")
     for mode, runs in results.items():
         blocked, after, other = [], [], []
@@ -96,10 +100,10 @@ def main():
         rate = "-"
         if mode == "sync" and blocked:
             rate = f"{bytes_per / (statistics.median(blocked) / 1e3) / 1e9:.2f}"
-        elif mode == "async" and runs[0]["last_save"]:
+        elif mode.startswith("async") and runs[0]["last_save"]:
             rate = f"{statistics.median(r['last_save'][2] for r in runs if r['last_save']):.2f}"
         walls = " ".join("%.2f" % r["wall"] for r in runs)
-        print(f"{mode:<6} {walls:<26} "
+        print(f"{mode:<7} {walls:<26} "
               f"{statistics.median(blocked) if blocked else 0:>20.2f} "
               f"{statistics.median(after) if after else 0:>20.1f} {statistics.median(other) if other else 0:>15.1f} "
               f"{bytes_per / 2**20:>9.1f}Mi {rate:>10}")

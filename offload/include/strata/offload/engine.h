@@ -191,6 +191,10 @@ struct CheckpointSaveOptions {
   bool sync = false;                 // return once written and committed (--save-sync)
   nlohmann::json app = nlohmann::json::object();  // stored as the manifest's "app" (rank 0's is used)
   double commit_timeout_s = 600;     // rank 0 waits this long for every rank's files
+  // Host slots (each the size of the largest piece's fp32 state) between
+  // the snapshot and the writer; more let the optimizer thread finish the
+  // snapshot sooner when the disk is slower than the copy (--save-slots).
+  int snapshot_slots = 2;
 };
 struct CheckpointSaveInfo {
   std::string tag;
@@ -244,7 +248,7 @@ class Engine final : public ParameterProvider {
   // rank calls it after the same step. Waits for the previous save, then
   // queues a snapshot of each piece of this rank's state on the optimizer
   // thread, after this step's updates and before the next step's (so the
-  // next step runs while the state is written), into two bounded slots that
+  // next step runs while the state is written), into snapshot_slots bounded slots that
   // a writer thread drains to files; returns at once unless options.sync
   // (or ratio < 1, whose device part is stepped on a second thread: then it
   // returns once the snapshot is taken). Rank 0 commits (manifest, rename,
