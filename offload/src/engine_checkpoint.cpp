@@ -135,7 +135,7 @@ struct Engine::Impl::SaveState {
   // Set by the engine's destructor: rank 0 stops waiting for its peers (a
   // peer that failed may never report); its own files are still written.
   std::atomic<bool> abandon{false};
-  std::unique_ptr<SerialWorker> writer;
+  SerialWorker* writer = nullptr;  // the engine's checkpoint writer (one thread for every save)
   CompletionSource done{"checkpoint save"};
   Completion done_c = done.completion();
   CompletionSource snapped{"checkpoint snapshot"};
@@ -233,7 +233,6 @@ Result<std::optional<CheckpointSaveDone>> Engine::Impl::wait_save() {
   std::shared_ptr<SaveState> s = std::move(pending_save);
   pending_save.reset();
   const Status st = s->done_c.wait();
-  s->writer.reset();
   if (!st.ok()) return st.with_context(fmt::format("checkpoint '{}' in '{}'", s->tag, printable(s->dir.string(), 256)));
   CheckpointSaveDone d;
   d.tag = s->tag;
@@ -519,7 +518,9 @@ Result<CheckpointSaveInfo> Engine::Impl::save(const CheckpointSaveOptions& o) {
     snapshot_slots = std::move(fresh);
     stats.on_allocate(Tier::kPageableHost, nslots * slot_bytes);
   }
-  s->writer = std::make_unique<SerialWorker>(fmt::format("checkpoint writer of rank {}", rank));
+  // Its tasks never fail (a save's errors are the save's), so one thread serves every save.
+  if (!ckpt_writer) ckpt_writer = std::make_unique<SerialWorker>(fmt::format("checkpoint writer of rank {}", rank));
+  s->writer = ckpt_writer.get();
 
   // The snapshot tasks (Note [Asynchronous save]); none fails the optimizer
   // thread: a failure is the save's, recorded and reported by wait_save().

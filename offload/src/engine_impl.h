@@ -345,6 +345,8 @@ struct Engine::Impl {
   Status finish_save(SaveState& s);
   Status prune_checkpoints(const std::filesystem::path& dir, int keep, const std::string& current);
   Result<CheckpointManifest> load(const std::string& given);
+  // Last: its thread is joined first, before anything a save's task may use.
+  std::unique_ptr<SerialWorker> ckpt_writer;
 };
 
 
