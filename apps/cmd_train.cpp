@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -438,6 +439,30 @@ int run_train(TrainCliOptions o) {
   const std::string data_path = o.data.empty() ? model::default_corpus_path() : o.data;
   Result<model::TextDataset> data = model::TextDataset::load(data_path, t.seq_len);
   if (!data.ok()) return fail(data.status());
+
+  // A save never overwrites a tag: refuse now a run that would reach one
+  // (e.g. resumed from an older tag into the same --save-dir), not hours later.
+  if (!o.save_dir.empty()) {
+    int64_t first = 1;
+    if (!o.resume.empty()) {
+      Result<offload::CheckpointReader> r = offload::CheckpointReader::open(o.resume);
+      if (!r.ok()) return fail(r.status().with_context("--resume"));
+      first = r->manifest().scalars.step_calls + 1;
+    }
+    std::error_code ec;
+    for (const std::filesystem::directory_entry& e : std::filesystem::directory_iterator(o.save_dir, ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind("global_step", 0) != 0 || name.size() > 30) continue;
+      char* end = nullptr;
+      const long long step = std::strtoll(name.c_str() + 11, &end, 10);
+      if (end == nullptr || *end != '\0' || step < first || step > o.steps) continue;
+      if ((o.save_every > 0 && step % o.save_every == 0) || step == o.steps)
+        return fail(FailedPrecondition(fmt::format(
+            "--save-dir '{}' already holds tag {}, which this run would save again (saves never overwrite); give "
+            "another --save-dir, or move that tag away",
+            printable(o.save_dir, 256), name)));
+    }
+  }
 
   // Communicators: N local ranks, or this process's rank of mpirun.
   Result<comm::CommOptions> copts = comm::apply_comm_environment({});

@@ -151,6 +151,14 @@ TEST(CheckpointCli, RefusalsNameTheCulprit) {
   EXPECT_NE(r.rc, 0);
   EXPECT_NE(r.out.find("does not exist"), std::string::npos) << r.out;
   ASSERT_EQ(run(kTrain + "--steps 2 --save-dir " + (work / "ck").string()).rc, 0);
+  // A run that would save a tag again is refused before it trains.
+  r = run(kTrain + "--steps 2 --save-dir " + (work / "ck").string());
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.out.find("already holds tag global_step2"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("step     1/"), std::string::npos) << r.out;
+  // Resuming at or past --steps trains nothing and says so.
+  r = run(kTrain + "--steps 2 --resume " + (work / "ck").string());
+  EXPECT_EQ(r.rc, 0) << r.out;
   r = run(kTrain + "--steps 3 --seed 7 --resume " + (work / "ck").string());
   EXPECT_NE(r.rc, 0);
   EXPECT_NE(r.out.find("--seed"), std::string::npos) << r.out;
