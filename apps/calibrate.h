@@ -12,7 +12,7 @@ struct CalibrateOptions {
   std::string out;      // profile file ("" : print it)
   std::string preset = "small";  // the model whose shapes the compute rate is measured on
   int layers = 0, heads = 0, embd = 0;
-  int batch = 4, seq = 64, steps = 3;
+  int batch = 4, seq = 64, steps = 5;
   std::string dtype = "bf16";
 };
 
