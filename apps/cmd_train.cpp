@@ -296,7 +296,8 @@ Status train_rank(const TrainCliOptions& o, const TrainSetup& t, const model::Gp
       fmt::print("resume   the checkpoint is at step {}, at or past --steps {}: nothing to train\n",
                  m->scalars.step_calls, o.steps);
   }
-  for (int64_t s = rs.engine->step_calls() + 1; s <= o.steps; ++s) {
+  const int64_t first_step = rs.engine->step_calls() + 1;  // the same on every rank
+  for (int64_t s = first_step; s <= o.steps; ++s) {
     Result<offload::StepMetrics> r = rs.engine->step();
     if (!r.ok()) return r.status().with_context(fmt::format("step {} on rank {}", s, comm.rank()));
     std::optional<double> val;
@@ -323,6 +324,12 @@ Status train_rank(const TrainCliOptions& o, const TrainSetup& t, const model::Gp
       saved = *info;
     }
     if (reporter != nullptr) reporter->step(s, *r, val, saved);
+  }
+  if (first_step > o.steps) {
+    // Resumed at or past --steps: nothing trained; the checkpoint's validation loss instead.
+    Result<double> v = rs.engine->evaluate();
+    if (!v.ok()) return v.status().with_context(fmt::format("validation on rank {}", comm.rank()));
+    if (summary) summary->last_val = *v;
   }
   STRATA_RETURN_IF_ERROR(rs.engine->synchronize());
   {
