@@ -16,6 +16,8 @@
 #include <unistd.h>
 
 #include "engine_harness.h"
+#include "strata/nvme/aio_config.h"
+#include "strata/nvme/fault_injection.h"
 #include "strata/offload/checkpoint.h"
 
 namespace strata::offload {
@@ -298,6 +300,59 @@ TEST(CheckpointDamage, TruncatedFileNewerVersionOtherShapeExistingTag) {
   EXPECT_NE(bt.status.message().find("may hold only"), std::string::npos) << bt.status.to_string();
   const Status missing = load_into_fresh(fresh_dir("nothing-here") / "x");
   EXPECT_EQ(missing.code(), StatusCode::kNotFound) << missing.to_string();
+}
+
+// The recovery path for a failed step (issue 12): an EIO while the
+// optimizer writes its NVMe state back fails the run; the latest checkpoint
+// (saved asynchronously after every step) is a completed step's state, and
+// resuming from it gives the losses of a run that never failed.
+TEST(CheckpointRecovery, NvmeWriteErrorMidStepThenResumeFromLatest) {
+  TrainRun base;
+  base.world = 2;
+  base.steps = 6;
+  base.opt.stage = 2;
+  base.opt.offload_optimizer = OffloadDevice::kNvme;
+  base.opt.nvme.path = ::testing::TempDir();
+  base.opt.nvme.pipeline_read = base.opt.nvme.pipeline_write = true;
+  const Outcome straight = train(base);
+  ASSERT_TRUE(straight.status.ok()) << straight.status.to_string();
+
+  Result<nvme::IoEngineConfig> ec = nvme::io_engine_config(AioConfig{});
+  ASSERT_TRUE(ec.ok()) << ec.status().to_string();
+  nvme::FaultPlan plan;
+  plan.eio_probability = 1.0;
+  plan.fault_reads = false;
+  std::vector<std::unique_ptr<nvme::IoEngine>> engines;
+  std::vector<std::shared_ptr<nvme::FaultCounters>> counters(2);
+  for (int r = 0; r < 2; ++r) {
+    Result<std::unique_ptr<nvme::IoEngine>> e = nvme::make_fault_injecting_engine(ec->options, plan, &counters[r]);
+    ASSERT_TRUE(e.ok()) << e.status().to_string();
+    counters[r]->disarm();
+    engines.push_back(std::move(*e));
+  }
+  const fs::path dir = fresh_dir("recovery");
+  TrainRun faulty = base;
+  save_every(faulty, dir, 1);
+  faulty.after_step = [&](Engine& e, int64_t step) {
+    if (step == 3) counters[e.rank()]->arm(3);  // a few clean writes, then EIO
+  };
+  faulty.engine_for_rank = [&](int rank) { return engines[rank].get(); };
+  const Outcome failed = train(faulty);
+  ASSERT_FALSE(failed.status.ok());
+  EXPECT_NE(failed.status.to_string().find("Input/output error"), std::string::npos) << failed.status.to_string();
+  CheckpointReader latest = CheckpointReader::open(dir).value();
+  const int64_t at = latest.manifest().scalars.step_calls;
+  EXPECT_GE(at, 2);  // the saves before the fault committed (step 3's write-backs may already fail)
+  EXPECT_LT(at, 6);
+  EXPECT_TRUE(latest.verify().ok());
+  TrainRun resumed = base;
+  resume_from(resumed, dir);
+  const Outcome cont = train(resumed);
+  ASSERT_TRUE(cont.status.ok()) << cont.status.to_string();
+  ASSERT_EQ(cont.losses.size(), static_cast<size_t>(6 - at));
+  for (size_t i = 0; i < cont.losses.size(); ++i)
+    EXPECT_EQ(std::bit_cast<uint64_t>(cont.losses[i]), std::bit_cast<uint64_t>(straight.losses[at + i]))
+        << "step " << at + 1 + i;
 }
 
 TEST(CheckpointMemory, HostMemoryDoesNotGrowWithSaves) {
