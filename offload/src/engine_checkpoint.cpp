@@ -6,10 +6,10 @@
 // thread. That thread is FIFO: the tasks run after this step's updates and
 // before the next step's, so each copies a piece's state as of this step
 // while the driving thread already runs the next forward. A task copies the
-// piece (master, exp_avg, exp_avg_sq as fp32) into one of two slots (each
-// the size of the largest piece: host memory does not grow with the state
-// or the number of saves) and hands it to the save's writer thread, which
-// writes it and frees the slot. A full pair of slots makes the optimizer
+// piece (master, exp_avg, exp_avg_sq as fp32) into one of snapshot_slots
+// slots (each the size of the largest piece: host memory does not grow with
+// the state or the number of saves) and hands it to the engine's writer
+// thread, which writes it and frees the slot. Full slots make the optimizer
 // thread wait: that wait, not the driving thread, is what a slow disk costs
 // the next step (it shows as exposed optimizer time). Then the writer
 // finishes the rank's part and rank 0 commits (Note [Checkpoint atomicity]).
