@@ -13,6 +13,7 @@ struct CalibrateOptions {
   std::string preset = "small";  // the model whose shapes the compute rate is measured on
   int layers = 0, heads = 0, embd = 0;
   int batch = 4, seq = 64, steps = 5;
+  int ranks = 1;  // local ranks sharing this machine during the compute measurement
   std::string dtype = "bf16";
 };
 

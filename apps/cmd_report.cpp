@@ -123,6 +123,15 @@ CommandRegistration report_command("report", [](CLI::App& root) {
   cmd->add_flag("--calibrate", cal->requested, "Measure this machine's rates and write a hardware profile for strata "
                                                 "plan (report_calibrate.cpp; --path: where to measure NVMe)");
   cmd->add_option("--out", cal->out, "With --calibrate: write the profile to this file (default: print it)");
+  // The compute rate depends on the shapes: calibrate at the ones you plan for.
+  cmd->add_option("--calibrate-model", cal->preset, "With --calibrate: the model preset timed for compute")
+      ->capture_default_str();
+  cmd->add_option("--calibrate-batch", cal->batch, "With --calibrate: micro batch per rank")
+      ->capture_default_str()->check(CLI::Range(1, 65536));
+  cmd->add_option("--calibrate-seq", cal->seq, "With --calibrate: sequence length")
+      ->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--calibrate-ranks", cal->ranks, "With --calibrate: local ranks sharing the machine")
+      ->capture_default_str()->check(CLI::Range(1, 64));
   cmd->callback([opts, cal] {
     if (cal->requested) {
       cal->path = opts->path;

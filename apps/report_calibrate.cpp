@@ -214,7 +214,7 @@ int fail(const Status& st) {
 
 int run_calibrate(const CalibrateOptions& o) {
   Result<model::GptConfig> preset = model::preset(o.preset);
-  if (!preset.ok()) return fail(preset.status().with_context("--preset"));
+  if (!preset.ok()) return fail(preset.status().with_context("--calibrate-model"));
   model::GptConfig g = *preset;
   if (o.layers) g.n_layer = o.layers;
   if (o.heads) g.n_head = o.heads;
@@ -226,7 +226,7 @@ int run_calibrate(const CalibrateOptions& o) {
   g.param_dtype = *dt;
   if (Status v = g.validate(); !v.ok()) return fail(v);
   if (o.seq > g.max_seq_len)
-    return fail(InvalidArgument(fmt::format("--seq {} is longer than the model's max_seq {}", o.seq, g.max_seq_len)));
+    return fail(InvalidArgument(fmt::format("--calibrate-seq {} is longer than the model's max_seq {}", o.seq, g.max_seq_len)));
   std::string dir = o.path;
   std::error_code ec;
   if (dir.empty()) dir = std::filesystem::temp_directory_path(ec).string();
@@ -270,7 +270,8 @@ int run_calibrate(const CalibrateOptions& o) {
 
   // Compute: the stage-0 in-memory step of the model, less what the
   // step-time model charges the optimizer and the reductions.
-  fmt::print(stderr, "calibrate: compute ({}, batch {} x seq {}) ...\n", g.describe(), o.batch, o.seq);
+  fmt::print(stderr, "calibrate: compute ({}, {} rank(s), batch {} x seq {}) ...\n", g.describe(), o.ranks, o.batch,
+             o.seq);
   Result<model::TextDataset> data = model::TextDataset::load(model::default_corpus_path(), o.seq);
   if (!data.ok()) return fail(data.status());
   RankSetup setup;
@@ -279,15 +280,15 @@ int run_calibrate(const CalibrateOptions& o) {
   setup.eval_batches = 1;
   setup.engine.grad_dtype = *dt;
   setup.engine.fp16.enabled = *dt == DType::kF16;
-  Result<std::vector<std::unique_ptr<comm::Communicator>>> comms = comm::create_local_group(1, {});
+  Result<std::vector<std::unique_ptr<comm::Communicator>>> comms = comm::create_local_group(o.ranks, {});
   if (!comms.ok()) return fail(comms.status());
-  std::vector<offload::StepMetrics> steps;
-  Status ran = run_rank_threads(*comms, [&](size_t, comm::Communicator& c) -> Status {
+  std::vector<offload::StepMetrics> steps;  // rank 0's
+  Status ran = run_rank_threads(*comms, [&](size_t i, comm::Communicator& c) -> Status {
     RankState rs;
-    STRATA_RETURN_IF_ERROR(build_rank(setup, g, *data, DeviceKind::kCpu, c, rs));
+    STRATA_RETURN_IF_ERROR(vote(c, build_rank(setup, g, *data, DeviceKind::kCpu, c, rs), "to set up"));
     for (int s = 0; s < 1 + o.steps; ++s) {
       STRATA_ASSIGN_OR_RETURN(offload::StepMetrics m, rs.engine->step());
-      if (s > 0) steps.push_back(m);
+      if (s > 0 && i == 0) steps.push_back(m);
     }
     return rs.engine->synchronize();
   });
@@ -301,6 +302,7 @@ int run_calibrate(const CalibrateOptions& o) {
   offload::StepTimeInput in;
   in.params = static_cast<uint64_t>(g.param_count());
   in.layers = g.n_layer + 2;
+  in.world = o.ranks;
   in.tokens_per_rank = static_cast<double>(o.batch) * o.seq;
   in.flops_per_token = g.train_flops_per_token(o.seq);
   in.param_dtype = in.grad_dtype = *dt;
@@ -311,8 +313,11 @@ int run_calibrate(const CalibrateOptions& o) {
   double compute_ms = median(step_ms) - overhead_ms;
   const bool fallback = compute_ms < 0.5 * median(fb_ms);
   if (fallback) compute_ms = median(fb_ms);  // the charges do not fit this machine: use forward + backward
-  p.compute_gflops = in.tokens_per_rank * in.flops_per_token / (compute_ms / 1e3) / 1e9;
+  // Per device; the ranks of this machine share its cores (shared_cores), so
+  // each rank's compute ran at a world-th of it.
+  p.compute_gflops = o.ranks * in.tokens_per_rank * in.flops_per_token / (compute_ms / 1e3) / 1e9;
   cal["compute"] = {{"model", g.describe()},
+                    {"ranks", o.ranks},
                     {"batch", o.batch},
                     {"seq", o.seq},
                     {"steps", o.steps},

@@ -90,3 +90,7 @@ set_tests_properties(apps.report_calibrate_profile PROPERTIES LABELS apps TIMEOU
   PASS_REGULAR_EXPRESSION "profile  .*here.json.*plan: tiny.*<- fastest that fits")
 strata_offload_error_test(report_calibrate_bad_path "--path '.*no_such_dir' is not a directory"
   report --calibrate --path ${STRATA_OFFLOAD_WORK}/no_such_dir)
+strata_offload_error_test(report_calibrate_bad_model "--calibrate-model.*huge"
+  report --calibrate --calibrate-model huge)
+strata_offload_error_test(report_calibrate_bad_ranks "--calibrate-ranks: Value 0 not in range 1 to 64"
+  report --calibrate --calibrate-ranks 0)
