@@ -85,7 +85,7 @@ strata_bad_profile(gpus_per_node_range "\"gpus_per_node\": 1" "\"gpus_per_node\"
 # strata report --calibrate writes a profile that strata plan loads.
 file(MAKE_DIRECTORY ${STRATA_OFFLOAD_WORK}/calibrate)
 add_test(NAME apps.report_calibrate_profile
-  COMMAND sh -c "$<TARGET_FILE:strata_cli> report --calibrate --path ${STRATA_OFFLOAD_WORK}/calibrate --out ${STRATA_OFFLOAD_WORK}/calibrate/here.json && ! ls ${STRATA_OFFLOAD_WORK}/calibrate | grep -q strata-calibrate && $<TARGET_FILE:strata_cli> plan --model tiny --profile ${STRATA_OFFLOAD_WORK}/calibrate/here.json")
+  COMMAND sh -c "$<TARGET_FILE:strata_cli> report --calibrate --calibrate-model tiny --path ${STRATA_OFFLOAD_WORK}/calibrate --out ${STRATA_OFFLOAD_WORK}/calibrate/here.json && ! ls ${STRATA_OFFLOAD_WORK}/calibrate | grep -q strata-calibrate && $<TARGET_FILE:strata_cli> plan --model tiny --profile ${STRATA_OFFLOAD_WORK}/calibrate/here.json")
 set_tests_properties(apps.report_calibrate_profile PROPERTIES LABELS apps TIMEOUT 300
   PASS_REGULAR_EXPRESSION "profile  .*here.json.*plan: tiny.*<- fastest that fits")
 strata_offload_error_test(report_calibrate_bad_path "--path '.*no_such_dir' is not a directory"
