@@ -94,3 +94,6 @@ strata_offload_error_test(report_calibrate_bad_model "--calibrate-model.*huge"
   report --calibrate --calibrate-model huge)
 strata_offload_error_test(report_calibrate_bad_ranks "--calibrate-ranks: Value 0 not in range 1 to 64"
   report --calibrate --calibrate-ranks 0)
+
+# The step-time model and hardware profiles on their own (no model, no device).
+strata_add_test(strata_step_time_model_tests SOURCES step_time_model_test.cpp LIBS strata_offload LABELS apps)

@@ -1,0 +1,163 @@
+// The step-time model (strata/offload/step_time_model.h) and hardware
+// profiles (hardware_profile.h) on their own: the overlap rules of Note [The
+// engine's schedule, as a model], the bytes per link, and profile checks.
+#include <gtest/gtest.h>
+
+#include <limits>
+
+#include <nlohmann/json.hpp>
+
+#include "strata/offload/hardware_profile.h"
+#include "strata/offload/step_time_model.h"
+
+namespace strata::offload {
+namespace {
+
+// Round numbers: 1 GFLOP per token and 1000 tokens at 1000 GFLOP/s is 1 s of compute.
+HardwareProfile gpu_profile() {
+  HardwareProfile p;
+  p.gpus_per_node = 4;
+  p.shared_cores = false;
+  p.device_memory_bytes = p.host_memory_bytes = p.nvme_bytes = uint64_t{1} << 40;
+  p.compute_gflops = 1000;
+  p.h2d_gb_per_s = p.d2h_gb_per_s = 10;
+  p.collective_bus_gb_per_s = 100;
+  p.nvme_read_gb_per_s = 4;
+  p.nvme_write_gb_per_s = 2;
+  p.cpu_adam_params_per_s_fp32 = p.cpu_adam_params_per_s_bf16 = 4e9;
+  p.device_adam_params_per_s = 100e9;
+  return p;
+}
+
+StepTimeInput input(uint64_t params, int stage, OffloadDevice opt, OffloadDevice param = OffloadDevice::kNone) {
+  StepTimeInput in;
+  in.params = params;
+  in.layers = 10;
+  in.world = 1;
+  in.tokens_per_rank = 1000;
+  in.flops_per_token = 1e9;
+  in.stage = stage;
+  in.optimizer = opt;
+  in.param = param;
+  return in;
+}
+
+TEST(StepTimeModel, LinkBytesFollowTheEngine) {
+  StepTimeInput in = input(1'000'000, 2, OffloadDevice::kCpu);
+  in.world = 4;
+  const LinkBytes b = predict_link_bytes(in);
+  EXPECT_EQ(b.reduce, 2'000'000u);  // the full bf16 gradient, once
+  EXPECT_EQ(b.gather, 2'000'000u);  // the updated parameters, all-gathered
+  EXPECT_EQ(b.d2h, 500'000u);       // this rank's quarter of the gradient
+  EXPECT_EQ(b.h2d, 500'000u);       // and of the updated parameters
+  EXPECT_EQ(b.nvme_read, 0u);
+  in.stage = 0;
+  in.optimizer = OffloadDevice::kNone;
+  EXPECT_EQ(predict_link_bytes(in).reduce, 4'000'000u);  // reduce-scatter and gather back
+  EXPECT_EQ(predict_link_bytes(in).gather, 0u);
+  in.stage = 3;
+  in.optimizer = OffloadDevice::kNvme;
+  EXPECT_EQ(predict_link_bytes(in).nvme_read, 12u * 250'000);  // master + m + v of the shard
+  EXPECT_EQ(predict_link_bytes(in).nvme_write, 12u * 250'000);
+  in.ratio = 0.5;
+  in.optimizer = OffloadDevice::kCpu;
+  EXPECT_EQ(predict_link_bytes(in).d2h, 250'000u);  // only the host part's gradient
+}
+
+TEST(StepTimeModel, TheOptimizerHidesUnderTheForwardUntilItIsLonger) {
+  const HardwareProfile hw = gpu_profile();
+  // 1 s of compute: forward 333 ms. 1e9 parameters at 4e9/s = 250 ms of CPU Adam: hidden.
+  Result<StepTimePrediction> short_opt = predict_step_time(input(1'000'000'000, 1, OffloadDevice::kCpu), hw);
+  ASSERT_TRUE(short_opt.ok()) << short_opt.status().to_string();
+  EXPECT_NEAR(short_opt->compute_ms, 1000, 1e-9);
+  EXPECT_NEAR(short_opt->optimizer_ms, 250, 1e-9);
+  EXPECT_EQ(short_opt->exposed_optimizer_ms, 0);
+  // 2e9 parameters: 500 ms of Adam, 167 ms beyond the forward.
+  Result<StepTimePrediction> long_opt = predict_step_time(input(2'000'000'000, 1, OffloadDevice::kCpu), hw);
+  ASSERT_TRUE(long_opt.ok());
+  EXPECT_NEAR(long_opt->exposed_optimizer_ms, 500 - 1000.0 / 3, 1e-6);
+  EXPECT_NEAR(long_opt->step_ms, long_opt->compute_ms + long_opt->exposed_optimizer_ms + long_opt->exposed_reduce_ms +
+                                     long_opt->exposed_gather_ms,
+              1e-9);
+  EXPECT_LE(long_opt->ideal_ms, long_opt->step_ms);
+}
+
+TEST(StepTimeModel, RanksOfANodeShareItsCpuOptimizerAndDrives) {
+  const HardwareProfile hw = gpu_profile();
+  StepTimeInput in = input(4'000'000'000, 2, OffloadDevice::kCpu);
+  in.world = 4;  // 1e9 parameters per rank, 4 ranks on the node's 4e9/s: 1 s each
+  Result<StepTimePrediction> r = predict_step_time(in, hw);
+  ASSERT_TRUE(r.ok());
+  EXPECT_NEAR(r->optimizer_ms, 1000, 1e-6);
+  in.world = 8;  // two nodes: each node's 4 ranks step 0.5e9 each
+  r = predict_step_time(in, hw);
+  ASSERT_TRUE(r.ok());
+  EXPECT_NEAR(r->optimizer_ms, 500, 1e-6);
+}
+
+TEST(StepTimeModel, StageThreeChargesTheNvmePhaseWhole) {
+  const HardwareProfile hw = gpu_profile();
+  // 1e8 parameters: 1.2 GB of state read at 4 GB/s (300 ms) and written at 2 (600 ms) + 25 ms of Adam.
+  Result<StepTimePrediction> s2 = predict_step_time(input(100'000'000, 2, OffloadDevice::kNvme), hw);
+  Result<StepTimePrediction> s3 = predict_step_time(input(100'000'000, 3, OffloadDevice::kNvme), hw);
+  ASSERT_TRUE(s2.ok() && s3.ok());
+  EXPECT_NEAR(s2->optimizer_ms, 925, 1e-6);
+  EXPECT_NEAR(s2->exposed_optimizer_ms, 925 - 1000.0 / 3, 1e-6);  // beyond the forward only
+  EXPECT_NEAR(s3->exposed_optimizer_ms, 900, 1e-6);               // the NVMe phase whole; Adam hides
+  EXPECT_EQ(s3->bound, "nvme (optimizer state)");
+}
+
+TEST(StepTimeModel, SharedCoresHideNothingButNvme) {
+  HardwareProfile hw = gpu_profile();
+  hw.shared_cores = true;
+  hw.gpus_per_node = 1;
+  Result<StepTimePrediction> r = predict_step_time(input(1'000'000'000, 1, OffloadDevice::kCpu), hw);
+  ASSERT_TRUE(r.ok());
+  // Adam (250 ms) and every transfer add to the compute.
+  EXPECT_NEAR(r->exposed_optimizer_ms, r->optimizer_ms + r->update_ms, 1e-9);
+  EXPECT_NEAR(r->exposed_reduce_ms, r->grad_ms, 1e-9);
+  EXPECT_GT(r->step_ms, r->compute_ms + 250);
+  // Two local ranks share the cores: the same per-rank tokens take twice the compute.
+  StepTimeInput two = input(1'000'000'000, 1, OffloadDevice::kCpu);
+  two.world = 2;
+  Result<StepTimePrediction> r2 = predict_step_time(two, hw);
+  ASSERT_TRUE(r2.ok());
+  EXPECT_NEAR(r2->compute_ms, 2 * r->compute_ms, 1e-9);
+}
+
+TEST(StepTimeModel, OutOfRangeInputsNameTheField) {
+  const HardwareProfile hw = gpu_profile();
+  StepTimeInput in = input(1000, 1, OffloadDevice::kCpu);
+  in.ratio = 1.5;
+  EXPECT_NE(predict_step_time(in, hw).status().message().find("ratio 1.5"), std::string::npos);
+  in = input(0, 1, OffloadDevice::kCpu);
+  EXPECT_NE(predict_step_time(in, hw).status().message().find("params"), std::string::npos);
+  in = input(1000, 4, OffloadDevice::kCpu);
+  EXPECT_NE(predict_step_time(in, hw).status().message().find("stage 4"), std::string::npos);
+}
+
+TEST(HardwareProfile, RoundTripsAndRejectsBadRates) {
+  const nlohmann::json j = hardware_profile_to_json(gpu_profile());
+  Result<HardwareProfile> back = parse_hardware_profile(j, "p.json");
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->gpus_per_node, 4);
+  EXPECT_EQ(back->nvme_write_gb_per_s, 2);
+  nlohmann::json bad = j;
+  bad["h2d_gb_per_s"] = -3;
+  EXPECT_NE(parse_hardware_profile(bad, "p.json").status().message().find("p.json: \"h2d_gb_per_s\" is -3"),
+            std::string::npos);
+  bad = j;
+  bad.erase("compute_gflops");
+  EXPECT_NE(parse_hardware_profile(bad, "p.json").status().message().find("\"compute_gflops\" is missing"),
+            std::string::npos);
+  bad = j;
+  bad["nvme_read_gbps"] = 1;
+  EXPECT_NE(parse_hardware_profile(bad, "p.json").status().message().find("unknown key \"nvme_read_gbps\""),
+            std::string::npos);
+  bad = j;
+  bad["collective_bus_gb_per_s"] = std::numeric_limits<double>::infinity();
+  EXPECT_FALSE(parse_hardware_profile(bad, "p.json").ok());
+}
+
+}  // namespace
+}  // namespace strata::offload
