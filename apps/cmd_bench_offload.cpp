@@ -352,7 +352,7 @@ int run_bench_offload(const BenchOffloadOptions& o) {
   if (Status v = g.validate(); !v.ok()) return fail(v);
   if (o.seq > g.max_seq_len)
     return fail(InvalidArgument(fmt::format("--seq {} is longer than the model's max_seq {}", o.seq, g.max_seq_len)));
-  if (!o.plot_out.empty() && o.plot_out.size() < 5)
+  if (!o.plot_out.empty() && !o.plot_out.ends_with(".png"))
     return fail(InvalidArgument(fmt::format("--plot '{}' must name a .png file", printable(o.plot_out, 64))));
 
   std::vector<PlacementRow> rows;

@@ -97,3 +97,7 @@ strata_offload_error_test(report_calibrate_bad_ranks "--calibrate-ranks: Value 0
 
 # The step-time model and hardware profiles on their own (no model, no device).
 strata_add_test(strata_step_time_model_tests SOURCES step_time_model_test.cpp LIBS strata_offload LABELS apps)
+strata_offload_error_test(bench_offload_plot_not_png "--plot 'out.pdf' must name a .png file"
+  bench offload --plot out.pdf)
+strata_offload_error_test(bench_offload_bad_profile "--profile: .*no_such_profile.json"
+  bench offload --profile ${bad}/no_such_profile.json)
