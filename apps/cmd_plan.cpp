@@ -200,8 +200,9 @@ int run_plan(const PlanOptions& o) {
   doc["grad_accum"] = o.grad_accum;
   doc["tokens_per_rank"] = static_cast<double>(o.batch) * o.seq * o.grad_accum;
   doc["flops_per_token"] = flops_per_token;
-  doc["memory_source"] = gpt ? "engine plan (plan_engine_memory), per rank device, per node host and nvme"
-                             : "estimator (strata estimate), per GPU and per node";
+  doc["memory_source"] = gpt ? "engine plan (plan_engine_memory), per rank device, per node host and nvme; the "
+                               "model's activations are not in it"
+                             : "estimator (strata estimate), per GPU and per node; activations are not in it";
   doc["rows"] = nlohmann::ordered_json::array();
 
   std::optional<nlohmann::json> bench;
