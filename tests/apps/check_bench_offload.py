@@ -130,18 +130,18 @@ def mode_schema(strata, rows_file, work):
 
 
 def mode_nofit(strata, rows_file, work):
-    out, args = common(rows_file, work, "nofit", ["--device-memory", "6MiB"])
+    out, args = common(rows_file, work, "nofit", ["--device-memory", "7MiB"])
     run(strata, args)
     doc = json.load(open(out))
     check_types(doc)
     rows = doc["rows"]
     if rows[0]["status"] != "does_not_fit":
-        fail(f"stage 0 under a 6 MiB cap is {rows[0]['status']}, expected does_not_fit")
+        fail(f"stage 0 under a 7 MiB cap is {rows[0]['status']}, expected does_not_fit")
     for needle in ("OutOfMemory", "stage 0, optimizer none", "device memory", "raise --device-memory"):
         if needle not in rows[0]["reason"]:
             fail(f"the refusal does not say '{needle}': {rows[0]['reason']}")
     if rows[2]["status"] != "ok":
-        fail(f"stage 3 with everything offloaded does not run under 6 MiB: {rows[2]['reason']}")
+        fail(f"stage 3 with everything offloaded does not run under 7 MiB: {rows[2]['reason']}")
     if any(r["status"] == "ok" and r["offload_optimizer"] == "none" for r in rows):
         fail("an in-memory row ran under the cap")
     if doc["baseline_row"] is not None or rows[2]["penalty"] is not None:
