@@ -14,6 +14,7 @@ struct CalibrateOptions {
   int layers = 0, heads = 0, embd = 0;
   int batch = 4, seq = 64, steps = 5;
   int ranks = 1;  // local ranks sharing this machine during the compute measurement
+  std::string config;  // a DeepSpeed config whose aio section the NVMe measurement uses ("": the defaults)
   std::string dtype = "bf16";
 };
 

@@ -132,6 +132,7 @@ CommandRegistration report_command("report", [](CLI::App& root) {
       ->capture_default_str()->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--calibrate-ranks", cal->ranks, "With --calibrate: local ranks sharing the machine")
       ->capture_default_str()->check(CLI::Range(1, 64));
+  cmd->add_option("--calibrate-config", cal->config, "With --calibrate: measure NVMe with this DeepSpeed config's aio section");
   cmd->callback([opts, cal] {
     if (cal->requested) {
       cal->path = opts->path;

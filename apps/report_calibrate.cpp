@@ -138,10 +138,10 @@ struct NvmeRates {
   double read = 0, write = 0;
 };
 
-Result<NvmeRates> measure_nvme(const std::string& dir, nlohmann::ordered_json& cal) {
+Result<NvmeRates> measure_nvme(const std::string& dir, const AioConfig& aio, nlohmann::ordered_json& cal) {
   constexpr size_t kChunk = size_t{64} << 20;
   constexpr int kChunks = 4;
-  STRATA_ASSIGN_OR_RETURN(nvme::IoEngineConfig ec, nvme::io_engine_config(AioConfig{}));
+  STRATA_ASSIGN_OR_RETURN(nvme::IoEngineConfig ec, nvme::io_engine_config(aio));
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<nvme::IoEngine> io, nvme::make_io_engine(ec.options));
   const std::string file = (std::filesystem::path(dir) / fmt::format("strata-calibrate-{}.bin", getpid())).string();
   STRATA_ASSIGN_OR_RETURN(nvme::AlignedBuffer buf, nvme::AlignedBuffer::allocate(kChunk));
@@ -169,6 +169,7 @@ Result<NvmeRates> measure_nvme(const std::string& dir, nlohmann::ordered_json& c
   cal["nvme"] = {{"path", dir}, {"engine", io->describe()}, {"direct", info.direct},
                  {"fallback_reason", info.fallback_reason}, {"bytes", kChunks * kChunk},
                  {"block_size", ec.options.block_size}, {"queue_depth", ec.options.queue_depth},
+                 {"intra_op_parallelism", ec.options.intra_op_parallelism},
                  {"read_gb_per_s", r}, {"write_gb_per_s", w}};
   return NvmeRates{r, w};
 }
@@ -233,6 +234,13 @@ int run_calibrate(const CalibrateOptions& o) {
   if (!std::filesystem::is_directory(dir, ec))
     return fail(InvalidArgument(fmt::format("--path '{}' is not a directory", printable(dir, 256))));
 
+  AioConfig aio;  // DeepSpeed's defaults, or the config's aio section
+  if (!o.config.empty()) {
+    Result<Config> c = load_config(o.config);
+    if (!c.ok()) return fail(c.status().with_context("--calibrate-config"));
+    aio = c->aio;
+  }
+
   nlohmann::ordered_json cal;
   cal["date"] = utc_now();
   offload::HardwareProfile p;
@@ -259,7 +267,7 @@ int run_calibrate(const CalibrateOptions& o) {
   p.cpu_adam_params_per_s_bf16 = adam->bf16;
   p.device_adam_params_per_s = adam->fp32;  // the cpu device steps its state with the same CPU kernels
   fmt::print(stderr, "calibrate: NVMe in {} ...\n", dir);
-  Result<NvmeRates> nv = measure_nvme(dir, cal);
+  Result<NvmeRates> nv = measure_nvme(dir, aio, cal);
   if (!nv.ok()) return fail(nv.status());
   p.nvme_read_gb_per_s = nv->read;
   p.nvme_write_gb_per_s = nv->write;

@@ -101,3 +101,5 @@ strata_offload_error_test(bench_offload_plot_not_png "--plot 'out.pdf' must name
   bench offload --plot out.pdf)
 strata_offload_error_test(bench_offload_bad_profile "--profile: .*no_such_profile.json"
   bench offload --profile ${bad}/no_such_profile.json)
+strata_offload_error_test(report_calibrate_bad_config "--calibrate-config.*no_such_config.json"
+  report --calibrate --calibrate-model tiny --calibrate-config ${bad}/no_such_config.json)
