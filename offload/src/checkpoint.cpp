@@ -357,6 +357,13 @@ Result<CheckpointReader> CheckpointReader::open(const fs::path& dir_or_tag) {
   CheckpointReader r;
   r.folder_ = folder;
   STRATA_ASSIGN_OR_RETURN(r.manifest_, CheckpointManifest::from_json(j, mpath.string()));
+  const CheckpointManifest& m = r.manifest_;
+  r.index_.resize(m.layers.size());
+  for (size_t i = 0; i < m.extents.size(); ++i)
+    r.index_[m.extents[i].layer][m.files[m.extents[i].file].model ? 0 : 1].push_back(i);
+  for (auto& per_layer : r.index_)
+    for (auto& v : per_layer)
+      std::sort(v.begin(), v.end(), [&](size_t a, size_t b) { return m.extents[a].begin < m.extents[b].begin; });
   for (const CheckpointFile& f : r.manifest_.files) {
     const fs::path p = folder / f.name;
     struct stat st{};
@@ -403,15 +410,13 @@ Status CheckpointReader::read(size_t layer, CheckpointState kind, uint64_t begin
   uint64_t at = begin;
   const uint64_t end = begin + out.size();
   while (at < end) {
-    size_t found = SIZE_MAX;
-    for (size_t i = 0; i < m.extents.size(); ++i) {
-      const CheckpointExtent& e = m.extents[i];
-      if (e.layer == layer && m.files[e.file].model == want_model && e.begin <= at && at < e.begin + e.count) {
-        found = i;
-        break;
-      }
-    }
-    STRATA_CHECK(found != SIZE_MAX, "from_json checked that every layer is tiled");
+    // The last extent that begins at or before `at` (the extents tile the layer).
+    const std::vector<size_t>& sorted = index_[layer][want_model ? 0 : 1];
+    auto it = std::upper_bound(sorted.begin(), sorted.end(), at,
+                               [&](uint64_t v, size_t i) { return v < m.extents[i].begin; });
+    STRATA_CHECK(it != sorted.begin(), "from_json checked that every layer is tiled");
+    const size_t found = *std::prev(it);
+    STRATA_CHECK(at < m.extents[found].begin + m.extents[found].count, "from_json checked that every layer is tiled");
     const CheckpointExtent& e = m.extents[found];
     if (cached_extent_ != found) {
       const uint64_t bytes = m.extent_bytes(e);

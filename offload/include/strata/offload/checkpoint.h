@@ -25,6 +25,7 @@
 // `latest` the same way. A crash at any moment leaves either no TAG (the
 // temporary folder is never read) or a complete one, and `latest` names a
 // complete tag throughout.
+#include <array>
 #include <cstdint>
 #include <filesystem>
 #include <optional>
@@ -122,6 +123,9 @@ class CheckpointReader {
  private:
   std::filesystem::path folder_;
   CheckpointManifest manifest_;
+  // Per layer and kind (model, optim): extent indices sorted by begin, for
+  // a binary search (a checkpoint of many ranks has many extents).
+  std::vector<std::array<std::vector<size_t>, 2>> index_;
   // the last extent read, for sequential walks
   size_t cached_extent_ = SIZE_MAX;
   std::vector<float> cached_;
