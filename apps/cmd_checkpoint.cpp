@@ -1,9 +1,10 @@
-// strata checkpoint inspect|verify|export: what a --save-dir holds, whether
+// strata checkpoint inspect|verify|export|clean: what a --save-dir holds, whether
 // it is intact, and the model out of it as a Hugging Face GPT-2 folder.
 //
 //   strata checkpoint inspect DIR[/TAG] [--json]
 //   strata checkpoint verify  DIR[/TAG]
 //   strata checkpoint export  DIR[/TAG] --out OUT [--dtype fp32|bf16] [--overwrite]
+//   strata checkpoint clean   DIR [--dry-run]
 //
 // DIR resolves to its `latest` tag (offload/checkpoint.h). export streams
 // one layer's fp32 master at a time from the rank shards into
@@ -31,6 +32,7 @@ struct CheckpointCliOptions {
   std::string out;
   std::string dtype = "fp32";
   bool overwrite = false;
+  bool dry_run = false;
 };
 
 int fail(const char* sub, const Status& st) {
@@ -66,13 +68,12 @@ int run_inspect(const CheckpointCliOptions& o) {
                offload::hex64(f.xxh3));
   fmt::print("  {} extents; run `strata checkpoint verify` to check every checksum\n", m.extents.size());
   // Saves that were killed leave their temporary folder beside the tags.
-  std::error_code ec;
-  for (const std::filesystem::directory_entry& e : std::filesystem::directory_iterator(r->folder().parent_path(), ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.rfind(".tmp-", 0) == 0)
-      fmt::print("  interrupted save (never read): {}; delete it when no run is saving into this folder\n",
-                 printable(name, 128));
-  }
+  Result<std::vector<offload::InterruptedSave>> left = offload::find_interrupted_saves(r->folder().parent_path());
+  if (left.ok())
+    for (const offload::InterruptedSave& t : *left)
+      fmt::print("  interrupted save of tag {} (never read): {} — {}\n", printable(t.tag, 128), printable(t.name, 160),
+                 t.running ? fmt::format("process {} still runs", t.pid)
+                           : std::string("`strata checkpoint clean` removes it"));
   return 0;
 }
 
@@ -139,6 +140,30 @@ int run_export(const CheckpointCliOptions& o) {
   return 0;
 }
 
+int run_clean(const CheckpointCliOptions& o) {
+  Result<std::vector<offload::InterruptedSave>> left = offload::find_interrupted_saves(o.path);
+  if (!left.ok()) return fail("clean", left.status());
+  int kept = 0, removed = 0;
+  for (const offload::InterruptedSave& t : *left) {
+    if (t.running) {
+      fmt::print("kept     {} (process {} still runs: its save may be in progress)\n", printable(t.name, 160), t.pid);
+      ++kept;
+      continue;
+    }
+    if (o.dry_run) {
+      fmt::print("would remove {} (interrupted save of tag {})\n", printable(t.name, 160), printable(t.tag, 128));
+      continue;
+    }
+    const Status st = offload::remove_interrupted_save(o.path, t);
+    if (!st.ok()) return fail("clean", st);
+    fmt::print("removed  {} (interrupted save of tag {})\n", printable(t.name, 160), printable(t.tag, 128));
+    ++removed;
+  }
+  fmt::print("{}: {} interrupted save(s) removed, {} kept; complete tags and `latest` are never touched\n",
+             printable(o.path, 256), removed, kept);
+  return 0;
+}
+
 CommandRegistration checkpoint_command("checkpoint", [](CLI::App& root) {
   CLI::App* group = root.add_subcommand("checkpoint", "Inspect, verify or export checkpoints of strata train --save-dir");
   group->require_subcommand(1);
@@ -154,6 +179,14 @@ CommandRegistration checkpoint_command("checkpoint", [](CLI::App& root) {
     CLI::App* cmd = group->add_subcommand("verify", "Check every file's and extent's XXH3 checksum");
     cmd->add_option("path", o->path, "DIR (its latest tag) or DIR/TAG")->required();
     cmd->callback([o] { exit_with(run_verify(*o)); });
+  }
+  {
+    auto o = std::make_shared<CheckpointCliOptions>();
+    CLI::App* cmd = group->add_subcommand(
+        "clean", "Remove the temporary folders of saves that were interrupted (their process no longer runs)");
+    cmd->add_option("path", o->path, "The --save-dir folder")->required();
+    cmd->add_flag("--dry-run", o->dry_run, "Only say what would be removed");
+    cmd->callback([o] { exit_with(run_clean(*o)); });
   }
   {
     auto o = std::make_shared<CheckpointCliOptions>();

@@ -3,6 +3,7 @@
 #include "strata/offload/checkpoint.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -75,6 +76,57 @@ Status write_file_atomically(const fs::path& folder, const std::string& name, st
   if (::rename(tmp.c_str(), dst.c_str()) != 0)
     return ErrnoStatus(errno, fmt::format("rename '{}' to '{}'", printable(tmp.string(), 256), name));
   return fsync_folder(folder);
+}
+
+// ---------------------------------------------------------------- interrupted saves
+
+Result<std::vector<InterruptedSave>> find_interrupted_saves(const fs::path& dir) {
+  std::error_code ec;
+  const fs::file_status st = fs::symlink_status(dir, ec);
+  if (ec || !fs::is_directory(st) || fs::is_symlink(st))
+    return InvalidArgument(fmt::format("'{}' is not a checkpoint folder (a real folder, not a link)",
+                                       printable(dir.string(), 256)));
+  std::vector<InterruptedSave> out;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(".tmp-", 0) != 0) continue;
+    const fs::file_status es = e.symlink_status(ec);
+    if (ec || !fs::is_directory(es) || fs::is_symlink(es)) continue;
+    const size_t dash = name.rfind('-');
+    if (dash == std::string::npos || dash <= 5 || dash + 1 >= name.size() || dash + 1 + 10 < name.size()) continue;
+    int64_t pid = 0;
+    bool digits = true;
+    for (size_t i = dash + 1; i < name.size(); ++i) {
+      if (name[i] < '0' || name[i] > '9') digits = false;
+      else pid = pid * 10 + (name[i] - '0');
+    }
+    if (!digits || pid <= 0 || pid > INT32_MAX) continue;
+    InterruptedSave s;
+    s.name = name;
+    s.tag = name.substr(5, dash - 5);
+    s.pid = pid;
+    s.running = ::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM;
+    out.push_back(std::move(s));
+  }
+  if (ec) return ErrnoStatus(ec.value(), fmt::format("list '{}'", printable(dir.string(), 256)));
+  std::sort(out.begin(), out.end(), [](const InterruptedSave& a, const InterruptedSave& b) { return a.name < b.name; });
+  return out;
+}
+
+Status remove_interrupted_save(const fs::path& dir, const InterruptedSave& save) {
+  if (save.name.rfind(".tmp-", 0) != 0 || save.name.find('/') != std::string::npos || save.name == ".tmp-")
+    return InvalidArgument(fmt::format("'{}' is not an interrupted save's folder", printable(save.name, 128)));
+  if (::kill(static_cast<pid_t>(save.pid), 0) == 0 || errno == EPERM)
+    return FailedPrecondition(fmt::format("'{}': process {} is running; its save may still be in progress",
+                                          printable(save.name, 128), save.pid));
+  const fs::path p = dir / save.name;
+  std::error_code ec;
+  const fs::file_status st = fs::symlink_status(p, ec);
+  if (ec || !fs::is_directory(st) || fs::is_symlink(st))
+    return InvalidArgument(fmt::format("'{}' is not a real folder", printable(p.string(), 256)));
+  fs::remove_all(p, ec);  // never follows links inside
+  if (ec) return ErrnoStatus(ec.value(), fmt::format("remove '{}'", printable(p.string(), 256)));
+  return Status::Ok();
 }
 
 // ---------------------------------------------------------------- manifest

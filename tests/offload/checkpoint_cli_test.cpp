@@ -93,6 +93,18 @@ TEST(CheckpointCli, KillDuringEveryCommitStepLeavesALoadableLatest) {
     }
     const CliRun v = run("checkpoint verify " + dir.string());
     EXPECT_EQ(v.rc, 0) << point << ": " << v.out;
+    // The killed save's temporary folder (if it was not renamed yet) is
+    // listed by inspect and removed by clean; nothing else is touched.
+    const CliRun i = run("checkpoint inspect " + dir.string());
+    EXPECT_EQ(i.out.find("interrupted save of tag global_step4") != std::string::npos, !renamed) << point << i.out;
+    const CliRun c = run("checkpoint clean " + dir.string());
+    EXPECT_EQ(c.rc, 0) << c.out;
+    EXPECT_NE(c.out.find(renamed ? "0 interrupted save(s) removed" : "1 interrupted save(s) removed"),
+              std::string::npos)
+        << point << c.out;
+    for (const auto& e : fs::directory_iterator(dir))
+      EXPECT_NE(e.path().filename().string().rfind(".tmp-", 0), 0u) << point << ": " << e.path();
+    EXPECT_EQ(run("checkpoint verify " + dir.string()).rc, 0) << point;
     // Resume from `latest` and finish: the same losses as the straight run.
     const fs::path log = dir / "resumed.jsonl";
     const CliRun r = run(kTrain + "--steps 6 --resume " + dir.string() + " --json-log " + log.string());
@@ -105,6 +117,33 @@ TEST(CheckpointCli, KillDuringEveryCommitStepLeavesALoadableLatest) {
       EXPECT_EQ(loss, straight.at(step)) << point << " step " << step;
     }
   }
+}
+
+TEST(CheckpointCli, CleanKeepsSavesOfRunningProcessesAndNeverFollowsLinks) {
+  const fs::path work = fresh("clean");
+  const fs::path dir = work / "ck", outside = work / "outside";
+  fs::create_directories(dir);
+  fs::create_directories(outside);
+  std::ofstream(outside / "precious") << "keep me";
+  fs::create_directories(dir / (".tmp-global_step3-" + std::to_string(::getpid())));  // this process: running
+  fs::create_directory_symlink(outside, dir / ".tmp-global_step4-999999999");         // a link: never followed
+  fs::create_directories(dir / ".tmp-global_step5-2147483646");                       // no such process
+  std::ofstream(dir / ".tmp-global_step5-2147483646" / "rank00000.model") << "half";
+  CliRun r = run("checkpoint clean --dry-run " + dir.string());
+  EXPECT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("would remove .tmp-global_step5-2147483646"), std::string::npos) << r.out;
+  EXPECT_TRUE(fs::exists(dir / ".tmp-global_step5-2147483646"));
+  r = run("checkpoint clean " + dir.string());
+  EXPECT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("kept     .tmp-global_step3-"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("1 interrupted save(s) removed, 1 kept"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(dir / ".tmp-global_step5-2147483646"));
+  EXPECT_TRUE(fs::exists(dir / (".tmp-global_step3-" + std::to_string(::getpid()))));
+  EXPECT_TRUE(fs::is_symlink(dir / ".tmp-global_step4-999999999"));
+  EXPECT_TRUE(fs::exists(outside / "precious"));
+  r = run("checkpoint clean " + (work / "missing").string());
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.out.find("not a checkpoint folder"), std::string::npos) << r.out;
 }
 
 TEST(CheckpointCli, SyncSaveSameLossesAndTheLogSaysWhatBlocked) {

@@ -136,6 +136,20 @@ Status check_checkpoint_tag(const std::string& tag);
 // "global_step12": the default tag of a save after `step` steps (DeepSpeed's naming).
 std::string default_checkpoint_tag(int64_t step_calls);
 
+// The temporary folder of a save that did not finish (".tmp-TAG-PID" inside
+// a --save-dir): PID is the saving run's rank-0 process.
+struct InterruptedSave {
+  std::string name;  // ".tmp-global_step8-1234"
+  std::string tag;
+  int64_t pid = 0;
+  bool running = false;  // a process with that id runs on this machine (the save may be in progress)
+};
+// The interrupted saves directly inside `dir` (never following a link).
+Result<std::vector<InterruptedSave>> find_interrupted_saves(const std::filesystem::path& dir);
+// Removes one of them: only a real folder directly inside `dir` whose name
+// is an interrupted save's; refuses one whose process still runs.
+Status remove_interrupted_save(const std::filesystem::path& dir, const InterruptedSave& save);
+
 // Small durable-file helpers shared by the writer: write `data` to
 // `folder/name` through a temporary name, fsync, rename, fsync the folder.
 Status write_file_atomically(const std::filesystem::path& folder, const std::string& name, std::string_view data);
