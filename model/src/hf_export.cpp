@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "strata/core/durable_file.h"
 #include "strata/model/gpt.h"
 
 // Note [Streaming export]
@@ -201,16 +202,6 @@ class TempFile {
   bool committed_ = false;
 };
 
-Status fsync_dir(const fs::path& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus(errno, fmt::format("hf export: opening folder '{}' to fsync it", dir.string()));
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  if (rc != 0) return ErrnoStatus(err, fmt::format("hf export: fsync of folder '{}'", dir.string()));
-  return Status::Ok();
-}
-
 // `out` (without a trailing separator) exists as a folder afterwards.
 Status prepare_out_dir(const fs::path& out) {
   std::error_code ec;
@@ -229,7 +220,7 @@ Status prepare_out_dir(const fs::path& out) {
                                 out.string(), parent.string()));
   if (::mkdir(out.c_str(), 0755) != 0 && errno != EEXIST)
     return ErrnoStatus(errno, fmt::format("hf export: creating output folder '{}'", out.string()));
-  return fsync_dir(parent);
+  return fsync_folder(parent).with_context("hf export");
 }
 
 Status check_target(const fs::path& path, bool overwrite) {
@@ -389,7 +380,7 @@ Status export_hf_gpt2(const GptConfig& config, const fs::path& out_arg, const Hf
     if (!options.overwrite) ::unlink(model_file->final_path().c_str());
     return st;
   }
-  return fsync_dir(out);
+  return fsync_folder(out).with_context("hf export");
 }
 
 }  // namespace strata::model

@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "strata/core/bounded_file.h"
+#include "strata/core/durable_file.h"
 #include "strata/core/printable.h"
 #include "strata/nvme/checksum.h"
 
@@ -23,6 +24,21 @@ namespace strata::offload {
 namespace fs = std::filesystem;
 
 std::string hex64(uint64_t v) { return fmt::format("{:016x}", v); }
+
+Result<uint64_t> parse_hex64(const nlohmann::json& v, const std::string& what) {
+  if (!v.is_string() || v.get<std::string>().size() != 16)
+    return InvalidArgument(fmt::format("{}: the checksum must be 16 hex digits", what));
+  const std::string s = v.get<std::string>();
+  uint64_t x = 0;
+  for (const char c : s) {
+    int d = 0;
+    if (c >= '0' && c <= '9') d = c - '0';
+    else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
+    else return InvalidArgument(fmt::format("{}: the checksum '{}' is not lower-case hex", what, printable(s, 32)));
+    x = x << 4 | static_cast<uint64_t>(d);
+  }
+  return x;
+}
 
 std::string default_checkpoint_tag(int64_t step_calls) { return fmt::format("global_step{}", step_calls); }
 
@@ -39,43 +55,6 @@ Status check_checkpoint_tag(const std::string& tag) {
                                          printable(tag, 160)));
   if (tag == "latest") return InvalidArgument("checkpoint tag 'latest' is the name of the pointer file; pick another");
   return Status::Ok();
-}
-
-Status fsync_folder(const fs::path& folder) {
-  const int fd = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0) return ErrnoStatus(errno, fmt::format("open folder '{}' to fsync it", printable(folder.string(), 256)));
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  if (rc != 0) return ErrnoStatus(err, fmt::format("fsync folder '{}'", printable(folder.string(), 256)));
-  return Status::Ok();
-}
-
-Status write_file_atomically(const fs::path& folder, const std::string& name, std::string_view data) {
-  const fs::path tmp = folder / (name + ".tmp");
-  const fs::path dst = folder / name;
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
-  if (fd < 0) return ErrnoStatus(errno, fmt::format("create '{}'", printable(tmp.string(), 256)));
-  size_t done = 0;
-  while (done < data.size()) {
-    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int err = errno;
-      ::close(fd);
-      return ErrnoStatus(err, fmt::format("write '{}'", printable(tmp.string(), 256)));
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return ErrnoStatus(err, fmt::format("fsync '{}'", printable(tmp.string(), 256)));
-  }
-  ::close(fd);
-  if (::rename(tmp.c_str(), dst.c_str()) != 0)
-    return ErrnoStatus(errno, fmt::format("rename '{}' to '{}'", printable(tmp.string(), 256), name));
-  return fsync_folder(folder);
 }
 
 // ---------------------------------------------------------------- interrupted saves
@@ -209,21 +188,6 @@ struct Fields {
     return j[key].get<double>();
   }
 };
-
-Result<uint64_t> parse_hex64(const nlohmann::json& v, const std::string& what) {
-  if (!v.is_string() || v.get<std::string>().size() != 16)
-    return InvalidArgument(fmt::format("{}: the checksum must be 16 hex digits", what));
-  const std::string s = v.get<std::string>();
-  uint64_t x = 0;
-  for (const char c : s) {
-    int d = 0;
-    if (c >= '0' && c <= '9') d = c - '0';
-    else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
-    else return InvalidArgument(fmt::format("{}: the checksum '{}' is not lower-case hex", what, printable(s, 32)));
-    x = x << 4 | static_cast<uint64_t>(d);
-  }
-  return x;
-}
 
 constexpr int64_t kI64Max = INT64_MAX;
 constexpr uint64_t kMaxElements = 1ull << 48;
@@ -470,23 +434,25 @@ Status CheckpointReader::read(size_t layer, CheckpointState kind, uint64_t begin
     const size_t found = *std::prev(it);
     STRATA_CHECK(at < m.extents[found].begin + m.extents[found].count, "from_json checked that every layer is tiled");
     const CheckpointExtent& e = m.extents[found];
-    if (cached_extent_ != found) {
+    const size_t k = want_model ? 0 : 1;
+    std::vector<float>& cache = cached_[k];
+    if (cached_extent_[k] != found) {
+      cached_extent_[k] = SIZE_MAX;  // until the new extent is read and checked
       const uint64_t bytes = m.extent_bytes(e);
-      cached_.assign(bytes / 4, 0.0f);
+      cache.assign(bytes / 4, 0.0f);
       const fs::path path = folder_ / m.files[e.file].name;
-      STRATA_RETURN_IF_ERROR(pread_all(path, e.offset, cached_.data(), bytes));
-      if (nvme::checksum64(cached_.data(), bytes) != e.xxh3) {
-        cached_extent_ = SIZE_MAX;
+      STRATA_RETURN_IF_ERROR(pread_all(path, e.offset, cache.data(), bytes));
+      if (nvme::checksum64(cache.data(), bytes) != e.xxh3) {
         return DataLoss(fmt::format("checkpoint file '{}': extent at byte {} (layer {} '{}', elements [{}, +{})) does "
                                     "not match its checksum; the file is damaged: resume from an earlier tag",
                                     printable(path.string(), 256), e.offset, e.layer,
                                     printable(m.layers[e.layer].name, 64), e.begin, e.count));
       }
-      cached_extent_ = found;
+      cached_extent_[k] = found;
     }
     const uint64_t n = std::min(end, e.begin + e.count) - at;
     const uint64_t skip = kind == CheckpointState::kExpAvgSq ? e.count : 0;
-    std::memcpy(out.data() + (at - begin), cached_.data() + skip + (at - e.begin), n * sizeof(float));
+    std::memcpy(out.data() + (at - begin), cache.data() + skip + (at - e.begin), n * sizeof(float));
     at += n;
   }
   return Status::Ok();

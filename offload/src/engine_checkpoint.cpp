@@ -25,6 +25,7 @@
 
 #include "engine_impl.h"
 #include "strata/core/bounded_file.h"
+#include "strata/core/durable_file.h"
 #include "strata/nvme/aligned_buffer.h"
 #include "strata/nvme/checksum.h"
 
@@ -106,6 +107,8 @@ struct Engine::Impl::SnapshotSlots {
   std::vector<size_t> free;
   size_t acquire() {
     std::unique_lock<std::mutex> lock(mu);
+    // Blocks the optimizer thread by design: this is the bound on host
+    // memory; the writer frees a slot as each piece reaches the disk.
     cv.wait(lock, [&] { return !free.empty(); });
     const size_t s = free.back();
     free.pop_back();
@@ -232,6 +235,7 @@ Result<std::optional<CheckpointSaveDone>> Engine::Impl::wait_save() {
   if (!pending_save) return std::optional<CheckpointSaveDone>();
   std::shared_ptr<SaveState> s = std::move(pending_save);
   pending_save.reset();
+  // The caller asked for the save's end (next save, --save-sync, end of training).
   const Status st = s->done_c.wait();
   if (!st.ok()) return st.with_context(fmt::format("checkpoint '{}' in '{}'", s->tag, printable(s->dir.string(), 256)));
   CheckpointSaveDone d;
@@ -257,9 +261,14 @@ Status Engine::Impl::finish_save(SaveState& s) {
   }
   nlohmann::json report;
   report["rank"] = s.rank;
+  // Files and extents in the manifest's own form (file indices local to this rank).
   report["files"] = nlohmann::json::array();
   for (const OutFile* f : {&s.model, &s.optim})
-    report["files"].push_back({{"name", f->name}, {"bytes", f->bytes}, {"xxh3", hex64(f->sum.digest())}});
+    report["files"].push_back({{"name", f->name},
+                               {"rank", s.rank},
+                               {"kind", f == &s.model ? "model" : "optim"},
+                               {"bytes", f->bytes},
+                               {"xxh3", hex64(f->sum.digest())}});
   report["extents"] = nlohmann::json::array();
   for (const CheckpointExtent& e : s.extents)
     report["extents"].push_back({e.file, e.layer, e.begin, e.count, e.offset, hex64(e.xxh3)});
@@ -267,8 +276,9 @@ Status Engine::Impl::finish_save(SaveState& s) {
   if (s.rank != 0) return Status::Ok();
   crash_point("after-rank-files", s.tag);
 
-  // Rank 0: every rank's report (or its failure), then the manifest.
-  CheckpointManifest m = s.manifest;
+  // Rank 0: every rank's report (or its failure) appended to the manifest,
+  // which from_json then checks as a loader would: what is committed reads back.
+  nlohmann::json mj = s.manifest.to_json();
   const auto deadline = Clock::now() + std::chrono::duration<double>(s.commit_timeout_s);
   for (int r = 0; r < s.world; ++r) {
     const fs::path rep = s.tmp / fmt::format("rank{:05d}.json", r);
@@ -289,44 +299,24 @@ Status Engine::Impl::finish_save(SaveState& s) {
         return DeadlineExceeded(fmt::format("rank {} did not report its files in {:g} s; the checkpoint was not "
                                             "committed (the previous `latest` stands)",
                                             r, s.commit_timeout_s));
+      // Peers write their reports on their own writer threads (or processes):
+      // polling the folder needs no collective from this background thread.
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
     STRATA_ASSIGN_OR_RETURN(std::string text, read_regular_file(rep.string(), kMaxManifestBytes, {.what = "rank report", .flag = "", .hint = ""}));
-    const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+    nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
     if (j.is_discarded() || !j.contains("files") || !j["files"].is_array() || j["files"].size() != 2 ||
         !j.contains("extents") || !j["extents"].is_array())
       return DataLoss(fmt::format("rank report '{}' is damaged", printable(rep.string(), 256)));
-    const size_t base = m.files.size();
-    for (size_t k = 0; k < 2; ++k) {
-      CheckpointFile f;
-      f.name = j["files"][k].value("name", "");
-      f.rank = r;
-      f.model = k == 0;
-      f.bytes = j["files"][k].value("bytes", uint64_t{0});
-      const std::string h = j["files"][k].value("xxh3", std::string(16, '0'));
-      f.xxh3 = std::strtoull(h.c_str(), nullptr, 16);
-      m.files.push_back(std::move(f));
-    }
-    nlohmann::json ex = j["extents"];
-    for (nlohmann::json& e : ex) {
-      if (!e.is_array() || e.size() != 6 || !e[0].is_number_unsigned())
+    const uint64_t base = mj["files"].size();
+    for (nlohmann::json& f : j["files"]) mj["files"].push_back(std::move(f));
+    for (nlohmann::json& e : j["extents"]) {
+      if (!e.is_array() || e.empty() || !e[0].is_number_unsigned())
         return DataLoss(fmt::format("rank report '{}' is damaged", printable(rep.string(), 256)));
       e[0] = base + e[0].get<uint64_t>();
-    }
-    // Parsed and checked with the manifest below.
-    for (const nlohmann::json& e : ex) {
-      CheckpointExtent ce;
-      ce.file = e[0].get<size_t>();
-      ce.layer = e[1].get<size_t>();
-      ce.begin = e[2].get<uint64_t>();
-      ce.count = e[3].get<uint64_t>();
-      ce.offset = e[4].get<uint64_t>();
-      ce.xxh3 = std::strtoull(e[5].get<std::string>().c_str(), nullptr, 16);
-      m.extents.push_back(ce);
+      mj["extents"].push_back(std::move(e));
     }
   }
-  // What is committed must read back: the same checks a loader makes.
-  const nlohmann::json mj = m.to_json();
   STRATA_RETURN_IF_ERROR(CheckpointManifest::from_json(mj, (s.tmp / "manifest.json").string()).status());
   crash_point("before-manifest", s.tag);
   STRATA_RETURN_IF_ERROR(write_file_atomically(s.tmp, "manifest.json", mj.dump(1)));
@@ -643,44 +633,49 @@ Result<CheckpointManifest> Engine::Impl::load(const std::string& given) {
       else if (l.pd == DType::kBF16) convert_fp32_to_bf16(src32, reinterpret_cast<bfloat16*>(dst), n);
       else convert_fp32_to_fp16(src32, reinterpret_cast<float16*>(dst), n);
     };
+    // The master values this rank needs, read once: the whole layer when its
+    // parameters are kept whole (persistent), else this rank's shard (the
+    // shard layout, padding zero). Both the parameters and the owned
+    // pieces' state come from it.
+    std::vector<float> master(l.persistent ? lp.padded_elements : lp.shard_elements, 0.0f);
     if (l.persistent) {
-      std::vector<float> full(lp.padded_elements, 0.0f);
-      STRATA_RETURN_IF_ERROR(reader.read(li, CheckpointState::kMaster, 0, std::span<float>(full.data(), lp.elements)));
-      std::vector<std::byte> bytes(lp.padded_elements * l.pe);
-      to_params(full.data(), bytes.data(), lp.padded_elements);
-      STRATA_RETURN_IF_ERROR(device.copy(l.full_params.data(), bytes.data(), bytes.size(), CopyKind::kHostToDevice));
+      STRATA_RETURN_IF_ERROR(reader.read(li, CheckpointState::kMaster, 0, std::span<float>(master.data(), lp.elements)));
     } else {
-      std::vector<float> piece;
-      std::vector<std::byte> shard(lp.shard_elements * l.pe, std::byte{0});
       for (const SubGroup& g : lp.groups) {
         const size_t n = lp.piece_real(g, rank);
         if (n == 0) continue;  // all padding (its begin may lie past the layer's end)
-        piece.assign(n, 0.0f);
-        STRATA_RETURN_IF_ERROR(reader.read(li, CheckpointState::kMaster, lp.piece_begin(g, rank), piece));
-        to_params(piece.data(), shard.data() + g.shard_offset * l.pe, n);
-      }
-      if (l.on_nvme) {
-        STRATA_ASSIGN_OR_RETURN(Completion w, param_swap->write(static_cast<uint32_t>(li), shard.data(), shard.size(),
-                                                                "parameter shard of " + lname));
-        STRATA_RETURN_IF_ERROR(w.wait());
-      } else if (param_on_host()) {
-        std::memcpy(l.host_shard.data(), shard.data(), shard.size());
-      } else {
-        STRATA_RETURN_IF_ERROR(device.copy(l.dev_shard.data(), shard.data(), shard.size(), CopyKind::kHostToDevice));
+        STRATA_RETURN_IF_ERROR(reader.read(li, CheckpointState::kMaster, lp.piece_begin(g, rank),
+                                           std::span<float>(master.data() + g.shard_offset, n)));
       }
     }
-    // The optimizer state of every owned piece.
+    std::vector<std::byte> params(master.size() * l.pe);
+    to_params(master.data(), params.data(), master.size());
+    if (l.persistent) {
+      STRATA_RETURN_IF_ERROR(device.copy(l.full_params.data(), params.data(), params.size(), CopyKind::kHostToDevice));
+    } else if (l.on_nvme) {
+      STRATA_ASSIGN_OR_RETURN(Completion w, param_swap->write(static_cast<uint32_t>(li), params.data(), params.size(),
+                                                              "parameter shard of " + lname));
+      STRATA_RETURN_IF_ERROR(w.wait());  // before the first step reads the shard (a fresh engine: off the step path)
+    } else if (param_on_host()) {
+      std::memcpy(l.host_shard.data(), params.data(), params.size());
+    } else {
+      STRATA_RETURN_IF_ERROR(device.copy(l.dev_shard.data(), params.data(), params.size(), CopyKind::kHostToDevice));
+    }
+    // The optimizer state of every owned piece (a partitioned layer's owned
+    // pieces are this rank's: stage 3).
+    std::vector<float> moments;
     for (size_t gi = 0; gi < lp.groups.size(); ++gi) {
       const SubGroup& g = lp.groups[gi];
       for (int r = owned_rank_begin(); r < owned_rank_end(); ++r) {
         const size_t n = lp.piece_real(g, r);
         if (n == 0) continue;
-        std::vector<float> buf(3 * n);
+        STRATA_CHECK(l.persistent || r == rank, "a partitioned layer's owned pieces are this rank's");
         const uint64_t b = lp.piece_begin(g, r);
-        STRATA_RETURN_IF_ERROR(reader.read(li, CheckpointState::kMaster, b, std::span<float>(buf.data(), n)));
-        STRATA_RETURN_IF_ERROR(reader.read(li, CheckpointState::kExpAvg, b, std::span<float>(buf.data() + n, n)));
-        STRATA_RETURN_IF_ERROR(reader.read(li, CheckpointState::kExpAvgSq, b, std::span<float>(buf.data() + 2 * n, n)));
-        STRATA_RETURN_IF_ERROR(write_piece_state(li, gi, r, buf.data(), buf.data() + n, buf.data() + 2 * n)
+        const float* m = master.data() + (l.persistent ? b : g.shard_offset);
+        moments.resize(2 * n);
+        STRATA_RETURN_IF_ERROR(reader.read(li, CheckpointState::kExpAvg, b, std::span<float>(moments.data(), n)));
+        STRATA_RETURN_IF_ERROR(reader.read(li, CheckpointState::kExpAvgSq, b, std::span<float>(moments.data() + n, n)));
+        STRATA_RETURN_IF_ERROR(write_piece_state(li, gi, r, m, moments.data(), moments.data() + n)
                                    .with_context(fmt::format("loading {}", state_name(li, gi, r))));
       }
     }

@@ -114,8 +114,8 @@ class CheckpointReader {
   const std::filesystem::path& folder() const { return folder_; }
   // Elements [begin, begin + out.size()) of `layer`'s `kind` state, as fp32.
   // Reads each overlapped extent whole and checks its checksum (DataLoss
-  // naming the file, the layer and the extent); keeps the last extent read,
-  // so walking a layer in order reads each extent once.
+  // naming the file, the layer and the extent); keeps the last extent read
+  // of each file kind, so walking a layer in order reads each extent once.
   Status read(size_t layer, CheckpointState kind, uint64_t begin, std::span<float> out);
   // Every file's and extent's checksum; DataLoss naming the first bad one.
   Status verify();
@@ -126,9 +126,10 @@ class CheckpointReader {
   // Per layer and kind (model, optim): extent indices sorted by begin, for
   // a binary search (a checkpoint of many ranks has many extents).
   std::vector<std::array<std::vector<size_t>, 2>> index_;
-  // the last extent read, for sequential walks
-  size_t cached_extent_ = SIZE_MAX;
-  std::vector<float> cached_;
+  // The last extent read per file kind (model, optim), for sequential walks
+  // that alternate master and moments.
+  std::array<size_t, 2> cached_extent_{SIZE_MAX, SIZE_MAX};
+  std::array<std::vector<float>, 2> cached_;
 };
 
 // Validates a tag name: [A-Za-z0-9._-], 1..128 characters, not starting with '.'.
@@ -150,10 +151,9 @@ Result<std::vector<InterruptedSave>> find_interrupted_saves(const std::filesyste
 // is an interrupted save's; refuses one whose process still runs.
 Status remove_interrupted_save(const std::filesystem::path& dir, const InterruptedSave& save);
 
-// Small durable-file helpers shared by the writer: write `data` to
-// `folder/name` through a temporary name, fsync, rename, fsync the folder.
-Status write_file_atomically(const std::filesystem::path& folder, const std::string& name, std::string_view data);
-Status fsync_folder(const std::filesystem::path& folder);
+// A checksum as the manifest writes it (16 lower-case hex digits), and back;
+// the error names `what`.
 std::string hex64(uint64_t v);
+Result<uint64_t> parse_hex64(const nlohmann::json& v, const std::string& what);
 
 }  // namespace strata::offload
