@@ -32,28 +32,6 @@ fs::path fresh_dir(const std::string& name) {
   return p;
 }
 
-void apply(TrainRun& r, const Placement& p) {
-  r.opt.stage = p.stage;
-  r.opt.offload_optimizer = p.optimizer;
-  r.opt.offload_param = p.param;
-  r.opt.overlap_optimizer = p.overlap;
-  r.opt.sub_group_size = p.sub_group;
-  r.opt.max_live_parameters = p.max_live;
-  r.opt.max_reuse_distance = p.reuse;
-  r.opt.persistence_threshold = p.persistence;
-  r.opt.ratio = p.ratio;
-  if (p.optimizer == OffloadDevice::kNvme) {
-    r.opt.nvme.path = ::testing::TempDir();
-    r.opt.nvme.buffer_count = 3;
-    r.opt.nvme.pipeline_read = r.opt.nvme.pipeline_write = true;
-  }
-  if (p.param == OffloadDevice::kNvme) {
-    r.opt.nvme_param.path = ::testing::TempDir();
-    r.opt.nvme_param.buffer_count = 2;
-    r.opt.nvme_param.max_in_cpu = 0;
-  }
-}
-
 // Saves into `dir` after every `every`-th step (asynchronously), waits at the end.
 void save_every(TrainRun& r, const fs::path& dir, int every, int keep = 0) {
   r.on_step = [dir, every, keep](Engine& e, int, int64_t step) -> Status {
@@ -89,7 +67,7 @@ TEST_P(ResumeParity, EveryPlacementContinuesBitForBit) {
     const std::string what = fmt::format("{} {}", dtype_name(dtype), p.name());
     const fs::path dir = fresh_dir("parity");
     TrainRun saving = base;
-    apply(saving, p);
+    apply_placement(saving, p);
     save_every(saving, dir, 2, /*keep=*/3);
     const Outcome with_saves = train(saving);
     expect_same_losses(straight, with_saves, what + " (saving every 2 steps)");
@@ -98,7 +76,7 @@ TEST_P(ResumeParity, EveryPlacementContinuesBitForBit) {
     EXPECT_FALSE(fs::exists(dir / "global_step2")) << what;
     ASSERT_TRUE(fs::exists(dir / "global_step4" / "manifest.json")) << what;
     TrainRun resumed = base;
-    apply(resumed, p);
+    apply_placement(resumed, p);
     resume_from(resumed, dir / "global_step4");
     const Outcome cont = train(resumed);
     ASSERT_TRUE(cont.status.ok()) << what << ": " << cont.status.to_string();
@@ -172,12 +150,12 @@ TEST(CheckpointReshard, AnyWorldSizeStageAndPlacement) {
     TrainRun a = ref;
     a.world = c.from_world;
     a.steps = 4;
-    apply(a, c.from);
+    apply_placement(a, c.from);
     save_every(a, dir, 4);
     ASSERT_TRUE(train(a).status.ok()) << what;
     TrainRun b = ref;
     b.world = c.to_world;
-    apply(b, c.to);
+    apply_placement(b, c.to);
     resume_from(b, dir);
     const Outcome cont = train(b);
     ASSERT_TRUE(cont.status.ok()) << what << ": " << cont.status.to_string();

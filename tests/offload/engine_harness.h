@@ -177,6 +177,29 @@ std::vector<Placement> matrix() {
   return m;
 }
 
+// Sets `r`'s engine options to placement `p` (NVMe folders under the test's temporary folder).
+void apply_placement(TrainRun& r, const Placement& p) {
+  r.opt.stage = p.stage;
+  r.opt.offload_optimizer = p.optimizer;
+  r.opt.offload_param = p.param;
+  r.opt.overlap_optimizer = p.overlap;
+  r.opt.sub_group_size = p.sub_group;
+  r.opt.max_live_parameters = p.max_live;
+  r.opt.max_reuse_distance = p.reuse;
+  r.opt.persistence_threshold = p.persistence;
+  r.opt.ratio = p.ratio;
+  if (p.optimizer == OffloadDevice::kNvme) {
+    r.opt.nvme.path = ::testing::TempDir();
+    r.opt.nvme.buffer_count = 3;
+    r.opt.nvme.pipeline_read = r.opt.nvme.pipeline_write = true;
+  }
+  if (p.param == OffloadDevice::kNvme) {
+    r.opt.nvme_param.path = ::testing::TempDir();
+    r.opt.nvme_param.buffer_count = 2;
+    r.opt.nvme_param.max_in_cpu = 0;
+  }
+}
+
 void expect_same_losses(const Outcome& base, const Outcome& other, const std::string& what) {
   ASSERT_TRUE(other.status.ok()) << what << ": " << other.status.to_string();
   ASSERT_EQ(base.losses.size(), other.losses.size()) << what;

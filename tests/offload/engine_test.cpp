@@ -54,25 +54,7 @@ TEST_P(ParityMatrix, EveryPlacementMatchesStageZeroBitForBit) {
   EXPECT_LT(ref.losses.back(), ref.losses.front() - 1.0);
   for (const Placement& p : matrix()) {
     TrainRun r = base;
-    r.opt.stage = p.stage;
-    r.opt.offload_optimizer = p.optimizer;
-    r.opt.offload_param = p.param;
-    r.opt.overlap_optimizer = p.overlap;
-    r.opt.sub_group_size = p.sub_group;
-    r.opt.max_live_parameters = p.max_live;
-    r.opt.max_reuse_distance = p.reuse;
-    r.opt.persistence_threshold = p.persistence;
-    r.opt.ratio = p.ratio;
-    if (p.optimizer == OffloadDevice::kNvme) {
-      r.opt.nvme.path = ::testing::TempDir();
-      r.opt.nvme.buffer_count = 3;
-      r.opt.nvme.pipeline_read = r.opt.nvme.pipeline_write = true;
-    }
-    if (p.param == OffloadDevice::kNvme) {
-      r.opt.nvme_param.path = ::testing::TempDir();
-      r.opt.nvme_param.buffer_count = 2;
-      r.opt.nvme_param.max_in_cpu = 0;
-    }
+    apply_placement(r, p);
     expect_same_losses(ref, train(r), fmt::format("world {} {} {}", world, dtype_name(dtype), p.name()));
   }
 }
