@@ -100,15 +100,6 @@ double median_field(const std::vector<offload::StepMetrics>& steps, F field) {
   return median_of(std::move(v));
 }
 
-std::string utc_now() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
-
 // One run of one row: fresh ranks, warm-up steps, measured steps.
 Status run_row_once(const BenchOffloadOptions& o, const RankSetup& base, const model::GptConfig& g,
                     const model::TextDataset& data, RowResult& result) {
@@ -355,17 +346,9 @@ int run_bench_offload(const BenchOffloadOptions& o) {
   if (!o.plot_out.empty() && !o.plot_out.ends_with(".png"))
     return fail(InvalidArgument(fmt::format("--plot '{}' must name a .png file", printable(o.plot_out, 64))));
 
-  std::vector<PlacementRow> rows;
-  if (!o.configs.empty()) {
-    Result<std::vector<PlacementRow>> loaded = load_rows(o.configs, dtypes->front());
-    if (!loaded.ok()) return fail(loaded.status().with_context("--configs"));
-    rows = std::move(*loaded);
-  } else if (o.matrix == "default") {
-    rows = default_matrix(*dtypes);
-  } else {
-    return fail(InvalidArgument(fmt::format("--matrix '{}' is not 'default' (or give --configs FILE)",
-                                            printable(o.matrix, 64))));
-  }
+  Result<std::vector<PlacementRow>> selected = select_rows(o.configs, o.matrix, *dtypes);
+  if (!selected.ok()) return fail(selected.status());
+  std::vector<PlacementRow> rows = std::move(*selected);
 
   RankSetup base;
   base.batch = o.batch;
@@ -461,7 +444,7 @@ int run_bench_offload(const BenchOffloadOptions& o) {
   }
   nlohmann::ordered_json doc;
   doc["bench"] = "offload";
-  doc["date"] = utc_now();
+  doc["date"] = utc_timestamp();
   doc["model"] = {{"describe", g.describe()}, {"preset", o.preset},     {"layers", g.n_layer},
                   {"heads", g.n_head},        {"embd", g.n_embd},       {"vocab", g.vocab_size},
                   {"max_seq", g.max_seq_len}, {"params", g.param_count()},

@@ -120,17 +120,9 @@ int run_plan(const PlanOptions& o) {
     if (!c.ok()) return fail(c.status());
     config = *c;
   }
-  std::vector<PlacementRow> rows;
-  if (!o.configs.empty()) {
-    Result<std::vector<PlacementRow>> loaded = load_rows(o.configs, dtypes->front());
-    if (!loaded.ok()) return fail(loaded.status().with_context("--configs"));
-    rows = std::move(*loaded);
-  } else if (o.matrix == "default") {
-    rows = default_matrix(*dtypes);
-  } else {
-    return fail(InvalidArgument(fmt::format("--matrix '{}' is not 'default' (or give --configs FILE)",
-                                            printable(o.matrix, 64))));
-  }
+  Result<std::vector<PlacementRow>> selected = select_rows(o.configs, o.matrix, *dtypes);
+  if (!selected.ok()) return fail(selected.status());
+  std::vector<PlacementRow> rows = std::move(*selected);
 
   // The model: a parameter count (FLOPs 6 per parameter and token) or a preset's exact layers.
   uint64_t params = 0;

@@ -1,6 +1,7 @@
 #include "command.h"
 
 #include <algorithm>
+#include <ctime>
 
 namespace strata::cli {
 
@@ -33,6 +34,15 @@ CLI::App* ensure_subcommand(CLI::App& parent, const std::string& name, const std
 
 void exit_with(int code) {
   if (code != 0) throw CLI::RuntimeError(code);
+}
+
+std::string utc_timestamp() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
 }
 
 }  // namespace strata::cli

@@ -30,6 +30,10 @@ CLI::App* ensure_subcommand(CLI::App& parent, const std::string& name, const std
 // Ends the current command with `code` (0 is success) through CLI11.
 void exit_with(int code);
 
+// Now, UTC, ISO 8601 to the second ("2026-11-30T17:47:35Z"): the date stamped
+// into the JSON a command writes (bench results, calibrated profiles).
+std::string utc_timestamp();
+
 // `strata report` sections. Each layer contributes one; `fill` writes the
 // section's facts into a JSON object. Sections print in `order`.
 using ReportFill = std::function<void(nlohmann::json& section, const std::string& path)>;

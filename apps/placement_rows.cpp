@@ -155,4 +155,15 @@ std::vector<size_t> interleaved_order(size_t row_count, size_t repeat) {
   return order;
 }
 
+Result<std::vector<PlacementRow>> select_rows(const std::string& configs, const std::string& matrix,
+                                              const std::vector<DType>& dtypes) {
+  if (!configs.empty()) {
+    Result<std::vector<PlacementRow>> loaded = load_rows(configs, dtypes.front());
+    if (!loaded.ok()) return loaded.status().with_context("--configs");
+    return loaded;
+  }
+  if (matrix == "default") return default_matrix(dtypes);
+  return InvalidArgument(fmt::format("--matrix '{}' is not 'default' (or give --configs FILE)", printable(matrix, 64)));
+}
+
 }  // namespace strata::cli

@@ -50,6 +50,11 @@ Result<std::vector<DType>> parse_dtype_list(const std::string& text, const char*
 // the key.
 Result<std::vector<PlacementRow>> load_rows(const std::string& path, DType default_dtype);
 
+// The rows --configs FILE names (when given), else --matrix (only "default"):
+// what `bench offload` and `plan` both run over. Errors name the flag.
+Result<std::vector<PlacementRow>> select_rows(const std::string& configs, const std::string& matrix,
+                                              const std::vector<DType>& dtypes);
+
 // The step-time model's input for `row` of the reference GPT `g` (its own
 // dtype: the row's) on `world` ranks, `batch` x `seq` x `grad_accum` tokens per rank.
 offload::StepTimeInput gpt_step_input(const model::GptConfig& g, const PlacementRow& row, int world, int batch, int seq,

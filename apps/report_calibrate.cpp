@@ -16,6 +16,7 @@
 //     this row exactly and the other rows test it (Note [The engine's
 //     schedule, as a model], step_time_model.h).
 #include "calibrate.h"
+#include "command.h"
 
 #include <sys/statvfs.h>
 #include <sys/sysinfo.h>
@@ -197,15 +198,6 @@ Result<double> measure_collective(nlohmann::ordered_json& cal) {
   return busbw;
 }
 
-std::string utc_now() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
-
 int fail(const Status& st) {
   fmt::print(stderr, "strata report --calibrate: error: {}\n", st.to_string());
   return st.code() == StatusCode::kInvalidArgument ? 2 : 1;
@@ -242,7 +234,7 @@ int run_calibrate(const CalibrateOptions& o) {
   }
 
   nlohmann::ordered_json cal;
-  cal["date"] = utc_now();
+  cal["date"] = utc_timestamp();
   offload::HardwareProfile p;
   char host[256] = "this machine";
   gethostname(host, sizeof host - 1);
