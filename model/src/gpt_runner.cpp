@@ -12,6 +12,7 @@ GptRunner::GptRunner(const GptModel& model, GptExecutor& executor, const TextDat
       executor_(executor),
       data_(data),
       loader_(data.train(), executor.batch() * slice.world, executor.seq_len(), seed),
+      seed_(seed),
       slice_(slice),
       global_inputs_(static_cast<size_t>(executor.batch()) * slice.world * executor.seq_len()),
       global_targets_(global_inputs_.size()),
@@ -54,10 +55,13 @@ Result<float> GptRunner::train_micro_batch(float loss_scale, ParameterProvider& 
 }
 
 Status GptRunner::seek_data(uint64_t micro_batches) {
-  if (micro_batches < drawn_)
-    return FailedPrecondition(fmt::format("the data loader has drawn {} micro-batches already; it cannot go back to {}",
-                                          drawn_, micro_batches));
-  // The loader's windows depend only on its seed and how many were drawn: replay the draws.
+  // The loader's windows depend only on its seed and how many were drawn:
+  // going back starts a fresh loader (an engine's rollback), then the draws
+  // are replayed.
+  if (micro_batches < drawn_) {
+    loader_ = BatchLoader(data_.train(), executor_.batch() * slice_.world, executor_.seq_len(), seed_);
+    drawn_ = 0;
+  }
   for (; drawn_ < micro_batches; ++drawn_) loader_.next(global_inputs_, global_targets_);
   return Status::Ok();
 }

@@ -37,12 +37,12 @@ class FaultBackend final : public Backend {
       ++inner_outstanding_;
       return;
     }
-    if (p.op == IoOp::kWrite && roll(plan_.enospc_probability)) {
+    if (p.op == IoOp::kWrite && roll(plan_.enospc_probability) && counters_->spend_hard_error()) {
       counters_->enospc.fetch_add(1);
       synthetic_.push_back({&p, -ENOSPC});
       return;
     }
-    if (roll(plan_.eio_probability)) {
+    if (roll(plan_.eio_probability) && counters_->spend_hard_error()) {
       counters_->eio.fetch_add(1);
       synthetic_.push_back({&p, -EIO});
       return;

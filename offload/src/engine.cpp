@@ -191,10 +191,9 @@ Status Engine::Impl::make_nvme_tier() {
   o.nvme_paths = {opt.nvme.path};
   o.job = job_name;
   o.rank = rank;
-  // Twice the state: every piece's shadow write finds room even when pieces
-  // of different sizes have fragmented the free space (the tier adds its
-  // slots' worth on top).
-  o.capacity_bytes = 2 * total;
+  // The state; the tier sizes its swap file for two versions of it, room
+  // for uneven pieces and its slots (Note [Piece versions]).
+  o.capacity_bytes = total;
   o.aio = opt.nvme.aio;
   o.buffer_count = static_cast<size_t>(opt.nvme.buffer_count);
   o.slot_bytes = std::max<uint64_t>(largest, kNvmeStateAlign);
@@ -249,6 +248,7 @@ Status Engine::Impl::make_param_swap() {
   o.capacity_bytes = capacity;
   o.aio = opt.nvme.aio;
   o.verify_checksums = opt.nvme.verify_checksums;
+  o.io_engine = opt.nvme_param.io_engine;
   STRATA_ASSIGN_OR_RETURN(param_swap, ParamSwap::create(o, device, stats));
   return Status::Ok();
 }
@@ -378,19 +378,35 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& options, Mod
   return e;
 }
 
-Result<StepMetrics> Engine::step() { return impl_->step(); }
-Result<double> Engine::evaluate() { return impl_->evaluate(); }
+Result<StepMetrics> Engine::step() {
+  if (!impl_->stopped.ok()) return impl_->stopped;
+  Result<StepMetrics> r = impl_->step();
+  if (!r.ok()) return impl_->stop_unless_recovered(r.status());
+  return r;
+}
+
+Result<double> Engine::evaluate() {
+  if (!impl_->stopped.ok()) return impl_->stopped;
+  Result<double> r = impl_->evaluate();
+  if (!r.ok()) return impl_->stop_unless_recovered(r.status());
+  return r;
+}
 
 // Blocks by design: the caller asked for every queued update to be in place
-// (end of training, before reading state with gather_state, a checkpoint).
+// (end of training, before reading state with gather_state, a checkpoint)
+// and committed (a collective with several ranks: Note [Atomic steps]).
 Status Engine::synchronize() {
-  for (auto& l : impl_->layers) {
+  Impl& m = *impl_;
+  if (!m.stopped.ok()) return m.stopped;
+  Status st = m.settle(nullptr);
+  if (!st.ok()) return m.stop_unless_recovered(std::move(st));
+  for (auto& l : m.layers) {
     STRATA_RETURN_IF_ERROR(l.params_ready.wait());
     STRATA_RETURN_IF_ERROR(l.shard_ready.wait());
   }
-  STRATA_RETURN_IF_ERROR(impl_->xfer->synchronize());
-  STRATA_RETURN_IF_ERROR(impl_->tier->flush());  // NVMe: every write-back durable, errors reported
-  return impl_->comm.synchronize();
+  STRATA_RETURN_IF_ERROR(m.xfer->synchronize());
+  STRATA_RETURN_IF_ERROR(m.tier->flush());  // NVMe: every write-back durable, errors reported
+  return m.comm.synchronize();
 }
 
 Result<LayerMemory> Engine::acquire(size_t layer_index, Pass pass) { return impl_->acquire(layer_index, pass); }

@@ -368,7 +368,8 @@ Status Engine::Impl::prune_checkpoints(const fs::path& dir, int keep, const std:
 // rewrites this rank's own piece in place too).
 Completion Engine::Impl::snapshot_gate(size_t li) {
   const Layer& l = layers[li];
-  const Completion both[] = {l.opt_done, l.persistent ? l.params_ready : l.shard_ready};
+  // update_done fails when the update did: a failed step is never saved.
+  const Completion both[] = {l.update_done, l.persistent ? l.params_ready : l.shard_ready};
   return when_all(both, fmt::format("layer {} updated", li));
 }
 
@@ -519,7 +520,7 @@ Result<CheckpointSaveInfo> Engine::Impl::save(const CheckpointSaveOptions& o) {
   for (const Piece& p : pieces) {
     const size_t e = extent;
     extent += 2;
-    worker->submit(
+    const Completion snapped = worker->submit(
         [this, s, slots, p, e]() -> Status {
           if (!s->first_error().ok()) return Status::Ok();
           const size_t k = slots->acquire();
@@ -553,7 +554,13 @@ Result<CheckpointSaveInfo> Engine::Impl::save(const CheckpointSaveOptions& o) {
           });
           return Status::Ok();
         },
-        snapshot_gate(p.li), fmt::format("checkpoint snapshot of {}", state_name(p.li, p.gi, rank)));
+        snapshot_gate(p.li), fmt::format("checkpoint snapshot of {}", state_name(p.li, p.gi, rank)),
+        /*sticky=*/false);
+    // A failed update (the gate) is the save's failure, not the optimizer
+    // thread's: the step is rolled back and training goes on.
+    snapped.then([s](const Status& st) {
+      if (!st.ok()) s->fail(st.with_context("the step being saved did not complete"));
+    });
   }
   // After the last snapshot (whatever the optimizer thread's state), the
   // writer finishes: it runs after every piece's write, which was queued first.
@@ -680,7 +687,8 @@ Result<CheckpointManifest> Engine::Impl::load(const std::string& given) {
       }
     }
   }
-  STRATA_RETURN_IF_ERROR(tier->flush().with_context("writing the loaded optimizer state"));
+  // The loaded state is the committed one (Note [Piece versions]).
+  STRATA_RETURN_IF_ERROR(tier->commit().with_context("writing the loaded optimizer state"));
   STRATA_RETURN_IF_ERROR(runner.seek_data(m.scalars.data_position)
                              .with_context(fmt::format("moving the training data to checkpoint '{}'", src)));
   steps = m.scalars.step;
@@ -690,7 +698,11 @@ Result<CheckpointManifest> Engine::Impl::load(const std::string& given) {
 
 // ---------------------------------------------------------------- Engine
 
-Result<CheckpointSaveInfo> Engine::save_checkpoint(const CheckpointSaveOptions& options) { return impl_->save(options); }
+Result<CheckpointSaveInfo> Engine::save_checkpoint(const CheckpointSaveOptions& options) {
+  // A stopped engine's state may be part-way through a step: never saved.
+  if (!impl_->stopped.ok()) return impl_->stopped;
+  return impl_->save(options);
+}
 Result<std::optional<CheckpointSaveDone>> Engine::wait_checkpoint() { return impl_->wait_save(); }
 Result<CheckpointManifest> Engine::load_checkpoint(const std::string& dir_or_tag) { return impl_->load(dir_or_tag); }
 int64_t Engine::step_calls() const { return impl_->step_index; }

@@ -160,7 +160,8 @@ struct Engine::Impl {
     Completion grads_taken;
     std::vector<double> block_sums; // owned blocks, owned order
     Completion partials_done;
-    Completion opt_done;
+    Completion opt_done;            // the update ran (ok even when it failed: Note [Atomic steps])
+    Completion update_done;         // the update and its parameter write-back; fails when either did
   };
   std::vector<Layer> layers;
   // offload_param nvme; after `layers`, so it closes (its writes from the
@@ -327,6 +328,36 @@ struct Engine::Impl {
   Result<StepMetrics> step();
   Result<double> evaluate();
   Result<double> global_norm_squared();
+
+  // Note [Atomic steps] in engine.h (engine_recovery.cpp).
+  struct Mark {  // the counters a rollback restores
+    int64_t steps = 0, step_index = 0;
+    LossScalerState scaler;
+    uint64_t data = 0;  // the runner's data position
+  };
+  Mark mark() const;
+  Status restore(const Mark& m);
+  bool pending = false;           // a step's updates are queued and not committed yet
+  bool pending_complete = false;  // every layer's update of that step was queued
+  Mark pending_mark;              // the counters before that step
+  std::mutex failure_mu;
+  Status update_failure;          // the first failure of the pending step's updates (guarded by failure_mu)
+  bool recovered = false;         // the error being returned came with a completed rollback
+  Status stopped;                 // not ok: the engine refuses to go on (an error it could not recover from)
+  // `c`, completing ok once `c` has completed; c's failure is recorded in update_failure.
+  Completion absorb(const Completion& c, const std::string& label);
+  void record_update_failure(const Status& s);
+  Status take_update_failure();
+  // The commit point: waits for the pending step's updates, lets every rank
+  // vote (a collective when world > 1), commits them when every rank's
+  // succeeded, else rolls every rank back and returns the error. `call`:
+  // the counters at the start of the step() call in progress (dropped with
+  // the rollback), or null outside step().
+  Status settle(const Mark* call);
+  Status rederive_params(bool collectives);
+  // The error an engine method returns: when it did not come with a
+  // completed rollback, the engine stops (every later call gets it).
+  Status stop_unless_recovered(Status error);
 
   // Checkpoints (engine_checkpoint.cpp).
   struct SaveState;

@@ -93,17 +93,23 @@ Status Engine::Impl::queue_update(size_t li, int64_t step, double clip, double s
   args.loss_scale = scale;
   args.overflow_check = cpu_adam::OverflowCheck::kAssumeFinite;
   const DType pd = l.pd;
-  l.opt_done = worker->submit([this, jobs = std::move(host_jobs), args, pd] { return step_pieces(*tier, *optimizer, jobs, args, pd); },
-                              l.partials_done, fmt::format("optimizer step of layer {}", li));
+  // `raw` fails when the update fails; what later work waits on (the
+  // gradients' reuse, the gathers, the next forward) is `absorb`ed: it
+  // completes ok either way and the failure goes to the commit point's
+  // vote, so every rank runs the same collectives up to it (Note [Atomic
+  // steps] in engine.h).
+  Completion raw = worker->submit([this, jobs = std::move(host_jobs), args, pd] { return step_pieces(*tier, *optimizer, jobs, args, pd); },
+                              l.partials_done, fmt::format("optimizer step of layer {}", li), /*sticky=*/false);
   if (split()) {
     const Completion dev_done =
         dev_worker->submit([this, jobs = std::move(dev_jobs), args, pd] { return step_pieces(*dev_tier, *dev_optimizer, jobs, args, pd); },
-                           l.partials_done, fmt::format("device optimizer step of layer {}", li));
-    const Completion both[] = {l.opt_done, dev_done};
-    l.opt_done = when_all(both, fmt::format("optimizer step of layer {}", li));
+                           l.partials_done, fmt::format("device optimizer step of layer {}", li), /*sticky=*/false);
+    const Completion both[] = {raw, dev_done};
+    raw = when_all(both, fmt::format("optimizer step of layer {}", li));
   }
+  l.opt_done = absorb(raw, fmt::format("optimizer step of layer {}", li));
   l.grads_consumed = l.opt_done;
-  Completion updated = l.opt_done;
+  Completion updated = raw;
   if (l.on_nvme) {
     // The updated shard (in staging, shard layout) goes back to NVMe once
     // the step has written it; the next gather waits for the write.
@@ -112,15 +118,17 @@ Status Engine::Impl::queue_update(size_t li, int64_t step, double clip, double s
     const uint64_t bytes = lp.shard_elements * l.pe;
     std::byte* data = l.staging.data();
     const std::string name = fmt::format("parameter shard of layer {} '{}'", li, printable(lp.name, 64));
-    l.opt_done.then([this, li, written, bytes, data, name](const Status& st) {
+    raw.then([this, li, written, bytes, data, name](const Status& st) {
       if (!st.ok()) return written->complete(st);
       Result<Completion> w = param_swap->write(static_cast<uint32_t>(li), data, bytes, name);
       if (!w.ok()) return written->complete(w.status());
-      w->then([written](const Status& s) { written->complete(s); });
+      w->then([written, name](const Status& s) { written->complete(s.ok() ? s : s.with_context("writing the " + name)); });
     });
   }
   // Otherwise the updated values went H2D tile by tile from the optimizer's
   // tile callback (step_pieces), so they are in place when opt_done completes.
+  l.update_done = updated;
+  updated = absorb(updated, fmt::format("update of layer {}", li));
   if (l.persistent) {
     if (!stage0()) {
       STRATA_RETURN_IF_ERROR(comm.wait(updated, comm::CommQueue::kGather));
@@ -233,6 +241,7 @@ Result<StepMetrics> Engine::Impl::step() {
   // gathers do not stack on them (the memory plan counts one set).
   STRATA_RETURN_IF_ERROR(drain(live_params));
   io_before = tier->io_stats();
+  const Mark call = mark();
   ++step_index;
   for (Layer& l : layers) l.reduce_launched = false;
   const double scale = scaler->scale();
@@ -281,6 +290,10 @@ Result<StepMetrics> Engine::Impl::step() {
         "summing the loss over ranks"));
   }
   const double wait_reduce_ms = ms_since(tr);
+  // The commit point of the previous step's updates (every rank got here,
+  // so all of them ran): committed, or every rank rolls back and this step
+  // is dropped with it.
+  STRATA_RETURN_IF_ERROR(settle(&call));
   StepMetrics m;
   m.loss = loss_all / (static_cast<double>(opt.grad_accum) * world);
   m.loss_scale = scale;
@@ -298,14 +311,21 @@ Result<StepMetrics> Engine::Impl::step() {
   if (finite) {
     ++steps;
     const double clip = cpu_adam::clip_coefficient(m.grad_norm, opt.grad_clip);
+    pending = true;
+    pending_complete = false;
+    pending_mark = call;
     for (size_t li = 0; li < layers.size(); ++li) STRATA_RETURN_IF_ERROR(queue_update(li, steps, clip, scale, m.lr));
+    pending_complete = true;
     // strata.overlap_optimizer false: the comparison mode, the step returns
-    // only when every update is in place (the blocking is the point).
-    if (!opt.overlap_optimizer)
+    // only when every update is in place (the blocking is the point), and
+    // commits them here: a failed update fails this step.
+    if (!opt.overlap_optimizer) {
       for (size_t li = 0; li < layers.size(); ++li) {
         Layer& l = layers[li];
         STRATA_RETURN_IF_ERROR((l.persistent ? l.params_ready : l.shard_ready).wait());
       }
+      STRATA_RETURN_IF_ERROR(settle(nullptr));
+    }
   }
   m.step = steps;
   m.step_ms = ms_since(t0);
@@ -344,6 +364,8 @@ Result<StepMetrics> Engine::Impl::step() {
 }
 
 Result<double> Engine::Impl::evaluate() {
+  // The parameters evaluated are a committed step's.
+  STRATA_RETURN_IF_ERROR(settle(nullptr));
   double sum = 0;
   const size_t count = runner.eval_batch_count();
   // Blocks until the step's dropped copies are freed, so the evaluation's

@@ -83,7 +83,7 @@ Result<EngineMemory> plan_engine_memory(const EngineOptions& opt, std::span<cons
         const uint64_t count = lp.piece_real(g, r), host = host_part(opt.ratio, count);
         if (opt.offload_optimizer == OffloadDevice::kNvme) {
           const uint64_t b = nvme_piece_bytes(host, true, opt.moment_dtype);
-          m.nvme += b;
+          m.nvme += 2 * b;  // the committed and the pending version (Note [Piece versions])
           nvme_largest = std::max(nvme_largest, b);
         } else {
           (opt_on_host ? m.pinned_optimizer : m.device_optimizer) +=

@@ -54,6 +54,9 @@ class NvmeStateTier final : public OptimizerStateTier {
   void prefetch(const StateId& id) override;
   Status flush() override;
   StateTierIoStats io_stats() const override;
+  bool versioned() const override { return true; }
+  Status commit() override;
+  Status rollback() override;
 
  private:
   enum class Where : uint8_t { kDisk, kReading, kOpen, kWriting };
@@ -69,7 +72,16 @@ class NvmeStateTier final : public OptimizerStateTier {
     bool initial = false;  // the write in flight is the first (add): a failure leaves no state
     bool prefetched = false;
     Status lost;         // the initial write failed: open() returns this
+    // Note [Piece versions]: two SwapStore tensors per piece. `committed`
+    // holds the last committed step's state, `latest` what open() reads
+    // (the same until close(modified) writes the other one).
+    uint8_t committed = 0, latest = 0;
+    uint8_t latest_before_write = 0;  // kWriting: `latest` to go back to if the write fails
+    bool second_version = false;      // version 1 written once (its extent counted)
   };
+  static nvme::TensorId tensor(size_t index, uint8_t version) { return static_cast<nvme::TensorId>(index) * 2 + version; }
+  // Waits for every write in flight (each slot comes back); returns harvest().
+  Status wait_writes();
 
   Piece& find(const StateId& id, const char* what);
   std::string piece_name(const Piece& p) const { return fmt::format("optimizer state of {}", p.name); }
@@ -113,7 +125,8 @@ class NvmeStateTier final : public OptimizerStateTier {
   size_t cursor_ = 0;               // position of the last opened piece in order_
   std::vector<size_t> writing_;     // pieces with a write in flight
   size_t open_count_ = 0, reading_count_ = 0;
-  uint64_t state_bytes_ = 0;
+  uint64_t state_bytes_ = 0;  // on NVMe: both versions once written
+  uint64_t added_bytes_ = 0;  // one version of every piece added
   StateTierIoStats io_;
   mutable std::mutex published_mu_;   // guards published_ (never held while waiting)
   StateTierIoStats published_;
@@ -177,11 +190,13 @@ Status NvmeStateTier::init() {
   so.paths = o.nvme_paths;
   so.job = o.job;
   so.rank = o.rank;
-  // Shadow space: every write in flight holds a slot, so at most
-  // buffer_count fresh extents exist beside the state; one slot more leaves
-  // room for pieces of uneven sizes.
+  // Two versions of the state (Note [Piece versions]), one more state's
+  // worth so pieces of uneven sizes find room in fragmented free space, and
+  // shadow space: every write in flight holds a slot, so at most
+  // buffer_count fresh extents exist beside the versions (one slot more for
+  // uneven sizes).
   capacity_bytes_ = o.capacity_bytes;
-  so.capacity_bytes = o.capacity_bytes + (o.buffer_count + 1) * options_.slot_bytes;
+  so.capacity_bytes = 3 * o.capacity_bytes + (o.buffer_count + 1) * options_.slot_bytes;
   so.verify_checksums = o.verify_checksums;
   so.verify_writes = o.verify_writes;
   Result<std::unique_ptr<nvme::SwapStore>> store = nvme::SwapStore::open(so, *engine_);
@@ -263,6 +278,7 @@ Status NvmeStateTier::harvest() {
                       p.initial ? "the initial write to NVMe failed (the piece has no state)"
                                 : "the write-back to NVMe failed (the previous version stays readable)"));
       if (p.initial) p.lost = named;
+      p.latest = p.latest_before_write;  // the shadow write left that version as it was
       if (first.ok()) first = std::move(named);
     }
     p.initial = false;
@@ -280,7 +296,7 @@ Status NvmeStateTier::finish_write(Piece& p) {
 }
 
 Status NvmeStateTier::start_read(Piece& p) {
-  Result<nvme::SwapHandle> r = store_->read(static_cast<nvme::TensorId>(&p - pieces_.data()), p.slot.data(), p.bytes);
+  Result<nvme::SwapHandle> r = store_->read(tensor(static_cast<size_t>(&p - pieces_.data()), p.latest), p.slot.data(), p.bytes);
   if (!r.ok()) return r.status().with_context(fmt::format("reading {} from NVMe", piece_name(p)));
   p.io = *r;
   p.where = Where::kReading;
@@ -378,11 +394,11 @@ Status NvmeStateTier::add(const StateId& id, const std::string& name, size_t cou
         name, count, format_bytes(bytes, true), format_bytes(options_.slot_bytes, true),
         (options_.slot_bytes / per_element) / 1024 * 1024 - 1024));
   }
-  if (state_bytes_ + bytes > capacity_bytes_)
+  if (added_bytes_ + bytes > capacity_bytes_)
     return ResourceExhausted(fmt::format(
         "optimizer state of {} ({}) exceeds the NVMe state capacity of {} ({} already added); size capacity_bytes "
         "as the sum of nvme_piece_bytes over the pieces",
-        name, format_bytes(bytes, true), format_bytes(capacity_bytes_, true), format_bytes(state_bytes_, true)));
+        name, format_bytes(bytes, true), format_bytes(capacity_bytes_, true), format_bytes(added_bytes_, true)));
   Status pending = harvest();
 
   Piece p;
@@ -398,7 +414,7 @@ Status NvmeStateTier::add(const StateId& id, const std::string& name, size_t cou
     STRATA_ASSIGN_OR_RETURN(Slot slot, pool_->acquire(fmt::format("initial state of {}", name)));
     std::memset(slot.data(), 0, bytes);
     if (has_master) std::memcpy(slot.data(), master_init.data(), count * sizeof(float));
-    Result<nvme::SwapHandle> w = store_->write(static_cast<nvme::TensorId>(index), slot.data(), bytes);
+    Result<nvme::SwapHandle> w = store_->write(tensor(index, 0), slot.data(), bytes);
     if (!w.ok()) return w.status().with_context(fmt::format("writing the initial optimizer state of {}", name));
     slot.release_after(w->completion());
     p.io = *w;
@@ -407,6 +423,7 @@ Status NvmeStateTier::add(const StateId& id, const std::string& name, size_t cou
     writing_.push_back(index);
     stats_.on_allocate(Tier::kNvme, bytes);
     state_bytes_ += bytes;
+    added_bytes_ += bytes;
   }
   pieces_.push_back(std::move(p));
   index_.emplace(id, index);
@@ -462,7 +479,19 @@ Status NvmeStateTier::close(const StateId& id, bool modified) {
     p.slot.reset();
   } else {
     const size_t index = static_cast<size_t>(&p - pieces_.data());
-    Result<nvme::SwapHandle> w = store_->write(static_cast<nvme::TensorId>(index), p.slot.data(), p.bytes);
+    // Never over the committed version: the pending one if this step wrote
+    // the piece already, else the other one (Note [Piece versions]).
+    const uint8_t version = p.latest != p.committed ? p.latest : static_cast<uint8_t>(1 - p.committed);
+    Result<nvme::SwapHandle> w = store_->write(tensor(index, version), p.slot.data(), p.bytes);
+    if (w.ok()) {
+      p.latest_before_write = p.latest;
+      p.latest = version;
+      if (version == 1 && !p.second_version) {
+        p.second_version = true;
+        stats_.on_allocate(Tier::kNvme, p.bytes);
+        state_bytes_ += p.bytes;
+      }
+    }
     if (!w.ok()) {
       p.slot.reset();
       result = w.status().with_context(fmt::format("writing {} back to NVMe", piece_name(p)));
@@ -480,6 +509,7 @@ Status NvmeStateTier::close(const StateId& id, bool modified) {
         io_.bytes_written += p.bytes;
         ++io_.writes;
       } else {
+        p.latest = p.latest_before_write;
         result = std::move(st).with_context(fmt::format(
             "{}: the write-back to NVMe failed (the previous version stays readable)", piece_name(p)));
       }
@@ -539,15 +569,46 @@ void NvmeStateTier::prefetch(const StateId& id) {
   else p.prefetched = true;
 }
 
-Status NvmeStateTier::flush() {
-  std::lock_guard<std::mutex> lock(mu_);
-  Publisher publisher{this};
+Status NvmeStateTier::wait_writes() {
   const uint64_t t0 = now_ns();
   for (size_t i : writing_) pieces_[i].io.wait().ignore();
   if (!writing_.empty()) io_.write_wait_ns += now_ns() - t0;
-  Status st = harvest();
+  return harvest();
+}
+
+Status NvmeStateTier::flush() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Publisher publisher{this};
+  Status st = wait_writes();
   pump();
   return st;
+}
+
+Status NvmeStateTier::commit() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Publisher publisher{this};
+  STRATA_RETURN_IF_ERROR(wait_writes());
+  for (Piece& p : pieces_) p.committed = p.latest;
+  return Status::Ok();
+}
+
+Status NvmeStateTier::rollback() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Publisher publisher{this};
+  // The failed step's write-backs and their errors go with it.
+  wait_writes().ignore();
+  for (Piece& p : pieces_) {
+    STRATA_CHECK(p.where != Where::kOpen, fmt::format("{} is open during a rollback", piece_name(p)));
+    if (p.where == Where::kReading) {  // read-ahead of a version being forgotten
+      wait_read(p).ignore();
+      p.slot.reset();
+      p.where = Where::kDisk;
+      p.prefetched = false;
+    }
+    p.latest = p.committed;
+  }
+  pump();
+  return Status::Ok();
 }
 
 void NvmeStateTier::publish() {

@@ -14,10 +14,16 @@ Result<std::unique_ptr<ParamSwap>> ParamSwap::create(const ParamSwapOptions& o, 
     return InvalidArgument(fmt::format("zero_optimization.offload_param.buffer_count {} is not in 1..65536",
                                        o.buffer_count));
   std::unique_ptr<ParamSwap> s(new ParamSwap(device, stats));
-  STRATA_ASSIGN_OR_RETURN(nvme::IoEngineConfig ec, nvme::io_engine_config(o.aio));
-  Result<std::unique_ptr<nvme::IoEngine>> engine = nvme::make_io_engine(ec.options);
-  if (!engine.ok()) return engine.status().with_context("NVMe parameter shards: creating the I/O engine (aio section)");
-  s->engine_ = std::move(engine).value();
+  if (o.io_engine != nullptr) {
+    s->engine_ = o.io_engine;
+  } else {
+    STRATA_ASSIGN_OR_RETURN(nvme::IoEngineConfig ec, nvme::io_engine_config(o.aio));
+    Result<std::unique_ptr<nvme::IoEngine>> engine = nvme::make_io_engine(ec.options);
+    if (!engine.ok())
+      return engine.status().with_context("NVMe parameter shards: creating the I/O engine (aio section)");
+    s->owned_engine_ = std::move(engine).value();
+    s->engine_ = s->owned_engine_.get();
+  }
   SlotPoolOptions po;
   po.slot_count = o.buffer_count;
   po.slot_bytes = std::max<uint64_t>(o.slot_bytes, 4096);
@@ -32,6 +38,7 @@ Result<std::unique_ptr<ParamSwap>> ParamSwap::create(const ParamSwapOptions& o, 
   s->pool_ = std::move(pool).value();
   stats.on_allocate(Tier::kPinnedHost, s->pool_->total_bytes());
   STRATA_RETURN_IF_ERROR(s->engine_->register_buffer(s->pool_->base(), s->pool_->total_bytes()));
+  s->registered_ = true;
   nvme::SwapStoreOptions so;
   so.paths = {o.path};
   so.job = o.job;
@@ -50,6 +57,8 @@ Result<std::unique_ptr<ParamSwap>> ParamSwap::create(const ParamSwapOptions& o, 
 
 ParamSwap::~ParamSwap() {
   if (store_) store_->close().ignore();
+  store_.reset();
+  if (registered_) engine_->unregister_buffer(pool_->base()).ignore();
   if (nvme_bytes_ != 0) stats_.on_free(Tier::kNvme, nvme_bytes_);
   if (pool_) stats_.on_free(Tier::kPinnedHost, pool_->total_bytes());
 }

@@ -32,6 +32,8 @@ struct ParamSwapOptions {
   uint64_t capacity_bytes = 0; // every shard
   AioConfig aio;
   bool verify_checksums = true;
+  // Test hook: this engine (must outlive the swap) instead of one from `aio`.
+  nvme::IoEngine* io_engine = nullptr;
 };
 
 class ParamSwap {
@@ -61,7 +63,9 @@ class ParamSwap {
   ParamSwap(Device& device, MemoryStats& stats) : device_(device), stats_(stats) {}
   Device& device_;
   MemoryStats& stats_;
-  std::unique_ptr<nvme::IoEngine> engine_;
+  std::unique_ptr<nvme::IoEngine> owned_engine_;
+  nvme::IoEngine* engine_ = nullptr;
+  bool registered_ = false;
   std::unique_ptr<SlotPool> pool_;
   std::unique_ptr<nvme::SwapStore> store_;
   uint64_t nvme_bytes_ = 0;

@@ -4,7 +4,9 @@
 // engine's CPU optimizer runs on one, so the thread that drives the model
 // never blocks on an optimizer step. Failures are sticky, as on a device
 // stream: once a task (or its gate) fails, later tasks are skipped and
-// complete with that Status.
+// complete with that Status; a task submitted as not sticky reports its
+// failure only through its own Completion (the engine's updates: a failed
+// one is rolled back and the steps after it must still run).
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -33,12 +35,12 @@ class SerialWorker {
   SerialWorker(const SerialWorker&) = delete;
   SerialWorker& operator=(const SerialWorker&) = delete;
 
-  Completion submit(Task task, Completion gate = {}, std::string label = {}) {
+  Completion submit(Task task, Completion gate = {}, std::string label = {}, bool sticky = true) {
     CompletionSource source(label.empty() ? name_ : std::move(label));
     Completion done = source.completion();
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      queue_.push_back(Item{std::move(task), std::move(gate), std::move(source)});
+      queue_.push_back(Item{std::move(task), std::move(gate), std::move(source), sticky});
     }
     cv_.notify_all();
     return done;
@@ -54,6 +56,7 @@ class SerialWorker {
     Task task;
     Completion gate;
     CompletionSource source;
+    bool sticky = true;
   };
   void run() {
     for (;;) {
@@ -74,7 +77,7 @@ class SerialWorker {
         std::lock_guard<std::mutex> lock(mutex_);
         busy_seconds_ += s;
       }
-      if (!st.ok() && failed_.ok()) failed_ = st;
+      if (!st.ok() && failed_.ok() && item.sticky) failed_ = st;
       item.task = nullptr;  // drop captures before waking waiters
       item.source.complete(st);
     }

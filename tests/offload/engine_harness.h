@@ -64,6 +64,11 @@ struct TrainRun {
   int fail_step = 0;
   // Per-rank NVMe I/O engine for the optimizer state (test hook), or null.
   std::function<nvme::IoEngine*(int rank)> engine_for_rank;
+  // The same for the stage-3 parameter shards on NVMe.
+  std::function<nvme::IoEngine*(int rank)> param_engine_for_rank;
+  // Failed step() calls a rank goes past (calling step() again) before
+  // giving up; rank 0's are kept in Outcome::failures.
+  int retries = 0;
   TrainRun() {
     opt.grad_accum = 2;
     opt.grad_clip = 0.5;  // clipping active on most steps
@@ -79,6 +84,7 @@ struct Outcome {
   std::vector<uint64_t> peak_device;   // per rank
   std::vector<double> val;             // rank 0's final validation loss
   std::vector<EngineMemory> predicted, measured;  // per rank
+  std::vector<Status> failures;        // rank 0's step() errors gone past (TrainRun::retries)
 };
 
 Outcome train(const TrainRun& run) {
@@ -103,10 +109,25 @@ Outcome train(const TrainRun& run) {
                                                                       model::RankSlice{r, run.world}));
         EngineOptions opt = run.opt;
         if (run.engine_for_rank) opt.nvme.io_engine = run.engine_for_rank(r);
+        if (run.param_engine_for_rank) opt.nvme_param.io_engine = run.param_engine_for_rank(r);
         STRATA_ASSIGN_OR_RETURN(auto engine, Engine::create(opt, *runner, *device, *comms[r]));
         if (run.on_start) STRATA_RETURN_IF_ERROR(run.on_start(*engine, r));
-        for (int64_t s = engine->step_calls() + 1; s <= run.steps; ++s) {
-          STRATA_ASSIGN_OR_RETURN(StepMetrics m, engine->step());
+        const int64_t first = engine->step_calls();
+        int retries = run.retries;
+        for (int64_t s = first + 1; s <= run.steps; ++s) {
+          Result<StepMetrics> tried = engine->step();
+          if (!tried.ok() && retries > 0) {
+            // A rolled-back step: the calls it undid are repeated.
+            --retries;
+            if (r == 0) {
+              out.failures.push_back(tried.status());
+              out.losses.resize(static_cast<size_t>(engine->step_calls() - first));
+              out.metrics.resize(out.losses.size());
+            }
+            s = engine->step_calls();
+            continue;
+          }
+          STRATA_ASSIGN_OR_RETURN(StepMetrics m, std::move(tried));
           if (r == 0) {
             out.losses.push_back(m.loss);
             out.metrics.push_back(m);

@@ -543,6 +543,112 @@ TEST_F(NvmeStateTierFaultTest, TransientErrorsAndShortTransfersAreInvisible) {
 
 // --------------------------------------------------------------- bad input
 
+// Note [Piece versions]: rollback() returns every piece to its committed
+// version, commit() makes the newest the committed one; a piece written twice
+// in one step keeps the committed version; read-ahead of a dropped version
+// is dropped; the second version is counted once as NVMe bytes.
+TEST_F(NvmeStateTierTest, VersionsCommitAndRollBack) {
+  const std::vector<PieceSpec> pieces = {{{0, 0, 0}, 3000, true}, {{0, 1, 0}, 5000, true}, {{1, 0, 0}, 777, false}};
+  for (bool pipeline : {false, true}) {
+    SCOPED_TRACE(pipeline ? "pipeline read/write" : "synchronous");
+    NvmeStateTierOptions o = options(pieces, DType::kF32, pipeline ? "versions-p" : "versions-s");
+    o.pipeline_read = o.pipeline_write = pipeline;
+    auto tier = make(o);
+    ASSERT_TRUE(tier);
+    EXPECT_TRUE(tier->versioned());
+    ASSERT_NO_FATAL_FAILURE(add_all(*tier, pieces));
+    const uint64_t one_version = tier->bytes();
+    EXPECT_EQ(one_version, capacity_of(pieces, DType::kF32));
+    // A "step": every piece scribbled and written.
+    auto step = [&](int salt) {
+      std::vector<std::vector<std::byte>> out;
+      for (const PieceSpec& p : pieces) {
+        auto s = tier->open(p.id);
+        EXPECT_TRUE(s.ok()) << s.status().to_string();
+        if (!s.ok()) return out;
+        scribble(*s, salt);
+        out.push_back(snapshot(*s));
+        EXPECT_TRUE(tier->close(p.id, true).ok());
+      }
+      return out;
+    };
+    auto read_all = [&]() {
+      std::vector<std::vector<std::byte>> out;
+      for (const PieceSpec& p : pieces) {
+        auto s = tier->open(p.id);
+        EXPECT_TRUE(s.ok()) << s.status().to_string();
+        if (!s.ok()) return out;
+        out.push_back(snapshot(*s));
+        EXPECT_TRUE(tier->close(p.id, false).ok());
+      }
+      return out;
+    };
+    const auto initial = read_all();
+    const auto step1 = step(1);
+    EXPECT_EQ(read_all(), step1);  // open() reads the newest version
+    EXPECT_EQ(tier->bytes(), 2 * one_version);
+    ASSERT_TRUE(tier->rollback().ok());
+    EXPECT_EQ(read_all(), initial);
+    // Written twice before the commit: the committed version stays.
+    step(2);
+    const auto step3 = step(3);
+    ASSERT_TRUE(tier->commit().ok());
+    EXPECT_EQ(read_all(), step3);
+    // Read-ahead of the pending versions, then a rollback: the committed ones.
+    step(4);
+    tier->prefetch(pieces[0].id);
+    ASSERT_TRUE(tier->rollback().ok());
+    EXPECT_EQ(read_all(), step3);
+    ASSERT_TRUE(tier->rollback().ok());  // nothing pending: no change
+    EXPECT_EQ(read_all(), step3);
+    EXPECT_EQ(tier->bytes(), 2 * one_version);  // counted once per piece
+    EXPECT_EQ(stats_.get(Tier::kNvme).current_bytes, 2 * one_version);
+  }
+}
+
+TEST_F(NvmeStateTierFaultTest, CommitReportsAFailedWriteBackAndKeepsTheCommittedVersion) {
+  nvme::FaultPlan plan;
+  plan.eio_probability = 1;
+  plan.fault_reads = false;
+  ASSERT_NO_FATAL_FAILURE(make_faulty(plan));
+  const std::vector<PieceSpec> pieces = {{{1, 0, 0}, 6000, true}, {{1, 1, 0}, 5000, true}};
+  NvmeStateTierOptions o = options(pieces, DType::kF32, "commit-eio");
+  o.io_engine = engine_.get();
+  o.pipeline_write = true;
+  {
+    auto tier = make(o);
+    ASSERT_TRUE(tier);
+    ASSERT_NO_FATAL_FAILURE(add_all(*tier, pieces));
+    std::vector<std::vector<std::byte>> before;
+    int reported = 0;
+    for (const PieceSpec& p : pieces) {
+      auto s = tier->open(p.id);
+      ASSERT_TRUE(s.ok());
+      before.push_back(snapshot(*s));
+      scribble(*s, 5);
+      if (p.id.group == 1) counters_->arm(0, 1);  // the second piece's write-back fails
+      if (!tier->close(p.id, true).ok()) ++reported;
+    }
+    Status st = tier->commit();
+    if (!st.ok()) {
+      ++reported;
+      EXPECT_NE(st.message().find("layer 1 'l1' group 1 rank 0"), std::string::npos) << st.message();
+    }
+    // The failure comes from close() or from commit(), once; either way the
+    // step is not committed: roll it back.
+    EXPECT_EQ(counters_->eio.load(), 1u);
+    EXPECT_EQ(reported, 1);
+    ASSERT_TRUE(tier->rollback().ok());
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      auto s = tier->open(pieces[i].id);
+      ASSERT_TRUE(s.ok()) << s.status().to_string();
+      EXPECT_EQ(snapshot(*s), before[i]);
+      ASSERT_TRUE(tier->close(pieces[i].id, false).ok());
+    }
+  }
+  engine_.reset();
+}
+
 TEST_F(NvmeStateTierTest, FolderLockedByALiveRunIsRefused) {
   std::vector<PieceSpec> pieces = {{{0, 0, 0}, 1000, true}};
   NvmeStateTierOptions o = options(pieces, DType::kF32, "locked");

@@ -166,8 +166,9 @@ class ModelRunner {
   // Tokens (or samples) one micro-batch trains on, for throughput.
   virtual uint64_t tokens_per_micro_batch() const = 0;
   // Where the training data stands: micro-batches drawn so far. A
-  // checkpoint stores it; seek_data() moves a fresh runner there (forward
-  // only), so a resumed run trains on the batches the first run would have.
+  // checkpoint stores it; seek_data() moves a fresh runner there, so a
+  // resumed run trains on the batches the first run would have, and an
+  // engine that rolls a failed step back moves it back to the step's start.
   virtual uint64_t data_position() const { return 0; }
   virtual Status seek_data(uint64_t micro_batches) {
     if (micro_batches == 0) return Status::Ok();

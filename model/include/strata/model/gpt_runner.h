@@ -64,6 +64,7 @@ class GptRunner final : public ModelRunner {
   GptExecutor& executor_;
   const TextDataset& data_;
   BatchLoader loader_;
+  uint64_t seed_ = 0;
   size_t eval_count_ = 0;
   RankSlice slice_;
   uint64_t drawn_ = 0;  // global micro-batches drawn

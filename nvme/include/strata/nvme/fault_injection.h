@@ -48,9 +48,22 @@ struct FaultCounters {
   // restarts the clean-piece count (FaultPlan::clean_pieces semantics).
   std::atomic<bool> armed{true};
   std::atomic<int64_t> clean_left{0};
-  void arm(uint64_t clean_pieces = 0) {
+  // Hard errors (EIO, ENOSPC) still to inject; -1: no limit. A budget of 1
+  // models a one-off failure the next attempt gets past.
+  std::atomic<int64_t> hard_errors_left{-1};
+  void arm(uint64_t clean_pieces = 0, int64_t max_hard_errors = -1) {
     clean_left.store(static_cast<int64_t>(clean_pieces));
+    hard_errors_left.store(max_hard_errors);
     armed.store(true);
+  }
+  // Takes one hard error from the budget; false when it is spent.
+  bool spend_hard_error() {
+    int64_t left = hard_errors_left.load();
+    while (left != 0) {
+      if (left < 0) return true;
+      if (hard_errors_left.compare_exchange_weak(left, left - 1)) return true;
+    }
+    return false;
   }
   void disarm() { armed.store(false); }
 };

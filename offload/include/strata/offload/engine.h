@@ -110,6 +110,8 @@ struct EngineOptions {
     int64_t buffer_count = 5;            // offload_param.buffer_count
     int64_t buffer_size = 100'000'000;   // offload_param.buffer_size: elements per slot, >= the largest shard
     int64_t max_in_cpu = 1'000'000'000;  // offload_param.max_in_cpu: shard elements kept in pinned host memory
+    // Test hook: the shards' I/O through this engine (must outlive the engine).
+    nvme::IoEngine* io_engine = nullptr;
   } nvme_param;
   // Most host memory (pinned + pageable) this rank's engine may hold; 0:
   // unlimited. strata train gives each of its --ranks an equal share of

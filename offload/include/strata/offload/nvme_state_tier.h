@@ -32,6 +32,20 @@
 // are done, prefetch(first piece) starts the next step's first reads (the
 // engine calls it e.g. when backward begins).
 //
+// Note [Piece versions]
+// Every piece has two versions in the store (two tensors): the committed
+// one (the state after the last committed step) and, once close(modified)
+// has written the piece, a pending one. open() and read-ahead read the
+// newest; a write-back never goes over the committed version (the first of
+// a step goes to the other one, a second one of the same step over the
+// pending one). commit() waits for the write-backs and makes every pending
+// version the committed one; rollback() drops the pending ones (and any
+// read-ahead of them), so a step that fails half-way leaves the state of
+// the last committed step readable (Note [Atomic steps] in engine.h). The
+// cost is NVMe space: two versions of the state, counted as kNvme bytes
+// when the second is first written; the swap file is preallocated for
+// three (two versions and one for pieces of uneven sizes) plus the slots.
+//
 // Note [NVMe tier errors]
 //  - A read's I/O error names the file, offset and length (IoEngine), the
 //    piece (the name given to add()) and the tensor; a checksum mismatch is
@@ -80,8 +94,9 @@ struct NvmeStateTierOptions {
   std::string job;
   int rank = 0;
   // Bytes of state to be added (the sum of nvme_piece_bytes over the pieces);
-  // the swap file adds (buffer_count + 1) slots of shadow space, and free
-  // space on the paths is checked up front.
+  // the swap file holds three times that (Note [Piece versions]) and
+  // (buffer_count + 1) slots of shadow space; free space on the paths is
+  // checked up front.
   uint64_t capacity_bytes = 0;
   AioConfig aio;                 // the config's aio section (engine chosen as `strata report` says)
   size_t buffer_count = 4;       // offload_optimizer.buffer_count: pinned slots

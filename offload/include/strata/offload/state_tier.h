@@ -75,6 +75,21 @@ class OptimizerStateTier {
   // end of a step whose state must be durable (checkpoint, end of training).
   virtual Status flush() { return Status::Ok(); }
   virtual StateTierIoStats io_stats() const { return {}; }
+
+  // Step atomicity (Note [Atomic steps] in engine.h). A versioned tier keeps
+  // the state of the last committed step beside what close(modified) wrote
+  // since: open() reads the newest version, commit() makes it the committed
+  // one, rollback() forgets it, so a step that failed half-way leaves the
+  // committed state whole. The memory tiers update in place (not versioned):
+  // commit() only flushes and rollback() is refused.
+  virtual bool versioned() const { return false; }
+  // Waits for every write-back; on success the newest version of every piece
+  // becomes the committed one. A failed write-back is returned (once) and
+  // nothing is committed.
+  virtual Status commit() { return flush(); }
+  // Every piece back to its committed version (writes and read-ahead since
+  // are waited for and dropped, their errors with them). No piece may be open.
+  virtual Status rollback() { return Unsupported(describe() + " updates state in place and cannot roll a step back"); }
 };
 
 // Device memory of `device` (kDevice; needs a host-addressable device, since

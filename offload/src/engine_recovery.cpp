@@ -1,0 +1,209 @@
+// Step atomicity (Note [Atomic steps] in engine.h): the commit point's vote,
+// the rollback of a failed step and the parameters re-derived from the
+// committed master weights.
+#include "engine_impl.h"
+
+#include <fmt/format.h>
+
+namespace strata::offload {
+
+Engine::Impl::Mark Engine::Impl::mark() const {
+  Mark m;
+  m.steps = steps;
+  m.step_index = step_index;
+  m.scaler = scaler->state();
+  m.data = runner.data_position();
+  return m;
+}
+
+Status Engine::Impl::restore(const Mark& m) {
+  STRATA_RETURN_IF_ERROR(scaler->restore(m.scaler));
+  STRATA_RETURN_IF_ERROR(runner.seek_data(m.data).with_context("moving the training data back to the step's start"));
+  steps = m.steps;
+  step_index = m.step_index;
+  // Gradients are zeroed once per step() call, by call number: the calls
+  // being repeated must zero them again.
+  for (Layer& l : layers) l.zeroed_step = -1;
+  return Status::Ok();
+}
+
+void Engine::Impl::record_update_failure(const Status& s) {
+  std::lock_guard<std::mutex> lock(failure_mu);
+  if (update_failure.ok()) update_failure = s;
+}
+
+Status Engine::Impl::take_update_failure() {
+  std::lock_guard<std::mutex> lock(failure_mu);
+  Status s = std::move(update_failure);
+  update_failure = Status::Ok();
+  return s;
+}
+
+Completion Engine::Impl::absorb(const Completion& c, const std::string& label) {
+  auto out = std::make_shared<CompletionSource>(label);
+  Completion result = out->completion();
+  c.then([this, out](const Status& st) {
+    if (!st.ok()) record_update_failure(st);
+    out->complete(Status::Ok());
+  });
+  return result;
+}
+
+Status Engine::Impl::settle(const Mark* call) {
+  if (!pending) return Status::Ok();
+  // Every update of the pending step has run (the forward waited for each
+  // layer; outside step() this waits), and its write-backs are durable.
+  for (Layer& l : layers) {
+    l.update_done.wait().ignore();  // its failure is in update_failure
+    (l.persistent ? l.params_ready : l.shard_ready).wait().ignore();
+  }
+  Status mine = take_update_failure();
+  if (mine.ok() && !pending_complete)
+    mine = Internal(fmt::format("step {}: not every layer's update was queued", pending_mark.steps + 1));
+  if (mine.ok()) mine = tier->flush();
+  if (mine.ok() && dev_tier) mine = dev_tier->flush();
+
+  // The vote: which ranks' updates failed.
+  std::vector<int> failed;
+  if (world == 1) {
+    if (!mine.ok()) failed.push_back(0);
+  } else {
+    const double flag = mine.ok() ? 0.0 : 1.0;
+    std::vector<double> flags(static_cast<size_t>(world));
+    STRATA_RETURN_IF_ERROR(comm::host_collective(
+        comm, &flag, sizeof(double), flags.data(), flags.size() * sizeof(double),
+        [&](const void* s, void* r) { return comm.all_gather(s, r, 1, DType::kF64, comm::CommQueue::kReduce); },
+        "agreeing on the step's updates"));
+    for (int r = 0; r < world; ++r)
+      if (flags[static_cast<size_t>(r)] != 0.0) failed.push_back(r);
+  }
+  const int64_t t = pending_mark.steps + 1;
+  pending = false;
+  if (failed.empty()) {
+    STRATA_RETURN_IF_ERROR(tier->commit().with_context(fmt::format("committing step {}", t)));
+    if (dev_tier) STRATA_RETURN_IF_ERROR(dev_tier->commit().with_context(fmt::format("committing step {}", t)));
+    return Status::Ok();
+  }
+
+  // Every rank gets here with the same `failed`: roll back together (the
+  // re-derivation's gathers are collectives every rank issues).
+  std::string ranks;
+  for (int r : failed) ranks += fmt::format("{}{}", ranks.empty() ? "" : ", ", r);
+  const std::string cause =
+      mine.ok() ? fmt::format("failed on rank {}", ranks)
+                : fmt::format("failed on rank {} (here: {})", ranks, mine.message());
+  const bool versioned = tier->versioned();
+  Status undone = versioned ? tier->rollback() : tier->commit();
+  if (undone.ok() && dev_tier) undone = dev_tier->commit();
+  if (undone.ok()) undone = rederive_params(true);
+  // A versioned tier is back at step t-1: the counters go back there. The
+  // memory tiers hold step t (their update runs in place and only a
+  // parameter copy failed): the step() call in progress is dropped.
+  if (undone.ok()) {
+    if (versioned) undone = restore(pending_mark);
+    else if (call != nullptr) undone = restore(*call);
+  }
+  if (!undone.ok())
+    return Status(mine.ok() ? StatusCode::kUnavailable : mine.code(),
+                  fmt::format("step {}: the update {}; rolling back failed too: {}", t, cause, undone.message()));
+  recovered = true;
+  const StatusCode code = mine.ok() ? StatusCode::kUnavailable : mine.code();
+  if (versioned)
+    return Status(code, fmt::format("step {}: the update {}; every rank rolled back to the state after step {} "
+                                    "(optimizer state, parameters, loss scale and data position); the next step() "
+                                    "repeats step {}",
+                                    t, cause, t - 1, t));
+  return Status(code, fmt::format("step {}: the update {}; the optimizer state holds step {} and every rank "
+                                  "re-derived its parameters from it{}",
+                                  t, cause, t,
+                                  call != nullptr ? "; the step in progress was dropped and the next step() repeats it"
+                                                  : ""));
+}
+
+Status Engine::Impl::rederive_params(bool collectives) {
+  auto round = [](DType pd, const float* src, std::byte* dst, size_t n) {
+    if (pd == DType::kF32) std::memcpy(dst, src, n * sizeof(float));
+    else if (pd == DType::kBF16) convert_fp32_to_bf16(src, reinterpret_cast<bfloat16*>(dst), n);
+    else convert_fp32_to_fp16(src, reinterpret_cast<float16*>(dst), n);
+  };
+  std::vector<float> master;
+  std::vector<std::byte> values;
+  for (size_t li = 0; li < layers.size(); ++li) {
+    Layer& l = layers[li];
+    const LayerPartition& lp = part.layer(li);
+    const std::string lname = fmt::format("layer {} '{}'", li, printable(lp.name, 64));
+    if (l.persistent) {
+      // The owned pieces into the full parameters, then (stages 1-3) every
+      // rank's pieces gathered, as the update does.
+      for (size_t gi = 0; gi < lp.groups.size(); ++gi) {
+        const SubGroup& g = lp.groups[gi];
+        for (int r = owned_rank_begin(); r < owned_rank_end(); ++r) {
+          const size_t n = lp.piece_real(g, r);
+          if (n == 0) continue;
+          master.resize(n);
+          values.resize(n * l.pe);
+          STRATA_RETURN_IF_ERROR(read_piece_state(li, gi, r, master.data(), nullptr, nullptr)
+                                     .with_context("re-deriving the parameters of " + lname));
+          round(l.pd, master.data(), values.data(), n);
+          STRATA_RETURN_IF_ERROR(device.copy(l.full_params.as<std::byte>() + lp.piece_begin(g, r) * l.pe,
+                                             values.data(), n * l.pe, CopyKind::kHostToDevice));
+        }
+      }
+      if (!stage0() && world > 1) {
+        if (!collectives)
+          return FailedPrecondition(fmt::format("re-deriving {} needs the other ranks' pieces", lname));
+        std::byte* full = l.full_params.as<std::byte>();
+        Completion last;
+        for (const SubGroup& g : lp.groups) {
+          STRATA_ASSIGN_OR_RETURN(comm::CommWork w, comm.all_gather(full + lp.piece_begin(g, rank) * l.pe,
+                                                                    full + g.padded_begin * l.pe, g.piece, l.pd,
+                                                                    comm::CommQueue::kGather));
+          last = w.completion();
+        }
+        STRATA_RETURN_IF_ERROR(last.wait().with_context("gathering the re-derived parameters of " + lname));
+      }
+      l.params_ready = Completion();
+      continue;
+    }
+    // Stage 3: a gathered copy holds the rolled-back values: dropped (none
+    // outlives a step's backward; this is for a failure elsewhere).
+    if (l.gathered_valid && l.held == 0) STRATA_RETURN_IF_ERROR(drop_gathered(li, l.last_use));
+    // This rank's shard (padding zero, as at the start).
+    values.assign(lp.shard_elements * l.pe, std::byte{0});
+    for (size_t gi = 0; gi < lp.groups.size(); ++gi) {
+      const SubGroup& g = lp.groups[gi];
+      const size_t n = lp.piece_real(g, rank);
+      if (n == 0) continue;
+      master.resize(n);
+      STRATA_RETURN_IF_ERROR(read_piece_state(li, gi, rank, master.data(), nullptr, nullptr)
+                                 .with_context("re-deriving the parameters of " + lname));
+      round(l.pd, master.data(), values.data() + g.shard_offset * l.pe, n);
+    }
+    if (l.on_nvme) {
+      STRATA_ASSIGN_OR_RETURN(Completion w, param_swap->write(static_cast<uint32_t>(li), values.data(), values.size(),
+                                                              "parameter shard of " + lname));
+      STRATA_RETURN_IF_ERROR(w.wait());
+    } else if (param_on_host()) {
+      std::memcpy(l.host_shard.data(), values.data(), values.size());
+    } else {
+      STRATA_RETURN_IF_ERROR(device.copy(l.dev_shard.data(), values.data(), values.size(), CopyKind::kHostToDevice));
+    }
+    l.shard_ready = Completion();
+  }
+  return Status::Ok();
+}
+
+Status Engine::Impl::stop_unless_recovered(Status error) {
+  if (recovered) {
+    recovered = false;
+    return error;
+  }
+  stopped = Status(error.code(),
+                   fmt::format("this engine stopped after an error it could not roll back: {}; its state may be "
+                               "part-way through a step: resume every rank from the last checkpoint "
+                               "(strata train --resume DIR)",
+                               error.message()));
+  return error;
+}
+
+}  // namespace strata::offload

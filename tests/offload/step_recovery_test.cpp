@@ -1,0 +1,193 @@
+// Step atomicity (Note [Atomic steps] in engine.h), through the fault
+// injector:
+//  - a one-off EIO on an NVMe read or write of the optimizer state during a
+//    step's update: the step() call that reaches the commit point fails
+//    naming the file, the piece and the cause, every rank rolls back to the
+//    last committed step, and calling step() again gives the losses of a run
+//    that never failed (bit for bit), at stages 1-3, overlap on and off,
+//    parameters on the device, in pinned memory or on NVMe;
+//  - with two ranks and the fault on one: both roll back together;
+//  - a parameter shard's write-back failing with the optimizer in memory:
+//    the state holds the step, the parameters are re-derived, the run goes on
+//    with the same losses;
+//  - an error outside the update (a shard read in the forward): the engine
+//    stops, and the next call says so.
+#include <gtest/gtest.h>
+
+#include "engine_harness.h"
+#include "strata/nvme/aio_config.h"
+#include "strata/nvme/fault_injection.h"
+
+namespace strata::offload {
+namespace {
+
+using D = OffloadDevice;
+
+// Fault-injecting I/O engines, one per rank, disarmed until a test arms them.
+struct Faults {
+  std::vector<std::unique_ptr<nvme::IoEngine>> engines;
+  std::vector<std::shared_ptr<nvme::FaultCounters>> counters;
+  Faults(int world, bool reads, bool writes) {
+    nvme::IoEngineConfig ec = nvme::io_engine_config(AioConfig{}).value();
+    nvme::FaultPlan plan;
+    plan.eio_probability = 1.0;
+    plan.fault_reads = reads;
+    plan.fault_writes = writes;
+    counters.resize(static_cast<size_t>(world));
+    for (int r = 0; r < world; ++r) {
+      engines.push_back(nvme::make_fault_injecting_engine(ec.options, plan, &counters[r]).value());
+      counters[r]->disarm();
+    }
+  }
+  uint64_t eio() const {
+    uint64_t n = 0;
+    for (const auto& c : counters) n += c->eio.load();
+    return n;
+  }
+};
+
+TrainRun base_run(const Placement& p, int world = 1) {
+  TrainRun r;
+  r.world = world;
+  r.steps = 6;
+  apply_placement(r, p);
+  return r;
+}
+
+void expect_same_losses(const Outcome& got, const Outcome& want) {
+  ASSERT_EQ(got.losses.size(), want.losses.size());
+  for (size_t i = 0; i < got.losses.size(); ++i)
+    EXPECT_EQ(std::bit_cast<uint64_t>(got.losses[i]), std::bit_cast<uint64_t>(want.losses[i])) << "step " << i + 1;
+  ASSERT_EQ(got.val.size(), 1u);
+  ASSERT_EQ(want.val.size(), 1u);
+  EXPECT_EQ(std::bit_cast<uint64_t>(got.val[0]), std::bit_cast<uint64_t>(want.val[0]));
+}
+
+struct Case {
+  Placement placement;
+  bool fault_reads;  // else writes
+};
+
+class OneOffNvmeFault : public ::testing::TestWithParam<Case> {};
+
+TEST_P(OneOffNvmeFault, RollsBackAndTheRepeatedStepsMatch) {
+  const Case& c = GetParam();
+  const Outcome straight = train(base_run(c.placement));
+  ASSERT_TRUE(straight.status.ok()) << straight.status.to_string();
+
+  Faults faults(1, c.fault_reads, !c.fault_reads);
+  TrainRun run = base_run(c.placement);
+  run.engine_for_rank = [&](int r) { return faults.engines[r].get(); };
+  // One EIO, a few I/Os into the updates after step 2 (with overlap they run
+  // while step 3 computes).
+  run.after_step = [&](Engine& e, int64_t step) {
+    if (step == 2 && faults.eio() == 0) faults.counters[e.rank()]->arm(2, 1);
+  };
+  run.retries = 1;
+  const Outcome o = train(run);
+  ASSERT_TRUE(o.status.ok()) << o.status.to_string();
+  EXPECT_EQ(faults.eio(), 1u);
+  ASSERT_EQ(o.failures.size(), 1u);
+  const std::string msg = o.failures[0].to_string();
+  EXPECT_NE(msg.find("Input/output error"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("optimizer state of layer"), std::string::npos) << msg;  // the piece
+  EXPECT_NE(msg.find("rolled back to the state after step"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("strata-"), std::string::npos) << msg;  // the swap file's path
+  expect_same_losses(o, straight);
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> v;
+  const Placement placements[] = {
+      {1, D::kNvme, D::kNone},
+      {2, D::kNvme, D::kNone, false, 8192},
+      {3, D::kNvme, D::kCpu, true, 4096},
+      {3, D::kNvme, D::kNvme, false, 4096, 20'000, 0, 0},
+      {3, D::kNvme, D::kNone, true, 4096, 1'000'000'000, 1'000'000'000, 0},
+  };
+  for (const Placement& p : placements)
+    for (bool reads : {false, true}) v.push_back({p, reads});
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Placements, OneOffNvmeFault, ::testing::ValuesIn(cases()),
+                         [](const ::testing::TestParamInfo<Case>& i) {
+                           const Placement& p = i.param.placement;
+                           return fmt::format("stage{}_param_{}_overlap{}_{}_{}", p.stage,
+                                              offload_device_name(p.param), p.overlap ? 1 : 0,
+                                              i.param.fault_reads ? "read" : "write", i.index);
+                         });
+
+TEST(StepRecovery, TwoRanksRollBackTogether) {
+  const Placement p{2, D::kNvme, D::kNone, true, 8192};
+  const Outcome straight = train(base_run(p, 2));
+  ASSERT_TRUE(straight.status.ok()) << straight.status.to_string();
+  for (bool reads : {false, true}) {
+    SCOPED_TRACE(reads ? "read fault" : "write fault");
+    Faults faults(2, reads, !reads);
+    TrainRun run = base_run(p, 2);
+    run.engine_for_rank = [&](int r) { return faults.engines[r].get(); };
+    run.after_step = [&](Engine& e, int64_t step) {
+      if (step == 3 && e.rank() == 1 && faults.eio() == 0) faults.counters[1]->arm(1, 1);  // rank 1, once
+    };
+    run.retries = 1;
+    const Outcome o = train(run);
+    ASSERT_TRUE(o.status.ok()) << o.status.to_string();
+    EXPECT_EQ(faults.counters[0]->eio.load(), 0u);
+    EXPECT_EQ(faults.counters[1]->eio.load(), 1u);
+    ASSERT_EQ(o.failures.size(), 1u);  // rank 0 rolled back too, naming rank 1
+    const std::string msg = o.failures[0].to_string();
+    EXPECT_NE(msg.find("failed on rank 1;"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("every rank rolled back"), std::string::npos) << msg;
+    expect_same_losses(o, straight);
+  }
+}
+
+TEST(StepRecovery, ParameterShardWriteFailureRollsForward) {
+  // The optimizer state in pinned memory is updated in place; only the
+  // updated shard's write to NVMe fails: the step stands, the parameters
+  // are re-derived from the master weights, the step in progress repeats.
+  const Placement p{3, D::kCpu, D::kNvme, true, 1'000'000'000, 1'000'000'000, 1'000'000'000, 0};
+  const Outcome straight = train(base_run(p));
+  ASSERT_TRUE(straight.status.ok()) << straight.status.to_string();
+  Faults faults(1, false, true);
+  TrainRun run = base_run(p);
+  run.param_engine_for_rank = [&](int r) { return faults.engines[r].get(); };
+  run.after_step = [&](Engine&, int64_t step) {
+    if (step == 2 && faults.eio() == 0) faults.counters[0]->arm(1, 1);
+  };
+  run.retries = 1;
+  const Outcome o = train(run);
+  ASSERT_TRUE(o.status.ok()) << o.status.to_string();
+  EXPECT_EQ(faults.eio(), 1u);
+  ASSERT_EQ(o.failures.size(), 1u);
+  const std::string msg = o.failures[0].to_string();
+  EXPECT_NE(msg.find("parameter shard of layer"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("re-derived its parameters"), std::string::npos) << msg;
+  expect_same_losses(o, straight);
+}
+
+TEST(StepRecovery, AnErrorOutsideTheUpdateStopsTheEngine) {
+  // A shard read failing in the forward is not an update: the engine cannot
+  // tell what the model did with the layer, so it stops.
+  const Placement p{3, D::kCpu, D::kNvme, true, 1'000'000'000, 1'000'000'000, 1'000'000'000, 0};
+  Faults faults(1, true, false);
+  TrainRun run = base_run(p);
+  run.param_engine_for_rank = [&](int r) { return faults.engines[r].get(); };
+  run.after_step = [&](Engine&, int64_t step) {
+    if (step == 2 && faults.eio() == 0) faults.counters[0]->arm(0, 1);
+  };
+  run.retries = 1;
+  const Outcome o = train(run);
+  ASSERT_FALSE(o.status.ok());
+  EXPECT_EQ(faults.eio(), 1u);
+  ASSERT_EQ(o.failures.size(), 1u);
+  EXPECT_NE(o.failures[0].to_string().find("Input/output error"), std::string::npos) << o.failures[0].to_string();
+  // The retry was refused: the engine stopped.
+  const std::string msg = o.status.to_string();
+  EXPECT_NE(msg.find("this engine stopped after an error it could not roll back"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("--resume"), std::string::npos) << msg;
+}
+
+}  // namespace
+}  // namespace strata::offload
