@@ -81,6 +81,7 @@ struct TrainCliOptions {
   bool save_sync = false;
   int save_slots = 2;
   std::string resume;                  // DIR or DIR/TAG
+  int step_retries = 0;                // rolled-back steps repeated before giving up
   // Which flags were given (they override the config).
   bool given_batch = false, given_accum = false, given_lr = false, given_wd = false, given_clip = false,
        given_dtype = false, given_device = false, given_device_memory = false;
@@ -297,8 +298,27 @@ Status train_rank(const TrainCliOptions& o, const TrainSetup& t, const model::Gp
                  m->scalars.step_calls, o.steps);
   }
   const int64_t first_step = rs.engine->step_calls() + 1;  // the same on every rank
+  int retries_left = o.step_retries;
   for (int64_t s = first_step; s <= o.steps; ++s) {
     Result<offload::StepMetrics> r = rs.engine->step();
+    if (!r.ok() && retries_left > 0 && rs.engine->stopped().ok()) {
+      // Rolled back on every rank (Note [Atomic steps]): repeat from there.
+      // A save of the undone step failed with it; it is not waited for again.
+      --retries_left;
+      const int64_t back = rs.engine->step_calls();
+      if (comm.rank() == 0 && !o.quiet)
+        fmt::print("retry    step {} failed; every rank is back at the state after step {}: repeating from step {} "
+                   "({} of --step-retries {} left): {}\n",
+                   s, back, back + 1, retries_left, o.step_retries, r.status().to_string());
+      if (!o.save_dir.empty()) rs.engine->wait_checkpoint().status().ignore();
+      if (summary) {
+        summary->steps.resize(static_cast<size_t>(std::max<int64_t>(0, back - first_step + 1)));
+        const size_t kept = summary->steps.size(), first = first_step == 1 && kept > 0 ? 1 : 0;
+        summary->tps.resize(kept - first);  // step 1 has no throughput figure
+      }
+      s = back;
+      continue;
+    }
     if (!r.ok()) return r.status().with_context(fmt::format("step {} on rank {}", s, comm.rank()));
     std::optional<double> val;
     if ((o.eval_every > 0 && s % o.eval_every == 0) || s == o.steps) {
@@ -437,6 +457,8 @@ int run_train(TrainCliOptions o) {
     if (g.param_dtype == DType::kF16) t.engine.fp16.enabled = true;
   }
   if (o.steps < 1) return fail(InvalidArgument(fmt::format("--steps {} must be at least 1", o.steps)));
+  if (o.step_retries < 0 || o.step_retries > 1000)
+    return fail(InvalidArgument(fmt::format("--step-retries {} is out of range 0..1000", o.step_retries)));
   if (o.save_dir.empty() && (o.save_every != 0 || o.keep != 0 || o.save_sync || o.save_slots != 2))
     return fail(InvalidArgument("--save-every, --keep, --save-sync and --save-slots need --save-dir DIR (where to save)"));
   if (o.eval_every < 0) return fail(InvalidArgument(fmt::format("--eval-every {} must be >= 0 (0: only at the end)", o.eval_every)));
@@ -609,6 +631,9 @@ CommandRegistration train_command("train", [](CLI::App& root) {
   cmd->add_option("--keep", o->keep, "Keep only the newest N checkpoint tags in --save-dir (0: all)")
       ->check(CLI::Range(0, 1 << 20));
   cmd->add_flag("--save-sync", o->save_sync, "Block each step until its save is written and committed");
+  cmd->add_option("--step-retries", o->step_retries,
+                  "repeat a step that failed and was rolled back on every rank (an NVMe I/O error in the optimizer's "
+                  "update) up to N times in the run before giving up (0..1000; default 0)");
   cmd->add_option("--save-slots", o->save_slots,
                   "Host slots (each one piece's fp32 state) between a save's snapshot and its writer")
       ->capture_default_str()

@@ -3,6 +3,7 @@
 
 #include <sys/sysinfo.h>
 
+#include <cstdlib>
 #include <thread>
 
 #include <fmt/format.h>
@@ -10,6 +11,8 @@
 #include "strata/comm/host_collective.h"
 #include "strata/core/device_registry.h"
 #include "strata/core/units.h"
+#include "strata/nvme/aio_config.h"
+#include "strata/nvme/fault_injection.h"
 
 namespace strata::cli {
 
@@ -43,7 +46,23 @@ Status build_rank(const RankSetup& t, const model::GptConfig& g, const model::Te
   STRATA_ASSIGN_OR_RETURN(rs.executor, model::GptExecutor::create(*rs.model, *rs.device, *rs.stream, t.batch, t.seq_len));
   STRATA_ASSIGN_OR_RETURN(rs.runner, model::GptRunner::create(*rs.model, *rs.executor, data, t.seed, t.eval_batches,
                                                               {comm.rank(), comm.world_size()}));
-  STRATA_ASSIGN_OR_RETURN(rs.engine, offload::Engine::create(t.engine, *rs.runner, *rs.device, comm));
+  offload::EngineOptions eo = t.engine;
+  // STRATA_FAULTS (docs/engine.md "Errors"): faults injected into the
+  // optimizer state's NVMe I/O, to see what a failing drive does to a run.
+  if (const char* spec = std::getenv("STRATA_FAULTS"); spec != nullptr && *spec != '\0') {
+    if (eo.offload_optimizer != OffloadDevice::kNvme)
+      return InvalidArgument("STRATA_FAULTS is set but the optimizer state is not on NVMe (offload_optimizer.device "
+                             "nvme, or --offload-optimizer nvme); unset it");
+    STRATA_ASSIGN_OR_RETURN(nvme::FaultPlan plan, nvme::parse_fault_plan(spec));
+    STRATA_ASSIGN_OR_RETURN(nvme::IoEngineConfig ec, nvme::io_engine_config(eo.nvme.aio));
+    plan.seed += static_cast<uint64_t>(comm.rank());
+    STRATA_ASSIGN_OR_RETURN(rs.fault_engine, nvme::make_fault_injecting_engine(ec.options, plan));
+    eo.nvme.io_engine = rs.fault_engine.get();
+    if (comm.rank() == 0)
+      fmt::print(stderr, "STRATA_FAULTS '{}': faults injected into the optimizer state's NVMe I/O of every rank\n",
+                 printable(spec, 200));
+  }
+  STRATA_ASSIGN_OR_RETURN(rs.engine, offload::Engine::create(eo, *rs.runner, *rs.device, comm));
   return Status::Ok();
 }
 

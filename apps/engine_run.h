@@ -19,6 +19,7 @@
 #include "strata/model/gpt_executor.h"
 #include "strata/model/gpt_runner.h"
 #include "strata/model/text_data.h"
+#include "strata/nvme/io_engine.h"
 #include "strata/offload/engine.h"
 
 namespace strata::cli {
@@ -41,6 +42,9 @@ struct RankState {
   std::unique_ptr<model::GptModel> model;
   std::unique_ptr<model::GptExecutor> executor;
   std::unique_ptr<model::GptRunner> runner;
+  // STRATA_FAULTS: the optimizer state's NVMe I/O through a fault-injecting
+  // engine (outlives the engine, which uses it).
+  std::unique_ptr<nvme::IoEngine> fault_engine;
   std::unique_ptr<offload::Engine> engine;
 };
 

@@ -13,6 +13,12 @@
 #include "strata/nvme/fault_injection.h"
 
 #include <cerrno>
+#include <cstdlib>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "strata/core/printable.h"
 #include <chrono>
 #include <random>
 #include <thread>
@@ -203,12 +209,80 @@ Result<std::unique_ptr<IoEngine>> make_fault_injecting_engine(const IoEngineOpti
                                                               std::shared_ptr<FaultCounters>* counters) {
   auto shared = std::make_shared<FaultCounters>();
   shared->clean_left.store(static_cast<int64_t>(plan.clean_pieces));
+  shared->hard_errors_left.store(plan.max_hard_errors);
   if (counters != nullptr) *counters = shared;
   EngineKind kind = options.engine == EngineKind::kAuto ? choose_engine().kind : options.engine;
   BackendWrapper wrapper = [plan, shared](std::unique_ptr<Backend> inner, uint32_t worker_index) {
     return std::unique_ptr<Backend>(std::make_unique<FaultBackend>(std::move(inner), plan, worker_index, shared));
   };
   return make_scheduled_engine(options, kind, std::move(wrapper));
+}
+
+}  // namespace strata::nvme
+
+namespace strata::nvme {
+
+Result<FaultPlan> parse_fault_plan(std::string_view text, std::string_view source) {
+  FaultPlan plan;
+  const std::string shown = printable(text, 200);
+  size_t at = 0;
+  while (at <= text.size()) {
+    size_t end = text.find(',', at);
+    if (end == std::string_view::npos) end = text.size();
+    const std::string_view item = text.substr(at, end - at);
+    at = end + 1;
+    if (item.empty()) {
+      if (end == text.size()) break;
+      continue;
+    }
+    const size_t eq = item.find('=');
+    const std::string key(item.substr(0, eq == std::string_view::npos ? item.size() : eq));
+    const std::string value(eq == std::string_view::npos ? std::string_view() : item.substr(eq + 1));
+    auto bad = [&](const char* want) {
+      return InvalidArgument(fmt::format("{} '{}': {} '{}' must be {} (keys: eio, enospc, transient, short, torn, "
+                                         "corrupt, reads, writes, after, count, seed)",
+                                         source, shown, printable(key, 32), printable(value, 32), want));
+    };
+    auto probability = [&](double& out) -> Status {
+      char* e = nullptr;
+      const double v = std::strtod(value.c_str(), &e);
+      if (value.empty() || e == nullptr || *e != '\0' || !(v >= 0.0 && v <= 1.0)) return bad("a probability in 0..1");
+      out = v;
+      return Status::Ok();
+    };
+    auto integer = [&](int64_t lo, int64_t hi, int64_t& out) -> Status {
+      char* e = nullptr;
+      errno = 0;
+      const long long v = std::strtoll(value.c_str(), &e, 10);
+      if (value.empty() || e == nullptr || *e != '\0' || errno != 0 || v < lo || v > hi)
+        return bad(fmt::format("an integer in {}..{}", lo, hi).c_str());
+      out = v;
+      return Status::Ok();
+    };
+    int64_t n = 0;
+    if (key == "eio") STRATA_RETURN_IF_ERROR(probability(plan.eio_probability));
+    else if (key == "enospc") STRATA_RETURN_IF_ERROR(probability(plan.enospc_probability));
+    else if (key == "transient") STRATA_RETURN_IF_ERROR(probability(plan.transient_probability));
+    else if (key == "short") STRATA_RETURN_IF_ERROR(probability(plan.short_probability));
+    else if (key == "torn") STRATA_RETURN_IF_ERROR(probability(plan.torn_write_probability));
+    else if (key == "corrupt") STRATA_RETURN_IF_ERROR(probability(plan.corrupt_read_probability));
+    else if (key == "reads" || key == "writes") {
+      STRATA_RETURN_IF_ERROR(integer(0, 1, n));
+      (key == "reads" ? plan.fault_reads : plan.fault_writes) = n == 1;
+    } else if (key == "after") {
+      STRATA_RETURN_IF_ERROR(integer(0, int64_t{1} << 40, n));
+      plan.clean_pieces = static_cast<uint64_t>(n);
+    } else if (key == "count") {
+      STRATA_RETURN_IF_ERROR(integer(0, int64_t{1} << 40, n));
+      plan.max_hard_errors = n;
+    } else if (key == "seed") {
+      STRATA_RETURN_IF_ERROR(integer(0, int64_t{1} << 62, n));
+      plan.seed = static_cast<uint64_t>(n);
+    } else {
+      return bad("a known key");
+    }
+  }
+  return plan;
 }
 
 }  // namespace strata::nvme

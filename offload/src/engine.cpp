@@ -385,6 +385,8 @@ Result<StepMetrics> Engine::step() {
   return r;
 }
 
+Status Engine::stopped() const { return impl_->stopped; }
+
 Result<double> Engine::evaluate() {
   if (!impl_->stopped.ok()) return impl_->stopped;
   Result<double> r = impl_->evaluate();

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <string_view>
 
 #include "strata/nvme/io_engine.h"
 
@@ -33,7 +34,18 @@ struct FaultPlan {
   // The first `clean_pieces` pieces of a faulted direction pass untouched,
   // so a fault lands in the middle of a request ("EIO mid-write").
   uint64_t clean_pieces = 0;
+  // Hard errors (EIO, ENOSPC) injected at most; -1: no limit.
+  int64_t max_hard_errors = -1;
 };
+
+// A plan from text, for the STRATA_FAULTS environment variable of `strata
+// train` (docs/engine.md "Errors"): comma-separated key=value, e.g.
+// "eio=1,reads=0,after=20,count=1" (one EIO on the 21st write piece).
+// Keys: eio, enospc, transient, short, torn, corrupt (probabilities 0..1),
+// reads, writes (0 or 1), after (clean pieces), count (hard errors at most),
+// seed. An unknown key or a bad value is InvalidArgument naming `source`
+// and the key.
+Result<FaultPlan> parse_fault_plan(std::string_view text, std::string_view source = "STRATA_FAULTS");
 
 struct FaultCounters {
   std::atomic<uint64_t> eio{0};

@@ -47,6 +47,33 @@
 // gather); the next forward waits per layer, so it runs while later layers
 // are still being stepped, and never sees a stale parameter. Off: step()
 // waits for every update. Losses are bit-identical either way.
+//
+// Note [Atomic steps]
+// A step's updates are pending until the commit point: in the next step,
+// once every rank has run its forward and backward (the loss all-reduce),
+// or in synchronize()/evaluate()/gather_state(), and at the end of the
+// step itself with overlap off. A failed update (an NVMe read or write of a
+// piece, a parameter shard's write-back) does not fail what later work
+// waits on: the next forward runs on whatever the layer holds and the
+// failure goes to the commit point, where every rank votes (a one-double
+// all-gather per rank). All ranks agree, so they act together:
+//  - every update succeeded: the NVMe tier's pending versions become the
+//    committed ones (Note [Piece versions] in nvme_state_tier.h);
+//  - one failed anywhere, optimizer state on NVMe: every rank drops the
+//    pending versions, re-derives its parameters (device, pinned or NVMe
+//    shards) from the committed master weights, puts back the step count,
+//    loss scaler and the runner's data position of the step before, and
+//    the call returns the error ("every rank rolled back to the state after
+//    step N"; the cause, with file, offset and piece, on the rank it hit);
+//    the next step() repeats the failed step with the same numbers;
+//  - state in memory (cpu, none): the update ran in place and only a
+//    parameter copy failed: the step stands, the parameters are re-derived
+//    from it and the step() call in progress is dropped (repeated next).
+// Any other error (a forward, a collective, a rollback that fails) stops
+// the engine: the error is returned and every later step/evaluate/save
+// returns "this engine stopped ...; resume from the last checkpoint".
+// A checkpoint snapshot waits for its layer's update and fails with it, so
+// a failed step is never saved.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -226,7 +253,9 @@ class Engine final : public ParameterProvider {
   Result<StepMetrics> step();
   // Mean validation loss over the runner's evaluation batches and all ranks.
   Result<double> evaluate();
-  // Waits for every queued update (the end of training, or before reading state).
+  // Waits for every queued update and commits it (the end of training, or
+  // before reading state); with several ranks every rank calls it (the
+  // commit point's vote, Note [Atomic steps]).
   Status synchronize();
 
   // ParameterProvider
@@ -265,6 +294,9 @@ class Engine final : public ParameterProvider {
   // step) and moves the runner's data to where the save left it. Every rank
   // calls it; each reads only the extents its pieces overlap.
   Result<CheckpointManifest> load_checkpoint(const std::string& dir_or_tag);
+  // Ok while the engine can go on (after a rolled-back step too); else why
+  // it stopped (Note [Atomic steps]).
+  Status stopped() const;
   int64_t step_calls() const;  // step() calls so far (skipped fp16 steps included; resumed runs count the saved ones)
   // The loss scale the next step will use (1 unless fp16).
   double loss_scale() const;
