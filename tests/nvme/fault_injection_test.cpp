@@ -322,4 +322,51 @@ INSTANTIATE_TEST_SUITE_P(AllEngines, FaultInjection,
                          });
 
 }  // namespace
+
+// STRATA_FAULTS text: every key, defaults kept, bad keys and values named.
+TEST(FaultPlanText, ParsesEveryKeyAndNamesTheBadOne) {
+  Result<FaultPlan> p = parse_fault_plan("eio=1,enospc=0.5,transient=0.25,short=0.125,torn=0.5,corrupt=0.75,"
+                                         "reads=0,writes=1,after=20,count=1,seed=7");
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  EXPECT_EQ(p->eio_probability, 1.0);
+  EXPECT_EQ(p->enospc_probability, 0.5);
+  EXPECT_EQ(p->transient_probability, 0.25);
+  EXPECT_EQ(p->short_probability, 0.125);
+  EXPECT_EQ(p->torn_write_probability, 0.5);
+  EXPECT_EQ(p->corrupt_read_probability, 0.75);
+  EXPECT_FALSE(p->fault_reads);
+  EXPECT_TRUE(p->fault_writes);
+  EXPECT_EQ(p->clean_pieces, 20u);
+  EXPECT_EQ(p->max_hard_errors, 1);
+  EXPECT_EQ(p->seed, 7u);
+  Result<FaultPlan> empty = parse_fault_plan("");
+  ASSERT_TRUE(empty.ok());
+  EXPECT_EQ(empty->eio_probability, 0.0);
+  EXPECT_EQ(empty->max_hard_errors, -1);
+  for (const char* bad : {"eio=2", "eio=-0.1", "eio=", "eio", "reads=2", "after=-1", "count=x", "seed=1e3",
+                          "bogus=1", "eio=nan", "after=99999999999999999999"}) {
+    Result<FaultPlan> b = parse_fault_plan(bad);
+    ASSERT_FALSE(b.ok()) << bad;
+    EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(b.status().message().find("STRATA_FAULTS"), std::string::npos) << b.status().message();
+    const std::string key = std::string(bad).substr(0, std::string(bad).find('='));
+    EXPECT_NE(b.status().message().find(key + " '"), std::string::npos) << b.status().message();
+  }
+  // Control characters are escaped in the message.
+  Result<FaultPlan> ctl = parse_fault_plan("eio=\x1b[31m");
+  ASSERT_FALSE(ctl.ok());
+  EXPECT_EQ(ctl.status().message().find('\x1b'), std::string::npos);
+}
+
+// A budget of hard errors: the first `count` faults, then clean I/O.
+TEST(FaultPlanText, HardErrorBudgetIsSpentOnce) {
+  FaultCounters c;
+  c.arm(0, 2);
+  EXPECT_TRUE(c.spend_hard_error());
+  EXPECT_TRUE(c.spend_hard_error());
+  EXPECT_FALSE(c.spend_hard_error());
+  c.arm(0, -1);
+  for (int i = 0; i < 5; ++i) EXPECT_TRUE(c.spend_hard_error());
+}
+
 }  // namespace strata::nvme
