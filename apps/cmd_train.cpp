@@ -299,30 +299,45 @@ Status train_rank(const TrainCliOptions& o, const TrainSetup& t, const model::Gp
   }
   const int64_t first_step = rs.engine->step_calls() + 1;  // the same on every rank
   int retries_left = o.step_retries;
+  // After a failed step() or evaluate(): true when the engine rolled back (or
+  // dropped the call) on every rank and a retry is left (Note [Atomic steps]).
+  auto may_retry = [&](const Status& error, int64_t s, const char* what) {
+    if (retries_left <= 0 || !rs.engine->stopped().ok()) return false;
+    --retries_left;
+    const int64_t back = rs.engine->step_calls();
+    if (comm.rank() == 0 && !o.quiet)
+      fmt::print("retry    {} {} failed; every rank is at the state after step {}: repeating from {} "
+                 "({} of --step-retries {} left): {}\n",
+                 what, s, back, back < s ? fmt::format("step {}", back + 1) : std::string("there"), retries_left,
+                 o.step_retries, error.to_string());
+    // A save of an undone step failed with it; it is not waited for again.
+    if (!o.save_dir.empty()) rs.engine->wait_checkpoint().status().ignore();
+    if (summary && back < s) {
+      const size_t keep = static_cast<size_t>(std::max<int64_t>(0, back - first_step + 1));
+      summary->steps.resize(std::min(summary->steps.size(), keep));
+      const size_t first = first_step == 1 && !summary->steps.empty() ? 1 : 0;
+      summary->tps.resize(std::min(summary->tps.size(), summary->steps.size() - first));  // step 1 has no throughput
+    }
+    return true;
+  };
   for (int64_t s = first_step; s <= o.steps; ++s) {
     Result<offload::StepMetrics> r = rs.engine->step();
-    if (!r.ok() && retries_left > 0 && rs.engine->stopped().ok()) {
-      // Rolled back on every rank (Note [Atomic steps]): repeat from there.
-      // A save of the undone step failed with it; it is not waited for again.
-      --retries_left;
-      const int64_t back = rs.engine->step_calls();
-      if (comm.rank() == 0 && !o.quiet)
-        fmt::print("retry    step {} failed; every rank is back at the state after step {}: repeating from step {} "
-                   "({} of --step-retries {} left): {}\n",
-                   s, back, back + 1, retries_left, o.step_retries, r.status().to_string());
-      if (!o.save_dir.empty()) rs.engine->wait_checkpoint().status().ignore();
-      if (summary) {
-        summary->steps.resize(static_cast<size_t>(std::max<int64_t>(0, back - first_step + 1)));
-        const size_t kept = summary->steps.size(), first = first_step == 1 && kept > 0 ? 1 : 0;
-        summary->tps.resize(kept - first);  // step 1 has no throughput figure
-      }
-      s = back;
+    if (!r.ok() && may_retry(r.status(), s, "step")) {
+      s = rs.engine->step_calls();
       continue;
     }
     if (!r.ok()) return r.status().with_context(fmt::format("step {} on rank {}", s, comm.rank()));
     std::optional<double> val;
     if ((o.eval_every > 0 && s % o.eval_every == 0) || s == o.steps) {
       Result<double> v = rs.engine->evaluate();
+      // The pending update may fail here (rolled back: repeat from there), or
+      // a parameter read (nothing changed: evaluate again).
+      while (!v.ok() && rs.engine->step_calls() == s && may_retry(v.status(), s, "validation at step"))
+        v = rs.engine->evaluate();
+      if (!v.ok() && rs.engine->step_calls() < s && may_retry(v.status(), s, "validation at step")) {
+        s = rs.engine->step_calls();
+        continue;
+      }
       if (!v.ok()) return v.status().with_context(fmt::format("validation at step {} on rank {}", s, comm.rank()));
       val = *v;
       if (summary) summary->last_val = *v;

@@ -342,12 +342,15 @@ struct Engine::Impl {
   Mark pending_mark;              // the counters before that step
   std::mutex failure_mu;
   Status update_failure;          // the first failure of the pending step's updates (guarded by failure_mu)
+  Status call_failure;            // the first failure of this call's parameter reads (guarded by failure_mu)
   bool recovered = false;         // the error being returned came with a completed rollback
   Status stopped;                 // not ok: the engine refuses to go on (an error it could not recover from)
-  // `c`, completing ok once `c` has completed; c's failure is recorded in update_failure.
-  Completion absorb(const Completion& c, const std::string& label);
-  void record_update_failure(const Status& s);
-  Status take_update_failure();
+  // `c`, completing ok once `c` has completed; c's failure is recorded in
+  // update_failure (an update) or call_failure (a read the call's passes use).
+  enum class FailureOf : uint8_t { kUpdate, kCall };
+  Completion absorb(const Completion& c, const std::string& label, FailureOf of = FailureOf::kUpdate);
+  void record_failure(FailureOf of, const Status& s);
+  Status take_failure(FailureOf of);
   // The commit point: waits for the pending step's updates, lets every rank
   // vote (a collective when world > 1), commits them when every rank's
   // succeeded, else rolls every rank back and returns the error. `call`:

@@ -109,7 +109,11 @@ Status Engine::Impl::issue_gather(size_t li) {
         fmt::format("writing the parameter shard of layer {}", li)));
     const std::string name = fmt::format("parameter shard of layer {} '{}'", li, printable(lp.name, 64));
     STRATA_ASSIGN_OR_RETURN(ParamSwap::Read rd, param_swap->read(static_cast<uint32_t>(li), lp.shard_elements * l.pe, name));
-    STRATA_RETURN_IF_ERROR(xfer->wait(rd.done));
+    // A failed read does not fail the copy stream: the layer is gathered
+    // from whatever the slot holds and the failure drops the step at the
+    // commit point's vote on every rank (Note [Atomic steps]).
+    STRATA_RETURN_IF_ERROR(
+        xfer->wait(absorb(rd.done, fmt::format("reading the {}", name), FailureOf::kCall)));
     const std::byte* shard = rd.slot.as<std::byte>();
     for (const SubGroup& g : lp.groups)
       STRATA_RETURN_IF_ERROR(xfer->copy_async(full + lp.piece_begin(g, rank) * l.pe, shard + g.shard_offset * l.pe,

@@ -27,71 +27,101 @@ Status Engine::Impl::restore(const Mark& m) {
   return Status::Ok();
 }
 
-void Engine::Impl::record_update_failure(const Status& s) {
+void Engine::Impl::record_failure(FailureOf of, const Status& s) {
   std::lock_guard<std::mutex> lock(failure_mu);
-  if (update_failure.ok()) update_failure = s;
+  Status& slot = of == FailureOf::kUpdate ? update_failure : call_failure;
+  if (slot.ok()) slot = s;
 }
 
-Status Engine::Impl::take_update_failure() {
+Status Engine::Impl::take_failure(FailureOf of) {
   std::lock_guard<std::mutex> lock(failure_mu);
-  Status s = std::move(update_failure);
-  update_failure = Status::Ok();
+  Status& slot = of == FailureOf::kUpdate ? update_failure : call_failure;
+  Status s = std::move(slot);
+  slot = Status::Ok();
   return s;
 }
 
-Completion Engine::Impl::absorb(const Completion& c, const std::string& label) {
+Completion Engine::Impl::absorb(const Completion& c, const std::string& label, FailureOf of) {
   auto out = std::make_shared<CompletionSource>(label);
   Completion result = out->completion();
-  c.then([this, out](const Status& st) {
-    if (!st.ok()) record_update_failure(st);
+  c.then([this, out, of, label](const Status& st) {
+    // A read's error names the file and offset; the label names the layer.
+    if (!st.ok()) record_failure(of, of == FailureOf::kCall ? st.with_context(label) : st);
     out->complete(Status::Ok());
   });
   return result;
 }
 
 Status Engine::Impl::settle(const Mark* call) {
-  if (!pending) return Status::Ok();
-  // Every update of the pending step has run (the forward waited for each
-  // layer; outside step() this waits), and its write-backs are durable.
-  for (Layer& l : layers) {
-    l.update_done.wait().ignore();  // its failure is in update_failure
-    (l.persistent ? l.params_ready : l.shard_ready).wait().ignore();
+  // In step() every rank votes at the same point; outside it, only when a
+  // step is pending (the same on every rank: an fp16 skip is agreed).
+  if (!pending && call == nullptr) return Status::Ok();
+  Status update, read;
+  if (pending) {
+    // Every update of the pending step has run (the forward waited for each
+    // layer; outside step() this waits), and its write-backs are durable.
+    for (Layer& l : layers) {
+      l.update_done.wait().ignore();  // its failure is in update_failure
+      (l.persistent ? l.params_ready : l.shard_ready).wait().ignore();
+    }
+    update = take_failure(FailureOf::kUpdate);
+    if (update.ok() && !pending_complete)
+      update = Internal(fmt::format("step {}: not every layer's update was queued", pending_mark.steps + 1));
+    if (update.ok()) update = tier->flush();
+    if (update.ok() && dev_tier) update = dev_tier->flush();
   }
-  Status mine = take_update_failure();
-  if (mine.ok() && !pending_complete)
-    mine = Internal(fmt::format("step {}: not every layer's update was queued", pending_mark.steps + 1));
-  if (mine.ok()) mine = tier->flush();
-  if (mine.ok() && dev_tier) mine = dev_tier->flush();
+  if (call != nullptr) read = take_failure(FailureOf::kCall);
 
-  // The vote: which ranks' updates failed.
-  std::vector<int> failed;
+  // The vote: which ranks' updates, and which ranks' parameter reads, failed.
+  std::vector<int> failed_update, failed_read;
   if (world == 1) {
-    if (!mine.ok()) failed.push_back(0);
+    if (!update.ok()) failed_update.push_back(0);
+    if (!read.ok()) failed_read.push_back(0);
   } else {
-    const double flag = mine.ok() ? 0.0 : 1.0;
-    std::vector<double> flags(static_cast<size_t>(world));
+    const double flags[2] = {update.ok() ? 0.0 : 1.0, read.ok() ? 0.0 : 1.0};
+    std::vector<double> all(2 * static_cast<size_t>(world));
     STRATA_RETURN_IF_ERROR(comm::host_collective(
-        comm, &flag, sizeof(double), flags.data(), flags.size() * sizeof(double),
-        [&](const void* s, void* r) { return comm.all_gather(s, r, 1, DType::kF64, comm::CommQueue::kReduce); },
+        comm, flags, sizeof(flags), all.data(), all.size() * sizeof(double),
+        [&](const void* s, void* r) { return comm.all_gather(s, r, 2, DType::kF64, comm::CommQueue::kReduce); },
         "agreeing on the step's updates"));
-    for (int r = 0; r < world; ++r)
-      if (flags[static_cast<size_t>(r)] != 0.0) failed.push_back(r);
+    for (int r = 0; r < world; ++r) {
+      if (all[2 * static_cast<size_t>(r)] != 0.0) failed_update.push_back(r);
+      if (all[2 * static_cast<size_t>(r) + 1] != 0.0) failed_read.push_back(r);
+    }
   }
+  auto rank_list = [](const std::vector<int>& ranks) {
+    std::string text;
+    for (int r : ranks) text += fmt::format("{}{}", text.empty() ? "" : ", ", r);
+    return text;
+  };
   const int64_t t = pending_mark.steps + 1;
+  const bool was_pending = pending;
   pending = false;
-  if (failed.empty()) {
-    STRATA_RETURN_IF_ERROR(tier->commit().with_context(fmt::format("committing step {}", t)));
-    if (dev_tier) STRATA_RETURN_IF_ERROR(dev_tier->commit().with_context(fmt::format("committing step {}", t)));
-    return Status::Ok();
+
+  if (failed_update.empty()) {
+    if (was_pending) {
+      STRATA_RETURN_IF_ERROR(tier->commit().with_context(fmt::format("committing step {}", t)));
+      if (dev_tier) STRATA_RETURN_IF_ERROR(dev_tier->commit().with_context(fmt::format("committing step {}", t)));
+    }
+    if (failed_read.empty()) return Status::Ok();
+    // A parameter read of this call failed: nothing was updated from it; the
+    // call is dropped on every rank.
+    const std::string cause = read.ok() ? fmt::format("failed on rank {}", rank_list(failed_read))
+                                        : fmt::format("failed on rank {} (here: {})", rank_list(failed_read),
+                                                      read.message());
+    STRATA_RETURN_IF_ERROR(restore(*call));
+    recovered = true;
+    return Status(read.ok() ? StatusCode::kUnavailable : read.code(),
+                  fmt::format("step {}: reading the parameters {}; the step was dropped on every rank (the state is "
+                              "the one after step {}); the next step() repeats it",
+                              steps + 1, cause, steps));
   }
 
-  // Every rank gets here with the same `failed`: roll back together (the
+  // Every rank gets here with the same lists: roll back together (the
   // re-derivation's gathers are collectives every rank issues).
-  std::string ranks;
-  for (int r : failed) ranks += fmt::format("{}{}", ranks.empty() ? "" : ", ", r);
-  const std::string cause =
-      mine.ok() ? fmt::format("failed on rank {}", ranks)
-                : fmt::format("failed on rank {} (here: {})", ranks, mine.message());
+  const std::string cause = update.ok() ? fmt::format("failed on rank {}", rank_list(failed_update))
+                                        : fmt::format("failed on rank {} (here: {})", rank_list(failed_update),
+                                                      update.message());
   const bool versioned = tier->versioned();
   Status undone = versioned ? tier->rollback() : tier->commit();
   if (undone.ok() && dev_tier) undone = dev_tier->commit();
@@ -103,11 +133,10 @@ Status Engine::Impl::settle(const Mark* call) {
     if (versioned) undone = restore(pending_mark);
     else if (call != nullptr) undone = restore(*call);
   }
+  const StatusCode code = update.ok() ? StatusCode::kUnavailable : update.code();
   if (!undone.ok())
-    return Status(mine.ok() ? StatusCode::kUnavailable : mine.code(),
-                  fmt::format("step {}: the update {}; rolling back failed too: {}", t, cause, undone.message()));
+    return Status(code, fmt::format("step {}: the update {}; rolling back failed too: {}", t, cause, undone.message()));
   recovered = true;
-  const StatusCode code = mine.ok() ? StatusCode::kUnavailable : mine.code();
   if (versioned)
     return Status(code, fmt::format("step {}: the update {}; every rank rolled back to the state after step {} "
                                     "(optimizer state, parameters, loss scale and data position); the next step() "

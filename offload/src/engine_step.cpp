@@ -242,6 +242,7 @@ Result<StepMetrics> Engine::Impl::step() {
   STRATA_RETURN_IF_ERROR(drain(live_params));
   io_before = tier->io_stats();
   const Mark call = mark();
+  take_failure(FailureOf::kCall).ignore();  // a late read of the previous call's dropped copies
   ++step_index;
   for (Layer& l : layers) l.reduce_launched = false;
   const double scale = scaler->scale();
@@ -366,6 +367,7 @@ Result<StepMetrics> Engine::Impl::step() {
 Result<double> Engine::Impl::evaluate() {
   // The parameters evaluated are a committed step's.
   STRATA_RETURN_IF_ERROR(settle(nullptr));
+  take_failure(FailureOf::kCall).ignore();
   double sum = 0;
   const size_t count = runner.eval_batch_count();
   // Blocks until the step's dropped copies are freed, so the evaluation's
@@ -385,14 +387,25 @@ Result<double> Engine::Impl::evaluate() {
   for (size_t li = 0; li < layers.size(); ++li)
     if (!layers[li].persistent && layers[li].held == 0)
       STRATA_RETURN_IF_ERROR(drop_gathered(li, layers[li].last_use));
-  double all = 0;
+  // The sum and, beside it, how many ranks' parameter reads failed (a
+  // layer gathered from a failed read: the loss is not reported).
+  const Status read = take_failure(FailureOf::kCall);
+  const double mine[2] = {sum, read.ok() ? 0.0 : 1.0};
+  double all[2] = {0, 0};
   STRATA_RETURN_IF_ERROR(comm::host_collective(
-      comm, &sum, sizeof(double), &all, sizeof(double),
+      comm, mine, sizeof(mine), all, sizeof(all),
       [&](const void* s, void* r) {
-        return comm.all_reduce(s, r, 1, DType::kF64, comm::ReduceOp::kSum, comm::CommQueue::kReduce);
+        return comm.all_reduce(s, r, 2, DType::kF64, comm::ReduceOp::kSum, comm::CommQueue::kReduce);
       },
       "summing the validation loss over ranks"));
-  return all / (static_cast<double>(count) * world);
+  if (all[1] != 0.0) {
+    recovered = true;  // nothing was changed: the engine goes on
+    return Status(read.ok() ? StatusCode::kUnavailable : read.code(),
+                  fmt::format("validation: reading the parameters failed on {} rank(s){}; no validation loss "
+                              "(nothing changed: evaluate() may be called again)",
+                              static_cast<int64_t>(all[1]), read.ok() ? "" : " (here: " + read.message() + ")"));
+  }
+  return all[0] / (static_cast<double>(count) * world);
 }
 
 }  // namespace strata::offload

@@ -10,8 +10,10 @@
 //  - a parameter shard's write-back failing with the optimizer in memory:
 //    the state holds the step, the parameters are re-derived, the run goes on
 //    with the same losses;
-//  - an error outside the update (a shard read in the forward): the engine
-//    stops, and the next call says so.
+//  - a parameter shard's read failing in a gather: the step is dropped on
+//    every rank and repeated with the same losses;
+//  - an error no vote can recover (a peer gone): the engine stops, and the
+//    next call says so.
 #include <gtest/gtest.h>
 
 #include "engine_harness.h"
@@ -167,24 +169,43 @@ TEST(StepRecovery, ParameterShardWriteFailureRollsForward) {
   expect_same_losses(o, straight);
 }
 
-TEST(StepRecovery, AnErrorOutsideTheUpdateStopsTheEngine) {
-  // A shard read failing in the forward is not an update: the engine cannot
-  // tell what the model did with the layer, so it stops.
+TEST(StepRecovery, AParameterShardReadFailureDropsTheStep) {
+  // A shard read failing in a gather (forward or backward): the layer is
+  // gathered from whatever the slot holds, the vote drops the step on every
+  // rank, and the repeated step matches.
   const Placement p{3, D::kCpu, D::kNvme, true, 1'000'000'000, 1'000'000'000, 1'000'000'000, 0};
-  Faults faults(1, true, false);
-  TrainRun run = base_run(p);
+  const Outcome straight = train(base_run(p, 2));
+  ASSERT_TRUE(straight.status.ok()) << straight.status.to_string();
+  Faults faults(2, true, false);
+  TrainRun run = base_run(p, 2);
   run.param_engine_for_rank = [&](int r) { return faults.engines[r].get(); };
-  run.after_step = [&](Engine&, int64_t step) {
-    if (step == 2 && faults.eio() == 0) faults.counters[0]->arm(0, 1);
+  run.after_step = [&](Engine& e, int64_t step) {
+    if (step == 2 && e.rank() == 0 && faults.eio() == 0) faults.counters[0]->arm(3, 1);
   };
   run.retries = 1;
   const Outcome o = train(run);
-  ASSERT_FALSE(o.status.ok());
+  ASSERT_TRUE(o.status.ok()) << o.status.to_string();
   EXPECT_EQ(faults.eio(), 1u);
   ASSERT_EQ(o.failures.size(), 1u);
-  EXPECT_NE(o.failures[0].to_string().find("Input/output error"), std::string::npos) << o.failures[0].to_string();
-  // The retry was refused: the engine stopped.
-  const std::string msg = o.status.to_string();
+  const std::string msg = o.failures[0].to_string();
+  EXPECT_NE(msg.find("reading the parameters failed on rank 0 (here: "), std::string::npos) << msg;
+  EXPECT_NE(msg.find("parameter shard of layer"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("the step was dropped on every rank"), std::string::npos) << msg;
+  expect_same_losses(o, straight);
+}
+
+TEST(StepRecovery, AnErrorOutsideTheUpdatesStopsTheEngine) {
+  // Rank 1 leaves after step 3 (a crash): rank 0's step 4 fails in a
+  // collective, which no vote can recover, so its engine stops and says so.
+  const Placement p{2, D::kNvme, D::kNone, true, 8192};
+  TrainRun run = base_run(p, 2);
+  run.fail_rank = 1;
+  run.fail_step = 3;
+  run.retries = 1;
+  const Outcome o = train(run);
+  ASSERT_FALSE(o.status.ok());
+  ASSERT_EQ(o.failures.size(), 1u);  // rank 0's step 4: the peer is gone
+  const std::string msg = o.status.to_string();  // rank 0's retry
   EXPECT_NE(msg.find("this engine stopped after an error it could not roll back"), std::string::npos) << msg;
   EXPECT_NE(msg.find("--resume"), std::string::npos) << msg;
 }

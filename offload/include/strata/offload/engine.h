@@ -69,9 +69,14 @@
 //  - state in memory (cpu, none): the update ran in place and only a
 //    parameter copy failed: the step stands, the parameters are re-derived
 //    from it and the step() call in progress is dropped (repeated next).
-// Any other error (a forward, a collective, a rollback that fails) stops
-// the engine: the error is returned and every later step/evaluate/save
-// returns "this engine stopped ...; resume from the last checkpoint".
+// A stage-3 parameter shard's NVMe read failing in a gather is voted the
+// same way (the layer is gathered from whatever the slot holds): the
+// pending step commits, the step() call in progress is dropped on every
+// rank (counters and data position put back) and repeated by the next call;
+// in evaluate() no loss is returned. Any other error (a forward, a
+// collective, a rollback that fails) stops the engine: the error is
+// returned and every later step/evaluate/save returns "this engine stopped
+// ...; resume from the last checkpoint".
 // A checkpoint snapshot waits for its layer's update and fails with it, so
 // a failed step is never saved.
 #include <cstdint>
