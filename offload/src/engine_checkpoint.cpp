@@ -388,6 +388,19 @@ Result<CheckpointSaveInfo> Engine::Impl::save(const CheckpointSaveOptions& o) {
   const std::string shown = printable(o.dir, 256);
   if (o.dir.empty()) return InvalidArgument("the checkpoint folder (--save-dir) is empty");
 
+  // Every rank's previous save is over (each waited for its own above), so
+  // rank 0 may remove this run's own unfinished attempt at the same tag
+  // below (a step rolled back and saved again, Note [Atomic steps]).
+  {
+    const double ready = 1;
+    double all = 0;
+    STRATA_RETURN_IF_ERROR(comm::host_collective(
+        comm, &ready, sizeof(double), &all, sizeof(double),
+        [&](const void* s, void* r) {
+          return comm.all_reduce(s, r, 1, DType::kF64, comm::ReduceOp::kSum, comm::CommQueue::kReduce);
+        },
+        "starting the checkpoint save"));
+  }
   // Rank 0 checks the folder and the tag and picks the save's temporary
   // name; every rank learns the verdict, so all fail or none.
   int64_t verdict[2] = {0, static_cast<int64_t>(::getpid())};  // {0 ok | 1 folder | 2 tag exists, run id}
@@ -412,6 +425,18 @@ Result<CheckpointSaveInfo> Engine::Impl::save(const CheckpointSaveOptions& o) {
       why = fmt::format("checkpoint tag '{}' already exists in '{}'; nothing was overwritten: give another tag or "
                         "folder",
                         tag, shown);
+    }
+    // This process's own earlier attempt at the tag (it failed: a committed
+    // one would be `tag` itself); a real folder only, links never followed.
+    const fs::path own = dir / fmt::format(".tmp-{}-{}", tag, verdict[1]);
+    const fs::file_status own_st = fs::symlink_status(own, ec);
+    if (verdict[0] == 0 && fs::is_directory(own_st) && !fs::is_symlink(own_st)) {
+      fs::remove_all(own, ec);
+      if (ec) {
+        verdict[0] = 1;
+        why = fmt::format("cannot remove '{}', this run's failed earlier save of tag '{}': {}",
+                          printable(own.string(), 256), tag, ec.message());
+      }
     }
   }
   int64_t agreed[2] = {0, 0};
@@ -634,12 +659,6 @@ Result<CheckpointManifest> Engine::Impl::load(const std::string& given) {
     const LayerPartition& lp = part.layer(li);
     Layer& l = layers[li];
     const std::string lname = fmt::format("layer {} '{}'", li, printable(lp.name, 64));
-    // The parameters: the master rounded to their dtype (as every step writes them).
-    auto to_params = [&](const float* src32, std::byte* dst, size_t n) {
-      if (l.pd == DType::kF32) std::memcpy(dst, src32, n * 4);
-      else if (l.pd == DType::kBF16) convert_fp32_to_bf16(src32, reinterpret_cast<bfloat16*>(dst), n);
-      else convert_fp32_to_fp16(src32, reinterpret_cast<float16*>(dst), n);
-    };
     // The master values this rank needs, read once: the whole layer when its
     // parameters are kept whole (persistent), else this rank's shard (the
     // shard layout, padding zero). Both the parameters and the owned
@@ -656,7 +675,7 @@ Result<CheckpointManifest> Engine::Impl::load(const std::string& given) {
       }
     }
     std::vector<std::byte> params(master.size() * l.pe);
-    to_params(master.data(), params.data(), master.size());
+    master_to_params(l.pd, master.data(), params.data(), master.size());
     if (l.persistent) {
       STRATA_RETURN_IF_ERROR(device.copy(l.full_params.data(), params.data(), params.size(), CopyKind::kHostToDevice));
     } else if (l.on_nvme) {

@@ -99,6 +99,14 @@ struct WaitProbe {
 };
 inline int64_t now_ns() { return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count(); }
 
+// Parameters from fp32 master values: rounded to the parameters' dtype, as
+// every step writes them (a load and a rollback derive them the same way).
+inline void master_to_params(DType pd, const float* master, std::byte* params, size_t n) {
+  if (pd == DType::kF32) std::memcpy(params, master, n * sizeof(float));
+  else if (pd == DType::kBF16) convert_fp32_to_bf16(master, reinterpret_cast<bfloat16*>(params), n);
+  else convert_fp32_to_fp16(master, reinterpret_cast<float16*>(params), n);
+}
+
 }  // namespace engine_detail
 
 using namespace engine_detail;
@@ -357,7 +365,9 @@ struct Engine::Impl {
   // the counters at the start of the step() call in progress (dropped with
   // the rollback), or null outside step().
   Status settle(const Mark* call);
-  Status rederive_params(bool collectives);
+  // Every layer's parameters from the committed master weights (a
+  // collective: stage 1-3 layers kept whole are gathered again).
+  Status rederive_params();
   // The error an engine method returns: when it did not come with a
   // completed rollback, the engine stops (every later call gets it).
   Status stop_unless_recovered(Status error);

@@ -68,6 +68,8 @@ Status Engine::Impl::settle(const Mark* call) {
     if (update.ok() && !pending_complete)
       update = Internal(fmt::format("step {}: not every layer's update was queued", pending_mark.steps + 1));
     if (update.ok()) update = tier->flush();
+    // A write-back whose failure went to a checkpoint snapshot's read.
+    if (update.ok()) update = tier->committable();
     if (update.ok() && dev_tier) update = dev_tier->flush();
   }
   if (call != nullptr) read = take_failure(FailureOf::kCall);
@@ -125,7 +127,7 @@ Status Engine::Impl::settle(const Mark* call) {
   const bool versioned = tier->versioned();
   Status undone = versioned ? tier->rollback() : tier->commit();
   if (undone.ok() && dev_tier) undone = dev_tier->commit();
-  if (undone.ok()) undone = rederive_params(true);
+  if (undone.ok()) undone = rederive_params();
   // A versioned tier is back at step t-1: the counters go back there. The
   // memory tiers hold step t (their update runs in place and only a
   // parameter copy failed): the step() call in progress is dropped.
@@ -149,12 +151,7 @@ Status Engine::Impl::settle(const Mark* call) {
                                                   : ""));
 }
 
-Status Engine::Impl::rederive_params(bool collectives) {
-  auto round = [](DType pd, const float* src, std::byte* dst, size_t n) {
-    if (pd == DType::kF32) std::memcpy(dst, src, n * sizeof(float));
-    else if (pd == DType::kBF16) convert_fp32_to_bf16(src, reinterpret_cast<bfloat16*>(dst), n);
-    else convert_fp32_to_fp16(src, reinterpret_cast<float16*>(dst), n);
-  };
+Status Engine::Impl::rederive_params() {
   std::vector<float> master;
   std::vector<std::byte> values;
   for (size_t li = 0; li < layers.size(); ++li) {
@@ -173,14 +170,12 @@ Status Engine::Impl::rederive_params(bool collectives) {
           values.resize(n * l.pe);
           STRATA_RETURN_IF_ERROR(read_piece_state(li, gi, r, master.data(), nullptr, nullptr)
                                      .with_context("re-deriving the parameters of " + lname));
-          round(l.pd, master.data(), values.data(), n);
+          master_to_params(l.pd, master.data(), values.data(), n);
           STRATA_RETURN_IF_ERROR(device.copy(l.full_params.as<std::byte>() + lp.piece_begin(g, r) * l.pe,
                                              values.data(), n * l.pe, CopyKind::kHostToDevice));
         }
       }
       if (!stage0() && world > 1) {
-        if (!collectives)
-          return FailedPrecondition(fmt::format("re-deriving {} needs the other ranks' pieces", lname));
         std::byte* full = l.full_params.as<std::byte>();
         Completion last;
         for (const SubGroup& g : lp.groups) {
@@ -206,7 +201,7 @@ Status Engine::Impl::rederive_params(bool collectives) {
       master.resize(n);
       STRATA_RETURN_IF_ERROR(read_piece_state(li, gi, rank, master.data(), nullptr, nullptr)
                                  .with_context("re-deriving the parameters of " + lname));
-      round(l.pd, master.data(), values.data() + g.shard_offset * l.pe, n);
+      master_to_params(l.pd, master.data(), values.data() + g.shard_offset * l.pe, n);
     }
     if (l.on_nvme) {
       STRATA_ASSIGN_OR_RETURN(Completion w, param_swap->write(static_cast<uint32_t>(li), values.data(), values.size(),

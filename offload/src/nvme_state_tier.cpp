@@ -56,6 +56,7 @@ class NvmeStateTier final : public OptimizerStateTier {
   StateTierIoStats io_stats() const override;
   bool versioned() const override { return true; }
   Status commit() override;
+  Status committable() const override;
   Status rollback() override;
 
  private:
@@ -82,6 +83,7 @@ class NvmeStateTier final : public OptimizerStateTier {
   static nvme::TensorId tensor(size_t index, uint8_t version) { return static_cast<nvme::TensorId>(index) * 2 + version; }
   // Waits for every write in flight (each slot comes back); returns harvest().
   Status wait_writes();
+  Status refused() const;
 
   Piece& find(const StateId& id, const char* what);
   std::string piece_name(const Piece& p) const { return fmt::format("optimizer state of {}", p.name); }
@@ -127,6 +129,7 @@ class NvmeStateTier final : public OptimizerStateTier {
   size_t open_count_ = 0, reading_count_ = 0;
   uint64_t state_bytes_ = 0;  // on NVMe: both versions once written
   uint64_t added_bytes_ = 0;  // one version of every piece added
+  Status lost_write_;  // the first write-back that failed since the last commit or rollback
   StateTierIoStats io_;
   mutable std::mutex published_mu_;   // guards published_ (never held while waiting)
   StateTierIoStats published_;
@@ -279,6 +282,7 @@ Status NvmeStateTier::harvest() {
                                 : "the write-back to NVMe failed (the previous version stays readable)"));
       if (p.initial) p.lost = named;
       p.latest = p.latest_before_write;  // the shadow write left that version as it was
+      if (!p.initial && lost_write_.ok()) lost_write_ = named;
       if (first.ok()) first = std::move(named);
     }
     p.initial = false;
@@ -495,6 +499,7 @@ Status NvmeStateTier::close(const StateId& id, bool modified) {
     if (!w.ok()) {
       p.slot.reset();
       result = w.status().with_context(fmt::format("writing {} back to NVMe", piece_name(p)));
+      if (lost_write_.ok()) lost_write_ = result;
     } else if (options_.pipeline_write) {
       p.slot.release_after(w->completion());
       p.io = *w;
@@ -512,6 +517,7 @@ Status NvmeStateTier::close(const StateId& id, bool modified) {
         p.latest = p.latest_before_write;
         result = std::move(st).with_context(fmt::format(
             "{}: the write-back to NVMe failed (the previous version stays readable)", piece_name(p)));
+        if (lost_write_.ok()) lost_write_ = result;
       }
     }
   }
@@ -588,8 +594,22 @@ Status NvmeStateTier::commit() {
   std::lock_guard<std::mutex> lock(mu_);
   Publisher publisher{this};
   STRATA_RETURN_IF_ERROR(wait_writes());
+  // A step with a lost write-back is never committed, even once its error
+  // has been reported: only rollback() goes on from here.
+  if (!lost_write_.ok()) return refused();
   for (Piece& p : pieces_) p.committed = p.latest;
   return Status::Ok();
+}
+
+// The lost write's own error (its file, offset and piece), as not committable.
+Status NvmeStateTier::refused() const {
+  return lost_write_.with_context(
+      "a write-back failed since the last commit (roll the step back instead of committing it)");
+}
+
+Status NvmeStateTier::committable() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return lost_write_.ok() ? Status::Ok() : refused();
 }
 
 Status NvmeStateTier::rollback() {
@@ -607,6 +627,7 @@ Status NvmeStateTier::rollback() {
     }
     p.latest = p.committed;
   }
+  lost_write_ = Status::Ok();
   pump();
   return Status::Ok();
 }

@@ -85,8 +85,12 @@ class OptimizerStateTier {
   virtual bool versioned() const { return false; }
   // Waits for every write-back; on success the newest version of every piece
   // becomes the committed one. A failed write-back is returned (once) and
-  // nothing is committed.
+  // nothing is committed; after one (reported here or earlier) commit()
+  // refuses until rollback().
   virtual Status commit() { return flush(); }
+  // Ok when commit() would commit (after flush()): not after a lost
+  // write-back, whoever it was reported to.
+  virtual Status committable() const { return Status::Ok(); }
   // Every piece back to its committed version (writes and read-ahead since
   // are waited for and dropped, their errors with them). No piece may be open.
   virtual Status rollback() { return Unsupported(describe() + " updates state in place and cannot roll a step back"); }
