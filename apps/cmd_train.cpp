@@ -209,6 +209,24 @@ struct Reporter {
       log->flush();
     }
   }
+  // A failed `what` at step s rolled back (or dropped) on every rank: the
+  // state is the one after step `back` and training repeats from there. In
+  // the JSON log, the step lines after `back` written before this record are
+  // superseded by the ones that follow it.
+  void rollback(const char* what, int64_t s, int64_t back, int left, const Status& error) const {
+    if (!o.quiet)
+      fmt::print("retry    {} {} failed; every rank is at the state after step {}: repeating from {} "
+                 "({} of --step-retries {} left): {}\n",
+                 what, s, back, back < s ? fmt::format("step {}", back + 1) : std::string("there"), left,
+                 o.step_retries, error.to_string());
+    if (log != nullptr) {
+      nlohmann::ordered_json j;
+      j["rollback"] = {{"failed", fmt::format("{} {}", what, s)}, {"state_after_step", back},
+                       {"retries_left", left}, {"error", error.to_string()}};
+      *log << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
+      log->flush();
+    }
+  }
 };
 
 struct Summary {
@@ -305,11 +323,7 @@ Status train_rank(const TrainCliOptions& o, const TrainSetup& t, const model::Gp
     if (retries_left <= 0 || !rs.engine->stopped().ok()) return false;
     --retries_left;
     const int64_t back = rs.engine->step_calls();
-    if (comm.rank() == 0 && !o.quiet)
-      fmt::print("retry    {} {} failed; every rank is at the state after step {}: repeating from {} "
-                 "({} of --step-retries {} left): {}\n",
-                 what, s, back, back < s ? fmt::format("step {}", back + 1) : std::string("there"), retries_left,
-                 o.step_retries, error.to_string());
+    if (reporter != nullptr) reporter->rollback(what, s, back, retries_left, error);
     // A save of an undone step failed with it; it is not waited for again.
     if (!o.save_dir.empty()) rs.engine->wait_checkpoint().status().ignore();
     if (summary && back < s) {
