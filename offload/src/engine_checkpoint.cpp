@@ -658,7 +658,6 @@ Result<CheckpointManifest> Engine::Impl::load(const std::string& given) {
   for (size_t li = 0; li < part.layer_count(); ++li) {
     const LayerPartition& lp = part.layer(li);
     Layer& l = layers[li];
-    const std::string lname = fmt::format("layer {} '{}'", li, printable(lp.name, 64));
     // The master values this rank needs, read once: the whole layer when its
     // parameters are kept whole (persistent), else this rank's shard (the
     // shard layout, padding zero). Both the parameters and the owned
@@ -678,14 +677,8 @@ Result<CheckpointManifest> Engine::Impl::load(const std::string& given) {
     master_to_params(l.pd, master.data(), params.data(), master.size());
     if (l.persistent) {
       STRATA_RETURN_IF_ERROR(device.copy(l.full_params.data(), params.data(), params.size(), CopyKind::kHostToDevice));
-    } else if (l.on_nvme) {
-      STRATA_ASSIGN_OR_RETURN(Completion w, param_swap->write(static_cast<uint32_t>(li), params.data(), params.size(),
-                                                              "parameter shard of " + lname));
-      STRATA_RETURN_IF_ERROR(w.wait());  // before the first step reads the shard (a fresh engine: off the step path)
-    } else if (param_on_host()) {
-      std::memcpy(l.host_shard.data(), params.data(), params.size());
     } else {
-      STRATA_RETURN_IF_ERROR(device.copy(l.dev_shard.data(), params.data(), params.size(), CopyKind::kHostToDevice));
+      STRATA_RETURN_IF_ERROR(put_shard(li, params));  // a fresh engine: off the step path
     }
     // The optimizer state of every owned piece (a partitioned layer's owned
     // pieces are this rank's: stage 3).

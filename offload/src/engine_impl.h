@@ -22,6 +22,7 @@
 #include <optional>
 #include <map>
 #include <mutex>
+#include <span>
 #include <fmt/format.h>
 #include "param_swap.h"
 #include "serial_worker.h"
@@ -363,11 +364,15 @@ struct Engine::Impl {
   // vote (a collective when world > 1), commits them when every rank's
   // succeeded, else rolls every rank back and returns the error. `call`:
   // the counters at the start of the step() call in progress (dropped with
-  // the rollback), or null outside step().
-  Status settle(const Mark* call);
+  // the rollback), or null outside step(). `loss` (step() only): this rank's
+  // loss sum in, the sum over ranks in rank order out (the vote carries it).
+  Status settle(const Mark* call, double* loss = nullptr);
   // Every layer's parameters from the committed master weights (a
   // collective: stage 1-3 layers kept whole are gathered again).
   Status rederive_params();
+  // Layer li's stage-3 shard (this rank's, shard layout) written where it
+  // lives: NVMe (durable on return), pinned host or device memory.
+  Status put_shard(size_t li, std::span<const std::byte> values);
   // The error an engine method returns: when it did not come with a
   // completed rollback, the engine stops (every later call gets it).
   Status stop_unless_recovered(Status error);

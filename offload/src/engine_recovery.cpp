@@ -52,7 +52,7 @@ Completion Engine::Impl::absorb(const Completion& c, const std::string& label, F
   return result;
 }
 
-Status Engine::Impl::settle(const Mark* call) {
+Status Engine::Impl::settle(const Mark* call, double* loss) {
   // In step() every rank votes at the same point; outside it, only when a
   // step is pending (the same on every rank: an fp16 skip is agreed).
   if (!pending && call == nullptr) return Status::Ok();
@@ -80,16 +80,21 @@ Status Engine::Impl::settle(const Mark* call) {
     if (!update.ok()) failed_update.push_back(0);
     if (!read.ok()) failed_read.push_back(0);
   } else {
-    const double flags[2] = {update.ok() ? 0.0 : 1.0, read.ok() ? 0.0 : 1.0};
-    std::vector<double> all(2 * static_cast<size_t>(world));
+    // One row per rank: {its loss (step() only), update failed, read failed}.
+    const double row[3] = {loss != nullptr ? *loss : 0.0, update.ok() ? 0.0 : 1.0, read.ok() ? 0.0 : 1.0};
+    std::vector<double> all(3 * static_cast<size_t>(world));
     STRATA_RETURN_IF_ERROR(comm::host_collective(
-        comm, flags, sizeof(flags), all.data(), all.size() * sizeof(double),
-        [&](const void* s, void* r) { return comm.all_gather(s, r, 2, DType::kF64, comm::CommQueue::kReduce); },
-        "agreeing on the step's updates"));
+        comm, row, sizeof(row), all.data(), all.size() * sizeof(double),
+        [&](const void* s, void* r) { return comm.all_gather(s, r, 3, DType::kF64, comm::CommQueue::kReduce); },
+        "summing the loss over ranks and agreeing on the step's updates"));
+    double total = 0;
     for (int r = 0; r < world; ++r) {
-      if (all[2 * static_cast<size_t>(r)] != 0.0) failed_update.push_back(r);
-      if (all[2 * static_cast<size_t>(r) + 1] != 0.0) failed_read.push_back(r);
+      const double* theirs = all.data() + 3 * static_cast<size_t>(r);
+      total += theirs[0];
+      if (theirs[1] != 0.0) failed_update.push_back(r);
+      if (theirs[2] != 0.0) failed_read.push_back(r);
     }
+    if (loss != nullptr) *loss = total;
   }
   auto rank_list = [](const std::vector<int>& ranks) {
     std::string text;
@@ -184,6 +189,7 @@ Status Engine::Impl::rederive_params() {
                                                                     comm::CommQueue::kGather));
           last = w.completion();
         }
+        // A rollback (the error path): the next forward reads these parameters.
         STRATA_RETURN_IF_ERROR(last.wait().with_context("gathering the re-derived parameters of " + lname));
       }
       l.params_ready = Completion();
@@ -203,18 +209,28 @@ Status Engine::Impl::rederive_params() {
                                  .with_context("re-deriving the parameters of " + lname));
       master_to_params(l.pd, master.data(), values.data() + g.shard_offset * l.pe, n);
     }
-    if (l.on_nvme) {
-      STRATA_ASSIGN_OR_RETURN(Completion w, param_swap->write(static_cast<uint32_t>(li), values.data(), values.size(),
-                                                              "parameter shard of " + lname));
-      STRATA_RETURN_IF_ERROR(w.wait());
-    } else if (param_on_host()) {
-      std::memcpy(l.host_shard.data(), values.data(), values.size());
-    } else {
-      STRATA_RETURN_IF_ERROR(device.copy(l.dev_shard.data(), values.data(), values.size(), CopyKind::kHostToDevice));
-    }
+    STRATA_RETURN_IF_ERROR(put_shard(li, values));
     l.shard_ready = Completion();
   }
   return Status::Ok();
+}
+
+Status Engine::Impl::put_shard(size_t li, std::span<const std::byte> values) {
+  Layer& l = layers[li];
+  if (l.on_nvme) {
+    const std::string name =
+        fmt::format("parameter shard of layer {} '{}'", li, printable(part.layer(li).name, 64));
+    STRATA_ASSIGN_OR_RETURN(Completion w,
+                            param_swap->write(static_cast<uint32_t>(li), values.data(), values.size(), name));
+    // Durable before the next gather reads it; callers are off the step path
+    // (a load into a fresh engine, a rollback).
+    return w.wait();
+  }
+  if (param_on_host()) {
+    std::memcpy(l.host_shard.data(), values.data(), values.size());
+    return Status::Ok();
+  }
+  return device.copy(l.dev_shard.data(), values.data(), values.size(), CopyKind::kHostToDevice);
 }
 
 Status Engine::Impl::stop_unless_recovered(Status error) {

@@ -279,22 +279,14 @@ Result<StepMetrics> Engine::Impl::step() {
   bwd_ms = ms_since(tb);
   const auto tr = Clock::now();
   STRATA_ASSIGN_OR_RETURN(double sum_squares, global_norm_squared());
-  // The loss of the global batch: every rank's micro-batch losses, in rank
-  // order (blocks: the step returns this number).
-  double loss_all = 0;
-  {
-    STRATA_RETURN_IF_ERROR(comm::host_collective(
-        comm, &loss_sum, sizeof(double), &loss_all, sizeof(double),
-        [&](const void* s, void* r) {
-          return comm.all_reduce(s, r, 1, DType::kF64, comm::ReduceOp::kSum, comm::CommQueue::kReduce);
-        },
-        "summing the loss over ranks"));
-  }
-  const double wait_reduce_ms = ms_since(tr);
   // The commit point of the previous step's updates (every rank got here,
   // so all of them ran): committed, or every rank rolls back and this step
-  // is dropped with it.
-  STRATA_RETURN_IF_ERROR(settle(&call));
+  // is dropped with it. Its vote also carries each rank's loss: the loss of
+  // the global batch is every rank's micro-batch losses added in rank order
+  // (blocks: the step returns this number).
+  double loss_all = loss_sum;
+  STRATA_RETURN_IF_ERROR(settle(&call, &loss_all));
+  const double wait_reduce_ms = ms_since(tr);
   StepMetrics m;
   m.loss = loss_all / (static_cast<double>(opt.grad_accum) * world);
   m.loss_scale = scale;
