@@ -295,26 +295,14 @@ TEST(CheckpointRecovery, NvmeWriteErrorMidStepThenResumeFromLatest) {
   const Outcome straight = train(base);
   ASSERT_TRUE(straight.status.ok()) << straight.status.to_string();
 
-  Result<nvme::IoEngineConfig> ec = nvme::io_engine_config(AioConfig{});
-  ASSERT_TRUE(ec.ok()) << ec.status().to_string();
-  nvme::FaultPlan plan;
-  plan.eio_probability = 1.0;
-  plan.fault_reads = false;
-  std::vector<std::unique_ptr<nvme::IoEngine>> engines;
-  std::vector<std::shared_ptr<nvme::FaultCounters>> counters(2);
-  for (int r = 0; r < 2; ++r) {
-    Result<std::unique_ptr<nvme::IoEngine>> e = nvme::make_fault_injecting_engine(ec->options, plan, &counters[r]);
-    ASSERT_TRUE(e.ok()) << e.status().to_string();
-    counters[r]->disarm();
-    engines.push_back(std::move(*e));
-  }
+  FaultyEngines faults(2, /*reads=*/false, /*writes=*/true);
   const fs::path dir = fresh_dir("recovery");
   TrainRun faulty = base;
   save_every(faulty, dir, 1);
   faulty.after_step = [&](Engine& e, int64_t step) {
-    if (step == 3) counters[e.rank()]->arm(3);  // a few clean writes, then EIO
+    if (step == 3) faults.counters[e.rank()]->arm(3);  // a few clean writes, then EIO
   };
-  faulty.engine_for_rank = [&](int rank) { return engines[rank].get(); };
+  faulty.engine_for_rank = [&](int rank) { return faults[rank]; };
   const Outcome failed = train(faulty);
   ASSERT_FALSE(failed.status.ok());
   EXPECT_NE(failed.status.to_string().find("Input/output error"), std::string::npos) << failed.status.to_string();

@@ -17,6 +17,8 @@
 #include "strata/model/gpt_executor.h"
 #include "strata/model/gpt_runner.h"
 #include "strata/model/text_data.h"
+#include "strata/nvme/aio_config.h"
+#include "strata/nvme/fault_injection.h"
 #include "strata/nvme/io_engine.h"
 #include "strata/offload/engine.h"
 
@@ -42,6 +44,32 @@ GptConfig small_gpt(DType dtype = DType::kF32) {
   g.param_dtype = dtype;
   return g;
 }
+
+// Fault-injecting NVMe I/O engines, one per rank (TrainRun::engine_for_rank
+// or param_engine_for_rank), each EIO on every faulted I/O while armed and
+// disarmed until a test arms it.
+struct FaultyEngines {
+  std::vector<std::unique_ptr<nvme::IoEngine>> engines;
+  std::vector<std::shared_ptr<nvme::FaultCounters>> counters;
+  FaultyEngines(int world, bool reads, bool writes) {
+    nvme::IoEngineConfig ec = nvme::io_engine_config(AioConfig{}).value();
+    nvme::FaultPlan plan;
+    plan.eio_probability = 1.0;
+    plan.fault_reads = reads;
+    plan.fault_writes = writes;
+    counters.resize(static_cast<size_t>(world));
+    for (int r = 0; r < world; ++r) {
+      engines.push_back(nvme::make_fault_injecting_engine(ec.options, plan, &counters[r]).value());
+      counters[r]->disarm();
+    }
+  }
+  nvme::IoEngine* operator[](int rank) const { return engines[static_cast<size_t>(rank)].get(); }
+  uint64_t eio() const {
+    uint64_t n = 0;
+    for (const auto& c : counters) n += c->eio.load();
+    return n;
+  }
+};
 
 struct TrainRun {
   int world = 1;

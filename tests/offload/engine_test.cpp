@@ -201,19 +201,7 @@ TEST(EngineRanks, ARankThatFailsEndsEveryRankWithAnErrorNamingIt) {
 // hangs (the previous version stays readable: the tier's shadow writes,
 // tested in nvme_state_tier_test).
 TEST(EngineNvme, WriteErrorMidStepFailsTheStepNamingTheFileOffsetAndPiece) {
-  Result<nvme::IoEngineConfig> ec = nvme::io_engine_config(AioConfig{});
-  ASSERT_TRUE(ec.ok()) << ec.status().to_string();
-  nvme::FaultPlan plan;
-  plan.eio_probability = 1.0;
-  plan.fault_reads = false;
-  std::vector<std::unique_ptr<nvme::IoEngine>> engines;
-  std::vector<std::shared_ptr<nvme::FaultCounters>> counters(2);
-  for (int r = 0; r < 2; ++r) {
-    Result<std::unique_ptr<nvme::IoEngine>> e = nvme::make_fault_injecting_engine(ec->options, plan, &counters[r]);
-    ASSERT_TRUE(e.ok()) << e.status().to_string();
-    counters[r]->disarm();
-    engines.push_back(std::move(*e));
-  }
+  FaultyEngines faults(2, /*reads=*/false, /*writes=*/true);
   TrainRun r;
   r.world = 2;
   r.steps = 5;
@@ -223,9 +211,9 @@ TEST(EngineNvme, WriteErrorMidStepFailsTheStepNamingTheFileOffsetAndPiece) {
   r.opt.nvme.path = ::testing::TempDir();
   r.opt.nvme.pipeline_read = r.opt.nvme.pipeline_write = true;
   r.after_step = [&](Engine& e, int64_t step) {
-    if (step == 2) counters[e.rank()]->arm(3);  // a few clean writes, then EIO
+    if (step == 2) faults.counters[e.rank()]->arm(3);  // a few clean writes, then EIO
   };
-  r.engine_for_rank = [&](int rank) { return engines[rank].get(); };
+  r.engine_for_rank = [&](int rank) { return faults[rank]; };
   const Outcome o = train(r);
   ASSERT_FALSE(o.status.ok());
   // A write-back's failure surfaces at the tier's next call: in step 3 or 4.
@@ -236,7 +224,7 @@ TEST(EngineNvme, WriteErrorMidStepFailsTheStepNamingTheFileOffsetAndPiece) {
   EXPECT_NE(msg.find("the previous version stays readable"), std::string::npos) << msg;
   EXPECT_NE(msg.find("swap.bin offset"), std::string::npos) << msg;
   EXPECT_NE(msg.find("Input/output error"), std::string::npos) << msg;
-  EXPECT_GT(counters[0]->eio.load() + counters[1]->eio.load(), 0u);
+  EXPECT_GT(faults.eio(), 0u);
 }
 
 TEST(EngineMemory, DeviceTooSmallNamesTheStateAndTheTier) {

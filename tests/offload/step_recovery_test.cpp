@@ -17,36 +17,11 @@
 #include <gtest/gtest.h>
 
 #include "engine_harness.h"
-#include "strata/nvme/aio_config.h"
-#include "strata/nvme/fault_injection.h"
 
 namespace strata::offload {
 namespace {
 
 using D = OffloadDevice;
-
-// Fault-injecting I/O engines, one per rank, disarmed until a test arms them.
-struct Faults {
-  std::vector<std::unique_ptr<nvme::IoEngine>> engines;
-  std::vector<std::shared_ptr<nvme::FaultCounters>> counters;
-  Faults(int world, bool reads, bool writes) {
-    nvme::IoEngineConfig ec = nvme::io_engine_config(AioConfig{}).value();
-    nvme::FaultPlan plan;
-    plan.eio_probability = 1.0;
-    plan.fault_reads = reads;
-    plan.fault_writes = writes;
-    counters.resize(static_cast<size_t>(world));
-    for (int r = 0; r < world; ++r) {
-      engines.push_back(nvme::make_fault_injecting_engine(ec.options, plan, &counters[r]).value());
-      counters[r]->disarm();
-    }
-  }
-  uint64_t eio() const {
-    uint64_t n = 0;
-    for (const auto& c : counters) n += c->eio.load();
-    return n;
-  }
-};
 
 TrainRun base_run(const Placement& p, int world = 1) {
   TrainRun r;
@@ -65,6 +40,31 @@ void expect_same_losses(const Outcome& got, const Outcome& want) {
   EXPECT_EQ(std::bit_cast<uint64_t>(got.val[0]), std::bit_cast<uint64_t>(want.val[0]));
 }
 
+// Placement p on `world` ranks, once without faults and once with one EIO
+// on rank `rank` (a read or a write; of the optimizer state, or of the
+// parameter shards with `on_params`), armed after step() call `after` with
+// `clean` clean I/O pieces first. The faulty run goes past one failed call
+// and must end with the fault-free run's losses; `message` gets the error.
+void run_with_one_fault(const Placement& p, int world, bool reads, bool on_params, int64_t after, int rank,
+                        uint64_t clean, std::string* message) {
+  const Outcome straight = train(base_run(p, world));
+  ASSERT_TRUE(straight.status.ok()) << straight.status.to_string();
+  FaultyEngines faults(world, reads, !reads);
+  TrainRun run = base_run(p, world);
+  (on_params ? run.param_engine_for_rank : run.engine_for_rank) = [&](int r) { return faults[r]; };
+  // Once: a rolled-back step calls after_step for `after` again.
+  run.after_step = [&](Engine& e, int64_t step) {
+    if (step == after && e.rank() == rank && faults.eio() == 0) faults.counters[rank]->arm(clean, 1);
+  };
+  run.retries = 1;
+  const Outcome o = train(run);
+  ASSERT_TRUE(o.status.ok()) << o.status.to_string();
+  for (int r = 0; r < world; ++r) EXPECT_EQ(faults.counters[r]->eio.load(), r == rank ? 1u : 0u) << "rank " << r;
+  ASSERT_EQ(o.failures.size(), 1u);  // rank 0's: the others' roll back with it
+  *message = o.failures[0].to_string();
+  expect_same_losses(o, straight);
+}
+
 struct Case {
   Placement placement;
   bool fault_reads;  // else writes
@@ -74,28 +74,14 @@ class OneOffNvmeFault : public ::testing::TestWithParam<Case> {};
 
 TEST_P(OneOffNvmeFault, RollsBackAndTheRepeatedStepsMatch) {
   const Case& c = GetParam();
-  const Outcome straight = train(base_run(c.placement));
-  ASSERT_TRUE(straight.status.ok()) << straight.status.to_string();
-
-  Faults faults(1, c.fault_reads, !c.fault_reads);
-  TrainRun run = base_run(c.placement);
-  run.engine_for_rank = [&](int r) { return faults.engines[r].get(); };
-  // One EIO, a few I/Os into the updates after step 2 (with overlap they run
-  // while step 3 computes).
-  run.after_step = [&](Engine& e, int64_t step) {
-    if (step == 2 && faults.eio() == 0) faults.counters[e.rank()]->arm(2, 1);
-  };
-  run.retries = 1;
-  const Outcome o = train(run);
-  ASSERT_TRUE(o.status.ok()) << o.status.to_string();
-  EXPECT_EQ(faults.eio(), 1u);
-  ASSERT_EQ(o.failures.size(), 1u);
-  const std::string msg = o.failures[0].to_string();
+  // The fault lands a few I/Os into the updates after step 2 (with overlap
+  // they run while step 3 computes).
+  std::string msg;
+  ASSERT_NO_FATAL_FAILURE(run_with_one_fault(c.placement, 1, c.fault_reads, false, 2, 0, 2, &msg));
   EXPECT_NE(msg.find("Input/output error"), std::string::npos) << msg;
   EXPECT_NE(msg.find("optimizer state of layer"), std::string::npos) << msg;  // the piece
   EXPECT_NE(msg.find("rolled back to the state after step"), std::string::npos) << msg;
   EXPECT_NE(msg.find("strata-"), std::string::npos) << msg;  // the swap file's path
-  expect_same_losses(o, straight);
 }
 
 std::vector<Case> cases() {
@@ -122,26 +108,12 @@ INSTANTIATE_TEST_SUITE_P(Placements, OneOffNvmeFault, ::testing::ValuesIn(cases(
 
 TEST(StepRecovery, TwoRanksRollBackTogether) {
   const Placement p{2, D::kNvme, D::kNone, true, 8192};
-  const Outcome straight = train(base_run(p, 2));
-  ASSERT_TRUE(straight.status.ok()) << straight.status.to_string();
   for (bool reads : {false, true}) {
     SCOPED_TRACE(reads ? "read fault" : "write fault");
-    Faults faults(2, reads, !reads);
-    TrainRun run = base_run(p, 2);
-    run.engine_for_rank = [&](int r) { return faults.engines[r].get(); };
-    run.after_step = [&](Engine& e, int64_t step) {
-      if (step == 3 && e.rank() == 1 && faults.eio() == 0) faults.counters[1]->arm(1, 1);  // rank 1, once
-    };
-    run.retries = 1;
-    const Outcome o = train(run);
-    ASSERT_TRUE(o.status.ok()) << o.status.to_string();
-    EXPECT_EQ(faults.counters[0]->eio.load(), 0u);
-    EXPECT_EQ(faults.counters[1]->eio.load(), 1u);
-    ASSERT_EQ(o.failures.size(), 1u);  // rank 0 rolled back too, naming rank 1
-    const std::string msg = o.failures[0].to_string();
+    std::string msg;  // rank 0's: it rolled back too, naming rank 1
+    ASSERT_NO_FATAL_FAILURE(run_with_one_fault(p, 2, reads, false, 3, 1, 1, &msg));
     EXPECT_NE(msg.find("failed on rank 1;"), std::string::npos) << msg;
     EXPECT_NE(msg.find("every rank rolled back"), std::string::npos) << msg;
-    expect_same_losses(o, straight);
   }
 }
 
@@ -150,23 +122,10 @@ TEST(StepRecovery, ParameterShardWriteFailureRollsForward) {
   // updated shard's write to NVMe fails: the step stands, the parameters
   // are re-derived from the master weights, the step in progress repeats.
   const Placement p{3, D::kCpu, D::kNvme, true, 1'000'000'000, 1'000'000'000, 1'000'000'000, 0};
-  const Outcome straight = train(base_run(p));
-  ASSERT_TRUE(straight.status.ok()) << straight.status.to_string();
-  Faults faults(1, false, true);
-  TrainRun run = base_run(p);
-  run.param_engine_for_rank = [&](int r) { return faults.engines[r].get(); };
-  run.after_step = [&](Engine&, int64_t step) {
-    if (step == 2 && faults.eio() == 0) faults.counters[0]->arm(1, 1);
-  };
-  run.retries = 1;
-  const Outcome o = train(run);
-  ASSERT_TRUE(o.status.ok()) << o.status.to_string();
-  EXPECT_EQ(faults.eio(), 1u);
-  ASSERT_EQ(o.failures.size(), 1u);
-  const std::string msg = o.failures[0].to_string();
+  std::string msg;
+  ASSERT_NO_FATAL_FAILURE(run_with_one_fault(p, 1, false, true, 2, 0, 1, &msg));
   EXPECT_NE(msg.find("parameter shard of layer"), std::string::npos) << msg;
   EXPECT_NE(msg.find("re-derived its parameters"), std::string::npos) << msg;
-  expect_same_losses(o, straight);
 }
 
 TEST(StepRecovery, AParameterShardReadFailureDropsTheStep) {
@@ -174,24 +133,11 @@ TEST(StepRecovery, AParameterShardReadFailureDropsTheStep) {
   // gathered from whatever the slot holds, the vote drops the step on every
   // rank, and the repeated step matches.
   const Placement p{3, D::kCpu, D::kNvme, true, 1'000'000'000, 1'000'000'000, 1'000'000'000, 0};
-  const Outcome straight = train(base_run(p, 2));
-  ASSERT_TRUE(straight.status.ok()) << straight.status.to_string();
-  Faults faults(2, true, false);
-  TrainRun run = base_run(p, 2);
-  run.param_engine_for_rank = [&](int r) { return faults.engines[r].get(); };
-  run.after_step = [&](Engine& e, int64_t step) {
-    if (step == 2 && e.rank() == 0 && faults.eio() == 0) faults.counters[0]->arm(3, 1);
-  };
-  run.retries = 1;
-  const Outcome o = train(run);
-  ASSERT_TRUE(o.status.ok()) << o.status.to_string();
-  EXPECT_EQ(faults.eio(), 1u);
-  ASSERT_EQ(o.failures.size(), 1u);
-  const std::string msg = o.failures[0].to_string();
+  std::string msg;
+  ASSERT_NO_FATAL_FAILURE(run_with_one_fault(p, 2, true, true, 2, 0, 3, &msg));
   EXPECT_NE(msg.find("reading the parameters failed on rank 0 (here: "), std::string::npos) << msg;
   EXPECT_NE(msg.find("parameter shard of layer"), std::string::npos) << msg;
   EXPECT_NE(msg.find("the step was dropped on every rank"), std::string::npos) << msg;
-  expect_same_losses(o, straight);
 }
 
 TEST(StepRecovery, AnErrorOutsideTheUpdatesStopsTheEngine) {
