@@ -55,8 +55,10 @@
 // step itself with overlap off. A failed update (an NVMe read or write of a
 // piece, a parameter shard's write-back) does not fail what later work
 // waits on: the next forward runs on whatever the layer holds and the
-// failure goes to the commit point, where every rank votes (a one-double
-// all-gather per rank). All ranks agree, so they act together:
+// failure goes to the commit point, where every rank votes (in step(), in
+// the collective that sums the loss: one all-gather of {loss, update failed,
+// read failed} per rank, the loss added in rank order). All ranks agree, so
+// they act together:
 //  - every update succeeded: the NVMe tier's pending versions become the
 //    committed ones (Note [Piece versions] in nvme_state_tier.h);
 //  - one failed anywhere, optimizer state on NVMe: every rank drops the
