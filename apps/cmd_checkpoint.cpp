@@ -52,8 +52,10 @@ int run_inspect(const CheckpointCliOptions& o) {
     return 0;
   }
   fmt::print("checkpoint '{}' (format version {})\n", printable(r->folder().string(), 256), m.version);
-  fmt::print("  tag {}: step {} ({} step calls, {} skipped), data position {} micro-batches\n", m.tag, m.scalars.step,
-             m.scalars.step_calls, m.scalars.scaler_overflow_count, m.scalars.data_position);
+  fmt::print("  tag {}: step {} ({} step calls, {} skipped), data position {}\n", m.tag, m.scalars.step,
+             m.scalars.step_calls, m.scalars.scaler_overflow_count,
+             m.scalars.data_position ? fmt::format("{} micro-batches", *m.scalars.data_position)
+                                     : std::string("none (the caller kept its own)"));
   fmt::print("  saved by {} rank{}: stage {}, optimizer {} on {}, params on {}, moments {}, sub_group_size {}\n",
              m.world_size, m.world_size == 1 ? "" : "s", m.stage, m.optimizer, m.offload_optimizer, m.offload_param,
              m.moment_dtype, m.sub_group_size);

@@ -9,10 +9,10 @@
 namespace strata::comm {
 
 Result<CommQueue> parse_queue(std::string_view text, std::string_view what) {
-  for (CommQueue q : {CommQueue::kReduce, CommQueue::kGather}) {
+  for (CommQueue q : kAllCommQueues) {
     if (text == queue_name(q)) return q;
   }
-  return InvalidArgument(fmt::format("{}: unknown comm queue '{}'; choose reduce or gather", what, text));
+  return InvalidArgument(fmt::format("{}: unknown comm queue '{}'; choose reduce, gather or update", what, text));
 }
 
 Status CommWork::wait_for(std::chrono::milliseconds timeout) const {

@@ -290,7 +290,7 @@ Status Communicator::synchronize(CommQueue queue) {
 
 Status Communicator::synchronize() {
   Status first;
-  for (CommQueue q : {CommQueue::kReduce, CommQueue::kGather}) {
+  for (CommQueue q : kAllCommQueues) {
     Status s = synchronize(q);
     if (first.ok() && !s.ok()) first = std::move(s);
   }
@@ -322,7 +322,11 @@ uint64_t Communicator::issued(CommQueue queue) const {
   return q.next_sequence;
 }
 
-uint64_t Communicator::issued() const { return issued(CommQueue::kReduce) + issued(CommQueue::kGather); }
+uint64_t Communicator::issued() const {
+  uint64_t total = 0;
+  for (CommQueue q : kAllCommQueues) total += issued(q);
+  return total;
+}
 
 Status stream_wait(Stream& stream, const CommWork& work) { return stream.wait(work.completion()); }
 

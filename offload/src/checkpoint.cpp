@@ -130,7 +130,8 @@ nlohmann::json CheckpointManifest::to_json() const {
   j["sub_group_size"] = sub_group_size;
   j["step"] = scalars.step;
   j["step_calls"] = scalars.step_calls;
-  j["data_position"] = scalars.data_position;
+  if (scalars.data_position) j["data_position"] = *scalars.data_position;
+  else j["data_position"] = nullptr;
   j["loss_scaler"] = {{"scale", scalars.loss_scale},
                       {"iteration", scalars.scaler_iteration},
                       {"last_overflow_iteration", scalars.scaler_last_overflow},
@@ -218,7 +219,11 @@ Result<CheckpointManifest> CheckpointManifest::from_json(const nlohmann::json& j
   STRATA_ASSIGN_OR_RETURN(m.sub_group_size, f.integer<int64_t>("sub_group_size", 1, kI64Max));
   STRATA_ASSIGN_OR_RETURN(m.scalars.step, f.integer<int64_t>("step", 0, kI64Max));
   STRATA_ASSIGN_OR_RETURN(m.scalars.step_calls, f.integer<int64_t>("step_calls", m.scalars.step, kI64Max));
-  STRATA_ASSIGN_OR_RETURN(m.scalars.data_position, f.integer<uint64_t>("data_position", 0, UINT64_MAX));
+  if (j.contains("data_position") && j["data_position"].is_null()) {
+    m.scalars.data_position.reset();
+  } else {
+    STRATA_ASSIGN_OR_RETURN(m.scalars.data_position, f.integer<uint64_t>("data_position", 0, UINT64_MAX));
+  }
   if (!j.contains("loss_scaler") || !j["loss_scaler"].is_object()) return f.missing("loss_scaler");
   {
     Fields s{j["loss_scaler"], source, "loss_scaler."};

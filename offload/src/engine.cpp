@@ -99,7 +99,7 @@ Status Engine::Impl::init() {
     STRATA_ASSIGN_OR_RETURN(cpu_adam::CpuOptimizer d, cpu_adam::CpuOptimizer::create(oo));
     dev_optimizer.emplace(std::move(d));
   }
-  model_stream = runner.model_stream();
+  if (runner != nullptr) model_stream = runner->model_stream();
 
   // The plan first: a config whose state cannot fit the device fails here,
   // before anything is allocated, with the plan's row and the fix.
@@ -160,8 +160,7 @@ Status Engine::Impl::init() {
   }
   const size_t n = model.layers().size();
   layers.resize(n);
-  expected_bwd.assign(n, 0);
-  forward_acquires.assign(n, 0);
+  trace.emplace(n);
   for (size_t i = 0; i < n; ++i) STRATA_RETURN_IF_ERROR(init_layer(i));
   // The initial state is written (NVMe tier) before the first step reads it.
   STRATA_RETURN_IF_ERROR(tier->flush().with_context("writing the initial optimizer state"));
@@ -178,6 +177,7 @@ Status Engine::Impl::make_nvme_tier() {
     return Unsupported(fmt::format("{}: offload_optimizer.ratio < 1 with nvme is not supported; use cpu", opt.source));
   uint64_t largest = 0, total = 0;
   for (size_t li = 0; li < part.layer_count(); ++li) {
+    if (layer_frozen(model.layers()[li])) continue;  // no optimizer state
     const LayerPartition& lp = part.layer(li);
     const bool master = true;  // the host optimizer keeps fp32 master weights for every dtype
     for (const SubGroup& g : lp.groups)
@@ -250,6 +250,7 @@ Status Engine::Impl::make_param_swap() {
   o.verify_checksums = opt.nvme.verify_checksums;
   o.io_engine = opt.nvme_param.io_engine;
   STRATA_ASSIGN_OR_RETURN(param_swap, ParamSwap::create(o, device, stats));
+  shard_reader = std::make_unique<SerialWorker>(fmt::format("parameter shard reader of rank {}", rank));
   return Status::Ok();
 }
 
@@ -269,6 +270,22 @@ Status Engine::Impl::init_layer(size_t li) {
                                    printable(spec.name, 64), dtype_name(l.pd)));
   l.pe = dtype_size(l.pd);
   l.persistent = opt.stage < 3 || static_cast<int64_t>(spec.param_count) < opt.persistence_threshold;
+  l.frozen = layer_frozen(spec);
+  l.initialized = model.provides_initial_values();
+  for (const ParamTensorSpec& t : spec.params) {
+    if (t.trainable == l.frozen)
+      return InvalidArgument(fmt::format("layer {} '{}': tensor '{}' is {} but the layer's first tensor is not; a "
+                                         "layer is trainable or frozen as a whole",
+                                         li, printable(spec.name, 64), printable(t.name, 64),
+                                         t.trainable ? "trainable" : "frozen"));
+    const size_t begin = t.offset_elements, end = begin + static_cast<size_t>(t.numel());
+    const double decay = t.weight_decay.value_or(opt.hyper.weight_decay);
+    if (!l.hyper_runs.empty() && l.hyper_runs.back().end == begin && l.hyper_runs.back().weight_decay == decay &&
+        l.hyper_runs.back().lr_scale == t.lr_scale)
+      l.hyper_runs.back().end = end;
+    else
+      l.hyper_runs.push_back(HyperRun{begin, end, decay, t.lr_scale});
+  }
 
   // Initial values: the model's, rounded to the declared dtype, and fp32 for masters.
   std::vector<std::byte> init(lp.padded_elements * l.pe, std::byte{0});
@@ -301,6 +318,8 @@ Status Engine::Impl::init_layer(size_t li) {
                                          init.data() + lp.piece_begin(g, rank) * l.pe, g.piece * l.pe,
                                          CopyKind::kHostToDevice));
   }
+  // A frozen layer has its parameters and nothing else.
+  if (l.frozen) return Status::Ok();
   if (opt.stage <= 1) {
     STRATA_ASSIGN_OR_RETURN(l.full_grads, alloc_device(lp.padded_elements * ge(), "gradients of " + lname));
     STRATA_RETURN_IF_ERROR(device.memset(l.full_grads.data(), 0, lp.padded_elements * ge()));
@@ -345,6 +364,52 @@ Status Engine::Impl::init_layer(size_t li) {
   return Status::Ok();
 }
 
+// A SpecModel's initial values, handed in layer by layer (engine.h): this
+// rank's pieces only, written where the placement keeps them; the moments
+// start at zero, as for a model that provides its own values.
+Status Engine::Impl::put_initial_layer(size_t li, std::span<const std::byte> params, std::span<const float> fp32) {
+  const LayerSpec& spec = model.layers()[li];
+  const LayerPartition& lp = part.layer(li);
+  Layer& l = layers[li];
+  const std::string lname = fmt::format("layer {} '{}'", li, printable(spec.name, 64));
+  std::vector<std::byte> init(lp.padded_elements * l.pe, std::byte{0});
+  std::memcpy(init.data(), params.data(), spec.param_bytes);
+  if (l.persistent) {
+    STRATA_RETURN_IF_ERROR(device.copy(l.full_params.data(), init.data(), init.size(), CopyKind::kHostToDevice)
+                               .with_context("writing the initial parameters of " + lname));
+  } else {
+    std::vector<std::byte> shard(lp.shard_elements * l.pe, std::byte{0});
+    for (const SubGroup& g : lp.groups)
+      std::memcpy(shard.data() + g.shard_offset * l.pe, init.data() + lp.piece_begin(g, rank) * l.pe, g.piece * l.pe);
+    STRATA_RETURN_IF_ERROR(put_shard(li, shard).with_context("writing the initial parameter shard of " + lname));
+  }
+  if (!l.frozen) {
+    // The master weights: the fp32 values given, else the parameters widened.
+    std::vector<float> master(lp.padded_elements, 0.0f);
+    if (!fp32.empty()) std::copy(fp32.begin(), fp32.end(), master.begin());
+    else if (l.pd == DType::kF32) std::memcpy(master.data(), params.data(), spec.param_bytes);
+    else if (l.pd == DType::kBF16) convert_bf16_to_fp32(reinterpret_cast<const bfloat16*>(params.data()), master.data(), spec.param_count);
+    else convert_fp16_to_fp32(reinterpret_cast<const float16*>(params.data()), master.data(), spec.param_count);
+    std::vector<float> zeros;
+    for (size_t gi = 0; gi < lp.groups.size(); ++gi) {
+      const SubGroup& g = lp.groups[gi];
+      for (int r = owned_rank_begin(); r < owned_rank_end(); ++r) {
+        const size_t n = lp.piece_real(g, r);
+        if (n == 0) continue;
+        zeros.assign(n, 0.0f);
+        STRATA_RETURN_IF_ERROR(write_piece_state(li, gi, r, master.data() + lp.piece_begin(g, r), zeros.data(),
+                                                 zeros.data())
+                                   .with_context("writing the initial optimizer state of " + lname));
+      }
+    }
+    // The written state is the committed one (Note [Piece versions]).
+    STRATA_RETURN_IF_ERROR(tier->commit().with_context("writing the initial optimizer state of " + lname));
+    if (dev_tier) STRATA_RETURN_IF_ERROR(dev_tier->commit());
+  }
+  l.initialized = true;
+  return Status::Ok();
+}
+
 // ---------------------------------------------------------------- Engine
 
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -371,17 +436,136 @@ Engine::~Engine() {
 
 Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& options, ModelRunner& runner, Device& device,
                                                comm::Communicator& comm) {
-  auto impl = std::make_unique<Impl>(options, runner, device, comm);
+  auto impl = std::make_unique<Impl>(options, &runner, runner.model(), device, comm);
   std::unique_ptr<Engine> e(new Engine(std::move(impl)));
   e->impl_->self = e.get();
   STRATA_RETURN_IF_ERROR(e->impl_->init().with_context(fmt::format("engine on rank {}", comm.rank())));
   return e;
 }
 
+Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& options, const LayeredModel& model,
+                                               Device& device, comm::Communicator& comm, Stream* model_stream) {
+  auto impl = std::make_unique<Impl>(options, nullptr, model, device, comm);
+  impl->model_stream = model_stream;
+  std::unique_ptr<Engine> e(new Engine(std::move(impl)));
+  e->impl_->self = e.get();
+  STRATA_RETURN_IF_ERROR(e->impl_->init().with_context(fmt::format("engine on rank {}", comm.rank())));
+  return e;
+}
+
+const char* step_outcome_name(StepOutcomeKind kind) {
+  switch (kind) {
+    case StepOutcomeKind::kApplied: return "applied";
+    case StepOutcomeKind::kRolledBack: return "rolled back";
+    case StepOutcomeKind::kDropped: return "dropped";
+  }
+  return "?";
+}
+
 Result<StepMetrics> Engine::step() {
   if (!impl_->stopped.ok()) return impl_->stopped;
+  if (impl_->runner == nullptr)
+    return FailedPrecondition("Engine::step() drives a ModelRunner and this engine was created without one; drive it "
+                              "with begin_step(), begin_micro_batch(), end_micro_batch() and finish_step()");
+  STRATA_RETURN_IF_ERROR(impl_->expect_phase(Impl::Phase::kIdle, "step()"));
+  STRATA_RETURN_IF_ERROR(impl_->expect_initialized());
   Result<StepMetrics> r = impl_->step();
   if (!r.ok()) return impl_->stop_unless_recovered(r.status());
+  return r;
+}
+
+// The caller-driven calls (Note [Driving the engine]): a call out of order
+// is the caller's mistake and leaves the engine as it was; an error of the
+// work itself stops the engine unless it came with a rollback.
+Status Engine::put_initial_layer(size_t layer_index, std::span<const std::byte> params, std::span<const float> fp32) {
+  Impl& m = *impl_;
+  if (!m.stopped.ok()) return m.stopped;
+  STRATA_RETURN_IF_ERROR(m.expect_phase(Impl::Phase::kIdle, "put_initial_layer()"));
+  if (layer_index >= m.layers.size())
+    return InvalidArgument(fmt::format("put_initial_layer(): layer {} is out of range (the model has {} layers)",
+                                       layer_index, m.layers.size()));
+  const LayerSpec& spec = m.model.layers()[layer_index];
+  const std::string lname = fmt::format("layer {} '{}'", layer_index, printable(spec.name, 64));
+  if (m.step_index != 0 || m.steps != 0)
+    return FailedPrecondition(fmt::format("put_initial_layer() of {}: training has begun ({} step(s)); initial "
+                                          "values go in before the first step",
+                                          lname, m.step_index));
+  if (params.size() != spec.param_bytes)
+    return InvalidArgument(fmt::format("put_initial_layer() of {}: {} bytes given, the layer has {} ({} elements of {})",
+                                       lname, params.size(), spec.param_bytes, spec.param_count,
+                                       dtype_name(m.layers[layer_index].pd)));
+  if (!fp32.empty() && fp32.size() != spec.param_count)
+    return InvalidArgument(fmt::format("put_initial_layer() of {}: {} fp32 values given, the layer has {} elements",
+                                       lname, fp32.size(), spec.param_count));
+  Status st = m.put_initial_layer(layer_index, params, fp32);
+  return st.ok() ? st : m.stop_unless_recovered(std::move(st));
+}
+
+Status Engine::begin_step() {
+  if (!impl_->stopped.ok()) return impl_->stopped;
+  STRATA_RETURN_IF_ERROR(impl_->expect_phase(Impl::Phase::kIdle, "begin_step()"));
+  STRATA_RETURN_IF_ERROR(impl_->expect_initialized());
+  Status st = impl_->begin_step();
+  return st.ok() ? st : impl_->stop_unless_recovered(std::move(st));
+}
+
+double Engine::gradient_scale() const { return impl_->gradient_scale(); }
+
+Status Engine::begin_micro_batch(bool last) {
+  Impl& m = *impl_;
+  if (!m.stopped.ok()) return m.stopped;
+  STRATA_RETURN_IF_ERROR(m.expect_phase(Impl::Phase::kStep, "begin_micro_batch()"));
+  if (m.progress.micro >= m.opt.grad_accum)
+    return FailedPrecondition(fmt::format("begin_micro_batch(): this step already had its {} micro-batch(es) "
+                                          "(gradient_accumulation_steps); call finish_step()",
+                                          m.opt.grad_accum));
+  const bool final_one = m.progress.micro + 1 == m.opt.grad_accum;
+  if (last != final_one)
+    return InvalidArgument(fmt::format("begin_micro_batch(last={}) for micro-batch {} of {} "
+                                       "(gradient_accumulation_steps): last must be true on the final one only",
+                                       last, m.progress.micro + 1, m.opt.grad_accum));
+  return m.begin_micro_batch(last);
+}
+
+Status Engine::end_micro_batch(double mean_loss, int64_t tokens) {
+  Impl& m = *impl_;
+  if (!m.stopped.ok()) return m.stopped;
+  STRATA_RETURN_IF_ERROR(m.expect_phase(Impl::Phase::kMicroBatch, "end_micro_batch()"));
+  if (tokens < 0)
+    return InvalidArgument(fmt::format("end_micro_batch(): tokens {} must not be negative", tokens));
+  Status st = m.end_micro_batch(mean_loss, tokens);
+  return st.ok() ? st : m.stop_unless_recovered(std::move(st));
+}
+
+Result<StepOutcome> Engine::finish_step() {
+  Impl& m = *impl_;
+  if (!m.stopped.ok()) return m.stopped;
+  STRATA_RETURN_IF_ERROR(m.expect_phase(Impl::Phase::kStep, "finish_step()"));
+  if (m.progress.micro != m.opt.grad_accum)
+    return FailedPrecondition(fmt::format("finish_step() after {} of {} micro-batch(es) "
+                                          "(gradient_accumulation_steps); the last one is begun with "
+                                          "begin_micro_batch(true)",
+                                          m.progress.micro, m.opt.grad_accum));
+  Result<StepOutcome> r = m.finish_step();
+  if (!r.ok()) return m.stop_unless_recovered(r.status());
+  return r;
+}
+
+Status Engine::begin_evaluation() {
+  if (!impl_->stopped.ok()) return impl_->stopped;
+  STRATA_RETURN_IF_ERROR(impl_->expect_phase(Impl::Phase::kIdle, "begin_evaluation()"));
+  Status st = impl_->begin_evaluation();
+  return st.ok() ? st : impl_->stop_unless_recovered(std::move(st));
+}
+
+Result<double> Engine::finish_evaluation(double loss_sum, int64_t batches) {
+  Impl& m = *impl_;
+  if (!m.stopped.ok()) return m.stopped;
+  STRATA_RETURN_IF_ERROR(m.expect_phase(Impl::Phase::kEvaluation, "finish_evaluation()"));
+  if (batches < 0)
+    return InvalidArgument(fmt::format("finish_evaluation(): batches {} must not be negative", batches));
+  Result<double> r = m.finish_evaluation(loss_sum, batches);
+  if (!r.ok()) return m.stop_unless_recovered(r.status());
   return r;
 }
 
@@ -389,6 +573,10 @@ Status Engine::stopped() const { return impl_->stopped; }
 
 Result<double> Engine::evaluate() {
   if (!impl_->stopped.ok()) return impl_->stopped;
+  if (impl_->runner == nullptr)
+    return FailedPrecondition("Engine::evaluate() runs a ModelRunner's evaluation batches and this engine was created "
+                              "without one; use begin_evaluation() and finish_evaluation()");
+  STRATA_RETURN_IF_ERROR(impl_->expect_phase(Impl::Phase::kIdle, "evaluate()"));
   Result<double> r = impl_->evaluate();
   if (!r.ok()) return impl_->stop_unless_recovered(r.status());
   return r;
@@ -400,6 +588,7 @@ Result<double> Engine::evaluate() {
 Status Engine::synchronize() {
   Impl& m = *impl_;
   if (!m.stopped.ok()) return m.stopped;
+  STRATA_RETURN_IF_ERROR(m.expect_phase(Impl::Phase::kIdle, "synchronize()"));
   Status st = m.settle(nullptr);
   if (!st.ok()) return m.stop_unless_recovered(std::move(st));
   for (auto& l : m.layers) {
@@ -415,8 +604,6 @@ Result<LayerMemory> Engine::acquire(size_t layer_index, Pass pass) { return impl
 Status Engine::release(size_t layer_index, Pass pass, const Completion& done) {
   return impl_->release(layer_index, pass, done);
 }
-Status Engine::begin_step() { return Status::Ok(); }
-Status Engine::end_micro_batch(bool) { return Status::Ok(); }
 
 const EngineOptions& Engine::options() const { return impl_->opt; }
 const Partition& Engine::partition() const { return impl_->part; }
@@ -432,7 +619,7 @@ uint64_t Engine::model_state_bytes() const {
   for (size_t li = 0; li < m.layers.size(); ++li) {
     const uint64_t n = m.part.layer(li).elements;
     const Impl::Layer& l = m.layers[li];
-    total += n * (l.pe + m.ge() + 2 * dtype_size(m.opt.moment_dtype) + (l.pd == DType::kF32 ? 0 : 4));
+    total += l.frozen ? n * l.pe : n * (l.pe + m.ge() + 2 * dtype_size(m.opt.moment_dtype) + (l.pd == DType::kF32 ? 0 : 4));
   }
   return total;
 }
@@ -444,14 +631,50 @@ EngineMemory Engine::measured_memory() const {
   return m;
 }
 
+// A frozen layer's parameters as fp32, this rank's shard layout (a
+// persistent layer's own pieces from its full copy).
+Result<std::vector<float>> Engine::Impl::frozen_shard_fp32(size_t li) {
+  const Layer& l = layers[li];
+  const LayerPartition& lp = part.layer(li);
+  std::vector<std::byte> shard(lp.shard_elements * l.pe);
+  if (l.persistent) {
+    for (const SubGroup& g : lp.groups)
+      STRATA_RETURN_IF_ERROR(device.copy(shard.data() + g.shard_offset * l.pe,
+                                         l.full_params.as<std::byte>() + lp.piece_begin(g, rank) * l.pe,
+                                         g.piece * l.pe, CopyKind::kDeviceToHost));
+  } else if (l.on_nvme) {
+    const std::string name = fmt::format("parameter shard of layer {} '{}'", li, printable(lp.name, 64));
+    STRATA_ASSIGN_OR_RETURN(ParamSwap::Read rd, param_swap->read(static_cast<uint32_t>(li), shard.size(), name));
+    const Status st = rd.done.wait();
+    if (st.ok()) std::memcpy(shard.data(), rd.slot.as<std::byte>(), shard.size());
+    rd.slot.release_after(Completion());
+    STRATA_RETURN_IF_ERROR(st.with_context("reading the " + name));
+  } else if (param_on_host()) {
+    std::memcpy(shard.data(), l.host_shard.data(), shard.size());
+  } else {
+    STRATA_RETURN_IF_ERROR(device.copy(shard.data(), l.dev_shard.data(), shard.size(), CopyKind::kDeviceToHost));
+  }
+  std::vector<float> out(lp.shard_elements);
+  if (l.pd == DType::kF32) std::memcpy(out.data(), shard.data(), shard.size());
+  else if (l.pd == DType::kBF16) convert_bf16_to_fp32(reinterpret_cast<const bfloat16*>(shard.data()), out.data(), out.size());
+  else convert_fp16_to_fp32(reinterpret_cast<const float16*>(shard.data()), out.data(), out.size());
+  return out;
+}
+
 Result<std::vector<float>> Engine::gather_state(size_t li, StateKind kind) {
   Impl& m = *impl_;
   if (li >= m.layers.size()) return InvalidArgument(fmt::format("layer {} out of range", li));
+  if (m.layers[li].frozen && kind != StateKind::kMaster)
+    return FailedPrecondition(fmt::format("layer {} '{}' is frozen: it has no optimizer state (only kMaster, its "
+                                          "parameters, can be gathered)",
+                                          li, printable(m.part.layer(li).name, 64)));
   STRATA_RETURN_IF_ERROR(synchronize());
   const LayerPartition& lp = m.part.layer(li);
   // This rank's own pieces in shard layout, as fp32.
   std::vector<float> mine(lp.shard_elements, 0.0f);
-  for (size_t gi = 0; gi < lp.groups.size(); ++gi) {
+  if (m.layers[li].frozen) {
+    STRATA_ASSIGN_OR_RETURN(mine, m.frozen_shard_fp32(li));
+  } else for (size_t gi = 0; gi < lp.groups.size(); ++gi) {
     float* out = mine.data() + lp.groups[gi].shard_offset;
     STRATA_RETURN_IF_ERROR(m.read_piece_state(li, gi, m.rank, kind == StateKind::kMaster ? out : nullptr,
                                               kind == StateKind::kExpAvg ? out : nullptr,

@@ -487,7 +487,7 @@ Result<CheckpointSaveInfo> Engine::Impl::save(const CheckpointSaveOptions& o) {
   m.sub_group_size = opt.sub_group_size;
   m.scalars.step = steps;
   m.scalars.step_calls = step_index;
-  m.scalars.data_position = runner.data_position();
+  if (runner != nullptr) m.scalars.data_position = runner->data_position();
   const LossScalerState& ls = scaler->state();
   m.scalars.loss_scale = ls.scale;
   m.scalars.scaler_iteration = ls.iteration;
@@ -701,8 +701,12 @@ Result<CheckpointManifest> Engine::Impl::load(const std::string& given) {
   }
   // The loaded state is the committed one (Note [Piece versions]).
   STRATA_RETURN_IF_ERROR(tier->commit().with_context("writing the loaded optimizer state"));
-  STRATA_RETURN_IF_ERROR(runner.seek_data(m.scalars.data_position)
-                             .with_context(fmt::format("moving the training data to checkpoint '{}'", src)));
+  // The runner goes where the save left its data; a checkpoint without a
+  // position (saved by a caller that drives the engine and owns its data)
+  // leaves it where it is.
+  if (runner != nullptr && m.scalars.data_position.has_value())
+    STRATA_RETURN_IF_ERROR(runner->seek_data(*m.scalars.data_position)
+                               .with_context(fmt::format("moving the training data to checkpoint '{}'", src)));
   steps = m.scalars.step;
   step_index = m.scalars.step_calls;
   return m;

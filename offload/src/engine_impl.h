@@ -4,10 +4,12 @@
 // release, stage-3 gathers, gradient reductions) and engine_step.cpp (the
 // global norm, the update, the step, evaluation). Private to offload/src.
 //
-// Threads: the driving thread calls step(), evaluate() and, through the
-// runner, acquire/release. It issues every collective (one issuing thread
-// per comm queue: kReduce for gradients, norms and losses, kGather for
-// parameter gathers). The optimizer runs on `worker` (SerialWorker); copies
+// Threads: the driving thread calls the step's calls (Note [Driving the
+// engine]) and acquire/release. It issues every collective (one issuing
+// thread per comm queue: kReduce for gradients, norms and losses, kGather
+// for stage-3 gathers in acquire order, kUpdate for the gathers that follow
+// a persistent layer's update, in update order: a gate per layer, so a
+// gather waiting for a late update never holds up the next forward's). The optimizer runs on `worker` (SerialWorker); copies
 // and memsets run on `xfer`, a stream of the Device; frees on `frees`.
 // Completions order everything (docs/async.md); the driving thread blocks
 // only where the step needs a number (the loss, the global norm).
@@ -24,10 +26,12 @@
 #include <mutex>
 #include <span>
 #include <fmt/format.h>
+#include "acquire_trace.h"
 #include "param_swap.h"
 #include "serial_worker.h"
 #include "strata/core/dtype_convert.h"
 #include "strata/core/memory_stats.h"
+#include "strata/core/spec_model.h"
 #include "strata/core/units.h"
 #include "strata/cpu_adam/grad_stats.h"
 #include "strata/cpu_adam/optimizer.h"
@@ -114,7 +118,7 @@ using namespace engine_detail;
 
 struct Engine::Impl {
   EngineOptions opt;
-  ModelRunner& runner;
+  ModelRunner* runner = nullptr;  // null: a caller drives (Note [Driving the engine])
   const LayeredModel& model;
   Device& device;
   comm::Communicator& comm;
@@ -138,10 +142,21 @@ struct Engine::Impl {
   std::unique_ptr<SerialWorker> worker;  // last-but-one: destroyed before the state it steps
   std::unique_ptr<SerialWorker> dev_worker;  // ratio < 1: steps the device part at the same time
 
+  // A run of a layer's elements with the same per-tensor hyper-parameters
+  // (ParamTensorSpec::weight_decay, lr_scale): the optimizer steps a piece
+  // as its runs. Adjacent tensors with equal values share a run.
+  struct HyperRun {
+    size_t begin = 0, end = 0;  // layer elements [begin, end)
+    double weight_decay = 0;
+    double lr_scale = 1;
+  };
   struct Layer {
     DType pd = DType::kF32;  // parameter dtype
     size_t pe = 4;           // its size
     bool persistent = true;  // full parameters stay on the device
+    bool frozen = false;     // parameters only: no gradient, no optimizer state, never reduced or stepped
+    bool initialized = true; // its initial values are in place (put_initial_layer, for a SpecModel)
+    std::vector<HyperRun> hyper_runs;
     DeviceBuffer full_params;
     Completion params_ready;
     DeviceBuffer dev_shard;  // stage 3, offload_param none
@@ -176,21 +191,51 @@ struct Engine::Impl {
   // offload_param nvme; after `layers`, so it closes (its writes from the
   // layers' staging buffers done) before they are freed.
   std::unique_ptr<ParamSwap> param_swap;
+  // Reads NVMe parameter shards (after their write-back) into place for the
+  // gathers; after param_swap: its thread is joined before the swap closes.
+  std::unique_ptr<SerialWorker> shard_reader;
 
-  // acquire sequence of one micro-batch, recorded in the first one
-  std::vector<std::pair<size_t, Pass>> trace;
-  bool tracing = true;
-  size_t cursor = 0;
-  std::vector<int> expected_bwd;  // kBackward acquires per layer per micro-batch
-  std::vector<int> forward_acquires;  // kForward acquires per layer in the first micro-batch
+  // The acquire sequence of a training micro-batch (Note [Acquire order]).
+  std::optional<AcquireTrace> trace;
   bool window_spans_micro_batch = false;  // max(reuse, prefetch) >= every stage-3 use of a micro-batch
 
   int64_t steps = 0;        // applied updates
-  int64_t step_index = 0;   // step() calls, for zeroing
-  int micro = 0;
-  bool in_train_micro = false;
-  bool in_eval = false;
-  bool last_micro = false;
+  int64_t step_index = 0;   // steps begun, for zeroing
+
+  // Where the driving thread is (Note [Driving the engine]): set by the
+  // bracket calls, read by acquire and release.
+  enum class Phase : uint8_t { kIdle, kStep, kMicroBatch, kEvaluation };
+  Phase phase = Phase::kIdle;
+  static const char* phase_name(Phase p);
+  Status expect_phase(Phase want, const char* call) const;
+  // Every layer's initial values are in place (put_initial_layer for a model without its own).
+  Status expect_initialized() const {
+    for (size_t li = 0; li < layers.size(); ++li)
+      if (!layers[li].initialized)
+        return FailedPrecondition(fmt::format(
+            "layer {} '{}' has no initial values: this model does not provide its own, so every rank calls "
+            "put_initial_layer() for every layer before the first step",
+            li, printable(part.layer(li).name, 64)));
+    return Status::Ok();
+  }
+  // The step in progress (begin_step .. finish_step).
+  struct StepInProgress {
+    Clock::time_point started;
+    double optimizer_busy_s = 0;  // the optimizer thread's busy time at the start
+    double scale = 1;             // the loss scale
+    int micro = 0;                // micro-batches begun
+    bool last_micro = false;      // the one in progress is the step's last
+    Clock::time_point micro_started;
+    double forward_ms = 0;        // in micro-batches (forward, backward enqueued)
+    double loss_sum = 0;          // this rank's micro-batch mean losses
+    uint64_t tokens = 0;
+  } progress;
+  // Reductions are issued in descending layer order (Note [Acquire order]):
+  // next_reduction is the highest layer not launched yet (-1: none left).
+  std::vector<bool> gradient_complete;
+  int64_t next_reduction = -1;
+  Status gradient_completed(size_t li);
+  Status launch_every_reduction();
   // Device elements held by stage-3 gathers and stage 2-3 full gradients,
   // including lent buffers not yet freed: what the caps
   // (stage3_max_live_parameters, reduce_bucket_size) bound.
@@ -215,8 +260,8 @@ struct Engine::Impl {
   StateTierIoStats io_before;  // the tier's counters at the start of the step
   std::array<std::byte, 4> fault_bytes{};  // the injected gradient value, in the gradient dtype
 
-  Impl(const EngineOptions& o, ModelRunner& r, Device& d, comm::Communicator& c)
-      : opt(o), runner(r), model(r.model()), device(d), comm(c) {}
+  Impl(const EngineOptions& o, ModelRunner* r, const LayeredModel& m, Device& d, comm::Communicator& c)
+      : opt(o), runner(r), model(m), device(d), comm(c) {}
 
   bool stage0() const { return opt.stage == 0; }
   // The optimizer runs on the host for cpu and nvme placements (nvme: its
@@ -230,7 +275,7 @@ struct Engine::Impl {
   // Grads are read by the optimizer from the full buffer (no copy) when
   // both live on the device and the full buffer persists (stages 0, 1).
   bool grads_in_place() const { return !opt_on_host() && opt.stage <= 1; }
-  bool has_master(const Layer& l) const { return !(l.pd == DType::kF32 && !opt_on_host()); }
+  bool has_master(const Layer& l) const { return !l.frozen && !(l.pd == DType::kF32 && !opt_on_host()); }
   bool split() const { return opt.ratio < 1.0; }
   // offload_optimizer none on a device whose memory the host cannot read
   // (cuda): the fused device Adam kernel steps the state on `opt_stream`,
@@ -321,10 +366,18 @@ struct Engine::Impl {
   void prefetch_after(size_t position);
   Status drop_gathered(size_t li, const Completion& done);
   Status launch_reduction(size_t li);
-  Status queue_update(size_t li, int64_t step, double clip, double scale, double lr);
+  Status queue_update(size_t li, int64_t step, double clip, double scale, const cpu_adam::HyperParams& hyper);
+  Status put_initial_layer(size_t li, std::span<const std::byte> params, std::span<const float> fp32);
+  Result<std::vector<float>> frozen_shard_fp32(size_t li);
   struct PieceJob {
     StateId id;
     size_t count = 0;
+    // The piece's runs of equal hyper-parameters: offsets from the job's first element.
+    struct Run {
+      size_t offset = 0, count = 0;
+      cpu_adam::HyperParams hyper;
+    };
+    std::vector<Run> runs;
     const std::byte* grads = nullptr;
     std::byte* param = nullptr;    // where the kernel writes the updated value (param_copy, or fp32 in place)
     bool param_is_master = false;  // fp32 parameters stepped in place
@@ -332,8 +385,18 @@ struct Engine::Impl {
     // the optimizer's tile callback while later tiles compute; null: none.
     std::byte* h2d = nullptr;
   };
+  // Layer li's runs intersected with layer elements [begin, begin + count), offsets from begin.
+  std::vector<PieceJob::Run> runs_of(size_t li, size_t begin, size_t count, const cpu_adam::HyperParams& hyper) const;
   Status step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimizer& o, const std::vector<PieceJob>& jobs,
                      const cpu_adam::StepArgs& args, DType pd);
+  Status begin_step();
+  double gradient_scale() const { return progress.scale / (static_cast<double>(opt.grad_accum) * world); }
+  Status begin_micro_batch(bool last);
+  Status end_micro_batch(double mean_loss, int64_t tokens);
+  Result<StepOutcome> finish_step();
+  Status begin_evaluation();
+  Result<double> finish_evaluation(double loss_sum, int64_t batches);
+  // The runner-driven loops over the calls above.
   Result<StepMetrics> step();
   Result<double> evaluate();
   Result<double> global_norm_squared();
@@ -342,10 +405,12 @@ struct Engine::Impl {
   struct Mark {  // the counters a rollback restores
     int64_t steps = 0, step_index = 0;
     LossScalerState scaler;
-    uint64_t data = 0;  // the runner's data position
+    std::optional<uint64_t> data;  // the runner's data position, when it has one
   };
   Mark mark() const;
   Status restore(const Mark& m);
+  Mark step_start;  // the counters at begin_step() (the step in progress is dropped back to them)
+  Result<StepMetrics> finish_applied_step();
   bool pending = false;           // a step's updates are queued and not committed yet
   bool pending_complete = false;  // every layer's update of that step was queued
   Mark pending_mark;              // the counters before that step
@@ -353,6 +418,7 @@ struct Engine::Impl {
   Status update_failure;          // the first failure of the pending step's updates (guarded by failure_mu)
   Status call_failure;            // the first failure of this call's parameter reads (guarded by failure_mu)
   bool recovered = false;         // the error being returned came with a completed rollback
+  StepOutcomeKind recovery = StepOutcomeKind::kDropped;  // what that rollback did to the step (finish_step)
   Status stopped;                 // not ok: the engine refuses to go on (an error it could not recover from)
   // `c`, completing ok once `c` has completed; c's failure is recorded in
   // update_failure (an update) or call_failure (a read the call's passes use).

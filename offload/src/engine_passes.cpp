@@ -19,18 +19,19 @@ Result<LayerMemory> Engine::Impl::acquire(size_t li, Pass pass) {
     return InvalidArgument(fmt::format("acquire of layer {}: the model has {} layers", li, layers.size()));
   Layer& l = layers[li];
   const LayerPartition& lp = part.layer(li);
-  if (in_train_micro) {
-    if (tracing) {
-      trace.emplace_back(li, pass);
-      if (pass == Pass::kForward) ++forward_acquires[li];
-      if (pass == Pass::kBackward) ++expected_bwd[li];
-    }
-    ++cursor;
-  }
+  const bool training = phase == Phase::kMicroBatch;
+  if (pass != Pass::kEval && !training)
+    return FailedPrecondition(fmt::format(
+        "acquire of layer {} '{}' for {} {} on rank {}: training passes run inside a micro-batch (begin_step(), "
+        "begin_micro_batch(); Note [Driving the engine]); a pass outside one is an evaluation (Pass::kEval)",
+        li, printable(lp.name, 64), pass_name(pass), phase_name(phase), rank));
+  if (training) trace->on_acquire(li, pass);
   if (pass == Pass::kBackward && l.reduce_launched)
     return FailedPrecondition(fmt::format(
-        "layer {} '{}' was acquired for backward after its gradient reduction started: the model's backward "
-        "acquires a layer more often than its forward did (Note [Acquire and release]); the engine needs them to match",
+        "layer {} '{}' was acquired for backward after its gradient was complete by the recorded acquire sequence "
+        "and its reduction had started: this micro-batch followed the recording up to the layer's last recorded "
+        "backward, then acquired it again (Note [Acquire order]); a model that revisits a layer in backward must "
+        "do it in every step, or acquire it in forward as often",
         li, printable(lp.name, 64)));
   LayerMemory mem;
   std::vector<Completion> waits;
@@ -48,11 +49,11 @@ Result<LayerMemory> Engine::Impl::acquire(size_t li, Pass pass) {
     update_ready = l.shard_ready;
     mem.params = l.gathered.as<std::byte>();
     waits.push_back(l.gathered_ready);
-    if (in_train_micro && !tracing) prefetch_after(cursor - 1);
+    if (training && trace->following()) prefetch_after(trace->position());
   }
   ++l.held;
   mem.params_tier = Tier::kDevice;
-  if (pass == Pass::kBackward) {
+  if (pass == Pass::kBackward && !l.frozen) {
     if (!l.full_grads) {
       // Gradients waiting for their reduction are capped by reduce_bucket_size
       // (stages 2, 3): wait for earlier layers' reductions to free theirs.
@@ -103,24 +104,33 @@ Status Engine::Impl::issue_gather(size_t li) {
   std::byte* full = l.gathered.as<std::byte>();
   if (l.on_nvme) {
     // NVMe: the shard's last write-back must be durable before it is read
-    // (a shadow write flips the index only then); read it into a slot, H2D
-    // its pieces into place, return the slot after the copies, gather in place.
-    STRATA_RETURN_IF_ERROR(l.shard_ready.wait().with_context(
-        fmt::format("writing the parameter shard of layer {}", li)));
+    // (a shadow write flips the index only then). The shard reader waits for
+    // it, reads the shard into a slot and copies its pieces into place; this
+    // (driving) thread only queues the gather behind that, so neither a
+    // prefetch nor an acquire blocks here on a later layer's update.
     const std::string name = fmt::format("parameter shard of layer {} '{}'", li, printable(lp.name, 64));
-    STRATA_ASSIGN_OR_RETURN(ParamSwap::Read rd, param_swap->read(static_cast<uint32_t>(li), lp.shard_elements * l.pe, name));
-    // A failed read does not fail the copy stream: the layer is gathered
-    // from whatever the slot holds and the failure drops the step at the
-    // commit point's vote on every rank (Note [Atomic steps]).
-    STRATA_RETURN_IF_ERROR(
-        xfer->wait(absorb(rd.done, fmt::format("reading the {}", name), FailureOf::kCall)));
-    const std::byte* shard = rd.slot.as<std::byte>();
-    for (const SubGroup& g : lp.groups)
-      STRATA_RETURN_IF_ERROR(xfer->copy_async(full + lp.piece_begin(g, rank) * l.pe, shard + g.shard_offset * l.pe,
-                                              g.piece * l.pe, CopyKind::kHostToDevice));
-    h2d_bytes += lp.shard_elements * l.pe;
-    const Completion copied = xfer->record_completion();
-    rd.slot.release_after(copied);
+    const uint64_t bytes = lp.shard_elements * l.pe;
+    const Completion copied = shard_reader->submit(
+        [this, li, full, name, bytes]() -> Status {
+          const LayerPartition& p = part.layer(li);
+          const size_t pe = layers[li].pe;
+          STRATA_ASSIGN_OR_RETURN(ParamSwap::Read rd, param_swap->read(static_cast<uint32_t>(li), bytes, name));
+          // A failed read does not fail the gather: the layer is gathered
+          // from whatever the slot holds and the failure drops the step at
+          // the commit point's vote on every rank (Note [Atomic steps]).
+          const Status read = rd.done.wait();
+          if (!read.ok()) record_failure(FailureOf::kCall, read.with_context("reading the " + name));
+          Status copy;
+          const std::byte* shard = rd.slot.as<std::byte>();
+          for (const SubGroup& g : p.groups)
+            if (copy.ok())
+              copy = device.copy(full + p.piece_begin(g, rank) * pe, shard + g.shard_offset * pe, g.piece * pe,
+                                 CopyKind::kHostToDevice);
+          rd.slot.release_after(Completion());  // the copies above are done
+          return copy.with_context("copying the " + name + " to the device");
+        },
+        l.shard_ready, fmt::format("reading the {}", name), /*sticky=*/false);
+    h2d_bytes += bytes;
     STRATA_RETURN_IF_ERROR(comm.wait(copied, comm::CommQueue::kGather));
   } else if (param_on_host()) {
     // H2D of this rank's pieces into their place, then gather in place.
@@ -165,13 +175,20 @@ Status Engine::Impl::make_room_for_gather(size_t li) {
 
 void Engine::Impl::prefetch_after(size_t position) {
   uint64_t issued = 0;
-  for (size_t p = position + 1; p < trace.size(); ++p) {
-    const size_t lj = trace[p].first;
+  const std::vector<AcquireTrace::Entry>& sequence = trace->sequence();
+  for (size_t p = position + 1; p < sequence.size(); ++p) {
+    const size_t lj = sequence[p].first;
     Layer& l = layers[lj];
     if (l.persistent || l.gathered_valid) continue;
     const uint64_t n = part.layer(lj).padded_elements;
     if (issued + n > static_cast<uint64_t>(opt.prefetch_bucket_size)) break;
-    if (live_now(live_params) + n > static_cast<uint64_t>(opt.max_live_parameters)) break;
+    // Gathers are collectives: how far a prefetch goes must be the same on
+    // every rank, so it is decided on what is held (the same everywhere),
+    // never on which frees happen to have completed; the frees in flight
+    // are then waited for, as an on-demand gather would.
+    const uint64_t cap = static_cast<uint64_t>(opt.max_live_parameters);
+    if (live_params.held + n > cap) break;
+    if (!make_room(live_params, n, cap).ok()) break;
     if (!issue_gather(lj).ok()) break;  // out of memory: it will be fetched on demand (and the error said then)
     issued += n;
   }
@@ -200,22 +217,24 @@ Status Engine::Impl::release(size_t li, Pass pass, const Completion& done) {
       // the layer when the window spans a whole micro-batch anyway.
       // Evaluation passes reuse the same parameters: keep them until
       // evaluate() ends.
-      bool keep = (in_train_micro && tracing && window_spans_micro_batch) || in_eval;
-      if (in_train_micro && !tracing) {
+      const bool training = phase == Phase::kMicroBatch;
+      bool keep = (training && trace->recording() && window_spans_micro_batch) || phase == Phase::kEvaluation;
+      if (training && trace->following()) {
         // The next use in this micro-batch's sequence, or, when another
         // micro-batch of this step follows, in its sequence (cyclically).
-        const size_t here = cursor - 1, n = trace.size();
-        const size_t span = last_micro ? n - here - 1 : n - 1;
+        const std::vector<AcquireTrace::Entry>& trace_seq = trace->sequence();
+        const size_t here = trace->position(), n = trace_seq.size();
+        const size_t span = progress.last_micro ? n - here - 1 : n - 1;
         uint64_t distance = 0;
         for (size_t k = 1; k <= span; ++k) {
           const size_t p = (here + k) % n;
-          if (trace[p].first == li) {
+          if (trace_seq[p].first == li) {
             // Soon reused, or within the prefetch window (a prefetch would
             // gather it again at once): dropping it would only cost a gather.
             keep = distance <= static_cast<uint64_t>(std::max(opt.max_reuse_distance, opt.prefetch_bucket_size));
             break;
           }
-          distance += part.layer(trace[p].first).elements;
+          distance += part.layer(trace_seq[p].first).elements;
         }
       }
       if (!keep) STRATA_RETURN_IF_ERROR(drop_gathered(li, done));
@@ -225,12 +244,14 @@ Status Engine::Impl::release(size_t li, Pass pass, const Completion& done) {
     l.grad_done = done;
     ++l.bwd_releases;
     // A layer's gradient is complete at its last backward release: as many
-    // as the recorded sequence has, or, while the first micro-batch is being
+    // as the recorded sequence has, or, while a micro-batch is being
     // recorded, as many as its forward acquires (a backward mirrors its
-    // forward; acquire() fails loudly if a model breaks that).
-    const int expected = tracing ? forward_acquires[li] : expected_bwd[li];
-    if (in_train_micro && last_micro && l.bwd_releases == expected && !l.reduce_launched)
-      STRATA_RETURN_IF_ERROR(launch_reduction(li));
+    // forward); once a micro-batch departs from the recording, when it ends
+    // (Note [Acquire order]). Reductions go out in canonical order.
+    const std::optional<int> expected = trace->backward_releases_expected(li);
+    if (!l.frozen && phase == Phase::kMicroBatch && progress.last_micro && expected && l.bwd_releases == *expected &&
+        !l.reduce_launched)
+      STRATA_RETURN_IF_ERROR(gradient_completed(li));
   }
   return Status::Ok();
 }
@@ -241,11 +262,22 @@ Status Engine::Impl::release(size_t li, Pass pass, const Completion& done) {
 Status Engine::Impl::launch_reduction(size_t li) {
   Layer& l = layers[li];
   const LayerPartition& lp = part.layer(li);
+  if (l.frozen) return Status::Ok();  // no gradient (a frozen layer is acquired for backward all the same)
   l.reduce_launched = true;
-  if (!l.full_grads) {  // no backward touched the layer: its gradient is zero
-    live_grads.held += lp.padded_elements;
-    STRATA_ASSIGN_OR_RETURN(l.full_grads, alloc_device(lp.padded_elements * ge(), fmt::format("gradients of layer {}", li)));
-    STRATA_RETURN_IF_ERROR(device.memset(l.full_grads.data(), 0, lp.padded_elements * ge()));
+  if (l.zeroed_step != step_index) {
+    // No backward touched the layer this step: its gradient is zero (a
+    // persistent buffer still holds the last step's, once its readers are done).
+    if (!l.full_grads) {
+      live_grads.held += lp.padded_elements;
+      STRATA_ASSIGN_OR_RETURN(l.full_grads,
+                              alloc_device(lp.padded_elements * ge(), fmt::format("gradients of layer {}", li)));
+    } else {
+      STRATA_RETURN_IF_ERROR(xfer->wait(l.grads_consumed));
+    }
+    STRATA_RETURN_IF_ERROR(xfer->memset_async(l.full_grads.data(), 0, lp.padded_elements * ge()));
+    l.grads_zeroed = xfer->record_completion();
+    l.zeroed_step = step_index;
+    l.grad_done = l.grads_zeroed;
   }
   std::byte* full = l.full_grads.as<std::byte>();
   const size_t e = ge();

@@ -12,13 +12,21 @@ Engine::Impl::Mark Engine::Impl::mark() const {
   m.steps = steps;
   m.step_index = step_index;
   m.scaler = scaler->state();
-  m.data = runner.data_position();
+  if (runner != nullptr) m.data = runner->data_position();
   return m;
 }
 
 Status Engine::Impl::restore(const Mark& m) {
   STRATA_RETURN_IF_ERROR(scaler->restore(m.scaler));
-  STRATA_RETURN_IF_ERROR(runner.seek_data(m.data).with_context("moving the training data back to the step's start"));
+  // A caller that drives the engine feeds the batches again itself (the
+  // outcome says from which step); a runner is moved back.
+  if (runner != nullptr) {
+    if (!m.data.has_value())
+      return Unsupported("the model runner cannot tell where its training data stands (ModelRunner::data_position), "
+                         "so the step cannot be repeated on the same batches; implement data_position and seek_data "
+                         "or drive the engine with begin_step/finish_step");
+    STRATA_RETURN_IF_ERROR(runner->seek_data(*m.data).with_context("moving the training data back to the step's start"));
+  }
   steps = m.steps;
   step_index = m.step_index;
   // Gradients are zeroed once per step() call, by call number: the calls
@@ -118,6 +126,7 @@ Status Engine::Impl::settle(const Mark* call, double* loss) {
                                                       read.message());
     STRATA_RETURN_IF_ERROR(restore(*call));
     recovered = true;
+    recovery = StepOutcomeKind::kDropped;
     return Status(read.ok() ? StatusCode::kUnavailable : read.code(),
                   fmt::format("step {}: reading the parameters {}; the step was dropped on every rank (the state is "
                               "the one after step {}); the next step() repeats it",
@@ -144,6 +153,7 @@ Status Engine::Impl::settle(const Mark* call, double* loss) {
   if (!undone.ok())
     return Status(code, fmt::format("step {}: the update {}; rolling back failed too: {}", t, cause, undone.message()));
   recovered = true;
+  recovery = versioned ? StepOutcomeKind::kRolledBack : StepOutcomeKind::kDropped;
   if (versioned)
     return Status(code, fmt::format("step {}: the update {}; every rank rolled back to the state after step {} "
                                     "(optimizer state, parameters, loss scale and data position); the next step() "
@@ -163,6 +173,7 @@ Status Engine::Impl::rederive_params() {
     Layer& l = layers[li];
     const LayerPartition& lp = part.layer(li);
     const std::string lname = fmt::format("layer {} '{}'", li, printable(lp.name, 64));
+    if (l.frozen) continue;  // never stepped: its parameters are as they were
     if (l.persistent) {
       // The owned pieces into the full parameters, then (stages 1-3) every
       // rank's pieces gathered, as the update does.
@@ -186,7 +197,7 @@ Status Engine::Impl::rederive_params() {
         for (const SubGroup& g : lp.groups) {
           STRATA_ASSIGN_OR_RETURN(comm::CommWork w, comm.all_gather(full + lp.piece_begin(g, rank) * l.pe,
                                                                     full + g.padded_begin * l.pe, g.piece, l.pd,
-                                                                    comm::CommQueue::kGather));
+                                                                    comm::CommQueue::kUpdate));
           last = w.completion();
         }
         // A rollback (the error path): the next forward reads these parameters.

@@ -37,6 +37,7 @@ Result<double> Engine::Impl::global_norm_squared() {
   // (layer, group, rank, block) order, as stage 0 does.
   size_t layer_base = 0;
   for (size_t li = 0; li < layers.size(); ++li) {
+    if (layers[li].frozen) continue;  // no gradient, no blocks
     const LayerPartition& lp = part.layer(li);
     for (const SubGroup& g : lp.groups) {
       const size_t nb = g.piece / kShardAlign, gb = layer_base + g.shard_offset / kShardAlign;
@@ -48,9 +49,29 @@ Result<double> Engine::Impl::global_norm_squared() {
   return total;
 }
 
-Status Engine::Impl::queue_update(size_t li, int64_t step, double clip, double scale, double lr) {
+std::vector<Engine::Impl::PieceJob::Run> Engine::Impl::runs_of(size_t li, size_t begin, size_t count,
+                                                               const cpu_adam::HyperParams& hyper) const {
+  std::vector<PieceJob::Run> out;
+  const size_t end = begin + count;
+  for (const HyperRun& r : layers[li].hyper_runs) {
+    const size_t b = std::max(begin, r.begin), e = std::min(end, r.end);
+    if (b >= e) continue;
+    PieceJob::Run run;
+    run.offset = b - begin;
+    run.count = e - b;
+    run.hyper = hyper;
+    run.hyper.lr = hyper.lr * r.lr_scale;
+    run.hyper.weight_decay = r.weight_decay;
+    out.push_back(run);
+  }
+  return out;
+}
+
+Status Engine::Impl::queue_update(size_t li, int64_t step, double clip, double scale,
+                                  const cpu_adam::HyperParams& hyper) {
   Layer& l = layers[li];
   const LayerPartition& lp = part.layer(li);
+  if (l.frozen) return Status::Ok();  // nothing to step: its parameters stay as they are
   // Pointers are computed here (driving thread); the workers only step.
   std::vector<PieceJob> host_jobs, dev_jobs;
   const std::byte* gsrc = opt_on_host() ? l.opt_grads_host.data()
@@ -64,6 +85,7 @@ Status Engine::Impl::queue_update(size_t li, int64_t step, double clip, double s
       PieceJob j;
       j.id = StateId{static_cast<uint32_t>(li), static_cast<uint32_t>(gi), r};
       j.count = host;
+      j.runs = runs_of(li, lp.piece_begin(g, r), host, hyper);
       j.grads = gsrc + (gpadded ? lp.piece_begin(g, r) : g.shard_offset) * ge();
       j.param_is_master = !has_master(l);
       j.param = l.staging ? l.staging.data() + owned_offset(lp, g, r) * l.pe : param_location(li, g, r);
@@ -78,6 +100,7 @@ Status Engine::Impl::queue_update(size_t li, int64_t step, double clip, double s
         PieceJob d;
         d.id = j.id;
         d.count = count - host;
+        d.runs = runs_of(li, lp.piece_begin(g, r) + host, count - host, hyper);
         d.grads = l.opt_grads_dev.as<std::byte>() + (g.shard_offset + host) * ge();
         d.param = param_location(li, g, r) + host * l.pe;
         d.param_is_master = l.pd == DType::kF32;
@@ -87,8 +110,7 @@ Status Engine::Impl::queue_update(size_t li, int64_t step, double clip, double s
   }
   cpu_adam::StepArgs args;
   args.step = step;
-  args.hyper = opt.hyper;
-  args.hyper.lr = lr;
+  args.hyper = hyper;  // each run's own lr and weight decay: PieceJob::runs
   args.clip_coefficient = clip;
   args.loss_scale = scale;
   args.overflow_check = cpu_adam::OverflowCheck::kAssumeFinite;
@@ -131,12 +153,12 @@ Status Engine::Impl::queue_update(size_t li, int64_t step, double clip, double s
   updated = absorb(updated, fmt::format("update of layer {}", li));
   if (l.persistent) {
     if (!stage0()) {
-      STRATA_RETURN_IF_ERROR(comm.wait(updated, comm::CommQueue::kGather));
+      STRATA_RETURN_IF_ERROR(comm.wait(updated, comm::CommQueue::kUpdate));
       std::byte* full = l.full_params.as<std::byte>();
       for (const SubGroup& g : lp.groups) {
         STRATA_ASSIGN_OR_RETURN(comm::CommWork w, comm.all_gather(full + lp.piece_begin(g, rank) * l.pe,
                                                                   full + g.padded_begin * l.pe, g.piece, l.pd,
-                                                                  comm::CommQueue::kGather));
+                                                                  comm::CommQueue::kUpdate));
         updated = w.completion();
       }
       gather_bytes += lp.padded_elements * l.pe;
@@ -156,27 +178,39 @@ Status Engine::Impl::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimizer& 
     // completes as on the host path.
     DeviceAdamArgs da;
     da.kind = opt.optimizer;
-    da.hyper = args.hyper;
     da.step = args.step;
     da.clip_coefficient = args.clip_coefficient;
     da.loss_scale = args.loss_scale;
     da.grad_dtype = opt.grad_dtype;
     da.moment_dtype = opt.moment_dtype;
     da.param_copy_dtype = pd == DType::kF32 ? DType::kBF16 : pd;
-    std::vector<DeviceAdamTensor> tensors;
+    // One launch per distinct set of hyper-parameters (usually one), over
+    // the runs that have it.
+    const size_t ge = dtype_size(opt.grad_dtype), me = dtype_size(opt.moment_dtype), pe = dtype_size(pd);
+    std::vector<std::pair<cpu_adam::HyperParams, std::vector<DeviceAdamTensor>>> launches;
     for (const PieceJob& j : jobs) {
       if (j.count == 0) continue;
       STRATA_ASSIGN_OR_RETURN(PieceState st, t.open(j.id));
-      DeviceAdamTensor d;
-      d.count = j.count;
-      d.grads = j.grads;
-      d.exp_avg = st.exp_avg;
-      d.exp_avg_sq = st.exp_avg_sq;
-      d.params = j.param_is_master ? reinterpret_cast<float*>(j.param) : st.master;
-      if (!j.param_is_master && pd != DType::kF32) d.param_copy = j.param;
-      tensors.push_back(d);
+      for (const PieceJob::Run& run : j.runs) {
+        DeviceAdamTensor d;
+        d.count = run.count;
+        d.grads = j.grads + run.offset * ge;
+        d.exp_avg = static_cast<std::byte*>(st.exp_avg) + run.offset * me;
+        d.exp_avg_sq = static_cast<std::byte*>(st.exp_avg_sq) + run.offset * me;
+        d.params = (j.param_is_master ? reinterpret_cast<float*>(j.param) : st.master) + run.offset;
+        if (!j.param_is_master && pd != DType::kF32) d.param_copy = j.param + run.offset * pe;
+        auto same = [&](const auto& launch) {
+          return launch.first.lr == run.hyper.lr && launch.first.weight_decay == run.hyper.weight_decay;
+        };
+        auto it = std::find_if(launches.begin(), launches.end(), same);
+        if (it == launches.end()) it = launches.insert(launches.end(), {run.hyper, {}});
+        it->second.push_back(d);
+      }
     }
-    STRATA_RETURN_IF_ERROR(device_adam_step(*opt_stream, da, tensors));
+    for (const auto& [hyper, tensors] : launches) {
+      da.hyper = hyper;
+      STRATA_RETURN_IF_ERROR(device_adam_step(*opt_stream, da, tensors));
+    }
     STRATA_RETURN_IF_ERROR(opt_stream->synchronize());
     for (const PieceJob& j : jobs) {
       if (j.count == 0) continue;
@@ -186,45 +220,54 @@ Status Engine::Impl::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimizer& 
     }
     return Status::Ok();
   }
+  const size_t ge = dtype_size(opt.grad_dtype), pe = dtype_size(pd);
   for (const PieceJob& j : jobs) {
     if (j.count == 0) continue;
     STRATA_ASSIGN_OR_RETURN(PieceState st, t.open(j.id));
-    cpu_adam::StateSpans sp;
-    sp.count = j.count;
-    sp.grads = j.grads;
-    sp.grad_dtype = opt.grad_dtype;
-    sp.exp_avg = st.exp_avg;
-    sp.exp_avg_sq = st.exp_avg_sq;
-    sp.moment_dtype = st.moment_dtype;
-    if (j.param_is_master) {
-      sp.params = reinterpret_cast<float*>(j.param);
-    } else {
-      sp.params = st.master;
-      if (pd != DType::kF32) {
-        sp.param_copy = j.param;
-        sp.param_copy_dtype = pd;
-      }
-    }
-    // H2D of each finished tile while later tiles compute (Note [Exact
-    // overlap] in engine.h); a failed copy is reported after the step.
-    std::mutex copy_mutex;
-    Status copy_status;
-    cpu_adam::TileCallback on_tile;
-    if (j.h2d != nullptr) {
-      const std::byte* src = pd == DType::kF32 ? reinterpret_cast<const std::byte*>(st.master) : j.param;
-      on_tile = [&, src](const cpu_adam::TileRange& tile) {
-        const size_t pe = dtype_size(pd);
-        Status c = device.copy(j.h2d + tile.begin * pe, src + tile.begin * pe, tile.count * pe, CopyKind::kHostToDevice);
-        if (!c.ok()) {
-          std::lock_guard<std::mutex> lock(copy_mutex);
-          if (copy_status.ok()) copy_status = c;
+    const size_t me = dtype_size(st.moment_dtype);
+    // The piece as its runs of equal hyper-parameters (one run unless the
+    // model gives tensors their own weight decay or lr scale).
+    for (const PieceJob::Run& run : j.runs) {
+      cpu_adam::StateSpans sp;
+      sp.count = run.count;
+      sp.grads = j.grads + run.offset * ge;
+      sp.grad_dtype = opt.grad_dtype;
+      sp.exp_avg = static_cast<std::byte*>(st.exp_avg) + run.offset * me;
+      sp.exp_avg_sq = static_cast<std::byte*>(st.exp_avg_sq) + run.offset * me;
+      sp.moment_dtype = st.moment_dtype;
+      if (j.param_is_master) {
+        sp.params = reinterpret_cast<float*>(j.param) + run.offset;
+      } else {
+        sp.params = st.master + run.offset;
+        if (pd != DType::kF32) {
+          sp.param_copy = j.param + run.offset * pe;
+          sp.param_copy_dtype = pd;
         }
-      };
+      }
+      // H2D of each finished tile while later tiles compute (Note [Exact
+      // overlap] in engine.h); a failed copy is reported after the step.
+      std::mutex copy_mutex;
+      Status copy_status;
+      cpu_adam::TileCallback on_tile;
+      if (j.h2d != nullptr) {
+        const std::byte* src = pd == DType::kF32 ? reinterpret_cast<const std::byte*>(st.master) : j.param;
+        const size_t first = run.offset;
+        on_tile = [&, src, first](const cpu_adam::TileRange& tile) {
+          const size_t at = (first + tile.begin) * pe;
+          Status c = device.copy(j.h2d + at, src + at, tile.count * pe, CopyKind::kHostToDevice);
+          if (!c.ok()) {
+            std::lock_guard<std::mutex> lock(copy_mutex);
+            if (copy_status.ok()) copy_status = c;
+          }
+        };
+      }
+      cpu_adam::StepArgs run_args = args;
+      run_args.hyper = run.hyper;
+      Result<cpu_adam::StepReport> rep = o.step(run_args, sp, on_tile);
+      if (!rep.ok()) return rep.status().with_context(fmt::format("optimizer step of {}", part.describe(j.id)));
+      STRATA_RETURN_IF_ERROR(copy_status.with_context(fmt::format("copying the update of {} to the device",
+                                                                  part.describe(j.id))));
     }
-    Result<cpu_adam::StepReport> rep = o.step(args, sp, on_tile);
-    if (!rep.ok()) return rep.status().with_context(fmt::format("optimizer step of {}", part.describe(j.id)));
-    STRATA_RETURN_IF_ERROR(copy_status.with_context(fmt::format("copying the update of {} to the device",
-                                                                part.describe(j.id))));
     if (!j.param_is_master && pd == DType::kF32 && j.h2d == nullptr)
       std::memcpy(j.param, st.master, j.count * sizeof(float));
     STRATA_RETURN_IF_ERROR(t.close(j.id, true));
@@ -232,51 +275,132 @@ Status Engine::Impl::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimizer& 
   return Status::Ok();
 }
 
-Result<StepMetrics> Engine::Impl::step() {
-  const auto t0 = Clock::now();
-  const double old_busy = worker->busy_seconds();
+// ---------------------------------------------------------------- driving (Note [Driving the engine])
+
+const char* Engine::Impl::phase_name(Phase p) {
+  switch (p) {
+    case Phase::kIdle: return "outside a step";
+    case Phase::kStep: return "inside a step, between micro-batches";
+    case Phase::kMicroBatch: return "inside a micro-batch";
+    case Phase::kEvaluation: return "inside an evaluation";
+  }
+  return "?";
+}
+
+Status Engine::Impl::expect_phase(Phase want, const char* call) const {
+  if (phase == want) return Status::Ok();
+  return FailedPrecondition(fmt::format(
+      "{} was called {} on rank {}; it belongs {} (one step is begin_step(), then begin_micro_batch(last) .. "
+      "end_micro_batch() for each of the {} micro-batches, then finish_step(); an evaluation is begin_evaluation() "
+      ".. finish_evaluation())",
+      call, phase_name(phase), rank, phase_name(want), opt.grad_accum));
+}
+
+Status Engine::Impl::begin_step() {
+  progress = StepInProgress{};
+  progress.started = Clock::now();
+  progress.optimizer_busy_s = worker->busy_seconds();
   h2d_bytes = d2h_bytes = gather_bytes = reduce_bytes = 0;
   probes.clear();
   // Blocks until an evaluation's dropped copies are freed, so this step's
   // gathers do not stack on them (the memory plan counts one set).
   STRATA_RETURN_IF_ERROR(drain(live_params));
   io_before = tier->io_stats();
-  const Mark call = mark();
+  step_start = mark();
   take_failure(FailureOf::kCall).ignore();  // a late read of the previous call's dropped copies
   ++step_index;
   for (Layer& l : layers) l.reduce_launched = false;
-  const double scale = scaler->scale();
-  const double dloss = scale / (static_cast<double>(opt.grad_accum) * world);
-  double loss_sum = 0, fwd_ms = 0, bwd_ms = 0;
-  for (micro = 0; micro < opt.grad_accum; ++micro) {
-    last_micro = micro == opt.grad_accum - 1;
-    for (Layer& l : layers) l.bwd_releases = 0;
-    cursor = 0;
-    in_train_micro = true;
-    const auto tf = Clock::now();
-    Result<float> loss = runner.train_micro_batch(static_cast<float>(dloss), *self);
-    in_train_micro = false;
-    if (!loss.ok()) return loss.status().with_context(fmt::format("micro-batch {} on rank {}", micro + 1, rank));
-    fwd_ms += ms_since(tf);
-    loss_sum += *loss;
-    if (tracing) {
-      tracing = false;  // the sequence is known from now on
-    }
-    for (size_t li = 0; li < layers.size(); ++li) {
-      Layer& l = layers[li];
-      // Stage 3 drops gathered copies at the end of a step's last backward
-      // (the update will change them); kept ones wait for their last reader.
-      if (last_micro && !l.persistent && l.held == 0) STRATA_RETURN_IF_ERROR(drop_gathered(li, l.last_use));
-      if (last_micro && !l.reduce_launched) STRATA_RETURN_IF_ERROR(launch_reduction(li));
-    }
+  gradient_complete.assign(layers.size(), false);
+  for (size_t li = 0; li < layers.size(); ++li) gradient_complete[li] = layers[li].frozen;
+  next_reduction = static_cast<int64_t>(layers.size()) - 1;
+  progress.scale = scaler->scale();
+  phase = Phase::kStep;
+  return Status::Ok();
+}
+
+Status Engine::Impl::begin_micro_batch(bool last) {
+  ++progress.micro;
+  progress.last_micro = last;
+  for (Layer& l : layers) l.bwd_releases = 0;
+  trace->begin_micro_batch();
+  progress.micro_started = Clock::now();
+  phase = Phase::kMicroBatch;
+  return Status::Ok();
+}
+
+Status Engine::Impl::end_micro_batch(double mean_loss, int64_t tokens) {
+  phase = Phase::kStep;
+  progress.forward_ms += ms_since(progress.micro_started);
+  progress.loss_sum += mean_loss;
+  progress.tokens += static_cast<uint64_t>(tokens);
+  trace->end_micro_batch();
+  if (!progress.last_micro) return Status::Ok();
+  // Stage 3 drops gathered copies at the end of a step's last backward (the
+  // update will change them); kept ones wait for their last reader.
+  for (size_t li = 0; li < layers.size(); ++li) {
+    Layer& l = layers[li];
+    if (!l.persistent && l.held == 0) STRATA_RETURN_IF_ERROR(drop_gathered(li, l.last_use));
   }
+  // Every gradient is complete now, the unused layers' (zero) too.
+  return launch_every_reduction();
+}
+
+Status Engine::Impl::gradient_completed(size_t li) {
+  gradient_complete[li] = true;
+  for (; next_reduction >= 0 && gradient_complete[static_cast<size_t>(next_reduction)]; --next_reduction)
+    if (!layers[static_cast<size_t>(next_reduction)].reduce_launched)
+      STRATA_RETURN_IF_ERROR(launch_reduction(static_cast<size_t>(next_reduction)));
+  return Status::Ok();
+}
+
+Status Engine::Impl::launch_every_reduction() {
+  for (; next_reduction >= 0; --next_reduction)
+    if (!layers[static_cast<size_t>(next_reduction)].reduce_launched)
+      STRATA_RETURN_IF_ERROR(launch_reduction(static_cast<size_t>(next_reduction)));
+  return Status::Ok();
+}
+
+Result<StepOutcome> Engine::Impl::finish_step() {
+  phase = Phase::kIdle;
+  Result<StepMetrics> m = finish_applied_step();
+  StepOutcome out;
+  if (m.ok()) {
+    out.metrics = *m;
+    out.state_step = steps;
+    return out;
+  }
+  if (!recovered) return m.status();  // the engine stops (Engine::finish_step)
+  recovered = false;
+  out.kind = recovery;
+  out.state_step = steps;
+  out.reason = m.status();
+  return out;
+}
+
+Result<StepMetrics> Engine::Impl::step() {
+  STRATA_RETURN_IF_ERROR(begin_step());
+  for (int micro = 0; micro < opt.grad_accum; ++micro) {
+    STRATA_RETURN_IF_ERROR(begin_micro_batch(micro == opt.grad_accum - 1));
+    Result<float> loss = runner->train_micro_batch(static_cast<float>(gradient_scale()), *self);
+    if (!loss.ok()) return loss.status().with_context(fmt::format("micro-batch {} on rank {}", micro + 1, rank));
+    STRATA_RETURN_IF_ERROR(end_micro_batch(*loss, static_cast<int64_t>(runner->tokens_per_micro_batch())));
+  }
+  phase = Phase::kIdle;
+  return finish_applied_step();
+}
+
+Result<StepMetrics> Engine::Impl::finish_applied_step() {
+  const auto t0 = progress.started;
+  const Mark& call = step_start;
+  const double scale = progress.scale;
+  const double loss_sum = progress.loss_sum;
   // Blocks, but no longer than the norm below would (it needs every
   // gradient): waiting here first separates backward time from reduction
   // time in the metrics and names the layer whose backward failed.
   const auto tb = Clock::now();
   for (size_t li = 0; li < layers.size(); ++li)
     STRATA_RETURN_IF_ERROR(layers[li].grad_done.wait().with_context(fmt::format("backward of layer {}", li)));
-  bwd_ms = ms_since(tb);
+  const double bwd_ms = ms_since(tb);
   const auto tr = Clock::now();
   STRATA_ASSIGN_OR_RETURN(double sum_squares, global_norm_squared());
   // The commit point of the previous step's updates (every rank got here,
@@ -304,10 +428,19 @@ Result<StepMetrics> Engine::Impl::step() {
   if (finite) {
     ++steps;
     const double clip = cpu_adam::clip_coefficient(m.grad_norm, opt.grad_clip);
+    cpu_adam::HyperParams hyper = opt.hyper;
+    hyper.lr = m.lr;
+    // OneCycle with cycle_momentum: beta1 cycles against the lr, beta2 is
+    // DeepSpeed's 0.99 (LrSchedule::betas); other schedules keep the config's.
+    if (const std::optional<std::array<double, 2>> betas = schedule->betas(steps)) {
+      hyper.beta1 = (*betas)[0];
+      hyper.beta2 = (*betas)[1];
+    }
+    m.beta1 = hyper.beta1;
     pending = true;
     pending_complete = false;
     pending_mark = call;
-    for (size_t li = 0; li < layers.size(); ++li) STRATA_RETURN_IF_ERROR(queue_update(li, steps, clip, scale, m.lr));
+    for (size_t li = 0; li < layers.size(); ++li) STRATA_RETURN_IF_ERROR(queue_update(li, steps, clip, scale, hyper));
     pending_complete = true;
     // strata.overlap_optimizer false: the comparison mode, the step returns
     // only when every update is in place (the blocking is the point), and
@@ -322,10 +455,10 @@ Result<StepMetrics> Engine::Impl::step() {
   }
   m.step = steps;
   m.step_ms = ms_since(t0);
-  m.forward_ms = fwd_ms;
+  m.forward_ms = progress.forward_ms;
   m.backward_ms = bwd_ms;
   m.wait_reduce_ms = wait_reduce_ms;
-  m.optimizer_ms = (worker->busy_seconds() - old_busy) * 1e3;
+  m.optimizer_ms = (worker->busy_seconds() - progress.optimizer_busy_s) * 1e3;
   for (const auto& p : probes) {
     const int64_t reached = p->reached_ns.load(), upd = p->update_ns.load(), ready = p->ready_ns.load();
     if (reached < 0 || ready < 0) continue;
@@ -334,7 +467,8 @@ Result<StepMetrics> Engine::Impl::step() {
     m.wait_optimizer_ms += on_update;
     m.wait_gather_ms += total - on_update;
   }
-  m.tokens_per_s = static_cast<double>(runner.tokens_per_micro_batch()) * opt.grad_accum * world / (m.step_ms / 1e3);
+  // This rank's tokens times the world size (ranks train equal batches).
+  m.tokens_per_s = static_cast<double>(progress.tokens) * world / (m.step_ms / 1e3);
   m.h2d_bytes = h2d_bytes;
   m.d2h_bytes = d2h_bytes;
   m.gather_bytes = gather_bytes;
@@ -356,48 +490,61 @@ Result<StepMetrics> Engine::Impl::step() {
   return m;
 }
 
-Result<double> Engine::Impl::evaluate() {
+Status Engine::Impl::begin_evaluation() {
   // The parameters evaluated are a committed step's.
   STRATA_RETURN_IF_ERROR(settle(nullptr));
   take_failure(FailureOf::kCall).ignore();
-  double sum = 0;
-  const size_t count = runner.eval_batch_count();
   // Blocks until the step's dropped copies are freed, so the evaluation's
   // gathers do not stack on them (the memory plan counts one set).
   STRATA_RETURN_IF_ERROR(drain(live_params));
-  in_eval = true;
-  for (size_t b = 0; b < count; ++b) {
-    Result<float> loss = runner.eval_batch(b, *self);
-    if (!loss.ok()) {
-      in_eval = false;
-      return loss.status();
-    }
-    sum += *loss;
-  }
-  in_eval = false;
+  phase = Phase::kEvaluation;
+  return Status::Ok();
+}
+
+Result<double> Engine::Impl::finish_evaluation(double loss_sum, int64_t batches) {
+  phase = Phase::kIdle;
   // Stage 3: nothing stays gathered between evaluations.
   for (size_t li = 0; li < layers.size(); ++li)
     if (!layers[li].persistent && layers[li].held == 0)
       STRATA_RETURN_IF_ERROR(drop_gathered(li, layers[li].last_use));
-  // The sum and, beside it, how many ranks' parameter reads failed (a
-  // layer gathered from a failed read: the loss is not reported).
+  // The sum, the batches and, beside them, how many ranks' parameter reads
+  // failed (a layer gathered from a failed read: the loss is not reported).
   const Status read = take_failure(FailureOf::kCall);
-  const double mine[2] = {sum, read.ok() ? 0.0 : 1.0};
-  double all[2] = {0, 0};
+  const double mine[3] = {loss_sum, static_cast<double>(batches), read.ok() ? 0.0 : 1.0};
+  double all[3] = {0, 0, 0};
   STRATA_RETURN_IF_ERROR(comm::host_collective(
       comm, mine, sizeof(mine), all, sizeof(all),
       [&](const void* s, void* r) {
-        return comm.all_reduce(s, r, 2, DType::kF64, comm::ReduceOp::kSum, comm::CommQueue::kReduce);
+        return comm.all_reduce(s, r, 3, DType::kF64, comm::ReduceOp::kSum, comm::CommQueue::kReduce);
       },
       "summing the validation loss over ranks"));
-  if (all[1] != 0.0) {
+  if (all[2] != 0.0) {
     recovered = true;  // nothing was changed: the engine goes on
     return Status(read.ok() ? StatusCode::kUnavailable : read.code(),
                   fmt::format("validation: reading the parameters failed on {} rank(s){}; no validation loss "
                               "(nothing changed: evaluate() may be called again)",
-                              static_cast<int64_t>(all[1]), read.ok() ? "" : " (here: " + read.message() + ")"));
+                              static_cast<int64_t>(all[2]), read.ok() ? "" : " (here: " + read.message() + ")"));
   }
-  return all[0] / (static_cast<double>(count) * world);
+  if (all[1] <= 0.0) {
+    recovered = true;  // every rank says so: nothing changed, the engine goes on
+    return InvalidArgument("finish_evaluation(): no rank evaluated a batch (batches 0 on every rank)");
+  }
+  return all[0] / all[1];
+}
+
+Result<double> Engine::Impl::evaluate() {
+  STRATA_RETURN_IF_ERROR(begin_evaluation());
+  double sum = 0;
+  const size_t count = runner->eval_batch_count();
+  for (size_t b = 0; b < count; ++b) {
+    Result<float> loss = runner->eval_batch(b, *self);
+    if (!loss.ok()) {
+      phase = Phase::kIdle;
+      return loss.status();
+    }
+    sum += *loss;
+  }
+  return finish_evaluation(sum, static_cast<int64_t>(count));
 }
 
 }  // namespace strata::offload

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "strata/core/spec_model.h"
 #include "strata/offload/engine.h"
 #include "strata/offload/nvme_state_tier.h"
 #include "strata/offload/partition.h"
@@ -67,6 +68,7 @@ Result<EngineMemory> plan_engine_memory(const EngineOptions& opt, std::span<cons
       np_max = std::max(np_max, F);
       np_pe = pe;
     }
+    if (layer_frozen(spec)) continue;  // parameters only: no gradient, no optimizer state
     if (opt.stage <= 1) {
       m.device_grads += F * ge;
     } else {

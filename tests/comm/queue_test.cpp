@@ -335,7 +335,7 @@ TEST(CommQueues, QueueNamesParse) {
   EXPECT_EQ(queue_name(CommQueue::kReduce), "reduce");
   auto bad = parse_queue("prefetch", "--queue");
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_TRUE(contains(bad.status(), "--queue: unknown comm queue 'prefetch'; choose reduce or gather"));
+  EXPECT_TRUE(contains(bad.status(), "--queue: unknown comm queue 'prefetch'; choose reduce, gather or update"));
   auto comms = make_group(1);
   EXPECT_EQ(comms[0]->barrier(static_cast<CommQueue>(7)).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(comms[0]->wait(Completion(), static_cast<CommQueue>(7)).code(), StatusCode::kInvalidArgument);

@@ -56,6 +56,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -74,6 +75,14 @@ struct ParamTensorSpec {
   DType dtype = DType::kF32;
   size_t offset_bytes = 0;      // inside the layer's flat parameter allocation
   size_t offset_elements = 0;   // inside the layer's gradient buffer
+  // Training of this tensor. A layer's tensors are all trainable or all
+  // frozen (a frozen layer has parameters only: no gradient, no optimizer
+  // state). weight_decay: this tensor's, or the optimizer's when absent
+  // (Hugging Face's no-decay groups: biases, norms). lr_scale: its learning
+  // rate is the schedule's times this.
+  bool trainable = true;
+  std::optional<double> weight_decay;
+  double lr_scale = 1.0;
   int64_t numel() const {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
@@ -144,6 +153,10 @@ class LayeredModel {
   // (param_count elements at offset_elements): an optimizer's fp32 master
   // weights start from these.
   virtual Status init_layer_fp32(size_t layer_index, std::span<float> values) const = 0;
+  // False for a model whose initial values are handed to its owner from
+  // outside, layer by layer (a SpecModel: Engine::put_initial_layer); then
+  // init_layer and init_layer_fp32 give zeros.
+  virtual bool provides_initial_values() const { return true; }
 };
 
 // How a training loop runs a model it does not know: one micro-batch at a
@@ -165,19 +178,26 @@ class ModelRunner {
   virtual size_t eval_batch_count() const = 0;
   // Tokens (or samples) one micro-batch trains on, for throughput.
   virtual uint64_t tokens_per_micro_batch() const = 0;
-  // Where the training data stands: micro-batches drawn so far. A
-  // checkpoint stores it; seek_data() moves a fresh runner there, so a
-  // resumed run trains on the batches the first run would have, and an
-  // engine that rolls a failed step back moves it back to the step's start.
-  virtual uint64_t data_position() const { return 0; }
+  // Where the training data stands: micro-batches drawn so far, or nullopt
+  // when the runner cannot tell (the default). A checkpoint stores it;
+  // seek_data() moves a fresh runner there, so a resumed run trains on the
+  // batches the first run would have, and an engine that rolls a failed
+  // step back moves it back to the step's start. A runner that cannot seek
+  // (the default) makes those an explicit error, never a silent restart.
+  virtual std::optional<uint64_t> data_position() const { return std::nullopt; }
   virtual Status seek_data(uint64_t micro_batches) {
-    if (micro_batches == 0) return Status::Ok();
-    return Unsupported("this model runner cannot move its data to a checkpoint's position");
+    return Unsupported(fmt_seek_refusal(micro_batches));
   }
   // The stream the model's work runs on, or null. A provider may enqueue a
   // host function on it in acquire(), before returning, to time when the
   // stream reaches the layer (exposed-wait metrics); nothing else.
   virtual Stream* model_stream() { return nullptr; }
+
+ private:
+  static std::string fmt_seek_refusal(uint64_t micro_batches) {
+    return "this model runner cannot move its training data (to micro-batch " + std::to_string(micro_batches) +
+           "): it does not implement ModelRunner::seek_data";
+  }
 };
 
 // Total parameter elements of a model.

@@ -51,7 +51,7 @@ class GptRunner final : public ModelRunner {
     return static_cast<uint64_t>(executor_.batch()) * static_cast<uint64_t>(executor_.seq_len());
   }
 
-  uint64_t data_position() const override { return drawn_; }
+  std::optional<uint64_t> data_position() const override { return drawn_; }
   // Draws (and drops) the global batches up to `micro_batches`; FailedPrecondition when already past it.
   Status seek_data(uint64_t micro_batches) override;
   const GptModel& gpt() const { return model_; }

@@ -73,7 +73,9 @@ struct CheckpointLayer {
 struct CheckpointScalars {
   int64_t step = 0;           // optimizer updates applied
   int64_t step_calls = 0;     // Engine::step() calls (skipped fp16 steps included)
-  uint64_t data_position = 0; // micro-batches the model's runner has drawn (ModelRunner::data_position)
+  // Micro-batches the model's runner had drawn (ModelRunner::data_position);
+  // null when the engine had no runner or its runner could not tell.
+  std::optional<uint64_t> data_position;
   double loss_scale = 1;
   int64_t scaler_iteration = 0, scaler_last_overflow = -1, scaler_hysteresis_left = 1, scaler_overflow_count = 0;
 };

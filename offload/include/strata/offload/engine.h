@@ -81,6 +81,37 @@
 // ...; resume from the last checkpoint".
 // A checkpoint snapshot waits for its layer's update and fails with it, so
 // a failed step is never saved.
+//
+// Note [Driving the engine]
+// A caller that owns the model's passes and its data (a PyTorch module, a
+// test) drives one optimizer step with four calls:
+//   engine->begin_step();                        // gradient_scale(): what the loss's gradient is scaled by
+//   for (int k = 0; k < grad_accum; ++k) {
+//     engine->begin_micro_batch(k == grad_accum - 1);
+//     ...forward and backward through acquire/release (Note [Acquire and release])...
+//     engine->end_micro_batch(mean_loss, tokens);
+//   }
+//   StepOutcome outcome = *engine->finish_step();
+// The outcome is the step's metrics, or: rolled back (the state is the one
+// after step N: feed the batches of step N + 1 on again) or dropped (the
+// step in progress was not applied: feed its batches again), each with the
+// reason. Engine::step() is this loop over a ModelRunner's micro-batches,
+// and turns a rolled-back or dropped outcome into an error (the runner's
+// data was moved back). An evaluation is begin_evaluation(), kEval passes,
+// finish_evaluation(loss_sum, batches). The calls come from the thread that
+// drives the model; out of order they fail naming the expected call.
+//
+// Note [Acquire order]
+// The acquire sequence of a training micro-batch is recorded and then used
+// as a hint: prefetch (stage 3) and early gradient reductions follow it
+// while the micro-batch follows it. A micro-batch that departs from it (a
+// conditional layer, a layer skipped, a recompute in backward) stops
+// trusting it at that acquire (what is left is gathered on demand and
+// reduced when the micro-batch ends) and the next micro-batch records it
+// again. A layer no pass used in a step gets a zero gradient. Reductions
+// are issued in a canonical order (layer index, highest first) whatever
+// order a rank's backward completes layers in, so every rank issues the same
+// collectives in the same order.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -175,6 +206,7 @@ struct StepMetrics {
   int64_t step = 0;            // optimizer steps applied so far (a skipped step does not count)
   double loss = 0;             // mean over the global batch (every rank, every micro-batch)
   double lr = 0;
+  double beta1 = 0;            // Adam's beta1 of this step (OneCycle's cycle_momentum changes it per step)
   double loss_scale = 1;
   double grad_norm = 0;        // unscaled, before clipping
   bool skipped = false;        // fp16 overflow: nothing was updated
@@ -245,21 +277,73 @@ struct CheckpointSaveDone {
   uint64_t bytes = 0;      // this rank's bytes written
 };
 
+// What finish_step() (Note [Driving the engine]) says of the step.
+enum class StepOutcomeKind : uint8_t {
+  kApplied,     // the step ran (an fp16 overflow skip too: metrics.skipped)
+  kRolledBack,  // a failed update was undone on every rank: the state is the one after step state_step
+  kDropped,     // the step in progress was not applied (a failed parameter read, or a failed update of the
+                // state in memory, which stands); the state is the one after step state_step
+};
+const char* step_outcome_name(StepOutcomeKind kind);
+struct StepOutcome {
+  StepOutcomeKind kind = StepOutcomeKind::kApplied;
+  StepMetrics metrics;     // kApplied only
+  int64_t state_step = 0;  // optimizer steps applied to the state now
+  Status reason;           // why, unless kApplied
+  bool applied() const { return kind == StepOutcomeKind::kApplied; }
+};
+
 class Engine final : public ParameterProvider {
  public:
   // `runner` (whose model runs on `device`), `device` and `comm` must
   // outlive the engine. Every rank creates its engine with the same options.
   static Result<std::unique_ptr<Engine>> create(const EngineOptions& options, ModelRunner& runner, Device& device,
                                                 comm::Communicator& comm);
+  // An engine that a caller drives (Note [Driving the engine]): `model`
+  // describes the layers (e.g. a SpecModel), `model_stream` (or null) is the
+  // stream the model's work runs on (exposed-wait metrics only). step(),
+  // evaluate() and seeking data need a runner and fail without one.
+  static Result<std::unique_ptr<Engine>> create(const EngineOptions& options, const LayeredModel& model,
+                                                Device& device, comm::Communicator& comm,
+                                                Stream* model_stream = nullptr);
   ~Engine() override;
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
   // One optimizer step: grad_accum micro-batches of the runner, gradient
-  // reduction, global norm, clipping, the (possibly overlapped) update.
+  // reduction, global norm, clipping, the (possibly overlapped) update. A
+  // rolled-back or dropped step is an error (the runner's data moved back;
+  // the next call repeats it).
   Result<StepMetrics> step();
   // Mean validation loss over the runner's evaluation batches and all ranks.
   Result<double> evaluate();
+
+  // Note [Driving the engine]. begin_step() is also the provider's
+  // "before the first micro-batch" hook.
+  Status begin_step() override;
+  // The factor the gradient of a micro-batch's mean loss is scaled by (the
+  // loss scale / (grad_accum x world size)); valid after begin_step().
+  double gradient_scale() const;
+  Status begin_micro_batch(bool last);
+  // `mean_loss`: this rank's mean loss of the micro-batch; `tokens`: the
+  // tokens (or samples) it trained on, for throughput.
+  Status end_micro_batch(double mean_loss, int64_t tokens);
+  // The commit point of the previous step, the global norm, the overflow
+  // vote and the update. An error only when the engine stopped (stopped()).
+  Result<StepOutcome> finish_step();
+  // Initial values of layer `layer_index` for a model that does not provide
+  // its own (LayeredModel::provides_initial_values() false, e.g. a
+  // SpecModel): `params` is the whole layer (param_bytes, declared dtypes);
+  // `fp32`, when given (param_count values), is what the master weights start
+  // from, else the parameters widened. Every rank calls it for every layer
+  // before the first step (begin_step refuses a layer still missing); each
+  // rank keeps only its own pieces, written straight to where the
+  // placement puts them (device, pinned host, NVMe).
+  Status put_initial_layer(size_t layer_index, std::span<const std::byte> params, std::span<const float> fp32 = {});
+  Status begin_evaluation();
+  // `loss_sum`: the sum of this rank's `batches` evaluation losses. Returns
+  // the mean over every rank's batches.
+  Result<double> finish_evaluation(double loss_sum, int64_t batches);
   // Waits for every queued update and commits it (the end of training, or
   // before reading state); with several ranks every rank calls it (the
   // commit point's vote, Note [Atomic steps]).
@@ -268,8 +352,6 @@ class Engine final : public ParameterProvider {
   // ParameterProvider
   Result<LayerMemory> acquire(size_t layer_index, Pass pass) override;
   Status release(size_t layer_index, Pass pass, const Completion& done) override;
-  Status begin_step() override;
-  Status end_micro_batch(bool last) override;
 
   const EngineOptions& options() const;
   const Partition& partition() const;

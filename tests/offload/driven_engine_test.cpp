@@ -1,0 +1,921 @@
+// The engine driven from outside (Note [Driving the engine] in engine.h) for
+// a model that is not the GPT: the MLP of mlp_model.h (a frozen layer, a
+// conditional layer used on odd steps only, a tied weight, a no-decay bias,
+// an lr-scaled head), described by tensor specs (SpecModel), its initial
+// values handed in layer by layer (put_initial_layer), every step driven
+// from the test (begin_step, begin_micro_batch, end_micro_batch,
+// finish_step):
+//  - the MLP's hand-written backward against finite differences;
+//  - losses, evaluation losses and final parameters equal a plain-loop fp32
+//    reference (world 1 and 2) within 1e-5; the frozen layer's bytes never
+//    change; the per-tensor weight decay and lr scale matter (a control run
+//    without them differs, and matches its own reference);
+//  - every stage x optimizer placement x parameter placement x overlap
+//    setting at world 2 gives bit-identical losses, evaluation losses and
+//    final parameters to stage 0 with overlap off (fp32 and bf16);
+//  - out-of-order calls fail naming the call and leave the engine working
+//    (the losses after them are those of a run without them);
+//  - the acquire order is a hint: a step visiting layers in another order,
+//    recomputing in backward, ranks visiting in different orders: same losses;
+//  - SpecModel::create refuses bad descriptions naming the layer and tensor.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <bit>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "mlp_model.h"
+#include "strata/comm/backends.h"
+#include "strata/core/device_registry.h"
+#include "strata/core/spec_model.h"
+#include "strata/offload/engine.h"
+
+namespace strata::offload {
+namespace {
+
+using mlp::Batch;
+using mlp::MlpModel;
+using mlp::MlpOrder;
+using mlp::MlpSpecOptions;
+using mlp::ReferenceOptions;
+using mlp::ReferenceTrainer;
+
+constexpr uint64_t kInitSeed = 20240611;
+constexpr uint64_t kDataSeed = 77;
+constexpr int kBatch = 8;        // per rank and micro-batch
+constexpr int kEvalBatches = 2;  // per rank
+
+// A hung engine ends the test binary with a message instead of ctest's
+// ten-minute timeout ("never hangs" is part of what is tested).
+class Watchdog {
+ public:
+  Watchdog(std::string what, std::chrono::seconds limit) : what_(std::move(what)) {
+    thread_ = std::thread([this, limit] {
+      std::unique_lock<std::mutex> lock(mutex_);
+      if (!cv_.wait_for(lock, limit, [this] { return done_; })) {
+        std::fprintf(stderr, "driven_engine_test: '%s' did not finish within %lld s (hung); aborting\n", what_.c_str(),
+                     static_cast<long long>(limit.count()));
+        std::fflush(stderr);
+        std::_Exit(3);
+      }
+    });
+  }
+  ~Watchdog() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::string what_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+// ---------------------------------------------------------------- one rank of a driven run
+
+// Options every driven run starts from: accumulation 2, clipping, AdamW with
+// decay (so that the no-decay bias and the conditional layer's decay on its
+// unused steps show).
+EngineOptions base_options() {
+  EngineOptions o;
+  o.grad_accum = 2;
+  o.grad_clip = 2.5;  // the norms are ~3 on odd steps (the conditional layer runs), ~2 on even ones
+  o.hyper.lr = 1e-2;
+  o.hyper.weight_decay = 0.2;
+  o.persistence_threshold = 0;  // stage 3: every layer partitioned
+  o.source = "driven engine test";
+  return o;
+}
+
+ReferenceOptions reference_options(const EngineOptions& o, int world, const MlpSpecOptions& spec) {
+  ReferenceOptions r;
+  r.world = world;
+  r.grad_accum = o.grad_accum;
+  r.batch = kBatch;
+  r.data_seed = kDataSeed;
+  r.lr = o.hyper.lr;
+  r.beta1 = o.hyper.beta1;
+  r.beta2 = o.hyper.beta2;
+  r.eps = o.hyper.eps;
+  r.weight_decay = o.hyper.weight_decay;
+  r.grad_clip = o.grad_clip;
+  r.spec = spec;
+  return r;
+}
+
+// A rank's device, model description, engine and MLP, driven by the test.
+class DrivenRank {
+ public:
+  static Result<std::unique_ptr<DrivenRank>> create(const EngineOptions& opt, const MlpSpecOptions& spec,
+                                                    comm::Communicator& comm) {
+    auto d = std::unique_ptr<DrivenRank>(new DrivenRank());
+    d->rank_ = comm.rank();
+    d->spec_options_ = spec;
+    DeviceOptions dopt;
+    dopt.device_memory_bytes = uint64_t{64} << 20;
+    STRATA_ASSIGN_OR_RETURN(d->device_, make_device(DeviceKind::kCpu, dopt));
+    STRATA_ASSIGN_OR_RETURN(SpecModel m, SpecModel::create(mlp::layer_descriptions(spec)));
+    d->spec_ = std::make_unique<SpecModel>(std::move(m));
+    d->model_ = std::make_unique<MlpModel>(d->spec_->layers());
+    d->init_ = mlp::initial_values(kInitSeed);
+    d->frozen_init_ = mlp::to_bytes(d->init_[mlp::kFrozen], spec.dtype);
+    STRATA_ASSIGN_OR_RETURN(d->engine_, Engine::create(opt, *d->spec_, *d->device_, comm));
+    return d;
+  }
+
+  Engine& engine() { return *engine_; }
+  const SpecModel& spec() const { return *spec_; }
+  int rank() const { return rank_; }
+
+  Status put_layer(size_t li) {
+    const std::vector<std::byte> bytes = mlp::to_bytes(init_[li], spec_options_.dtype);
+    return engine_->put_initial_layer(li, bytes, init_[li])
+        .with_context(fmt::format("put_initial_layer({}) on rank {}", li, rank_));
+  }
+  Status put_all() {
+    for (size_t li = 0; li < mlp::kLayerCount; ++li) STRATA_RETURN_IF_ERROR(put_layer(li));
+    return Status::Ok();
+  }
+
+  // The model's passes of micro-batch `micro` of step `step` (no engine brackets).
+  Result<double> passes(int64_t step, int micro, MlpOrder order = MlpOrder::kNatural) {
+    const Batch b = mlp::make_batch(kDataSeed, step, micro, rank_, kBatch);
+    Result<double> loss =
+        model_->train_micro_batch(*engine_, b, mlp::cond_used(step), engine_->gradient_scale(), order);
+    if (!loss.ok())
+      return loss.status().with_context(
+          fmt::format("step {} micro-batch {} ({} order) on rank {}", step, micro + 1, mlp::order_name(order), rank_));
+    return loss;
+  }
+
+  // begin_micro_batch, the passes, end_micro_batch.
+  Status micro_batch(int64_t step, int micro, MlpOrder order = MlpOrder::kNatural) {
+    STRATA_RETURN_IF_ERROR(engine_->begin_micro_batch(micro == engine_->options().grad_accum - 1));
+    STRATA_ASSIGN_OR_RETURN(double loss, passes(step, micro, order));
+    return engine_->end_micro_batch(loss, kBatch);
+  }
+
+  // One whole step; an outcome other than applied is an error here.
+  Result<StepMetrics> step(int64_t step, const std::function<MlpOrder(int micro)>& order = {}) {
+    STRATA_RETURN_IF_ERROR(engine_->begin_step());
+    for (int k = 0; k < engine_->options().grad_accum; ++k)
+      STRATA_RETURN_IF_ERROR(micro_batch(step, k, order ? order(k) : MlpOrder::kNatural));
+    STRATA_ASSIGN_OR_RETURN(StepOutcome out, engine_->finish_step());
+    if (!out.applied())
+      return Internal(fmt::format("step {} on rank {}: finish_step() says {} (state step {}): {}", step, rank_,
+                                  step_outcome_name(out.kind), out.state_step, out.reason.to_string()));
+    return out.metrics;
+  }
+
+  // An evaluation of this rank's kEvalBatches batches; checks that the
+  // frozen layer's bytes, as the engine hands them out, are its initial ones.
+  Result<double> evaluate() {
+    STRATA_RETURN_IF_ERROR(engine_->begin_evaluation());
+    return evaluate_batches();
+  }
+  // The batches and finish_evaluation() of an evaluation already begun.
+  Result<double> evaluate_batches() {
+    double sum = 0;
+    for (int i = 0; i < kEvalBatches; ++i) {
+      const Batch b = mlp::make_eval_batch(kDataSeed, rank_ * kEvalBatches + i, kBatch);
+      std::vector<std::byte> frozen;
+      STRATA_ASSIGN_OR_RETURN(double loss, model_->eval_batch(*engine_, b, &frozen));
+      if (frozen != frozen_init_) {
+        size_t at = 0;
+        while (at < frozen.size() && at < frozen_init_.size() && frozen[at] == frozen_init_[at]) ++at;
+        return DataLoss(fmt::format("rank {}: the frozen layer's bytes changed (first differing byte {} of {})", rank_,
+                                    at, frozen_init_.size()));
+      }
+      sum += loss;
+    }
+    return engine_->finish_evaluation(sum, kEvalBatches);
+  }
+
+ private:
+  DrivenRank() = default;
+  int rank_ = 0;
+  MlpSpecOptions spec_options_;
+  std::vector<std::vector<float>> init_;
+  std::vector<std::byte> frozen_init_;
+  // Destroyed in reverse: the engine before the model description and the device.
+  std::unique_ptr<Device> device_;
+  std::unique_ptr<SpecModel> spec_;
+  std::unique_ptr<MlpModel> model_;
+  std::unique_ptr<Engine> engine_;
+};
+
+// ---------------------------------------------------------------- whole runs on local ranks
+
+struct DrivenRun {
+  int world = 1;
+  int steps = 12;
+  EngineOptions opt = base_options();
+  MlpSpecOptions spec;
+  // The acquire order of (rank, step, micro-batch); null: natural.
+  std::function<MlpOrder(int rank, int64_t step, int micro)> order;
+  int eval_every = 4;  // and after the last step
+  bool gather_masters = true;
+  std::string label = "run";
+};
+
+struct DrivenOutcome {
+  Status status;
+  std::vector<double> losses, grad_norms;   // rank 0's, per step
+  std::vector<double> evals;                // after steps eval_every, 2 eval_every, ..., and the last
+  std::vector<std::vector<float>> masters;  // rank 0's gather_state(kMaster) per layer (frozen: empty)
+};
+
+DrivenOutcome drive(const DrivenRun& run) {
+  Watchdog dog(run.label, std::chrono::seconds(120));
+  DrivenOutcome out;
+  auto comms = comm::create_local_group(run.world).value();
+  std::vector<Status> st(static_cast<size_t>(run.world));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < run.world; ++r) {
+    threads.emplace_back([&, r] {
+      auto body = [&]() -> Status {
+        STRATA_ASSIGN_OR_RETURN(auto d, DrivenRank::create(run.opt, run.spec, *comms[static_cast<size_t>(r)]));
+        STRATA_RETURN_IF_ERROR(d->put_all());
+        for (int64_t s = 1; s <= run.steps; ++s) {
+          std::function<MlpOrder(int)> order;
+          if (run.order) order = [&, s](int micro) { return run.order(r, s, micro); };
+          STRATA_ASSIGN_OR_RETURN(StepMetrics m, d->step(s, order));
+          if (r == 0) {
+            out.losses.push_back(m.loss);
+            out.grad_norms.push_back(m.grad_norm);
+          }
+          if ((run.eval_every > 0 && s % run.eval_every == 0) || s == run.steps) {
+            STRATA_ASSIGN_OR_RETURN(double v, d->evaluate());
+            if (r == 0) out.evals.push_back(v);
+          }
+        }
+        STRATA_RETURN_IF_ERROR(d->engine().synchronize());
+        if (run.gather_masters) {
+          if (r == 0) out.masters.resize(mlp::kLayerCount);
+          for (size_t li = 0; li < mlp::kLayerCount; ++li) {
+            if (li == mlp::kFrozen) continue;  // no master: checked through its bytes in evaluate()
+            STRATA_ASSIGN_OR_RETURN(std::vector<float> v, d->engine().gather_state(li));
+            if (r == 0) out.masters[li] = std::move(v);
+          }
+        }
+        return Status::Ok();
+      };
+      st[static_cast<size_t>(r)] = body();
+      if (!st[static_cast<size_t>(r)].ok()) comms[static_cast<size_t>(r)].reset();  // a failed rank leaves the group
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const Status& s : st)
+    if (!s.ok()) {
+      out.status = s;
+      break;
+    }
+  return out;
+}
+
+// The reference's losses, evaluation losses (at the same points as
+// drive()) and final parameters.
+struct ReferenceOutcome {
+  std::vector<double> losses, grad_norms, evals;
+  std::vector<float> clips;
+  std::vector<std::vector<float>> params;
+};
+
+ReferenceOutcome reference(const DrivenRun& run) {
+  ReferenceTrainer t(reference_options(run.opt, run.world, run.spec), mlp::initial_values(kInitSeed));
+  ReferenceOutcome out;
+  for (int64_t s = 1; s <= run.steps; ++s) {
+    out.losses.push_back(t.step(s));
+    out.grad_norms.push_back(t.last_grad_norm());
+    out.clips.push_back(t.last_clip());
+    if ((run.eval_every > 0 && s % run.eval_every == 0) || s == run.steps) {
+      double sum = 0;
+      for (int r = 0; r < run.world; ++r)
+        for (int i = 0; i < kEvalBatches; ++i)
+          sum += t.eval(mlp::make_eval_batch(kDataSeed, r * kEvalBatches + i, kBatch));
+      out.evals.push_back(sum / (run.world * kEvalBatches));
+    }
+  }
+  for (size_t li = 0; li < mlp::kLayerCount; ++li) out.params.push_back(t.params(li));
+  return out;
+}
+
+double rel_diff(double a, double b) { return std::abs(a - b) / std::max(1e-12, std::abs(b)); }
+
+// Largest |a - b| over [begin, end) of two layers' values.
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b, size_t begin = 0,
+                    size_t end = std::numeric_limits<size_t>::max()) {
+  end = std::min({end, a.size(), b.size()});
+  double m = 0;
+  for (size_t i = begin; i < end; ++i) m = std::max(m, std::abs(static_cast<double>(a[i]) - b[i]));
+  return m;
+}
+
+void expect_matches_reference(const DrivenOutcome& got, const ReferenceOutcome& want, const std::string& what) {
+  ASSERT_TRUE(got.status.ok()) << what << ": " << got.status.to_string();
+  ASSERT_EQ(got.losses.size(), want.losses.size()) << what;
+  for (size_t i = 0; i < want.losses.size(); ++i) {
+    EXPECT_LE(rel_diff(got.losses[i], want.losses[i]), 1e-5)
+        << what << ": step " << i + 1 << " loss " << fmt::format("{:.9g}", got.losses[i]) << " vs reference "
+        << fmt::format("{:.9g}", want.losses[i]);
+    EXPECT_LE(rel_diff(got.grad_norms[i], want.grad_norms[i]), 1e-5)
+        << what << ": step " << i + 1 << " gradient norm " << got.grad_norms[i] << " vs reference "
+        << want.grad_norms[i];
+  }
+  ASSERT_EQ(got.evals.size(), want.evals.size()) << what;
+  for (size_t i = 0; i < want.evals.size(); ++i)
+    EXPECT_LE(rel_diff(got.evals[i], want.evals[i]), 1e-5)
+        << what << ": evaluation " << i + 1 << " " << got.evals[i] << " vs reference " << want.evals[i];
+  ASSERT_EQ(got.masters.size(), mlp::kLayerCount) << what;
+  for (size_t li = 0; li < mlp::kLayerCount; ++li) {
+    if (li == mlp::kFrozen) continue;
+    ASSERT_EQ(got.masters[li].size(), want.params[li].size()) << what << ": layer " << li;
+    EXPECT_LE(max_abs_diff(got.masters[li], want.params[li]), 1e-5)
+        << what << ": layer " << li << " parameters after training differ from the reference's";
+  }
+}
+
+void expect_bit_identical(const DrivenOutcome& base, const DrivenOutcome& got, const std::string& what) {
+  ASSERT_TRUE(got.status.ok()) << what << ": " << got.status.to_string();
+  ASSERT_EQ(base.losses.size(), got.losses.size()) << what;
+  for (size_t i = 0; i < base.losses.size(); ++i)
+    ASSERT_EQ(std::bit_cast<uint64_t>(base.losses[i]), std::bit_cast<uint64_t>(got.losses[i]))
+        << what << ": step " << i + 1 << " loss " << fmt::format("{:.17g}", got.losses[i]) << " vs baseline "
+        << fmt::format("{:.17g}", base.losses[i]);
+  ASSERT_EQ(base.evals.size(), got.evals.size()) << what;
+  for (size_t i = 0; i < base.evals.size(); ++i)
+    EXPECT_EQ(std::bit_cast<uint64_t>(base.evals[i]), std::bit_cast<uint64_t>(got.evals[i]))
+        << what << ": evaluation " << i + 1 << " " << fmt::format("{:.17g}", got.evals[i]) << " vs baseline "
+        << fmt::format("{:.17g}", base.evals[i]);
+  ASSERT_EQ(base.masters.size(), got.masters.size()) << what;
+  for (size_t li = 0; li < base.masters.size(); ++li) {
+    ASSERT_EQ(base.masters[li].size(), got.masters[li].size()) << what << ": layer " << li;
+    size_t differing = 0, first = 0;
+    for (size_t i = 0; i < base.masters[li].size(); ++i)
+      if (std::bit_cast<uint32_t>(base.masters[li][i]) != std::bit_cast<uint32_t>(got.masters[li][i]))
+        if (differing++ == 0) first = i;
+    EXPECT_EQ(differing, 0u) << what << ": layer " << li << " master weights: " << differing
+                             << " elements differ from the baseline's, the first at " << first;
+  }
+}
+
+// ---------------------------------------------------------------- the model's own math
+
+// The hand-written backward against central differences (double), so that
+// the reference the engine is compared with computes real gradients.
+TEST(MlpModel, BackwardMatchesFiniteDifferences) {
+  const std::vector<std::vector<float>> init = mlp::initial_values(kInitSeed);
+  std::vector<std::vector<double>> p;
+  for (const auto& v : init) p.emplace_back(v.begin(), v.end());
+  const Batch b = mlp::make_batch(kDataSeed, 1, 0, 0, 4);
+  for (bool cond : {true, false}) {
+    auto weights = [&] {
+      mlp::Weights<double> w;
+      w.w0 = p[mlp::kEmbedIn].data();
+      w.b0 = p[mlp::kEmbedIn].data() + mlp::kW0;
+      w.w1 = p[mlp::kFrozen].data();
+      w.w2 = p[mlp::kCond].data();
+      w.wh = p[mlp::kHead].data();
+      return w;
+    };
+    mlp::Activations<double> a;
+    mlp::forward(weights(), b, cond, a);
+    const mlp::Contributions<double> g = mlp::backward(weights(), b, cond, a, 1.0);
+    auto analytic = [&](size_t li, size_t i) -> double {
+      if (li == mlp::kEmbedIn) return i < mlp::kW0 ? g.w0_tie[i] + g.w0_enc[i] : g.b0[i - mlp::kW0];
+      if (li == mlp::kCond) return cond ? g.w2[i] : 0.0;
+      return g.wh[i];
+    };
+    for (size_t li : {size_t{mlp::kEmbedIn}, size_t{mlp::kCond}, size_t{mlp::kHead}}) {
+      std::vector<size_t> elements;
+      for (size_t i = 0; i < p[li].size(); i += 97) elements.push_back(i);  // a spread of elements
+      if (li == mlp::kEmbedIn)
+        for (size_t j : {size_t{0}, size_t{7}, mlp::kB0 - 1}) elements.push_back(mlp::kW0 + j);  // the bias
+      for (size_t at : elements) {
+        const double keep = p[li][at], h = 1e-6;
+        mlp::Activations<double> t;
+        p[li][at] = keep + h;
+        const double up = mlp::forward(weights(), b, cond, t);
+        p[li][at] = keep - h;
+        const double down = mlp::forward(weights(), b, cond, t);
+        p[li][at] = keep;
+        const double fd = (up - down) / (2 * h);
+        EXPECT_NEAR(analytic(li, at), fd, 1e-7 + 1e-5 * std::abs(fd))
+            << "layer " << li << " element " << at << " cond " << cond;
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- 1. against the fp32 reference
+
+TEST(DrivenEngineReference, World1Stage0MatchesPlainLoopsAndKeepsTheFrozenLayer) {
+  DrivenRun run;
+  run.label = "world 1 stage 0 reference";
+  const ReferenceOutcome want = reference(run);
+  // The premise: clipping is active on some steps and not on others.
+  int clipped = 0;
+  for (float c : want.clips) clipped += c < 1.0f;
+  const std::string norms =
+      fmt::format("gradient norms {:.4g} (clip at {})", fmt::join(want.grad_norms, " "), run.opt.grad_clip);
+  ASSERT_GT(clipped, 0) << "no step clipped: lower grad_clip; " << norms;
+  ASSERT_LT(clipped, static_cast<int>(want.clips.size())) << "every step clipped: raise grad_clip; " << norms;
+  // It learns.
+  EXPECT_LT(want.losses.back(), want.losses.front());
+  const DrivenOutcome got = drive(run);
+  expect_matches_reference(got, want, run.label);
+}
+
+TEST(DrivenEngineReference, NoDecayBiasAndLrScaleMatter) {
+  DrivenRun run;
+  run.label = "per-tensor hyper-parameters";
+  DrivenRun control = run;
+  control.label = "control: no per-tensor hyper-parameters";
+  control.spec.bias_no_decay = false;
+  control.spec.head_lr_scale = false;
+  const ReferenceOutcome want = reference(run), want_control = reference(control);
+  // They matter in the reference: the bias and the head end up visibly apart.
+  const double bias_apart = max_abs_diff(want.params[mlp::kEmbedIn], want_control.params[mlp::kEmbedIn], mlp::kW0);
+  const double head_apart = max_abs_diff(want.params[mlp::kHead], want_control.params[mlp::kHead]);
+  ASSERT_GT(bias_apart, 1e-3);
+  ASSERT_GT(head_apart, 1e-3);
+  double loss_apart = 0;
+  for (size_t i = 0; i < want.losses.size(); ++i)
+    loss_apart = std::max(loss_apart, rel_diff(want_control.losses[i], want.losses[i]));
+  ASSERT_GT(loss_apart, 1e-3);
+  // The engine honours them: each run matches its own reference (1e-5), and
+  // is therefore far from the other's.
+  const DrivenOutcome got = drive(run), got_control = drive(control);
+  expect_matches_reference(got, want, run.label);
+  expect_matches_reference(got_control, want_control, control.label);
+  ASSERT_TRUE(got.status.ok() && got_control.status.ok());
+  if (got.masters.size() == mlp::kLayerCount && got_control.masters.size() == mlp::kLayerCount) {
+    EXPECT_GT(max_abs_diff(got.masters[mlp::kEmbedIn], got_control.masters[mlp::kEmbedIn], mlp::kW0), 1e-3)
+        << "the no-decay bias made no difference in the engine";
+    EXPECT_GT(max_abs_diff(got.masters[mlp::kHead], got_control.masters[mlp::kHead]), 1e-3)
+        << "the head's lr scale made no difference in the engine";
+  }
+}
+
+// The gradient is the mean over world x accumulation: two ranks (different
+// data) against the reference summing them.
+TEST(DrivenEngineReference, World2Stage0And3MatchPlainLoops) {
+  for (int stage : {0, 3}) {
+    DrivenRun run;
+    run.world = 2;
+    run.opt.stage = stage;
+    if (stage == 3) run.opt.offload_optimizer = run.opt.offload_param = OffloadDevice::kCpu;
+    run.label = fmt::format("world 2 stage {} reference", stage);
+    expect_matches_reference(drive(run), reference(run), run.label);
+  }
+}
+
+// ---------------------------------------------------------------- 2. parity over stages and placements
+
+struct MlpPlacement {
+  int stage = 0;
+  OffloadDevice optimizer = OffloadDevice::kNone, param = OffloadDevice::kNone;
+  bool overlap = true;
+  int64_t sub_group = 1'000'000'000;
+  int64_t max_live = 1'000'000'000, reuse = 1'000'000'000, persistence = 0;
+  std::string name() const {
+    std::string s = fmt::format("stage{}_opt_{}_param_{}_overlap_{}", stage, offload_device_name(optimizer),
+                                offload_device_name(param), overlap ? "on" : "off");
+    if (sub_group != 1'000'000'000) s += fmt::format("_subgroup{}", sub_group);
+    if (max_live != 1'000'000'000) s += fmt::format("_live{}", max_live);
+    if (reuse != 1'000'000'000) s += fmt::format("_reuse{}", reuse);
+    if (persistence != 0) s += fmt::format("_persist{}", persistence);
+    return s;
+  }
+};
+
+std::vector<MlpPlacement> placements() {
+  using D = OffloadDevice;
+  std::vector<MlpPlacement> v;
+  for (int stage = 0; stage <= 2; ++stage)
+    for (D o : {D::kNone, D::kCpu, D::kNvme})
+      for (bool overlap : {true, false}) {
+        if (stage == 0 && o == D::kNone && !overlap) continue;  // the baseline itself
+        v.push_back({stage, o, D::kNone, overlap});
+      }
+  const std::pair<D, D> stage3[] = {{D::kNone, D::kNone}, {D::kCpu, D::kNone}, {D::kCpu, D::kCpu},  {D::kCpu, D::kNvme},
+                                    {D::kNvme, D::kNone}, {D::kNvme, D::kCpu}, {D::kNvme, D::kNvme}};
+  for (auto [o, p] : stage3)
+    for (bool overlap : {true, false}) v.push_back({3, o, p, overlap});
+  // Several sub-groups per layer (sub_group_size rounds to world x 2048),
+  // a live cap of about one layer and no reuse, every layer persistent.
+  v.push_back({3, D::kCpu, D::kCpu, true, 4096, 10'000, 0, 0});
+  v.push_back({3, D::kNvme, D::kNvme, false, 4096, 10'000, 0, 0});
+  v.push_back({3, D::kNone, D::kNone, true, 1'000'000'000, 1'000'000'000, 1'000'000'000, 100'000});
+  v.push_back({2, D::kCpu, D::kNone, false, 4096});
+  v.push_back({1, D::kNvme, D::kNone, true, 4096});
+  return v;
+}
+
+void apply(EngineOptions& o, const MlpPlacement& p) {
+  o.stage = p.stage;
+  o.offload_optimizer = p.optimizer;
+  o.offload_param = p.param;
+  o.overlap_optimizer = p.overlap;
+  o.sub_group_size = p.sub_group;
+  o.max_live_parameters = p.max_live;
+  o.max_reuse_distance = p.reuse;
+  o.persistence_threshold = p.persistence;
+  if (p.optimizer == OffloadDevice::kNvme) {
+    o.nvme.path = ::testing::TempDir();
+    o.nvme.buffer_count = 3;
+    o.nvme.pipeline_read = o.nvme.pipeline_write = true;
+  }
+  if (p.param == OffloadDevice::kNvme) {
+    o.nvme_param.path = ::testing::TempDir();
+    o.nvme_param.buffer_count = 2;
+    o.nvme_param.max_in_cpu = 0;
+  }
+}
+
+DrivenRun parity_run(DType dtype) {
+  DrivenRun run;
+  run.world = 2;
+  run.steps = 6;
+  run.eval_every = 3;
+  run.spec.dtype = dtype;
+  run.opt.grad_dtype = dtype;
+  return run;
+}
+
+// Stage 0, world 2, overlap off: what every placement must reproduce.
+const DrivenOutcome& parity_baseline(DType dtype) {
+  static std::map<DType, DrivenOutcome> cache;
+  auto it = cache.find(dtype);
+  if (it == cache.end()) {
+    DrivenRun run = parity_run(dtype);
+    run.opt.overlap_optimizer = false;
+    run.label = fmt::format("parity baseline {}", dtype_name(dtype));
+    it = cache.emplace(dtype, drive(run)).first;
+  }
+  return it->second;
+}
+
+class DrivenParity : public ::testing::TestWithParam<std::tuple<DType, MlpPlacement>> {};
+
+TEST_P(DrivenParity, BitIdenticalToStage0OverlapOff) {
+  const auto& [dtype, placement] = GetParam();
+  const DrivenOutcome& base = parity_baseline(dtype);
+  ASSERT_TRUE(base.status.ok()) << "baseline: " << base.status.to_string();
+  ASSERT_EQ(base.losses.size(), 6u);
+  DrivenRun run = parity_run(dtype);
+  apply(run.opt, placement);
+  run.label = fmt::format("world 2 {} {}", dtype_name(dtype), placement.name());
+  expect_bit_identical(base, drive(run), run.label);
+}
+
+INSTANTIATE_TEST_SUITE_P(World2, DrivenParity,
+                         ::testing::Combine(::testing::Values(DType::kF32, DType::kBF16),
+                                            ::testing::ValuesIn(placements())),
+                         [](const auto& info) {
+                           return fmt::format("{}_{}", dtype_name(std::get<0>(info.param)),
+                                              std::get<1>(info.param).name());
+                         });
+
+// ---------------------------------------------------------------- 3. driver misuse
+
+// `st` is refused with `code` and its message names `call`.
+void expect_refused(const Status& st, StatusCode code, const std::string& call, const std::string& what) {
+  EXPECT_FALSE(st.ok()) << what << ": accepted";
+  if (st.ok()) return;
+  EXPECT_EQ(st.code(), code) << what << ": " << st.to_string();
+  EXPECT_NE(st.message().find(call), std::string::npos)
+      << what << ": the message does not name " << call << ": " << st.to_string();
+}
+
+// Every out-of-order call is refused naming the call; none changes the
+// engine: the same steps afterwards give the losses of a run without them.
+TEST(DrivenEngineMisuse, OutOfOrderCallsFailNamingTheCallAndTheEngineGoesOn) {
+  Watchdog dog("misuse", std::chrono::seconds(120));
+  EngineOptions opt = base_options();
+  // Stage 3 with offloaded optimizer and parameters: the most machinery.
+  opt.stage = 3;
+  opt.offload_optimizer = opt.offload_param = OffloadDevice::kCpu;
+  constexpr int kSteps = 4;
+
+  // The run without misuse.
+  std::vector<double> clean;
+  {
+    auto comms = comm::create_local_group(1).value();
+    auto d = DrivenRank::create(opt, {}, *comms[0]).value();
+    ASSERT_TRUE(d->put_all().ok());
+    for (int64_t s = 1; s <= kSteps; ++s) {
+      Result<StepMetrics> m = d->step(s);
+      ASSERT_TRUE(m.ok()) << m.status().to_string();
+      clean.push_back(m->loss);
+    }
+  }
+
+  auto comms = comm::create_local_group(1).value();
+  Result<std::unique_ptr<DrivenRank>> created = DrivenRank::create(opt, {}, *comms[0]);
+  ASSERT_TRUE(created.ok()) << created.status().to_string();
+  DrivenRank& d = **created;
+  Engine& e = d.engine();
+  const auto ok = [](const Status& st, const std::string& what) {
+    ASSERT_TRUE(st.ok()) << what << ": " << st.to_string();
+  };
+  const auto no_runner = "ModelRunner";
+
+  // An engine without a runner: step() and evaluate() say so.
+  {
+    Result<StepMetrics> r = e.step();
+    expect_refused(r.status(), StatusCode::kFailedPrecondition, "step()", "step() without a runner");
+    if (!r.ok()) {
+      EXPECT_NE(r.status().message().find(no_runner), std::string::npos) << r.status().to_string();
+    }
+    Result<double> v = e.evaluate();
+    expect_refused(v.status(), StatusCode::kFailedPrecondition, "evaluate()", "evaluate() without a runner");
+  }
+  // put_initial_layer: a layer out of range, bytes of the wrong size.
+  {
+    const std::vector<std::byte> bytes(16);
+    expect_refused(e.put_initial_layer(mlp::kLayerCount, bytes), StatusCode::kInvalidArgument, "put_initial_layer",
+                   "put_initial_layer of a layer out of range");
+    expect_refused(e.put_initial_layer(0, bytes), StatusCode::kInvalidArgument, "put_initial_layer",
+                   "put_initial_layer with 16 bytes for layer 0");
+  }
+  ok(d.put_all(), "put_initial_layer of every layer");
+
+  // Outside a step.
+  expect_refused(e.begin_micro_batch(false), StatusCode::kFailedPrecondition, "begin_micro_batch()",
+                 "begin_micro_batch before begin_step");
+  expect_refused(e.end_micro_batch(1.0, kBatch), StatusCode::kFailedPrecondition, "end_micro_batch()",
+                 "end_micro_batch before begin_step");
+  expect_refused(e.finish_step().status(), StatusCode::kFailedPrecondition, "finish_step()",
+                 "finish_step before begin_step");
+  expect_refused(e.acquire(0, Pass::kForward).status(), StatusCode::kFailedPrecondition, "acquire",
+                 "acquire(kForward) outside a step");
+  expect_refused(e.acquire(0, Pass::kBackward).status(), StatusCode::kFailedPrecondition, "acquire",
+                 "acquire(kBackward) outside a step");
+  expect_refused(e.finish_evaluation(0.0, 1).status(), StatusCode::kFailedPrecondition, "finish_evaluation()",
+                 "finish_evaluation without begin_evaluation");
+  expect_refused(e.release(0, Pass::kForward, Completion()), StatusCode::kFailedPrecondition, "release",
+                 "release of a layer not held");
+
+  std::vector<double> losses;
+  // Step 1, with mistakes between and inside its micro-batches.
+  {
+    ok(e.begin_step(), "begin_step");
+    expect_refused(e.begin_step(), StatusCode::kFailedPrecondition, "begin_step()", "begin_step inside a step");
+    expect_refused(e.acquire(0, Pass::kForward).status(), StatusCode::kFailedPrecondition, "acquire",
+                   "acquire(kForward) between micro-batches");
+    expect_refused(e.begin_evaluation(), StatusCode::kFailedPrecondition, "begin_evaluation()",
+                   "begin_evaluation inside a step");
+    expect_refused(e.begin_micro_batch(true), StatusCode::kInvalidArgument, "begin_micro_batch(last=true)",
+                   "begin_micro_batch(last=true) on the first of 2 micro-batches");
+    ok(e.begin_micro_batch(false), "begin_micro_batch(false)");
+    expect_refused(e.begin_micro_batch(false), StatusCode::kFailedPrecondition, "begin_micro_batch()",
+                   "begin_micro_batch inside a micro-batch");
+    expect_refused(e.finish_step().status(), StatusCode::kFailedPrecondition, "finish_step()",
+                   "finish_step inside a micro-batch");
+    Result<double> loss = d.passes(1, 0);
+    ASSERT_TRUE(loss.ok()) << loss.status().to_string();
+    ok(e.end_micro_batch(*loss, kBatch), "end_micro_batch");
+    expect_refused(e.end_micro_batch(*loss, kBatch), StatusCode::kFailedPrecondition, "end_micro_batch()",
+                   "end_micro_batch twice");
+    expect_refused(e.finish_step().status(), StatusCode::kFailedPrecondition, "finish_step()",
+                   "finish_step after 1 of 2 micro-batches");
+    ok(d.micro_batch(1, 1), "the last micro-batch");
+    expect_refused(e.begin_micro_batch(false), StatusCode::kFailedPrecondition, "begin_micro_batch",
+                   "a third micro-batch");
+    Result<StepOutcome> out = e.finish_step();
+    ASSERT_TRUE(out.ok()) << out.status().to_string();
+    ASSERT_TRUE(out->applied()) << out->reason.to_string();
+    losses.push_back(out->metrics.loss);
+    expect_refused(e.finish_step().status(), StatusCode::kFailedPrecondition, "finish_step()", "finish_step twice");
+  }
+  // An evaluation with mistakes: a training acquire inside it.
+  {
+    ok(e.begin_evaluation(), "begin_evaluation");
+    expect_refused(e.acquire(0, Pass::kBackward).status(), StatusCode::kFailedPrecondition, "acquire",
+                   "acquire(kBackward) inside an evaluation");
+    expect_refused(e.begin_step(), StatusCode::kFailedPrecondition, "begin_step()", "begin_step inside an evaluation");
+    Result<double> v = d.evaluate_batches();
+    ASSERT_TRUE(v.ok()) << v.status().to_string();
+  }
+  // Correct steps go on, with the clean run's losses.
+  for (int64_t s = 2; s <= kSteps; ++s) {
+    Result<StepMetrics> m = d.step(s);
+    ASSERT_TRUE(m.ok()) << "step " << s << " after the misuse: " << m.status().to_string();
+    losses.push_back(m->loss);
+  }
+  ok(e.stopped(), "the engine after the misuse");
+  ASSERT_EQ(losses.size(), clean.size());
+  for (size_t i = 0; i < clean.size(); ++i)
+    EXPECT_EQ(std::bit_cast<uint64_t>(losses[i]), std::bit_cast<uint64_t>(clean[i]))
+        << "step " << i + 1 << ": " << fmt::format("{:.17g}", losses[i]) << " after the refused calls vs "
+        << fmt::format("{:.17g}", clean[i]) << " without them";
+}
+
+// A layer without initial values: begin_step() refuses it, naming it, and
+// the engine trains once it has them (the losses of a run that put every
+// layer first).
+TEST(DrivenEngineMisuse, BeginStepBeforeEveryLayerIsPutNamesTheLayerAndTheEngineGoesOn) {
+  Watchdog dog("missing layer", std::chrono::seconds(60));
+  EngineOptions opt = base_options();
+  opt.stage = 3;
+  opt.offload_optimizer = opt.offload_param = OffloadDevice::kCpu;
+  double clean = 0;
+  {
+    auto comms = comm::create_local_group(1).value();
+    auto d = DrivenRank::create(opt, {}, *comms[0]).value();
+    ASSERT_TRUE(d->put_all().ok());
+    Result<StepMetrics> m = d->step(1);
+    ASSERT_TRUE(m.ok()) << m.status().to_string();
+    clean = m->loss;
+  }
+  auto comms = comm::create_local_group(1).value();
+  Result<std::unique_ptr<DrivenRank>> created = DrivenRank::create(opt, {}, *comms[0]);
+  ASSERT_TRUE(created.ok()) << created.status().to_string();
+  DrivenRank& d = **created;
+  for (size_t li = 0; li + 1 < mlp::kLayerCount; ++li) ASSERT_TRUE(d.put_layer(li).ok());
+  const Status refused = d.engine().begin_step();
+  expect_refused(refused, StatusCode::kFailedPrecondition, "head", "begin_step() before layer 3 was put");
+  if (!refused.ok()) {
+    EXPECT_NE(refused.message().find("put_initial_layer"), std::string::npos) << refused.to_string();
+  }
+  EXPECT_TRUE(d.engine().stopped().ok()) << "a caller's mistake stopped the engine: "
+                                         << d.engine().stopped().to_string();
+  ASSERT_TRUE(d.put_layer(mlp::kLayerCount - 1).ok());
+  Result<StepMetrics> m = d.step(1);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_EQ(std::bit_cast<uint64_t>(m->loss), std::bit_cast<uint64_t>(clean))
+      << fmt::format("{:.17g} vs {:.17g}", m->loss, clean);
+}
+
+// An evaluation of no batch anywhere has no mean: refused, and the engine
+// goes on (a caller's mistake, not a failure of the engine's work).
+TEST(DrivenEngineMisuse, EvaluationOfNoBatchIsRefusedAndTheEngineGoesOn) {
+  Watchdog dog("empty evaluation", std::chrono::seconds(60));
+  auto comms = comm::create_local_group(1).value();
+  Result<std::unique_ptr<DrivenRank>> created = DrivenRank::create(base_options(), {}, *comms[0]);
+  ASSERT_TRUE(created.ok()) << created.status().to_string();
+  DrivenRank& d = **created;
+  ASSERT_TRUE(d.put_all().ok());
+  ASSERT_TRUE(d.engine().begin_evaluation().ok());
+  Result<double> v = d.engine().finish_evaluation(0.0, 0);
+  EXPECT_FALSE(v.ok()) << "an evaluation of no batch returned " << *v;
+  if (!v.ok()) {
+    EXPECT_NE(v.status().message().find("finish_evaluation"), std::string::npos) << v.status().to_string();
+  }
+  EXPECT_TRUE(d.engine().stopped().ok()) << "a caller's mistake stopped the engine: "
+                                         << d.engine().stopped().to_string();
+  Result<StepMetrics> m = d.step(1);
+  EXPECT_TRUE(m.ok()) << m.status().to_string();
+}
+
+// ---------------------------------------------------------------- 4. the acquire order is a hint
+
+struct OrderCase {
+  std::string name;
+  std::function<MlpOrder(int rank, int64_t step, int micro)> order;
+  bool ranks_differ = false;  // the ranks visit the layers in different orders
+};
+
+std::vector<OrderCase> order_cases() {
+  return {
+      {"swap_forward_in_step_3",
+       [](int, int64_t s, int) { return s == 3 ? MlpOrder::kSwapForward : MlpOrder::kNatural; }},
+      {"swap_forward_from_the_start", [](int, int64_t, int) { return MlpOrder::kSwapForward; }},
+      {"swap_backward_in_the_last_micro_batch_of_step_3",
+       [](int, int64_t s, int k) { return s == 3 && k == 1 ? MlpOrder::kSwapBackward : MlpOrder::kNatural; }},
+      {"recompute_in_backward_on_steps_3_and_5",
+       [](int, int64_t s, int) { return s == 3 || s == 5 ? MlpOrder::kRecompute : MlpOrder::kNatural; }},
+      {"rank_1_swaps_backward_every_step",
+       [](int r, int64_t, int) { return r == 1 ? MlpOrder::kSwapBackward : MlpOrder::kNatural; }, true},
+      {"rank_0_recomputes_rank_1_swaps_forward",
+       [](int r, int64_t, int) { return r == 0 ? MlpOrder::kRecompute : MlpOrder::kSwapForward; }, true},
+  };
+}
+
+class DrivenAcquireOrder : public ::testing::TestWithParam<MlpPlacement> {};
+
+// Every order computes the same numbers (Note [The MLP's acquire sequence]),
+// so every run gives the natural order's losses bit for bit; in particular
+// a step that departs from the recorded order gives the loss of a fresh run
+// with that order from the start. Below stage 3, ranks may also visit the
+// layers in different orders (mixture-of-experts style).
+TEST_P(DrivenAcquireOrder, OtherOrdersSucceedWithTheSameLosses) {
+  const MlpPlacement& p = GetParam();
+  DrivenRun base;
+  base.world = 2;
+  base.steps = 6;
+  base.eval_every = 3;
+  apply(base.opt, p);
+  base.label = fmt::format("{} natural order", p.name());
+  const DrivenOutcome natural = drive(base);
+  ASSERT_TRUE(natural.status.ok()) << base.label << ": " << natural.status.to_string();
+  for (const OrderCase& c : order_cases()) {
+    // Stage 3 gathers parameters with collectives in each rank's acquire
+    // order: ranks that visit layers in different orders issue different
+    // collectives (DeepSpeed's ZeRO-3 has the same rule). Below stage 3 the
+    // only collectives are the reductions, issued in canonical order.
+    if (c.ranks_differ && p.stage == 3) continue;
+    DrivenRun run = base;
+    run.order = c.order;
+    run.label = fmt::format("{} {}", p.name(), c.name);
+    expect_bit_identical(natural, drive(run), run.label);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Placements, DrivenAcquireOrder,
+                         ::testing::Values(MlpPlacement{0, OffloadDevice::kNone, OffloadDevice::kNone, true},
+                                           MlpPlacement{2, OffloadDevice::kCpu, OffloadDevice::kNone, true},
+                                           MlpPlacement{3, OffloadDevice::kCpu, OffloadDevice::kCpu, true},
+                                           MlpPlacement{3, OffloadDevice::kNvme, OffloadDevice::kNvme, false, 4096,
+                                                        10'000, 0, 0}),
+                         [](const auto& info) { return info.param.name(); });
+
+// ---------------------------------------------------------------- 5. SpecModel::create
+
+// `layers` is refused (InvalidArgument) and the message holds each of `names`.
+void expect_spec_refused(std::vector<LayerDescription> layers, const std::vector<std::string>& names,
+                         const std::string& what) {
+  Result<SpecModel> m = SpecModel::create(std::move(layers));
+  ASSERT_FALSE(m.ok()) << what << ": accepted";
+  EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument) << what << ": " << m.status().to_string();
+  for (const std::string& n : names)
+    EXPECT_NE(m.status().message().find(n), std::string::npos)
+        << what << ": the message does not name '" << n << "': " << m.status().to_string();
+}
+
+TEST(SpecModelCreate, RefusesBadDescriptionsNamingTheLayerAndTensor) {
+  using D = DType;
+  using mlp::tensor;
+  const TensorDescription w = tensor("blk.weight", {4, 4}, D::kF32);
+  expect_spec_refused({}, {"layer"}, "no layers");
+  expect_spec_refused({{"", {w}}}, {"layer 0"}, "an empty layer name");
+  expect_spec_refused({{"ok", {w}}, {"blk", {}}}, {"layer 1", "blk"}, "a layer without tensors");
+  expect_spec_refused({{"blk", {w, tensor("", {4}, D::kF32)}}}, {"blk"}, "an empty tensor name");
+  expect_spec_refused({{"blk", {tensor("blk.weight", {4, 0}, D::kF32)}}}, {"blk", "blk.weight", "0"}, "a zero extent");
+  expect_spec_refused({{"blk", {tensor("blk.weight", {-3}, D::kF32)}}}, {"blk", "blk.weight"}, "a negative extent");
+  expect_spec_refused({{"blk", {w, tensor("blk.bias", {4}, D::kBF16)}}}, {"blk", "blk.bias", "bf16", "fp32"},
+                      "mixed dtypes in a layer");
+  expect_spec_refused({{"blk", {tensor("blk.weight", {4}, D::kF64)}}}, {"blk", "blk.weight", "fp64"}, "an fp64 tensor");
+  expect_spec_refused({{"blk", {w, tensor("blk.bias", {4}, D::kF32, /*trainable=*/false)}}},
+                      {"blk", "blk.bias", "frozen"}, "mixed trainable and frozen tensors");
+  expect_spec_refused({{"blk", {w, tensor("blk.bias", {4}, D::kF32, true, -0.1)}}}, {"blk", "blk.bias", "weight_decay"},
+                      "a negative weight decay");
+  expect_spec_refused({{"blk", {w, tensor("blk.bias", {4}, D::kF32, true, std::numeric_limits<double>::infinity())}}},
+                      {"blk", "blk.bias", "weight_decay"}, "an infinite weight decay");
+  expect_spec_refused(
+      {{"blk", {w, tensor("blk.bias", {4}, D::kF32, true, std::nullopt, std::numeric_limits<double>::quiet_NaN())}}},
+      {"blk", "blk.bias", "lr_scale"}, "a NaN lr scale");
+  expect_spec_refused({{"blk", {w, tensor("blk.bias", {4}, D::kF32, true, std::nullopt, -1.0)}}},
+                      {"blk", "blk.bias", "lr_scale"}, "a negative lr scale");
+  // The second layer's problem names the second layer.
+  expect_spec_refused({{"first", {w}}, {"second", {tensor("second.w", {2, 0}, D::kF32)}}},
+                      {"layer 1", "second", "second.w"}, "a problem in the second layer");
+}
+
+TEST(SpecModelCreate, LaysTensorsOutBackToBackWithTheirHyperParameters) {
+  Result<SpecModel> m = SpecModel::create(mlp::layer_descriptions({.dtype = DType::kBF16}));
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  const auto layers = m->layers();
+  ASSERT_EQ(layers.size(), mlp::kLayerCount);
+  EXPECT_FALSE(m->provides_initial_values());
+  for (size_t li = 0; li < mlp::kLayerCount; ++li) {
+    EXPECT_EQ(layers[li].param_count, mlp::layer_elements(li)) << li;
+    EXPECT_EQ(layers[li].param_bytes, 2 * mlp::layer_elements(li)) << li;
+    EXPECT_EQ(m->frozen(li), li == mlp::kFrozen) << li;
+    EXPECT_EQ(layer_frozen(layers[li]), li == mlp::kFrozen) << li;
+  }
+  const LayerSpec& embed = layers[mlp::kEmbedIn];
+  ASSERT_EQ(embed.params.size(), 2u);
+  EXPECT_EQ(embed.params[1].name, "embed_in.bias");
+  EXPECT_EQ(embed.params[1].offset_elements, mlp::kW0);
+  EXPECT_EQ(embed.params[1].offset_bytes, 2 * mlp::kW0);
+  EXPECT_FALSE(embed.params[0].weight_decay.has_value());
+  ASSERT_TRUE(embed.params[1].weight_decay.has_value());
+  EXPECT_EQ(*embed.params[1].weight_decay, 0.0);
+  EXPECT_EQ(layers[mlp::kHead].params[0].lr_scale, mlp::kHeadLrScale);
+  EXPECT_EQ(layers[mlp::kCond].params[0].lr_scale, 1.0);
+}
+
+}  // namespace
+}  // namespace strata::offload
