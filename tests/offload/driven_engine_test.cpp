@@ -43,6 +43,7 @@
 #include "strata/core/device_registry.h"
 #include "strata/core/spec_model.h"
 #include "strata/offload/engine.h"
+#include "strata/offload/lr_schedule.h"
 
 namespace strata::offload {
 namespace {
@@ -241,6 +242,7 @@ struct DrivenRun {
 struct DrivenOutcome {
   Status status;
   std::vector<double> losses, grad_norms;   // rank 0's, per step
+  std::vector<double> beta1s;               // rank 0's StepMetrics::beta1, per step
   std::vector<double> evals;                // after steps eval_every, 2 eval_every, ..., and the last
   std::vector<std::vector<float>> masters;  // rank 0's gather_state(kMaster) per layer (frozen: empty)
 };
@@ -263,6 +265,7 @@ DrivenOutcome drive(const DrivenRun& run) {
           if (r == 0) {
             out.losses.push_back(m.loss);
             out.grad_norms.push_back(m.grad_norm);
+            out.beta1s.push_back(m.beta1);
           }
           if ((run.eval_every > 0 && s % run.eval_every == 0) || s == run.steps) {
             STRATA_ASSIGN_OR_RETURN(double v, d->evaluate());
@@ -425,6 +428,37 @@ TEST(MlpModel, BackwardMatchesFiniteDifferences) {
       }
     }
   }
+}
+
+// OneCycle's cycle_momentum (issue 22, defect 9): beta1 follows the
+// schedule step by step (what LrSchedule::betas says) and changes the
+// training; with it off the config's beta1 stays.
+TEST(DrivenEngineSchedule, OneCycleCycleMomentumSetsBeta1EveryStep) {
+  auto one_cycle = [](bool cycle_momentum) {
+    DrivenRun run;
+    run.steps = 8;
+    run.opt.scheduler.type = SchedulerType::kOneCycle;
+    run.opt.scheduler.params = {{"cycle_min_lr", 1e-3},     {"cycle_max_lr", 1e-2},      {"cycle_first_step_size", 4},
+                                {"cycle_momentum", cycle_momentum}, {"cycle_min_mom", 0.8}, {"cycle_max_mom", 0.95}};
+    run.label = fmt::format("one cycle, cycle_momentum {}", cycle_momentum);
+    return run;
+  };
+  const DrivenRun cycled_run = one_cycle(true), fixed_run = one_cycle(false);
+  const DrivenOutcome cycled = drive(cycled_run), fixed = drive(fixed_run);
+  ASSERT_TRUE(cycled.status.ok()) << cycled.status.to_string();
+  ASSERT_TRUE(fixed.status.ok()) << fixed.status.to_string();
+  LrSchedule schedule = LrSchedule::create(cycled_run.opt.scheduler, cycled_run.opt.hyper.lr, "test").value();
+  ASSERT_EQ(cycled.beta1s.size(), 8u);
+  for (size_t i = 0; i < cycled.beta1s.size(); ++i) {
+    const auto betas = schedule.betas(static_cast<int64_t>(i) + 1);
+    ASSERT_TRUE(betas.has_value());
+    EXPECT_EQ(cycled.beta1s[i], (*betas)[0]) << "step " << i + 1;
+    EXPECT_EQ(fixed.beta1s[i], fixed_run.opt.hyper.beta1) << "step " << i + 1;
+  }
+  EXPECT_NE(cycled.beta1s.front(), cycled.beta1s[3]) << "beta1 did not cycle";
+  // The first update's moments start at zero, so they part from the second step on.
+  EXPECT_EQ(cycled.losses.front(), fixed.losses.front());
+  EXPECT_NE(cycled.losses.back(), fixed.losses.back()) << "cycle_momentum changed nothing";
 }
 
 // ---------------------------------------------------------------- 1. against the fp32 reference
