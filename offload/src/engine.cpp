@@ -25,20 +25,11 @@ EngineMemory Engine::Impl::plan() const {
 Status Engine::Impl::init() {
   world = comm.world_size();
   rank = comm.rank();
-  if (opt.stage < 0 || opt.stage > 3)
-    return InvalidArgument(fmt::format("{}: zero_optimization.stage {} is not 0..3", opt.source, opt.stage));
+  STRATA_RETURN_IF_ERROR(check_placement(opt));
   if (opt.grad_accum < 1)
     return InvalidArgument(fmt::format("{}: gradient_accumulation_steps {} must be >= 1", opt.source, opt.grad_accum));
   if (!(opt.grad_clip >= 0.0) || !std::isfinite(opt.grad_clip))
     return InvalidArgument(fmt::format("{}: gradient_clipping {} must be finite and >= 0", opt.source, opt.grad_clip));
-  if (opt.offload_param == OffloadDevice::kNvme && opt.nvme_param.path.empty())
-    return InvalidArgument(fmt::format("{}: offload_param nvme needs offload_param.nvme_path", opt.source));
-  if (opt.offload_optimizer == OffloadDevice::kNvme && opt.nvme.path.empty())
-    return InvalidArgument(fmt::format("{}: offload_optimizer nvme needs offload_optimizer.nvme_path", opt.source));
-  if (opt.offload_param != OffloadDevice::kNone && opt.stage != 3)
-    return InvalidArgument(fmt::format("{}: offload_param needs zero_optimization.stage 3", opt.source));
-  if (param_on_host() && !opt_on_host())
-    return Unsupported(fmt::format("{}: offload_param cpu needs offload_optimizer cpu", opt.source));
   if (!is_state_float(opt.grad_dtype))
     return InvalidArgument(fmt::format("{}: gradient dtype {} is not fp32, bf16 or fp16", opt.source,
                                        dtype_name(opt.grad_dtype)));
@@ -81,13 +72,7 @@ Status Engine::Impl::init() {
     STRATA_ASSIGN_OR_RETURN(tier, make_memory_state_tier(device, opt_on_host() ? Tier::kPinnedHost : Tier::kDevice,
                                                          opt.moment_dtype, stats, device_opt()));
   }
-  if (!(opt.ratio > 0.0 && opt.ratio <= 1.0))
-    return InvalidArgument(fmt::format("{}: offload_optimizer.ratio {} must be in (0, 1]", opt.source, opt.ratio));
   if (split()) {
-    if (opt.stage != 3 || !opt_on_host() || param_on_host())
-      return Unsupported(fmt::format("{}: offload_optimizer.ratio {} needs stage 3, offload_optimizer cpu and "
-                                     "offload_param none",
-                                     opt.source, opt.ratio));
     STRATA_ASSIGN_OR_RETURN(dev_tier, make_memory_state_tier(device, Tier::kDevice, opt.moment_dtype, stats));
   }
   cpu_adam::OptimizerOptions oo;
@@ -173,8 +158,6 @@ Status Engine::Impl::init() {
 // piece, its capacity for every piece this rank owns, its folder named for
 // this run (rank 0's process id, the same on every rank) and rank.
 Status Engine::Impl::make_nvme_tier() {
-  if (opt.ratio < 1.0)
-    return Unsupported(fmt::format("{}: offload_optimizer.ratio < 1 with nvme is not supported; use cpu", opt.source));
   uint64_t largest = 0, total = 0;
   for (size_t li = 0; li < part.layer_count(); ++li) {
     if (layer_frozen(model.layers()[li])) continue;  // no optimizer state

@@ -9,17 +9,11 @@ Result<EngineOptions> engine_options_from_config(const Config& cfg) {
   EngineOptions o;
   const ZeroConfig& z = cfg.zero_optimization;
   o.source = cfg.source.empty() ? std::string("config") : cfg.source;
-  if (z.stage < 0 || z.stage > 3)
-    return InvalidArgument(fmt::format("{}: zero_optimization.stage {} is not 0, 1, 2 or 3", o.source, z.stage));
   o.stage = z.stage;
   o.offload_optimizer = z.offload_optimizer.device;
   o.offload_param = z.offload_param.device;
   if (o.offload_param == OffloadDevice::kNvme) {
     const OffloadParamConfig& op = z.offload_param;
-    if (op.nvme_path.empty())
-      return InvalidArgument(fmt::format("{}: zero_optimization.offload_param.nvme_path is not set: name a folder on "
-                                         "the NVMe drive for the parameter shards",
-                                         o.source));
     if (op.buffer_count < 1 || op.buffer_count > 65536 || op.buffer_size < 1 || op.max_in_cpu < 0)
       return InvalidArgument(fmt::format("{}: zero_optimization.offload_param buffer_count {} (1..65536), buffer_size "
                                          "{} (>= 1) or max_in_cpu {} (>= 0) is out of range",
@@ -33,10 +27,6 @@ Result<EngineOptions> engine_options_from_config(const Config& cfg) {
   }
   if (o.offload_optimizer == OffloadDevice::kNvme) {
     const OffloadOptimizerConfig& oo = z.offload_optimizer;
-    if (oo.nvme_path.empty())
-      return InvalidArgument(fmt::format("{}: zero_optimization.offload_optimizer.nvme_path is not set: name a folder "
-                                         "on the NVMe drive for the optimizer state",
-                                         o.source));
     if (oo.buffer_count < 1 || oo.buffer_count > 4096)
       return InvalidArgument(fmt::format("{}: zero_optimization.offload_optimizer.buffer_count {} is not in 1..4096",
                                          o.source, oo.buffer_count));
@@ -47,25 +37,7 @@ Result<EngineOptions> engine_options_from_config(const Config& cfg) {
     o.nvme.verify_checksums = cfg.strata.verify_checksums;
     o.nvme.aio = cfg.aio;
   }
-  if (o.offload_param != OffloadDevice::kNone && o.stage != 3)
-    return InvalidArgument(fmt::format(
-        "{}: zero_optimization.offload_param needs stage 3 (parameters are partitioned only there); stage is {}",
-        o.source, o.stage));
-  if (o.offload_param != OffloadDevice::kNone && o.offload_optimizer == OffloadDevice::kNone)
-    return Unsupported(fmt::format(
-        "{}: offload_param \"{}\" with offload_optimizer \"none\": the updated parameters would be written from "
-        "device state into host shards; set zero_optimization.offload_optimizer.device to \"cpu\" as well",
-        o.source, offload_device_name(o.offload_param)));
   o.ratio = z.offload_optimizer.ratio;
-  if (!(o.ratio > 0.0 && o.ratio <= 1.0))
-    return InvalidArgument(fmt::format("{}: zero_optimization.offload_optimizer.ratio {} must be in (0, 1]", o.source,
-                                       o.ratio));
-  if (o.ratio < 1.0 && (o.stage != 3 || o.offload_optimizer != OffloadDevice::kCpu ||
-                        o.offload_param != OffloadDevice::kNone))
-    return Unsupported(fmt::format(
-        "{}: zero_optimization.offload_optimizer.ratio {} (partial offload) needs stage 3, offload_optimizer \"cpu\" "
-        "and offload_param \"none\" (stage is {}); set ratio to 1.0 or change the placement",
-        o.source, o.ratio, o.stage));
   o.sub_group_size = z.sub_group_size;
   o.reduce_bucket_size = z.reduce_bucket_size;
   o.prefetch_bucket_size = z.stage3_prefetch_bucket_size;
@@ -107,7 +79,43 @@ Result<EngineOptions> engine_options_from_config(const Config& cfg) {
   o.fp16 = cfg.fp16;
   o.host_memory_budget = cfg.strata.host_memory_budget;
   o.scheduler = cfg.scheduler;
+  STRATA_RETURN_IF_ERROR(check_placement(o));
   return o;
+}
+
+// The one check of where the state may live (engine_options_from_config and
+// Engine::create both run it); messages name the config keys.
+Status check_placement(const EngineOptions& o) {
+  if (o.stage < 0 || o.stage > 3)
+    return InvalidArgument(fmt::format("{}: zero_optimization.stage {} is not 0, 1, 2 or 3", o.source, o.stage));
+  if (o.offload_param != OffloadDevice::kNone && o.stage != 3)
+    return InvalidArgument(fmt::format(
+        "{}: zero_optimization.offload_param needs stage 3 (parameters are partitioned only there); stage is {}",
+        o.source, o.stage));
+  if (o.offload_param != OffloadDevice::kNone && o.offload_optimizer == OffloadDevice::kNone)
+    return Unsupported(fmt::format(
+        "{}: offload_param \"{}\" with offload_optimizer \"none\": the updated parameters would be written from "
+        "device state into host shards; set zero_optimization.offload_optimizer.device to \"cpu\" as well",
+        o.source, offload_device_name(o.offload_param)));
+  if (o.offload_param == OffloadDevice::kNvme && o.nvme_param.path.empty())
+    return InvalidArgument(fmt::format("{}: zero_optimization.offload_param.nvme_path is not set: name a folder on "
+                                       "the NVMe drive for the parameter shards",
+                                       o.source));
+  if (o.offload_optimizer == OffloadDevice::kNvme && o.nvme.path.empty())
+    return InvalidArgument(fmt::format("{}: zero_optimization.offload_optimizer.nvme_path is not set: name a folder "
+                                       "on the NVMe drive for the optimizer state",
+                                       o.source));
+  if (!(o.ratio > 0.0 && o.ratio <= 1.0))
+    return InvalidArgument(fmt::format("{}: zero_optimization.offload_optimizer.ratio {} must be in (0, 1]", o.source,
+                                       o.ratio));
+  if (o.ratio < 1.0 && (o.stage != 3 || o.offload_optimizer != OffloadDevice::kCpu ||
+                        o.offload_param != OffloadDevice::kNone))
+    return Unsupported(fmt::format(
+        "{}: zero_optimization.offload_optimizer.ratio {} (partial offload) needs stage 3, offload_optimizer \"cpu\" "
+        "and offload_param \"none\" (stage is {}, offload_optimizer {}, offload_param {}); set ratio to 1.0 or "
+        "change the placement",
+        o.source, o.ratio, o.stage, offload_device_name(o.offload_optimizer), offload_device_name(o.offload_param)));
+  return Status::Ok();
 }
 
 }  // namespace strata::offload

@@ -25,12 +25,15 @@
 //
 // Optimizer placement (Note [Optimizer tier]): offload_optimizer none keeps
 // fp32 master weights (16-bit parameters only) and moments in device memory
-// and steps them with the CPU kernels (cpu device only: a cuda device needs
-// the fused device kernel, which this build does not have, so it asks for
-// offload_optimizer cpu); cpu keeps them in pinned host memory, copies each
-// layer's reduced gradient piece D2H as soon as it is reduced (while
-// backward continues) and steps it there. Both are an OptimizerStateTier
-// (state_tier.h); the NVMe tier is a third one.
+// and steps them there (the CPU kernels on the cpu device, whose memory the
+// host addresses; the fused device Adam kernel on cuda, where that build
+// has it, Adam and AdamW only); cpu keeps them in pinned host memory,
+// copies each layer's reduced gradient piece D2H as soon as it is reduced
+// (while backward continues) and steps it there; nvme streams them through
+// pinned slots. Each is an OptimizerStateTier (state_tier.h). With
+// offload_optimizer.ratio < 1 (stage 3, cpu, params on the device) a
+// fraction of each piece stays on the device and is stepped there at the
+// same time.
 //
 // Note [Gradient norm]
 // Every rank piece is a whole number of kShardAlign-element blocks. Each
@@ -197,9 +200,13 @@ struct EngineOptions {
 };
 
 // The engine options a DeepSpeed config asks for. Fails (naming the key and
-// the fix) for what this engine cannot run: nvme placement, ratio < 1,
+// the fix) for what this engine cannot run: ratio < 1 outside stage 3 +
+// offload_optimizer cpu + offload_param none, nvme without nvme_path,
 // offload_param without stage 3, an unsupported grad_accum_dtype.
 Result<EngineOptions> engine_options_from_config(const Config& config);
+// Where the options put the state is one the engine can run (the checks
+// above; Engine::create runs them too). Names the config key and the fix.
+Status check_placement(const EngineOptions& options);
 
 // One step's numbers, the same on every rank except the per-rank bytes.
 struct StepMetrics {
