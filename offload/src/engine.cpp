@@ -282,24 +282,19 @@ Status Engine::Impl::init_layer(size_t li) {
   if (l.persistent) {
     STRATA_ASSIGN_OR_RETURN(l.full_params, alloc_device(lp.padded_elements * l.pe, "parameters of " + lname));
     STRATA_RETURN_IF_ERROR(device.copy(l.full_params.data(), init.data(), init.size(), CopyKind::kHostToDevice));
-  } else if (l.on_nvme) {
-    std::vector<std::byte> shard(lp.shard_elements * l.pe);
-    for (const SubGroup& g : lp.groups)
-      std::memcpy(shard.data() + g.shard_offset * l.pe, init.data() + lp.piece_begin(g, rank) * l.pe, g.piece * l.pe);
-    STRATA_RETURN_IF_ERROR(
-        param_swap->put(static_cast<uint32_t>(li), shard.data(), shard.size(), "parameter shard of " + lname));
-  } else if (param_on_host()) {
-    STRATA_ASSIGN_OR_RETURN(l.host_shard, HostBuffer::create(device, stats, lp.shard_elements * l.pe,
-                                                             "parameter shard of " + lname));
-    for (const SubGroup& g : lp.groups)
-      std::memcpy(l.host_shard.data() + g.shard_offset * l.pe, init.data() + lp.piece_begin(g, rank) * l.pe,
-                  g.piece * l.pe);
   } else {
-    STRATA_ASSIGN_OR_RETURN(l.dev_shard, alloc_device(lp.shard_elements * l.pe, "parameter shard of " + lname));
-    for (const SubGroup& g : lp.groups)
-      STRATA_RETURN_IF_ERROR(device.copy(l.dev_shard.as<std::byte>() + g.shard_offset * l.pe,
-                                         init.data() + lp.piece_begin(g, rank) * l.pe, g.piece * l.pe,
-                                         CopyKind::kHostToDevice));
+    const std::vector<std::byte> shard = own_shard(li, init.data());
+    if (l.on_nvme) {
+      STRATA_RETURN_IF_ERROR(
+          param_swap->put(static_cast<uint32_t>(li), shard.data(), shard.size(), "parameter shard of " + lname));
+    } else {
+      if (param_on_host()) {
+        STRATA_ASSIGN_OR_RETURN(l.host_shard, HostBuffer::create(device, stats, shard.size(), "parameter shard of " + lname));
+      } else {
+        STRATA_ASSIGN_OR_RETURN(l.dev_shard, alloc_device(shard.size(), "parameter shard of " + lname));
+      }
+      STRATA_RETURN_IF_ERROR(put_shard(li, shard));
+    }
   }
   // A frozen layer has its parameters and nothing else.
   if (l.frozen) return Status::Ok();
@@ -347,6 +342,30 @@ Status Engine::Impl::init_layer(size_t li) {
   return Status::Ok();
 }
 
+std::vector<std::byte> Engine::Impl::own_shard(size_t li, const std::byte* padded) const {
+  const Layer& l = layers[li];
+  const LayerPartition& lp = part.layer(li);
+  std::vector<std::byte> shard(lp.shard_elements * l.pe, std::byte{0});
+  for (const SubGroup& g : lp.groups)
+    std::memcpy(shard.data() + g.shard_offset * l.pe, padded + lp.piece_begin(g, rank) * l.pe, g.piece * l.pe);
+  return shard;
+}
+
+Result<Completion> Engine::Impl::gather_persistent(size_t li) {
+  Layer& l = layers[li];
+  const LayerPartition& lp = part.layer(li);
+  std::byte* full = l.full_params.as<std::byte>();
+  Completion last;
+  for (const SubGroup& g : lp.groups) {
+    STRATA_ASSIGN_OR_RETURN(comm::CommWork w, comm.all_gather(full + lp.piece_begin(g, rank) * l.pe,
+                                                              full + g.padded_begin * l.pe, g.piece, l.pd,
+                                                              comm::CommQueue::kUpdate));
+    last = w.completion();
+  }
+  gather_bytes += lp.padded_elements * l.pe;
+  return last;
+}
+
 // A SpecModel's initial values, handed in layer by layer (engine.h): this
 // rank's pieces only, written where the placement keeps them; the moments
 // start at zero, as for a model that provides its own values.
@@ -361,10 +380,8 @@ Status Engine::Impl::put_initial_layer(size_t li, std::span<const std::byte> par
     STRATA_RETURN_IF_ERROR(device.copy(l.full_params.data(), init.data(), init.size(), CopyKind::kHostToDevice)
                                .with_context("writing the initial parameters of " + lname));
   } else {
-    std::vector<std::byte> shard(lp.shard_elements * l.pe, std::byte{0});
-    for (const SubGroup& g : lp.groups)
-      std::memcpy(shard.data() + g.shard_offset * l.pe, init.data() + lp.piece_begin(g, rank) * l.pe, g.piece * l.pe);
-    STRATA_RETURN_IF_ERROR(put_shard(li, shard).with_context("writing the initial parameter shard of " + lname));
+    STRATA_RETURN_IF_ERROR(put_shard(li, own_shard(li, init.data()))
+                               .with_context("writing the initial parameter shard of " + lname));
   }
   if (!l.frozen) {
     // The master weights: the fp32 values given, else the parameters widened.

@@ -369,6 +369,11 @@ struct Engine::Impl {
   Status queue_update(size_t li, int64_t step, double clip, double scale, const cpu_adam::HyperParams& hyper);
   Status put_initial_layer(size_t li, std::span<const std::byte> params, std::span<const float> fp32);
   Result<std::vector<float>> frozen_shard_fp32(size_t li);
+  // This rank's pieces of layer li, shard layout, from the padded layer.
+  std::vector<std::byte> own_shard(size_t li, const std::byte* padded) const;
+  // A persistent layer's owned pieces all-gathered into its full copy (on
+  // kUpdate, after what that queue waits for); the last gather's completion.
+  Result<Completion> gather_persistent(size_t li);
   struct PieceJob {
     StateId id;
     size_t count = 0;

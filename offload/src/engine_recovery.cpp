@@ -192,14 +192,7 @@ Status Engine::Impl::rederive_params() {
         }
       }
       if (!stage0() && world > 1) {
-        std::byte* full = l.full_params.as<std::byte>();
-        Completion last;
-        for (const SubGroup& g : lp.groups) {
-          STRATA_ASSIGN_OR_RETURN(comm::CommWork w, comm.all_gather(full + lp.piece_begin(g, rank) * l.pe,
-                                                                    full + g.padded_begin * l.pe, g.piece, l.pd,
-                                                                    comm::CommQueue::kUpdate));
-          last = w.completion();
-        }
+        STRATA_ASSIGN_OR_RETURN(Completion last, gather_persistent(li));
         // A rollback (the error path): the next forward reads these parameters.
         STRATA_RETURN_IF_ERROR(last.wait().with_context("gathering the re-derived parameters of " + lname));
       }

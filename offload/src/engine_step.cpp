@@ -154,14 +154,7 @@ Status Engine::Impl::queue_update(size_t li, int64_t step, double clip, double s
   if (l.persistent) {
     if (!stage0()) {
       STRATA_RETURN_IF_ERROR(comm.wait(updated, comm::CommQueue::kUpdate));
-      std::byte* full = l.full_params.as<std::byte>();
-      for (const SubGroup& g : lp.groups) {
-        STRATA_ASSIGN_OR_RETURN(comm::CommWork w, comm.all_gather(full + lp.piece_begin(g, rank) * l.pe,
-                                                                  full + g.padded_begin * l.pe, g.piece, l.pd,
-                                                                  comm::CommQueue::kUpdate));
-        updated = w.completion();
-      }
-      gather_bytes += lp.padded_elements * l.pe;
+      STRATA_ASSIGN_OR_RETURN(updated, gather_persistent(li));
     }
     l.params_ready = updated;
   } else {
