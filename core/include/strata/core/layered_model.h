@@ -44,7 +44,7 @@
 //   record it in the first step and prefetch from the recording afterwards.
 //
 // Note [Steps and micro-batches]
-// Whoever drives training (a TrainingLoop, the engine) brackets the passes:
+// Whoever drives training (the engine, a test) brackets the passes:
 //   begin_step()                       before the first micro-batch of an
 //                                      optimizer step (zero the gradients)
 //   forward, backward of micro-batch k (acquire/release as above)

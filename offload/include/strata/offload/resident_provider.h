@@ -1,8 +1,9 @@
 #pragma once
 // The simplest ParameterProvider: every layer's parameters (in their
 // declared dtypes) and fp32 gradients live in pageable host memory for the
-// whole run, one flat allocation per layer. This is ZeRO stage 0 without
-// offload, the baseline every offloaded run is compared against.
+// whole run, one flat allocation per layer: a provider for tests and
+// benchmarks that drive a model by hand (the training baseline is the
+// engine at stage 0, engine.h).
 //
 // Contract details (strata/core/layered_model.h):
 //  - ready: always an already-complete Completion (the bytes never move);
