@@ -130,6 +130,9 @@ std::string config_keys_markdown() {
         "  sections with a warning, and are an error together with the section they replace.\n"
         "- `stage3_*` keys below stage 3, ZeRO++ and `use_gds` settings are accepted with a warning: they have\n"
         "  no effect.\n"
+        "- DeepSpeed mechanisms Strata does not have are accepted with a warning that says why they have no\n"
+        "  effect: `allgather_bucket_size` and `stage3_model_persistence_threshold` whenever given,\n"
+        "  `reduce_scatter: false`, `round_robin_gradients: true`.\n"
         "- Duplicate keys in one object are an error.\n";
   return md;
 }
