@@ -120,7 +120,10 @@ void resolve_batch(Checker& c, Config& config) {
   const bool t_auto = !T && c.is_auto(kT);
   const bool m_auto = !M && c.is_auto(kM);
   const bool g_auto = !G && c.is_auto(kG);
-  const std::string world_note = world == 1 && c.options.world_size == 1 ? " (world size 1; pass --world-size N)" : "";
+  const std::string world_note =
+      !c.options.world_size_origin.empty() ? fmt::format(" (world size {} from {})", world, c.options.world_size_origin)
+      : world == 1 && c.options.world_size == 1 ? " (world size 1; pass --world-size N)"
+                                                : "";
 
   // Products of user numbers are checked, never wrapped: a micro batch of
   // 2^62 times 4 ranks must be an error, not "batch 0".
