@@ -35,6 +35,12 @@ strata_offload_error_test(bench_offload_rows_bad_combo "rows\\[0\\] \\(s2 opt=cp
   bench offload --configs ${bad}/offload_rows_bad_combo.json)
 strata_offload_error_test(bench_offload_nvme_path_not_dir "--nvme-path '.*offload_rows.json' is not a directory"
   bench offload --nvme-path ${STRATA_OFFLOAD_ROWS})
+# Every output option and the NVMe rows' folder are checked before any row runs (issue 22, defect 15).
+add_test(NAME apps.bench_offload_fails_fast
+  COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/bench_offload_fails_fast.sh $<TARGET_FILE:strata_cli> ${STRATA_OFFLOAD_ROWS}
+          ${STRATA_OFFLOAD_WORK}/fails-fast)
+set_tests_properties(apps.bench_offload_fails_fast PROPERTIES LABELS apps TIMEOUT 120
+  PASS_REGULAR_EXPRESSION "bench offload fails fast OK")
 strata_offload_error_test(bench_offload_seq_too_long "--seq 65 is longer than the model's max_seq 64"
   bench offload --seq 65)
 
