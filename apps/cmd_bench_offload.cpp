@@ -291,7 +291,8 @@ Result<PlotTool> find_plot_tool(const std::string& script_flag) {
     }
     if (tool.script.empty()) {
       std::string looked;
-      for (const std::string& candidate : candidates) looked += (looked.empty() ? "" : ", ") + printable(candidate, 256);
+      for (const std::string& candidate : candidates)
+        looked += (looked.empty() ? "" : ", ") + printable(candidate, 256);
       return NotFound(fmt::format("--plot: the plotting script plot_offload.py was not found (looked at {}); give "
                                   "--plot-script PATH (scripts/plot_offload.py in the source tree), or install "
                                   "strata with cmake --install, which puts it in share/strata",
@@ -437,8 +438,9 @@ int run_bench_offload(const BenchOffloadOptions& o) {
   // puts swap files ($STRATA_NVME_DIR, $TMPDIR, /tmp), said below.
   std::string nvme_path = o.nvme_path;
   std::string nvme_origin = "--nvme-path";
-  const bool any_nvme_row =
-      std::any_of(rows.begin(), rows.end(), [](const PlacementRow& r) { return r.unsupported_reason().empty() && r.uses_nvme(); });
+  const bool any_nvme_row = std::any_of(rows.begin(), rows.end(), [](const PlacementRow& r) {
+    return r.unsupported_reason().empty() && r.uses_nvme();
+  });
   if (nvme_path.empty() && any_nvme_row) {
     const DefaultNvmeDir dir = default_nvme_dir();
     nvme_path = dir.path;
