@@ -12,7 +12,10 @@
 // repeat runs every row once, in an order rotated by one per repeat
 // (interleaved_order), so every row takes every position and the median
 // over repeats sees the same mix of good and bad moments for every row.
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -23,6 +26,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -243,17 +247,16 @@ Status write_csv(const std::string& path, const nlohmann::ordered_json& doc) {
   return Status::Ok();
 }
 
-// scripts/plot_offload.py beside the source tree this binary was built in
-// (build-*/apps/strata -> scripts/), or next to an installed one.
-std::string find_plot_script() {
+// Where --plot looks for plot_offload.py: installed beside this binary
+// (<prefix>/bin/strata -> <prefix>/share/strata, put there by cmake --install),
+// then the source tree this binary was built from (scripts/).
+std::vector<std::string> plot_script_candidates() {
+  std::vector<std::string> out;
   std::error_code ec;
   const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (ec) return "";
-  for (const char* rel : {"../../scripts/plot_offload.py", "../share/strata/plot_offload.py"}) {
-    const auto p = exe.parent_path() / rel;
-    if (std::filesystem::exists(p, ec)) return std::filesystem::weakly_canonical(p, ec).string();
-  }
-  return "";
+  if (!ec) out.push_back((exe.parent_path() / STRATA_PLOT_SCRIPT_FROM_BIN).lexically_normal().string());
+  out.emplace_back(STRATA_SOURCE_PLOT_SCRIPT);
+  return out;
 }
 
 // Single-quoted for sh.
@@ -263,28 +266,80 @@ std::string sh_quote(const std::string& s) {
   return out + "'";
 }
 
-Status draw_plot(const BenchOffloadOptions& o, const std::string& json_path) {
-  const std::string script = o.plot_script.empty() ? find_plot_script() : o.plot_script;
-  if (script.empty() || !std::filesystem::exists(script))
-    return NotFound(fmt::format("--plot: the plotting script {} was not found; give --plot-script PATH "
-                                "(scripts/plot_offload.py in the source tree)",
-                                script.empty() ? "scripts/plot_offload.py" : printable(script, 256)));
-  // The first python3 with matplotlib: the one on PATH (a virtualenv, pyenv), then the system's (apt).
+// What --plot draws with: a python3 that imports matplotlib, and the script.
+struct PlotTool {
   std::string python;
+  std::string script;
+};
+
+// Found before anything is measured, so a missing piece fails the bench at
+// once, naming it, not after the whole matrix has run.
+Result<PlotTool> find_plot_tool(const std::string& script_flag) {
+  PlotTool tool;
+  std::error_code ec;
+  if (!script_flag.empty()) {
+    if (!std::filesystem::is_regular_file(script_flag, ec))
+      return NotFound(fmt::format("--plot-script '{}' is not a file", printable(script_flag, 256)));
+    tool.script = script_flag;
+  } else {
+    const std::vector<std::string> candidates = plot_script_candidates();
+    for (const std::string& candidate : candidates) {
+      if (std::filesystem::is_regular_file(candidate, ec)) {
+        tool.script = candidate;
+        break;
+      }
+    }
+    if (tool.script.empty()) {
+      std::string looked;
+      for (const std::string& candidate : candidates)
+        looked += (looked.empty() ? "" : ", ") + printable(candidate, 256);
+      return NotFound(fmt::format("--plot: the plotting script plot_offload.py was not found (looked at {}); give "
+                                  "--plot-script PATH (scripts/plot_offload.py in the source tree), or install "
+                                  "strata with cmake --install, which puts it in share/strata",
+                                  looked));
+    }
+  }
+  // The first python3 with matplotlib: the one on PATH (a virtualenv, pyenv), then the system's (apt).
   for (const char* candidate : {"python3", "/usr/bin/python3"}) {
     const std::string probe = fmt::format("{} -c 'import matplotlib' >/dev/null 2>&1", candidate);
     if (std::system(probe.c_str()) == 0) {
-      python = candidate;
-      break;
+      tool.python = candidate;
+      return tool;
     }
   }
-  if (python.empty())
-    return Unavailable("--plot needs python3 with matplotlib: apt-get install python3-matplotlib (or pip install "
-                       "matplotlib); the JSON and CSV outputs do not need it");
+  return Unavailable(fmt::format("--plot needs python3 with matplotlib to run {}, and neither python3 on PATH nor "
+                                 "/usr/bin/python3 imports matplotlib: apt-get install python3-matplotlib (or pip "
+                                 "install matplotlib), or drop --plot (--json and --csv do not need it)",
+                                 printable(tool.script, 256)));
+}
+
+Status draw_plot(const PlotTool& tool, const std::string& json_path, const std::string& png_path) {
   const std::string cmd =
-      fmt::format("{} {} {} {}", python, sh_quote(script), sh_quote(json_path), sh_quote(o.plot_out));
+      fmt::format("{} {} {} {}", tool.python, sh_quote(tool.script), sh_quote(json_path), sh_quote(png_path));
   const int rc = std::system(cmd.c_str());
   if (rc != 0) return Internal(fmt::format("--plot: '{}' failed (exit status {})", cmd, rc));
+  return Status::Ok();
+}
+
+// A file the bench writes at the end (--json, --csv, --plot): checked before
+// anything is measured, so a typo in its folder does not cost the whole run.
+Status check_output_path(const std::string& path, const char* flag) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path file(path);
+  if (fs::is_directory(file, ec))
+    return InvalidArgument(fmt::format("{} '{}' is a directory; name the file to write", flag, printable(path, 256)));
+  const fs::path folder = file.parent_path().empty() ? fs::path(".") : file.parent_path();
+  if (!fs::is_directory(folder, ec))
+    return InvalidArgument(fmt::format("{} '{}': the folder '{}' does not exist; create it or name another file",
+                                       flag, printable(path, 256), printable(folder.string(), 256)));
+  if (fs::exists(file, ec)) {
+    if (::access(path.c_str(), W_OK) != 0)
+      return ErrnoStatus(errno, fmt::format("{} '{}' cannot be overwritten", flag, printable(path, 256)));
+  } else if (::access(folder.c_str(), W_OK | X_OK) != 0) {
+    return ErrnoStatus(errno, fmt::format("{} '{}': no file can be created in '{}'", flag, printable(path, 256),
+                                          printable(folder.string(), 256)));
+  }
   return Status::Ok();
 }
 
@@ -345,6 +400,20 @@ int run_bench_offload(const BenchOffloadOptions& o) {
     return fail(InvalidArgument(fmt::format("--seq {} is longer than the model's max_seq {}", o.seq, g.max_seq_len)));
   if (!o.plot_out.empty() && !o.plot_out.ends_with(".png"))
     return fail(InvalidArgument(fmt::format("--plot '{}' must name a .png file", printable(o.plot_out, 64))));
+  // Every output is checked before anything is measured.
+  for (const auto& [path, flag] : {std::pair{&o.json_out, "--json"}, std::pair{&o.csv_out, "--csv"},
+                                   std::pair{&o.plot_out, "--plot"}}) {
+    if (path->empty()) continue;
+    if (Status st = check_output_path(*path, flag); !st.ok()) return fail(st);
+  }
+  std::optional<PlotTool> plot_tool;
+  if (!o.plot_out.empty()) {
+    Result<PlotTool> tool = find_plot_tool(o.plot_script);
+    if (!tool.ok()) return fail(tool.status());
+    plot_tool = *tool;
+  } else if (!o.plot_script.empty()) {
+    return fail(InvalidArgument("--plot-script is for --plot FILE.png; give --plot too, or drop --plot-script"));
+  }
 
   Result<std::vector<PlacementRow>> selected = select_rows(o.configs, o.matrix, *dtypes);
   if (!selected.ok()) return fail(selected.status());
@@ -365,11 +434,29 @@ int run_bench_offload(const BenchOffloadOptions& o) {
     if (!b.ok()) return fail(b.status());
     base.engine.host_memory_budget = *b / static_cast<uint64_t>(o.ranks);
   }
-  if (!o.nvme_path.empty()) {
+  // The NVMe rows' folder: --nvme-path, else where strata train's quickstart
+  // puts swap files ($STRATA_NVME_DIR, $TMPDIR, /tmp), said below.
+  std::string nvme_path = o.nvme_path;
+  std::string nvme_origin = "--nvme-path";
+  const bool any_nvme_row = std::any_of(rows.begin(), rows.end(), [](const PlacementRow& r) {
+    return r.unsupported_reason().empty() && r.uses_nvme();
+  });
+  if (nvme_path.empty() && any_nvme_row) {
+    const DefaultNvmeDir dir = default_nvme_dir();
+    nvme_path = dir.path;
+    nvme_origin = dir.origin;
+  }
+  if (!nvme_path.empty()) {
     std::error_code ec;
-    if (!std::filesystem::is_directory(o.nvme_path, ec))
-      return fail(InvalidArgument(fmt::format("--nvme-path '{}' is not a directory", printable(o.nvme_path, 256))));
-    base.engine.nvme.path = base.engine.nvme_param.path = o.nvme_path;
+    if (!std::filesystem::is_directory(nvme_path, ec)) {
+      if (!o.nvme_path.empty())
+        return fail(InvalidArgument(fmt::format("--nvme-path '{}' is not a directory", printable(nvme_path, 256))));
+      return fail(InvalidArgument(fmt::format(
+          "the NVMe rows' folder '{}' ({}) is not a directory; give --nvme-path DIR (a folder on the NVMe drive) or "
+          "set STRATA_NVME_DIR",
+          printable(nvme_path, 256), nvme_origin)));
+    }
+    base.engine.nvme.path = base.engine.nvme_param.path = nvme_path;
   }
   std::optional<offload::HardwareProfile> profile;
   if (!o.profile.empty()) {
@@ -392,16 +479,19 @@ int run_bench_offload(const BenchOffloadOptions& o) {
     if (std::string why = rows[i].unsupported_reason(); !why.empty()) {
       results[i].status = RowStatus::kSkipped;
       results[i].reason = why;
-    } else if (rows[i].uses_nvme() && o.nvme_path.empty()) {
-      results[i].status = RowStatus::kSkipped;
-      results[i].reason = "needs --nvme-path DIR (a folder on the NVMe drive)";
     }
   }
   const uint64_t tokens_per_step = static_cast<uint64_t>(o.batch) * o.seq * o.ranks;
-  if (!o.quiet)
+  if (!o.quiet) {
     fmt::print("bench offload: {} on {} rank(s), batch {} x seq {}, {} warm-up + {} measured steps x {} repeats, {} "
                "rows (interleaved)\n",
                g.describe(), o.ranks, o.batch, o.seq, o.warmup, o.steps, o.repeats, rows.size());
+    if (any_nvme_row)
+      fmt::print("nvme     the NVMe rows swap under {} ({}{})\n", printable(nvme_path, 256), nvme_origin,
+                 o.nvme_path.empty() ? "; choose another folder with --nvme-path DIR" : "");
+    if (plot_tool) fmt::print("plot     {} {} draws {}\n", plot_tool->python, plot_tool->script, o.plot_out);
+    std::fflush(stdout);
+  }
   nlohmann::ordered_json schedule = nlohmann::ordered_json::array();
   bool any_failed = false;
   for (int rep = 0; rep < o.repeats; ++rep) {
@@ -459,6 +549,7 @@ int run_bench_offload(const BenchOffloadOptions& o) {
   doc["steps"] = o.steps;
   doc["repeats"] = o.repeats;
   doc["device_memory_bytes"] = base.device_memory_bytes;
+  doc["nvme_path"] = nvme_path.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(nvme_path);
   doc["optimizer_threads"] = o.optimizer_threads;
   doc["device_threads"] = o.device_threads;
   doc["schedule"] = schedule;
@@ -505,7 +596,7 @@ int run_bench_offload(const BenchOffloadOptions& o) {
       if (!out) return fail(ErrnoStatus(errno, fmt::format("write '{}' for --plot", printable(tmp, 256))));
       json_for_plot = tmp;
     }
-    Status st = draw_plot(o, json_for_plot);
+    Status st = draw_plot(*plot_tool, json_for_plot, o.plot_out);
     if (!tmp.empty()) std::filesystem::remove(tmp);
     if (!st.ok()) return fail(st);
     if (!o.quiet) fmt::print("plot     {}\n", o.plot_out);
@@ -551,7 +642,8 @@ CommandRegistration bench_offload("bench offload", [](CLI::App& root) {
   cmd->add_option("--device-memory", o->device_memory, "Device capacity per rank, e.g. 64MiB (rows that do not fit are "
                                                        "reported with the engine's reason)");
   cmd->add_option("--host-memory", o->host_memory, "Host memory budget for the engines (strata.host_memory_budget)");
-  cmd->add_option("--nvme-path", o->nvme_path, "Folder on the NVMe drive: runs the nvme rows (skipped without it)");
+  cmd->add_option("--nvme-path", o->nvme_path,
+                  "Folder on the NVMe drive for the nvme rows (default: $STRATA_NVME_DIR, else $TMPDIR, else /tmp)");
   cmd->add_option("--optimizer-threads", o->optimizer_threads, "CPU optimizer threads per rank (0: all cores)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1024));
@@ -563,7 +655,9 @@ CommandRegistration bench_offload("bench offload", [](CLI::App& root) {
   cmd->add_option("--json", o->json_out, "Write the results as JSON to this file");
   cmd->add_option("--csv", o->csv_out, "Write one CSV line per row to this file");
   cmd->add_option("--plot", o->plot_out, "Draw a PNG (python3 + matplotlib, scripts/plot_offload.py)");
-  cmd->add_option("--plot-script", o->plot_script, "The plotting script (default: found beside the build)");
+  cmd->add_option("--plot-script", o->plot_script,
+                  "The plotting script (default: share/strata/plot_offload.py beside the installed strata, else the "
+                  "source tree's scripts/plot_offload.py)");
   cmd->add_flag("--quiet", o->quiet, "Only errors and the output files");
   cmd->callback([o] { exit_with(run_bench_offload(*o)); });
 });

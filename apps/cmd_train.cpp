@@ -10,8 +10,10 @@
 // stream, GptRunner with its rank's slice of the data) meets the engine,
 // which sees the model only through core's contract.
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -96,8 +98,9 @@ struct TrainSetup : RankSetup {
   bool has_config = false;
 };
 
-// Applies the DeepSpeed config: engine options, precision, batch.
-Status apply_config(const Config& cfg, TrainCliOptions& o, TrainSetup& t, model::GptConfig& g) {
+// Applies the DeepSpeed config: engine options, precision, batch. Its
+// warnings are printed when `print_warnings` (one process of mpirun prints them).
+Status apply_config(const Config& cfg, TrainCliOptions& o, TrainSetup& t, model::GptConfig& g, bool print_warnings) {
   const double lr = t.engine.hyper.lr, wd = t.engine.hyper.weight_decay, clip = t.engine.grad_clip;
   const int accum = t.engine.grad_accum;
   STRATA_ASSIGN_OR_RETURN(t.engine, offload::engine_options_from_config(cfg));
@@ -119,7 +122,8 @@ Status apply_config(const Config& cfg, TrainCliOptions& o, TrainSetup& t, model:
   if (!o.given_device) t.device = cfg.strata.device;
   t.breakdown = cfg.wall_clock_breakdown;
   t.has_config = true;
-  for (const ConfigIssue& w : cfg.warnings) fmt::print(stderr, "strata train: {}\n", format_issue(w, cfg.source));
+  if (print_warnings)
+    for (const ConfigIssue& w : cfg.warnings) fmt::print(stderr, "strata train: {}\n", format_issue(w, cfg.source));
   return Status::Ok();
 }
 
@@ -423,6 +427,54 @@ void print_breakdown(const Summary& sum) {
              bytes_text(static_cast<uint64_t>(median([](const M& m) { return double(m.reduce_bytes); }))));
 }
 
+// Note [World size of the config]
+// A DeepSpeed config's batch keys are checked against the world that will
+// train (train_batch_size = micro batch x accumulation x world size), so the
+// world size must be known before the config is read:
+// - --backend local: --ranks.
+// - --backend mpi: the MPI communicator's size, created before the config
+//   is read (mpirun -np N, whatever launcher variables it sets).
+// - --backend nccl: the launcher's variables, in the order the nccl
+//   communicator takes its world from (mpirun's, then STRATA_WORLD_SIZE),
+//   then torchrun's WORLD_SIZE; once the communicator exists its size must
+//   be the same, else the run stops naming both.
+struct TrainWorld {
+  int64_t size = 1;
+  std::string origin;  // where the size came from, for messages
+};
+
+constexpr int64_t kMaxWorldSize = int64_t{1} << 24;
+
+Result<TrainWorld> launcher_world() {
+  for (const char* variable : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "STRATA_WORLD_SIZE", "WORLD_SIZE"}) {
+    const char* text = std::getenv(variable);
+    if (text == nullptr || *text == '\0') continue;
+    char* end = nullptr;
+    errno = 0;
+    const long long size = std::strtoll(text, &end, 10);
+    if (errno != 0 || end == text || *end != '\0' || size < 1 || size > kMaxWorldSize)
+      return InvalidArgument(fmt::format("the launcher's {}='{}' is not a number of ranks in 1..{}", variable,
+                                         printable(text, 64), kMaxWorldSize));
+    return TrainWorld{size, fmt::format("the launcher's {}={}", variable, size)};
+  }
+  return TrainWorld{1, "no launcher variable (OMPI_COMM_WORLD_SIZE, PMI_SIZE, STRATA_WORLD_SIZE, WORLD_SIZE) is set"};
+}
+
+Result<TrainWorld> train_world(const TrainCliOptions& o, comm::Backend backend, const comm::Communicator* mpi) {
+  switch (backend) {
+    case comm::Backend::kLocal:
+      return TrainWorld{o.ranks, comm::launched_by_mpi()
+                                     ? fmt::format("--ranks {}; mpirun started this process: add --backend mpi to "
+                                                   "train as one of its ranks",
+                                                   o.ranks)
+                                     : fmt::format("--ranks {}", o.ranks)};
+    case comm::Backend::kMpi:
+      return TrainWorld{mpi->world_size(), fmt::format("the MPI communicator (mpirun -np {})", mpi->world_size())};
+    default:
+      return launcher_world();
+  }
+}
+
 int run_train(TrainCliOptions o) {
   auto fail = [](const Status& st) {
     fmt::print(stderr, "strata train: error: {}\n", st.to_string());
@@ -467,12 +519,27 @@ int run_train(TrainCliOptions o) {
     if (!bytes.ok()) return fail(bytes.status());
     t.device_memory_bytes = *bytes;
   }
+  // Under mpirun, this process's rank of it: created before the config is
+  // read, whose batch keys are checked against its size (Note [World size of the config]).
+  Result<comm::CommOptions> copts = comm::apply_comm_environment({});
+  if (!copts.ok()) return fail(copts.status());
+  std::unique_ptr<comm::Communicator> mpi_comm;
+  if (*backend == comm::Backend::kMpi) {
+    Result<std::unique_ptr<comm::Communicator>> c = comm::create_mpi_communicator(*copts);
+    if (!c.ok()) return fail(c.status().with_context("--backend mpi"));
+    mpi_comm = std::move(*c);
+  }
+  std::optional<TrainWorld> world_of_config;
   if (!o.config_path.empty()) {
+    Result<TrainWorld> world = train_world(o, *backend, mpi_comm.get());
+    if (!world.ok()) return fail(world.status().with_context("--config"));
+    world_of_config = *world;
     ConfigOptions copt;
-    copt.world_size = o.ranks;
+    copt.world_size = world_of_config->size;
+    copt.world_size_origin = world_of_config->origin;
     Result<Config> cfg = load_config(o.config_path, copt);
     if (!cfg.ok()) return fail(cfg.status());
-    Status st = apply_config(*cfg, o, t, g);
+    Status st = apply_config(*cfg, o, t, g, mpi_comm == nullptr || mpi_comm->rank() == 0);
     if (!st.ok()) return fail(st);
   }
   // The host budget is for this process: each local rank gets an equal share.
@@ -522,18 +589,14 @@ int run_train(TrainCliOptions o) {
     }
   }
 
-  // Communicators: N local ranks, or this process's rank of mpirun.
-  Result<comm::CommOptions> copts = comm::apply_comm_environment({});
-  if (!copts.ok()) return fail(copts.status());
+  // Communicators: N local ranks, or this process's rank of mpirun (made above).
   std::vector<std::unique_ptr<comm::Communicator>> comms;
   if (*backend == comm::Backend::kLocal) {
     Result<std::vector<std::unique_ptr<comm::Communicator>>> group = comm::create_local_group(o.ranks, *copts);
     if (!group.ok()) return fail(group.status());
     comms = std::move(*group);
   } else if (*backend == comm::Backend::kMpi) {
-    Result<std::unique_ptr<comm::Communicator>> c = comm::create_mpi_communicator(*copts);
-    if (!c.ok()) return fail(c.status().with_context("--backend mpi"));
-    comms.push_back(std::move(*c));
+    comms.push_back(std::move(mpi_comm));
   } else {
     // One rank per process on its GPU 0: give each process one GPU with
     // CUDA_VISIBLE_DEVICES (rank and world from mpirun or STRATA_RANK /
@@ -547,6 +610,13 @@ int run_train(TrainCliOptions o) {
     if (!c.ok()) return fail(c.status().with_context("--backend nccl"));
     comms.push_back(std::move(*c));
   }
+  if (world_of_config && comms.front()->world_size() != world_of_config->size)
+    return fail(FailedPrecondition(fmt::format(
+        "--config '{}': its batch keys were checked for world size {} ({}), but the {} communicator has {} ranks; "
+        "make the launcher's world size and the communicator's agree (for nccl outside mpirun: STRATA_WORLD_SIZE "
+        "and STRATA_RANK)",
+        printable(o.config_path, 256), world_of_config->size, world_of_config->origin, o.backend,
+        comms.front()->world_size())));
   const bool printer = comms.front()->rank() == 0;
   const DeviceChoice choice = resolve_device_kind(t.device);
 

@@ -22,6 +22,14 @@ uint64_t default_cpu_device_bytes() {
   return static_cast<uint64_t>(info.totalram) * info.mem_unit / 4;
 }
 
+DefaultNvmeDir default_nvme_dir() {
+  for (const char* variable : {"STRATA_NVME_DIR", "TMPDIR"}) {
+    const char* dir = std::getenv(variable);
+    if (dir != nullptr && *dir != '\0') return {dir, fmt::format("${}", variable)};
+  }
+  return {"/tmp", "neither $STRATA_NVME_DIR nor $TMPDIR is set"};
+}
+
 Result<OffloadDevice> parse_offload(const std::string& text, const char* flag) {
   if (text == "none") return OffloadDevice::kNone;
   if (text == "cpu") return OffloadDevice::kCpu;

@@ -51,6 +51,16 @@ struct RankState {
 // The cpu device's default capacity: a quarter of host memory.
 uint64_t default_cpu_device_bytes();
 
+// Where NVMe swap files go when no --nvme-path is given: $STRATA_NVME_DIR,
+// else $TMPDIR, else /tmp (the folder scripts/quickstart.sh gives strata
+// train), with where that came from ("$STRATA_NVME_DIR") for messages.
+// The folder is not checked here.
+struct DefaultNvmeDir {
+  std::string path;
+  std::string origin;
+};
+DefaultNvmeDir default_nvme_dir();
+
 // "none" | "cpu" | "nvme"; the error names `flag`.
 Result<OffloadDevice> parse_offload(const std::string& text, const char* flag);
 

@@ -123,6 +123,9 @@ std::string config_keys_markdown() {
         "- `fp16.enabled` and `bf16.enabled` cannot both be true.\n"
         "- `train_batch_size` = `train_micro_batch_size_per_gpu` × `gradient_accumulation_steps` × world size;\n"
         "  any two give the third, three that do not multiply out are an error showing the arithmetic.\n"
+        "  `strata config check` takes the world size from `--world-size`; `strata train` from `--ranks`, under\n"
+        "  `mpirun --backend mpi` from the MPI communicator, with `--backend nccl` from the launcher's\n"
+        "  `OMPI_COMM_WORLD_SIZE`, `PMI_SIZE`, `STRATA_WORLD_SIZE` or `WORLD_SIZE`.\n"
         "- `max_grad_norm` inside `optimizer.params` is an error: use the top-level `gradient_clipping`.\n"
         "- Optimizer and scheduler parameters must belong to the chosen type; required scheduler parameters\n"
         "  must be given.\n"
@@ -130,6 +133,9 @@ std::string config_keys_markdown() {
         "  sections with a warning, and are an error together with the section they replace.\n"
         "- `stage3_*` keys below stage 3, ZeRO++ and `use_gds` settings are accepted with a warning: they have\n"
         "  no effect.\n"
+        "- DeepSpeed mechanisms Strata does not have are accepted with a warning that says why they have no\n"
+        "  effect: `allgather_bucket_size` and `stage3_model_persistence_threshold` whenever given,\n"
+        "  `reduce_scatter: false`, `round_robin_gradients: true`.\n"
         "- Duplicate keys in one object are an error.\n";
   return md;
 }

@@ -120,7 +120,10 @@ void resolve_batch(Checker& c, Config& config) {
   const bool t_auto = !T && c.is_auto(kT);
   const bool m_auto = !M && c.is_auto(kM);
   const bool g_auto = !G && c.is_auto(kG);
-  const std::string world_note = world == 1 && c.options.world_size == 1 ? " (world size 1; pass --world-size N)" : "";
+  const std::string world_note =
+      !c.options.world_size_origin.empty() ? fmt::format(" (world size {} from {})", world, c.options.world_size_origin)
+      : world == 1 && c.options.world_size == 1 ? " (world size 1; pass --world-size N)"
+                                                : "";
 
   // Products of user numbers are checked, never wrapped: a micro batch of
   // 2^62 times 4 ranks must be an error, not "batch 0".
@@ -287,6 +290,8 @@ void check_offload(Checker& c, Config& config) {
 
   if (stage < 3) {
     for (const auto& [path, value] : c.values) {
+      // Its own warning (warn_keys_without_effect) says it has no effect at any stage.
+      if (path == "zero_optimization.stage3_model_persistence_threshold") continue;
       if (path.rfind("zero_optimization.stage3_", 0) == 0) {
         c.warn(c.written(path), fmt::format("has no effect below stage 3 (zero_optimization.stage is {})", stage), "");
       }
@@ -308,6 +313,47 @@ void check_offload(Checker& c, Config& config) {
     c.error(c.written("aio.block_size"),
             fmt::format("{} is not a multiple of 4096 (O_DIRECT needs aligned requests)", config.aio.block_size),
             "use a power of two such as 1048576 (1 MiB)");
+  }
+}
+
+// Note [Keys without effect]
+// Some zero_optimization keys name a DeepSpeed mechanism that Strata's
+// engine does not have. They are accepted (a DeepSpeed config must load
+// unchanged), and each one the file sets to something Strata does not do
+// draws a warning that says so and why, so nobody tunes a knob that turns
+// nothing. A boolean set to what Strata always does (reduce_scatter true,
+// round_robin_gradients false) asks for nothing missing: no warning.
+void warn_keys_without_effect(Checker& c, const Config& config) {
+  const ZeroConfig& zero = config.zero_optimization;
+  const char* kAllgatherBucket = "zero_optimization.allgather_bucket_size";
+  const char* kReduceScatter = "zero_optimization.reduce_scatter";
+  const char* kRoundRobin = "zero_optimization.round_robin_gradients";
+  const char* kModelPersistence = "zero_optimization.stage3_model_persistence_threshold";
+  if (c.given(kAllgatherBucket) != nullptr) {
+    c.warn(c.written(kAllgatherBucket),
+           "accepted, but has no effect in Strata: each sub-group is all-gathered as one collective, so there is no "
+           "all-gather bucket (in DeepSpeed: elements all-gathered at once)",
+           "zero_optimization.sub_group_size sets how much one all-gather moves; remove allgather_bucket_size to "
+           "silence this warning");
+  }
+  if (c.given(kReduceScatter) != nullptr && !zero.reduce_scatter) {
+    c.warn(c.written(kReduceScatter),
+           "false is accepted, but has no effect in Strata: gradients are always reduce-scattered, each piece summed "
+           "in rank order, which is what makes the losses identical at every stage (in DeepSpeed, false means "
+           "all-reduce)",
+           "remove reduce_scatter (or set it to true) to silence this warning");
+  }
+  if (c.given(kRoundRobin) != nullptr && zero.round_robin_gradients) {
+    c.warn(c.written(kRoundRobin),
+           "true is accepted, but has no effect in Strata: each layer's gradients are copied to the host (D2H) as "
+           "that layer's reduction finishes, not spread across ranks round robin",
+           "remove round_robin_gradients (or set it to false) to silence this warning");
+  }
+  if (c.given(kModelPersistence) != nullptr) {
+    c.warn(c.written(kModelPersistence),
+           "accepted, but has no effect in Strata: a layer stays whole on every rank when it has fewer elements than "
+           "zero_optimization.stage3_param_persistence_threshold, and the total of such layers is not capped",
+           "use stage3_param_persistence_threshold; remove this key to silence this warning");
   }
 }
 
@@ -428,6 +474,7 @@ void resolve(Checker& c, Config& config) {
   resolve_autos(c, config);
   resolve_batch(c, config);
   check_offload(c, config);
+  warn_keys_without_effect(c, config);
   check_optimizer(c, config);
   check_scheduler(c, config);
   check_precision(c, config);

@@ -94,17 +94,24 @@ std::vector<ConfigKey> build_table() {
           .range(0, 3).bind(STRATA_BIND(zero_optimization.stage)));
   add(Key("zero_optimization.contiguous_gradients", B, "true", "Copy gradients into one contiguous buffer as they are produced.")
           .bind(STRATA_BIND(zero_optimization.contiguous_gradients)));
-  add(Key("zero_optimization.reduce_scatter", B, "true", "Reduce gradients with reduce-scatter rather than all-reduce.")
+  add(Key("zero_optimization.reduce_scatter", B, "true",
+          "DeepSpeed: false reduces gradients with all-reduce instead of reduce-scatter. Strata always "
+          "reduce-scatters (each piece summed in rank order, which keeps the losses identical at every stage): "
+          "false has no effect (a warning).")
           .bind(STRATA_BIND(zero_optimization.reduce_scatter)));
   add(Key("zero_optimization.reduce_bucket_size", I, "500000000", "Elements reduced at once (gradient bucket).")
           .range(1, kInf).flag(kKeyAuto).bind(STRATA_BIND(zero_optimization.reduce_bucket_size)));
   add(Key("zero_optimization.allgather_partitions", B, "true", "All-gather updated parameters per partition (stages 1-2).")
           .bind(STRATA_BIND(zero_optimization.allgather_partitions)));
-  add(Key("zero_optimization.allgather_bucket_size", I, "500000000", "Elements all-gathered at once (stages 1-2; no effect at stage 3).")
+  add(Key("zero_optimization.allgather_bucket_size", I, "500000000",
+          "DeepSpeed: elements all-gathered at once. No effect in Strata (a warning when set): each sub-group is "
+          "all-gathered as one collective, so sub_group_size sets how much one all-gather moves.")
           .range(1, kInf).bind(STRATA_BIND(zero_optimization.allgather_bucket_size)));
   add(Key("zero_optimization.overlap_comm", B, "null", "Overlap gradient reduction with backward (uses two reduce buckets).")
           .flag(kKeyNullable).note("true at stage 3, false below").bind(STRATA_BIND(zero_optimization.overlap_comm)));
-  add(Key("zero_optimization.round_robin_gradients", B, "false", "Spread gradient copies across ranks round robin (stages 1-2).")
+  add(Key("zero_optimization.round_robin_gradients", B, "false",
+          "DeepSpeed: spread gradient copies across ranks round robin (stages 1-2). Strata copies each layer's "
+          "gradients to the host as its reduction finishes: true has no effect (a warning).")
           .bind(STRATA_BIND(zero_optimization.round_robin_gradients)));
   add(Key("zero_optimization.sub_group_size", I, "1000000000",
           "Elements per optimizer sub-group: the tile the CPU optimizer steps and NVMe swaps at once.")
@@ -119,7 +126,9 @@ std::vector<ConfigKey> build_table() {
           .range(0, kInf).alias("param_persistence_threshold").flag(kKeyAuto)
           .bind(STRATA_BIND(zero_optimization.stage3_param_persistence_threshold)));
   add(Key("zero_optimization.stage3_model_persistence_threshold", I, "9223372036854775807",
-          "Stage 3: total elements of persistent (unpartitioned) parameters allowed.")
+          "DeepSpeed, stage 3: total elements of persistent (unpartitioned) parameters allowed. No effect in "
+          "Strata (a warning when set): a layer is persistent when it has fewer elements than "
+          "stage3_param_persistence_threshold, with no cap on the total.")
           .range(0, kInf).alias("model_persistence_threshold").note("unlimited")
           .bind(STRATA_BIND(zero_optimization.stage3_model_persistence_threshold)));
   add(Key("zero_optimization.stage3_max_live_parameters", I, "1000000000",

@@ -30,7 +30,7 @@ std::string_view status_code_name(StatusCode code) {
 
 Status Status::with_context(std::string_view context) const& {
   if (ok()) return *this;
-  return Status(code_, fmt::format("{}: {}", context, message_));
+  return Status(code_, fmt::format("{}: {}", context, message_), system_errno_);
 }
 
 Status Status::with_context(std::string_view context) && {
@@ -44,25 +44,30 @@ std::string Status::to_string() const {
   return fmt::format("{}: {}", status_code_name(code_), message_);
 }
 
-Status ErrnoStatus(int err, std::string_view what) {
-  std::string msg = fmt::format("{}: {} (errno {})", what, std::strerror(err), err);
+namespace {
+StatusCode errno_code(int err) {
   switch (err) {
     case EAGAIN:
     case EINTR:
-    case EBUSY: return Unavailable(std::move(msg));
-    case ENOENT: return NotFound(std::move(msg));
-    case EEXIST: return AlreadyExists(std::move(msg));
-    case ENOMEM: return OutOfMemory(std::move(msg));
+    case EBUSY: return StatusCode::kUnavailable;
+    case ENOENT: return StatusCode::kNotFound;
+    case EEXIST: return StatusCode::kAlreadyExists;
+    case ENOMEM: return StatusCode::kOutOfMemory;
     case ENOSPC:
     case EDQUOT:
     case EMFILE:
-    case ENFILE: return ResourceExhausted(std::move(msg));
-    case EINVAL: return InvalidArgument(std::move(msg));
-    case ETIMEDOUT: return DeadlineExceeded(std::move(msg));
+    case ENFILE: return StatusCode::kResourceExhausted;
+    case EINVAL: return StatusCode::kInvalidArgument;
+    case ETIMEDOUT: return StatusCode::kDeadlineExceeded;
     case ENOSYS:
-    case EOPNOTSUPP: return Unsupported(std::move(msg));
-    default: return IoError(std::move(msg));
+    case EOPNOTSUPP: return StatusCode::kUnsupported;
+    default: return StatusCode::kIoError;
   }
+}
+}  // namespace
+
+Status ErrnoStatus(int err, std::string_view what) {
+  return Status(errno_code(err), fmt::format("{}: {} (errno {})", what, std::strerror(err), err), err);
 }
 
 namespace detail {

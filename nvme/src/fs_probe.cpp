@@ -54,6 +54,8 @@ DirectProbe probe_direct(int buffered_fd, const std::string& path, int flags) {
   return probe;
 }
 
+bool direct_io_refused(const Status& status) { return !status.ok() && status.system_errno() == EINVAL; }
+
 std::string fs_type_name(int64_t magic) {
   switch (static_cast<uint64_t>(magic)) {
     case 0xEF53: return "ext4";

@@ -666,7 +666,7 @@ void ScheduledEngine::on_result(Worker& w, Piece& p, int64_t result) {
 
 void ScheduledEngine::fail_inflight(Worker& w, const Status& status) {
   for (Piece& p : w.slots) {
-    if (p.request) complete_piece(w, p, Status(status.code(), fmt::format("{}: {}", piece_context(p), status.message())));
+    if (p.request) complete_piece(w, p, status.with_context(piece_context(p)));
   }
 }
 

@@ -4,7 +4,9 @@
     check_bench_offload.py STRATA ROWS.json WORKDIR MODE
 
 MODE schema: the JSON's keys and types, every row's status, the penalty
-            against the fastest in-memory row, and the interleaved order.
+            against the fastest in-memory row, and the interleaved order;
+            without --nvme-path the NVMe row runs under $STRATA_NVME_DIR
+            (said on the terminal and in the JSON) and leaves nothing there.
 MODE nofit: under a device cap, rows the engine refuses are "does_not_fit"
             with the engine's reason; the rest run; no penalty without a
             baseline.
@@ -111,11 +113,20 @@ def mode_schema(strata, rows_file, work):
     status = {r["label"]: r["status"] for r in doc["rows"]}
     want = {"s0 opt=none param=none bf16": "ok", "s1 opt=cpu param=none bf16": "ok",
             "s3 opt=cpu param=cpu bf16": "ok", "s3 opt=cpu param=none r=0.50 bf16": "ok",
-            "s1 opt=nvme param=none bf16": "skipped", "s2 opt=cpu param=none fp32": "ok"}
+            "s1 opt=nvme param=none bf16": "ok", "s2 opt=cpu param=none fp32": "ok"}
     if status != want:
         fail(f"statuses {status}, expected {want}")
-    if "--nvme-path" not in doc["rows"][4]["reason"]:
-        fail(f"the nvme row's reason does not say what to give: {doc['rows'][4]['reason']}")
+    # No --nvme-path: the NVMe row runs where strata train's swap files go by default, and says where.
+    nvme_dir = os.environ["STRATA_NVME_DIR"]
+    if doc.get("nvme_path") != nvme_dir:
+        fail(f"the JSON's nvme_path is {doc.get('nvme_path')!r}, expected $STRATA_NVME_DIR {nvme_dir!r}")
+    if f"nvme     the NVMe rows swap under {nvme_dir} ($STRATA_NVME_DIR" not in text:
+        fail(f"the terminal does not say where the NVMe rows swap:\n{text}")
+    nvme_row = doc["rows"][4]
+    if nvme_row["bytes_per_step"]["nvme_write"] == 0 or nvme_row["bytes_per_step"]["nvme_read"] == 0:
+        fail(f"the NVMe row moved no NVMe bytes: {nvme_row['bytes_per_step']}")
+    if os.listdir(nvme_dir):
+        fail(f"the bench left {os.listdir(nvme_dir)} in {nvme_dir}")
     if doc["baseline_row"] != 0 or doc["rows"][0]["penalty"] != 1.0:
         fail(f"the only in-memory row (0) is not the baseline with penalty 1: {doc['baseline_row']}")
     base = doc["rows"][0]["step_ms"]["median"]
@@ -232,6 +243,9 @@ def main():
         return 2
     strata, rows_file, work, mode = sys.argv[1:]
     os.makedirs(work, exist_ok=True)
+    # The NVMe row's default folder (no --nvme-path), this test's own.
+    os.environ["STRATA_NVME_DIR"] = os.path.join(work, "nvme")
+    os.makedirs(os.environ["STRATA_NVME_DIR"], exist_ok=True)
     {"schema": mode_schema, "nofit": mode_nofit, "csv": mode_csv, "plot": mode_plot}[mode](strata, rows_file, work)
     return 0
 

@@ -11,6 +11,16 @@ test -f "$work/prefix/lib/cmake/Strata/StrataConfig.cmake"
 test -f "$work/prefix/include/strata/core/status.h"
 test -x "$work/prefix/bin/strata"
 "$work/prefix/bin/strata" --version
+# The plotting script of `strata bench offload --plot` is installed, and the
+# installed strata finds it there (before the source tree): with matplotlib
+# hidden, the error names the script it would have run, before any row runs.
+test -x "$work/prefix/share/strata/plot_offload.py"
+mkdir -p "$work/fake-python"
+printf 'raise ImportError("hidden")\n' > "$work/fake-python/matplotlib.py"
+plot_out=$(PYTHONPATH="$work/fake-python" "$work/prefix/bin/strata" bench offload --plot "$work/out.png" 2>&1) &&
+  { echo "$plot_out"; echo "FAIL: bench offload --plot ran without matplotlib"; exit 1; }
+echo "$plot_out" | grep -q "to run .*prefix/share/strata/plot_offload.py" ||
+  { echo "$plot_out"; echo "FAIL: the installed strata did not find the installed plot_offload.py"; exit 1; }
 cmake -S "$source_dir/tests/apps/consumer" -B "$work/build" -DCMAKE_PREFIX_PATH="$work/prefix" \
   -DCMAKE_BUILD_TYPE=Release > "$work/configure.log" || { cat "$work/configure.log"; exit 1; }
 cmake --build "$work/build" > "$work/build.log" || { cat "$work/build.log"; exit 1; }

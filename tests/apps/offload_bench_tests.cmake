@@ -8,8 +8,11 @@ if(Python3_Interpreter_FOUND)
     add_test(NAME apps.bench_offload_${mode}
       COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/check_bench_offload.py $<TARGET_FILE:strata_cli>
               ${STRATA_OFFLOAD_ROWS} ${STRATA_OFFLOAD_WORK}/${mode} ${mode})
+    # Skipped (exit 77) only when matplotlib is missing; a FAIL line fails the test even when it
+    # quotes a row whose status is "skipped".
     set_tests_properties(apps.bench_offload_${mode} PROPERTIES LABELS apps TIMEOUT 300 SKIP_RETURN_CODE 77
-      PASS_REGULAR_EXPRESSION "bench offload ${mode} ok|skipped")
+      PASS_REGULAR_EXPRESSION "bench offload ${mode} ok|matplotlib is missing \\(apt-get install python3-matplotlib\\): skipped"
+      FAIL_REGULAR_EXPRESSION "FAIL: ")
   endforeach()
 endif()
 
@@ -35,6 +38,12 @@ strata_offload_error_test(bench_offload_rows_bad_combo "rows\\[0\\] \\(s2 opt=cp
   bench offload --configs ${bad}/offload_rows_bad_combo.json)
 strata_offload_error_test(bench_offload_nvme_path_not_dir "--nvme-path '.*offload_rows.json' is not a directory"
   bench offload --nvme-path ${STRATA_OFFLOAD_ROWS})
+# Every output option and the NVMe rows' folder are checked before any row runs (issue 22, defect 15).
+add_test(NAME apps.bench_offload_fails_fast
+  COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/bench_offload_fails_fast.sh $<TARGET_FILE:strata_cli> ${STRATA_OFFLOAD_ROWS}
+          ${STRATA_OFFLOAD_WORK}/fails-fast)
+set_tests_properties(apps.bench_offload_fails_fast PROPERTIES LABELS apps TIMEOUT 120
+  PASS_REGULAR_EXPRESSION "bench offload fails fast OK")
 strata_offload_error_test(bench_offload_seq_too_long "--seq 65 is longer than the model's max_seq 64"
   bench offload --seq 65)
 

@@ -143,6 +143,30 @@ TEST(ConfigBad, BatchTripleThatDoesNotMultiplyOutShowsArithmetic) {
                "set train_batch_size to 32");
 }
 
+// strata train under mpirun checks the batch keys against the communicator's
+// world and says where that world size came from (not "pass --world-size N").
+TEST(ConfigBad, BatchErrorNamesWhereTheWorldSizeCameFrom) {
+  ConfigOptions options;
+  options.world_size = 2;
+  options.world_size_origin = "the MPI communicator (mpirun -np 2)";
+  options.source = "ds.json";
+  const auto check = check_config_text(
+      R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1})", options);
+  expect_error(check, "train_batch_size",
+               "train_batch_size 8 != train_micro_batch_size_per_gpu 2 x gradient_accumulation_steps 1 x world size 2 "
+               "= 4 (world size 2 from the MPI communicator (mpirun -np 2))",
+               "set train_batch_size to 4");
+  EXPECT_EQ(check.format().find("--world-size"), std::string::npos) << check.format();
+  // The same keys are consistent with that world.
+  const auto good = check_config_text(
+      R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2})", options);
+  EXPECT_TRUE(good.ok()) << good.format();
+  // Without an origin (strata config check), world size 1 still says how to pass another.
+  const auto one = check_text(R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2,
+    "gradient_accumulation_steps": 2})");
+  expect_error(one, "train_batch_size", "(world size 1; pass --world-size N)", "set train_batch_size to 4");
+}
+
 TEST(ConfigBad, BatchThatDoesNotDivide) {
   const auto check = check_text(R"({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4})", 2);
   expect_error(check, "train_batch_size", "30 is not a multiple of train_micro_batch_size_per_gpu 4 x world size 2 = 8",

@@ -111,7 +111,9 @@ TEST(ConfigGood, ShortNamesAndAliases) {
   EXPECT_EQ(z.stage3_model_persistence_threshold, 13);
   EXPECT_TRUE(z.stage3_gather_16bit_weights_on_model_save);
   EXPECT_EQ(check.config.aio.intra_op_parallelism, 4);
-  EXPECT_EQ(check.warning_count(), 0u) << check.format();
+  // The one warning: model_persistence_threshold has no effect in Strata (config_no_effect_test.cpp).
+  EXPECT_EQ(check.warning_count(), 1u) << check.format();
+  expect_warning(check, "zero_optimization.model_persistence_threshold", "has no effect in Strata");
 }
 
 TEST(ConfigGood, LegacyNamesWarn) {

@@ -45,6 +45,17 @@ TEST(Status, ErrnoMapping) {
   EXPECT_NE(ErrnoStatus(ENOENT, "open /nope").message().find("open /nope"), std::string::npos);
 }
 
+TEST(Status, ErrnoIsCarriedThroughContext) {
+  const Status refused = ErrnoStatus(EINVAL, "write '/x' at offset 0");
+  EXPECT_EQ(refused.system_errno(), EINVAL);
+  EXPECT_EQ(refused.with_context("checkpoint").system_errno(), EINVAL);            // const&
+  EXPECT_EQ(ErrnoStatus(EIO, "read").with_context("layer 3").system_errno(), EIO);  // &&
+  EXPECT_EQ(refused.with_context("checkpoint").message().rfind("checkpoint: write '/x'", 0), 0u);
+  // Not from a system call: no errno, whatever the message says.
+  EXPECT_EQ(InvalidArgument("write '/x': Invalid argument (errno 22)").system_errno(), 0);
+  EXPECT_EQ(Status::Ok().system_errno(), 0);
+}
+
 TEST(Result, PropagatesThroughMacros) {
   EXPECT_EQ(*quarter_of(8), 2);
   EXPECT_FALSE(quarter_of(6).ok());

@@ -239,6 +239,10 @@ struct Config {
 struct ConfigOptions {
   // Data-parallel world size used for the batch arithmetic and "auto".
   int64_t world_size = 1;
+  // Where world_size came from, named in batch errors ("the MPI communicator
+  // (mpirun -np 2)", "--ranks 1"). Empty: the caller passed it as
+  // --world-size (the errors say to pass it when it is 1).
+  std::string world_size_origin;
   // Model hidden size: resolves the "auto" bucket sizes the way the
   // Hugging Face integration does (h*h, 0.9*h*h, 10*h).
   std::optional<int64_t> hidden_size;

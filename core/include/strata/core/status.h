@@ -32,6 +32,9 @@ class [[nodiscard]] Status {
  public:
   Status() = default;  // ok
   Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
+  // A failed system call: `system_errno` is its errno (ErrnoStatus builds these).
+  Status(StatusCode code, std::string message, int system_errno)
+      : code_(code), message_(std::move(message)), system_errno_(system_errno) {}
 
   static Status Ok() { return {}; }
   bool ok() const { return code_ == StatusCode::kOk; }
@@ -42,6 +45,11 @@ class [[nodiscard]] Status {
     return code_ == StatusCode::kUnavailable || code_ == StatusCode::kDeadlineExceeded;
   }
   bool is_data_loss() const { return code_ == StatusCode::kDataLoss; }
+  // The errno of the system call this status reports (ErrnoStatus), kept
+  // through with_context; 0 when it did not come from one. Code that reacts
+  // to a particular errno (EINVAL from an O_DIRECT write) decides on this,
+  // never on the message text.
+  int system_errno() const { return system_errno_; }
 
   // Prepends context: "while loading ckpt: <message>".
   Status with_context(std::string_view context) const&;
@@ -56,6 +64,7 @@ class [[nodiscard]] Status {
  private:
   StatusCode code_ = StatusCode::kOk;
   std::string message_;
+  int system_errno_ = 0;
 };
 
 inline Status InvalidArgument(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
@@ -70,7 +79,8 @@ inline Status IoError(std::string m) { return {StatusCode::kIoError, std::move(m
 inline Status DataLoss(std::string m) { return {StatusCode::kDataLoss, std::move(m)}; }
 inline Status Unsupported(std::string m) { return {StatusCode::kUnsupported, std::move(m)}; }
 inline Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
-// An errno mapped to a Status; the message names the operation and the errno text.
+// An errno mapped to a Status; the message names the operation and the errno
+// text, and system_errno() returns `err`.
 Status ErrnoStatus(int err, std::string_view what);
 
 template <typename T>

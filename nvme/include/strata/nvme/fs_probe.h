@@ -28,6 +28,14 @@ Result<PathProbe> probe_path(const std::string& dir);
 // Bytes available to this user under `path` (statvfs f_bavail).
 Result<uint64_t> available_bytes(const std::string& path);
 
+// True when `status` is an O_DIRECT transfer or open the file system refused
+// (EINVAL: no O_DIRECT support, or alignment it does not accept), so the
+// caller may repeat it through the page cache. Decided on the errno the
+// status carries (Status::system_errno), never on its message text: an
+// EINVAL from elsewhere that merely mentions "Invalid argument" in its
+// message, or an EIO, is not a refusal.
+bool direct_io_refused(const Status& status);
+
 // File-system type name for a statfs magic.
 std::string fs_type_name(int64_t magic);
 
