@@ -56,11 +56,16 @@
 //    is returned by close() when synchronous, else by the next
 //    add/open/close/flush call, once. A failed initial write (add) leaves
 //    the piece without state: its open() fails with that error.
-//  - Calls are serialized by a mutex (the engine calls from its driving and
-//    optimizer threads, never both at once); one piece open once at a time.
-//    bytes() and io_stats() never wait: they read counters published at the
-//    end of every other call, so the driving thread can report a step while
-//    the optimizer thread waits in open().
+//  - Calls are serialized by a mutex: the engine calls from its optimizer
+//    thread (updates, checkpoint snapshots) and its driving thread (commit,
+//    rollback, gather_state(), re-derived parameters), sometimes at once. A
+//    piece is lent to one thread at a time (Note [Piece leases] in
+//    state_tier.h): open() of a piece another thread holds open waits for
+//    its close(), and so do a demand read whose slots are all held by other
+//    threads' open pieces and rollback(). bytes(), io_stats() and
+//    rollbacks() never wait: they read counters published at the end of
+//    every other call, so the driving thread can report a step while the
+//    optimizer thread waits in open().
 #include <cstddef>
 #include <cstdint>
 #include <memory>
