@@ -13,6 +13,16 @@
 // thread wait: that wait, not the driving thread, is what a slow disk costs
 // the next step (it shows as exposed optimizer time). Then the writer
 // finishes the rank's part and rank 0 commits (Note [Checkpoint atomicity]).
+//
+// The driving thread may read the state while the snapshot does
+// (gather_state(), evaluate() and step() reaching the commit point): the NVMe
+// tier lends each piece to one thread at a time (Note [Piece leases] in
+// state_tier.h). The step being saved is still pending (committed at the
+// next commit point), so the commit point may roll it back while the
+// snapshot reads; after each piece the snapshot checks that the tier was not
+// rolled back and lost no write-back since the save began, else the save
+// fails: a checkpoint never mixes two steps, nor holds the step before
+// under this step's tag.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -95,6 +105,19 @@ Status write_extent(OutFile& f, const std::byte* data, uint64_t bytes, uint64_t 
 namespace {
 constexpr uint64_t kExtentAlign = 4096;
 uint64_t align_up(uint64_t n) { return (n + kExtentAlign - 1) / kExtentAlign * kExtentAlign; }
+
+// Note [Asynchronous save]: the pieces a snapshot read so far are the step
+// being saved when `tier` was not rolled back since the save began
+// (`rollbacks` then) and lost no write-back of that step.
+Status check_still_current(const OptimizerStateTier& tier, uint64_t rollbacks, const std::string& tag) {
+  if (tier.rollbacks() != rollbacks)
+    return Unavailable(fmt::format("checkpoint '{}': the step being saved was rolled back while its snapshot was "
+                                   "taken (Note [Atomic steps]); not committed, the previous `latest` stands (the "
+                                   "repeated step saves the tag again)",
+                                   tag));
+  return tier.committable().with_context(fmt::format(
+      "checkpoint '{}': the step being saved lost a write-back and will be rolled back; not committed", tag));
+}
 }  // namespace
 
 // Slots of fp32 [master | pad | exp_avg exp_avg_sq | pad] for the largest
@@ -144,6 +167,7 @@ struct Engine::Impl::SaveState {
   CompletionSource snapped{"checkpoint snapshot"};
   Completion snapped_c = snapped.completion();
   double seconds = 0;
+  uint64_t rollbacks = 0;  // the optimizer state tier's rollbacks() when the save began
 
   void fail(const Status& s) {
     std::lock_guard<std::mutex> lock(mu);
@@ -458,6 +482,7 @@ Result<CheckpointSaveInfo> Engine::Impl::save(const CheckpointSaveOptions& o) {
   s->keep = o.keep;
   s->commit_timeout_s = o.commit_timeout_s;
   s->t0 = t0;
+  s->rollbacks = tier->rollbacks();
   {
     std::error_code ec;
     fs::create_directory(s->tmp, ec);  // every rank; EEXIST from another rank is fine
@@ -552,7 +577,8 @@ Result<CheckpointSaveInfo> Engine::Impl::save(const CheckpointSaveOptions& o) {
           std::byte* base = slots->slots[k].data();
           float* master = reinterpret_cast<float*>(base);
           float* moments = reinterpret_cast<float*>(base + align_up(4 * p.count));
-          const Status st = read_piece_state(p.li, p.gi, rank, master, moments, moments + p.count);
+          Status st = read_piece_state(p.li, p.gi, rank, master, moments, moments + p.count);
+          if (st.ok()) st = check_still_current(*tier, s->rollbacks, s->tag);
           if (!st.ok()) {
             slots->release(k);
             s->fail(st.with_context(fmt::format("taking the snapshot of {}", state_name(p.li, p.gi, rank))));
