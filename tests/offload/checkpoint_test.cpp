@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "engine_harness.h"
+#include "strata/core/units.h"
 #include "strata/nvme/aio_config.h"
 #include "strata/nvme/fault_injection.h"
 #include "strata/offload/checkpoint.h"
@@ -511,6 +512,77 @@ TEST(CheckpointConcurrency, AStepRolledBackWhileItsSnapshotIsTakenIsNotSaved) {
         ASSERT_EQ(a, b) << tag << " layer " << li << " state " << static_cast<int>(kind);
       }
   }
+}
+
+// ------------------------------------------------------------ host budget
+
+// The snapshot slots (snapshot_slots x the largest piece's fp32 state) are
+// host memory of the engine: a save whose slots do not fit
+// strata.host_memory_budget beside the pinned plan is refused before
+// anything is written, naming the budget, the slots and the fix, and
+// training goes on; a save that fits counts them in the host peak.
+TEST(CheckpointMemory, SnapshotSlotsCountInTheHostBudget) {
+  TrainRun r;
+  r.world = 1;
+  r.steps = 3;
+  r.opt.stage = 2;
+  r.opt.offload_optimizer = OffloadDevice::kCpu;
+  // The plan: pinned memory, and one snapshot slot (the largest piece's fp32
+  // master and moments, each part 4 KiB-aligned).
+  EngineMemory plan;
+  uint64_t largest = 0;
+  {
+    TrainRun probe = r;
+    probe.steps = 1;
+    probe.on_start = [&](Engine& e, int) -> Status {
+      plan = e.predicted_memory();
+      const Partition& part = e.partition();
+      for (size_t li = 0; li < part.layer_count(); ++li)
+        for (const SubGroup& g : part.layer(li).groups)
+          largest = std::max<uint64_t>(largest, part.layer(li).piece_real(g, 0));
+      return Status::Ok();
+    };
+    const Outcome o = train(probe);
+    ASSERT_TRUE(o.status.ok()) << o.status.to_string();
+  }
+  const uint64_t slot = (4 * largest + 4095) / 4096 * 4096 + (8 * largest + 4095) / 4096 * 4096;
+  ASSERT_GT(plan.pinned, 0u);
+  ASSERT_EQ(plan.snapshot_slot_bytes, slot);
+
+  // Room for the plan and one slot, not two: a save with two is refused,
+  // nothing is written, training goes on; one slot is saved.
+  const fs::path dir = fresh_dir("budget");
+  r.opt.host_memory_budget = plan.pinned + slot + slot / 2;
+  std::vector<Status> refused;
+  r.on_step = [&](Engine& e, int, int64_t step) -> Status {
+    CheckpointSaveOptions o;
+    o.dir = dir.string();
+    o.sync = true;
+    o.snapshot_slots = step == 1 ? 2 : 1;
+    Result<CheckpointSaveInfo> saved = e.save_checkpoint(o);
+    if (step == 1) {
+      refused.push_back(saved.status());
+      EXPECT_FALSE(fs::exists(dir)) << "a refused save wrote nothing";
+      return Status::Ok();
+    }
+    return saved.status();
+  };
+  const Outcome o = train(r);
+  ASSERT_TRUE(o.status.ok()) << o.status.to_string();
+  ASSERT_EQ(o.losses.size(), 3u);
+  ASSERT_EQ(refused.size(), 1u);
+  const Status& st = refused[0];
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.to_string();
+  for (const std::string& want : {std::string("strata.host_memory_budget"), std::string("--save-slots"),
+                                  std::string("snapshot_slots"), format_bytes(2 * slot, true),
+                                  format_bytes(r.opt.host_memory_budget, true)})
+    EXPECT_NE(st.message().find(want), std::string::npos) << want << " in: " << st.message();
+  // Step metrics are taken before the step's save: the refused save (step 1)
+  // allocated nothing by step 2; the save of one slot counts it from step 3.
+  EXPECT_EQ(o.metrics[1].peak_host_bytes, 0u);
+  EXPECT_EQ(o.metrics[2].peak_host_bytes, slot);
+  EXPECT_TRUE(fs::exists(dir / "global_step2" / "manifest.json"));
+  EXPECT_EQ(CheckpointReader::open(dir).value().manifest().scalars.step_calls, 3);
 }
 
 }  // namespace
