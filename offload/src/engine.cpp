@@ -424,6 +424,16 @@ Engine::~Engine() {
     // the optimizer threads (they run what is queued; the state they step is still alive),
     if (impl_->worker) impl_->worker.reset();
     if (impl_->dev_worker) impl_->dev_worker.reset();
+    // the updates' parameter write-backs to NVMe (stage 3, offload_param
+    // nvme): the optimizer thread started them; each one's continuation runs
+    // on an I/O thread when it completes, and a failed one records its error
+    // in this engine (update_failure, failure_mu, destroyed before
+    // param_swap). A layer's shard_ready completes after that continuation,
+    // so none is left once every layer's has,
+    for (Impl::Layer& l : impl_->layers) {
+      l.update_done.wait().ignore();
+      l.shard_ready.wait().ignore();
+    }
     // the checkpoint save in flight (its snapshot was taken: it only writes
     // files; rank 0 does not wait for peers that may have failed),
     impl_->abandon_save();

@@ -13,6 +13,24 @@
 // thread wait: that wait, not the driving thread, is what a slow disk costs
 // the next step (it shows as exposed optimizer time). Then the writer
 // finishes the rank's part and rank 0 commits (Note [Checkpoint atomicity]).
+//
+// The driving thread may read the state while the snapshot does
+// (gather_state(), evaluate() and step() reaching the commit point): the NVMe
+// tier lends each piece to one thread at a time (Note [Piece leases] in
+// state_tier.h). The step being saved is still pending (committed at the
+// next commit point), so the commit point may roll it back while the
+// snapshot reads; after each piece the snapshot checks that the tier was not
+// rolled back and lost no write-back since the save began, else the save
+// fails: a checkpoint never mixes two steps, nor holds the step before
+// under this step's tag.
+//
+// Note [Snapshot slots and the host budget]
+// The slots are pageable host memory of the engine, counted in its
+// MemoryStats (kPageableHost) while they exist. strata.host_memory_budget
+// bounds the pinned plan (checked at creation) and, at each save, the
+// pinned plan plus snapshot_slots x EngineMemory::snapshot_slot_bytes (the
+// plan's size of one slot): a save above it is refused on every rank before
+// anything is allocated or written, naming the fix.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -95,16 +113,74 @@ Status write_extent(OutFile& f, const std::byte* data, uint64_t bytes, uint64_t 
 namespace {
 constexpr uint64_t kExtentAlign = 4096;
 uint64_t align_up(uint64_t n) { return (n + kExtentAlign - 1) / kExtentAlign * kExtentAlign; }
+
+// Note [Snapshot slots and the host budget]: `count` slots of `slot_bytes`
+// beside the engine's pinned plan, against this rank's share of
+// strata.host_memory_budget (0: unlimited).
+Status check_snapshot_budget(const EngineOptions& opt, const EngineMemory& plan, int rank, const std::string& tag,
+                             size_t count, uint64_t slot_bytes) {
+  const uint64_t budget = opt.host_memory_budget, slots = count * slot_bytes;
+  if (budget == 0 || plan.pinned + slots <= budget) return Status::Ok();
+  const uint64_t room = budget > plan.pinned ? budget - plan.pinned : 0;
+  const uint64_t fit = slot_bytes == 0 ? 0 : std::min<uint64_t>(room / slot_bytes, 64);
+  const std::string fewer =
+      fit >= 1 ? fmt::format("lower --save-slots (CheckpointSaveOptions::snapshot_slots) to {}", fit)
+               : "not even one slot fits (--save-slots, CheckpointSaveOptions::snapshot_slots, is at least 1)";
+  return ResourceExhausted(fmt::format(
+      "{}: checkpoint '{}' on rank {} needs {} snapshot slot(s) of {} ({} of pageable host memory; a slot holds this "
+      "rank's largest piece as fp32 master and moments, 12 B per element) beside the engine's {} of pinned memory, "
+      "above this rank's share of strata.host_memory_budget, {}; nothing was saved (the engine can go on training). "
+      "Fix: {}, lower zero_optimization.sub_group_size (smaller pieces, smaller slots) or raise "
+      "strata.host_memory_budget",
+      opt.source, tag, rank, count, format_bytes(slot_bytes, true), format_bytes(slots, true),
+      format_bytes(plan.pinned, true), format_bytes(budget, true), fewer));
+}
+
+// Note [Asynchronous save]: the pieces a snapshot read so far are the step
+// being saved when `tier` was not rolled back since the save began
+// (`rollbacks` then) and lost no write-back of that step.
+Status check_still_current(const OptimizerStateTier& tier, uint64_t rollbacks, const std::string& tag) {
+  if (tier.rollbacks() != rollbacks)
+    return Unavailable(fmt::format("checkpoint '{}': the step being saved was rolled back while its snapshot was "
+                                   "taken (Note [Atomic steps]); not committed, the previous `latest` stands (the "
+                                   "repeated step saves the tag again)",
+                                   tag));
+  return tier.committable().with_context(fmt::format(
+      "checkpoint '{}': the step being saved lost a write-back and will be rolled back; not committed", tag));
+}
 }  // namespace
 
 // Slots of fp32 [master | pad | exp_avg exp_avg_sq | pad] for the largest
-// piece, allocated at the first save and kept (counted as pageable host memory).
+// piece, allocated at the first save and kept; counted as pageable host
+// memory in the engine's stats from allocation to destruction (Note
+// [Snapshot slots and the host budget]).
 struct Engine::Impl::SnapshotSlots {
   std::mutex mu;
   std::condition_variable cv;
   std::vector<nvme::AlignedBuffer> slots;
   uint64_t slot_bytes = 0;
   std::vector<size_t> free;
+  MemoryStats* stats = nullptr;
+  uint64_t counted = 0;  // bytes on stats' kPageableHost
+  static Result<std::shared_ptr<SnapshotSlots>> allocate(size_t count, uint64_t bytes, MemoryStats& stats) {
+    auto fresh = std::make_shared<SnapshotSlots>();
+    fresh->stats = &stats;
+    fresh->slot_bytes = bytes;
+    for (size_t k = 0; k < count; ++k) {
+      Result<nvme::AlignedBuffer> b = nvme::AlignedBuffer::allocate(bytes, kExtentAlign);
+      if (!b.ok())
+        return b.status().with_context(fmt::format("allocating checkpoint snapshot slot {} of {} ({})", k + 1, count,
+                                                   format_bytes(bytes, true)));
+      fresh->slots.push_back(std::move(b).value());
+      fresh->free.push_back(k);
+      stats.on_allocate(Tier::kPageableHost, bytes);
+      fresh->counted += bytes;
+    }
+    return fresh;
+  }
+  ~SnapshotSlots() {
+    if (stats != nullptr && counted != 0) stats->on_free(Tier::kPageableHost, counted);
+  }
   size_t acquire() {
     std::unique_lock<std::mutex> lock(mu);
     // Blocks the optimizer thread by design: this is the bound on host
@@ -144,6 +220,7 @@ struct Engine::Impl::SaveState {
   CompletionSource snapped{"checkpoint snapshot"};
   Completion snapped_c = snapped.completion();
   double seconds = 0;
+  uint64_t rollbacks = 0;  // the optimizer state tier's rollbacks() when the save began
 
   void fail(const Status& s) {
     std::lock_guard<std::mutex> lock(mu);
@@ -390,16 +467,27 @@ Result<CheckpointSaveInfo> Engine::Impl::save(const CheckpointSaveOptions& o) {
 
   // Every rank's previous save is over (each waited for its own above), so
   // rank 0 may remove this run's own unfinished attempt at the same tag
-  // below (a step rolled back and saved again, Note [Atomic steps]).
+  // below (a step rolled back and saved again, Note [Atomic steps]). The
+  // same collective counts the ranks whose snapshot slots do not fit the
+  // host budget: then every rank refuses, before anything is written.
+  const size_t nslots = static_cast<size_t>(o.snapshot_slots);
+  const uint64_t slot_bytes = predicted.snapshot_slot_bytes;
   {
-    const double ready = 1;
+    const Status fits = check_snapshot_budget(opt, predicted, rank, tag, nslots, slot_bytes);
+    const double refused = fits.ok() ? 0 : 1;
     double all = 0;
     STRATA_RETURN_IF_ERROR(comm::host_collective(
-        comm, &ready, sizeof(double), &all, sizeof(double),
+        comm, &refused, sizeof(double), &all, sizeof(double),
         [&](const void* s, void* r) {
           return comm.all_reduce(s, r, 1, DType::kF64, comm::ReduceOp::kSum, comm::CommQueue::kReduce);
         },
         "starting the checkpoint save"));
+    if (!fits.ok()) return fits;
+    if (all != 0)
+      return ResourceExhausted(fmt::format(
+          "checkpoint '{}': the snapshot slots of {} other rank(s) do not fit strata.host_memory_budget (see their "
+          "errors); nothing was saved (the engine can go on training)",
+          tag, static_cast<int64_t>(all)));
   }
   // Rank 0 checks the folder and the tag and picks the save's temporary
   // name; every rank learns the verdict, so all fail or none.
@@ -458,6 +546,7 @@ Result<CheckpointSaveInfo> Engine::Impl::save(const CheckpointSaveOptions& o) {
   s->keep = o.keep;
   s->commit_timeout_s = o.commit_timeout_s;
   s->t0 = t0;
+  s->rollbacks = tier->rollbacks();
   {
     std::error_code ec;
     fs::create_directory(s->tmp, ec);  // every rank; EEXIST from another rank is fine
@@ -520,19 +609,13 @@ Result<CheckpointSaveInfo> Engine::Impl::save(const CheckpointSaveOptions& o) {
       s->extents.push_back(oe);
     }
   }
-  const size_t nslots = static_cast<size_t>(o.snapshot_slots);
-  const uint64_t slot_bytes = align_up(4 * largest) + align_up(8 * largest);
-  if (!snapshot_slots || snapshot_slots->slots.size() != nslots || snapshot_slots->slot_bytes < slot_bytes) {
-    if (snapshot_slots) stats.on_free(Tier::kPageableHost, snapshot_slots->slots.size() * snapshot_slots->slot_bytes);
-    auto fresh = std::make_shared<SnapshotSlots>();
-    for (size_t k = 0; k < nslots; ++k) {
-      STRATA_ASSIGN_OR_RETURN(nvme::AlignedBuffer b, nvme::AlignedBuffer::allocate(slot_bytes, kExtentAlign));
-      fresh->slots.push_back(std::move(b));
-      fresh->free.push_back(k);
-    }
-    fresh->slot_bytes = slot_bytes;
-    snapshot_slots = std::move(fresh);
-    stats.on_allocate(Tier::kPageableHost, nslots * slot_bytes);
+  STRATA_CHECK(slot_bytes == align_up(4 * largest) + align_up(8 * largest),
+               "the plan's snapshot slot holds exactly this rank's largest piece");
+  if (!snapshot_slots || snapshot_slots->slots.size() != nslots) {
+    // The previous save is over: nothing uses the old slots; they go first,
+    // so the host memory never holds both.
+    snapshot_slots.reset();
+    STRATA_ASSIGN_OR_RETURN(snapshot_slots, SnapshotSlots::allocate(nslots, slot_bytes, stats));
   }
   // Its tasks never fail (a save's errors are the save's), so one thread serves every save.
   if (!ckpt_writer) ckpt_writer = std::make_unique<SerialWorker>(fmt::format("checkpoint writer of rank {}", rank));
@@ -552,7 +635,8 @@ Result<CheckpointSaveInfo> Engine::Impl::save(const CheckpointSaveOptions& o) {
           std::byte* base = slots->slots[k].data();
           float* master = reinterpret_cast<float*>(base);
           float* moments = reinterpret_cast<float*>(base + align_up(4 * p.count));
-          const Status st = read_piece_state(p.li, p.gi, rank, master, moments, moments + p.count);
+          Status st = read_piece_state(p.li, p.gi, rank, master, moments, moments + p.count);
+          if (st.ok()) st = check_still_current(*tier, s->rollbacks, s->tag);
           if (!st.ok()) {
             slots->release(k);
             s->fail(st.with_context(fmt::format("taking the snapshot of {}", state_name(p.li, p.gi, rank))));

@@ -33,6 +33,7 @@ Result<EngineMemory> plan_engine_memory(const EngineOptions& opt, std::span<cons
   const size_t me = dtype_size(opt.moment_dtype);
   uint64_t np_total = 0, np_max = 0, g_total = 0, g_max = 0, np_total_real = 0, nvme_largest = 0;
   uint64_t param_cached = 0, param_slot = 0;
+  uint64_t largest_piece = 0;  // of this rank's pieces (every rank saves its own), for the snapshot slot
   size_t np_pe = 2;
   for (size_t li = 0; li < part.layer_count(); ++li) {
     const LayerSpec& spec = layers[li];
@@ -80,6 +81,7 @@ Result<EngineMemory> plan_engine_memory(const EngineOptions& opt, std::span<cons
       if (!(param_on_host && !persistent) || on_nvme) m.pinned_staging += std::max<uint64_t>(64, owned * pe);
     }
     if ((!opt_on_host && !grads_in_place) || split) m.device_optimizer += std::max<uint64_t>(64, owned * ge);
+    for (const SubGroup& g : lp.groups) largest_piece = std::max<uint64_t>(largest_piece, lp.piece_real(g, rank));
     for (const SubGroup& g : lp.groups)
       for (int r = owned_begin; r < owned_end; ++r) {
         const uint64_t count = lp.piece_real(g, r), host = host_part(opt.ratio, count);
@@ -116,6 +118,10 @@ Result<EngineMemory> plan_engine_memory(const EngineOptions& opt, std::span<cons
     m.pinned_optimizer = static_cast<uint64_t>(opt.nvme.buffer_count) * std::max(nvme_largest, kNvmeStateAlign);
   if (param_slot != 0) m.pinned_params += static_cast<uint64_t>(opt.nvme_param.buffer_count) * std::max<uint64_t>(param_slot, 4096);
   m.pinned = m.pinned_optimizer + m.pinned_grads + m.pinned_staging + m.pinned_params;
+  // A checkpoint snapshot slot: the largest piece as fp32 master [4 B] and
+  // moments [8 B], each part 4 KiB-aligned (engine_checkpoint.cpp).
+  auto aligned = [](uint64_t n) { return (n + 4095) / 4096 * 4096; };
+  m.snapshot_slot_bytes = aligned(4 * largest_piece) + aligned(8 * largest_piece);
   return m;
 }
 

@@ -4,9 +4,12 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
+#include <thread>
 #include <tuple>
 
 #include <fmt/format.h>
@@ -58,6 +61,7 @@ class NvmeStateTier final : public OptimizerStateTier {
   Status commit() override;
   Status committable() const override;
   Status rollback() override;
+  uint64_t rollbacks() const override { return rollbacks_.load(std::memory_order_acquire); }
 
  private:
   enum class Where : uint8_t { kDisk, kReading, kOpen, kWriting };
@@ -69,6 +73,7 @@ class NvmeStateTier final : public OptimizerStateTier {
     uint64_t bytes = 0;  // nvme_piece_bytes
     Where where = Where::kDisk;
     Slot slot;           // kReading, kOpen
+    std::thread::id opener;  // kOpen: the thread that holds it (Note [Piece leases] in state_tier.h)
     nvme::SwapHandle io; // kReading: its read; kWriting: its write (the slot is released after it)
     bool initial = false;  // the write in flight is the first (add): a failure leaves no state
     bool prefetched = false;
@@ -93,7 +98,15 @@ class NvmeStateTier final : public OptimizerStateTier {
   Status finish_write(Piece& p);
   Status start_read(Piece& p);
   Status wait_read(Piece& p);
-  Result<Slot> acquire_for_demand(const Piece& p);
+  // A slot for an open() of p; nullopt when every slot is held by pieces
+  // other threads hold open (wait for a close, then look again).
+  Result<std::optional<Slot>> acquire_for_demand(const Piece& p);
+  // Note [Piece leases]: pieces open on threads other than the caller's.
+  size_t open_elsewhere() const;
+  // Waits (mu_ released) for a close() on another thread; DeadlineExceeded
+  // saying `what` once `deadline` has passed.
+  Status wait_for_a_close(std::unique_lock<std::mutex>& lock, std::chrono::steady_clock::time_point deadline,
+                          const std::string& what);
   void pump();
   PieceState state_of(const Piece& p);
   size_t held_by_pieces() const { return open_count_ + reading_count_; }
@@ -120,6 +133,8 @@ class NvmeStateTier final : public OptimizerStateTier {
   std::unique_ptr<nvme::SwapStore> store_;  // after pool_ and the engine: destroyed first
 
   mutable std::mutex mu_;
+  std::condition_variable closed_;  // a piece was closed (Note [Piece leases])
+  std::atomic<uint64_t> rollbacks_{0};
   std::vector<Piece> pieces_;
   std::map<StateId, size_t, IdLess> index_;
   std::vector<size_t> order_;       // piece indices, open() order
@@ -325,14 +340,17 @@ Status NvmeStateTier::wait_read(Piece& p) {
   return Status::Ok();
 }
 
-Result<Slot> NvmeStateTier::acquire_for_demand(const Piece& want) {
+Result<std::optional<Slot>> NvmeStateTier::acquire_for_demand(const Piece& want) {
   const std::string holder = piece_name(want);
   for (;;) {
     Result<Slot> slot = pool_->try_acquire(holder);
-    if (slot.ok()) return slot;
+    if (slot.ok()) return std::optional<Slot>(std::move(slot).value());
     // A slot not held by an open or read-ahead piece is a write-back in
     // flight (or just finished): it comes back by itself.
-    if (held_by_pieces() < pool_->slot_count()) return pool_->acquire(holder);
+    if (held_by_pieces() < pool_->slot_count()) {
+      STRATA_ASSIGN_OR_RETURN(Slot s, pool_->acquire(holder));
+      return std::optional<Slot>(std::move(s));
+    }
     // Every slot holds an open or read-ahead piece: drop the read-ahead
     // piece farthest in the order from the one wanted.
     const size_t n = order_.size();
@@ -345,6 +363,8 @@ Result<Slot> NvmeStateTier::acquire_for_demand(const Piece& want) {
       if (pos != kNotInOrder && from != kNotInOrder) distance = (pos + n - from) % n;
       if (victim == kNotInOrder || distance > best) victim = i, best = distance;
     }
+    // Every slot holds an open piece: another thread's close frees one.
+    if (victim == kNotInOrder && open_elsewhere() > 0) return std::optional<Slot>();
     if (victim == kNotInOrder)
       return FailedPrecondition(fmt::format(
           "opening {}: all {} NVMe state slots hold open pieces; close one first (or raise "
@@ -439,35 +459,74 @@ Status NvmeStateTier::add(const StateId& id, const std::string& name, size_t cou
 }
 
 Result<PieceState> NvmeStateTier::open(const StateId& id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   Publisher publisher{this};
   STRATA_RETURN_IF_ERROR(harvest());
   Piece& p = find(id, "open");
-  STRATA_CHECK(p.where != Where::kOpen, fmt::format("{} opened twice", piece_name(p)));
   const size_t index = static_cast<size_t>(&p - pieces_.data());
   if (order_pos_[index] != kNotInOrder) cursor_ = order_pos_[index];
   if (p.count == 0) {
     pump();
     return state_of(p);
   }
-  if (p.where == Where::kWriting) STRATA_RETURN_IF_ERROR(finish_write(p));
-  if (!p.lost.ok()) return p.lost;
-  if (p.where == Where::kReading) {
-    if (p.prefetched) ++io_.prefetched_opens;
-  } else {
-    STRATA_ASSIGN_OR_RETURN(p.slot, acquire_for_demand(p));
+  // Note [Piece leases] in state_tier.h: a piece (or every slot) held by
+  // another thread is waited for; the loop looks again after each wait.
+  const auto deadline = std::chrono::steady_clock::now() + kPieceOpenWait;
+  for (;;) {
+    if (p.where == Where::kOpen) {
+      STRATA_CHECK(p.opener != std::this_thread::get_id(),
+                   fmt::format("{} opened twice by one thread", piece_name(p)));
+      STRATA_RETURN_IF_ERROR(
+          wait_for_a_close(lock, deadline, fmt::format("opening {}, open on another thread", piece_name(p))));
+      continue;
+    }
+    if (p.where == Where::kWriting) STRATA_RETURN_IF_ERROR(finish_write(p));
+    if (!p.lost.ok()) return p.lost;
+    if (p.where == Where::kReading) {
+      if (p.prefetched) ++io_.prefetched_opens;
+      break;
+    }
+    STRATA_ASSIGN_OR_RETURN(std::optional<Slot> slot, acquire_for_demand(p));
+    if (!slot) {
+      STRATA_RETURN_IF_ERROR(wait_for_a_close(
+          lock, deadline,
+          fmt::format("opening {}: all {} NVMe state slots hold pieces open on other threads", piece_name(p),
+                      pool_->slot_count())));
+      continue;
+    }
+    p.slot = std::move(*slot);
     Status st = start_read(p);
     if (!st.ok()) {
       p.slot.reset();
       return st;
     }
+    break;
   }
   STRATA_RETURN_IF_ERROR(wait_read(p));
   p.where = Where::kOpen;
+  p.opener = std::this_thread::get_id();
   p.prefetched = false;
   ++open_count_;
   pump();
   return state_of(p);
+}
+
+size_t NvmeStateTier::open_elsewhere() const {
+  const std::thread::id me = std::this_thread::get_id();
+  size_t n = 0;
+  for (const Piece& p : pieces_)
+    if (p.where == Where::kOpen && p.opener != me) ++n;
+  return n;
+}
+
+Status NvmeStateTier::wait_for_a_close(std::unique_lock<std::mutex>& lock,
+                                       std::chrono::steady_clock::time_point deadline, const std::string& what) {
+  if (closed_.wait_until(lock, deadline) == std::cv_status::timeout)
+    return DeadlineExceeded(fmt::format(
+        "{}: waited {} s for the other thread (the optimizer or a checkpoint snapshot) to close it (Note [Piece "
+        "leases] in state_tier.h); that thread is stuck",
+        what, kPieceOpenWait.count()));
+  return Status::Ok();
 }
 
 Status NvmeStateTier::close(const StateId& id, bool modified) {
@@ -478,6 +537,7 @@ Status NvmeStateTier::close(const StateId& id, bool modified) {
   STRATA_CHECK(p.where == Where::kOpen, fmt::format("{} closed but not open", piece_name(p)));
   --open_count_;
   p.where = Where::kDisk;
+  closed_.notify_all();  // Note [Piece leases]: another thread may wait for it (or for its slot)
   Status result;
   if (!modified) {
     p.slot.reset();
@@ -613,12 +673,23 @@ Status NvmeStateTier::committable() const {
 }
 
 Status NvmeStateTier::rollback() {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   Publisher publisher{this};
+  // Note [Piece leases]: pieces other threads hold open (a checkpoint
+  // snapshot's read) are closed first; the caller holds none.
+  const auto deadline = std::chrono::steady_clock::now() + kPieceOpenWait;
+  while (open_count_ > 0) {
+    for (const Piece& p : pieces_)
+      STRATA_CHECK(p.where != Where::kOpen || p.opener != std::this_thread::get_id(),
+                   fmt::format("{} is open during a rollback", piece_name(p)));
+    STRATA_RETURN_IF_ERROR(wait_for_a_close(
+        lock, deadline,
+        fmt::format("rolling back the optimizer state on NVMe, {} piece(s) open on another thread", open_count_)));
+  }
+  rollbacks_.fetch_add(1, std::memory_order_acq_rel);
   // The failed step's write-backs and their errors go with it.
   wait_writes().ignore();
   for (Piece& p : pieces_) {
-    STRATA_CHECK(p.where != Where::kOpen, fmt::format("{} is open during a rollback", piece_name(p)));
     if (p.where == Where::kReading) {  // read-ahead of a version being forgotten
       wait_read(p).ignore();
       p.slot.reset();

@@ -10,12 +10,17 @@
 //  - host memory does not grow with the number of saves.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
+#include <mutex>
 
 #include <unistd.h>
 
 #include "engine_harness.h"
+#include "strata/core/units.h"
 #include "strata/nvme/aio_config.h"
 #include "strata/nvme/fault_injection.h"
 #include "strata/offload/checkpoint.h"
@@ -343,6 +348,241 @@ TEST(CheckpointMemory, HostMemoryDoesNotGrowWithSaves) {
     if (e.is_directory()) ++tags;
   }
   EXPECT_EQ(tags, 2u);
+}
+
+// ------------------------------------------------------------ concurrency
+
+// Every layer's state of the given kind, as gather_state returns it (a collective).
+using LayerStates = std::vector<std::array<std::vector<float>, 3>>;
+Result<LayerStates> gather_everything(Engine& e) {
+  const size_t n = e.partition().layer_count();
+  LayerStates out(n);
+  // Last layer first: the snapshot walks the pieces the other way, so the two
+  // meet on some piece.
+  for (size_t li = n; li-- > 0;)
+    for (int k = 0; k < 3; ++k) {
+      STRATA_ASSIGN_OR_RETURN(out[li][k], e.gather_state(li, static_cast<Engine::StateKind>(k)));
+    }
+  return out;
+}
+
+// A checkpoint's state of every layer, in gather_state's form.
+LayerStates read_checkpoint(const fs::path& tag, const LayerStates& shape) {
+  CheckpointReader rd = CheckpointReader::open(tag).value();
+  EXPECT_TRUE(rd.verify().ok()) << tag;
+  LayerStates out = shape;
+  for (size_t li = 0; li < out.size(); ++li)
+    for (int k = 0; k < 3; ++k) {
+      Status st = rd.read(li, static_cast<CheckpointState>(k), 0, out[li][k]);
+      EXPECT_TRUE(st.ok()) << tag << ": " << st.to_string();
+    }
+  return out;
+}
+
+// save_checkpoint() queues its snapshot on the optimizer thread and returns;
+// gather_state() and evaluate() right after it read the optimizer state from
+// the driving thread while the snapshot reads it. The NVMe tier serializes
+// the two (a piece open on one thread is waited for by the other): no piece
+// is opened twice (that aborted the process), and every checkpoint holds
+// exactly the state gather_state() read after the same step.
+TEST(CheckpointConcurrency, GatherStateAndEvaluateRightAfterASaveOpenNoPieceTwice) {
+  for (int world : {1, 2}) {
+    SCOPED_TRACE(fmt::format("{} rank(s)", world));
+    const fs::path dir = fresh_dir(fmt::format("concurrent-{}", world));
+    TrainRun r;
+    r.world = world;
+    r.steps = 12;
+    apply_placement(r, Placement{3, OffloadDevice::kNvme, OffloadDevice::kCpu, true, 1024});
+    r.opt.nvme.buffer_count = 2;
+    std::map<int64_t, LayerStates> gathered;  // rank 0's, per step
+    std::mutex mu;
+    r.on_step = [&](Engine& e, int rank, int64_t step) -> Status {
+      CheckpointSaveOptions o;
+      o.dir = dir.string();
+      o.snapshot_slots = 1;  // the snapshot waits for the writer: it runs longer
+      STRATA_RETURN_IF_ERROR(e.save_checkpoint(o).status());
+      if (step % 3 == 0) STRATA_RETURN_IF_ERROR(e.evaluate().status());
+      STRATA_ASSIGN_OR_RETURN(LayerStates states, gather_everything(e));
+      if (rank == 0) {
+        std::lock_guard<std::mutex> lock(mu);
+        gathered[step] = std::move(states);
+      }
+      return Status::Ok();
+    };
+    r.on_end = [](Engine& e, int) { return e.wait_checkpoint().status(); };
+    const Outcome o = train(r);
+    ASSERT_TRUE(o.status.ok()) << o.status.to_string();
+    ASSERT_EQ(gathered.size(), 12u);
+    for (const auto& [step, states] : gathered) {
+      const LayerStates saved = read_checkpoint(dir / default_checkpoint_tag(step), states);
+      for (size_t li = 0; li < states.size(); ++li)
+        for (int k = 0; k < 3; ++k)
+          ASSERT_EQ(saved[li][k], states[li][k]) << "step " << step << " layer " << li << " state " << k;
+    }
+  }
+}
+
+// The step being saved is rolled back while its snapshot is taken: a
+// write-back of the optimizer state fails (EIO) and evaluate(), called right
+// after save_checkpoint(), reaches the commit point, which rolls every piece
+// back to the step before while the snapshot may still read. The save fails
+// (a checkpoint of half one step and half the other, or of the step before
+// under this step's tag, is never committed), the repeated step saves the
+// same tag again, and every committed checkpoint is bit for bit the one a
+// run without faults saved. Who sees the write's error first (the snapshot
+// or the commit point) is a race, so the fault comes back every other step.
+TEST(CheckpointConcurrency, AStepRolledBackWhileItsSnapshotIsTakenIsNotSaved) {
+  const int steps = 24;
+  TrainRun base;
+  base.world = 1;
+  base.steps = steps;
+  apply_placement(base, Placement{3, OffloadDevice::kNvme, OffloadDevice::kNone, true, 1024});
+  base.opt.nvme.buffer_count = 2;
+  // Saves after every step, then an evaluation; errors of saves and evaluations collected.
+  struct Log {
+    std::vector<std::string> failed_saves, failed_evals;
+  };
+  auto saving = [](TrainRun& r, const fs::path& dir, Log& log, std::function<void(Engine&)> before) {
+    r.on_step = [dir, &log, before](Engine& e, int, int64_t) -> Status {
+      if (before) before(e);
+      Result<std::optional<CheckpointSaveDone>> done = e.wait_checkpoint();
+      if (!done.ok()) log.failed_saves.push_back(done.status().to_string());
+      CheckpointSaveOptions o;
+      o.dir = dir.string();
+      o.snapshot_slots = 1;  // the snapshot waits for the writer: it runs longer
+      STRATA_RETURN_IF_ERROR(e.save_checkpoint(o).status());
+      Result<double> v = e.evaluate();
+      if (!v.ok()) log.failed_evals.push_back(v.status().to_string());
+      return Status::Ok();
+    };
+    r.on_end = [&log](Engine& e, int) {
+      Result<std::optional<CheckpointSaveDone>> done = e.wait_checkpoint();
+      if (!done.ok()) log.failed_saves.push_back(done.status().to_string());
+      return Status::Ok();
+    };
+  };
+  const fs::path ref_dir = fresh_dir("rollback-ref");
+  Log ref_log;
+  TrainRun ref = base;
+  saving(ref, ref_dir, ref_log, nullptr);
+  const Outcome straight = train(ref);
+  ASSERT_TRUE(straight.status.ok()) << straight.status.to_string();
+  ASSERT_TRUE(ref_log.failed_saves.empty() && ref_log.failed_evals.empty());
+
+  FaultyEngines faults(1, /*reads=*/false, /*writes=*/true);
+  const fs::path dir = fresh_dir("rollback");
+  Log log;
+  uint64_t armed = 0;
+  TrainRun faulty = base;
+  faulty.engine_for_rank = [&](int rank) { return faults[rank]; };
+  saving(faulty, dir, log, [&](Engine& e) {
+    if (e.step_calls() % 2 == 0 || faults.eio() != armed) return;
+    // This step's write-backs done and committed; of the next step's, all
+    // but the last piece's pass.
+    ASSERT_TRUE(e.synchronize().ok());
+    uint64_t pieces = 0;
+    const Partition& part = e.partition();
+    for (size_t li = 0; li < part.layer_count(); ++li)
+      for (const SubGroup& g : part.layer(li).groups) pieces += part.layer(li).piece_real(g, 0) > 0 ? 1 : 0;
+    faults.counters[0]->arm(pieces - 1, 1);
+    ++armed;
+  });
+  const Outcome o = train(faulty);
+  ASSERT_TRUE(o.status.ok()) << o.status.to_string();
+  const size_t failures = faults.eio();
+  EXPECT_GE(failures, 6u);
+  // Each failed write-back: one rolled-back step, its save failed.
+  ASSERT_EQ(log.failed_evals.size(), failures);
+  for (const std::string& e : log.failed_evals) EXPECT_NE(e.find("rolled back"), std::string::npos) << e;
+  ASSERT_EQ(log.failed_saves.size(), failures);
+  // Each committed tag holds what the run without faults saved under it.
+  const int64_t last = steps - static_cast<int64_t>(failures);
+  for (int64_t k = 1; k <= last; ++k) {
+    const std::string tag = default_checkpoint_tag(k);
+    ASSERT_TRUE(fs::exists(dir / tag / "manifest.json")) << tag;
+    CheckpointReader want = CheckpointReader::open(ref_dir / tag).value();
+    CheckpointReader got = CheckpointReader::open(dir / tag).value();
+    EXPECT_TRUE(got.verify().ok()) << tag;
+    EXPECT_EQ(got.manifest().scalars.step, want.manifest().scalars.step) << tag;
+    for (size_t li = 0; li < want.manifest().layers.size(); ++li)
+      for (CheckpointState kind : {CheckpointState::kMaster, CheckpointState::kExpAvg, CheckpointState::kExpAvgSq}) {
+        std::vector<float> a(want.manifest().layers[li].elements), b(a.size());
+        ASSERT_TRUE(want.read(li, kind, 0, a).ok());
+        ASSERT_TRUE(got.read(li, kind, 0, b).ok());
+        ASSERT_EQ(a, b) << tag << " layer " << li << " state " << static_cast<int>(kind);
+      }
+  }
+}
+
+// ------------------------------------------------------------ host budget
+
+// The snapshot slots (snapshot_slots x the largest piece's fp32 state) are
+// host memory of the engine: a save whose slots do not fit
+// strata.host_memory_budget beside the pinned plan is refused before
+// anything is written, naming the budget, the slots and the fix, and
+// training goes on; a save that fits counts them in the host peak.
+TEST(CheckpointMemory, SnapshotSlotsCountInTheHostBudget) {
+  TrainRun r;
+  r.world = 1;
+  r.steps = 3;
+  r.opt.stage = 2;
+  r.opt.offload_optimizer = OffloadDevice::kCpu;
+  // The plan: pinned memory, and one snapshot slot (the largest piece's fp32
+  // master and moments, each part 4 KiB-aligned).
+  EngineMemory plan;
+  uint64_t largest = 0;
+  {
+    TrainRun probe = r;
+    probe.steps = 1;
+    probe.on_start = [&](Engine& e, int) -> Status {
+      plan = e.predicted_memory();
+      const Partition& part = e.partition();
+      for (size_t li = 0; li < part.layer_count(); ++li)
+        for (const SubGroup& g : part.layer(li).groups)
+          largest = std::max<uint64_t>(largest, part.layer(li).piece_real(g, 0));
+      return Status::Ok();
+    };
+    const Outcome o = train(probe);
+    ASSERT_TRUE(o.status.ok()) << o.status.to_string();
+  }
+  const uint64_t slot = (4 * largest + 4095) / 4096 * 4096 + (8 * largest + 4095) / 4096 * 4096;
+  ASSERT_GT(plan.pinned, 0u);
+  ASSERT_EQ(plan.snapshot_slot_bytes, slot);
+
+  // Room for the plan and one slot, not two: a save with two is refused,
+  // nothing is written, training goes on; one slot is saved.
+  const fs::path dir = fresh_dir("budget");
+  r.opt.host_memory_budget = plan.pinned + slot + slot / 2;
+  std::vector<Status> refused;
+  r.on_step = [&](Engine& e, int, int64_t step) -> Status {
+    CheckpointSaveOptions o;
+    o.dir = dir.string();
+    o.sync = true;
+    o.snapshot_slots = step == 1 ? 2 : 1;
+    Result<CheckpointSaveInfo> saved = e.save_checkpoint(o);
+    if (step == 1) {
+      refused.push_back(saved.status());
+      EXPECT_FALSE(fs::exists(dir)) << "a refused save wrote nothing";
+      return Status::Ok();
+    }
+    return saved.status();
+  };
+  const Outcome o = train(r);
+  ASSERT_TRUE(o.status.ok()) << o.status.to_string();
+  ASSERT_EQ(o.losses.size(), 3u);
+  ASSERT_EQ(refused.size(), 1u);
+  const Status& st = refused[0];
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.to_string();
+  for (const std::string& want : {std::string("strata.host_memory_budget"), std::string("--save-slots"),
+                                  std::string("snapshot_slots"), format_bytes(2 * slot, true),
+                                  format_bytes(r.opt.host_memory_budget, true)})
+    EXPECT_NE(st.message().find(want), std::string::npos) << want << " in: " << st.message();
+  // Step metrics are taken before the step's save: the refused save (step 1)
+  // allocated nothing by step 2; the save of one slot counts it from step 3.
+  EXPECT_EQ(o.metrics[1].peak_host_bytes, 0u);
+  EXPECT_EQ(o.metrics[2].peak_host_bytes, slot);
+  EXPECT_TRUE(fs::exists(dir / "global_step2" / "manifest.json"));
+  EXPECT_EQ(CheckpointReader::open(dir).value().manifest().scalars.step_calls, 3);
 }
 
 }  // namespace

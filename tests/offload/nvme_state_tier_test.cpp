@@ -3,11 +3,14 @@
 // to the pinned memory tier, faults from the injector (EIO on read and
 // write, a flipped bit, transient errors), the folder lock, a piece too big
 // for a slot, bounded slots, bad options.
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -654,6 +657,85 @@ TEST_F(NvmeStateTierFaultTest, CommitReportsAFailedWriteBackAndKeepsTheCommitted
     EXPECT_TRUE(tier->commit().ok());  // after the rollback: committable again
   }
   engine_.reset();
+}
+
+// --------------------------------------------------------------- two callers
+
+// Two threads open pieces of one tier (the engine's optimizer thread takes a
+// checkpoint snapshot while its driving thread reads state or rolls a step
+// back): a piece open on one thread is waited for, never opened twice; a
+// slot held by another thread's open piece is waited for, not refused; a
+// rollback waits for the other thread's close.
+void OpenOnAnotherThreadIsWaitedFor(OptimizerStateTier& tier, const StateId& a, const StateId& b, bool rollback) {
+  using namespace std::chrono_literals;
+  std::atomic<bool> opened{false}, closing{false};
+  std::vector<std::byte> written;
+  std::thread holder([&] {
+    auto s = tier.open(a);
+    if (!s.ok()) {
+      ADD_FAILURE() << s.status().to_string();
+      opened = closing = true;
+      return;
+    }
+    scribble(*s, 9);
+    written = snapshot(*s);
+    opened = true;
+    std::this_thread::sleep_for(150ms);  // the other thread asks meanwhile
+    closing = true;
+    EXPECT_TRUE(tier.close(a, true).ok());
+  });
+  while (!opened) std::this_thread::sleep_for(1ms);
+  // The same piece: returned only after the holder's close, with its bytes.
+  auto same = tier.open(a);
+  EXPECT_TRUE(closing.load()) << "open() returned while another thread held the piece open";
+  holder.join();
+  ASSERT_TRUE(same.ok()) << same.status().to_string();
+  EXPECT_EQ(snapshot(*same), written);
+  ASSERT_TRUE(tier.close(a, false).ok());
+  // Slots: the holder takes `a` again; `b` needs a slot (one slot: the
+  // holder's) and waits for it instead of failing.
+  opened = closing = false;
+  std::thread second([&] {
+    auto s = tier.open(a);
+    if (!s.ok()) {
+      ADD_FAILURE() << s.status().to_string();
+      opened = closing = true;
+      return;
+    }
+    opened = true;
+    std::this_thread::sleep_for(150ms);
+    closing = true;
+    EXPECT_TRUE(tier.close(a, false).ok());
+  });
+  while (!opened) std::this_thread::sleep_for(1ms);
+  if (rollback) {
+    Status st = tier.rollback();
+    EXPECT_TRUE(st.ok()) << st.to_string();
+    EXPECT_TRUE(closing.load()) << "rollback() ran while another thread held a piece open";
+  } else {
+    auto other = tier.open(b);
+    EXPECT_TRUE(other.ok()) << other.status().to_string();
+    if (other.ok()) {
+      EXPECT_TRUE(tier.close(b, false).ok());
+    }
+  }
+  second.join();
+}
+
+TEST_F(NvmeStateTierTest, APieceOpenOnAnotherThreadIsWaitedForNeverOpenedTwice) {
+  const std::vector<PieceSpec> pieces = {{{0, 0, 0}, 3000, true}, {{0, 1, 0}, 5000, true}};
+  for (size_t slots : {size_t{1}, size_t{3}}) {
+    for (bool rollback : {false, true}) {
+      SCOPED_TRACE(fmt::format("{} slot(s), {}", slots, rollback ? "rollback" : "open of another piece"));
+      NvmeStateTierOptions o = options(pieces, DType::kF32, fmt::format("threads-{}-{}", slots, rollback));
+      o.buffer_count = slots;
+      auto tier = make(o);
+      ASSERT_TRUE(tier);
+      ASSERT_NO_FATAL_FAILURE(add_all(*tier, pieces));
+      OpenOnAnotherThreadIsWaitedFor(*tier, pieces[0].id, pieces[1].id, rollback);
+      ASSERT_TRUE(tier->commit().ok());
+    }
+  }
 }
 
 TEST_F(NvmeStateTierTest, FolderLockedByALiveRunIsRefused) {

@@ -181,9 +181,15 @@ struct EngineOptions {
     // Test hook: the shards' I/O through this engine (must outlive the engine).
     nvme::IoEngine* io_engine = nullptr;
   } nvme_param;
-  // Most host memory (pinned + pageable) this rank's engine may hold; 0:
-  // unlimited. strata train gives each of its --ranks an equal share of
-  // strata.host_memory_budget. A plan above it is refused at creation.
+  // This rank's share of strata.host_memory_budget (strata train gives each
+  // of its --ranks an equal share); 0: unlimited. It bounds the engine's
+  // pinned host memory as planned (predicted_memory().pinned: optimizer
+  // state or its NVMe slots, gradient shards, parameter staging, parameter
+  // shards and their NVMe slots), refused at creation when above it, and at
+  // each save_checkpoint() that plus the checkpoint snapshot slots
+  // (pageable: snapshot_slots x predicted_memory().snapshot_slot_bytes),
+  // refused before anything is written. Not counted: the model's own
+  // buffers and the transient copies of load_checkpoint() and gather_state().
   uint64_t host_memory_budget = 0;
   // fp16 dynamic (or static) loss scaling; off unless fp16.enabled.
   Fp16Config fp16;
@@ -241,6 +247,11 @@ struct EngineMemory {
   uint64_t pinned = 0;  // = the four parts below
   uint64_t pinned_optimizer = 0, pinned_grads = 0, pinned_staging = 0, pinned_params = 0;
   uint64_t nvme = 0;  // optimizer state on NVMe (offload_optimizer nvme)
+  // Pageable host memory of one checkpoint snapshot slot: the largest of this
+  // rank's pieces as fp32 master and moments (12 B per element, each part
+  // 4 KiB-aligned). Not in the sums above: a save holds
+  // CheckpointSaveOptions::snapshot_slots of them, from the first save on.
+  uint64_t snapshot_slot_bytes = 0;
 };
 
 // With offload_optimizer.ratio < 1: how many of a piece's `count` elements

@@ -20,17 +20,23 @@
 // Slots are held by open pieces, by reads started ahead (pipeline_read) and
 // by write-backs in flight (pipeline_write: close() starts the shadow write
 // and the slot returns to the pool when it completes). With pipeline_read,
-// every open()/close()/prefetch()/flush() tops up reads of the next pieces
-// of the order (set_order, else the order of add(), cyclically, so the next
-// step's first pieces start as soon as slots free up), at most buffer_count
-// pieces ahead, only into free slots. open() of a piece already being read
+// every open()/close()/prefetch()/flush()/rollback() tops up reads of the
+// next pieces of the order (set_order, else the order of add(), cyclically:
+// after the last piece come the first ones of the next step), at most
+// buffer_count pieces ahead, only into free slots, and never past a piece
+// whose write-back is still in flight. open() of a piece already being read
 // just waits for it; any other piece is read on demand: into a free slot,
 // else after a write-back frees one, else by dropping the read-ahead piece
 // farthest in the order. So buffer_count >= 3 reads piece i+1 while i is
 // stepped and i-1 written; 1 works, without overlap. Reads start only from
-// calls (no thread of its own): between steps, once the last write-backs
-// are done, prefetch(first piece) starts the next step's first reads (the
-// engine calls it e.g. when backward begins).
+// calls (no thread of its own). The engine calls neither set_order() nor
+// prefetch(): it opens pieces in the order of add() (layer, sub-group,
+// rank: the order it steps them). So the next step's first pieces, whose
+// write-backs were started early in this step, are read ahead by the first
+// call after those writes are done: the last close() of the step when they
+// finished by then, else the flush() at the commit point (engine.h, Note
+// [Atomic steps]), which waits for every write-back: in the next step, just
+// before its updates are queued (with overlap off, at the end of the step).
 //
 // Note [Piece versions]
 // Every piece has two versions in the store (two tensors): the committed
@@ -56,11 +62,16 @@
 //    is returned by close() when synchronous, else by the next
 //    add/open/close/flush call, once. A failed initial write (add) leaves
 //    the piece without state: its open() fails with that error.
-//  - Calls are serialized by a mutex (the engine calls from its driving and
-//    optimizer threads, never both at once); one piece open once at a time.
-//    bytes() and io_stats() never wait: they read counters published at the
-//    end of every other call, so the driving thread can report a step while
-//    the optimizer thread waits in open().
+//  - Calls are serialized by a mutex: the engine calls from its optimizer
+//    thread (updates, checkpoint snapshots) and its driving thread (commit,
+//    rollback, gather_state(), re-derived parameters), sometimes at once. A
+//    piece is lent to one thread at a time (Note [Piece leases] in
+//    state_tier.h): open() of a piece another thread holds open waits for
+//    its close(), and so do a demand read whose slots are all held by other
+//    threads' open pieces and rollback(). bytes(), io_stats() and
+//    rollbacks() never wait: they read counters published at the end of
+//    every other call, so the driving thread can report a step while the
+//    optimizer thread waits in open().
 #include <cstddef>
 #include <cstdint>
 #include <memory>

@@ -6,6 +6,23 @@
 // one piece at a time, so a tier may keep it in device memory, in pinned
 // host memory (offload_optimizer cpu) or, in the next tier, on NVMe behind a
 // few pinned slots (open = read into a slot, close(modified) = write back).
+//
+// Note [Piece leases]
+// Two threads of the engine open pieces: the optimizer thread (updates, and
+// checkpoint snapshots queued behind them) and the driving thread
+// (gather_state(), the re-derivation of a rollback), possibly at once right
+// after save_checkpoint(). The NVMe tier holds an open piece in one slot, so
+// it lends a piece to one thread at a time: open() of a piece another
+// thread holds open waits for that thread's close(), a demand read with
+// every slot held by another thread's open pieces waits for one of them,
+// and rollback() waits until no other thread holds a piece. Opening a piece
+// the calling thread already holds open is a bug (a check). A wait longer
+// than kPieceOpenWait fails with DeadlineExceeded naming the piece. The
+// memory tiers hand every caller the state in place: two readers are fine,
+// and the engine never writes a piece while another thread reads it (the
+// updates and the snapshots run in order on the optimizer thread; the
+// driving thread reads once the updates are done).
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -42,6 +59,11 @@ struct StateTierIoStats {
   size_t peak_slots_in_use = 0; // never above `slots`
 };
 
+// How long the NVMe tier's open() and rollback() wait for a piece another
+// thread holds open (Note [Piece leases]): a snapshot's copy of a piece
+// takes milliseconds; this long means that thread is stuck.
+inline constexpr std::chrono::seconds kPieceOpenWait{300};
+
 class OptimizerStateTier {
  public:
   virtual ~OptimizerStateTier() = default;
@@ -52,7 +74,8 @@ class OptimizerStateTier {
   // `master_init` (count values) or none when it is empty. OutOfMemory names
   // the piece (`name`) and the tier.
   virtual Status add(const StateId& id, const std::string& name, size_t count, std::span<const float> master_init) = 0;
-  // The piece's state, valid until close(); one piece open at a time per id.
+  // The piece's state, valid until close() (Note [Piece leases]: which
+  // threads may hold it at once).
   virtual Result<PieceState> open(const StateId& id) = 0;
   virtual Status close(const StateId& id, bool modified) = 0;
   // Bytes of state held in this tier.
@@ -92,8 +115,12 @@ class OptimizerStateTier {
   // write-back, whoever it was reported to.
   virtual Status committable() const { return Status::Ok(); }
   // Every piece back to its committed version (writes and read-ahead since
-  // are waited for and dropped, their errors with them). No piece may be open.
+  // are waited for and dropped, their errors with them). No piece may be open
+  // on the calling thread; pieces open on other threads are waited for.
   virtual Status rollback() { return Unsupported(describe() + " updates state in place and cannot roll a step back"); }
+  // Rollbacks so far: a reader that must see one step's state (a checkpoint
+  // snapshot) checks that none happened while it read.
+  virtual uint64_t rollbacks() const { return 0; }
 };
 
 // Device memory of `device` (kDevice; needs a host-addressable device, since

@@ -1,0 +1,61 @@
+// The engine's destructor with work still in flight: a stage-3 parameter
+// shard's write-back to NVMe that fails (EIO) and completes late, after the
+// engine has started to go away. Its continuation (the failure recorded for
+// the commit point) must find every member it touches alive: the destructor
+// waits for it before any member is destroyed. Under AddressSanitizer
+// (-DSTRATA_SANITIZE=address) a continuation reaching a destroyed or freed
+// member is reported (use after free, or the leak of a Status written into
+// a destroyed one) and fails the test.
+#include <gtest/gtest.h>
+
+#include "engine_harness.h"
+
+namespace strata::offload {
+namespace {
+
+TEST(EngineTeardown, AParameterWriteBackFailingDuringDestructionFindsTheEngineAlive) {
+  // The shards' I/O in 4 KiB pieces, each completing up to 50 ms late; once
+  // armed, one write piece fails with EIO at once. Its write (a shard is
+  // several pieces) fails when its last piece comes back: late.
+  nvme::FaultPlan plan;
+  plan.eio_probability = 1.0;
+  plan.fault_reads = false;
+  plan.fault_writes = true;
+  plan.latency_probability = 1.0;
+  plan.latency_us_max = 50'000;
+  std::shared_ptr<nvme::FaultCounters> counters;
+  nvme::IoEngineConfig ec = nvme::io_engine_config(AioConfig{}).value();
+  ec.options.block_size = 4096;
+  std::unique_ptr<nvme::IoEngine> io = nvme::make_fault_injecting_engine(ec.options, plan, &counters).value();
+  counters->disarm();
+
+  TrainRun r;
+  r.world = 1;
+  r.steps = 3;
+  // Stage 3, every layer's shard on NVMe, updates overlapped with the next step.
+  apply_placement(r, Placement{3, OffloadDevice::kCpu, OffloadDevice::kNvme, true, 1'000'000'000, 1'000'000'000,
+                               1'000'000'000, 0});
+  r.param_engine_for_rank = [&](int) { return io.get(); };
+  r.on_step = [&](Engine& e, int, int64_t step) -> Status {
+    if (step == r.steps - 1) {
+      // Everything so far written and committed: the next writes are the
+      // last step's write-backs, queued when its step() returns.
+      STRATA_RETURN_IF_ERROR(e.synchronize());
+      counters->arm(/*clean_pieces=*/0, /*max_hard_errors=*/1);
+    }
+    return Status::Ok();
+  };
+  // After the last step() the rank leaves at once: the engine is destroyed
+  // with that step's updates queued and their write-backs failing late.
+  r.fail_rank = 0;
+  r.fail_step = r.steps;
+  const Outcome o = train(r);
+  ASSERT_FALSE(o.status.ok());
+  EXPECT_NE(o.status.message().find("rank 0 crashed"), std::string::npos) << o.status.to_string();
+  ASSERT_EQ(o.losses.size(), 3u);
+  // A write-back did fail, during the destruction.
+  EXPECT_EQ(counters->eio.load(), 1u);
+}
+
+}  // namespace
+}  // namespace strata::offload
