@@ -319,14 +319,14 @@ Status train_rank(const TrainCliOptions& o, const TrainSetup& t, const model::Gp
       fmt::print("resume   the checkpoint is at step {}, at or past --steps {}: nothing to train\n",
                  m->scalars.step_calls, o.steps);
   }
-  const int64_t first_step = rs.engine->step_calls() + 1;  // the same on every rank
+  const int64_t first_step = rs.engine->steps_begun() + 1;  // the same on every rank
   int retries_left = o.step_retries;
   // After a failed step() or evaluate(): true when the engine rolled back (or
   // dropped the call) on every rank and a retry is left (Note [Atomic steps]).
   auto may_retry = [&](const Status& error, int64_t s, const char* what) {
     if (retries_left <= 0 || !rs.engine->stopped().ok()) return false;
     --retries_left;
-    const int64_t back = rs.engine->step_calls();
+    const int64_t back = rs.engine->steps_begun();
     if (reporter != nullptr) reporter->rollback(what, s, back, retries_left, error);
     // A save of an undone step failed with it; it is not waited for again.
     if (!o.save_dir.empty()) rs.engine->wait_checkpoint().status().ignore();
@@ -341,7 +341,7 @@ Status train_rank(const TrainCliOptions& o, const TrainSetup& t, const model::Gp
   for (int64_t s = first_step; s <= o.steps; ++s) {
     Result<offload::StepMetrics> r = rs.engine->step();
     if (!r.ok() && may_retry(r.status(), s, "step")) {
-      s = rs.engine->step_calls();
+      s = rs.engine->steps_begun();
       continue;
     }
     if (!r.ok()) return r.status().with_context(fmt::format("step {} on rank {}", s, comm.rank()));
@@ -350,10 +350,10 @@ Status train_rank(const TrainCliOptions& o, const TrainSetup& t, const model::Gp
       Result<double> v = rs.engine->evaluate();
       // The pending update may fail here (rolled back: repeat from there), or
       // a parameter read (nothing changed: evaluate again).
-      while (!v.ok() && rs.engine->step_calls() == s && may_retry(v.status(), s, "validation at step"))
+      while (!v.ok() && rs.engine->steps_begun() == s && may_retry(v.status(), s, "validation at step"))
         v = rs.engine->evaluate();
-      if (!v.ok() && rs.engine->step_calls() < s && may_retry(v.status(), s, "validation at step")) {
-        s = rs.engine->step_calls();
+      if (!v.ok() && rs.engine->steps_begun() < s && may_retry(v.status(), s, "validation at step")) {
+        s = rs.engine->steps_begun();
         continue;
       }
       if (!v.ok()) return v.status().with_context(fmt::format("validation at step {} on rank {}", s, comm.rank()));

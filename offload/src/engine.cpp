@@ -434,6 +434,9 @@ Engine::~Engine() {
       l.update_done.wait().ignore();
       l.shard_ready.wait().ignore();
     }
+    // the shard reader (its reads are gated on those write-backs and record
+    // a failed read in this engine),
+    if (impl_->shard_reader) impl_->shard_reader.reset();
     // the checkpoint save in flight (its snapshot was taken: it only writes
     // files; rank 0 does not wait for peers that may have failed),
     impl_->abandon_save();
@@ -496,10 +499,10 @@ Status Engine::put_initial_layer(size_t layer_index, std::span<const std::byte> 
                                        layer_index, m.layers.size()));
   const LayerSpec& spec = m.model.layers()[layer_index];
   const std::string lname = fmt::format("layer {} '{}'", layer_index, printable(spec.name, 64));
-  if (m.step_index != 0 || m.steps != 0)
+  if (m.steps_begun != 0 || m.optimizer_steps != 0)
     return FailedPrecondition(fmt::format("put_initial_layer() of {}: training has begun ({} step(s)); initial "
                                           "values go in before the first step",
-                                          lname, m.step_index));
+                                          lname, m.steps_begun));
   if (params.size() != spec.param_bytes)
     return InvalidArgument(fmt::format("put_initial_layer() of {}: {} bytes given, the layer has {} ({} elements of {})",
                                        lname, params.size(), spec.param_bytes, spec.param_count,
@@ -619,7 +622,7 @@ const EngineOptions& Engine::options() const { return impl_->opt; }
 const Partition& Engine::partition() const { return impl_->part; }
 int Engine::rank() const { return impl_->rank; }
 int Engine::world_size() const { return impl_->world; }
-int64_t Engine::steps_done() const { return impl_->steps; }
+int64_t Engine::optimizer_steps() const { return impl_->optimizer_steps; }
 
 double Engine::loss_scale() const { return impl_->scaler->scale(); }
 EngineMemory Engine::predicted_memory() const { return impl_->predicted; }

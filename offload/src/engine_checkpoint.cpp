@@ -46,6 +46,7 @@
 #include "strata/core/durable_file.h"
 #include "strata/nvme/aligned_buffer.h"
 #include "strata/nvme/checksum.h"
+#include "strata/nvme/fs_probe.h"
 
 namespace strata::offload {
 namespace fs = std::filesystem;
@@ -94,7 +95,7 @@ Status pwrite_all(int fd, const void* data, uint64_t bytes, uint64_t offset, con
 Status write_extent(OutFile& f, const std::byte* data, uint64_t bytes, uint64_t offset, const fs::path& folder) {
   const fs::path path = folder / f.name;
   Status st = pwrite_all(f.fd, data, bytes, offset, path);
-  if (!st.ok() && f.direct && st.message().find("Invalid argument") != std::string::npos) {
+  if (f.direct && nvme::direct_io_refused(st)) {  // EINVAL from the system call, not the message text
     const int flags = ::fcntl(f.fd, F_GETFL);
     if (flags >= 0 && ::fcntl(f.fd, F_SETFL, flags & ~O_DIRECT) == 0) {
       f.direct = false;
@@ -454,7 +455,7 @@ Result<CheckpointSaveInfo> Engine::Impl::save(const CheckpointSaveOptions& o) {
   const auto t0 = Clock::now();
   // One save at a time: the previous one must have finished (its error is this call's).
   STRATA_RETURN_IF_ERROR(wait_save().status());
-  const std::string tag = o.tag.empty() ? default_checkpoint_tag(step_index) : o.tag;
+  const std::string tag = o.tag.empty() ? default_checkpoint_tag(steps_begun) : o.tag;
   STRATA_RETURN_IF_ERROR(check_checkpoint_tag(tag));
   if (o.keep < 0) return InvalidArgument(fmt::format("--keep {} must be >= 0 (0 keeps every tag)", o.keep));
   if (o.snapshot_slots < 1 || o.snapshot_slots > 64)
@@ -574,8 +575,8 @@ Result<CheckpointSaveInfo> Engine::Impl::save(const CheckpointSaveOptions& o) {
   m.moment_dtype = dtype_name(opt.moment_dtype);
   m.optimizer = cpu_adam::optimizer_kind_name(opt.optimizer);
   m.sub_group_size = opt.sub_group_size;
-  m.scalars.step = steps;
-  m.scalars.step_calls = step_index;
+  m.scalars.step = optimizer_steps;
+  m.scalars.step_calls = steps_begun;
   if (runner != nullptr) m.scalars.data_position = runner->data_position();
   const LossScalerState& ls = scaler->state();
   m.scalars.loss_scale = ls.scale;
@@ -708,9 +709,9 @@ Result<CheckpointSaveInfo> Engine::Impl::save(const CheckpointSaveOptions& o) {
 // ---------------------------------------------------------------- load
 
 Result<CheckpointManifest> Engine::Impl::load(const std::string& given) {
-  if (step_index != 0 || steps != 0)
+  if (steps_begun != 0 || optimizer_steps != 0)
     return FailedPrecondition(fmt::format("load_checkpoint('{}') needs a fresh engine; this one has run {} steps",
-                                          printable(given, 256), step_index));
+                                          printable(given, 256), steps_begun));
   STRATA_ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::open(given));
   const CheckpointManifest& m = reader.manifest();
   const std::string src = printable(reader.folder().string(), 256);
@@ -791,8 +792,8 @@ Result<CheckpointManifest> Engine::Impl::load(const std::string& given) {
   if (runner != nullptr && m.scalars.data_position.has_value())
     STRATA_RETURN_IF_ERROR(runner->seek_data(*m.scalars.data_position)
                                .with_context(fmt::format("moving the training data to checkpoint '{}'", src)));
-  steps = m.scalars.step;
-  step_index = m.scalars.step_calls;
+  optimizer_steps = m.scalars.step;
+  steps_begun = m.scalars.step_calls;
   return m;
 }
 
@@ -805,6 +806,6 @@ Result<CheckpointSaveInfo> Engine::save_checkpoint(const CheckpointSaveOptions& 
 }
 Result<std::optional<CheckpointSaveDone>> Engine::wait_checkpoint() { return impl_->wait_save(); }
 Result<CheckpointManifest> Engine::load_checkpoint(const std::string& dir_or_tag) { return impl_->load(dir_or_tag); }
-int64_t Engine::step_calls() const { return impl_->step_index; }
+int64_t Engine::steps_begun() const { return impl_->steps_begun; }
 
 }  // namespace strata::offload

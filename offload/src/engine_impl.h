@@ -199,8 +199,8 @@ struct Engine::Impl {
   std::optional<AcquireTrace> trace;
   bool window_spans_micro_batch = false;  // max(reuse, prefetch) >= every stage-3 use of a micro-batch
 
-  int64_t steps = 0;        // applied updates
-  int64_t step_index = 0;   // steps begun, for zeroing
+  int64_t optimizer_steps = 0;        // applied updates
+  int64_t steps_begun = 0;   // steps begun, for zeroing
 
   // Where the driving thread is (Note [Driving the engine]): set by the
   // bracket calls, read by acquire and release.
@@ -408,7 +408,7 @@ struct Engine::Impl {
 
   // Note [Atomic steps] in engine.h (engine_recovery.cpp).
   struct Mark {  // the counters a rollback restores
-    int64_t steps = 0, step_index = 0;
+    int64_t optimizer_steps = 0, steps_begun = 0;
     LossScalerState scaler;
     std::optional<uint64_t> data;  // the runner's data position, when it has one
   };

@@ -66,13 +66,13 @@ Result<LayerMemory> Engine::Impl::acquire(size_t li, Pass pass) {
       // Zeroed in the copy stream's order; the model waits for it (below).
       STRATA_RETURN_IF_ERROR(xfer->memset_async(l.full_grads.data(), 0, lp.padded_elements * ge()));
       l.grads_zeroed = xfer->record_completion();
-      l.zeroed_step = step_index;
-    } else if (l.zeroed_step != step_index) {
+      l.zeroed_step = steps_begun;
+    } else if (l.zeroed_step != steps_begun) {
       // Persistent gradients: zero once per step, after the last step's readers.
       STRATA_RETURN_IF_ERROR(xfer->wait(l.grads_consumed));
       STRATA_RETURN_IF_ERROR(xfer->memset_async(l.full_grads.data(), 0, lp.padded_elements * ge()));
       l.grads_zeroed = xfer->record_completion();
-      l.zeroed_step = step_index;
+      l.zeroed_step = steps_begun;
     }
     waits.push_back(l.grads_zeroed);
     mem.grads = l.full_grads.data();
@@ -264,7 +264,7 @@ Status Engine::Impl::launch_reduction(size_t li) {
   const LayerPartition& lp = part.layer(li);
   if (l.frozen) return Status::Ok();  // no gradient (a frozen layer is acquired for backward all the same)
   l.reduce_launched = true;
-  if (l.zeroed_step != step_index) {
+  if (l.zeroed_step != steps_begun) {
     // No backward touched the layer this step: its gradient is zero (a
     // persistent buffer still holds the last step's, once its readers are done).
     if (!l.full_grads) {
@@ -276,13 +276,13 @@ Status Engine::Impl::launch_reduction(size_t li) {
     }
     STRATA_RETURN_IF_ERROR(xfer->memset_async(l.full_grads.data(), 0, lp.padded_elements * ge()));
     l.grads_zeroed = xfer->record_completion();
-    l.zeroed_step = step_index;
+    l.zeroed_step = steps_begun;
     l.grad_done = l.grads_zeroed;
   }
   std::byte* full = l.full_grads.as<std::byte>();
   const size_t e = ge();
   Completion local = l.grad_done;
-  if (opt.fault_step == step_index && opt.fault_rank == rank && opt.fault_layer == li) {
+  if (opt.fault_step == steps_begun && opt.fault_rank == rank && opt.fault_layer == li) {
     const float v = opt.fault_value;
     if (opt.grad_dtype == DType::kF32) std::memcpy(fault_bytes.data(), &v, 4);
     if (opt.grad_dtype == DType::kBF16) convert_fp32_to_bf16(&v, reinterpret_cast<bfloat16*>(fault_bytes.data()), 1);

@@ -9,8 +9,8 @@ namespace strata::offload {
 
 Engine::Impl::Mark Engine::Impl::mark() const {
   Mark m;
-  m.steps = steps;
-  m.step_index = step_index;
+  m.optimizer_steps = optimizer_steps;
+  m.steps_begun = steps_begun;
   m.scaler = scaler->state();
   if (runner != nullptr) m.data = runner->data_position();
   return m;
@@ -27,8 +27,8 @@ Status Engine::Impl::restore(const Mark& m) {
                          "or drive the engine with begin_step/finish_step");
     STRATA_RETURN_IF_ERROR(runner->seek_data(*m.data).with_context("moving the training data back to the step's start"));
   }
-  steps = m.steps;
-  step_index = m.step_index;
+  optimizer_steps = m.optimizer_steps;
+  steps_begun = m.steps_begun;
   // Gradients are zeroed once per step() call, by call number: the calls
   // being repeated must zero them again.
   for (Layer& l : layers) l.zeroed_step = -1;
@@ -74,7 +74,7 @@ Status Engine::Impl::settle(const Mark* call, double* loss) {
     }
     update = take_failure(FailureOf::kUpdate);
     if (update.ok() && !pending_complete)
-      update = Internal(fmt::format("step {}: not every layer's update was queued", pending_mark.steps + 1));
+      update = Internal(fmt::format("step {}: not every layer's update was queued", pending_mark.optimizer_steps + 1));
     if (update.ok()) update = tier->flush();
     // A write-back whose failure went to a checkpoint snapshot's read.
     if (update.ok()) update = tier->committable();
@@ -109,7 +109,7 @@ Status Engine::Impl::settle(const Mark* call, double* loss) {
     for (int r : ranks) text += fmt::format("{}{}", text.empty() ? "" : ", ", r);
     return text;
   };
-  const int64_t t = pending_mark.steps + 1;
+  const int64_t t = pending_mark.optimizer_steps + 1;
   const bool was_pending = pending;
   pending = false;
 
@@ -130,7 +130,7 @@ Status Engine::Impl::settle(const Mark* call, double* loss) {
     return Status(read.ok() ? StatusCode::kUnavailable : read.code(),
                   fmt::format("step {}: reading the parameters {}; the step was dropped on every rank (the state is "
                               "the one after step {}); the next step() repeats it",
-                              steps + 1, cause, steps));
+                              optimizer_steps + 1, cause, optimizer_steps));
   }
 
   // Every rank gets here with the same lists: roll back together (the

@@ -200,11 +200,17 @@ Status Engine::Impl::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimizer& 
         it->second.push_back(d);
       }
     }
+    Status launched;
     for (const auto& [hyper, tensors] : launches) {
       da.hyper = hyper;
-      STRATA_RETURN_IF_ERROR(device_adam_step(*opt_stream, da, tensors));
+      if (launched.ok()) launched = device_adam_step(*opt_stream, da, tensors);
     }
-    STRATA_RETURN_IF_ERROR(opt_stream->synchronize());
+    if (launched.ok()) launched = opt_stream->synchronize();
+    if (!launched.ok()) {
+      for (const PieceJob& j : jobs)
+        if (j.count != 0) t.close(j.id, false).ignore();
+      return launched;
+    }
     for (const PieceJob& j : jobs) {
       if (j.count == 0) continue;
       // fp32 parameters with a separate master do not occur here (no master
@@ -218,6 +224,13 @@ Status Engine::Impl::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimizer& 
     if (j.count == 0) continue;
     STRATA_ASSIGN_OR_RETURN(PieceState st, t.open(j.id));
     const size_t me = dtype_size(st.moment_dtype);
+    // An error below hands the piece back unmodified (the tier lends it to
+    // one thread at a time: Note [Piece leases]); the step's failure goes to
+    // the commit point.
+    auto fail = [&](Status error) {
+      t.close(j.id, false).ignore();
+      return error;
+    };
     // The piece as its runs of equal hyper-parameters (one run unless the
     // model gives tensors their own weight decay or lr scale).
     for (const PieceJob::Run& run : j.runs) {
@@ -257,9 +270,9 @@ Status Engine::Impl::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimizer& 
       cpu_adam::StepArgs run_args = args;
       run_args.hyper = run.hyper;
       Result<cpu_adam::StepReport> rep = o.step(run_args, sp, on_tile);
-      if (!rep.ok()) return rep.status().with_context(fmt::format("optimizer step of {}", part.describe(j.id)));
-      STRATA_RETURN_IF_ERROR(copy_status.with_context(fmt::format("copying the update of {} to the device",
-                                                                  part.describe(j.id))));
+      if (!rep.ok()) return fail(rep.status().with_context(fmt::format("optimizer step of {}", part.describe(j.id))));
+      if (!copy_status.ok())
+        return fail(copy_status.with_context(fmt::format("copying the update of {} to the device", part.describe(j.id))));
     }
     if (!j.param_is_master && pd == DType::kF32 && j.h2d == nullptr)
       std::memcpy(j.param, st.master, j.count * sizeof(float));
@@ -301,7 +314,7 @@ Status Engine::Impl::begin_step() {
   io_before = tier->io_stats();
   step_start = mark();
   take_failure(FailureOf::kCall).ignore();  // a late read of the previous call's dropped copies
-  ++step_index;
+  ++steps_begun;
   for (Layer& l : layers) l.reduce_launched = false;
   gradient_complete.assign(layers.size(), false);
   for (size_t li = 0; li < layers.size(); ++li) gradient_complete[li] = layers[li].frozen;
@@ -359,13 +372,13 @@ Result<StepOutcome> Engine::Impl::finish_step() {
   StepOutcome out;
   if (m.ok()) {
     out.metrics = *m;
-    out.state_step = steps;
+    out.state_step = optimizer_steps;
     return out;
   }
   if (!recovered) return m.status();  // the engine stops (Engine::finish_step)
   recovered = false;
   out.kind = recovery;
-  out.state_step = steps;
+  out.state_step = optimizer_steps;
   out.reason = m.status();
   return out;
 }
@@ -410,22 +423,22 @@ Result<StepMetrics> Engine::Impl::finish_applied_step() {
   m.grad_norm = std::sqrt(sum_squares) / scale;
   const bool finite = std::isfinite(sum_squares);
   if (!std::isfinite(m.loss) && opt.fp16.enabled == false)
-    return DataLoss(fmt::format("step {}: the loss is {} (not finite); training stopped", steps + 1, m.loss));
+    return DataLoss(fmt::format("step {}: the loss is {} (not finite); training stopped", optimizer_steps + 1, m.loss));
   if (!finite && !opt.fp16.enabled)
     return DataLoss(fmt::format("step {}: the gradient norm is not finite ({}); training stopped (only fp16 skips "
                                 "steps on overflow)",
-                                steps + 1, m.grad_norm));
+                                optimizer_steps + 1, m.grad_norm));
   m.skipped = !finite;
-  STRATA_RETURN_IF_ERROR(scaler->update(!finite).with_context(fmt::format("step {}", steps + 1)));
-  m.lr = schedule->lr(steps + 1);
+  STRATA_RETURN_IF_ERROR(scaler->update(!finite).with_context(fmt::format("step {}", optimizer_steps + 1)));
+  m.lr = schedule->lr(optimizer_steps + 1);
   if (finite) {
-    ++steps;
+    ++optimizer_steps;
     const double clip = cpu_adam::clip_coefficient(m.grad_norm, opt.grad_clip);
     cpu_adam::HyperParams hyper = opt.hyper;
     hyper.lr = m.lr;
     // OneCycle with cycle_momentum: beta1 cycles against the lr, beta2 is
     // DeepSpeed's 0.99 (LrSchedule::betas); other schedules keep the config's.
-    if (const std::optional<std::array<double, 2>> betas = schedule->betas(steps)) {
+    if (const std::optional<std::array<double, 2>> betas = schedule->betas(optimizer_steps)) {
       hyper.beta1 = (*betas)[0];
       hyper.beta2 = (*betas)[1];
     }
@@ -433,7 +446,7 @@ Result<StepMetrics> Engine::Impl::finish_applied_step() {
     pending = true;
     pending_complete = false;
     pending_mark = call;
-    for (size_t li = 0; li < layers.size(); ++li) STRATA_RETURN_IF_ERROR(queue_update(li, steps, clip, scale, hyper));
+    for (size_t li = 0; li < layers.size(); ++li) STRATA_RETURN_IF_ERROR(queue_update(li, optimizer_steps, clip, scale, hyper));
     pending_complete = true;
     // strata.overlap_optimizer false: the comparison mode, the step returns
     // only when every update is in place (the blocking is the point), and
@@ -446,7 +459,7 @@ Result<StepMetrics> Engine::Impl::finish_applied_step() {
       STRATA_RETURN_IF_ERROR(settle(nullptr));
     }
   }
-  m.step = steps;
+  m.step = optimizer_steps;
   m.step_ms = ms_since(t0);
   m.forward_ms = progress.forward_ms;
   m.backward_ms = bwd_ms;

@@ -476,7 +476,7 @@ TEST(CheckpointConcurrency, AStepRolledBackWhileItsSnapshotIsTakenIsNotSaved) {
   TrainRun faulty = base;
   faulty.engine_for_rank = [&](int rank) { return faults[rank]; };
   saving(faulty, dir, log, [&](Engine& e) {
-    if (e.step_calls() % 2 == 0 || faults.eio() != armed) return;
+    if (e.steps_begun() % 2 == 0 || faults.eio() != armed) return;
     // This step's write-backs done and committed; of the next step's, all
     // but the last piece's pass.
     ASSERT_TRUE(e.synchronize().ok());

@@ -140,7 +140,7 @@ Outcome train(const TrainRun& run) {
         if (run.param_engine_for_rank) opt.nvme_param.io_engine = run.param_engine_for_rank(r);
         STRATA_ASSIGN_OR_RETURN(auto engine, Engine::create(opt, *runner, *device, *comms[r]));
         if (run.on_start) STRATA_RETURN_IF_ERROR(run.on_start(*engine, r));
-        const int64_t first = engine->step_calls();
+        const int64_t first = engine->steps_begun();
         int retries = run.retries;
         for (int64_t s = first + 1; s <= run.steps; ++s) {
           Result<StepMetrics> tried = engine->step();
@@ -149,10 +149,10 @@ Outcome train(const TrainRun& run) {
             --retries;
             if (r == 0) {
               out.failures.push_back(tried.status());
-              out.losses.resize(static_cast<size_t>(engine->step_calls() - first));
+              out.losses.resize(static_cast<size_t>(engine->steps_begun() - first));
               out.metrics.resize(out.losses.size());
             }
-            s = engine->step_calls();
+            s = engine->steps_begun();
             continue;
           }
           STRATA_ASSIGN_OR_RETURN(StepMetrics m, std::move(tried));

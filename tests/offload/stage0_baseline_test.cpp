@@ -83,7 +83,7 @@ TEST(Stage0Baseline, TinyPresetBeatsUnigramBaseline) {
   const double after = s.engine->evaluate().value();
   std::printf("unigram baseline %.4f nats, val loss %.4f -> %.4f after %d steps\n", baseline, before, after, steps);
   EXPECT_LT(after, baseline - 0.25);
-  EXPECT_EQ(s.engine->steps_done(), steps);
+  EXPECT_EQ(s.engine->optimizer_steps(), steps);
 }
 
 TEST(Stage0Baseline, SameSeedSameLossesAcrossRuns) {

@@ -375,7 +375,7 @@ class Engine final : public ParameterProvider {
   const Partition& partition() const;
   int rank() const;
   int world_size() const;
-  int64_t steps_done() const;
+  int64_t optimizer_steps() const;  // updates applied (a skipped fp16 step is not one)
   // The full values of one piece of layer i's state, gathered from every
   // rank's shard as fp32 (a collective: every rank must call it), after
   // every queued update. kMaster is the fp32 master (the parameters
@@ -404,7 +404,9 @@ class Engine final : public ParameterProvider {
   // Ok while the engine can go on (after a rolled-back step too); else why
   // it stopped (Note [Atomic steps]).
   Status stopped() const;
-  int64_t step_calls() const;  // step() calls so far (skipped fp16 steps included; resumed runs count the saved ones)
+  // Steps begun (begin_step, step()), skipped fp16 steps included, a
+  // rolled-back one not; a resumed run counts the saved ones (the manifest's step_calls).
+  int64_t steps_begun() const;
   // The loss scale the next step will use (1 unless fp16).
   double loss_scale() const;
   EngineMemory predicted_memory() const;
