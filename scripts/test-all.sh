@@ -42,7 +42,7 @@ if [[ "${STRATA_SKIP_SANITIZE:-0}" != "1" ]]; then
   phase "ASan+UBSan ctest"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build-asan -j "$jobs" --output-on-failure -L "core|config|nvme|cpu_adam|offload" \
-          -E "offload_mpi_(parity|resume|step_retry)"
+          -E "offload_mpi_(parity|resume|step_retry|config_batch)"
 
   if [[ "${STRATA_TSAN:-1}" != "0" ]]; then
     # RelWithDebInfo: TSan at -O0 runs the thread-heavy tests several times slower.
