@@ -52,7 +52,9 @@ struct CpuOptimizer::Impl {
   // Runs fn(tile_index) for every tile, on the arena or inline.
   template <typename Fn>
   void for_each_tile(size_t tiles, const Fn& fn) {
-    if (!arena || tiles <= 1) {
+    // Inline under TSan too (STRATA_TSAN_SERIAL_LOOPS): oneTBB's scheduler is
+    // not instrumented, so TSan would see no ordering with its workers.
+    if (!arena || tiles <= 1 || STRATA_TSAN_SERIAL_LOOPS) {
       for (size_t i = 0; i < tiles; ++i) fn(i);
       return;
     }

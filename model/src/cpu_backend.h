@@ -17,9 +17,21 @@
 
 namespace strata::model::detail {
 
+// body(0 .. count-1) on oneTBB's workers; inline under TSan, whose runtime
+// cannot see the ordering oneTBB's uninstrumented scheduler gives
+// (STRATA_TSAN_SERIAL_LOOPS, set by STRATA_SANITIZE=thread).
+template <typename F>
+inline void parallel_blocks(size_t count, F&& body) {
+#if STRATA_TSAN_SERIAL_LOOPS
+  for (size_t i = 0; i < count; ++i) body(i);
+#else
+  tbb::parallel_for(size_t{0}, count, body);
+#endif
+}
+
 // dst[i] = widen(src[i]) for one tensor stored in `dtype`.
 inline void widen_to_fp32(float* dst, const std::byte* src, DType dtype, size_t n) {
-  tbb::parallel_for(size_t{0}, (n + 65535) / 65536, [&](size_t blk) {
+  parallel_blocks((n + 65535) / 65536, [&](size_t blk) {
     const size_t i0 = blk * 65536, i1 = std::min(n, i0 + 65536);
     for (size_t i = i0; i < i1; ++i) {
       switch (dtype) {

@@ -28,13 +28,20 @@ extern "C" void gotoblas_dynamic_quit(void) __attribute__((weak));
 namespace strata::model::cpu {
 namespace {
 
+// Inline under TSan (STRATA_TSAN_SERIAL_LOOPS): oneTBB's scheduler is not
+// instrumented, so TSan would see no ordering between the caller and the workers.
 template <typename F>
 void parallel_rows(int n, int grain, F&& body) {
+#if STRATA_TSAN_SERIAL_LOOPS
+  (void)grain;
+  for (int i = 0; i < n; ++i) body(i);
+#else
   tbb::parallel_for(tbb::blocked_range<int>(0, n, std::max(grain, 1)),
                     [&](const tbb::blocked_range<int>& r) {
                       for (int i = r.begin(); i != r.end(); ++i) body(i);
                     },
                     tbb::simple_partitioner());
+#endif
 }
 
 constexpr double kGeluScale = 0.7978845608028654;  // sqrt(2/pi)
