@@ -387,9 +387,7 @@ Status Engine::Impl::put_initial_layer(size_t li, std::span<const std::byte> par
     // The master weights: the fp32 values given, else the parameters widened.
     std::vector<float> master(lp.padded_elements, 0.0f);
     if (!fp32.empty()) std::copy(fp32.begin(), fp32.end(), master.begin());
-    else if (l.pd == DType::kF32) std::memcpy(master.data(), params.data(), spec.param_bytes);
-    else if (l.pd == DType::kBF16) convert_bf16_to_fp32(reinterpret_cast<const bfloat16*>(params.data()), master.data(), spec.param_count);
-    else convert_fp16_to_fp32(reinterpret_cast<const float16*>(params.data()), master.data(), spec.param_count);
+    else params_to_fp32(l.pd, params.data(), master.data(), spec.param_count);
     std::vector<float> zeros;
     for (size_t gi = 0; gi < lp.groups.size(); ++gi) {
       const SubGroup& g = lp.groups[gi];
@@ -632,7 +630,8 @@ uint64_t Engine::model_state_bytes() const {
   for (size_t li = 0; li < m.layers.size(); ++li) {
     const uint64_t n = m.part.layer(li).elements;
     const Impl::Layer& l = m.layers[li];
-    total += l.frozen ? n * l.pe : n * (l.pe + m.ge() + 2 * dtype_size(m.opt.moment_dtype) + (l.pd == DType::kF32 ? 0 : 4));
+    const uint64_t trained = m.ge() + 2 * dtype_size(m.opt.moment_dtype) + (l.pd == DType::kF32 ? 0 : 4);
+    total += n * (l.pe + (l.frozen ? 0 : trained));  // a frozen layer holds its parameters only
   }
   return total;
 }
@@ -658,6 +657,7 @@ Result<std::vector<float>> Engine::Impl::frozen_shard_fp32(size_t li) {
   } else if (l.on_nvme) {
     const std::string name = fmt::format("parameter shard of layer {} '{}'", li, printable(lp.name, 64));
     STRATA_ASSIGN_OR_RETURN(ParamSwap::Read rd, param_swap->read(static_cast<uint32_t>(li), shard.size(), name));
+    // gather_state() blocks by design (off the step path: tests and export).
     const Status st = rd.done.wait();
     if (st.ok()) std::memcpy(shard.data(), rd.slot.as<std::byte>(), shard.size());
     rd.slot.release_after(Completion());
@@ -668,9 +668,7 @@ Result<std::vector<float>> Engine::Impl::frozen_shard_fp32(size_t li) {
     STRATA_RETURN_IF_ERROR(device.copy(shard.data(), l.dev_shard.data(), shard.size(), CopyKind::kDeviceToHost));
   }
   std::vector<float> out(lp.shard_elements);
-  if (l.pd == DType::kF32) std::memcpy(out.data(), shard.data(), shard.size());
-  else if (l.pd == DType::kBF16) convert_bf16_to_fp32(reinterpret_cast<const bfloat16*>(shard.data()), out.data(), out.size());
-  else convert_fp16_to_fp32(reinterpret_cast<const float16*>(shard.data()), out.data(), out.size());
+  params_to_fp32(l.pd, shard.data(), out.data(), out.size());
   return out;
 }
 

@@ -112,6 +112,13 @@ inline void master_to_params(DType pd, const float* master, std::byte* params, s
   else convert_fp32_to_fp16(master, reinterpret_cast<float16*>(params), n);
 }
 
+// The inverse: parameters (any state dtype) widened to fp32 values, exactly.
+inline void params_to_fp32(DType pd, const std::byte* params, float* values, size_t n) {
+  if (pd == DType::kF32) std::memcpy(values, params, n * sizeof(float));
+  else if (pd == DType::kBF16) convert_bf16_to_fp32(reinterpret_cast<const bfloat16*>(params), values, n);
+  else convert_fp16_to_fp32(reinterpret_cast<const float16*>(params), values, n);
+}
+
 }  // namespace engine_detail
 
 using namespace engine_detail;

@@ -118,6 +118,8 @@ Status Engine::Impl::issue_gather(size_t li) {
           // A failed read does not fail the gather: the layer is gathered
           // from whatever the slot holds and the failure drops the step at
           // the commit point's vote on every rank (Note [Atomic steps]).
+          // The shard reader's own thread waits for the read it issued (the
+          // driving thread only waits for the gather queued behind it).
           const Status read = rd.done.wait();
           if (!read.ok()) record_failure(FailureOf::kCall, read.with_context("reading the " + name));
           Status copy;
