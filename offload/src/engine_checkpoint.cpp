@@ -453,6 +453,7 @@ Completion Engine::Impl::snapshot_gate(size_t li) {
 
 Result<CheckpointSaveInfo> Engine::Impl::save(const CheckpointSaveOptions& o) {
   const auto t0 = Clock::now();
+  STRATA_RETURN_IF_ERROR(expect_no_frozen_layer("save_checkpoint()"));
   // One save at a time: the previous one must have finished (its error is this call's).
   STRATA_RETURN_IF_ERROR(wait_save().status());
   const std::string tag = o.tag.empty() ? default_checkpoint_tag(steps_begun) : o.tag;
@@ -709,6 +710,7 @@ Result<CheckpointSaveInfo> Engine::Impl::save(const CheckpointSaveOptions& o) {
 // ---------------------------------------------------------------- load
 
 Result<CheckpointManifest> Engine::Impl::load(const std::string& given) {
+  STRATA_RETURN_IF_ERROR(expect_no_frozen_layer("load_checkpoint()"));
   if (steps_begun != 0 || optimizer_steps != 0)
     return FailedPrecondition(fmt::format("load_checkpoint('{}') needs a fresh engine; this one has run {} steps",
                                           printable(given, 256), steps_begun));

@@ -216,6 +216,19 @@ struct Engine::Impl {
   static const char* phase_name(Phase p);
   Status expect_phase(Phase want, const char* call) const;
   // Every layer's initial values are in place (put_initial_layer for a model without its own).
+  // Checkpoints hold every layer's master weights and moments; a frozen
+  // layer has neither, and its parameters are not saved yet: refused,
+  // naming it, before anything is written or read (every rank alike).
+  Status expect_no_frozen_layer(const char* call) const {
+    for (size_t li = 0; li < layers.size(); ++li)
+      if (layers[li].frozen)
+        return Unsupported(fmt::format(
+            "{}: layer {} '{}' is frozen and checkpoints of models with frozen layers are not supported yet (a "
+            "frozen layer has no optimizer state and its parameters are not saved); save the trainable state "
+            "through gather_state() or train the layer with lr_scale 0",
+            call, li, printable(part.layer(li).name, 64)));
+    return Status::Ok();
+  }
   Status expect_initialized() const {
     for (size_t li = 0; li < layers.size(); ++li)
       if (!layers[li].initialized)

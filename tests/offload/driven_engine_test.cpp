@@ -29,6 +29,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <limits>
 #include <map>
@@ -459,6 +460,24 @@ TEST(DrivenEngineSchedule, OneCycleCycleMomentumSetsBeta1EveryStep) {
   // The first update's moments start at zero, so they part from the second step on.
   EXPECT_EQ(cycled.losses.front(), fixed.losses.front());
   EXPECT_NE(cycled.losses.back(), fixed.losses.back()) << "cycle_momentum changed nothing";
+}
+
+// Checkpoints of a model with a frozen layer are refused, naming the layer,
+// before anything is written; training goes on.
+TEST(DrivenEngineCheckpoint, AModelWithAFrozenLayerIsRefusedNamingItAndTrainingGoesOn) {
+  auto comms = comm::create_local_group(1).value();
+  auto d = DrivenRank::create(base_options(), {}, *comms[0]).value();
+  ASSERT_TRUE(d->put_all().ok());
+  ASSERT_TRUE(d->step(1).ok());
+  const std::string dir = ::testing::TempDir() + "/strata_frozen_ckpt";
+  std::filesystem::remove_all(dir);
+  Result<CheckpointSaveInfo> saved = d->engine().save_checkpoint({.dir = dir});
+  ASSERT_FALSE(saved.ok());
+  EXPECT_EQ(saved.status().code(), StatusCode::kUnsupported);
+  EXPECT_NE(saved.status().message().find("layer 1 'frozen' is frozen"), std::string::npos)
+      << saved.status().to_string();
+  EXPECT_FALSE(std::filesystem::exists(dir)) << "the refused save wrote " << dir;
+  EXPECT_TRUE(d->step(2).ok()) << "the engine stopped after a refused save";
 }
 
 // ---------------------------------------------------------------- 1. against the fp32 reference
