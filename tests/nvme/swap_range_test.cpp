@@ -208,6 +208,14 @@ TEST_F(SwapRangeTest, CompletionCarriesTheVerifiedStatusWithoutAWaiter) {
   EXPECT_EQ(bad->completion().status().code(), StatusCode::kDataLoss);
   EXPECT_NE(bad->completion().status().message().find("block 3"), std::string::npos);
   EXPECT_TRUE(bytes_equal(data.data(), out1.data(), bytes));
+  // done() turns true before the callbacks run (waiters wake first): give
+  // the completing thread until the deadline to run them.
+  auto callbacks_ran = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return seen.size() == 2;
+  };
+  while (!callbacks_ran() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   std::lock_guard<std::mutex> lock(mu);
   ASSERT_EQ(seen.size(), 2u);
   EXPECT_GT((*store)->stats().checksum_ns, 0u);

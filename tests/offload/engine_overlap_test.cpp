@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <memory>
 
 #include <fmt/format.h>
 
@@ -107,16 +108,29 @@ TEST_P(OverlapAtStage3, NextForwardStartsBeforeTheLastLayersUpdateEnds) {
   // parameters come from the last update in forward order)?
   ASSERT_TRUE(engine->begin_step().ok());
   ASSERT_TRUE(engine->begin_micro_batch(true).ok());
+  // A completion wakes its waiters before it runs its callbacks, so waiting
+  // on `ready` does not mean the time stamp is written: each stamp completes
+  // its own source, and the test waits on those.
   std::atomic<int64_t> first_ready{-1}, last_ready{-1};
+  auto first_stamped = std::make_shared<CompletionSource>("layer 0 ready stamped");
+  auto last_stamped = std::make_shared<CompletionSource>("last layer ready stamped");
+  const Completion first_stamp = first_stamped->completion();
+  const Completion last_stamp = last_stamped->completion();
   Result<LayerMemory> first = engine->acquire(0, Pass::kForward);
   ASSERT_TRUE(first.ok()) << first.status().to_string();
-  first->ready.then([&](const Status&) { first_ready.store(now_ns()); });
+  first->ready.then([&first_ready, first_stamped](const Status& s) {
+    first_ready.store(now_ns());
+    first_stamped->complete(s);
+  });
   const size_t last_index = model.layers().size() - 1;
   Result<LayerMemory> last = engine->acquire(last_index, Pass::kForward);
   ASSERT_TRUE(last.ok()) << last.status().to_string();
-  last->ready.then([&](const Status&) { last_ready.store(now_ns()); });
-  ASSERT_TRUE(first->ready.wait().ok());
-  ASSERT_TRUE(last->ready.wait().ok());
+  last->ready.then([&last_ready, last_stamped](const Status& s) {
+    last_ready.store(now_ns());
+    last_stamped->complete(s);
+  });
+  ASSERT_TRUE(first_stamp.wait().ok());
+  ASSERT_TRUE(last_stamp.wait().ok());
   EXPECT_LT(first_ready.load(), last_ready.load())
       << "layer 0 became ready " << (first_ready.load() - last_ready.load()) / 1e6
       << " ms after the last layer's update: the next forward waited for the whole optimizer step";
