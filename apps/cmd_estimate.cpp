@@ -47,7 +47,9 @@ int fail(const Status& status) {
 
 // The engine's plan (offload/: plan_engine_memory, the numbers the engine
 // itself predicts before allocating) for every stage and cpu placement of a
-// real model: device and pinned bytes per rank, the largest over ranks.
+// real model: device and pinned bytes per rank, the largest over ranks, on a
+// device the host cannot address (a GPU: a device optimizer copies each
+// reduced gradient to the host for the norm).
 int print_engine_plan(const EstimateOptions& opts, const Config* config, uint32_t world) {
   Result<model::GptConfig> preset = model::preset(opts.model);
   if (!preset.ok()) return fail(preset.status().with_context("--model"));
@@ -92,7 +94,8 @@ int print_engine_plan(const EstimateOptions& opts, const Config* config, uint32_
         o.offload_param = pdv;
         offload::EngineMemory worst;
         for (uint32_t r = 0; r < world; ++r) {
-          Result<offload::EngineMemory> p = offload::plan_engine_memory(o, layers, static_cast<int>(world), static_cast<int>(r));
+          Result<offload::EngineMemory> p = offload::plan_engine_memory(
+              o, layers, static_cast<int>(world), static_cast<int>(r), /*device_host_addressable=*/false);
           if (!p.ok()) return fail(p.status());
           if (p->device > worst.device) worst = *p;
           worst.pinned = std::max(worst.pinned, p->pinned);

@@ -76,14 +76,14 @@ Result<Memory> estimator_memory(const EstimateInput& base, const PlacementRow& r
   return m;
 }
 
-// --model: the engine's own plan (plan_engine_memory), the largest over ranks.
+// --model: the engine's own plan (plan_engine_memory) on a GPU, the largest over ranks.
 Result<Memory> engine_memory(const offload::EngineOptions& base, const PlacementRow& row,
                              std::span<const LayerSpec> layers, int world, const offload::HardwareProfile& hw,
                              int ranks_per_node) {
   const offload::EngineOptions o = row.apply(base);
   offload::EngineMemory worst;
   for (int r = 0; r < world; ++r) {
-    STRATA_ASSIGN_OR_RETURN(offload::EngineMemory p, offload::plan_engine_memory(o, layers, world, r));
+    STRATA_ASSIGN_OR_RETURN(offload::EngineMemory p, offload::plan_engine_memory(o, layers, world, r, /*device_host_addressable=*/false));
     worst.device = std::max(worst.device, p.device);
     worst.pinned = std::max(worst.pinned, p.pinned);
     worst.nvme = std::max(worst.nvme, p.nvme);

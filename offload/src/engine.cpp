@@ -14,11 +14,7 @@
 
 namespace strata::offload {
 
-EngineMemory Engine::Impl::plan() const {
-  Result<EngineMemory> m = plan_engine_memory(opt, model.layers(), world, rank);
-  STRATA_CHECK(m.ok(), "the engine's own partition was planned before");
-  return *m;
-}
+EngineMemory Engine::Impl::plan() const { return plan_engine_memory(opt, part, placement); }
 
 // ---------------------------------------------------------------- set-up
 
@@ -43,6 +39,8 @@ Status Engine::Impl::init() {
   scaler.emplace(std::move(ls));
 
   STRATA_ASSIGN_OR_RETURN(part, Partition::create(model.layers(), world, opt.sub_group_size));
+  STRATA_ASSIGN_OR_RETURN(placement, StatePlacement::compute(opt, model.layers(), part, rank,
+                                                             device.caps().host_addressable));
   STRATA_ASSIGN_OR_RETURN(xfer, device.create_stream());
   STRATA_ASSIGN_OR_RETURN(frees, device.create_stream());
   if (opt_on_nvme() || opt.offload_param == OffloadDevice::kNvme) {
@@ -160,7 +158,7 @@ Status Engine::Impl::init() {
 Status Engine::Impl::make_nvme_tier() {
   uint64_t largest = 0, total = 0;
   for (size_t li = 0; li < part.layer_count(); ++li) {
-    if (layer_frozen(model.layers()[li])) continue;  // no optimizer state
+    if (placement.layers[li].frozen) continue;  // no optimizer state
     const LayerPartition& lp = part.layer(li);
     const bool master = true;  // the host optimizer keeps fp32 master weights for every dtype
     for (const SubGroup& g : lp.groups)
@@ -189,26 +187,18 @@ Status Engine::Impl::make_nvme_tier() {
   return Status::Ok();
 }
 
-// offload_param nvme: which layers' shards go to NVMe (every partitioned
-// layer after the first max_in_cpu shard elements, which stay in pinned host
-// memory), and the swap store with slots for the largest of them.
+// offload_param nvme: the swap store for the shards the placement puts on
+// NVMe (every partitioned layer after the first max_in_cpu shard elements,
+// which stay in pinned host memory), with slots for the largest of them.
 Status Engine::Impl::make_param_swap() {
   if (opt.stage != 3) return InvalidArgument(fmt::format("{}: offload_param nvme needs stage 3", opt.source));
-  layers.resize(part.layer_count());  // (sized again, unchanged, below)
-  uint64_t cached = 0, capacity = 0, largest = 0, largest_elements = 0;
+  uint64_t capacity = 0, largest = 0, largest_elements = 0;
   std::string largest_name;
   for (size_t li = 0; li < part.layer_count(); ++li) {
-    const LayerSpec& spec = model.layers()[li];
+    const LayerPlacement& where = placement.layers[li];
+    if (!where.shard_on_nvme()) continue;
     const LayerPartition& lp = part.layer(li);
-    const bool persistent = static_cast<int64_t>(spec.param_count) < opt.persistence_threshold;
-    if (persistent) continue;
-    const size_t pe = dtype_size(spec.params.empty() ? DType::kF32 : spec.params.front().dtype);
-    if (cached + lp.shard_elements <= static_cast<uint64_t>(opt.nvme_param.max_in_cpu)) {
-      cached += lp.shard_elements;
-      continue;
-    }
-    layers[li].on_nvme = true;
-    const uint64_t bytes = lp.shard_elements * pe;
+    const uint64_t bytes = lp.shard_elements * where.param_element_bytes;
     capacity += bytes;
     if (bytes > largest) {
       largest = bytes;
@@ -241,28 +231,16 @@ Status Engine::Impl::init_layer(size_t li) {
   const LayerSpec& spec = model.layers()[li];
   const LayerPartition& lp = part.layer(li);
   Layer& l = layers[li];
-  l.pd = spec.params.empty() ? DType::kF32 : spec.params.front().dtype;
-  for (const ParamTensorSpec& t : spec.params) {
-    if (t.dtype != l.pd || t.offset_bytes != t.offset_elements * dtype_size(t.dtype))
-      return Unsupported(fmt::format("layer {} '{}': tensor '{}' ({}) — the engine needs one dtype per layer, "
-                                     "tensors back to back",
-                                     li, printable(spec.name, 64), printable(t.name, 64), dtype_name(t.dtype)));
-  }
-  if (!is_state_float(l.pd))
-    return Unsupported(fmt::format("layer '{}' has dtype {}; the engine trains fp32, bf16 or fp16 parameters",
-                                   printable(spec.name, 64), dtype_name(l.pd)));
-  l.pe = dtype_size(l.pd);
-  l.persistent = opt.stage < 3 || static_cast<int64_t>(spec.param_count) < opt.persistence_threshold;
-  l.frozen = layer_frozen(spec);
+  const LayerPlacement& where = placement.layers[li];
+  l.pd = where.param_dtype;
+  l.pe = where.param_element_bytes;
+  l.persistent = where.persistent();
+  l.frozen = where.frozen;
+  l.on_nvme = where.shard_on_nvme();
   l.initialized = model.provides_initial_values();
   for (const ParamTensorSpec& t : spec.params) {
-    if (t.trainable == l.frozen)
-      return InvalidArgument(fmt::format("layer {} '{}': tensor '{}' is {} but the layer's first tensor is not; a "
-                                         "layer is trainable or frozen as a whole",
-                                         li, printable(spec.name, 64), printable(t.name, 64),
-                                         t.trainable ? "trainable" : "frozen"));
     const size_t begin = t.offset_elements, end = begin + static_cast<size_t>(t.numel());
-    const double decay = t.weight_decay.value_or(opt.hyper.weight_decay);
+  const double decay = t.weight_decay.value_or(opt.hyper.weight_decay);
     if (!l.hyper_runs.empty() && l.hyper_runs.back().end == begin && l.hyper_runs.back().weight_decay == decay &&
         l.hyper_runs.back().lr_scale == t.lr_scale)
       l.hyper_runs.back().end = end;
@@ -274,7 +252,7 @@ Status Engine::Impl::init_layer(size_t li) {
   std::vector<std::byte> init(lp.padded_elements * l.pe, std::byte{0});
   STRATA_RETURN_IF_ERROR(model.init_layer(li, std::span<std::byte>(init.data(), spec.param_bytes)));
   std::vector<float> init32;
-  if (has_master(l)) {
+  if (where.master) {
     init32.assign(lp.padded_elements, 0.0f);
     STRATA_RETURN_IF_ERROR(model.init_layer_fp32(li, std::span<float>(init32.data(), spec.param_count)));
   }
@@ -288,7 +266,7 @@ Status Engine::Impl::init_layer(size_t li) {
       STRATA_RETURN_IF_ERROR(
           param_swap->put(static_cast<uint32_t>(li), shard.data(), shard.size(), "parameter shard of " + lname));
     } else {
-      if (param_on_host()) {
+      if (where.shard_in_host()) {
         STRATA_ASSIGN_OR_RETURN(l.host_shard, HostBuffer::create(device, stats, shard.size(), "parameter shard of " + lname));
       } else {
         STRATA_ASSIGN_OR_RETURN(l.dev_shard, alloc_device(shard.size(), "parameter shard of " + lname));
@@ -298,24 +276,23 @@ Status Engine::Impl::init_layer(size_t li) {
   }
   // A frozen layer has its parameters and nothing else.
   if (l.frozen) return Status::Ok();
-  if (opt.stage <= 1) {
+  if (where.gradients == GradientBuffer::kPersistent) {
     STRATA_ASSIGN_OR_RETURN(l.full_grads, alloc_device(lp.padded_elements * ge(), "gradients of " + lname));
     STRATA_RETURN_IF_ERROR(device.memset(l.full_grads.data(), 0, lp.padded_elements * ge()));
   }
   const size_t owned = owned_elements(lp);
-  if (opt_on_host()) {
+  if (where.pinned_gradient_shard) {
     STRATA_ASSIGN_OR_RETURN(l.opt_grads_host,
                             HostBuffer::create(device, stats, owned * ge(), "gradient shard of " + lname));
-    // Updated values wait here for their H2D copy, unless they go straight into a host shard.
-    if (!(param_on_host() && !l.persistent) || l.on_nvme) {
-      STRATA_ASSIGN_OR_RETURN(l.staging, HostBuffer::create(device, stats, owned * l.pe,
-                                                            "parameter staging of " + lname));
-    }
   }
-  if ((!opt_on_host() && !grads_in_place()) || split()) {
+  if (where.pinned_staging) {
+    STRATA_ASSIGN_OR_RETURN(l.staging,
+                            HostBuffer::create(device, stats, owned * l.pe, "parameter staging of " + lname));
+  }
+  if (where.device_gradient_shard) {
     STRATA_ASSIGN_OR_RETURN(l.opt_grads_dev, alloc_device(owned * ge(), "gradient shard of " + lname));
   }
-  if (device_opt()) {
+  if (where.norm_gradient_copy) {
     const size_t n = grads_in_place() ? lp.padded_elements : owned;
     STRATA_ASSIGN_OR_RETURN(l.norm_grads,
                             HostBuffer::create(device, stats, n * ge(), "gradient copy for the norm of " + lname));
@@ -327,7 +304,7 @@ Status Engine::Impl::init_layer(size_t li) {
       const size_t count = lp.piece_real(g, r), host = host_n(count);
       const StateId id{static_cast<uint32_t>(li), static_cast<uint32_t>(gi), r};
       std::span<const float> master;
-      if (has_master(l)) master = std::span<const float>(init32.data() + lp.piece_begin(g, r), host);
+      if (where.master) master = std::span<const float>(init32.data() + lp.piece_begin(g, r), host);
       STRATA_RETURN_IF_ERROR(tier->add(id, state_name(li, gi, r), host, master));
       if (split()) {
         // The device part: fp32 parameters are their own master there.

@@ -283,34 +283,34 @@ struct Engine::Impl {
   Impl(const EngineOptions& o, ModelRunner* r, const LayeredModel& m, Device& d, comm::Communicator& c)
       : opt(o), runner(r), model(m), device(d), comm(c) {}
 
-  bool stage0() const { return opt.stage == 0; }
+  // Every placement decision, made once in init() (Note [State placement]);
+  // the questions below read it.
+  StatePlacement placement;
+  bool stage0() const { return placement.owns_every_piece(); }
   // The optimizer runs on the host for cpu and nvme placements (nvme: its
   // state streams through pinned slots of the NVMe tier).
-  bool opt_on_host() const { return opt.offload_optimizer != OffloadDevice::kNone; }
-  bool opt_on_nvme() const { return opt.offload_optimizer == OffloadDevice::kNvme; }
+  bool opt_on_host() const { return placement.optimizer_on_host(); }
+  bool opt_on_nvme() const { return placement.optimizer_on_nvme(); }
   // Stage-3 shards off the device: in pinned host memory (cpu, and nvme's
   // first max_in_cpu elements) or on NVMe (Layer::on_nvme).
   bool param_on_host() const { return opt.offload_param != OffloadDevice::kNone; }
   size_t ge() const { return dtype_size(opt.grad_dtype); }
-  // Grads are read by the optimizer from the full buffer (no copy) when
-  // both live on the device and the full buffer persists (stages 0, 1).
-  bool grads_in_place() const { return !opt_on_host() && opt.stage <= 1; }
-  bool has_master(const Layer& l) const { return !l.frozen && !(l.pd == DType::kF32 && !opt_on_host()); }
-  bool split() const { return opt.ratio < 1.0; }
-  // offload_optimizer none on a device whose memory the host cannot read
-  // (cuda): the fused device Adam kernel steps the state on `opt_stream`,
-  // and each layer's reduced gradient is also copied D2H for the norm.
-  bool device_opt() const { return !opt_on_host() && !device.caps().host_addressable; }
-  size_t host_n(size_t count) const { return host_part(opt.ratio, count); }
+  bool grads_in_place() const { return placement.gradients_in_place; }
+  bool has_master(size_t li) const { return placement.layers[li].master; }
+  bool split() const { return placement.split; }
+  // The fused device Adam kernel steps the state on `opt_stream`, and each
+  // layer's reduced gradient is also copied D2H for the norm.
+  bool device_opt() const { return placement.device_kernel; }
+  size_t host_n(size_t count) const { return host_part(placement.ratio, count); }
 
   // Owned pieces: every rank's at stage 0, this rank's otherwise; the owned
   // layout is padded space at stage 0 and the shard layout otherwise.
-  int owned_rank_begin() const { return stage0() ? 0 : rank; }
-  int owned_rank_end() const { return stage0() ? world : rank + 1; }
+  int owned_rank_begin() const { return placement.owned_rank_begin(); }
+  int owned_rank_end() const { return placement.owned_rank_end(); }
   size_t owned_offset(const LayerPartition& lp, const SubGroup& g, int r) const {
-    return stage0() ? lp.piece_begin(g, r) : g.shard_offset;
+    return placement.owned_offset(lp, g, r);
   }
-  size_t owned_elements(const LayerPartition& lp) const { return stage0() ? lp.padded_elements : lp.shard_elements; }
+  size_t owned_elements(const LayerPartition& lp) const { return placement.owned_elements(lp); }
 
   std::string state_name(size_t layer, size_t group, int r) const {
     return part.describe(StateId{static_cast<uint32_t>(layer), static_cast<uint32_t>(group), r});

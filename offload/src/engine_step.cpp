@@ -87,7 +87,7 @@ Status Engine::Impl::queue_update(size_t li, int64_t step, double clip, double s
       j.count = host;
       j.runs = runs_of(li, lp.piece_begin(g, r), host, hyper);
       j.grads = gsrc + (gpadded ? lp.piece_begin(g, r) : g.shard_offset) * ge();
-      j.param_is_master = !has_master(l);
+      j.param_is_master = !has_master(li);
       j.param = l.staging ? l.staging.data() + owned_offset(lp, g, r) * l.pe : param_location(li, g, r);
       if (l.staging && !l.on_nvme) {
         j.h2d = param_location(li, g, r);

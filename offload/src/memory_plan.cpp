@@ -9,94 +9,79 @@
 #include "strata/offload/engine.h"
 #include "strata/offload/nvme_state_tier.h"
 #include "strata/offload/partition.h"
+#include "strata/offload/state_placement.h"
 
 namespace strata::offload {
 
-// What init_layer and the step allocate, summed without allocating. Stage-3
-// gathers and stage 2-3 full gradients are transient: the executor enqueues
-// a whole pass before the stream runs it, so all of them are alive at once
-// unless the caps (stage3_max_live_parameters, reduce_bucket_size) bound
-// them, and a cap is never below one layer.
-Result<EngineMemory> plan_engine_memory(const EngineOptions& opt, std::span<const LayerSpec> layers, int world,
-                                        int rank) {
-  if (rank < 0 || rank >= world)
-    return InvalidArgument(fmt::format("rank {} is not in 0..{}", rank, world - 1));
-  STRATA_ASSIGN_OR_RETURN(Partition part, Partition::create(layers, world, opt.sub_group_size));
-  const bool opt_on_host = opt.offload_optimizer != OffloadDevice::kNone;
-  const bool param_on_host = opt.offload_param != OffloadDevice::kNone;
-  const bool stage0 = opt.stage == 0;
-  const bool grads_in_place = !opt_on_host && opt.stage <= 1;
-  const bool split = opt.ratio < 1.0;
-  const size_t ge = dtype_size(opt.grad_dtype);
-  const int owned_begin = stage0 ? 0 : rank, owned_end = stage0 ? world : rank + 1;
+// What init_layer and the step allocate, summed without allocating: a pure
+// function of the placement (Note [State placement]). Stage-3 gathers and
+// stage 2-3 full gradients are transient: the executor enqueues a whole pass
+// before the stream runs it, so all of them are alive at once unless the
+// caps (stage3_max_live_parameters, reduce_bucket_size) bound them, and a
+// cap is never below one layer.
+EngineMemory plan_engine_memory(const EngineOptions& opt, const Partition& part, const StatePlacement& placement) {
+  const size_t grad_bytes = dtype_size(opt.grad_dtype);
+  const size_t moment_bytes = dtype_size(opt.moment_dtype);
+  const int rank = placement.rank;
   EngineMemory m;
-  const size_t me = dtype_size(opt.moment_dtype);
-  uint64_t np_total = 0, np_max = 0, g_total = 0, g_max = 0, np_total_real = 0, nvme_largest = 0;
-  uint64_t param_cached = 0, param_slot = 0;
-  uint64_t largest_piece = 0;  // of this rank's pieces (every rank saves its own), for the snapshot slot
-  size_t np_pe = 2;
+  // Stage-3 layers gathered for use: their padded and real elements, the largest.
+  uint64_t gathered_total = 0, gathered_real = 0, gathered_largest = 0;
+  size_t gathered_element_bytes = 2;
+  // Stage 2-3 per-step gradient buffers.
+  uint64_t per_step_grads_total = 0, per_step_grads_largest = 0;
+  uint64_t nvme_largest_piece = 0;  // bytes of the largest NVMe state piece (its slot)
+  uint64_t largest_piece = 0;       // of this rank's pieces (every rank saves its own), for the snapshot slot
   for (size_t li = 0; li < part.layer_count(); ++li) {
-    const LayerSpec& spec = layers[li];
-    const LayerPartition& lp = part.layer(li);
-    const DType pd = spec.params.empty() ? DType::kF32 : spec.params.front().dtype;
-    const size_t pe = dtype_size(pd);
-    const bool persistent = opt.stage < 3 || static_cast<int64_t>(spec.param_count) < opt.persistence_threshold;
-    const bool master = !(pd == DType::kF32 && !opt_on_host);
-    const uint64_t F = lp.padded_elements, S = lp.shard_elements, owned = stage0 ? lp.padded_elements : lp.shard_elements;
-    // offload_param nvme: shards past the first max_in_cpu elements live on
-    // NVMe (engine.cpp make_param_swap decides the same way).
-    bool on_nvme = false;
-    if (!persistent && opt.offload_param == OffloadDevice::kNvme) {
-      if (param_cached + S <= static_cast<uint64_t>(opt.nvme_param.max_in_cpu)) {
-        param_cached += S;
-      } else {
-        on_nvme = true;
-        m.nvme += S * pe;
-        param_slot = std::max<uint64_t>(param_slot, S * pe);
-      }
+    const LayerPartition& layer = part.layer(li);
+    const LayerPlacement& where = placement.layers[li];
+    const uint64_t padded = layer.padded_elements, shard = layer.shard_elements;
+    const uint64_t owned = placement.owned_elements(layer);
+    const size_t param_bytes = where.param_element_bytes;
+    switch (where.params) {
+      case ParamHome::kWholeOnDevice: m.device_params += padded * param_bytes; break;
+      case ParamHome::kShardOnDevice: m.device_params += shard * param_bytes; break;
+      case ParamHome::kShardInPinnedHost: m.pinned_params += shard * param_bytes; break;
+      case ParamHome::kShardOnNvme: m.nvme += shard * param_bytes; break;  // read through the slots below
     }
-    if (persistent) {
-      m.device_params += F * pe;
-    } else {
-      if (on_nvme)
-        ;  // on NVMe, read through the slots below
-      else if (param_on_host)
-        m.pinned_params += S * pe;
-      else
-        m.device_params += S * pe;
-      np_total += F;
-      np_total_real += lp.elements;
-      np_max = std::max(np_max, F);
-      np_pe = pe;
+    if (!where.persistent()) {
+      gathered_total += padded;
+      gathered_real += layer.elements;
+      gathered_largest = std::max(gathered_largest, padded);
+      gathered_element_bytes = param_bytes;
     }
-    if (layer_frozen(spec)) continue;  // parameters only: no gradient, no optimizer state
-    if (opt.stage <= 1) {
-      m.device_grads += F * ge;
-    } else {
-      g_total += F;
-      g_max = std::max(g_max, F);
+    if (where.gradients == GradientBuffer::kPersistent) m.device_grads += padded * grad_bytes;
+    if (where.gradients == GradientBuffer::kPerStep) {
+      per_step_grads_total += padded;
+      per_step_grads_largest = std::max(per_step_grads_largest, padded);
     }
-    if (opt_on_host) {
-      m.pinned_grads += std::max<uint64_t>(64, owned * ge);
-      if (!(param_on_host && !persistent) || on_nvme) m.pinned_staging += std::max<uint64_t>(64, owned * pe);
-    }
-    if ((!opt_on_host && !grads_in_place) || split) m.device_optimizer += std::max<uint64_t>(64, owned * ge);
-    for (const SubGroup& g : lp.groups) largest_piece = std::max<uint64_t>(largest_piece, lp.piece_real(g, rank));
-    for (const SubGroup& g : lp.groups)
-      for (int r = owned_begin; r < owned_end; ++r) {
-        const uint64_t count = lp.piece_real(g, r), host = host_part(opt.ratio, count);
-        if (opt.offload_optimizer == OffloadDevice::kNvme) {
-          const uint64_t b = nvme_piece_bytes(host, true, opt.moment_dtype);
-          m.nvme += 2 * b;  // the committed and the pending version (Note [Piece versions])
-          nvme_largest = std::max(nvme_largest, b);
-        } else {
-          (opt_on_host ? m.pinned_optimizer : m.device_optimizer) +=
-              std::max<uint64_t>(64, host * (2 * me + (master ? 4 : 0)));
+    if (where.pinned_gradient_shard) m.pinned_grads += std::max<uint64_t>(64, owned * grad_bytes);
+    if (where.pinned_staging) m.pinned_staging += std::max<uint64_t>(64, owned * param_bytes);
+    if (where.device_gradient_shard) m.device_optimizer += std::max<uint64_t>(64, owned * grad_bytes);
+    if (where.norm_gradient_copy)
+      m.pinned_grads += std::max<uint64_t>(64, (placement.gradients_in_place ? padded : owned) * grad_bytes);
+    if (where.frozen) continue;  // no optimizer state
+    for (const SubGroup& g : layer.groups) largest_piece = std::max<uint64_t>(largest_piece, layer.piece_real(g, rank));
+    for (const SubGroup& g : layer.groups)
+      for (int r = placement.owned_rank_begin(); r < placement.owned_rank_end(); ++r) {
+        const uint64_t count = layer.piece_real(g, r), host = host_part(placement.ratio, count);
+        switch (placement.optimizer_state) {
+          case StateHome::kNvme: {
+            const uint64_t b = nvme_piece_bytes(host, true, opt.moment_dtype);
+            m.nvme += 2 * b;  // the committed and the pending version (Note [Piece versions])
+            nvme_largest_piece = std::max(nvme_largest_piece, b);
+            break;
+          }
+          case StateHome::kPinnedHost:
+            m.pinned_optimizer += std::max<uint64_t>(64, host * (2 * moment_bytes + (where.master ? 4 : 0)));
+            break;
+          case StateHome::kDevice:
+            m.device_optimizer += std::max<uint64_t>(64, host * (2 * moment_bytes + (where.master ? 4 : 0)));
+            break;
         }
         // ratio < 1: the device part (fp32 parameters are their own master there).
-        if (split)
-          m.device_optimizer +=
-              std::max<uint64_t>(64, (count - host) * (2 * me + (pd == DType::kF32 ? 0 : 4)));
+        if (placement.split)
+          m.device_optimizer += std::max<uint64_t>(
+              64, (count - host) * (2 * moment_bytes + (where.param_dtype == DType::kF32 ? 0 : 4)));
       }
   }
   // Gathered layers: at most one copy per layer is valid, and a dropped copy
@@ -105,24 +90,40 @@ Result<EngineMemory> plan_engine_memory(const EngineOptions& opt, std::span<cons
   // most every layer once; otherwise the next pass's gathers may be issued
   // while the last pass's copies still wait for their free: twice.
   const uint64_t window = static_cast<uint64_t>(std::max(opt.max_reuse_distance, opt.prefetch_bucket_size));
-  const bool spans = window >= 2 * np_total_real;
-  const uint64_t unbounded = spans ? np_total : 2 * np_total;
-  m.device_gathered = std::min(unbounded, std::max<uint64_t>(opt.max_live_parameters, np_max)) * np_pe;
+  const bool spans = window >= 2 * gathered_real;
+  const uint64_t unbounded = spans ? gathered_total : 2 * gathered_total;
+  m.device_gathered =
+      std::min(unbounded, std::max<uint64_t>(opt.max_live_parameters, gathered_largest)) * gathered_element_bytes;
   // With gradient accumulation every layer's full gradient lives until the
   // last micro-batch reduces it (the sum over micro-batches is taken before
   // the sum over ranks, as at stage 0), so the bucket cannot bound them.
-  m.device_grads += (opt.grad_accum > 1 ? g_total : std::min(g_total, std::max<uint64_t>(opt.reduce_bucket_size, g_max))) * ge;
+  m.device_grads += (opt.grad_accum > 1
+                         ? per_step_grads_total
+                         : std::min(per_step_grads_total,
+                                    std::max<uint64_t>(opt.reduce_bucket_size, per_step_grads_largest))) *
+                    grad_bytes;
   m.device = m.device_params + m.device_grads + m.device_optimizer + m.device_gathered;
   // NVMe: the state streams through buffer_count pinned slots of the largest piece.
-  if (opt.offload_optimizer == OffloadDevice::kNvme)
-    m.pinned_optimizer = static_cast<uint64_t>(opt.nvme.buffer_count) * std::max(nvme_largest, kNvmeStateAlign);
-  if (param_slot != 0) m.pinned_params += static_cast<uint64_t>(opt.nvme_param.buffer_count) * std::max<uint64_t>(param_slot, 4096);
+  if (placement.optimizer_on_nvme())
+    m.pinned_optimizer = static_cast<uint64_t>(opt.nvme.buffer_count) * std::max(nvme_largest_piece, kNvmeStateAlign);
+  if (placement.largest_nvme_shard_bytes != 0)
+    m.pinned_params += static_cast<uint64_t>(opt.nvme_param.buffer_count) *
+                       std::max<uint64_t>(placement.largest_nvme_shard_bytes, 4096);
   m.pinned = m.pinned_optimizer + m.pinned_grads + m.pinned_staging + m.pinned_params;
   // A checkpoint snapshot slot: the largest piece as fp32 master [4 B] and
   // moments [8 B], each part 4 KiB-aligned (engine_checkpoint.cpp).
   auto aligned = [](uint64_t n) { return (n + 4095) / 4096 * 4096; };
   m.snapshot_slot_bytes = aligned(4 * largest_piece) + aligned(8 * largest_piece);
   return m;
+}
+
+Result<EngineMemory> plan_engine_memory(const EngineOptions& opt, std::span<const LayerSpec> layers, int world,
+                                        int rank, bool device_host_addressable) {
+  if (rank < 0 || rank >= world) return InvalidArgument(fmt::format("rank {} is not in 0..{}", rank, world - 1));
+  STRATA_ASSIGN_OR_RETURN(Partition part, Partition::create(layers, world, opt.sub_group_size));
+  STRATA_ASSIGN_OR_RETURN(StatePlacement placement,
+                          StatePlacement::compute(opt, layers, part, rank, device_host_addressable));
+  return plan_engine_memory(opt, part, placement);
 }
 
 }  // namespace strata::offload

@@ -128,6 +128,7 @@
 #include "strata/cpu_adam/hyper_params.h"
 #include "strata/offload/checkpoint.h"
 #include "strata/offload/partition.h"
+#include "strata/offload/state_placement.h"
 
 namespace strata::nvme {
 class IoEngine;
@@ -263,11 +264,17 @@ inline size_t host_part(double ratio, size_t count) {
   return n / 16 * 16;
 }
 
-// The plan on its own (no engine, nothing allocated): rank `rank` of
-// `world` training `layers` with `options`. What Engine::predicted_memory()
-// returns for the same inputs, and what `strata estimate --model` prints.
+// The plan (no engine, nothing allocated): what rank `placement.rank`
+// holds per tier; a pure function of the placement (Note [State
+// placement]), which is what the engine allocates from.
+EngineMemory plan_engine_memory(const EngineOptions& options, const Partition& partition,
+                                const StatePlacement& placement);
+// The same from the model: rank `rank` of `world` training `layers` with
+// `options` on a device whose memory the host can (the cpu device) or
+// cannot (cuda) address. What Engine::predicted_memory() returns for the
+// same inputs, and what `strata estimate --model` prints.
 Result<EngineMemory> plan_engine_memory(const EngineOptions& options, std::span<const LayerSpec> layers, int world,
-                                        int rank);
+                                        int rank, bool device_host_addressable);
 
 // Engine::save_checkpoint's request (docs/checkpoints.md).
 struct CheckpointSaveOptions {

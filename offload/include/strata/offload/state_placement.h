@@ -1,0 +1,122 @@
+#pragma once
+// Where one rank's training state lives: the engine's placement decisions,
+// made once.
+//
+// Note [State placement]
+// The options (stage, offload_optimizer, offload_param, ratio, max_in_cpu,
+// the persistence threshold), the partition and the device decide, for
+// every layer, where each kind of its state lives: the 16-bit parameters
+// (the whole layer on the device, or this rank's shard on the device, in
+// pinned host memory or on NVMe), the gradients (a buffer that lives across
+// steps, one per backward, or none for a frozen layer), the master weights
+// and moments (device, pinned host, NVMe; split with the device at ratio
+// < 1) and the buffers between them (the reduced gradient's host or device
+// shard, the staging of updated values, the gradient copy for the norm).
+// StatePlacement::compute makes every one of those decisions, and only it:
+// the engine allocates what the placement says, and the memory plan
+// (plan_engine_memory) is a pure function of the placement, so the plan
+// cannot drift from what the engine holds.
+//
+// Named StatePlacement because strata::Placement is the estimator's row
+// (stage, optimizer device, parameter device) in core/estimator.h.
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "strata/core/dtype.h"
+#include "strata/core/layered_model.h"
+#include "strata/core/status.h"
+#include "strata/offload/partition.h"
+
+namespace strata::offload {
+
+struct EngineOptions;
+
+// The home of one kind of state.
+enum class StateHome : uint8_t { kDevice, kPinnedHost, kNvme };
+const char* state_home_name(StateHome home);
+
+// A layer's 16-bit (working) parameters.
+enum class ParamHome : uint8_t {
+  kWholeOnDevice,      // stages 0-2, and stage-3 layers below the persistence threshold
+  kShardOnDevice,      // stage 3, offload_param none: gathered for each use
+  kShardInPinnedHost,  // stage 3, offload_param cpu (and nvme's first max_in_cpu elements)
+  kShardOnNvme,        // stage 3, offload_param nvme: read through the parameter slots
+};
+const char* param_home_name(ParamHome home);
+
+// A layer's full (unreduced) gradient buffer on the device.
+enum class GradientBuffer : uint8_t {
+  kNone,        // a frozen layer: no gradient at all
+  kPersistent,  // stages 0-1: allocated once, kept across steps
+  kPerStep,     // stages 2-3: allocated at the first backward, freed once reduced (bounded by reduce_bucket_size)
+};
+
+struct LayerPlacement {
+  DType param_dtype = DType::kF32;
+  size_t param_element_bytes = 4;
+  ParamHome params = ParamHome::kWholeOnDevice;
+  GradientBuffer gradients = GradientBuffer::kPersistent;
+  bool frozen = false;  // parameters only: no gradient, no optimizer state
+  // fp32 master weights beside the parameters (every trained layer but an
+  // fp32 one stepped on the device, which is its own master).
+  bool master = false;
+  // The reduced gradient the optimizer reads, in the owned layout:
+  bool pinned_gradient_shard = false;  // in pinned host memory (the optimizer runs on the host)
+  bool device_gradient_shard = false;  // on the device (a device optimizer not reading in place, or the ratio's device part)
+  // Updated parameters wait in pinned staging for their H2D copy or NVMe
+  // write, unless the host optimizer writes them straight into a host shard.
+  bool pinned_staging = false;
+  // The device optimizer on a device the host cannot read: the reduced
+  // gradient is also copied to the host for the norm's block sums.
+  bool norm_gradient_copy = false;
+
+  bool persistent() const { return params == ParamHome::kWholeOnDevice; }
+  bool shard_on_nvme() const { return params == ParamHome::kShardOnNvme; }
+  bool shard_in_host() const { return params == ParamHome::kShardInPinnedHost; }
+};
+
+struct StatePlacement {
+  int stage = 0;
+  int world = 1, rank = 0;
+  // Master weights and moments (of each piece's host part when split).
+  StateHome optimizer_state = StateHome::kDevice;
+  // offload_optimizer.ratio < 1: each piece's last elements stay on the
+  // device, stepped there; host_part(ratio, count) elements go to the host.
+  bool split = false;
+  double ratio = 1.0;
+  // The optimizer reads the reduced gradient straight from the full device
+  // buffer (stages 0-1 with the state on the device): no shard copy.
+  bool gradients_in_place = false;
+  // The fused device Adam kernel steps the state (state on a device whose
+  // memory the host cannot read, e.g. cuda) instead of the CPU optimizer.
+  bool device_kernel = false;
+  // Stage-3 shard elements kept in pinned host memory under offload_param
+  // nvme's max_in_cpu; the largest shard on NVMe (bytes; 0: none).
+  uint64_t param_elements_in_host = 0;
+  uint64_t largest_nvme_shard_bytes = 0;
+  std::vector<LayerPlacement> layers;
+
+  // Every decision above. `device_host_addressable`: the device's memory is
+  // host memory (the cpu device), so a device optimizer is the CPU one.
+  static Result<StatePlacement> compute(const EngineOptions& options, std::span<const LayerSpec> layers,
+                                        const Partition& partition, int rank, bool device_host_addressable);
+
+  bool optimizer_on_host() const { return optimizer_state != StateHome::kDevice; }
+  bool optimizer_on_nvme() const { return optimizer_state == StateHome::kNvme; }
+  // Stage 0 owns every rank's pieces in padded space; stages 1-3 own this
+  // rank's, in the shard layout.
+  bool owns_every_piece() const { return stage == 0; }
+  int owned_rank_begin() const { return owns_every_piece() ? 0 : rank; }
+  int owned_rank_end() const { return owns_every_piece() ? world : rank + 1; }
+  size_t owned_elements(const LayerPartition& layer) const {
+    return owns_every_piece() ? layer.padded_elements : layer.shard_elements;
+  }
+  size_t owned_offset(const LayerPartition& layer, const SubGroup& group, int piece_rank) const {
+    return owns_every_piece() ? layer.piece_begin(group, piece_rank) : group.shard_offset;
+  }
+};
+
+}  // namespace strata::offload

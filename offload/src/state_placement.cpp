@@ -1,0 +1,114 @@
+// StatePlacement::compute: every placement decision of the engine (Note
+// [State placement]).
+#include "strata/offload/state_placement.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "strata/core/printable.h"
+#include "strata/core/spec_model.h"
+#include "strata/offload/engine.h"
+
+namespace strata::offload {
+
+const char* state_home_name(StateHome home) {
+  switch (home) {
+    case StateHome::kDevice: return "device";
+    case StateHome::kPinnedHost: return "pinned host";
+    case StateHome::kNvme: return "nvme";
+  }
+  return "?";
+}
+
+const char* param_home_name(ParamHome home) {
+  switch (home) {
+    case ParamHome::kWholeOnDevice: return "whole on the device";
+    case ParamHome::kShardOnDevice: return "shard on the device";
+    case ParamHome::kShardInPinnedHost: return "shard in pinned host memory";
+    case ParamHome::kShardOnNvme: return "shard on nvme";
+  }
+  return "?";
+}
+
+namespace {
+
+// The layer's one parameter dtype (the engine steps a layer as one flat
+// run), checked: back to back tensors, a float dtype, trainable or frozen as a whole.
+Result<DType> layer_dtype(const LayerSpec& spec, size_t li) {
+  const DType dtype = spec.params.empty() ? DType::kF32 : spec.params.front().dtype;
+  const bool frozen = layer_frozen(spec);
+  for (const ParamTensorSpec& t : spec.params) {
+    if (t.dtype != dtype || t.offset_bytes != t.offset_elements * dtype_size(t.dtype))
+      return Unsupported(fmt::format("layer {} '{}': tensor '{}' ({}) — the engine needs one dtype per layer, "
+                                     "tensors back to back",
+                                     li, printable(spec.name, 64), printable(t.name, 64), dtype_name(t.dtype)));
+    if (t.trainable == frozen)
+      return InvalidArgument(fmt::format("layer {} '{}': tensor '{}' is {} but the layer's first tensor is not; a "
+                                         "layer is trainable or frozen as a whole",
+                                         li, printable(spec.name, 64), printable(t.name, 64),
+                                         t.trainable ? "trainable" : "frozen"));
+  }
+  if (!is_state_float(dtype))
+    return Unsupported(fmt::format("layer {} '{}' has dtype {}; the engine trains fp32, bf16 or fp16 parameters", li,
+                                   printable(spec.name, 64), dtype_name(dtype)));
+  return dtype;
+}
+
+}  // namespace
+
+Result<StatePlacement> StatePlacement::compute(const EngineOptions& opt, std::span<const LayerSpec> layers,
+                                               const Partition& partition, int rank, bool device_host_addressable) {
+  const int world = partition.world();
+  if (rank < 0 || rank >= world) return InvalidArgument(fmt::format("rank {} is not in 0..{}", rank, world - 1));
+  if (layers.size() != partition.layer_count())
+    return InvalidArgument(fmt::format("{} layer specs for a partition of {} layers", layers.size(),
+                                       partition.layer_count()));
+  StatePlacement p;
+  p.stage = opt.stage;
+  p.world = world;
+  p.rank = rank;
+  p.optimizer_state = opt.offload_optimizer == OffloadDevice::kNvme  ? StateHome::kNvme
+                      : opt.offload_optimizer == OffloadDevice::kCpu ? StateHome::kPinnedHost
+                                                                      : StateHome::kDevice;
+  p.ratio = opt.ratio;
+  p.split = opt.ratio < 1.0;
+  p.gradients_in_place = !p.optimizer_on_host() && opt.stage <= 1;
+  p.device_kernel = !p.optimizer_on_host() && !device_host_addressable;
+  p.layers.resize(layers.size());
+  for (size_t li = 0; li < layers.size(); ++li) {
+    const LayerSpec& spec = layers[li];
+    const LayerPartition& part = partition.layer(li);
+    LayerPlacement& l = p.layers[li];
+    STRATA_ASSIGN_OR_RETURN(l.param_dtype, layer_dtype(spec, li));
+    l.param_element_bytes = dtype_size(l.param_dtype);
+    l.frozen = layer_frozen(spec);
+    if (opt.stage < 3 || static_cast<int64_t>(spec.param_count) < opt.persistence_threshold) {
+      l.params = ParamHome::kWholeOnDevice;
+    } else if (opt.offload_param == OffloadDevice::kNone) {
+      l.params = ParamHome::kShardOnDevice;
+    } else if (opt.offload_param == OffloadDevice::kCpu ||
+               p.param_elements_in_host + part.shard_elements <= static_cast<uint64_t>(opt.nvme_param.max_in_cpu)) {
+      // offload_param nvme keeps the first max_in_cpu shard elements in host memory.
+      l.params = ParamHome::kShardInPinnedHost;
+      if (opt.offload_param == OffloadDevice::kNvme) p.param_elements_in_host += part.shard_elements;
+    } else {
+      l.params = ParamHome::kShardOnNvme;
+      p.largest_nvme_shard_bytes =
+          std::max<uint64_t>(p.largest_nvme_shard_bytes, part.shard_elements * l.param_element_bytes);
+    }
+    if (l.frozen) {
+      l.gradients = GradientBuffer::kNone;
+      continue;  // parameters only
+    }
+    l.gradients = opt.stage <= 1 ? GradientBuffer::kPersistent : GradientBuffer::kPerStep;
+    l.master = !(l.param_dtype == DType::kF32 && !p.optimizer_on_host());
+    l.pinned_gradient_shard = p.optimizer_on_host();
+    l.pinned_staging = p.optimizer_on_host() && !l.shard_in_host();
+    l.device_gradient_shard = (!p.optimizer_on_host() && !p.gradients_in_place) || p.split;
+    l.norm_gradient_copy = p.device_kernel;
+  }
+  return p;
+}
+
+}  // namespace strata::offload

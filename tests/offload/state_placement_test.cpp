@@ -1,0 +1,185 @@
+// StatePlacement (Note [State placement]): every placement decision, made
+// once, and the memory plan as a pure function of it.
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include "strata/core/spec_model.h"
+#include "strata/offload/engine.h"
+#include "strata/offload/nvme_state_tier.h"
+#include "strata/offload/state_placement.h"
+
+namespace strata::offload {
+namespace {
+
+// Four layers: a big bf16 one, a small bf16 one (below the persistence
+// threshold), a frozen bf16 one, a big fp32 one.
+constexpr int64_t kBig = 3 * 4096;
+constexpr int64_t kSmall = 512;
+
+SpecModel four_layers() {
+  std::vector<LayerDescription> layers;
+  layers.push_back({"big", {{"big.weight", {kBig}, DType::kBF16, true, std::nullopt, 1.0}}});
+  layers.push_back({"small", {{"small.weight", {kSmall}, DType::kBF16, true, std::nullopt, 1.0}}});
+  layers.push_back({"frozen", {{"frozen.weight", {kBig}, DType::kBF16, false, std::nullopt, 1.0}}});
+  layers.push_back({"fp32", {{"fp32.weight", {kBig}, DType::kF32, true, std::nullopt, 1.0}}});
+  return SpecModel::create(std::move(layers)).value();
+}
+
+EngineOptions options(int stage, OffloadDevice optimizer, OffloadDevice params) {
+  EngineOptions o;
+  o.stage = stage;
+  o.offload_optimizer = optimizer;
+  o.offload_param = params;
+  o.persistence_threshold = kSmall + 1;
+  o.nvme.path = "/unused";
+  o.nvme_param.path = "/unused";
+  return o;
+}
+
+StatePlacement place(const EngineOptions& o, int world = 2, int rank = 1, bool host_addressable = true) {
+  const SpecModel model = four_layers();
+  const Partition part = Partition::create(model.layers(), world, o.sub_group_size).value();
+  Result<StatePlacement> p = StatePlacement::compute(o, model.layers(), part, rank, host_addressable);
+  EXPECT_TRUE(p.ok()) << p.status().to_string();
+  return p.ok() ? *p : StatePlacement{};
+}
+
+TEST(StatePlacement, Stage1OnTheDeviceReadsGradientsInPlace) {
+  const StatePlacement p = place(options(1, OffloadDevice::kNone, OffloadDevice::kNone));
+  EXPECT_EQ(p.optimizer_state, StateHome::kDevice);
+  EXPECT_TRUE(p.gradients_in_place);
+  EXPECT_FALSE(p.device_kernel);  // the cpu device: its memory is the host's
+  EXPECT_FALSE(p.owns_every_piece());
+  EXPECT_EQ(p.owned_rank_begin(), 1);
+  for (const LayerPlacement& l : p.layers) EXPECT_EQ(l.params, ParamHome::kWholeOnDevice);
+  const LayerPlacement& big = p.layers[0];
+  EXPECT_EQ(big.gradients, GradientBuffer::kPersistent);
+  EXPECT_TRUE(big.master);
+  EXPECT_FALSE(big.device_gradient_shard || big.pinned_gradient_shard || big.pinned_staging);
+  // fp32 parameters stepped on the device are their own master.
+  EXPECT_FALSE(p.layers[3].master);
+  // A frozen layer: parameters and nothing else.
+  const LayerPlacement& frozen = p.layers[2];
+  EXPECT_TRUE(frozen.frozen);
+  EXPECT_EQ(frozen.gradients, GradientBuffer::kNone);
+  EXPECT_FALSE(frozen.master || frozen.pinned_gradient_shard || frozen.device_gradient_shard ||
+               frozen.pinned_staging || frozen.norm_gradient_copy);
+}
+
+TEST(StatePlacement, Stage0OwnsEveryPiece) {
+  const StatePlacement p = place(options(0, OffloadDevice::kNone, OffloadDevice::kNone));
+  EXPECT_TRUE(p.owns_every_piece());
+  EXPECT_EQ(p.owned_rank_begin(), 0);
+  EXPECT_EQ(p.owned_rank_end(), 2);
+}
+
+TEST(StatePlacement, Stage2OnTheDeviceCopiesTheReducedShard) {
+  const StatePlacement p = place(options(2, OffloadDevice::kNone, OffloadDevice::kNone));
+  EXPECT_FALSE(p.gradients_in_place);
+  EXPECT_EQ(p.layers[0].gradients, GradientBuffer::kPerStep);
+  EXPECT_TRUE(p.layers[0].device_gradient_shard);
+}
+
+TEST(StatePlacement, DeviceTheHostCannotReadStepsWithTheDeviceKernelAndCopiesForTheNorm) {
+  const StatePlacement p = place(options(1, OffloadDevice::kNone, OffloadDevice::kNone), 2, 1, false);
+  EXPECT_TRUE(p.device_kernel);
+  EXPECT_TRUE(p.layers[0].norm_gradient_copy);
+  EXPECT_FALSE(p.layers[2].norm_gradient_copy);  // frozen: no gradient
+  // The plan counts the copies (pinned, the padded layer at stage 1 in place).
+  const SpecModel model = four_layers();
+  const EngineOptions o = options(1, OffloadDevice::kNone, OffloadDevice::kNone);
+  const EngineMemory with_copy = plan_engine_memory(o, model.layers(), 2, 1, false).value();
+  const EngineMemory without = plan_engine_memory(o, model.layers(), 2, 1, true).value();
+  EXPECT_GT(with_copy.pinned_grads, without.pinned_grads);
+  EXPECT_EQ(with_copy.device, without.device);
+}
+
+TEST(StatePlacement, Stage3CpuOffloadKeepsShardsInHostAndStagesOnlyWholeLayers) {
+  const StatePlacement p = place(options(3, OffloadDevice::kCpu, OffloadDevice::kCpu));
+  EXPECT_EQ(p.optimizer_state, StateHome::kPinnedHost);
+  EXPECT_EQ(p.layers[0].params, ParamHome::kShardInPinnedHost);
+  EXPECT_EQ(p.layers[1].params, ParamHome::kWholeOnDevice);  // below the persistence threshold
+  EXPECT_EQ(p.layers[2].params, ParamHome::kShardInPinnedHost);  // frozen layers are partitioned too
+  // The host optimizer writes a host shard in place; a whole layer goes through staging.
+  EXPECT_FALSE(p.layers[0].pinned_staging);
+  EXPECT_TRUE(p.layers[1].pinned_staging);
+  EXPECT_TRUE(p.layers[0].pinned_gradient_shard);
+  EXPECT_TRUE(p.layers[3].master);  // the host keeps fp32 masters for every dtype
+}
+
+TEST(StatePlacement, MaxInCpuKeepsTheFirstShardsInHostAndTheRestOnNvme) {
+  EngineOptions o = options(3, OffloadDevice::kNvme, OffloadDevice::kNvme);
+  const SpecModel model = four_layers();
+  const Partition part = Partition::create(model.layers(), 2, o.sub_group_size).value();
+  o.nvme_param.max_in_cpu = static_cast<int64_t>(part.layer(0).shard_elements);  // room for the first shard only
+  const StatePlacement p = StatePlacement::compute(o, model.layers(), part, 0, true).value();
+  EXPECT_EQ(p.optimizer_state, StateHome::kNvme);
+  EXPECT_EQ(p.layers[0].params, ParamHome::kShardInPinnedHost);
+  EXPECT_EQ(p.layers[2].params, ParamHome::kShardOnNvme);
+  EXPECT_EQ(p.layers[3].params, ParamHome::kShardOnNvme);
+  EXPECT_EQ(p.param_elements_in_host, part.layer(0).shard_elements);
+  EXPECT_EQ(p.largest_nvme_shard_bytes, part.layer(3).shard_elements * 4);  // the fp32 layer
+  EXPECT_FALSE(p.layers[0].pinned_staging);
+  EXPECT_TRUE(p.layers[3].pinned_staging);  // the NVMe write goes from staging
+  // The plan puts exactly those shards on NVMe, beside two versions of the state.
+  const EngineMemory m = plan_engine_memory(o, part, p);
+  uint64_t state_nvme = 0;
+  for (size_t li : {0u, 1u, 3u}) {
+    const LayerPartition& lp = part.layer(li);
+    for (const SubGroup& g : lp.groups) state_nvme += 2 * nvme_piece_bytes(lp.piece_real(g, 0), true, o.moment_dtype);
+  }
+  EXPECT_EQ(m.nvme, state_nvme + part.layer(2).shard_elements * 2 + part.layer(3).shard_elements * 4);
+}
+
+TEST(StatePlacement, PartialOffloadSplitsTheState) {
+  EngineOptions o = options(3, OffloadDevice::kCpu, OffloadDevice::kNone);
+  o.ratio = 0.5;
+  const StatePlacement p = place(o);
+  EXPECT_TRUE(p.split);
+  EXPECT_EQ(p.layers[0].params, ParamHome::kShardOnDevice);
+  EXPECT_TRUE(p.layers[0].device_gradient_shard);  // the device part's input
+  EXPECT_TRUE(p.layers[0].pinned_gradient_shard);
+}
+
+TEST(StatePlacement, ALayerTheEngineCannotStepIsRefusedNamingIt) {
+  LayerSpec mixed;
+  mixed.name = "mixed";
+  mixed.params = {ParamTensorSpec{"mixed.a", {8}, DType::kBF16, 0, 0},
+                  ParamTensorSpec{"mixed.b", {8}, DType::kF32, 16, 8}};
+  mixed.param_bytes = 16 + 32;
+  mixed.param_count = 16;
+  LayerSpec ints;
+  ints.name = "ints";
+  ints.params = {ParamTensorSpec{"ints.table", {8}, DType::kI64, 0, 0}};
+  ints.param_bytes = 64;
+  ints.param_count = 8;
+  LayerSpec half_frozen;
+  half_frozen.name = "half\x1b";
+  half_frozen.params = {ParamTensorSpec{"half.a", {8}, DType::kF32, 0, 0},
+                        ParamTensorSpec{"half.b", {8}, DType::kF32, 32, 8, false}};
+  half_frozen.param_bytes = 64;
+  half_frozen.param_count = 16;
+  const EngineOptions o = options(1, OffloadDevice::kNone, OffloadDevice::kNone);
+  struct Case {
+    LayerSpec spec;
+    StatusCode code;
+    std::string says;
+  };
+  for (const Case& c : {Case{mixed, StatusCode::kUnsupported, "layer 0 'mixed': tensor 'mixed.b' (fp32)"},
+                        Case{ints, StatusCode::kUnsupported, "layer 0 'ints' has dtype"},
+                        Case{half_frozen, StatusCode::kInvalidArgument, "tensor 'half.b' is frozen"}}) {
+    const std::vector<LayerSpec> layers{c.spec};
+    const Partition part = Partition::create(layers, 1, o.sub_group_size).value();
+    Result<StatePlacement> p = StatePlacement::compute(o, layers, part, 0, true);
+    ASSERT_FALSE(p.ok()) << c.spec.name;
+    EXPECT_EQ(p.status().code(), c.code) << p.status().to_string();
+    EXPECT_NE(p.status().message().find(c.says), std::string::npos) << p.status().message();
+    EXPECT_EQ(p.status().message().find('\x1b'), std::string::npos) << "control characters are escaped";
+  }
+  const std::vector<LayerSpec> none;
+  EXPECT_EQ(plan_engine_memory(o, none, 2, 2, true).status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace strata::offload
