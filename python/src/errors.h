@@ -31,5 +31,6 @@ void bind_errors(py::module_& m);
 void bind_optim(py::module_& m);
 void bind_io(py::module_& m);
 void bind_config(py::module_& m);
+void bind_engine(py::module_& m);
 
 }  // namespace strata::python

@@ -59,11 +59,12 @@ void bind_errors(py::module_& m) {
 }  // namespace strata::python
 
 PYBIND11_MODULE(_native, m) {
-  m.doc() = "Strata's native module (bindings over core, cpu_adam and nvme)";
+  m.doc() = "Strata's native module (bindings over core, cpu_adam, nvme and the engine)";
   strata::python::bind_errors(m);
   strata::python::bind_optim(m);
   strata::python::bind_io(m);
   strata::python::bind_config(m);
+  strata::python::bind_engine(m);
   const strata::BuildInfo& info = strata::build_info();
   m.attr("__version__") = std::string(info.version);
   m.def("build_info", [] {

@@ -1,6 +1,7 @@
 """Strata for PyTorch users: the CPU optimizers (strata.optim), NVMe tensor
 I/O (strata.io), config checks (strata.config) and memory estimates
-(strata.estimate) of the Strata engine, through one native module.
+(strata.estimate) of the Strata engine, and the engine itself driven from
+Python (strata.engine), through one native module.
 
     import strata
     opt = strata.optim.CPUAdam(model.parameters(), lr=1e-3, weight_decay=0.01)
@@ -14,10 +15,10 @@ from .errors import _BY_CODE
 
 _native._register_errors(_BY_CODE)
 
-from . import config, io, optim  # noqa: E402
+from . import config, engine, io, optim  # noqa: E402
 from .estimate import estimate  # noqa: E402
 
 __version__ = _native.__version__
 build_info = _native.build_info
 
-__all__ = ["optim", "io", "config", "estimate", "build_info", "__version__"] + errors.__all__  # noqa: F405
+__all__ = ["optim", "io", "config", "engine", "estimate", "build_info", "__version__"] + errors.__all__  # noqa: F405

@@ -1,0 +1,329 @@
+// Bindings of the engine that a caller drives (offload/engine.h, Note
+// [Driving the engine]): the layer under strata.torch. The Python side
+// describes the model as layers of tensor descriptions (a SpecModel) and
+// calls the step's brackets, acquire and release; the engine owns every
+// parameter, gradient and optimizer byte and lends a layer's parameters
+// (and, in backward, its gradient buffer) as writable buffers that torch
+// views without a copy (torch.frombuffer).
+//
+// This build drives the cpu device in one process (world size 1): its
+// memory is host memory, so a lent buffer is directly a torch CPU tensor.
+// A buffer is valid from acquire() to the matching release(); at stage 3 the
+// engine may free or reuse it afterwards, so the Python layer drops its
+// views at release (strata/engine.py).
+#include <map>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <pybind11/stl.h>
+
+#include "errors.h"
+#include "strata/comm/backends.h"
+#include "strata/core/config.h"
+#include "strata/core/device_registry.h"
+#include "strata/core/printable.h"
+#include "strata/core/spec_model.h"
+#include "strata/offload/engine.h"
+
+namespace strata::python {
+namespace {
+
+using offload::Engine;
+using offload::EngineOptions;
+using offload::StepOutcome;
+using offload::StepOutcomeKind;
+
+Result<DType> tensor_dtype(const std::string& name, const std::string& tensor) {
+  if (name == "float32") return DType::kF32;
+  if (name == "bfloat16") return DType::kBF16;
+  if (name == "float16") return DType::kF16;
+  return InvalidArgument(fmt::format("tensor '{}': dtype '{}' is not float32, bfloat16 or float16",
+                                     printable(tensor, 64), printable(name, 32)));
+}
+
+// torch's names, which the Python layer uses.
+std::string torch_dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return "float32";
+    case DType::kBF16: return "bfloat16";
+    case DType::kF16: return "float16";
+    default: return std::string(dtype_name(dtype));
+  }
+}
+
+Result<Pass> pass_named(const std::string& name) {
+  if (name == "forward") return Pass::kForward;
+  if (name == "backward") return Pass::kBackward;
+  if (name == "eval") return Pass::kEval;
+  return InvalidArgument(fmt::format("pass '{}' is not forward, backward or eval", printable(name, 32)));
+}
+
+const char* outcome_name(StepOutcomeKind kind) {
+  switch (kind) {
+    case StepOutcomeKind::kApplied: return "applied";
+    case StepOutcomeKind::kRolledBack: return "rolled_back";
+    case StepOutcomeKind::kDropped: return "dropped";
+  }
+  return "?";
+}
+
+uint64_t quarter_of_host_memory() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) / 4 : uint64_t{1} << 30;
+}
+
+py::dict metrics_dict(const offload::StepMetrics& m) {
+  py::dict d;
+  d["step"] = m.step;
+  d["loss"] = m.loss;
+  d["lr"] = m.lr;
+  d["beta1"] = m.beta1;
+  d["loss_scale"] = m.loss_scale;
+  d["grad_norm"] = m.grad_norm;
+  d["skipped"] = m.skipped;
+  d["tokens_per_s"] = m.tokens_per_s;
+  d["step_ms"] = m.step_ms;
+  d["forward_ms"] = m.forward_ms;
+  d["backward_ms"] = m.backward_ms;
+  d["optimizer_ms"] = m.optimizer_ms;
+  d["wait_reduce_ms"] = m.wait_reduce_ms;
+  d["wait_optimizer_ms"] = m.wait_optimizer_ms;
+  d["wait_gather_ms"] = m.wait_gather_ms;
+  d["h2d_bytes"] = m.h2d_bytes;
+  d["d2h_bytes"] = m.d2h_bytes;
+  d["gather_bytes"] = m.gather_bytes;
+  d["reduce_bytes"] = m.reduce_bytes;
+  d["nvme_read_bytes"] = m.nvme_read_bytes;
+  d["nvme_write_bytes"] = m.nvme_write_bytes;
+  d["peak_device_bytes"] = m.peak_device_bytes;
+  d["peak_pinned_bytes"] = m.peak_pinned_bytes;
+  d["peak_nvme_bytes"] = m.peak_nvme_bytes;
+  return d;
+}
+
+py::dict memory_dict(const offload::EngineMemory& m) {
+  py::dict d;
+  d["device"] = m.device;
+  d["device_params"] = m.device_params;
+  d["device_grads"] = m.device_grads;
+  d["device_optimizer"] = m.device_optimizer;
+  d["device_gathered"] = m.device_gathered;
+  d["pinned"] = m.pinned;
+  d["pinned_optimizer"] = m.pinned_optimizer;
+  d["pinned_grads"] = m.pinned_grads;
+  d["pinned_staging"] = m.pinned_staging;
+  d["pinned_params"] = m.pinned_params;
+  d["nvme"] = m.nvme;
+  return d;
+}
+
+// (name, shape, dtype, trainable, weight_decay or None, lr_scale)
+using TensorTuple = std::tuple<std::string, std::vector<int64_t>, std::string, bool, std::optional<double>, double>;
+using LayerTuple = std::pair<std::string, std::vector<TensorTuple>>;
+
+class DrivenEngine {
+ public:
+  static std::unique_ptr<DrivenEngine> create(const std::optional<std::string>& config_path,
+                                              const std::optional<std::string>& config_text,
+                                              const std::vector<LayerTuple>& layers, uint64_t device_memory) {
+    if (config_path.has_value() == config_text.has_value())
+      raise_status(InvalidArgument("give the config as a file path or as JSON text, exactly one of them"));
+    ConfigOptions options;
+    options.world_size = 1;
+    options.world_size_origin = "strata.torch (one process)";
+    if (!config_path) options.source = "<dict>";
+    const ConfigCheck check =
+        config_path ? check_config_file(*config_path, options) : check_config_text(*config_text, options);
+    if (!check.ok()) {
+      std::string text;
+      for (const ConfigIssue& issue : check.issues)
+        if (issue.severity == IssueSeverity::kError) text += (text.empty() ? "" : "\n") + format_issue(issue, check.config.source);
+      raise_status(InvalidArgument(text));
+    }
+    EngineOptions engine_options = value_or_raise(offload::engine_options_from_config(check.config));
+
+    std::vector<LayerDescription> described;
+    described.reserve(layers.size());
+    for (const auto& [layer_name, tensors] : layers) {
+      LayerDescription layer{layer_name, {}};
+      for (const auto& [name, shape, dtype, trainable, weight_decay, lr_scale] : tensors)
+        layer.tensors.push_back(
+            TensorDescription{name, shape, value_or_raise(tensor_dtype(dtype, name)), trainable, weight_decay, lr_scale});
+      described.push_back(std::move(layer));
+    }
+    auto self = std::unique_ptr<DrivenEngine>(new DrivenEngine());
+    self->model_ = std::make_unique<SpecModel>(value_or_raise(SpecModel::create(std::move(described))));
+    DeviceOptions device_options;
+    // As `strata train`: the argument, else strata.device_memory, else a quarter of host memory.
+    device_options.device_memory_bytes = device_memory != 0                       ? device_memory
+                                         : check.config.strata.device_memory != 0 ? check.config.strata.device_memory
+                                                                                  : quarter_of_host_memory();
+    self->device_ = value_or_raise(make_device(DeviceKind::kCpu, device_options));
+    self->comms_ = value_or_raise(comm::create_local_group(1));
+    self->engine_ = value_or_raise(Engine::create(engine_options, *self->model_, *self->device_, *self->comms_[0]));
+    self->grad_accum_ = engine_options.grad_accum;
+    return self;
+  }
+
+  size_t layer_count() const { return model_->layers().size(); }
+  int64_t grad_accum() const { return grad_accum_; }
+
+  // The layer's tensors as (name, shape, dtype, offset_bytes, offset_elements).
+  py::list layer_tensors(size_t li) const {
+    check_layer(li);
+    py::list out;
+    for (const ParamTensorSpec& t : model_->layers()[li].params)
+      out.append(py::make_tuple(t.name, t.shape, torch_dtype_name(t.dtype), t.offset_bytes, t.offset_elements));
+    return out;
+  }
+
+  void put_initial_layer(size_t li, py::buffer params, std::optional<py::buffer> fp32) {
+    check_layer(li);
+    const py::buffer_info p = params.request();
+    std::span<const float> values;
+    py::buffer_info f;
+    if (fp32) {
+      f = fp32->request();
+      if (f.itemsize != 4 || f.format != py::format_descriptor<float>::format())
+        raise_status(InvalidArgument(fmt::format("layer {}: the fp32 values must be a float32 buffer", li)));
+      values = std::span<const float>(static_cast<const float*>(f.ptr), static_cast<size_t>(f.size));
+    }
+    const auto bytes = std::span<const std::byte>(static_cast<const std::byte*>(p.ptr),
+                                                  static_cast<size_t>(p.size * p.itemsize));
+    py::gil_scoped_release unlocked;
+    throw_if_error(engine_->put_initial_layer(li, bytes, values));
+  }
+
+  void begin_step() { call([&] { return engine_->begin_step(); }); }
+  double gradient_scale() const { return engine_->gradient_scale(); }
+  void begin_micro_batch(bool last) { call([&] { return engine_->begin_micro_batch(last); }); }
+  void end_micro_batch(double mean_loss, int64_t tokens) {
+    call([&] { return engine_->end_micro_batch(mean_loss, tokens); });
+  }
+  py::dict finish_step() {
+    Result<StepOutcome> outcome = [&] {
+      py::gil_scoped_release unlocked;
+      return engine_->finish_step();
+    }();
+    const StepOutcome out = value_or_raise(std::move(outcome));
+    py::dict d;
+    d["outcome"] = outcome_name(out.kind);
+    d["state_step"] = out.state_step;
+    d["reason"] = out.applied() ? std::string() : out.reason.to_string();
+    d["metrics"] = out.applied() ? py::object(metrics_dict(out.metrics)) : py::object(py::none());
+    return d;
+  }
+  void begin_evaluation() { call([&] { return engine_->begin_evaluation(); }); }
+  double finish_evaluation(double loss_sum, int64_t batches) {
+    Result<double> r = [&] {
+      py::gil_scoped_release unlocked;
+      return engine_->finish_evaluation(loss_sum, batches);
+    }();
+    return value_or_raise(std::move(r));
+  }
+
+  // The layer's parameters (and in backward its gradient buffer) as
+  // writable memoryviews of raw bytes, once everything they wait for is done.
+  py::tuple acquire(size_t li, const std::string& pass_name) {
+    check_layer(li);
+    const Pass pass = value_or_raise(pass_named(pass_name));
+    Result<LayerMemory> memory = [&]() -> Result<LayerMemory> {
+      py::gil_scoped_release unlocked;
+      STRATA_ASSIGN_OR_RETURN(LayerMemory m, engine_->acquire(li, pass));
+      Status ready = m.ready.wait();
+      if (!ready.ok()) {
+        engine_->release(li, pass, Completion()).ignore();
+        return ready;
+      }
+      return m;
+    }();
+    const LayerMemory m = value_or_raise(std::move(memory));
+    const LayerSpec& spec = model_->layers()[li];
+    py::object params = py::memoryview::from_memory(m.params, static_cast<ssize_t>(spec.param_bytes), false);
+    py::object grads = py::none();
+    if (m.grads != nullptr)
+      grads = py::memoryview::from_memory(m.grads, static_cast<ssize_t>(spec.param_count * dtype_size(m.grad_dtype)),
+                                          false);
+    return py::make_tuple(params, grads, torch_dtype_name(m.grad_dtype));
+  }
+  void release(size_t li, const std::string& pass_name) {
+    check_layer(li);
+    const Pass pass = value_or_raise(pass_named(pass_name));
+    // torch's CPU work is done when the hook runs: nothing left to wait for.
+    call([&] { return engine_->release(li, pass, Completion()); });
+  }
+
+  py::list gather_state(size_t li, const std::string& kind) {
+    check_layer(li);
+    Engine::StateKind k = Engine::StateKind::kMaster;
+    if (kind == "exp_avg") k = Engine::StateKind::kExpAvg;
+    else if (kind == "exp_avg_sq") k = Engine::StateKind::kExpAvgSq;
+    else if (kind != "master")
+      raise_status(InvalidArgument(fmt::format("state kind '{}' is not master, exp_avg or exp_avg_sq", printable(kind, 32))));
+    Result<std::vector<float>> values = [&] {
+      py::gil_scoped_release unlocked;
+      return engine_->gather_state(li, k);
+    }();
+    return py::cast(value_or_raise(std::move(values)));
+  }
+  void synchronize() { call([&] { return engine_->synchronize(); }); }
+  py::dict predicted_memory() const { return memory_dict(engine_->predicted_memory()); }
+  int64_t optimizer_steps() const { return engine_->optimizer_steps(); }
+
+ private:
+  DrivenEngine() = default;
+  void check_layer(size_t li) const {
+    if (li >= model_->layers().size())
+      raise_status(InvalidArgument(fmt::format("layer {} is out of range: the model has {} layers", li,
+                                               model_->layers().size())));
+  }
+  template <typename F>
+  void call(F&& f) {
+    Status s;
+    {
+      py::gil_scoped_release unlocked;
+      s = f();
+    }
+    throw_if_error(s);
+  }
+
+  // Declaration order is destruction order reversed: the engine goes first.
+  std::unique_ptr<SpecModel> model_;
+  std::unique_ptr<Device> device_;
+  std::vector<std::unique_ptr<comm::Communicator>> comms_;
+  std::unique_ptr<Engine> engine_;
+  int64_t grad_accum_ = 1;
+};
+
+}  // namespace
+
+void bind_engine(py::module_& m) {
+  py::class_<DrivenEngine>(m, "DrivenEngine")
+      .def_static("create", &DrivenEngine::create, py::arg("config_path"), py::arg("config_text"), py::arg("layers"),
+                  py::arg("device_memory") = 0)
+      .def_property_readonly("layer_count", &DrivenEngine::layer_count)
+      .def_property_readonly("grad_accum", &DrivenEngine::grad_accum)
+      .def("layer_tensors", &DrivenEngine::layer_tensors)
+      .def("put_initial_layer", &DrivenEngine::put_initial_layer, py::arg("layer"), py::arg("params"),
+           py::arg("fp32") = py::none())
+      .def("begin_step", &DrivenEngine::begin_step)
+      .def("gradient_scale", &DrivenEngine::gradient_scale)
+      .def("begin_micro_batch", &DrivenEngine::begin_micro_batch, py::arg("last"))
+      .def("end_micro_batch", &DrivenEngine::end_micro_batch, py::arg("mean_loss"), py::arg("tokens"))
+      .def("finish_step", &DrivenEngine::finish_step)
+      .def("begin_evaluation", &DrivenEngine::begin_evaluation)
+      .def("finish_evaluation", &DrivenEngine::finish_evaluation, py::arg("loss_sum"), py::arg("batches"))
+      .def("acquire", &DrivenEngine::acquire, py::arg("layer"), py::arg("pass_name"))
+      .def("release", &DrivenEngine::release, py::arg("layer"), py::arg("pass_name"))
+      .def("gather_state", &DrivenEngine::gather_state, py::arg("layer"), py::arg("kind") = "master")
+      .def("synchronize", &DrivenEngine::synchronize)
+      .def("predicted_memory", &DrivenEngine::predicted_memory)
+      .def_property_readonly("optimizer_steps", &DrivenEngine::optimizer_steps);
+}
+
+}  // namespace strata::python

@@ -1,0 +1,194 @@
+"""The Strata engine driven from Python: the layer strata.torch stands on.
+
+A model is described as layers of tensors (``TensorSpec``); the engine owns
+every parameter, gradient and optimizer byte (ZeRO stages 0-3, optimizer
+state and stage-3 parameters on the device, in pinned host memory or on
+NVMe, as the DeepSpeed-style config says) and lends a layer's memory
+between ``acquire`` and ``release`` as torch tensors that view it without a
+copy. The caller drives each step::
+
+    eng = strata.engine.Engine("ds.json", layers)
+    for i, tensors in enumerate(initial_values):
+        eng.put_initial_layer(i, tensors)
+    eng.begin_step()
+    eng.begin_micro_batch(last=True)
+    view = eng.acquire(0, "forward")        # view.params["fc.weight"] is a torch tensor
+    ...
+    eng.release(0, "forward")
+    ...                                     # backward: acquire(i, "backward"), add into view.grads
+    eng.end_micro_batch(mean_loss, tokens)
+    outcome = eng.finish_step()             # {"outcome": "applied", "metrics": {...}, ...}
+
+This build drives the cpu device in one process (its memory is host
+memory). A view is valid until its release: at stage 3 the engine frees or
+reuses a layer's gathered memory afterwards. See docs/python.md.
+"""
+
+import json
+import os
+from collections import namedtuple
+
+from . import _native
+
+__all__ = ["TensorSpec", "LayerView", "Engine"]
+
+TensorSpec = namedtuple("TensorSpec", ["name", "shape", "dtype", "trainable", "weight_decay", "lr_scale"],
+                        defaults=[True, None, 1.0])
+TensorSpec.__doc__ = """One tensor of a layer. dtype: a torch dtype or its name (float32, bfloat16,
+float16); weight_decay None = the optimizer's; lr_scale multiplies the schedule's lr."""
+
+LayerView = namedtuple("LayerView", ["params", "grads"])
+LayerView.__doc__ = """A layer's memory lent by acquire(): {tensor name: torch tensor} for the
+parameters and (backward only) the gradient buffers, else grads is None."""
+
+_DTYPE_NAMES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+
+
+def _dtype_name(dtype):
+    name = str(dtype).replace("torch.", "")
+    if name not in _DTYPE_NAMES:
+        raise ValueError(f"dtype {dtype!r} is not float32, bfloat16 or float16")
+    return name
+
+
+def _torch():
+    import torch  # torch is needed only to view engine memory as tensors
+    return torch
+
+
+class Engine:
+    """One rank's engine over a model described by layers of TensorSpec."""
+
+    def __init__(self, config, layers, device_memory=0):
+        if isinstance(config, dict):
+            path, text = None, json.dumps(config)
+        elif isinstance(config, (str, os.PathLike)):
+            path, text = os.fspath(config), None
+        else:
+            raise TypeError(f"config must be a path or a dict, not {type(config).__name__}")
+        described = []
+        for layer_name, tensors in layers:
+            described.append((str(layer_name), [
+                (t.name, [int(d) for d in t.shape], _dtype_name(t.dtype), bool(t.trainable),
+                 None if t.weight_decay is None else float(t.weight_decay), float(t.lr_scale))
+                for t in (TensorSpec(*t) if not isinstance(t, TensorSpec) else t for t in tensors)]))
+        self._native = _native.DrivenEngine.create(path, text, described, int(device_memory))
+        self._layout = [self._native.layer_tensors(i) for i in range(self._native.layer_count)]
+
+    @property
+    def layer_count(self):
+        return self._native.layer_count
+
+    @property
+    def gradient_accumulation_steps(self):
+        return self._native.grad_accum
+
+    @property
+    def optimizer_steps(self):
+        return self._native.optimizer_steps
+
+    def tensor_names(self, layer):
+        return [t[0] for t in self._layout[layer]]
+
+    # -- initial values --------------------------------------------------------------------------
+    def put_initial_layer(self, layer, tensors):
+        """Hands layer `layer`'s initial values in: `tensors` in the layer's
+        order (or {name: tensor}), each of its declared shape; they are
+        converted to the declared dtype, and fp32 copies seed the master weights."""
+        torch = _torch()
+        layout = self._layout[layer]
+        if isinstance(tensors, dict):
+            missing = [name for name, *_ in layout if name not in tensors]
+            if missing:
+                raise KeyError(f"layer {layer}: no initial value for {missing}")
+            tensors = [tensors[name] for name, *_ in layout]
+        if len(tensors) != len(layout):
+            raise ValueError(f"layer {layer}: {len(tensors)} tensors given, the layer has {len(layout)}")
+        nbytes = 0
+        numel = 0
+        for name, shape, dtype, offset_bytes, offset_elements in layout:
+            count = _numel(shape)
+            nbytes = max(nbytes, offset_bytes + count * _itemsize(dtype))
+            numel = max(numel, offset_elements + count)
+        packed = torch.zeros(nbytes, dtype=torch.uint8)
+        values = torch.zeros(numel, dtype=torch.float32)
+        for (name, shape, dtype, offset_bytes, offset_elements), value in zip(layout, tensors):
+            value = value.detach().to("cpu")
+            if list(value.shape) != list(shape):
+                raise ValueError(f"layer {layer}: tensor '{name}' has shape {list(value.shape)}, declared {shape}")
+            flat = value.reshape(-1)
+            count = flat.numel()
+            typed = flat.to(getattr(torch, dtype)).contiguous()
+            packed[offset_bytes:offset_bytes + count * _itemsize(dtype)] = typed.view(torch.uint8)
+            values[offset_elements:offset_elements + count] = flat.to(torch.float32)
+        self._native.put_initial_layer(layer, packed.numpy(), values.numpy())
+
+    # -- the step's brackets (Note [Driving the engine]) ------------------------------------------
+    def begin_step(self):
+        self._native.begin_step()
+
+    def gradient_scale(self):
+        """Multiply each micro-batch's mean loss by this before backward (the
+        loss scale over accumulation steps times ranks)."""
+        return self._native.gradient_scale()
+
+    def begin_micro_batch(self, last):
+        self._native.begin_micro_batch(bool(last))
+
+    def end_micro_batch(self, mean_loss, tokens):
+        self._native.end_micro_batch(float(mean_loss), int(tokens))
+
+    def finish_step(self):
+        return self._native.finish_step()
+
+    def begin_evaluation(self):
+        self._native.begin_evaluation()
+
+    def finish_evaluation(self, loss_sum, batches):
+        return self._native.finish_evaluation(float(loss_sum), int(batches))
+
+    # -- lending memory --------------------------------------------------------------------------
+    def acquire(self, layer, pass_name):
+        """Layer `layer`'s memory for pass forward, backward or eval, once
+        everything it waits for is done, as torch tensors viewing it."""
+        torch = _torch()
+        params, grads, grad_dtype = self._native.acquire(int(layer), pass_name)
+        raw = torch.frombuffer(params, dtype=torch.uint8)
+        views = {}
+        for name, shape, dtype, offset_bytes, _ in self._layout[layer]:
+            size = _numel(shape) * _itemsize(dtype)
+            views[name] = raw[offset_bytes:offset_bytes + size].view(getattr(torch, dtype)).view(shape)
+        grad_views = None
+        if grads is not None:
+            flat = torch.frombuffer(grads, dtype=torch.uint8).view(getattr(torch, grad_dtype))
+            grad_views = {}
+            for name, shape, _, _, offset_elements in self._layout[layer]:
+                grad_views[name] = flat[offset_elements:offset_elements + _numel(shape)].view(shape)
+        return LayerView(views, grad_views)
+
+    def release(self, layer, pass_name):
+        """Hands the layer back; its views must not be used after this."""
+        self._native.release(int(layer), pass_name)
+
+    # -- state -----------------------------------------------------------------------------------
+    def gather_state(self, layer, kind="master"):
+        """The layer's fp32 master weights (or exp_avg / exp_avg_sq), whole, as a torch tensor."""
+        torch = _torch()
+        return torch.tensor(self._native.gather_state(int(layer), kind), dtype=torch.float32)
+
+    def synchronize(self):
+        self._native.synchronize()
+
+    def predicted_memory(self):
+        return self._native.predicted_memory()
+
+
+def _numel(shape):
+    count = 1
+    for d in shape:
+        count *= d
+    return count
+
+
+def _itemsize(dtype_name):
+    return {"float32": 4, "bfloat16": 2, "float16": 2}[dtype_name]
