@@ -45,6 +45,7 @@ Status Engine::Impl::init() {
   STRATA_ASSIGN_OR_RETURN(part, Partition::create(model.layers(), world, opt.sub_group_size));
   STRATA_ASSIGN_OR_RETURN(xfer, device.create_stream());
   STRATA_ASSIGN_OR_RETURN(frees, device.create_stream());
+  STRATA_ASSIGN_OR_RETURN(update_stream, device.create_stream());
   if (opt_on_nvme() || opt.offload_param == OffloadDevice::kNvme) {
     // The swap folders' run name: rank 0's process id, the same on every rank.
     int64_t job = static_cast<int64_t>(::getpid()), job0 = 0;

@@ -108,6 +108,9 @@ Result<EngineMemory> plan_engine_memory(const EngineOptions& opt, std::span<cons
   const bool spans = window >= 2 * np_total_real;
   const uint64_t unbounded = spans ? np_total : 2 * np_total;
   m.device_gathered = std::min(unbounded, std::max<uint64_t>(opt.max_live_parameters, np_max)) * np_pe;
+  // World 1, shards on the device: a shard is its whole layer, acquired in
+  // place (Engine::Impl::aliased): no gathered copies.
+  if (world == 1 && opt.offload_param == OffloadDevice::kNone) m.device_gathered = 0;
   // With gradient accumulation every layer's full gradient lives until the
   // last micro-batch reduces it (the sum over micro-batches is taken before
   // the sum over ranks, as at stage 0), so the bucket cannot bound them.
