@@ -95,7 +95,7 @@ int print_engine_plan(const EstimateOptions& opts, const Config* config, uint32_
         offload::EngineMemory worst;
         for (uint32_t r = 0; r < world; ++r) {
           Result<offload::EngineMemory> p = offload::plan_engine_memory(
-              o, layers, static_cast<int>(world), static_cast<int>(r), /*device_host_addressable=*/false);
+              o, layers, static_cast<int>(world), static_cast<int>(r), offload::PlannedDevice::gpu());
           if (!p.ok()) return fail(p.status());
           if (p->device > worst.device) worst = *p;
           worst.pinned = std::max(worst.pinned, p->pinned);

@@ -76,14 +76,17 @@ Result<Memory> estimator_memory(const EstimateInput& base, const PlacementRow& r
   return m;
 }
 
-// --model: the engine's own plan (plan_engine_memory) on a GPU, the largest over ranks.
+// --model: the engine's own plan (plan_engine_memory) on the profile's device (shared_cores: the cpu
+// device, else a GPU), the largest over ranks.
 Result<Memory> engine_memory(const offload::EngineOptions& base, const PlacementRow& row,
                              std::span<const LayerSpec> layers, int world, const offload::HardwareProfile& hw,
                              int ranks_per_node) {
   const offload::EngineOptions o = row.apply(base);
   offload::EngineMemory worst;
   for (int r = 0; r < world; ++r) {
-    STRATA_ASSIGN_OR_RETURN(offload::EngineMemory p, offload::plan_engine_memory(o, layers, world, r, /*device_host_addressable=*/false));
+    STRATA_ASSIGN_OR_RETURN(offload::EngineMemory p, offload::plan_engine_memory(
+                                o, layers, world, r,
+                                hw.shared_cores ? offload::PlannedDevice::cpu() : offload::PlannedDevice::gpu()));
     worst.device = std::max(worst.device, p.device);
     worst.pinned = std::max(worst.pinned, p.pinned);
     worst.nvme = std::max(worst.nvme, p.nvme);
@@ -247,7 +250,9 @@ int run_plan(const PlanOptions& o) {
     const bool fits = j["fits"].get<bool>();
     offload::StepTimeInput in;
     if (shape) {
-      in = gpt_step_input(*shape, row, world, o.batch, o.seq, o.grad_accum);
+      in = gpt_step_input(*shape, row, world, o.batch, o.seq, o.grad_accum,
+                          config ? config->zero_optimization.stage3_param_persistence_threshold
+                                 : offload::EngineOptions{}.persistence_threshold);
     } else {
       in.params = params;
       in.layers = units;

@@ -196,7 +196,10 @@ struct Reporter {
       j["forward_ms"] = m.forward_ms;
       j["backward_ms"] = m.backward_ms;
       j["optimizer_ms"] = m.optimizer_ms;
-      j["exposed_ms"] = {{"reduce", m.wait_reduce_ms}, {"optimizer", m.wait_optimizer_ms}, {"gather", m.wait_gather_ms}};
+      j["exposed_ms"] = {{"reduce", m.wait_reduce_ms},
+                         {"optimizer", m.wait_optimizer_ms},
+                         {"gather", m.wait_gather_ms},
+                         {"gather_backward", m.wait_gather_backward_ms}};
       j["bytes"] = {{"h2d", m.h2d_bytes},          {"d2h", m.d2h_bytes},
                     {"gather", m.gather_bytes},    {"reduce", m.reduce_bytes},
                     {"nvme_read", m.nvme_read_bytes}, {"nvme_write", m.nvme_write_bytes}};
@@ -417,9 +420,9 @@ void print_breakdown(const Summary& sum) {
   fmt::print("  step {:>9.2f}   forward {:>9.2f}   backward {:>9.2f}   optimizer (own thread) {:>9.2f}\n",
              median([](const M& m) { return m.step_ms; }), median([](const M& m) { return m.forward_ms; }),
              median([](const M& m) { return m.backward_ms; }), median([](const M& m) { return m.optimizer_ms; }));
-  fmt::print("  exposed: reduce+norm {:>9.2f}   optimizer {:>9.2f}   gather {:>9.2f}\n",
+  fmt::print("  exposed: reduce+norm {:>9.2f}   optimizer {:>9.2f}   gather {:>9.2f}   gather in backward {:>9.2f}\n",
              median([](const M& m) { return m.wait_reduce_ms; }), median([](const M& m) { return m.wait_optimizer_ms; }),
-             median([](const M& m) { return m.wait_gather_ms; }));
+             median([](const M& m) { return m.wait_gather_ms; }), median([](const M& m) { return m.wait_gather_backward_ms; }));
   fmt::print("  bytes/step: h2d {}  d2h {}  gather {}  reduce {}\n",
              bytes_text(static_cast<uint64_t>(median([](const M& m) { return double(m.h2d_bytes); }))),
              bytes_text(static_cast<uint64_t>(median([](const M& m) { return double(m.d2h_bytes); }))),

@@ -134,9 +134,21 @@ Result<std::vector<PlacementRow>> load_rows(const std::string& path, DType defau
 }
 
 offload::StepTimeInput gpt_step_input(const model::GptConfig& g, const PlacementRow& row, int world, int batch, int seq,
-                                      int grad_accum) {
+                                      int grad_accum, int64_t persistence_threshold) {
   offload::StepTimeInput in;
   in.params = static_cast<uint64_t>(g.param_count());
+  // The GPT's layers (model/gpt.h): the embedding, the blocks, the final norm.
+  const int64_t C = g.n_embd;
+  const int64_t embedding = (static_cast<int64_t>(g.vocab_size) + g.max_seq_len) * C;
+  const int64_t block = (g.param_count() - embedding - 2 * C) / std::max(1, g.n_layer);
+  const std::pair<int64_t, int64_t> layers[] = {{embedding, 1}, {block, g.n_layer}, {2 * C, 1}};  // (elements, how many)
+  for (const auto& [count, how_many] : layers)
+    if (count < persistence_threshold) {
+      // Gathered as the partition pads it: whole pieces of kShardAlign elements per rank.
+      const uint64_t unit = offload::kShardAlign * static_cast<uint64_t>(world);
+      const uint64_t padded = (static_cast<uint64_t>(count) + unit - 1) / unit * unit;
+      in.persistent_params += padded * static_cast<uint64_t>(how_many);
+    }
   in.layers = g.n_layer + 2;  // embedding, blocks, final norm: the engine's layers
   in.world = world;
   in.tokens_per_rank = static_cast<double>(batch) * seq * grad_accum;

@@ -56,9 +56,11 @@ Result<std::vector<PlacementRow>> select_rows(const std::string& configs, const 
                                               const std::vector<DType>& dtypes);
 
 // The step-time model's input for `row` of the reference GPT `g` (its own
-// dtype: the row's) on `world` ranks, `batch` x `seq` x `grad_accum` tokens per rank.
+// dtype: the row's) on `world` ranks, `batch` x `seq` x `grad_accum` tokens per rank; layers
+// below `persistence_threshold` elements stay whole at stage 3.
 offload::StepTimeInput gpt_step_input(const model::GptConfig& g, const PlacementRow& row, int world, int batch, int seq,
-                                      int grad_accum);
+                                      int grad_accum,
+                                      int64_t persistence_threshold = offload::EngineOptions{}.persistence_threshold);
 
 // The order rows run in repeat `repeat` (0-based) of `row_count` rows: the
 // list rotated left by `repeat`, so every row takes every position in turn

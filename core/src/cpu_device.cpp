@@ -273,7 +273,7 @@ class CpuDevice final : public Device {
                                      format_bytes(footprint, true)));
     in_use_bytes_ += footprint;
     allocations_.emplace(reinterpret_cast<uintptr_t>(data), Allocation{bytes, footprint});
-    stats_.on_allocate(Tier::kDevice, footprint);
+    count_allocation(Tier::kDevice, data, footprint);
     return wrap_buffer(data, bytes);
   }
 
@@ -352,10 +352,12 @@ class CpuDevice final : public Device {
       std::free(data);
       return st;
     }
+    count_allocation(Tier::kPinnedHost, data, bytes);
     return data;
   }
   void free_pinned_host(void* ptr, size_t bytes) override {
     if (ptr == nullptr) return;
+    count_free(Tier::kPinnedHost, ptr, bytes);
     unpin_host(ptr, bytes).ignore();  // munlock of our own mapping cannot fail in practice
     std::free(ptr);
   }
@@ -402,7 +404,7 @@ class CpuDevice final : public Device {
     auto it = allocations_.find(reinterpret_cast<uintptr_t>(data));
     STRATA_CHECK(it != allocations_.end(), "cpu device: freeing memory it did not allocate (double free?)");
     in_use_bytes_ -= it->second.footprint_bytes;
-    stats_.on_free(Tier::kDevice, it->second.footprint_bytes);
+    count_free(Tier::kDevice, data, it->second.footprint_bytes);
     allocations_.erase(it);
     std::free(data);
   }

@@ -4,6 +4,8 @@
 
 #include <utility>
 
+#include <fmt/format.h>
+
 namespace strata {
 
 std::string_view copy_kind_name(CopyKind kind) {
@@ -41,6 +43,47 @@ void* DeviceBuffer::release() {
   device_ = nullptr;
   size_bytes_ = 0;
   return std::exchange(data_, nullptr);
+}
+
+Result<DeviceBuffer> Device::allocate(size_t bytes, MemoryStats& account) {
+  STRATA_ASSIGN_OR_RETURN(DeviceBuffer buffer, allocate(bytes));
+  if (buffer) {
+    std::lock_guard<std::mutex> lock(counted_mutex_);
+    auto it = counted_of(Tier::kDevice).find(buffer.data());
+    STRATA_CHECK(it != counted_of(Tier::kDevice).end(),
+                 fmt::format("the {} device did not count its allocation at {}", caps().backend, buffer.data()));
+    it->second.account = &account;
+    account.on_allocate(Tier::kDevice, it->second.bytes);
+  }
+  return buffer;
+}
+
+Result<void*> Device::allocate_pinned_host(size_t bytes, MemoryStats& account) {
+  STRATA_ASSIGN_OR_RETURN(void* data, allocate_pinned_host(bytes));
+  std::lock_guard<std::mutex> lock(counted_mutex_);
+  auto it = counted_of(Tier::kPinnedHost).find(data);
+  STRATA_CHECK(it != counted_of(Tier::kPinnedHost).end(),
+               fmt::format("the {} device did not count its pinned allocation at {}", caps().backend, data));
+  it->second.account = &account;
+  account.on_allocate(Tier::kPinnedHost, it->second.bytes);
+  return data;
+}
+
+void Device::count_allocation(Tier tier, const void* data, uint64_t bytes) {
+  if (tier == Tier::kDevice) stats_.on_allocate(tier, bytes);
+  std::lock_guard<std::mutex> lock(counted_mutex_);
+  counted_of(tier)[data] = Counted{bytes, nullptr};
+}
+
+void Device::count_free(Tier tier, const void* data, uint64_t bytes) {
+  if (tier == Tier::kDevice) stats_.on_free(tier, bytes);
+  std::lock_guard<std::mutex> lock(counted_mutex_);
+  auto it = counted_of(tier).find(data);
+  if (it == counted_of(tier).end()) return;
+  STRATA_CHECK(it->second.bytes == bytes, fmt::format("{} at {} freed as {} bytes, counted as {}", tier_name(tier),
+                                                      data, bytes, it->second.bytes));
+  if (it->second.account != nullptr) it->second.account->on_free(tier, bytes);
+  counted_of(tier).erase(it);
 }
 
 Status Stream::memset_async(void* dst, int value, size_t bytes) {

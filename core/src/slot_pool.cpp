@@ -123,7 +123,8 @@ Result<std::unique_ptr<SlotPool>> SlotPool::create(Device& device, SlotPoolOptio
   // obtained by over-allocating and aligning the base inside.
   const size_t extra = a > kDevicePinAlignment ? a : 0;
   const size_t allocation_bytes = total + extra;
-  Result<void*> pinned = device.allocate_pinned_host(allocation_bytes);
+  Result<void*> pinned = options.account != nullptr ? device.allocate_pinned_host(allocation_bytes, *options.account)
+                                                     : device.allocate_pinned_host(allocation_bytes);
   if (!pinned.ok()) {
     const bool memlock = device.caps().pinning_counts_memlock;
     return OutOfMemory(fmt::format(

@@ -40,9 +40,10 @@ Status Engine::Impl::init() {
 
   STRATA_ASSIGN_OR_RETURN(part, Partition::create(model.layers(), world, opt.sub_group_size));
   STRATA_ASSIGN_OR_RETURN(placement, StatePlacement::compute(opt, model.layers(), part, rank,
-                                                             device.caps().host_addressable));
+                                                             PlannedDevice::of(device.caps())));
   STRATA_ASSIGN_OR_RETURN(xfer, device.create_stream());
   STRATA_ASSIGN_OR_RETURN(frees, device.create_stream());
+  STRATA_ASSIGN_OR_RETURN(update_stream, device.create_stream());
   if (opt_on_nvme() || opt.offload_param == OffloadDevice::kNvme) {
     // The swap folders' run name: rank 0's process id, the same on every rank.
     int64_t job = static_cast<int64_t>(::getpid()), job0 = 0;
@@ -237,6 +238,7 @@ Status Engine::Impl::init_layer(size_t li) {
   l.persistent = where.persistent();
   l.frozen = where.frozen;
   l.on_nvme = where.shard_on_nvme();
+  l.acquired_in_place = where.acquired_in_place;
   l.initialized = model.provides_initial_values();
   for (const ParamTensorSpec& t : spec.params) {
     const size_t begin = t.offset_elements, end = begin + static_cast<size_t>(t.numel());

@@ -50,22 +50,21 @@ namespace engine_detail {
 using Clock = std::chrono::steady_clock;
 inline double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
-// Pinned host memory from the Device, counted in the engine's host stats.
+// Pinned host memory from the Device, which counts it in the engine's stats
+// (Note [Accounts] in strata/core/device.h).
 class HostBuffer {
  public:
   HostBuffer() = default;
   static Result<HostBuffer> create(Device& device, MemoryStats& stats, size_t bytes, const std::string& what) {
-    Result<void*> p = device.allocate_pinned_host(bytes == 0 ? 64 : bytes);
+    Result<void*> p = device.allocate_pinned_host(bytes == 0 ? 64 : bytes, stats);
     if (!p.ok())
       return OutOfMemory(fmt::format("{} ({}) could not be allocated in pinned host memory: {}", what,
                                      format_bytes(bytes, true), p.status().message()));
     HostBuffer b;
     b.device_ = &device;
-    b.stats_ = &stats;
     b.data_ = static_cast<std::byte*>(*p);
     b.bytes_ = bytes == 0 ? 64 : bytes;
     std::memset(b.data_, 0, b.bytes_);
-    stats.on_allocate(Tier::kPinnedHost, b.bytes_);
     return b;
   }
   HostBuffer(HostBuffer&& o) noexcept { swap(o); }
@@ -75,10 +74,7 @@ class HostBuffer {
     return *this;
   }
   ~HostBuffer() {
-    if (data_ != nullptr) {
-      device_->free_pinned_host(data_, bytes_);
-      stats_->on_free(Tier::kPinnedHost, bytes_);
-    }
+    if (data_ != nullptr) device_->free_pinned_host(data_, bytes_);
   }
   std::byte* data() const { return data_; }
   explicit operator bool() const { return data_ != nullptr; }
@@ -86,18 +82,18 @@ class HostBuffer {
  private:
   void swap(HostBuffer& o) noexcept {
     std::swap(device_, o.device_);
-    std::swap(stats_, o.stats_);
     std::swap(data_, o.data_);
     std::swap(bytes_, o.bytes_);
   }
   Device* device_ = nullptr;
-  MemoryStats* stats_ = nullptr;
   std::byte* data_ = nullptr;
   size_t bytes_ = 0;
 };
 
-// Wall-clock moments of one forward wait, filled by callbacks on other threads.
+// Wall-clock moments of one pass's wait for a layer's parameters, filled by
+// callbacks on other threads.
 struct WaitProbe {
+  bool backward = false;                // in a micro-batch's backward (after its first backward acquire)
   std::atomic<int64_t> reached_ns{-1};  // the model's stream reached the layer
   std::atomic<int64_t> update_ns{-1};   // the optimizer's update of the layer was in place
   std::atomic<int64_t> ready_ns{-1};    // everything the layer waited for was done
@@ -132,12 +128,19 @@ struct Engine::Impl {
   int world = 1, rank = 0;
   Partition part;
   // What this engine holds: device (its own buffers and device optimizer
-  // state, not the model's activations), pinned and pageable host memory.
+  // state, not the model's activations) and pinned host memory as the
+  // Device counts them (Note [Accounts] in strata/core/device.h: every
+  // allocation of those goes through device.allocate(bytes, stats)),
+  // pageable host memory and NVMe bytes as the engine counts them.
   MemoryStats stats;
   EngineMemory predicted;
   std::unique_ptr<Stream> xfer;
   std::unique_ptr<Stream> frees;  // only frees: never gated
   std::unique_ptr<Stream> opt_stream;  // device_opt(): the device Adam kernel's stream
+  // The optimizer thread's H2D copies of updated tiles (step_pieces): queued
+  // from the tile callback while later tiles compute (cuda: asynchronous
+  // copies from pinned staging), waited for once per piece.
+  std::unique_ptr<Stream> update_stream;
   std::unique_ptr<OptimizerStateTier> tier;      // the optimizer state (the host part with ratio < 1)
   std::unique_ptr<OptimizerStateTier> dev_tier;  // ratio < 1: the device part
   std::optional<cpu_adam::CpuOptimizer> optimizer;
@@ -169,6 +172,7 @@ struct Engine::Impl {
     DeviceBuffer dev_shard;  // stage 3, offload_param none
     HostBuffer host_shard;   // stage 3, offload_param cpu (and nvme's cached layers)
     bool on_nvme = false;    // stage 3, offload_param nvme: the shard lives in param_swap
+    bool acquired_in_place = false;  // LayerPlacement::acquired_in_place
     Completion shard_ready;
     DeviceBuffer gathered;   // stage 3: this layer gathered
     Completion gathered_ready;
@@ -241,12 +245,16 @@ struct Engine::Impl {
   // The step in progress (begin_step .. finish_step).
   struct StepInProgress {
     Clock::time_point started;
-    double optimizer_busy_s = 0;  // the optimizer thread's busy time at the start
     double scale = 1;             // the loss scale
     int micro = 0;                // micro-batches begun
     bool last_micro = false;      // the one in progress is the step's last
     Clock::time_point micro_started;
-    double forward_ms = 0;        // in micro-batches (forward, backward enqueued)
+    // The micro-batch in progress is in its backward: it acquired a layer
+    // for backward (from then on until end_micro_batch it counts as backward).
+    bool in_backward = false;
+    Clock::time_point backward_started;
+    double forward_ms = 0;        // micro-batches' forwards: begin_micro_batch .. first backward acquire
+    double backward_ms = 0;       // micro-batches' backwards: first backward acquire .. end_micro_batch
     double loss_sum = 0;          // this rank's micro-batch mean losses
     uint64_t tokens = 0;
   } progress;
@@ -277,6 +285,10 @@ struct Engine::Impl {
   // per-step counters
   uint64_t h2d_bytes = 0, d2h_bytes = 0, gather_bytes = 0, reduce_bytes = 0;
   std::vector<std::shared_ptr<WaitProbe>> probes;
+  // Nanoseconds the optimizer thread spent in one step's updates, added by
+  // the update tasks themselves: the step queued last (pending, or applied
+  // with overlap off), for StepMetrics::optimizer_ms.
+  std::shared_ptr<std::atomic<int64_t>> update_ns;
   StateTierIoStats io_before;  // the tier's counters at the start of the step
   std::array<std::byte, 4> fault_bytes{};  // the injected gradient value, in the gradient dtype
 
@@ -294,6 +306,10 @@ struct Engine::Impl {
   // Stage-3 shards off the device: in pinned host memory (cpu, and nvme's
   // first max_in_cpu elements) or on NVMe (Layer::on_nvme).
   bool param_on_host() const { return opt.offload_param != OffloadDevice::kNone; }
+  // A stage-3 layer acquired in place (LayerPlacement::acquired_in_place):
+  // acquire hands out dev_shard itself; its update waits for the layer's
+  // last release (queue_update).
+  bool aliased(const Layer& l) const { return l.acquired_in_place; }
   size_t ge() const { return dtype_size(opt.grad_dtype); }
   bool grads_in_place() const { return placement.gradients_in_place; }
   bool has_master(size_t li) const { return placement.layers[li].master; }
@@ -317,11 +333,10 @@ struct Engine::Impl {
   }
 
   Result<DeviceBuffer> alloc_device(size_t bytes, const std::string& what) {
-    Result<DeviceBuffer> b = device.allocate(bytes == 0 ? 64 : bytes);
+    Result<DeviceBuffer> b = device.allocate(bytes == 0 ? 64 : bytes, stats);  // the device counts it in stats
     if (!b.ok())
       return OutOfMemory(fmt::format("{} ({}) does not fit in device memory on rank {}: {}", what,
                                      format_bytes(bytes, true), rank, b.status().message()));
-    stats.on_allocate(Tier::kDevice, b->size_bytes());
     return b;
   }
   // Hands `buffer` back: it is freed once `safe` has completed.
@@ -338,9 +353,7 @@ struct Engine::Impl {
       Deferred& d = lc.freeing.front();
       if (block) d.safe.wait().ignore();  // failed or not, its users are done
       if (!d.safe.done()) break;
-      const uint64_t bytes = d.buffer.size_bytes();
-      STRATA_RETURN_IF_ERROR(frees->free_async(std::move(d.buffer)));
-      stats.on_free(Tier::kDevice, bytes);
+      STRATA_RETURN_IF_ERROR(frees->free_async(std::move(d.buffer)));  // the device uncounts it when it runs
       lc.freeing.pop_front();
       freed = true;
       block = false;

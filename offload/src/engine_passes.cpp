@@ -26,6 +26,12 @@ Result<LayerMemory> Engine::Impl::acquire(size_t li, Pass pass) {
         "begin_micro_batch(); Note [Driving the engine]); a pass outside one is an evaluation (Pass::kEval)",
         li, printable(lp.name, 64), pass_name(pass), phase_name(phase), rank));
   if (training) trace->on_acquire(li, pass);
+  if (training && pass == Pass::kBackward && !progress.in_backward) {
+    // StepMetrics: the micro-batch's forward ends here, its backward begins.
+    progress.backward_started = Clock::now();
+    progress.forward_ms += std::chrono::duration<double, std::milli>(progress.backward_started - progress.micro_started).count();
+    progress.in_backward = true;
+  }
   if (pass == Pass::kBackward && l.reduce_launched)
     return FailedPrecondition(fmt::format(
         "layer {} '{}' was acquired for backward after its gradient was complete by the recorded acquire sequence "
@@ -40,6 +46,10 @@ Result<LayerMemory> Engine::Impl::acquire(size_t li, Pass pass) {
     mem.params = l.full_params.as<std::byte>();
     update_ready = l.params_ready;
     waits.push_back(l.params_ready);
+  } else if (aliased(l)) {
+    mem.params = l.dev_shard.as<std::byte>();
+    update_ready = l.shard_ready;
+    waits.push_back(l.shard_ready);
   } else {
     if (!l.gathered_valid) {
       // On demand: wait for frees in flight when the live cap would be passed.
@@ -79,16 +89,17 @@ Result<LayerMemory> Engine::Impl::acquire(size_t li, Pass pass) {
     mem.grad_dtype = opt.grad_dtype;
     mem.grads_tier = Tier::kDevice;
   }
-  bool pending = false;
-  for (const Completion& c : waits) pending = pending || !c.done();
+  const Completion params_ready = waits.front();
   mem.ready = waits.size() == 1 ? waits.front() : when_all(waits, fmt::format("layer {} ready", li));
-  // Exposed-wait probe: when the model's stream reaches this layer, and when
-  // what it waits for completes.
-  if (pending && model_stream != nullptr && pass == Pass::kForward) {
+  // Exposed-wait probe of a training pass: when the model's stream reaches
+  // this layer, and when its parameters are ready (their update, then their
+  // gather; a backward's zeroed gradient buffer is not a parameter wait).
+  if (training && !params_ready.done() && model_stream != nullptr) {
     auto probe = std::make_shared<WaitProbe>();
+    probe->backward = progress.in_backward;
     STRATA_RETURN_IF_ERROR(model_stream->launch_host([probe] { probe->reached_ns.store(now_ns()); }));
     update_ready.then([probe](const Status&) { probe->update_ns.store(now_ns()); });
-    mem.ready.then([probe](const Status&) { probe->ready_ns.store(now_ns()); });
+    params_ready.then([probe](const Status&) { probe->ready_ns.store(now_ns()); });
     probes.push_back(std::move(probe));
   }
   return mem;
@@ -181,7 +192,7 @@ void Engine::Impl::prefetch_after(size_t position) {
   for (size_t p = position + 1; p < sequence.size(); ++p) {
     const size_t lj = sequence[p].first;
     Layer& l = layers[lj];
-    if (l.persistent || l.gathered_valid) continue;
+    if (l.persistent || aliased(l) || l.gathered_valid) continue;
     const uint64_t n = part.layer(lj).padded_elements;
     if (issued + n > static_cast<uint64_t>(opt.prefetch_bucket_size)) break;
     // Gathers are collectives: how far a prefetch goes must be the same on

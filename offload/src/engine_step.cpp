@@ -115,17 +115,34 @@ Status Engine::Impl::queue_update(size_t li, int64_t step, double clip, double s
   args.loss_scale = scale;
   args.overflow_check = cpu_adam::OverflowCheck::kAssumeFinite;
   const DType pd = l.pd;
+  // An aliased layer's update writes the memory the model reads: after the
+  // layer's last release, too (its backward's is in partials_done already,
+  // a forward-only use is not).
+  Completion gate = l.partials_done;
+  if (aliased(l)) {
+    // Released (ok or not: then nobody reads it any more) and reduced.
+    auto released = std::make_shared<CompletionSource>(fmt::format("layer {} released", li));
+    l.last_use.then([released](const Status&) { released->complete(Status::Ok()); });
+    const Completion both[] = {l.partials_done, released->completion()};
+    gate = when_all(both, fmt::format("layer {} released and its gradient reduced", li));
+  }
   // `raw` fails when the update fails; what later work waits on (the
   // gradients' reuse, the gathers, the next forward) is `absorb`ed: it
   // completes ok either way and the failure goes to the commit point's
   // vote, so every rank runs the same collectives up to it (Note [Atomic
   // steps] in engine.h).
-  Completion raw = worker->submit([this, jobs = std::move(host_jobs), args, pd] { return step_pieces(*tier, *optimizer, jobs, args, pd); },
-                              l.partials_done, fmt::format("optimizer step of layer {}", li), /*sticky=*/false);
+  Completion raw = worker->submit(
+      [this, jobs = std::move(host_jobs), args, pd, spent = update_ns] {
+        const auto t0 = Clock::now();
+        Status st = step_pieces(*tier, *optimizer, jobs, args, pd);
+        spent->fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+        return st;
+      },
+      gate, fmt::format("optimizer step of layer {}", li), /*sticky=*/false);
   if (split()) {
     const Completion dev_done =
         dev_worker->submit([this, jobs = std::move(dev_jobs), args, pd] { return step_pieces(*dev_tier, *dev_optimizer, jobs, args, pd); },
-                           l.partials_done, fmt::format("device optimizer step of layer {}", li), /*sticky=*/false);
+                           gate, fmt::format("device optimizer step of layer {}", li), /*sticky=*/false);
     const Completion both[] = {raw, dev_done};
     raw = when_all(both, fmt::format("optimizer step of layer {}", li));
   }
@@ -251,7 +268,10 @@ Status Engine::Impl::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimizer& 
         }
       }
       // H2D of each finished tile while later tiles compute (Note [Exact
-      // overlap] in engine.h); a failed copy is reported after the step.
+      // overlap] in engine.h): queued on update_stream from the tile
+      // callback (pinned source: an asynchronous copy), all of them waited
+      // for below, before the piece (the copies' source) is handed back; a
+      // failed copy is reported after the step.
       std::mutex copy_mutex;
       Status copy_status;
       cpu_adam::TileCallback on_tile;
@@ -260,16 +280,18 @@ Status Engine::Impl::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimizer& 
         const size_t first = run.offset;
         on_tile = [&, src, first](const cpu_adam::TileRange& tile) {
           const size_t at = (first + tile.begin) * pe;
-          Status c = device.copy(j.h2d + at, src + at, tile.count * pe, CopyKind::kHostToDevice);
-          if (!c.ok()) {
-            std::lock_guard<std::mutex> lock(copy_mutex);
-            if (copy_status.ok()) copy_status = c;
-          }
+          std::lock_guard<std::mutex> lock(copy_mutex);  // tiles finish on several threads
+          Status c = update_stream->copy_async(j.h2d + at, src + at, tile.count * pe, CopyKind::kHostToDevice);
+          if (!c.ok() && copy_status.ok()) copy_status = c;
         };
       }
       cpu_adam::StepArgs run_args = args;
       run_args.hyper = run.hyper;
       Result<cpu_adam::StepReport> rep = o.step(run_args, sp, on_tile);
+      if (j.h2d != nullptr) {
+        Status copied = update_stream->synchronize();
+        if (!copied.ok() && copy_status.ok()) copy_status = copied;
+      }
       if (!rep.ok()) return fail(rep.status().with_context(fmt::format("optimizer step of {}", part.describe(j.id))));
       if (!copy_status.ok())
         return fail(copy_status.with_context(fmt::format("copying the update of {} to the device", part.describe(j.id))));
@@ -305,7 +327,6 @@ Status Engine::Impl::expect_phase(Phase want, const char* call) const {
 Status Engine::Impl::begin_step() {
   progress = StepInProgress{};
   progress.started = Clock::now();
-  progress.optimizer_busy_s = worker->busy_seconds();
   h2d_bytes = d2h_bytes = gather_bytes = reduce_bytes = 0;
   probes.clear();
   // Blocks until an evaluation's dropped copies are freed, so this step's
@@ -327,6 +348,7 @@ Status Engine::Impl::begin_step() {
 Status Engine::Impl::begin_micro_batch(bool last) {
   ++progress.micro;
   progress.last_micro = last;
+  progress.in_backward = false;
   for (Layer& l : layers) l.bwd_releases = 0;
   trace->begin_micro_batch();
   progress.micro_started = Clock::now();
@@ -336,7 +358,8 @@ Status Engine::Impl::begin_micro_batch(bool last) {
 
 Status Engine::Impl::end_micro_batch(double mean_loss, int64_t tokens) {
   phase = Phase::kStep;
-  progress.forward_ms += ms_since(progress.micro_started);
+  if (progress.in_backward) progress.backward_ms += ms_since(progress.backward_started);
+  else progress.forward_ms += ms_since(progress.micro_started);  // no backward acquire: all forward
   progress.loss_sum += mean_loss;
   progress.tokens += static_cast<uint64_t>(tokens);
   trace->end_micro_batch();
@@ -417,6 +440,10 @@ Result<StepMetrics> Engine::Impl::finish_applied_step() {
   double loss_all = loss_sum;
   STRATA_RETURN_IF_ERROR(settle(&call, &loss_all));
   const double wait_reduce_ms = ms_since(tr);
+  // The previous step's updates are all done here (the commit point waited
+  // for them): their time is this step's optimizer_ms with overlap on.
+  const double previous_update_ms = update_ns ? static_cast<double>(update_ns->load()) / 1e6 : 0.0;
+  update_ns.reset();  // reported once
   StepMetrics m;
   m.loss = loss_all / (static_cast<double>(opt.grad_accum) * world);
   m.loss_scale = scale;
@@ -446,6 +473,7 @@ Result<StepMetrics> Engine::Impl::finish_applied_step() {
     pending = true;
     pending_complete = false;
     pending_mark = call;
+    update_ns = std::make_shared<std::atomic<int64_t>>(0);
     for (size_t li = 0; li < layers.size(); ++li) STRATA_RETURN_IF_ERROR(queue_update(li, optimizer_steps, clip, scale, hyper));
     pending_complete = true;
     // strata.overlap_optimizer false: the comparison mode, the step returns
@@ -462,16 +490,18 @@ Result<StepMetrics> Engine::Impl::finish_applied_step() {
   m.step = optimizer_steps;
   m.step_ms = ms_since(t0);
   m.forward_ms = progress.forward_ms;
-  m.backward_ms = bwd_ms;
+  m.backward_ms = progress.backward_ms + bwd_ms;
   m.wait_reduce_ms = wait_reduce_ms;
-  m.optimizer_ms = (worker->busy_seconds() - progress.optimizer_busy_s) * 1e3;
+  // Overlap off: this step's updates, done by now. On: they run on while the
+  // next step does, so the step's report carries the previous step's.
+  m.optimizer_ms = !opt.overlap_optimizer && finite ? static_cast<double>(update_ns->load()) / 1e6 : previous_update_ms;
   for (const auto& p : probes) {
     const int64_t reached = p->reached_ns.load(), upd = p->update_ns.load(), ready = p->ready_ns.load();
     if (reached < 0 || ready < 0) continue;
     const double total = std::max<int64_t>(0, ready - reached) / 1e6;
     const double on_update = upd < 0 ? 0 : std::max<int64_t>(0, std::min(upd, ready) - reached) / 1e6;
     m.wait_optimizer_ms += on_update;
-    m.wait_gather_ms += total - on_update;
+    (p->backward ? m.wait_gather_backward_ms : m.wait_gather_ms) += total - on_update;
   }
   // This rank's tokens times the world size (ranks train equal batches).
   m.tokens_per_s = static_cast<double>(progress.tokens) * world / (m.step_ms / 1e3);

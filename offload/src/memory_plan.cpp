@@ -24,10 +24,12 @@ EngineMemory plan_engine_memory(const EngineOptions& opt, const Partition& part,
   const size_t moment_bytes = dtype_size(opt.moment_dtype);
   const int rank = placement.rank;
   EngineMemory m;
-  // Stage-3 layers gathered for use: their padded and real elements, the largest.
+  // Every device buffer is counted as the device counts it: its footprint.
+  auto on_device = [&](uint64_t bytes) { return placement.device_footprint(bytes); };
+  // Stage-3 layers gathered for use: their bytes, the largest, their real elements.
   uint64_t gathered_total = 0, gathered_real = 0, gathered_largest = 0;
   size_t gathered_element_bytes = 2;
-  // Stage 2-3 per-step gradient buffers.
+  // Stage 2-3 per-step gradient buffers (bytes).
   uint64_t per_step_grads_total = 0, per_step_grads_largest = 0;
   uint64_t nvme_largest_piece = 0;  // bytes of the largest NVMe state piece (its slot)
   uint64_t largest_piece = 0;       // of this rank's pieces (every rank saves its own), for the snapshot slot
@@ -38,25 +40,27 @@ EngineMemory plan_engine_memory(const EngineOptions& opt, const Partition& part,
     const uint64_t owned = placement.owned_elements(layer);
     const size_t param_bytes = where.param_element_bytes;
     switch (where.params) {
-      case ParamHome::kWholeOnDevice: m.device_params += padded * param_bytes; break;
-      case ParamHome::kShardOnDevice: m.device_params += shard * param_bytes; break;
+      case ParamHome::kWholeOnDevice: m.device_params += on_device(padded * param_bytes); break;
+      case ParamHome::kShardOnDevice: m.device_params += on_device(shard * param_bytes); break;
       case ParamHome::kShardInPinnedHost: m.pinned_params += shard * param_bytes; break;
       case ParamHome::kShardOnNvme: m.nvme += shard * param_bytes; break;  // read through the slots below
     }
-    if (!where.persistent()) {
-      gathered_total += padded;
+    // World 1, shards on the device: a shard is its whole layer, acquired in
+    // place (LayerPlacement::acquired_in_place): no gathered copy.
+    if (!where.persistent() && !where.acquired_in_place) {
+      gathered_total += on_device(padded * param_bytes);
       gathered_real += layer.elements;
-      gathered_largest = std::max(gathered_largest, padded);
+      gathered_largest = std::max(gathered_largest, on_device(padded * param_bytes));
       gathered_element_bytes = param_bytes;
     }
-    if (where.gradients == GradientBuffer::kPersistent) m.device_grads += padded * grad_bytes;
+    if (where.gradients == GradientBuffer::kPersistent) m.device_grads += on_device(padded * grad_bytes);
     if (where.gradients == GradientBuffer::kPerStep) {
-      per_step_grads_total += padded;
-      per_step_grads_largest = std::max(per_step_grads_largest, padded);
+      per_step_grads_total += on_device(padded * grad_bytes);
+      per_step_grads_largest = std::max(per_step_grads_largest, on_device(padded * grad_bytes));
     }
     if (where.pinned_gradient_shard) m.pinned_grads += std::max<uint64_t>(64, owned * grad_bytes);
     if (where.pinned_staging) m.pinned_staging += std::max<uint64_t>(64, owned * param_bytes);
-    if (where.device_gradient_shard) m.device_optimizer += std::max<uint64_t>(64, owned * grad_bytes);
+    if (where.device_gradient_shard) m.device_optimizer += on_device(std::max<uint64_t>(64, owned * grad_bytes));
     if (where.norm_gradient_copy)
       m.pinned_grads += std::max<uint64_t>(64, (placement.gradients_in_place ? padded : owned) * grad_bytes);
     if (where.frozen) continue;  // no optimizer state
@@ -75,13 +79,14 @@ EngineMemory plan_engine_memory(const EngineOptions& opt, const Partition& part,
             m.pinned_optimizer += std::max<uint64_t>(64, host * (2 * moment_bytes + (where.master ? 4 : 0)));
             break;
           case StateHome::kDevice:
-            m.device_optimizer += std::max<uint64_t>(64, host * (2 * moment_bytes + (where.master ? 4 : 0)));
+            m.device_optimizer +=
+                on_device(std::max<uint64_t>(64, host * (2 * moment_bytes + (where.master ? 4 : 0))));
             break;
         }
         // ratio < 1: the device part (fp32 parameters are their own master there).
         if (placement.split)
-          m.device_optimizer += std::max<uint64_t>(
-              64, (count - host) * (2 * moment_bytes + (where.param_dtype == DType::kF32 ? 0 : 4)));
+          m.device_optimizer += on_device(std::max<uint64_t>(
+              64, (count - host) * (2 * moment_bytes + (where.param_dtype == DType::kF32 ? 0 : 4))));
       }
   }
   // Gathered layers: at most one copy per layer is valid, and a dropped copy
@@ -92,16 +97,18 @@ EngineMemory plan_engine_memory(const EngineOptions& opt, const Partition& part,
   const uint64_t window = static_cast<uint64_t>(std::max(opt.max_reuse_distance, opt.prefetch_bucket_size));
   const bool spans = window >= 2 * gathered_real;
   const uint64_t unbounded = spans ? gathered_total : 2 * gathered_total;
-  m.device_gathered =
-      std::min(unbounded, std::max<uint64_t>(opt.max_live_parameters, gathered_largest)) * gathered_element_bytes;
+  m.device_gathered = std::min(
+      unbounded, std::max<uint64_t>(on_device(static_cast<uint64_t>(opt.max_live_parameters) * gathered_element_bytes),
+                                    gathered_largest));
   // With gradient accumulation every layer's full gradient lives until the
   // last micro-batch reduces it (the sum over micro-batches is taken before
   // the sum over ranks, as at stage 0), so the bucket cannot bound them.
-  m.device_grads += (opt.grad_accum > 1
-                         ? per_step_grads_total
-                         : std::min(per_step_grads_total,
-                                    std::max<uint64_t>(opt.reduce_bucket_size, per_step_grads_largest))) *
-                    grad_bytes;
+  m.device_grads +=
+      opt.grad_accum > 1
+          ? per_step_grads_total
+          : std::min(per_step_grads_total,
+                     std::max<uint64_t>(on_device(static_cast<uint64_t>(opt.reduce_bucket_size) * grad_bytes),
+                                        per_step_grads_largest));
   m.device = m.device_params + m.device_grads + m.device_optimizer + m.device_gathered;
   // NVMe: the state streams through buffer_count pinned slots of the largest piece.
   if (placement.optimizer_on_nvme())
@@ -118,11 +125,11 @@ EngineMemory plan_engine_memory(const EngineOptions& opt, const Partition& part,
 }
 
 Result<EngineMemory> plan_engine_memory(const EngineOptions& opt, std::span<const LayerSpec> layers, int world,
-                                        int rank, bool device_host_addressable) {
+                                        int rank, const PlannedDevice& device) {
   if (rank < 0 || rank >= world) return InvalidArgument(fmt::format("rank {} is not in 0..{}", rank, world - 1));
   STRATA_ASSIGN_OR_RETURN(Partition part, Partition::create(layers, world, opt.sub_group_size));
   STRATA_ASSIGN_OR_RETURN(StatePlacement placement,
-                          StatePlacement::compute(opt, layers, part, rank, device_host_addressable));
+                          StatePlacement::compute(opt, layers, part, rank, device));
   return plan_engine_memory(opt, part, placement);
 }
 

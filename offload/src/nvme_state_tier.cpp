@@ -129,7 +129,6 @@ class NvmeStateTier final : public OptimizerStateTier {
   nvme::IoEngine* engine_ = nullptr;
   std::unique_ptr<SlotPool> pool_;
   bool registered_ = false;
-  bool pinned_counted_ = false;
   std::unique_ptr<nvme::SwapStore> store_;  // after pool_ and the engine: destroyed first
 
   mutable std::mutex mu_;
@@ -190,6 +189,7 @@ Status NvmeStateTier::init() {
   po.alignment = kNvmeStateAlign;
   po.name = "NVMe optimizer state slots";
   po.acquire_timeout = std::chrono::milliseconds(300000);  // a write-back on a slow drive, not a hang
+  po.account = &stats_;  // the device counts the slots in the engine's stats
   Result<std::unique_ptr<SlotPool>> pool = SlotPool::create(device_, po);
   if (!pool.ok())
     return pool.status().with_context(fmt::format(
@@ -197,8 +197,6 @@ Status NvmeStateTier::init() {
         "sub_group_size)",
         o.buffer_count, format_bytes(options_.slot_bytes, true)));
   pool_ = std::move(pool).value();
-  stats_.on_allocate(Tier::kPinnedHost, pool_->total_bytes());
-  pinned_counted_ = true;
   // One registration of the whole region: io_uring issues every slot's
   // pieces as READ_FIXED / WRITE_FIXED. Refusals are notes, not errors.
   STRATA_RETURN_IF_ERROR(engine_->register_buffer(pool_->base(), pool_->total_bytes()));
@@ -243,7 +241,6 @@ NvmeStateTier::~NvmeStateTier() {
   store_.reset();
   if (state_bytes_ > 0) stats_.on_free(Tier::kNvme, state_bytes_);
   if (registered_) engine_->unregister_buffer(pool_->base()).ignore();
-  if (pinned_counted_) stats_.on_free(Tier::kPinnedHost, pool_->total_bytes());
   pool_.reset();
   owned_engine_.reset();
 }

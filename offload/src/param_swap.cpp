@@ -30,13 +30,13 @@ Result<std::unique_ptr<ParamSwap>> ParamSwap::create(const ParamSwapOptions& o, 
   po.alignment = 4096;
   po.name = "NVMe parameter slots";
   po.acquire_timeout = std::chrono::milliseconds(300000);
+  po.account = &stats;  // the device counts the slots in the engine's stats
   Result<std::unique_ptr<SlotPool>> pool = SlotPool::create(device, po);
   if (!pool.ok())
     return pool.status().with_context(fmt::format(
         "NVMe parameter shards: pinning {} slots of {} (lower zero_optimization.offload_param.buffer_count)",
         o.buffer_count, format_bytes(po.slot_bytes, true)));
   s->pool_ = std::move(pool).value();
-  stats.on_allocate(Tier::kPinnedHost, s->pool_->total_bytes());
   STRATA_RETURN_IF_ERROR(s->engine_->register_buffer(s->pool_->base(), s->pool_->total_bytes()));
   s->registered_ = true;
   nvme::SwapStoreOptions so;
@@ -60,7 +60,6 @@ ParamSwap::~ParamSwap() {
   store_.reset();
   if (registered_) engine_->unregister_buffer(pool_->base()).ignore();
   if (nvme_bytes_ != 0) stats_.on_free(Tier::kNvme, nvme_bytes_);
-  if (pool_) stats_.on_free(Tier::kPinnedHost, pool_->total_bytes());
 }
 
 Status ParamSwap::put(uint32_t layer, const void* data, uint64_t bytes, const std::string& name) {

@@ -58,7 +58,7 @@ Result<DType> layer_dtype(const LayerSpec& spec, size_t li) {
 }  // namespace
 
 Result<StatePlacement> StatePlacement::compute(const EngineOptions& opt, std::span<const LayerSpec> layers,
-                                               const Partition& partition, int rank, bool device_host_addressable) {
+                                               const Partition& partition, int rank, const PlannedDevice& device) {
   const int world = partition.world();
   if (rank < 0 || rank >= world) return InvalidArgument(fmt::format("rank {} is not in 0..{}", rank, world - 1));
   if (layers.size() != partition.layer_count())
@@ -74,7 +74,8 @@ Result<StatePlacement> StatePlacement::compute(const EngineOptions& opt, std::sp
   p.ratio = opt.ratio;
   p.split = opt.ratio < 1.0;
   p.gradients_in_place = !p.optimizer_on_host() && opt.stage <= 1;
-  p.device_kernel = !p.optimizer_on_host() && !device_host_addressable;
+  p.device = device;
+  p.device_kernel = !p.optimizer_on_host() && !device.host_addressable;
   p.layers.resize(layers.size());
   for (size_t li = 0; li < layers.size(); ++li) {
     const LayerSpec& spec = layers[li];
@@ -87,6 +88,7 @@ Result<StatePlacement> StatePlacement::compute(const EngineOptions& opt, std::sp
       l.params = ParamHome::kWholeOnDevice;
     } else if (opt.offload_param == OffloadDevice::kNone) {
       l.params = ParamHome::kShardOnDevice;
+      l.acquired_in_place = world == 1;
     } else if (opt.offload_param == OffloadDevice::kCpu ||
                p.param_elements_in_host + part.shard_elements <= static_cast<uint64_t>(opt.nvme_param.max_in_cpu)) {
       // offload_param nvme keeps the first max_in_cpu shard elements in host memory.

@@ -39,21 +39,19 @@ class MemoryStateTier final : public OptimizerStateTier {
     p.bytes = count * (2 * me + (master_init.empty() ? 0 : sizeof(float)));
     if (p.bytes == 0) p.bytes = 64;  // an empty piece still gets an address
     if (tier_ == Tier::kDevice) {
-      Result<DeviceBuffer> b = device_.allocate(p.bytes);
+      Result<DeviceBuffer> b = device_.allocate(p.bytes, host_stats_);  // counted by the device
       if (!b.ok())
         return OutOfMemory(fmt::format("optimizer state of {} ({}) does not fit in device memory: {}; offload it "
                                        "with zero_optimization.offload_optimizer.device \"cpu\" or raise --device-memory",
                                        name, format_bytes(p.bytes, true), b.status().message()));
       p.device = std::move(*b);
       p.data = static_cast<std::byte*>(p.device.data());
-      host_stats_.on_allocate(Tier::kDevice, p.device.size_bytes());
     } else {
-      Result<void*> b = device_.allocate_pinned_host(p.bytes);
+      Result<void*> b = device_.allocate_pinned_host(p.bytes, host_stats_);
       if (!b.ok())
         return OutOfMemory(fmt::format("optimizer state of {} ({}) could not be allocated in pinned host memory: {}",
                                        name, format_bytes(p.bytes, true), b.status().message()));
       p.data = static_cast<std::byte*>(*b);
-      host_stats_.on_allocate(Tier::kPinnedHost, p.bytes);
     }
     // Device memory is written through the Device (a cuda pointer is not
     // host memory); pinned memory directly.
@@ -96,11 +94,7 @@ class MemoryStateTier final : public OptimizerStateTier {
     DeviceBuffer device;
   };
   void release(Piece& p) {
-    if (tier_ == Tier::kDevice && p.device) host_stats_.on_free(Tier::kDevice, p.device.size_bytes());
-    if (tier_ == Tier::kPinnedHost && p.data != nullptr) {
-      device_.free_pinned_host(p.data, p.bytes);
-      host_stats_.on_free(Tier::kPinnedHost, p.bytes);
-    }
+    if (tier_ == Tier::kPinnedHost && p.data != nullptr) device_.free_pinned_host(p.data, p.bytes);
     p.data = nullptr;
   }
   Device& device_;

@@ -21,8 +21,11 @@ LinkBytes predict_link_bytes(const StepTimeInput& in) {
   // Stage 0 reduce-scatters and all-gathers the sums back; stages 1-3 reduce-scatter each layer once.
   b.reduce = static_cast<uint64_t>((in.stage == 0 ? 2.0 : 1.0) * P * g);
   // Stages 1-2 all-gather the updated parameters; stage 3 gathers every layer once per step while the
-  // live window holds the whole model, else once for the forward and once for the backward.
-  if (in.stage > 0)
+  // live window holds the whole model, else once for the forward and once for the backward (at world
+  // size 1 with the shards on the device, only the layers kept whole, after their update).
+  if (in.stage == 3 && in.world == 1 && in.param == OffloadDevice::kNone)
+    b.gather = static_cast<uint64_t>(static_cast<double>(in.persistent_params) * p);
+  else if (in.stage > 0)
     b.gather = static_cast<uint64_t>(
         P * p * (in.stage == 3 && P > static_cast<double>(in.max_live_parameters) ? 2.0 : 1.0));
   b.d2h = static_cast<uint64_t>(host_elems * g);

@@ -371,6 +371,46 @@ TEST_P(DeviceTest, CapacityIsReturnedByFreeAndFreeAsync) {
   EXPECT_EQ(st.current_bytes, 32u << 20);
 }
 
+// Note [Accounts]: a client's account holds what the device counts for the
+// client's allocations (cpu: the 256-byte footprint of an odd size), and
+// drops a stream-ordered free when the device does (when the free runs).
+TEST_P(DeviceTest, AnAccountHoldsTheDevicesOwnCountOfItsAllocations) {
+  MemoryStats account;
+  const uint64_t device_before = device_->memory_stats().get(Tier::kDevice).current_bytes;
+  DeviceBuffer mine = device_->allocate(1000, account).value();
+  DeviceBuffer other = alloc(4096);  // not the client's
+  const uint64_t mine_counted = device_->memory_stats().get(Tier::kDevice).current_bytes - device_before - 4096;
+  if (is_cpu()) EXPECT_EQ(mine_counted, 1024u) << "the cpu device counts the 256-byte footprint";
+  EXPECT_EQ(account.get(Tier::kDevice).current_bytes, mine_counted);
+  void* pinned = device_->allocate_pinned_host(5000, account).value();
+  EXPECT_EQ(account.get(Tier::kPinnedHost).current_bytes, 5000u);
+  DeviceBuffer second = device_->allocate(256, account).value();
+  EXPECT_EQ(account.get(Tier::kDevice).current_bytes, mine_counted + 256);
+  EXPECT_EQ(account.get(Tier::kDevice).peak_bytes, mine_counted + 256);
+
+  auto s = stream();
+  Gate gate;
+  ASSERT_TRUE(s->launch_host([&] { gate.wait(); }).ok());
+  ASSERT_TRUE(s->free_async(std::move(second)).ok());
+  if (is_cpu()) EXPECT_EQ(account.get(Tier::kDevice).current_bytes, mine_counted + 256) << "the free has not run";
+  gate.open();
+  ASSERT_TRUE(s->synchronize().ok());
+  EXPECT_EQ(account.get(Tier::kDevice).current_bytes, mine_counted);
+  mine.reset();
+  device_->free_pinned_host(pinned, 5000);
+  EXPECT_EQ(account.get(Tier::kDevice).current_bytes, 0u);
+  EXPECT_EQ(account.get(Tier::kPinnedHost).current_bytes, 0u);
+  EXPECT_EQ(account.get(Tier::kDevice).peak_bytes, mine_counted + 256);
+  EXPECT_EQ(account.get(Tier::kDevice).allocation_count, 2u);
+  EXPECT_EQ(account.get(Tier::kDevice).free_count, 2u);
+  other.reset();
+  EXPECT_EQ(device_->memory_stats().get(Tier::kDevice).current_bytes, device_before);
+  // Without an account the device counts as before, and no account sees it.
+  void* plain = device_->allocate_pinned_host(4096).value();
+  device_->free_pinned_host(plain, 4096);
+  EXPECT_EQ(account.get(Tier::kPinnedHost).allocation_count, 1u);
+}
+
 TEST_P(DeviceTest, HostFunctionExceptionIsAStickyStreamError) {
   auto s = stream();
   ASSERT_TRUE(s->launch_host([] { throw std::runtime_error("kernel blew up"); }).ok());

@@ -524,6 +524,26 @@ int drop_ipc_lock_and_lower_memlock() {
   return 0;
 }
 
+// SlotPoolOptions::account: the device counts the pool's region in the
+// client's account (Note [Accounts] in device.h), as the pool counts it.
+TEST(SlotPool, TheDeviceCountsTheRegionInTheGivenAccount) {
+  auto device = cpu_device();
+  MemoryStats account;
+  {
+    SlotPoolOptions options;
+    options.slot_count = 3;
+    options.slot_bytes = 5000;
+    options.name = "accounted";
+    options.account = &account;
+    auto pool = SlotPool::create(*device, options);
+    ASSERT_TRUE(pool.ok()) << pool.status().to_string();
+    EXPECT_EQ(account.get(Tier::kPinnedHost).current_bytes, (*pool)->memory_stats().get(Tier::kPinnedHost).current_bytes);
+    EXPECT_EQ(account.get(Tier::kPinnedHost).current_bytes, 3u * 8192);
+  }
+  EXPECT_EQ(account.get(Tier::kPinnedHost).current_bytes, 0u);
+  EXPECT_EQ(account.get(Tier::kPinnedHost).peak_bytes, 3u * 8192);
+}
+
 TEST(SlotPool, RefusedPinningFailsCreationWithAMemlockHint) {
   const pid_t pid = fork();
   if (pid == 0) {

@@ -47,7 +47,7 @@ TEST(TrainCli, ProgressLinesAndJsonLogShape) {
     EXPECT_EQ(keys, (std::vector<std::string>{"step", "loss", "val_loss", "lr", "loss_scale", "grad_norm", "skipped",
                                               "tokens_per_s", "step_ms", "forward_ms", "backward_ms", "optimizer_ms",
                                               "exposed_ms", "bytes", "save", "peak_bytes"}));
-    EXPECT_EQ(j["exposed_ms"].size(), 4u);  // reduce, optimizer, gather, nvme
+    EXPECT_EQ(j["exposed_ms"].size(), 5u);  // reduce, optimizer, gather, gather_backward, nvme
     EXPECT_EQ(j["bytes"].size(), 6u);  // h2d, d2h, gather, reduce, nvme_read, nvme_write
     EXPECT_GT(j["grad_norm"].get<double>(), 0);
     EXPECT_EQ(j["loss_scale"].get<double>(), 1.0);

@@ -38,9 +38,10 @@ EngineOptions options(int stage, OffloadDevice optimizer, OffloadDevice params) 
 }
 
 StatePlacement place(const EngineOptions& o, int world = 2, int rank = 1, bool host_addressable = true) {
+  const PlannedDevice device = host_addressable ? PlannedDevice::cpu() : PlannedDevice::gpu();
   const SpecModel model = four_layers();
   const Partition part = Partition::create(model.layers(), world, o.sub_group_size).value();
-  Result<StatePlacement> p = StatePlacement::compute(o, model.layers(), part, rank, host_addressable);
+  Result<StatePlacement> p = StatePlacement::compute(o, model.layers(), part, rank, device);
   EXPECT_TRUE(p.ok()) << p.status().to_string();
   return p.ok() ? *p : StatePlacement{};
 }
@@ -89,10 +90,22 @@ TEST(StatePlacement, DeviceTheHostCannotReadStepsWithTheDeviceKernelAndCopiesFor
   // The plan counts the copies (pinned, the padded layer at stage 1 in place).
   const SpecModel model = four_layers();
   const EngineOptions o = options(1, OffloadDevice::kNone, OffloadDevice::kNone);
-  const EngineMemory with_copy = plan_engine_memory(o, model.layers(), 2, 1, false).value();
-  const EngineMemory without = plan_engine_memory(o, model.layers(), 2, 1, true).value();
+  const EngineMemory with_copy = plan_engine_memory(o, model.layers(), 2, 1, PlannedDevice::gpu()).value();
+  const EngineMemory without = plan_engine_memory(o, model.layers(), 2, 1, PlannedDevice::cpu()).value();
   EXPECT_GT(with_copy.pinned_grads, without.pinned_grads);
   EXPECT_EQ(with_copy.device, without.device);
+}
+
+TEST(StatePlacement, AtWorldOneAStage3ShardOnTheDeviceIsAcquiredInPlace) {
+  const EngineOptions o = options(3, OffloadDevice::kNone, OffloadDevice::kNone);
+  const StatePlacement one = place(o, 1, 0), two = place(o, 2, 1);
+  EXPECT_TRUE(one.layers[0].acquired_in_place);
+  EXPECT_FALSE(one.layers[1].acquired_in_place);  // whole on the device anyway
+  EXPECT_FALSE(two.layers[0].acquired_in_place);  // a shard is half the layer: gathered
+  EXPECT_FALSE(place(options(3, OffloadDevice::kCpu, OffloadDevice::kCpu), 1, 0).layers[0].acquired_in_place);
+  const SpecModel model = four_layers();
+  EXPECT_EQ(plan_engine_memory(o, model.layers(), 1, 0, PlannedDevice::cpu()).value().device_gathered, 0u);
+  EXPECT_GT(plan_engine_memory(o, model.layers(), 2, 1, PlannedDevice::cpu()).value().device_gathered, 0u);
 }
 
 TEST(StatePlacement, Stage3CpuOffloadKeepsShardsInHostAndStagesOnlyWholeLayers) {
@@ -113,7 +126,7 @@ TEST(StatePlacement, MaxInCpuKeepsTheFirstShardsInHostAndTheRestOnNvme) {
   const SpecModel model = four_layers();
   const Partition part = Partition::create(model.layers(), 2, o.sub_group_size).value();
   o.nvme_param.max_in_cpu = static_cast<int64_t>(part.layer(0).shard_elements);  // room for the first shard only
-  const StatePlacement p = StatePlacement::compute(o, model.layers(), part, 0, true).value();
+  const StatePlacement p = StatePlacement::compute(o, model.layers(), part, 0, PlannedDevice::cpu()).value();
   EXPECT_EQ(p.optimizer_state, StateHome::kNvme);
   EXPECT_EQ(p.layers[0].params, ParamHome::kShardInPinnedHost);
   EXPECT_EQ(p.layers[2].params, ParamHome::kShardOnNvme);
@@ -171,14 +184,14 @@ TEST(StatePlacement, ALayerTheEngineCannotStepIsRefusedNamingIt) {
                         Case{half_frozen, StatusCode::kInvalidArgument, "tensor 'half.b' is frozen"}}) {
     const std::vector<LayerSpec> layers{c.spec};
     const Partition part = Partition::create(layers, 1, o.sub_group_size).value();
-    Result<StatePlacement> p = StatePlacement::compute(o, layers, part, 0, true);
+    Result<StatePlacement> p = StatePlacement::compute(o, layers, part, 0, PlannedDevice::cpu());
     ASSERT_FALSE(p.ok()) << c.spec.name;
     EXPECT_EQ(p.status().code(), c.code) << p.status().to_string();
     EXPECT_NE(p.status().message().find(c.says), std::string::npos) << p.status().message();
     EXPECT_EQ(p.status().message().find('\x1b'), std::string::npos) << "control characters are escaped";
   }
   const std::vector<LayerSpec> none;
-  EXPECT_EQ(plan_engine_memory(o, none, 2, 2, true).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(plan_engine_memory(o, none, 2, 2, PlannedDevice::cpu()).status().code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace

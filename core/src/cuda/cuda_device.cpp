@@ -453,7 +453,7 @@ class CudaDevice final : public Device {
     }
     STRATA_RETURN_IF_ERROR(cuda_status(err, "cudaMallocAsync", ordinal_));
     STRATA_CUDA(cudaStreamSynchronize(alloc_stream_), ordinal_);
-    stats_.on_allocate(Tier::kDevice, bytes);
+    count_allocation(Tier::kDevice, data, bytes);
     unreserve.device = nullptr;  // the reservation now belongs to the buffer
     return wrap_buffer(data, bytes);
   }
@@ -516,11 +516,12 @@ class CudaDevice final : public Device {
     STRATA_CUDA(cudaSetDevice(ordinal_), ordinal_);
     void* data = nullptr;
     STRATA_CUDA(cudaHostAlloc(&data, bytes, cudaHostAllocDefault), ordinal_);
+    count_allocation(Tier::kPinnedHost, data, bytes);
     return data;
   }
   void free_pinned_host(void* ptr, size_t bytes) override {
-    (void)bytes;
     if (ptr == nullptr) return;
+    count_free(Tier::kPinnedHost, ptr, bytes);
     cudaSetDevice(ordinal_);
     cudaFreeHost(ptr);
   }
@@ -528,7 +529,7 @@ class CudaDevice final : public Device {
   void free_on_stream(void* data, size_t bytes, cudaStream_t stream) {
     cudaSetDevice(ordinal_);
     cudaFreeAsync(data, stream);
-    stats_.on_free(Tier::kDevice, bytes);
+    count_free(Tier::kDevice, data, bytes);
   }
 
  protected:
@@ -537,7 +538,7 @@ class CudaDevice final : public Device {
     if (synchronize_first) cudaDeviceSynchronize();  // like cudaFree: no in-flight work may still use it
     cudaFreeAsync(data, alloc_stream_);
     cudaStreamSynchronize(alloc_stream_);
-    stats_.on_free(Tier::kDevice, bytes);
+    count_free(Tier::kDevice, data, bytes);
     std::lock_guard<std::mutex> lock(cap_mutex_);
     reserved_bytes_ -= bytes;
   }

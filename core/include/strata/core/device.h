@@ -27,7 +27,9 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 
 #include "strata/core/completion.h"
 #include "strata/core/memory_stats.h"
@@ -215,9 +217,28 @@ class Device {
   uint64_t memory_in_use_bytes() const { return stats_.get(Tier::kDevice).current_bytes; }
   const MemoryStats& memory_stats() const { return stats_; }
 
+  // Note [Accounts]
+  // allocate() and allocate_pinned_host() for one client of a shared device
+  // (the offload engine beside the model): the device itself counts the
+  // memory in `account` as well (Tier::kDevice, Tier::kPinnedHost), with the
+  // bytes it counts in memory_stats() (cpu: a device allocation's 256-byte
+  // footprint) at the moments it counts them there (a Stream::free_async
+  // when the free runs), so a client's numbers are the device's accounting
+  // of its allocations, not counters kept beside them. Free as usual (the
+  // buffer's destructor, free_async, free_pinned_host). `account` must
+  // outlive the allocation.
+  Result<DeviceBuffer> allocate(size_t bytes, MemoryStats& account);
+  Result<void*> allocate_pinned_host(size_t bytes, MemoryStats& account);
+
  protected:
   Device() = default;
   DeviceBuffer wrap_buffer(void* data, size_t bytes) { return DeviceBuffer(this, data, bytes); }
+  // Backends count every allocate() and allocate_pinned_host() and every free
+  // through these: `bytes` what the device counts for it (the same number
+  // at the free). Device memory goes into memory_stats(); both tiers into
+  // the allocation's account, if it has one (Note [Accounts]).
+  void count_allocation(Tier tier, const void* data, uint64_t bytes);
+  void count_free(Tier tier, const void* data, uint64_t bytes);
   // Releases memory from allocate(); called by DeviceBuffer. `synchronize`
   // is false when the caller already ordered the free after all uses.
   virtual void free_device_memory(void* data, size_t bytes, bool synchronize) = 0;
@@ -226,6 +247,13 @@ class Device {
  private:
   friend class DeviceBuffer;
   friend class Stream;
+  struct Counted {
+    uint64_t bytes = 0;
+    MemoryStats* account = nullptr;
+  };
+  std::mutex counted_mutex_;
+  std::unordered_map<const void*, Counted> counted_[2];  // [0] device memory, [1] pinned host memory
+  std::unordered_map<const void*, Counted>& counted_of(Tier tier) { return counted_[tier == Tier::kDevice ? 0 : 1]; }
 };
 
 }  // namespace strata

@@ -66,6 +66,9 @@ struct SlotPoolOptions {
   size_t alignment = 4096;      // power of two, 64 .. 1 GiB; 4096 suits O_DIRECT
   std::string name = "slot pool";  // for messages ("nvme staging")
   std::chrono::milliseconds acquire_timeout{30000};  // > 0
+  // Not null: the device counts the region in this account too (Note
+  // [Accounts] in device.h); must outlive the pool.
+  MemoryStats* account = nullptr;
 };
 
 struct SlotPoolStats {

@@ -225,11 +225,29 @@ struct StepMetrics {
   double grad_norm = 0;        // unscaled, before clipping
   bool skipped = false;        // fp16 overflow: nothing was updated
   double tokens_per_s = 0;     // global tokens (all ranks) per second
-  double step_ms = 0, forward_ms = 0, backward_ms = 0, optimizer_ms = 0;
-  // Time the driving thread waited, per link, this step.
-  double wait_reduce_ms = 0;     // backward end -> every gradient reduced and offloaded
-  double wait_optimizer_ms = 0;  // forward blocked on parameters still being updated (exposed optimizer)
-  double wait_gather_ms = 0;     // forward/backward blocked on parameter gathers
+  double step_ms = 0;          // begin_step() .. finish_step() returning
+  // The driving thread's time in the micro-batches' forwards: from
+  // begin_micro_batch() to the micro-batch's first backward acquire (all of
+  // it when it has none), summed over the step's micro-batches.
+  double forward_ms = 0;
+  // The rest of each micro-batch (first backward acquire .. end_micro_batch),
+  // summed, plus finish_step()'s wait for the last layers' backward.
+  double backward_ms = 0;
+  // The optimizer thread's time in one step's updates (not its other work:
+  // gradient block sums, checkpoint snapshots). Overlap off: this step's.
+  // On: the previous step's, which ran while this one did and are all done
+  // at its commit point (0 on the first step).
+  double optimizer_ms = 0;
+  // Time the model waited, per link, this step.
+  double wait_reduce_ms = 0;     // the driving thread: last backward done -> every gradient reduced, norm and vote
+  // The model's stream (Engine::create's model_stream, the runner's) waited
+  // for a layer's parameters: for their update (exposed optimizer, forward
+  // or backward), or after it for their gather: in the forwards (the
+  // passes before each micro-batch's first backward acquire) and in the
+  // backwards (stage 3 gathers a dropped layer again). 0 without a stream.
+  double wait_optimizer_ms = 0;
+  double wait_gather_ms = 0;
+  double wait_gather_backward_ms = 0;
   // Bytes moved this step, per link, by this rank.
   uint64_t h2d_bytes = 0, d2h_bytes = 0, gather_bytes = 0, reduce_bytes = 0;
   uint64_t nvme_read_bytes = 0, nvme_write_bytes = 0;  // optimizer state (offload_optimizer nvme)
@@ -270,11 +288,11 @@ inline size_t host_part(double ratio, size_t count) {
 EngineMemory plan_engine_memory(const EngineOptions& options, const Partition& partition,
                                 const StatePlacement& placement);
 // The same from the model: rank `rank` of `world` training `layers` with
-// `options` on a device whose memory the host can (the cpu device) or
-// cannot (cuda) address. What Engine::predicted_memory() returns for the
-// same inputs, and what `strata estimate --model` prints.
+// `options` on `device` (PlannedDevice::cpu() or gpu()). What
+// Engine::predicted_memory() returns for the same inputs, and what
+// `strata estimate --model` and `strata plan --model` print.
 Result<EngineMemory> plan_engine_memory(const EngineOptions& options, std::span<const LayerSpec> layers, int world,
-                                        int rank, bool device_host_addressable);
+                                        int rank, const PlannedDevice& device);
 
 // Engine::save_checkpoint's request (docs/checkpoints.md).
 struct CheckpointSaveOptions {

@@ -20,11 +20,13 @@
 // Named StatePlacement because strata::Placement is the estimator's row
 // (stage, optimizer device, parameter device) in core/estimator.h.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <vector>
 
+#include "strata/core/device.h"
 #include "strata/core/dtype.h"
 #include "strata/core/layered_model.h"
 #include "strata/core/status.h"
@@ -59,6 +61,12 @@ struct LayerPlacement {
   size_t param_element_bytes = 4;
   ParamHome params = ParamHome::kWholeOnDevice;
   GradientBuffer gradients = GradientBuffer::kPersistent;
+  // A stage-3 shard on the device at world size 1 is the whole layer,
+  // padding included (shard layout = padded layout): acquire lends the
+  // shard itself, with no gathered copy and nothing against
+  // stage3_max_live_parameters; its update then waits for the layer's last
+  // release, since the model reads the memory the update writes.
+  bool acquired_in_place = false;
   bool frozen = false;  // parameters only: no gradient, no optimizer state
   // fp32 master weights beside the parameters (every trained layer but an
   // fp32 one stepped on the device, which is its own master).
@@ -76,6 +84,19 @@ struct LayerPlacement {
   bool persistent() const { return params == ParamHome::kWholeOnDevice; }
   bool shard_on_nvme() const { return params == ParamHome::kShardOnNvme; }
   bool shard_in_host() const { return params == ParamHome::kShardInPinnedHost; }
+};
+
+// What the placement and the plan need to know of the device.
+struct PlannedDevice {
+  // Its memory is host memory (the cpu device): a device optimizer is the
+  // CPU one. Not so on cuda, where the fused device kernel steps the state.
+  bool host_addressable = false;
+  // A device buffer holds its size rounded up to this (DeviceCaps; both
+  // backends: 256), which is what the device counts.
+  size_t allocation_alignment = 256;
+  static PlannedDevice cpu() { return {true, 256}; }
+  static PlannedDevice gpu() { return {false, 256}; }
+  static PlannedDevice of(const DeviceCaps& caps) { return {caps.host_addressable, caps.allocation_alignment}; }
 };
 
 struct StatePlacement {
@@ -99,10 +120,16 @@ struct StatePlacement {
   uint64_t largest_nvme_shard_bytes = 0;
   std::vector<LayerPlacement> layers;
 
-  // Every decision above. `device_host_addressable`: the device's memory is
-  // host memory (the cpu device), so a device optimizer is the CPU one.
+  PlannedDevice device;
+  // A device buffer of `bytes` as the device counts it.
+  uint64_t device_footprint(uint64_t bytes) const {
+    const uint64_t align = std::max<uint64_t>(1, device.allocation_alignment);
+    return (bytes + align - 1) / align * align;
+  }
+
+  // Every decision above.
   static Result<StatePlacement> compute(const EngineOptions& options, std::span<const LayerSpec> layers,
-                                        const Partition& partition, int rank, bool device_host_addressable);
+                                        const Partition& partition, int rank, const PlannedDevice& device);
 
   bool optimizer_on_host() const { return optimizer_state != StateHome::kDevice; }
   bool optimizer_on_nvme() const { return optimizer_state == StateHome::kNvme; }

@@ -52,6 +52,11 @@ struct StepTimeInput {
   DType grad_dtype = DType::kBF16;
   uint32_t optimizer_state_bytes = 12;         // K: fp32 master + m + v (8 with bf16 moments)
   int64_t max_live_parameters = 1'000'000'000; // stage3_max_live_parameters
+  // Stage 3: padded elements (Note [Partition]) of the layers kept whole
+  // (below stage3_param_persistence_threshold), all-gathered after their update;
+  // at world size 1 with the shards on the device the other layers are
+  // acquired in place (LayerPlacement::acquired_in_place) and move nothing.
+  uint64_t persistent_params = 0;
   int64_t max_in_cpu = 1'000'000'000;          // offload_param.max_in_cpu
   bool nvme_pipeline = false;                  // offload_optimizer.pipeline_read and pipeline_write
 };
