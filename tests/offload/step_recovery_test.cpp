@@ -279,6 +279,17 @@ TEST(StepRecovery, TheWaitBoundIsRangeChecked) {
     EXPECT_NE(st.message().find("strata.wait_timeout_s"), std::string::npos) << st.message();
   }
   EXPECT_TRUE(check_placement(EngineOptions{}).ok());
+  // The config key reaches the options, and a bad value is refused naming it.
+  Config cfg;
+  cfg.source = "ds.json";
+  EXPECT_EQ(engine_options_from_config(cfg).value().wait_timeout_s, 600.0);
+  cfg.strata.wait_timeout_s = 12.5;
+  EXPECT_EQ(engine_options_from_config(cfg).value().wait_timeout_s, 12.5);
+  cfg.strata.wait_timeout_s = 0;
+  const Result<EngineOptions> r = engine_options_from_config(cfg);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("ds.json: strata.wait_timeout_s 0 is out of range"), std::string::npos)
+      << r.status().message();
 }
 
 }  // namespace
