@@ -323,6 +323,10 @@ std::vector<ConfigKey> build_table() {
   add(Key("strata.overlap_optimizer", B, "true",
           "Step the CPU optimizer layer by layer while the next forward runs (exact: same losses as false).")
           .bind(STRATA_BIND(strata.overlap_optimizer)));
+  add(Key("strata.wait_timeout_s", N, "600",
+          "Seconds the engine waits for any one thing (an NVMe I/O, a copy, a kernel, a collective, a checkpoint "
+          "write) before it stops with an error naming it.")
+          .range(0.001, 604800).bind(STRATA_BIND(strata.wait_timeout_s)));
 
   // --- accepted for compatibility, not acted upon -------------------------------------
   add(section("tensorboard", "DeepSpeed monitor; accepted, Strata does not act on it.").flag(kKeyIgnored));

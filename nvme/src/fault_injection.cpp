@@ -23,6 +23,7 @@
 #include <random>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "engine_core.h"
 
@@ -46,6 +47,13 @@ class FaultBackend final : public Backend {
     if (p.op == IoOp::kWrite && roll(plan_.enospc_probability) && counters_->spend_hard_error()) {
       counters_->enospc.fetch_add(1);
       synthetic_.push_back({&p, -ENOSPC});
+      return;
+    }
+    if (plan_.hang_ms > 0 && counters_->spend_hard_error()) {
+      counters_->hung.fetch_add(1);
+      hanging_.insert(&p);  // runs; its completion is held back in reap
+      inner_->prepare(p);
+      ++inner_outstanding_;
       return;
     }
     if (roll(plan_.eio_probability) && counters_->spend_hard_error()) {
@@ -91,6 +99,10 @@ class FaultBackend final : public Backend {
         counters_->corrupt_reads.fetch_add(1);
         uint64_t byte = rng_() % static_cast<uint64_t>(result);
         p.buffer[byte] ^= std::byte{static_cast<unsigned char>(1u << (rng_() % 8))};
+      }
+      if (hanging_.erase(&p) != 0) {
+        delayed_.push_back({Clock::now() + std::chrono::milliseconds(plan_.hang_ms), &p, result});
+        return;
       }
       if (plan_.latency_us_max > 0 && roll(plan_.latency_probability)) {
         counters_->delayed.fetch_add(1);
@@ -201,6 +213,7 @@ class FaultBackend final : public Backend {
   std::vector<Synthetic> synthetic_;
   std::vector<Delayed> delayed_;
   std::unordered_map<Piece*, int64_t> reported_;
+  std::unordered_set<Piece*> hanging_;
 };
 
 }  // namespace
@@ -240,7 +253,7 @@ Result<FaultPlan> parse_fault_plan(std::string_view text, std::string_view sourc
     const std::string value(eq == std::string_view::npos ? std::string_view() : item.substr(eq + 1));
     auto bad = [&](const char* want) {
       return InvalidArgument(fmt::format("{} '{}': {} '{}' must be {} (keys: eio, enospc, transient, short, torn, "
-                                         "corrupt, reads, writes, after, count, seed)",
+                                         "corrupt, reads, writes, after, count, hang, seed)",
                                          source, shown, printable(key, 32), printable(value, 32), want));
     };
     auto probability = [&](double& out) -> Status {
@@ -275,6 +288,9 @@ Result<FaultPlan> parse_fault_plan(std::string_view text, std::string_view sourc
     } else if (key == "count") {
       STRATA_RETURN_IF_ERROR(integer(0, int64_t{1} << 40, n));
       plan.max_hard_errors = n;
+    } else if (key == "hang") {
+      STRATA_RETURN_IF_ERROR(integer(0, 3'600'000, n));
+      plan.hang_ms = static_cast<uint32_t>(n);
     } else if (key == "seed") {
       STRATA_RETURN_IF_ERROR(integer(0, int64_t{1} << 62, n));
       plan.seed = static_cast<uint64_t>(n);

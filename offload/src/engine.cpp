@@ -184,6 +184,7 @@ Status Engine::Impl::make_nvme_tier() {
   o.pipeline_write = opt.nvme.pipeline_write;
   o.verify_checksums = opt.nvme.verify_checksums;
   o.io_engine = opt.nvme.io_engine;
+  o.wait_timeout_s = opt.wait_timeout_s;
   STRATA_ASSIGN_OR_RETURN(tier, make_nvme_state_tier(o, device, stats));
   return Status::Ok();
 }
@@ -395,32 +396,51 @@ Engine::~Engine() {
   if (impl_) {
     // Everything that may still use the engine's buffers finishes before
     // they are freed, in this order (each waits only on work that runs by
-    // itself on other threads, so none can wait for a later one):
+    // itself on other threads, so none can wait for a later one; each is
+    // bounded, Note [Bounded waits]: past the bound it says on stderr what it
+    // waits for, then waits on):
+    Impl& m = *impl_;
     // the model's stream (a step that failed half-way may still run),
-    if (impl_->model_stream) impl_->model_stream->synchronize().ignore();
+    if (m.model_stream) {
+      m.wait_at_teardown(m.model_stream->record_completion(), "the model's stream");
+      m.model_stream->synchronize().ignore();
+    }
     // the optimizer threads (they run what is queued; the state they step is still alive),
-    if (impl_->worker) impl_->worker.reset();
-    if (impl_->dev_worker) impl_->dev_worker.reset();
+    for (std::unique_ptr<SerialWorker>* w : {&m.worker, &m.dev_worker})
+      if (*w) {
+        m.wait_at_teardown((*w)->submit([] { return Status::Ok(); }, {}, "the end of the optimizer thread's queue",
+                                        /*sticky=*/false),
+                           "the optimizer thread's queued work");
+        w->reset();
+      }
     // the updates' parameter write-backs to NVMe (stage 3, offload_param
     // nvme): the optimizer thread started them; each one's continuation runs
     // on an I/O thread when it completes, and a failed one records its error
     // in this engine (update_failure, failure_mu, destroyed before
     // param_swap). A layer's shard_ready completes after that continuation,
     // so none is left once every layer's has,
-    for (Impl::Layer& l : impl_->layers) {
-      l.update_done.wait().ignore();
-      l.shard_ready.wait().ignore();
+    for (Impl::Layer& l : m.layers) {
+      m.wait_at_teardown(l.update_done, "a layer's update");
+      m.wait_at_teardown(l.shard_ready, "a layer's parameter shard write-back");
     }
     // the shard reader (its reads are gated on those write-backs and record
     // a failed read in this engine),
-    if (impl_->shard_reader) impl_->shard_reader.reset();
+    if (m.shard_reader) {
+      m.wait_at_teardown(m.shard_reader->submit([] { return Status::Ok(); }, {}, "the end of the shard reader's queue",
+                                                /*sticky=*/false),
+                         "the parameter shard reader's queued reads");
+      m.shard_reader.reset();
+    }
     // the checkpoint save in flight (its snapshot was taken: it only writes
     // files; rank 0 does not wait for peers that may have failed),
     impl_->abandon_save();
     impl_->wait_save().status().ignore();
     // then the copies and the collectives lent those buffers.
-    if (impl_->xfer) impl_->xfer->synchronize().ignore();
-    impl_->comm.synchronize().ignore();
+    if (m.xfer) {
+      m.wait_at_teardown(m.xfer->record_completion(), "the engine's copies");
+      m.xfer->synchronize().ignore();
+    }
+    m.comm.synchronize().ignore();
   }
 }
 
@@ -581,10 +601,12 @@ Status Engine::synchronize() {
   STRATA_RETURN_IF_ERROR(m.expect_phase(Impl::Phase::kIdle, "synchronize()"));
   Status st = m.settle(nullptr);
   if (!st.ok()) return m.stop_unless_recovered(std::move(st));
-  for (auto& l : m.layers) {
-    STRATA_RETURN_IF_ERROR(l.params_ready.wait());
-    STRATA_RETURN_IF_ERROR(l.shard_ready.wait());
+  for (size_t li = 0; li < m.layers.size(); ++li) {
+    const std::string what = fmt::format("synchronize(): the parameters of layer {}", li);
+    STRATA_RETURN_IF_ERROR(m.wait_status(m.layers[li].params_ready, what));
+    STRATA_RETURN_IF_ERROR(m.wait_status(m.layers[li].shard_ready, what));
   }
+  STRATA_RETURN_IF_ERROR(m.wait_status(m.xfer->record_completion(), "synchronize(): the engine's copies"));
   STRATA_RETURN_IF_ERROR(m.xfer->synchronize());
   STRATA_RETURN_IF_ERROR(m.tier->flush());  // NVMe: every write-back durable, errors reported
   return m.comm.synchronize();
@@ -637,10 +659,10 @@ Result<std::vector<float>> Engine::Impl::frozen_shard_fp32(size_t li) {
     const std::string name = fmt::format("parameter shard of layer {} '{}'", li, printable(lp.name, 64));
     STRATA_ASSIGN_OR_RETURN(ParamSwap::Read rd, param_swap->read(static_cast<uint32_t>(li), shard.size(), name));
     // gather_state() blocks by design (off the step path: tests and export).
-    const Status st = rd.done.wait();
+    const Status st = wait_status(rd.done, "reading the " + name);
     if (st.ok()) std::memcpy(shard.data(), rd.slot.as<std::byte>(), shard.size());
-    rd.slot.release_after(Completion());
-    STRATA_RETURN_IF_ERROR(st.with_context("reading the " + name));
+    rd.slot.release_after(rd.done);  // once the read ended (a timed-out one may still write the slot)
+    STRATA_RETURN_IF_ERROR(st);
   } else if (param_on_host()) {
     std::memcpy(shard.data(), l.host_shard.data(), shard.size());
   } else {

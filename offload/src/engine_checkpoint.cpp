@@ -182,11 +182,17 @@ struct Engine::Impl::SnapshotSlots {
   ~SnapshotSlots() {
     if (stats != nullptr && counted != 0) stats->on_free(Tier::kPageableHost, counted);
   }
-  size_t acquire() {
+  Result<size_t> acquire(double timeout_s) {
     std::unique_lock<std::mutex> lock(mu);
     // Blocks the optimizer thread by design: this is the bound on host
     // memory; the writer frees a slot as each piece reaches the disk.
-    cv.wait(lock, [&] { return !free.empty(); });
+    // Bounded (strata.wait_timeout_s): a writer stuck in a hung write ends
+    // the save with an error instead of holding the optimizer thread.
+    if (!cv.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] { return !free.empty(); }))
+      return DeadlineExceeded(fmt::format(
+          "waited {:.3g} s for a checkpoint snapshot slot: all {} are held by the checkpoint writer, whose writes "
+          "did not finish (a hung disk?); raise strata.wait_timeout_s if the disk is only slow",
+          timeout_s, slots.size()));
     const size_t s = free.back();
     free.pop_back();
     return s;
@@ -314,7 +320,8 @@ Result<std::optional<CheckpointSaveDone>> Engine::Impl::wait_save() {
   std::shared_ptr<SaveState> s = std::move(pending_save);
   pending_save.reset();
   // The caller asked for the save's end (next save, --save-sync, end of training).
-  const Status st = s->done_c.wait();
+  STRATA_RETURN_IF_ERROR(wait_bounded(s->done_c, fmt::format("checkpoint '{}' being written", s->tag)));
+  const Status st = s->done_c.status();
   if (!st.ok()) return st.with_context(fmt::format("checkpoint '{}' in '{}'", s->tag, printable(s->dir.string(), 256)));
   CheckpointSaveDone d;
   d.tag = s->tag;
@@ -633,7 +640,12 @@ Result<CheckpointSaveInfo> Engine::Impl::save(const CheckpointSaveOptions& o) {
     const Completion snapped = worker->submit(
         [this, s, slots, p, e]() -> Status {
           if (!s->first_error().ok()) return Status::Ok();
-          const size_t k = slots->acquire();
+          Result<size_t> slot = slots->acquire(opt.wait_timeout_s);
+          if (!slot.ok()) {
+            s->fail(slot.status().with_context(fmt::format("taking the snapshot of {}", state_name(p.li, p.gi, rank))));
+            return Status::Ok();
+          }
+          const size_t k = *slot;
           std::byte* base = slots->slots[k].data();
           float* master = reinterpret_cast<float*>(base);
           float* moments = reinterpret_cast<float*>(base + align_up(4 * p.count));
@@ -698,7 +710,10 @@ Result<CheckpointSaveInfo> Engine::Impl::save(const CheckpointSaveOptions& o) {
   pending_save = s;
   // ratio < 1: the device part is stepped by a second thread, outside the
   // FIFO above; the next step must not start before the snapshot is taken.
-  if (split()) STRATA_RETURN_IF_ERROR(s->snapped_c.wait());
+  if (split()) {
+    STRATA_RETURN_IF_ERROR(wait_bounded(s->snapped_c, fmt::format("the snapshot of checkpoint '{}'", tag)));
+    STRATA_RETURN_IF_ERROR(s->snapped_c.status());
+  }
   if (o.sync) {
     Result<std::optional<CheckpointSaveDone>> d = wait_save();
     if (!d.ok()) return d.status();

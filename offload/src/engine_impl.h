@@ -178,6 +178,7 @@ struct Engine::Impl {
     Completion gathered_ready;
     Completion last_use;            // the `done` of the latest release of the gathered copy
     bool gathered_valid = false;
+    Status prefetch_failure;        // a prefetch of this layer failed: its next acquire returns it
     int held = 0;
     // gradients
     DeviceBuffer full_grads;
@@ -291,6 +292,7 @@ struct Engine::Impl {
   std::shared_ptr<std::atomic<int64_t>> update_ns;
   StateTierIoStats io_before;  // the tier's counters at the start of the step
   std::array<std::byte, 4> fault_bytes{};  // the injected gradient value, in the gradient dtype
+  bool fault_gather_fired = false;          // EngineOptions::fault_gather_step fires once
 
   Impl(const EngineOptions& o, ModelRunner* r, const LayeredModel& m, Device& d, comm::Communicator& c)
       : opt(o), runner(r), model(m), device(d), comm(c) {}
@@ -351,7 +353,8 @@ struct Engine::Impl {
     bool freed = false;
     while (!lc.freeing.empty()) {
       Deferred& d = lc.freeing.front();
-      if (block) d.safe.wait().ignore();  // failed or not, its users are done
+      // Failed or not, its users are done once it completed.
+      if (block) STRATA_RETURN_IF_ERROR(wait_bounded(d.safe, "freeing a buffer lent to the model, a copy or a collective"));
       if (!d.safe.done()) break;
       STRATA_RETURN_IF_ERROR(frees->free_async(std::move(d.buffer)));  // the device uncounts it when it runs
       lc.freeing.pop_front();
@@ -394,7 +397,10 @@ struct Engine::Impl {
   std::string job_name;  // the swap folders' run name, the same on every rank
   Result<LayerMemory> acquire(size_t li, Pass pass);
   Status release(size_t li, Pass pass, const Completion& done);
-  Status issue_gather(size_t li);
+  // On failure the buffer goes back to the live count once what was queued
+  // against it completed; `allocated` (when given) says whether it got that far.
+  Status issue_gather(size_t li, bool* allocated = nullptr);
+  Status queue_gather(size_t li, std::vector<Completion>& queued);  // issue_gather's work after the allocation
   Status make_room_for_gather(size_t li);
   void prefetch_after(size_t position);
   Status drop_gathered(size_t li, const Completion& done);
@@ -455,12 +461,15 @@ struct Engine::Impl {
   std::mutex failure_mu;
   Status update_failure;          // the first failure of the pending step's updates (guarded by failure_mu)
   Status call_failure;            // the first failure of this call's parameter reads (guarded by failure_mu)
+  Status torn_failure;            // an update of state kept in place that failed part-way (guarded by failure_mu)
   bool recovered = false;         // the error being returned came with a completed rollback
   StepOutcomeKind recovery = StepOutcomeKind::kDropped;  // what that rollback did to the step (finish_step)
   Status stopped;                 // not ok: the engine refuses to go on (an error it could not recover from)
   // `c`, completing ok once `c` has completed; c's failure is recorded in
   // update_failure (an update) or call_failure (a read the call's passes use).
-  enum class FailureOf : uint8_t { kUpdate, kCall };
+  // kTorn: an in-place update that failed part-way (step_pieces), which no
+  // rollback can undo.
+  enum class FailureOf : uint8_t { kUpdate, kCall, kTorn };
   Completion absorb(const Completion& c, const std::string& label, FailureOf of = FailureOf::kUpdate);
   void record_failure(FailureOf of, const Status& s);
   Status take_failure(FailureOf of);
@@ -480,6 +489,22 @@ struct Engine::Impl {
   // The error an engine method returns: when it did not come with a
   // completed rollback, the engine stops (every later call gets it).
   Status stop_unless_recovered(Status error);
+  // Note [Bounded waits] in engine.h: ok once `c` has completed, failed or
+  // not (the caller reads c.status()), within opt.wait_timeout_s; else
+  // DeadlineExceeded naming `what`, c's label, the time waited and the key
+  // to raise, and the engine stops. The driving thread's waits go through it.
+  Status wait_bounded(const Completion& c, std::string_view what);
+  std::chrono::nanoseconds wait_bound() const {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(opt.wait_timeout_s));
+  }
+  // `c`'s Status (its failure in the context of `what`), waited for through wait_bounded.
+  Status wait_status(const Completion& c, std::string_view what) {
+    STRATA_RETURN_IF_ERROR(wait_bounded(c, what));
+    return c.status().with_context(what);
+  }
+  // The destructor's wait: nothing can be freed before `c` completes, so
+  // after the bound it says on stderr what it waits for and waits on.
+  void wait_at_teardown(const Completion& c, std::string_view what) const;
 
   // Checkpoints (engine_checkpoint.cpp).
   struct SaveState;

@@ -78,6 +78,7 @@ Result<EngineOptions> engine_options_from_config(const Config& cfg) {
   }
   o.fp16 = cfg.fp16;
   o.host_memory_budget = cfg.strata.host_memory_budget;
+  o.wait_timeout_s = cfg.strata.wait_timeout_s;
   o.scheduler = cfg.scheduler;
   STRATA_RETURN_IF_ERROR(check_placement(o));
   return o;
@@ -115,6 +116,10 @@ Status check_placement(const EngineOptions& o) {
         "and offload_param \"none\" (stage is {}, offload_optimizer {}, offload_param {}); set ratio to 1.0 or "
         "change the placement",
         o.source, o.ratio, o.stage, offload_device_name(o.offload_optimizer), offload_device_name(o.offload_param)));
+  if (!(o.wait_timeout_s >= 0.001 && o.wait_timeout_s <= 604800))
+    return InvalidArgument(fmt::format("{}: strata.wait_timeout_s {} is out of range (0.001 .. 604800 seconds): every "
+                                       "wait of the engine is bounded, by 600 s unless set",
+                                       o.source, o.wait_timeout_s));
   return Status::Ok();
 }
 

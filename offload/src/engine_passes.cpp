@@ -51,6 +51,12 @@ Result<LayerMemory> Engine::Impl::acquire(size_t li, Pass pass) {
     update_ready = l.shard_ready;
     waits.push_back(l.shard_ready);
   } else {
+    if (!l.prefetch_failure.ok()) {
+      Status failed = std::move(l.prefetch_failure);
+      l.prefetch_failure = Status::Ok();
+      return failed.with_context(fmt::format("acquire of layer {} '{}' for {} on rank {}", li,
+                                             printable(lp.name, 64), pass_name(pass), rank));
+    }
     if (!l.gathered_valid) {
       // On demand: wait for frees in flight when the live cap would be passed.
       STRATA_RETURN_IF_ERROR(make_room_for_gather(li).with_context("freeing gathered parameters"));
@@ -105,13 +111,28 @@ Result<LayerMemory> Engine::Impl::acquire(size_t li, Pass pass) {
   return mem;
 }
 
-Status Engine::Impl::issue_gather(size_t li) {
+Status Engine::Impl::issue_gather(size_t li, bool* allocated) {
   Layer& l = layers[li];
   const LayerPartition& lp = part.layer(li);
+  if (allocated != nullptr) *allocated = false;
   STRATA_ASSIGN_OR_RETURN(l.gathered, alloc_device(lp.padded_elements * l.pe,
                                                    fmt::format("gathered parameters of layer {} '{}'", li,
                                                                printable(lp.name, 64))));
   live_params.held += lp.padded_elements;
+  if (allocated != nullptr) *allocated = true;
+  // What was queued against the buffer: on failure it is handed back (and
+  // uncounted) once all of it completed, never while a copy may still write it.
+  std::vector<Completion> queued;
+  Status st = queue_gather(li, queued);
+  if (st.ok()) return st;
+  free_after(live_params, std::move(l.gathered), when_all(queued, fmt::format("failed gather of layer {}", li)),
+             lp.padded_elements);
+  return st.with_context(fmt::format("gathering the parameters of layer {} '{}'", li, printable(lp.name, 64)));
+}
+
+Status Engine::Impl::queue_gather(size_t li, std::vector<Completion>& queued) {
+  Layer& l = layers[li];
+  const LayerPartition& lp = part.layer(li);
   std::byte* full = l.gathered.as<std::byte>();
   if (l.on_nvme) {
     // NVMe: the shard's last write-back must be durable before it is read
@@ -131,31 +152,47 @@ Status Engine::Impl::issue_gather(size_t li) {
           // the commit point's vote on every rank (Note [Atomic steps]).
           // The shard reader's own thread waits for the read it issued (the
           // driving thread only waits for the gather queued behind it).
-          const Status read = rd.done.wait();
+          // Bounded (Note [Bounded waits]): a read that does not end drops the
+          // step like a failed one; its slot goes back only once it ended.
+          const bool ended = rd.done.wait_for(wait_bound());
+          const Status read = ended ? rd.done.status()
+                                    : DeadlineExceeded(fmt::format("'{}' did not complete in {} s (strata.wait_timeout_s; "
+                                                                   "raise it if the drive is only slow)",
+                                                                   rd.done.label(), opt.wait_timeout_s));
           if (!read.ok()) record_failure(FailureOf::kCall, read.with_context("reading the " + name));
           Status copy;
           const std::byte* shard = rd.slot.as<std::byte>();
           for (const SubGroup& g : p.groups)
-            if (copy.ok())
+            if (copy.ok() && ended)
               copy = device.copy(full + p.piece_begin(g, rank) * pe, shard + g.shard_offset * pe, g.piece * pe,
                                  CopyKind::kHostToDevice);
-          rd.slot.release_after(Completion());  // the copies above are done
+          rd.slot.release_after(ended ? Completion() : rd.done);  // the copies above are done
           return copy.with_context("copying the " + name + " to the device");
         },
         l.shard_ready, fmt::format("reading the {}", name), /*sticky=*/false);
+    queued.push_back(copied);
     h2d_bytes += bytes;
     STRATA_RETURN_IF_ERROR(comm.wait(copied, comm::CommQueue::kGather));
   } else if (param_on_host()) {
     // H2D of this rank's pieces into their place, then gather in place.
     STRATA_RETURN_IF_ERROR(xfer->wait(l.shard_ready));
+    Status copies;
     for (const SubGroup& g : lp.groups)
-      STRATA_RETURN_IF_ERROR(xfer->copy_async(full + lp.piece_begin(g, rank) * l.pe,
-                                              l.host_shard.data() + g.shard_offset * l.pe, g.piece * l.pe,
-                                              CopyKind::kHostToDevice));
+      if (copies.ok())
+        copies = xfer->copy_async(full + lp.piece_begin(g, rank) * l.pe, l.host_shard.data() + g.shard_offset * l.pe,
+                                  g.piece * l.pe, CopyKind::kHostToDevice);
+    const Completion h2d = xfer->record_completion();  // after the copies queued
+    queued.push_back(h2d);
+    STRATA_RETURN_IF_ERROR(copies);
     h2d_bytes += lp.shard_elements * l.pe;
-    STRATA_RETURN_IF_ERROR(comm.wait(xfer->record_completion(), comm::CommQueue::kGather));
+    STRATA_RETURN_IF_ERROR(comm.wait(h2d, comm::CommQueue::kGather));
   } else {
     STRATA_RETURN_IF_ERROR(comm.wait(l.shard_ready, comm::CommQueue::kGather));
+  }
+  if (opt.fault_gather_step == steps_begun && opt.fault_rank == rank && opt.fault_gather_layer == li &&
+      !fault_gather_fired) {
+    fault_gather_fired = true;
+    return Internal("injected gather failure (EngineOptions::fault_gather_step)");
   }
   Completion last;
   for (const SubGroup& g : lp.groups) {
@@ -164,6 +201,7 @@ Status Engine::Impl::issue_gather(size_t li) {
     STRATA_ASSIGN_OR_RETURN(comm::CommWork w, comm.all_gather(send, full + g.padded_begin * l.pe, g.piece, l.pd,
                                                               comm::CommQueue::kGather));
     last = w.completion();
+    queued.push_back(last);
   }
   gather_bytes += lp.padded_elements * l.pe;
   l.gathered_ready = last;
@@ -202,7 +240,15 @@ void Engine::Impl::prefetch_after(size_t position) {
     const uint64_t cap = static_cast<uint64_t>(opt.max_live_parameters);
     if (live_params.held + n > cap) break;
     if (!make_room(live_params, n, cap).ok()) break;
-    if (!issue_gather(lj).ok()) break;  // out of memory: it will be fetched on demand (and the error said then)
+    bool allocated = false;
+    if (Status st = issue_gather(lj, &allocated); !st.ok()) {
+      // Out of memory for the buffer (nothing queued or counted): it is
+      // gathered on demand, and the error said then if it persists. A
+      // failure after that (the buffer went back once its queued work
+      // completed) is the layer's acquire's error.
+      if (allocated) l.prefetch_failure = st.with_context("prefetching");
+      break;
+    }
     issued += n;
   }
 }

@@ -3,6 +3,8 @@
 // committed master weights.
 #include "engine_impl.h"
 
+#include <cstdio>
+
 #include <fmt/format.h>
 
 namespace strata::offload {
@@ -37,13 +39,13 @@ Status Engine::Impl::restore(const Mark& m) {
 
 void Engine::Impl::record_failure(FailureOf of, const Status& s) {
   std::lock_guard<std::mutex> lock(failure_mu);
-  Status& slot = of == FailureOf::kUpdate ? update_failure : call_failure;
+  Status& slot = of == FailureOf::kUpdate ? update_failure : of == FailureOf::kCall ? call_failure : torn_failure;
   if (slot.ok()) slot = s;
 }
 
 Status Engine::Impl::take_failure(FailureOf of) {
   std::lock_guard<std::mutex> lock(failure_mu);
-  Status& slot = of == FailureOf::kUpdate ? update_failure : call_failure;
+  Status& slot = of == FailureOf::kUpdate ? update_failure : of == FailureOf::kCall ? call_failure : torn_failure;
   Status s = std::move(slot);
   slot = Status::Ok();
   return s;
@@ -64,15 +66,20 @@ Status Engine::Impl::settle(const Mark* call, double* loss) {
   // In step() every rank votes at the same point; outside it, only when a
   // step is pending (the same on every rank: an fp16 skip is agreed).
   if (!pending && call == nullptr) return Status::Ok();
-  Status update, read;
+  Status update, read, torn;
   if (pending) {
     // Every update of the pending step has run (the forward waited for each
     // layer; outside step() this waits), and its write-backs are durable.
-    for (Layer& l : layers) {
-      l.update_done.wait().ignore();  // its failure is in update_failure
-      (l.persistent ? l.params_ready : l.shard_ready).wait().ignore();
+    for (size_t li = 0; li < layers.size(); ++li) {
+      Layer& l = layers[li];
+      const std::string what = fmt::format("the commit point of step {}: the update of layer {} '{}'",
+                                           pending_mark.optimizer_steps + 1, li, printable(part.layer(li).name, 64));
+      // Its failure is in update_failure.
+      STRATA_RETURN_IF_ERROR(wait_bounded(l.update_done, what));
+      STRATA_RETURN_IF_ERROR(wait_bounded(l.persistent ? l.params_ready : l.shard_ready, what));
     }
     update = take_failure(FailureOf::kUpdate);
+    torn = take_failure(FailureOf::kTorn);
     if (update.ok() && !pending_complete)
       update = Internal(fmt::format("step {}: not every layer's update was queued", pending_mark.optimizer_steps + 1));
     if (update.ok()) update = tier->flush();
@@ -83,13 +90,16 @@ Status Engine::Impl::settle(const Mark* call, double* loss) {
   if (call != nullptr) read = take_failure(FailureOf::kCall);
 
   // The vote: which ranks' updates, and which ranks' parameter reads, failed.
-  std::vector<int> failed_update, failed_read;
+  // An update torn part-way (2 in the vote) is a failed update no rank can undo.
+  std::vector<int> failed_update, failed_read, torn_update;
   if (world == 1) {
-    if (!update.ok()) failed_update.push_back(0);
+    if (!update.ok() || !torn.ok()) failed_update.push_back(0);
+    if (!torn.ok()) torn_update.push_back(0);
     if (!read.ok()) failed_read.push_back(0);
   } else {
-    // One row per rank: {its loss (step() only), update failed, read failed}.
-    const double row[3] = {loss != nullptr ? *loss : 0.0, update.ok() ? 0.0 : 1.0, read.ok() ? 0.0 : 1.0};
+    // One row per rank: {its loss (step() only), update failed (2: torn), read failed}.
+    const double row[3] = {loss != nullptr ? *loss : 0.0, !torn.ok() ? 2.0 : update.ok() ? 0.0 : 1.0,
+                           read.ok() ? 0.0 : 1.0};
     std::vector<double> all(3 * static_cast<size_t>(world));
     STRATA_RETURN_IF_ERROR(comm::host_collective(
         comm, row, sizeof(row), all.data(), all.size() * sizeof(double),
@@ -100,6 +110,7 @@ Status Engine::Impl::settle(const Mark* call, double* loss) {
       const double* theirs = all.data() + 3 * static_cast<size_t>(r);
       total += theirs[0];
       if (theirs[1] != 0.0) failed_update.push_back(r);
+      if (theirs[1] == 2.0) torn_update.push_back(r);
       if (theirs[2] != 0.0) failed_read.push_back(r);
     }
     if (loss != nullptr) *loss = total;
@@ -133,6 +144,17 @@ Status Engine::Impl::settle(const Mark* call, double* loss) {
                               optimizer_steps + 1, cause, optimizer_steps));
   }
 
+  // An update of state kept in place (pinned host or device memory) that
+  // failed part-way left pieces of step t beside pieces of step t-1, and no
+  // copy of t-1 exists: neither committing nor rolling back is exact. Every
+  // rank stops (not `recovered`: stop_unless_recovered), committing nothing.
+  if (!torn_update.empty())
+    return Status(torn.ok() ? StatusCode::kDataLoss : torn.code(),
+                  fmt::format("step {}: the update failed part-way on rank {}{}; that optimizer state is updated in "
+                              "place (offload_optimizer {}) with no copy of step {}, so the step can neither be "
+                              "committed nor rolled back",
+                              t, rank_list(torn_update), torn.ok() ? "" : " (here: " + torn.message() + ")",
+                              offload_device_name(opt.offload_optimizer), t - 1));
   // Every rank gets here with the same lists: roll back together (the
   // re-derivation's gathers are collectives every rank issues).
   const std::string cause = update.ok() ? fmt::format("failed on rank {}", rank_list(failed_update))
@@ -194,7 +216,7 @@ Status Engine::Impl::rederive_params() {
       if (!stage0() && world > 1) {
         STRATA_ASSIGN_OR_RETURN(Completion last, gather_persistent(li));
         // A rollback (the error path): the next forward reads these parameters.
-        STRATA_RETURN_IF_ERROR(last.wait().with_context("gathering the re-derived parameters of " + lname));
+        STRATA_RETURN_IF_ERROR(wait_status(last, "gathering the re-derived parameters of " + lname));
       }
       l.params_ready = Completion();
       continue;
@@ -228,13 +250,43 @@ Status Engine::Impl::put_shard(size_t li, std::span<const std::byte> values) {
                             param_swap->write(static_cast<uint32_t>(li), values.data(), values.size(), name));
     // Durable before the next gather reads it; callers are off the step path
     // (a load into a fresh engine, a rollback).
-    return w.wait();
+    return wait_status(w, "writing the " + name);
   }
   if (param_on_host()) {
     std::memcpy(l.host_shard.data(), values.data(), values.size());
     return Status::Ok();
   }
   return device.copy(l.dev_shard.data(), values.data(), values.size(), CopyKind::kHostToDevice);
+}
+
+Status Engine::Impl::wait_bounded(const Completion& c, std::string_view what) {
+  if (c.done()) return Status::Ok();
+  const auto t0 = Clock::now();
+  if (c.wait_for(wait_bound())) return Status::Ok();
+  const std::string label = c.label();
+  Status error = DeadlineExceeded(fmt::format(
+      "{} on rank {}: '{}' did not complete in {:.3f} s (strata.wait_timeout_s = {} s); a hung NVMe I/O, device "
+      "kernel or peer rank? It may still be running, so this engine's state is unknown; if the work is only slow, "
+      "raise strata.wait_timeout_s (EngineOptions::wait_timeout_s)",
+      what, rank, label.empty() ? std::string("(unnamed)") : label, ms_since(t0) / 1e3, opt.wait_timeout_s));
+  // Not `recovered`: whichever call returns it, the engine stops.
+  recovered = false;
+  if (stopped.ok())
+    stopped = Status(error.code(), fmt::format("this engine stopped after an error it could not roll back: {}; resume "
+                                               "every rank from the last checkpoint (strata train --resume DIR)",
+                                               error.message()));
+  return error;
+}
+
+void Engine::Impl::wait_at_teardown(const Completion& c, std::string_view what) const {
+  if (c.done()) return;
+  if (c.wait_for(wait_bound())) return;
+  std::fprintf(stderr,
+               "strata: destroying the engine on rank %d: %s ('%s') did not complete in %.3f s "
+               "(strata.wait_timeout_s); still waiting, since buffers it may write cannot be freed before it ends; "
+               "kill the process if it never does\n",
+               rank, std::string(what).c_str(), c.label().c_str(), opt.wait_timeout_s);
+  c.wait().ignore();
 }
 
 Status Engine::Impl::stop_unless_recovered(Status error) {

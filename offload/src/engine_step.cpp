@@ -19,8 +19,8 @@ Result<double> Engine::Impl::global_norm_squared() {
   // Blocks: the norm (and with it the clip coefficient of every update)
   // needs the block sums of every layer.
   for (size_t li = 0; li < layers.size(); ++li) {
-    STRATA_RETURN_IF_ERROR(layers[li].partials_done.wait().with_context(
-        fmt::format("reducing the gradients of layer {} on rank {}", li, rank)));
+    STRATA_RETURN_IF_ERROR(wait_status(layers[li].partials_done,
+                                       fmt::format("reducing the gradients of layer {} on rank {}", li, rank)));
     mine.insert(mine.end(), layers[li].block_sums.begin(), layers[li].block_sums.end());
   }
   double total = 0;
@@ -222,10 +222,24 @@ Status Engine::Impl::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimizer& 
       da.hyper = hyper;
       if (launched.ok()) launched = device_adam_step(*opt_stream, da, tensors);
     }
-    if (launched.ok()) launched = opt_stream->synchronize();
+    if (launched.ok()) {
+      // Bounded (Note [Bounded waits]): a hung kernel fails the update (torn, below).
+      const Completion kernel = opt_stream->record_completion();
+      launched = kernel.wait_for(wait_bound())
+                     ? opt_stream->synchronize()
+                     : DeadlineExceeded(fmt::format("the kernel did not complete in {} s (strata.wait_timeout_s; raise "
+                                                    "it if the kernel is only slow)",
+                                                    opt.wait_timeout_s));
+    }
     if (!launched.ok()) {
       for (const PieceJob& j : jobs)
         if (j.count != 0) t.close(j.id, false).ignore();
+      // The kernel updates the state in place: how far it got is unknown.
+      if (!jobs.empty() && !t.versioned())
+        record_failure(FailureOf::kTorn,
+                       launched.with_context(fmt::format("the device optimizer step of layer {} (the state is in {}, "
+                                                         "updated in place)",
+                                                         jobs.front().id.layer, t.describe())));
       return launched;
     }
     for (const PieceJob& j : jobs) {
@@ -237,9 +251,28 @@ Status Engine::Impl::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimizer& 
     return Status::Ok();
   }
   const size_t ge = dtype_size(opt.grad_dtype), pe = dtype_size(pd);
+  // A tier that keeps the state in place (pinned host or device memory) has
+  // no copy of the previous step: a failure that leaves some of the layer's
+  // state stepped and some not is torn (kTorn: the commit point stops the
+  // engine, Note [Atomic steps]). A failed copy of the update to the device
+  // is not: the kernel goes on, so the state holds the whole step and only
+  // the parameters are re-derived.
+  const bool in_place = !t.versioned();
+  Status copy_failed;
+  const PieceJob* last_stepped = nullptr;  // EngineOptions::fault_update_step fails after it
+  for (const PieceJob& j : jobs)
+    if (j.count != 0) last_stepped = &j;
+  auto torn = [&](Status error) {
+    if (in_place)
+      record_failure(FailureOf::kTorn, Status(error.code(), fmt::format("{} (the state is in {}, updated in place)",
+                                                                        error.message(), t.describe())));
+    return error;
+  };
   for (const PieceJob& j : jobs) {
     if (j.count == 0) continue;
-    STRATA_ASSIGN_OR_RETURN(PieceState st, t.open(j.id));
+    Result<PieceState> opened = t.open(j.id);
+    if (!opened.ok()) return torn(opened.status().with_context("opening the optimizer state of " + part.describe(j.id)));
+    PieceState st = *opened;
     const size_t me = dtype_size(st.moment_dtype);
     // An error below hands the piece back unmodified (the tier lends it to
     // one thread at a time: Note [Piece leases]); the step's failure goes to
@@ -292,15 +325,23 @@ Status Engine::Impl::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimizer& 
         Status copied = update_stream->synchronize();
         if (!copied.ok() && copy_status.ok()) copy_status = copied;
       }
-      if (!rep.ok()) return fail(rep.status().with_context(fmt::format("optimizer step of {}", part.describe(j.id))));
-      if (!copy_status.ok())
-        return fail(copy_status.with_context(fmt::format("copying the update of {} to the device", part.describe(j.id))));
+      if (rep.ok() && opt.fault_update_step == args.step && opt.fault_rank == rank &&
+          opt.fault_update_layer == j.id.layer && &t == tier.get() && &j == last_stepped && &run == &j.runs.back())
+        rep = Internal("injected kernel failure (EngineOptions::fault_update_step)");
+      if (!rep.ok())
+        return torn(fail(rep.status().with_context(fmt::format("optimizer step of {}", part.describe(j.id)))));
+      if (!copy_status.ok()) {
+        const Status c =
+            copy_status.with_context(fmt::format("copying the update of {} to the device", part.describe(j.id)));
+        if (!in_place) return fail(c);
+        if (copy_failed.ok()) copy_failed = c;
+      }
     }
     if (!j.param_is_master && pd == DType::kF32 && j.h2d == nullptr)
       std::memcpy(j.param, st.master, j.count * sizeof(float));
-    STRATA_RETURN_IF_ERROR(t.close(j.id, true));
+    if (Status closed = t.close(j.id, true); !closed.ok()) return torn(closed);
   }
-  return Status::Ok();
+  return copy_failed;
 }
 
 // ---------------------------------------------------------------- driving (Note [Driving the engine])
@@ -358,6 +399,14 @@ Status Engine::Impl::begin_micro_batch(bool last) {
 
 Status Engine::Impl::end_micro_batch(double mean_loss, int64_t tokens) {
   phase = Phase::kStep;
+  // A failed prefetch of a layer this micro-batch did not acquire after all.
+  for (size_t li = 0; li < layers.size(); ++li)
+    if (Layer& l = layers[li]; !l.prefetch_failure.ok()) {
+      Status failed = std::move(l.prefetch_failure);
+      l.prefetch_failure = Status::Ok();
+      return failed.with_context(fmt::format("layer {} '{}' (not acquired after its prefetch failed) on rank {}", li,
+                                             printable(part.layer(li).name, 64), rank));
+    }
   if (progress.in_backward) progress.backward_ms += ms_since(progress.backward_started);
   else progress.forward_ms += ms_since(progress.micro_started);  // no backward acquire: all forward
   progress.loss_sum += mean_loss;
@@ -428,7 +477,7 @@ Result<StepMetrics> Engine::Impl::finish_applied_step() {
   // time in the metrics and names the layer whose backward failed.
   const auto tb = Clock::now();
   for (size_t li = 0; li < layers.size(); ++li)
-    STRATA_RETURN_IF_ERROR(layers[li].grad_done.wait().with_context(fmt::format("backward of layer {}", li)));
+    STRATA_RETURN_IF_ERROR(wait_status(layers[li].grad_done, fmt::format("backward of layer {}", li)));
   const double bwd_ms = ms_since(tb);
   const auto tr = Clock::now();
   STRATA_ASSIGN_OR_RETURN(double sum_squares, global_norm_squared());
@@ -482,7 +531,8 @@ Result<StepMetrics> Engine::Impl::finish_applied_step() {
     if (!opt.overlap_optimizer) {
       for (size_t li = 0; li < layers.size(); ++li) {
         Layer& l = layers[li];
-        STRATA_RETURN_IF_ERROR((l.persistent ? l.params_ready : l.shard_ready).wait());
+        STRATA_RETURN_IF_ERROR(wait_status(l.persistent ? l.params_ready : l.shard_ready,
+                                           fmt::format("the update of layer {} (strata.overlap_optimizer false)", li)));
       }
       STRATA_RETURN_IF_ERROR(settle(nullptr));
     }

@@ -88,6 +88,8 @@ class NvmeStateTier final : public OptimizerStateTier {
   static nvme::TensorId tensor(size_t index, uint8_t version) { return static_cast<nvme::TensorId>(index) * 2 + version; }
   // Waits for every write in flight (each slot comes back); returns harvest().
   Status wait_writes();
+  // options_.wait_timeout_s for the writes in flight (together); harvests nothing.
+  Status bound_writes() const;
   Status refused() const;
 
   Piece& find(const StateId& id, const char* what);
@@ -632,8 +634,23 @@ void NvmeStateTier::prefetch(const StateId& id) {
   else p.prefetched = true;
 }
 
+Status NvmeStateTier::bound_writes() const {
+  if (options_.wait_timeout_s <= 0) return Status::Ok();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                                std::chrono::duration<double>(options_.wait_timeout_s));
+  for (size_t i : writing_) {
+    const Piece& p = pieces_[i];
+    if (!p.io.completion().wait_for(std::max(deadline - std::chrono::steady_clock::now(), std::chrono::nanoseconds(0))))
+      return DeadlineExceeded(fmt::format("the write-back of {} ('{}') did not complete in {} s (strata.wait_timeout_s; "
+                                          "a hung drive? raise it if the drive is only slow)",
+                                          piece_name(p), p.io.completion().label(), options_.wait_timeout_s));
+  }
+  return Status::Ok();
+}
+
 Status NvmeStateTier::wait_writes() {
   const uint64_t t0 = now_ns();
+  STRATA_RETURN_IF_ERROR(bound_writes());
   for (size_t i : writing_) pieces_[i].io.wait().ignore();
   if (!writing_.empty()) io_.write_wait_ns += now_ns() - t0;
   return harvest();
@@ -683,6 +700,8 @@ Status NvmeStateTier::rollback() {
         lock, deadline,
         fmt::format("rolling back the optimizer state on NVMe, {} piece(s) open on another thread", open_count_)));
   }
+  // A write-back that does not end cannot be forgotten (it writes a slot).
+  STRATA_RETURN_IF_ERROR(bound_writes());
   rollbacks_.fetch_add(1, std::memory_order_acq_rel);
   // The failed step's write-backs and their errors go with it.
   wait_writes().ignore();

@@ -74,6 +74,10 @@ TEST(ConfigBad, RangesAreChecked) {
   expect_error(check, "optimizer.params.eps", "out of range", "value > 0");
   expect_error(check, "optimizer.params.betas[1]", "1.2 is out of range", "0 <= value < 1");
   expect_error(check, "gradient_clipping", "out of range", "value >= 0");
+  // Every engine wait is bounded: no zero, no negative, at most a week.
+  for (const char* bad : {"0", "-1", "604801"})
+    expect_error(check_text(fmt::format(R"({{"strata": {{"wait_timeout_s": {}}}}})", bad)), "strata.wait_timeout_s",
+                 "out of range", "0.001 <= value <= 604800");
 }
 
 TEST(ConfigBad, EnumsSuggestTheChoice) {

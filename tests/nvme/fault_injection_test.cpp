@@ -4,6 +4,7 @@
 // are caught by the swap store's checksums. Each test prints its seed
 // (replay with STRATA_TEST_SEED=<seed>).
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include <gtest/gtest.h>
@@ -74,6 +75,32 @@ TEST_P(FaultInjection, TransientShortAndLateCompletionsAreRetriedTransparently) 
   EXPECT_EQ(stats.transient_retries, counters->transient.load());
   EXPECT_GE(stats.short_resubmits, counters->short_transfers.load());
   EXPECT_EQ(stats.failed_requests, 0u);
+}
+
+// A hung device (FaultPlan::hang_ms): the I/O runs, its completion comes
+// only hang_ms later, with the right data; the budget makes it one-off.
+TEST_P(FaultInjection, AHangHoldsTheCompletionBack) {
+  FaultPlan plan;
+  plan.hang_ms = 300;
+  plan.fault_writes = false;
+  plan.max_hard_errors = 1;
+  std::shared_ptr<FaultCounters> counters;
+  auto engine = make_fault_injecting_engine(options(), plan, &counters);
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  auto file = (*engine)->open(dir_->file("hang.bin"), OpenMode::kCreate);
+  ASSERT_TRUE(file.ok());
+  const uint64_t n = 16 * 1024;
+  auto src = AlignedBuffer::allocate(n, 4096);
+  auto dst = AlignedBuffer::allocate(n, 4096);
+  for (uint64_t i = 0; i < n; ++i) src->data()[i] = static_cast<std::byte>(i * 7);
+  ASSERT_TRUE((*engine)->write_sync(*file, 0, n, src->data()).ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE((*engine)->read_sync(*file, 0, n, dst->data()).ok());
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(300));
+  EXPECT_TRUE(bytes_equal(src->data(), dst->data(), n));
+  EXPECT_EQ(counters->hung.load(), 1u);
+  ASSERT_TRUE((*engine)->read_sync(*file, 0, n, dst->data()).ok());  // the budget is spent: not held back
+  EXPECT_EQ(counters->hung.load(), 1u);
 }
 
 TEST_P(FaultInjection, HardErrorsSurfaceWithFileOffsetLengthAndErrno) {
@@ -326,7 +353,7 @@ INSTANTIATE_TEST_SUITE_P(AllEngines, FaultInjection,
 // STRATA_FAULTS text: every key, defaults kept, bad keys and values named.
 TEST(FaultPlanText, ParsesEveryKeyAndNamesTheBadOne) {
   Result<FaultPlan> p = parse_fault_plan("eio=1,enospc=0.5,transient=0.25,short=0.125,torn=0.5,corrupt=0.75,"
-                                         "reads=0,writes=1,after=20,count=1,seed=7");
+                                         "reads=0,writes=1,after=20,count=1,hang=250,seed=7");
   ASSERT_TRUE(p.ok()) << p.status().to_string();
   EXPECT_EQ(p->eio_probability, 1.0);
   EXPECT_EQ(p->enospc_probability, 0.5);
@@ -338,13 +365,14 @@ TEST(FaultPlanText, ParsesEveryKeyAndNamesTheBadOne) {
   EXPECT_TRUE(p->fault_writes);
   EXPECT_EQ(p->clean_pieces, 20u);
   EXPECT_EQ(p->max_hard_errors, 1);
+  EXPECT_EQ(p->hang_ms, 250u);
   EXPECT_EQ(p->seed, 7u);
   Result<FaultPlan> empty = parse_fault_plan("");
   ASSERT_TRUE(empty.ok());
   EXPECT_EQ(empty->eio_probability, 0.0);
   EXPECT_EQ(empty->max_hard_errors, -1);
   for (const char* bad : {"eio=2", "eio=-0.1", "eio=", "eio", "reads=2", "after=-1", "count=x", "seed=1e3",
-                          "bogus=1", "eio=nan", "after=99999999999999999999"}) {
+                          "bogus=1", "eio=nan", "after=99999999999999999999", "hang=-1", "hang=3600001"}) {
     Result<FaultPlan> b = parse_fault_plan(bad);
     ASSERT_FALSE(b.ok()) << bad;
     EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument) << bad;

@@ -13,7 +13,12 @@
 //  - a parameter shard's read failing in a gather: the step is dropped on
 //    every rank and repeated with the same losses;
 //  - an error no vote can recover (a peer gone): the engine stops, and the
-//    next call says so.
+//    next call says so;
+//  - an in-place (cpu, none) update failing part-way: never committed, the
+//    engine stops naming the layer, the piece and why it cannot roll back;
+//  - a failed prefetch: its buffer handed back, its error the layer's acquire's;
+//  - a hung NVMe read: the bounded wait (strata.wait_timeout_s) ends in an
+//    error naming what it waited for, and teardown does not hang.
 #include <gtest/gtest.h>
 
 #include "engine_harness.h"
@@ -154,6 +159,141 @@ TEST(StepRecovery, AnErrorOutsideTheUpdatesStopsTheEngine) {
   const std::string msg = o.status.to_string();  // rank 0's retry
   EXPECT_NE(msg.find("this engine stopped after an error it could not roll back"), std::string::npos) << msg;
   EXPECT_NE(msg.find("--resume"), std::string::npos) << msg;
+}
+
+TEST(StepRecovery, AnInPlaceUpdateFailingPartWayStopsTheEngine) {
+  // Optimizer state in pinned host memory (cpu) or device memory (none) is
+  // updated in place: a kernel failing after it wrote part of a layer's
+  // state leaves step t beside step t-1 with no copy of t-1. It is never
+  // committed (nor reported as a rolled-back or dropped step): every rank
+  // stops, naming the layer and the piece and why it cannot roll back.
+  for (const Placement& p : {Placement{1, D::kCpu, D::kNone}, Placement{2, D::kNone, D::kNone, false, 8192},
+                             Placement{3, D::kCpu, D::kCpu, true, 4096}}) {
+    SCOPED_TRACE(p.name());
+    TrainRun run = base_run(p, 2);
+    run.opt.fault_update_step = 3;
+    run.opt.fault_update_layer = 1;
+    run.opt.fault_rank = 1;
+    run.retries = 1;
+    const Outcome o = train(run);
+    ASSERT_FALSE(o.status.ok()) << "the run went on after a torn update";
+    ASSERT_EQ(o.failures.size(), 1u);  // rank 0's: the step that reached the commit point of step 3
+    const std::string first = o.failures[0].to_string();
+    EXPECT_NE(first.find("step 3: the update failed part-way on rank 1"), std::string::npos) << first;
+    EXPECT_NE(first.find("can neither be committed nor rolled back"), std::string::npos) << first;
+    EXPECT_EQ(first.find("rolled back to the state after"), std::string::npos) << first;
+    const std::string last = o.status.to_string();  // the retry: the engine stopped
+    EXPECT_NE(last.find("this engine stopped"), std::string::npos) << last;
+  }
+}
+
+TEST(StepRecovery, AnInPlaceUpdateFailureNamesTheLayerAndPiece) {
+  // The rank where the kernel failed says which piece, where it lives and why.
+  const Placement p{1, D::kCpu, D::kNone};
+  TrainRun run = base_run(p, 1);
+  run.opt.fault_update_step = 2;
+  run.opt.fault_update_layer = 2;
+  run.retries = 1;
+  const Outcome o = train(run);
+  ASSERT_FALSE(o.status.ok());
+  ASSERT_EQ(o.failures.size(), 1u);
+  const std::string msg = o.failures[0].to_string();
+  EXPECT_NE(msg.find("optimizer step of layer 2 '"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("group 0 rank 0"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("injected kernel failure"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("pinned host memory, updated in place"), std::string::npos) << msg;
+  const std::string stopped = o.status.to_string();
+  EXPECT_NE(stopped.find("this engine stopped"), std::string::npos) << stopped;
+  EXPECT_NE(stopped.find("--resume"), std::string::npos) << stopped;
+}
+
+TEST(StepRecovery, AFailedPrefetchSurfacesAtTheLayersAcquire) {
+  // Stage 3, every layer partitioned, shards in pinned memory: in step 2,
+  // layer 2's gather issued by a prefetch fails after its buffer was
+  // allocated and counted and its shard's H2D copies were queued. The
+  // buffer goes back once those copies are done, and the failure is the
+  // error of layer 2's acquire (not swallowed, and not hidden by an
+  // on-demand gather that happens to succeed). Shards on the device are
+  // gathered at world 2 (at world 1 they are acquired in place: no gather).
+  const std::pair<Placement, int> cases[] = {
+      {Placement{3, D::kCpu, D::kCpu, true, 1'000'000'000, 1'000'000'000, 1'000'000'000, 0}, 1},
+      {Placement{3, D::kNone, D::kNone, true, 4096, 1'000'000'000, 1'000'000'000, 0}, 2}};
+  for (const auto& [p, world] : cases) {
+    SCOPED_TRACE(fmt::format("{} world {}", p.name(), world));
+    TrainRun run = base_run(p, world);
+    run.opt.fault_gather_step = 2;
+    run.opt.fault_gather_layer = 2;
+    const Outcome o = train(run);
+    ASSERT_FALSE(o.status.ok()) << "a failed prefetch was swallowed";
+    const std::string msg = o.status.to_string();
+    EXPECT_NE(msg.find("acquire of layer 2 '"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("prefetching: gathering the parameters of layer 2"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("injected gather failure"), std::string::npos) << msg;
+    EXPECT_EQ(o.losses.size(), 1u);
+  }
+}
+
+TEST(StepRecovery, AHungNvmeReadEndsInAnErrorNamingTheWait) {
+  // Optimizer state on NVMe, overlap off (the step waits for its updates):
+  // one read of step 2's update hangs 2.5 s, the bound is 0.5 s (far above a
+  // step of this model, under sanitizers too). The step
+  // fails with DeadlineExceeded naming what it waited for, the layer, the
+  // time and the key to raise; the engine stops; destroying it waits for
+  // the hung read (it cannot free the slot the read writes), says so on
+  // stderr, and returns once the read ends.
+  const Placement p{1, D::kNvme, D::kNone, false};
+  nvme::FaultPlan plan;
+  plan.hang_ms = 2500;
+  plan.fault_writes = false;
+  std::shared_ptr<nvme::FaultCounters> counters;
+  std::unique_ptr<nvme::IoEngine> io =
+      nvme::make_fault_injecting_engine(nvme::io_engine_config(AioConfig{}).value().options, plan, &counters).value();
+  counters->disarm();
+  TrainRun run = base_run(p, 1);
+  run.opt.wait_timeout_s = 0.5;
+  run.engine_for_rank = [&](int) { return io.get(); };
+  run.after_step = [&](Engine&, int64_t step) {
+    if (step == 1) counters->arm(0, 1);
+  };
+  run.retries = 1;
+  ::testing::internal::CaptureStderr();
+  const Outcome o = train(run);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(counters->hung.load(), 1u);
+  ASSERT_FALSE(o.status.ok());
+  ASSERT_EQ(o.failures.size(), 1u);
+  EXPECT_EQ(o.failures[0].code(), StatusCode::kDeadlineExceeded) << o.failures[0].to_string();
+  const std::string msg = o.failures[0].to_string();
+  EXPECT_NE(msg.find("the update of layer "), std::string::npos) << msg;
+  EXPECT_NE(msg.find("did not complete in 0.5"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("strata.wait_timeout_s = 0.5 s"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("raise strata.wait_timeout_s"), std::string::npos) << msg;
+  const std::string stopped = o.status.to_string();  // the retry
+  EXPECT_NE(stopped.find("this engine stopped"), std::string::npos) << stopped;
+  EXPECT_NE(err.find("destroying the engine on rank 0"), std::string::npos) << err;
+  EXPECT_NE(err.find("still waiting"), std::string::npos) << err;
+}
+
+TEST(StepRecovery, TheWaitBoundIsRangeChecked) {
+  for (double bad : {0.0, -1.0, 1e9}) {
+    EngineOptions o;
+    o.wait_timeout_s = bad;
+    const Status st = check_placement(o);
+    ASSERT_FALSE(st.ok()) << bad;
+    EXPECT_NE(st.message().find("strata.wait_timeout_s"), std::string::npos) << st.message();
+  }
+  EXPECT_TRUE(check_placement(EngineOptions{}).ok());
+  // The config key reaches the options, and a bad value is refused naming it.
+  Config cfg;
+  cfg.source = "ds.json";
+  EXPECT_EQ(engine_options_from_config(cfg).value().wait_timeout_s, 600.0);
+  cfg.strata.wait_timeout_s = 12.5;
+  EXPECT_EQ(engine_options_from_config(cfg).value().wait_timeout_s, 12.5);
+  cfg.strata.wait_timeout_s = 0;
+  const Result<EngineOptions> r = engine_options_from_config(cfg);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("ds.json: strata.wait_timeout_s 0 is out of range"), std::string::npos)
+      << r.status().message();
 }
 
 }  // namespace

@@ -28,6 +28,10 @@ struct FaultPlan {
   double corrupt_read_probability = 0;    // one bit flipped in data read
   double latency_probability = 0;         // completion delayed by up to latency_us_max
   uint32_t latency_us_max = 0;
+  // A hung device: every faulted I/O (within the hard-error budget, which a
+  // hang spends like a hard error) runs, but its completion is held back
+  // hang_ms after it arrived. 0: none.
+  uint32_t hang_ms = 0;
   // Which directions the faults above apply to (latency applies to both).
   bool fault_reads = true;
   bool fault_writes = true;
@@ -42,8 +46,8 @@ struct FaultPlan {
 // train` (docs/engine.md "Errors"): comma-separated key=value, e.g.
 // "eio=1,reads=0,after=20,count=1" (one EIO on the 21st write piece).
 // Keys: eio, enospc, transient, short, torn, corrupt (probabilities 0..1),
-// reads, writes (0 or 1), after (clean pieces), count (hard errors at most),
-// seed. An unknown key or a bad value is InvalidArgument naming `source`
+// reads, writes (0 or 1), after (clean pieces), count (hard errors and hangs
+// at most), hang (milliseconds a faulted I/O's completion is held back), seed. An unknown key or a bad value is InvalidArgument naming `source`
 // and the key.
 Result<FaultPlan> parse_fault_plan(std::string_view text, std::string_view source = "STRATA_FAULTS");
 
@@ -55,6 +59,7 @@ struct FaultCounters {
   std::atomic<uint64_t> torn_writes{0};
   std::atomic<uint64_t> corrupt_reads{0};
   std::atomic<uint64_t> delayed{0};
+  std::atomic<uint64_t> hung{0};
 
   // Live control for tests: faults are injected only while armed; arm()
   // restarts the clean-piece count (FaultPlan::clean_pieces semantics).

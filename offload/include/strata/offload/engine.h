@@ -73,7 +73,12 @@
 //    the next step() repeats the failed step with the same numbers;
 //  - state in memory (cpu, none): the update ran in place and only a
 //    parameter copy failed: the step stands, the parameters are re-derived
-//    from it and the step() call in progress is dropped (repeated next).
+//    from it and the step() call in progress is dropped (repeated next);
+//  - state in memory whose update failed part-way (a kernel or a piece
+//    that failed after others of the step were stepped in place): part of
+//    the state is step t, part t-1, and no copy of t-1 exists. It is never
+//    committed: every rank stops, the error naming the rank, the layer and
+//    piece and why no rollback is possible (resume from a checkpoint).
 // A stage-3 parameter shard's NVMe read failing in a gather is voted the
 // same way (the layer is gathered from whatever the slot holds): the
 // pending step commits, the step() call in progress is dropped on every
@@ -84,6 +89,18 @@
 // ...; resume from the last checkpoint".
 // A checkpoint snapshot waits for its layer's update and fails with it, so
 // a failed step is never saved.
+//
+// Note [Bounded waits]
+// Every wait of the engine for work on another thread, queue or device (an
+// update, a gather, a copy, a reduction, a checkpoint's snapshot slot and
+// write, the teardown's) is bounded by EngineOptions::wait_timeout_s
+// (strata.wait_timeout_s, 600 s). One that expires returns DeadlineExceeded
+// naming what it waited for (the completion's label), the layer, the time
+// and the key to raise, and stops the engine: what it waited for may still
+// run, so the state is unknown. The destructor cannot free buffers that a
+// hung operation may still write: after the bound it says on stderr what it
+// waits for and goes on waiting (a thread stuck in a system call cannot be
+// cancelled safely); kill the process if it never completes.
 //
 // Note [Driving the engine]
 // A caller that owns the model's passes and its data (a PyTorch module, a
@@ -197,6 +214,10 @@ struct EngineOptions {
   // The learning-rate schedule; type kNone keeps hyper.lr.
   SchedulerConfig scheduler;
   std::string source = "engine options";  // config file name, for messages
+  // strata.wait_timeout_s: the bound on each wait of the engine (Note [Bounded
+  // waits]); one that expires stops the engine with an error naming what it
+  // waited for. 0.001 .. 604800.
+  double wait_timeout_s = 600;
   // Test hook: overwrite element 0 of layer `fault_layer`'s local gradient
   // with `fault_value` on rank `fault_rank` in step() call `fault_step`
   // (1-based; 0: never), before it is reduced. Inf/NaN model an overflow.
@@ -204,6 +225,17 @@ struct EngineOptions {
   int fault_rank = 0;
   size_t fault_layer = 0;
   float fault_value = 0;
+  // Test hook: the optimizer step of layer `fault_update_layer` on rank
+  // `fault_rank` fails in optimizer step `fault_update_step` (1-based; 0:
+  // never) after the kernel wrote the layer's last piece, as a kernel that
+  // fails half-way (host-stepped state only).
+  int64_t fault_update_step = 0;
+  size_t fault_update_layer = 0;
+  // Test hook: the first stage-3 gather of layer `fault_gather_layer` on rank
+  // `fault_rank` in step() call `fault_gather_step` (1-based; 0: never) fails
+  // after its buffer was allocated and its shard's copies were queued.
+  int64_t fault_gather_step = 0;
+  size_t fault_gather_layer = 0;
 };
 
 // The engine options a DeepSpeed config asks for. Fails (naming the key and

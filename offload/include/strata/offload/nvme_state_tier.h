@@ -117,6 +117,10 @@ struct NvmeStateTierOptions {
   bool pipeline_write = true;    // offload_optimizer.pipeline_write
   bool verify_checksums = true;  // check every read against the stored block checksums
   bool verify_writes = false;    // read each write back before it replaces the previous version
+  // strata.wait_timeout_s: flush(), commit() and rollback() wait at most this
+  // long for each write-back in flight, then fail with DeadlineExceeded
+  // naming the piece (the write stays in flight); 0: unbounded.
+  double wait_timeout_s = 0;
   // Optional: do I/O through this engine (must outlive the tier; tests pass a
   // fault-injecting one) instead of building one from `aio`.
   nvme::IoEngine* io_engine = nullptr;
