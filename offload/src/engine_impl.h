@@ -43,6 +43,7 @@
 #include "strata/offload/device_adam.h"
 #include "strata/offload/engine.h"
 #include "strata/offload/nvme_state_tier.h"
+#include "strata/offload/testing/engine_faults.h"
 
 namespace strata::offload {
 namespace engine_detail {
@@ -125,6 +126,7 @@ using namespace engine_detail;
 
 struct Engine::Impl {
   EngineOptions opt;
+  testing::EngineFaults faults;  // none unless created through the testing seam (engine_seam.h)
   ModelRunner* runner = nullptr;  // null: a caller drives (Note [Driving the engine])
   const LayeredModel& model;
   Device& device;

@@ -284,8 +284,9 @@ Status Engine::Impl::launch_reduction(size_t li) {
   std::byte* full = l.full_grads.as<std::byte>();
   const size_t e = ge();
   Completion local = l.grad_done;
-  if (opt.fault_step == steps_begun && opt.fault_rank == rank && opt.fault_layer == li) {
-    const float v = opt.fault_value;
+  if (faults.gradient && faults.gradient->step == steps_begun && faults.gradient->rank == rank &&
+      faults.gradient->layer == li) {
+    const float v = faults.gradient->value;
     if (opt.grad_dtype == DType::kF32) std::memcpy(fault_bytes.data(), &v, 4);
     if (opt.grad_dtype == DType::kBF16) convert_fp32_to_bf16(&v, reinterpret_cast<bfloat16*>(fault_bytes.data()), 1);
     if (opt.grad_dtype == DType::kF16) convert_fp32_to_fp16(&v, reinterpret_cast<float16*>(fault_bytes.data()), 1);
