@@ -11,8 +11,6 @@
 #include "strata/comm/host_collective.h"
 #include "strata/core/device_registry.h"
 #include "strata/core/units.h"
-#include "strata/nvme/aio_config.h"
-#include "strata/nvme/fault_injection.h"
 
 namespace strata::cli {
 
@@ -37,36 +35,6 @@ Result<OffloadDevice> parse_offload(const std::string& text, const char* flag) {
   return InvalidArgument(fmt::format("{} '{}' is not none, cpu or nvme", flag, printable(text, 64)));
 }
 
-namespace {
-
-// STRATA_FAULTS: the fault plan's text and where it goes (on=optimizer|params).
-struct FaultsSpec {
-  std::string plan;
-  std::string on = "optimizer";
-};
-
-Result<FaultsSpec> split_faults_spec(std::string_view text) {
-  FaultsSpec f;
-  size_t at = 0;
-  while (at <= text.size()) {
-    size_t end = text.find(',', at);
-    if (end == std::string_view::npos) end = text.size();
-    const std::string_view item = text.substr(at, end - at);
-    if (item.rfind("on=", 0) == 0) {
-      f.on = std::string(item.substr(3));
-      if (f.on != "optimizer" && f.on != "params")
-        return InvalidArgument(fmt::format("STRATA_FAULTS '{}': on '{}' must be optimizer or params",
-                                           printable(text, 200), printable(f.on, 32)));
-    } else if (!item.empty()) {
-      f.plan += (f.plan.empty() ? "" : ",") + std::string(item);
-    }
-    at = end + 1;
-  }
-  return f;
-}
-
-}  // namespace
-
 Status build_rank(const RankSetup& t, const model::GptConfig& g, const model::TextDataset& data, DeviceKind kind,
                   comm::Communicator& comm, RankState& rs) {
   DeviceOptions dopt;
@@ -84,30 +52,7 @@ Status build_rank(const RankSetup& t, const model::GptConfig& g, const model::Te
   STRATA_ASSIGN_OR_RETURN(rs.executor, model::GptExecutor::create(*rs.model, *rs.device, *rs.stream, t.batch, t.seq_len));
   STRATA_ASSIGN_OR_RETURN(rs.runner, model::GptRunner::create(*rs.model, *rs.executor, data, t.seed, t.eval_batches,
                                                               {comm.rank(), comm.world_size()}));
-  offload::EngineOptions eo = t.engine;
-  // STRATA_FAULTS (docs/engine.md "Errors"): faults injected into the NVMe
-  // I/O of the optimizer state (on=optimizer, the default) or the stage-3
-  // parameter shards (on=params), to see what a failing drive does to a run.
-  if (const char* env = std::getenv("STRATA_FAULTS"); env != nullptr && *env != '\0') {
-    STRATA_ASSIGN_OR_RETURN(FaultsSpec f, split_faults_spec(env));
-    const bool params = f.on == "params";
-    if (!params && eo.offload_optimizer != OffloadDevice::kNvme)
-      return InvalidArgument("STRATA_FAULTS is set but the optimizer state is not on NVMe (offload_optimizer.device "
-                             "nvme, or --offload-optimizer nvme); unset it, or add on=params for parameter shards");
-    if (params && eo.offload_param != OffloadDevice::kNvme)
-      return InvalidArgument("STRATA_FAULTS on=params is set but the parameter shards are not on NVMe "
-                             "(offload_param.device nvme at stage 3); unset it");
-    STRATA_ASSIGN_OR_RETURN(nvme::FaultPlan plan, nvme::parse_fault_plan(f.plan));
-    STRATA_ASSIGN_OR_RETURN(nvme::IoEngineConfig ec, nvme::io_engine_config(eo.nvme.aio));
-    plan.seed += static_cast<uint64_t>(comm.rank());
-    STRATA_ASSIGN_OR_RETURN(rs.fault_engine, nvme::make_fault_injecting_engine(ec.options, plan));
-    (params ? eo.nvme_param.io_engine : eo.nvme.io_engine) = rs.fault_engine.get();
-    if (comm.rank() == 0)
-      fmt::print(stderr, "STRATA_FAULTS '{}': faults injected into the NVMe I/O of the {} of every rank\n",
-                 printable(env, 200), params ? "parameter shards" : "optimizer state");
-  }
-  STRATA_ASSIGN_OR_RETURN(rs.engine, offload::Engine::create(eo, *rs.runner, *rs.device, comm));
-  return Status::Ok();
+  return create_rank_engine(t.engine, comm, rs);
 }
 
 Status vote(comm::Communicator& comm, const Status& mine, const char* what) {

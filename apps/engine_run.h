@@ -42,8 +42,8 @@ struct RankState {
   std::unique_ptr<model::GptModel> model;
   std::unique_ptr<model::GptExecutor> executor;
   std::unique_ptr<model::GptRunner> runner;
-  // STRATA_FAULTS: the optimizer state's NVMe I/O through a fault-injecting
-  // engine (outlives the engine, which uses it).
+  // strata-testing's STRATA_FAULTS: the NVMe I/O through a fault-injecting
+  // engine (outlives the engine, which uses it); null in `strata`.
   std::unique_ptr<nvme::IoEngine> fault_engine;
   std::unique_ptr<offload::Engine> engine;
 };
@@ -68,6 +68,15 @@ Result<OffloadDevice> parse_offload(const std::string& text, const char* flag);
 // and engine into `rs`. Call it on the rank's own thread.
 Status build_rank(const RankSetup& t, const model::GptConfig& g, const model::TextDataset& data, DeviceKind kind,
                   comm::Communicator& comm, RankState& rs);
+
+// Creates rs.engine from `options` for rs's runner and device. Defined
+// twice: the installed `strata` links apps/release/rank_engine.cpp
+// (Engine::create, nothing else); the test-only `strata-testing` links
+// apps/testing/rank_engine.cpp, which also applies the faults of the
+// STRATA_FAULTS and STRATA_CHECKPOINT_CRASH_AT environment variables through
+// the engine's testing seam (docs/engine.md "Errors"). Every other source of
+// the CLI is shared (apps/CMakeLists.txt).
+Status create_rank_engine(const offload::EngineOptions& options, comm::Communicator& comm, RankState& rs);
 
 // Every rank says whether it is ready; a rank that failed makes all stop
 // (so no rank waits for a peer that will never issue its collectives).

@@ -183,7 +183,7 @@ Status Engine::Impl::make_nvme_tier() {
   o.pipeline_read = opt.nvme.pipeline_read;
   o.pipeline_write = opt.nvme.pipeline_write;
   o.verify_checksums = opt.nvme.verify_checksums;
-  o.io_engine = opt.nvme.io_engine;
+  o.io_engine = faults.optimizer_io;  // null unless a test's (Note [Testing seam])
   o.wait_timeout_s = opt.wait_timeout_s;
   STRATA_ASSIGN_OR_RETURN(tier, make_nvme_state_tier(o, device, stats));
   return Status::Ok();
@@ -223,7 +223,7 @@ Status Engine::Impl::make_param_swap() {
   o.capacity_bytes = capacity;
   o.aio = opt.nvme.aio;
   o.verify_checksums = opt.nvme.verify_checksums;
-  o.io_engine = opt.nvme_param.io_engine;
+  o.io_engine = faults.param_io;
   STRATA_ASSIGN_OR_RETURN(param_swap, ParamSwap::create(o, device, stats));
   shard_reader = std::make_unique<SerialWorker>(fmt::format("parameter shard reader of rank {}", rank));
   return Status::Ok();
@@ -446,17 +446,21 @@ Engine::~Engine() {
 
 Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& options, ModelRunner& runner, Device& device,
                                                comm::Communicator& comm) {
-  auto impl = std::make_unique<Impl>(options, &runner, runner.model(), device, comm);
-  std::unique_ptr<Engine> e(new Engine(std::move(impl)));
-  e->impl_->self = e.get();
-  STRATA_RETURN_IF_ERROR(e->impl_->init().with_context(fmt::format("engine on rank {}", comm.rank())));
-  return e;
+  return create_with_faults(options, &runner, runner.model(), device, comm, nullptr, nullptr);
 }
 
 Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& options, const LayeredModel& model,
                                                Device& device, comm::Communicator& comm, Stream* model_stream) {
-  auto impl = std::make_unique<Impl>(options, nullptr, model, device, comm);
+  return create_with_faults(options, nullptr, model, device, comm, model_stream, nullptr);
+}
+
+Result<std::unique_ptr<Engine>> Engine::create_with_faults(const EngineOptions& options, ModelRunner* runner,
+                                                           const LayeredModel& model, Device& device,
+                                                           comm::Communicator& comm, Stream* model_stream,
+                                                           const testing::EngineFaults* faults) {
+  auto impl = std::make_unique<Impl>(options, runner, model, device, comm);
   impl->model_stream = model_stream;
+  if (faults != nullptr) impl->faults = *faults;  // before init(): the NVMe tiers open through its I/O engines
   std::unique_ptr<Engine> e(new Engine(std::move(impl)));
   e->impl_->self = e.get();
   STRATA_RETURN_IF_ERROR(e->impl_->init().with_context(fmt::format("engine on rank {}", comm.rank())));

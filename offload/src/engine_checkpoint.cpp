@@ -53,16 +53,14 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Test hook: STRATA_CHECKPOINT_CRASH_AT=<point>[@TAG] kills the process
-// with SIGKILL at that point of rank 0's commit (after-rank-files,
+// testing::CheckpointCrash (only an engine created through the testing
+// seam has one): SIGKILL at that point of rank 0's commit (after-rank-files,
 // before-manifest, before-rename, before-latest, after-latest), of the save
-// of TAG only when given: how the tests show that a kill -9 at any moment
-// leaves the previous checkpoint loadable through `latest`.
-void crash_point(const char* point, const std::string& tag) {
-  const char* at = std::getenv("STRATA_CHECKPOINT_CRASH_AT");
-  if (at == nullptr) return;
-  const std::string_view want(at);
-  if (want == point || want == std::string(point) + "@" + tag) ::kill(::getpid(), SIGKILL);
+// of its tag only when given: how the tests show that a kill -9 at any
+// moment leaves the previous checkpoint loadable through `latest`.
+void crash_point(const std::optional<testing::CheckpointCrash>& crash, const char* point, const std::string& tag) {
+  if (!crash || crash->point != point) return;
+  if (crash->tag.empty() || crash->tag == tag) ::kill(::getpid(), SIGKILL);
 }
 
 // A file this rank writes, with the running checksum of what was written (in order).
@@ -215,6 +213,7 @@ struct Engine::Impl::SaveState {
   CheckpointManifest manifest;            // rank 0: everything but files and extents
   int keep = 0;
   double commit_timeout_s = 600;
+  std::optional<testing::CheckpointCrash> crash;  // the engine's faults.checkpoint_crash
   Clock::time_point t0;
   std::mutex mu;
   Status error;  // the first failure of a snapshot or write task
@@ -359,7 +358,7 @@ Status Engine::Impl::finish_save(SaveState& s) {
     report["extents"].push_back({e.file, e.layer, e.begin, e.count, e.offset, hex64(e.xxh3)});
   STRATA_RETURN_IF_ERROR(write_file_atomically(s.tmp, fmt::format("rank{:05d}.json", s.rank), report.dump()));
   if (s.rank != 0) return Status::Ok();
-  crash_point("after-rank-files", s.tag);
+  crash_point(s.crash, "after-rank-files", s.tag);
 
   // Rank 0: every rank's report (or its failure) appended to the manifest,
   // which from_json then checks as a loader would: what is committed reads back.
@@ -403,17 +402,17 @@ Status Engine::Impl::finish_save(SaveState& s) {
     }
   }
   STRATA_RETURN_IF_ERROR(CheckpointManifest::from_json(mj, (s.tmp / "manifest.json").string()).status());
-  crash_point("before-manifest", s.tag);
+  crash_point(s.crash, "before-manifest", s.tag);
   STRATA_RETURN_IF_ERROR(write_file_atomically(s.tmp, "manifest.json", mj.dump(1)));
-  crash_point("before-rename", s.tag);
+  crash_point(s.crash, "before-rename", s.tag);
   const fs::path final_dir = s.dir / s.tag;
   if (::rename(s.tmp.c_str(), final_dir.c_str()) != 0)
     return ErrnoStatus(errno, fmt::format("rename '{}' to '{}' (does the tag exist already?)",
                                           printable(s.tmp.string(), 256), printable(final_dir.string(), 256)));
   STRATA_RETURN_IF_ERROR(fsync_folder(s.dir));
-  crash_point("before-latest", s.tag);
+  crash_point(s.crash, "before-latest", s.tag);
   STRATA_RETURN_IF_ERROR(write_file_atomically(s.dir, "latest", s.tag + "\n"));
-  crash_point("after-latest", s.tag);
+  crash_point(s.crash, "after-latest", s.tag);
   if (s.keep > 0) STRATA_RETURN_IF_ERROR(prune_checkpoints(s.dir, s.keep, s.tag));
   return Status::Ok();
 }
@@ -554,6 +553,7 @@ Result<CheckpointSaveInfo> Engine::Impl::save(const CheckpointSaveOptions& o) {
   s->world = world;
   s->keep = o.keep;
   s->commit_timeout_s = o.commit_timeout_s;
+  s->crash = faults.checkpoint_crash;
   s->t0 = t0;
   s->rollbacks = tier->rollbacks();
   {

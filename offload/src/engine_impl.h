@@ -43,6 +43,7 @@
 #include "strata/offload/device_adam.h"
 #include "strata/offload/engine.h"
 #include "strata/offload/nvme_state_tier.h"
+#include "strata/offload/testing/engine_faults.h"
 
 namespace strata::offload {
 namespace engine_detail {
@@ -121,6 +122,7 @@ using namespace engine_detail;
 
 struct Engine::Impl {
   EngineOptions opt;
+  testing::EngineFaults faults;  // none unless created through the testing seam (engine_seam.h)
   ModelRunner* runner = nullptr;  // null: a caller drives (Note [Driving the engine])
   const LayeredModel& model;
   Device& device;
@@ -292,7 +294,7 @@ struct Engine::Impl {
   std::shared_ptr<std::atomic<int64_t>> update_ns;
   StateTierIoStats io_before;  // the tier's counters at the start of the step
   std::array<std::byte, 4> fault_bytes{};  // the injected gradient value, in the gradient dtype
-  bool fault_gather_fired = false;          // EngineOptions::fault_gather_step fires once
+  bool fault_gather_fired = false;          // testing::GatherFault fires once
 
   Impl(const EngineOptions& o, ModelRunner* r, const LayeredModel& m, Device& d, comm::Communicator& c)
       : opt(o), runner(r), model(m), device(d), comm(c) {}

@@ -189,10 +189,10 @@ Status Engine::Impl::queue_gather(size_t li, std::vector<Completion>& queued) {
   } else {
     STRATA_RETURN_IF_ERROR(comm.wait(l.shard_ready, comm::CommQueue::kGather));
   }
-  if (opt.fault_gather_step == steps_begun && opt.fault_rank == rank && opt.fault_gather_layer == li &&
-      !fault_gather_fired) {
+  if (faults.gather && faults.gather->step == steps_begun && faults.gather->rank == rank &&
+      faults.gather->layer == li && !fault_gather_fired) {
     fault_gather_fired = true;
-    return Internal("injected gather failure (EngineOptions::fault_gather_step)");
+    return Internal("injected gather failure (testing::GatherFault)");
   }
   Completion last;
   for (const SubGroup& g : lp.groups) {
@@ -341,8 +341,9 @@ Status Engine::Impl::launch_reduction(size_t li) {
   std::byte* full = l.full_grads.as<std::byte>();
   const size_t e = ge();
   Completion local = l.grad_done;
-  if (opt.fault_step == steps_begun && opt.fault_rank == rank && opt.fault_layer == li) {
-    const float v = opt.fault_value;
+  if (faults.gradient && faults.gradient->step == steps_begun && faults.gradient->rank == rank &&
+      faults.gradient->layer == li) {
+    const float v = faults.gradient->value;
     if (opt.grad_dtype == DType::kF32) std::memcpy(fault_bytes.data(), &v, 4);
     if (opt.grad_dtype == DType::kBF16) convert_fp32_to_bf16(&v, reinterpret_cast<bfloat16*>(fault_bytes.data()), 1);
     if (opt.grad_dtype == DType::kF16) convert_fp32_to_fp16(&v, reinterpret_cast<float16*>(fault_bytes.data()), 1);

@@ -259,7 +259,7 @@ Status Engine::Impl::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimizer& 
   // the parameters are re-derived.
   const bool in_place = !t.versioned();
   Status copy_failed;
-  const PieceJob* last_stepped = nullptr;  // EngineOptions::fault_update_step fails after it
+  const PieceJob* last_stepped = nullptr;  // testing::UpdateFault fails after it
   for (const PieceJob& j : jobs)
     if (j.count != 0) last_stepped = &j;
   auto torn = [&](Status error) {
@@ -325,9 +325,9 @@ Status Engine::Impl::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimizer& 
         Status copied = update_stream->synchronize();
         if (!copied.ok() && copy_status.ok()) copy_status = copied;
       }
-      if (rep.ok() && opt.fault_update_step == args.step && opt.fault_rank == rank &&
-          opt.fault_update_layer == j.id.layer && &t == tier.get() && &j == last_stepped && &run == &j.runs.back())
-        rep = Internal("injected kernel failure (EngineOptions::fault_update_step)");
+      if (rep.ok() && faults.update && faults.update->step == args.step && faults.update->rank == rank &&
+          faults.update->layer == j.id.layer && &t == tier.get() && &j == last_stepped && &run == &j.runs.back())
+        rep = Internal("injected kernel failure (testing::UpdateFault)");
       if (!rep.ok())
         return torn(fail(rep.status().with_context(fmt::format("optimizer step of {}", part.describe(j.id)))));
       if (!copy_status.ok()) {

@@ -11,6 +11,14 @@ test -f "$work/prefix/lib/cmake/Strata/StrataConfig.cmake"
 test -f "$work/prefix/include/strata/core/status.h"
 test -x "$work/prefix/bin/strata"
 "$work/prefix/bin/strata" --version
+# The testing seam (Note [Testing seam]: strata_offload_testing, its headers,
+# the strata-testing binary) is not installed.
+for leak in "$work/prefix/bin/strata-testing" "$work/prefix/include/strata/offload/testing"; do
+  if test -e "$leak"; then echo "FAIL: $leak was installed"; exit 1; fi
+done
+if find "$work/prefix" -name '*strata_offload_testing*' | grep -q .; then
+  echo "FAIL: strata_offload_testing was installed"; exit 1
+fi
 # The plotting script of `strata bench offload --plot` is installed, and the
 # installed strata finds it there (before the source tree): with matplotlib
 # hidden, the error names the script it would have run, before any row runs.

@@ -1,6 +1,7 @@
 #!/bin/sh
-# train_retry_saves.sh STRATA NVME_DIR CKPT_DIR: a run saving every step whose
-# step 2 update loses one NVMe write (STRATA_FAULTS, set by the test) is
+# train_retry_saves.sh STRATA_TESTING NVME_DIR CKPT_DIR: a run saving every step
+# whose step 2 update loses one NVMe write (STRATA_FAULTS, set by the test and
+# read by the test-only strata-testing binary) is
 # rolled back and repeated (--step-retries 1); it must end with the losses of
 # a fault-free run, leave a verifiable last checkpoint and no .tmp-* folder
 # (the failed save's attempt is replaced when the tag is saved again).

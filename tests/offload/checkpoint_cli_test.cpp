@@ -1,8 +1,10 @@
 // Checkpoints through the binary: `strata train --save-dir/--resume` and
 // `strata checkpoint inspect|verify|export`.
-//  - kill -9 at every point of a save's commit (STRATA_CHECKPOINT_CRASH_AT):
-//    `latest` still names a complete checkpoint, no half-written tag is
-//    visible, and --resume continues with the losses of the straight run;
+//  - kill -9 at every point of a save's commit (STRATA_CHECKPOINT_CRASH_AT,
+//    read only by the test-only strata-testing binary): `latest` still names
+//    a complete checkpoint, no half-written tag is visible, and --resume
+//    (with the release `strata`) continues with the losses of the straight
+//    run; the release `strata` ignores the variable;
 //  - a synchronous save gives the same losses, the step log says how long
 //    each save blocked;
 //  - bad flags, a damaged shard, a changed seed: clear refusals.
@@ -31,8 +33,10 @@ struct CliRun {
   bool killed = false;
 };
 
-CliRun run(const std::string& args, const std::string& env = "") {
-  const std::string cmd = env + " " + std::string(STRATA_CLI_PATH) + " " + args + " 2>&1";
+// `binary`: the release `strata`, or STRATA_TESTING_CLI_PATH (strata-testing:
+// the same CLI that also reads the test-only fault variables).
+CliRun run(const std::string& args, const std::string& env = "", const char* binary = STRATA_CLI_PATH) {
+  const std::string cmd = env + " " + std::string(binary) + " " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) return {-1, ""};
   std::string out;
@@ -78,7 +82,7 @@ TEST(CheckpointCli, KillDuringEveryCommitStepLeavesALoadableLatest) {
     const fs::path dir = work / point;
     // Killed while committing the second save (step 4); the first (step 2) is complete.
     const CliRun k = run(kTrain + "--steps 6 --save-every 2 --save-dir " + dir.string(),
-                         "STRATA_CHECKPOINT_CRASH_AT=" + point + "@global_step4");
+                         "STRATA_CHECKPOINT_CRASH_AT=" + point + "@global_step4", STRATA_TESTING_CLI_PATH);
     ASSERT_TRUE(k.killed) << point << ": rc " << k.rc << "\n" << k.out;
     const bool committed = std::string(point) == "after-latest";
     std::ifstream latest(dir / "latest");
@@ -117,6 +121,22 @@ TEST(CheckpointCli, KillDuringEveryCommitStepLeavesALoadableLatest) {
       EXPECT_EQ(loss, straight.at(step)) << point << " step " << step;
     }
   }
+}
+
+// The crash point is a test hook of strata-testing only: the installed
+// `strata` does not read the variable (an unknown variable, ignored like any
+// other), so the same run completes and commits every save.
+TEST(CheckpointCli, ReleaseBinaryIgnoresTheCrashVariable) {
+  const fs::path dir = fresh("release") / "ck";
+  const CliRun r = run(kTrain + "--steps 4 --save-every 2 --save-dir " + dir.string(),
+                       "STRATA_CHECKPOINT_CRASH_AT=after-rank-files");
+  ASSERT_FALSE(r.killed) << r.out;
+  ASSERT_EQ(r.rc, 0) << r.out;
+  std::ifstream latest(dir / "latest");
+  std::string tag;
+  latest >> tag;
+  EXPECT_EQ(tag, "global_step4");
+  EXPECT_EQ(run("checkpoint verify " + dir.string()).rc, 0);
 }
 
 TEST(CheckpointCli, CleanKeepsSavesOfRunningProcessesAndNeverFollowsLinks) {

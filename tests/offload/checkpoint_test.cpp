@@ -106,9 +106,7 @@ TEST(CheckpointResume, Fp16LossScaleStateContinues) {
   base.opt.grad_dtype = DType::kF16;
   base.opt.fp16.enabled = true;
   base.opt.fp16.hysteresis = 2;
-  base.opt.fault_step = 2;
-  base.opt.fault_rank = 1;
-  base.opt.fault_value = std::numeric_limits<float>::infinity();
+  base.faults.gradient = testing::GradientFault{.step = 2, .rank = 1, .value = std::numeric_limits<float>::infinity()};
   base.opt.stage = 2;
   base.opt.offload_optimizer = OffloadDevice::kCpu;
   const fs::path dir = fresh_dir("fp16");

@@ -21,6 +21,7 @@
 #include "strata/nvme/fault_injection.h"
 #include "strata/nvme/io_engine.h"
 #include "strata/offload/engine.h"
+#include "strata/offload/testing/engine_seam.h"
 
 namespace strata::offload {
 namespace {
@@ -90,7 +91,10 @@ struct TrainRun {
   // leaves the group, as a crashed rank would.
   int fail_rank = -1;
   int fail_step = 0;
-  // Per-rank NVMe I/O engine for the optimizer state (test hook), or null.
+  // Faults every rank's engine is created with (the testing seam); the I/O
+  // engines of the two hooks below go into its optimizer_io and param_io.
+  testing::EngineFaults faults;
+  // Per-rank NVMe I/O engine for the optimizer state, or null.
   std::function<nvme::IoEngine*(int rank)> engine_for_rank;
   // The same for the stage-3 parameter shards on NVMe.
   std::function<nvme::IoEngine*(int rank)> param_engine_for_rank;
@@ -135,10 +139,10 @@ Outcome train(const TrainRun& run) {
                                                                       run.global_batch / run.world, run.seq_len));
         STRATA_ASSIGN_OR_RETURN(auto runner, model::GptRunner::create(*gpt, *exec, corpus(), 1234, 2,
                                                                       model::RankSlice{r, run.world}));
-        EngineOptions opt = run.opt;
-        if (run.engine_for_rank) opt.nvme.io_engine = run.engine_for_rank(r);
-        if (run.param_engine_for_rank) opt.nvme_param.io_engine = run.param_engine_for_rank(r);
-        STRATA_ASSIGN_OR_RETURN(auto engine, Engine::create(opt, *runner, *device, *comms[r]));
+        testing::EngineFaults faults = run.faults;
+        if (run.engine_for_rank) faults.optimizer_io = run.engine_for_rank(r);
+        if (run.param_engine_for_rank) faults.param_io = run.param_engine_for_rank(r);
+        STRATA_ASSIGN_OR_RETURN(auto engine, testing::create_engine(run.opt, *runner, *device, *comms[r], faults));
         if (run.on_start) STRATA_RETURN_IF_ERROR(run.on_start(*engine, r));
         const int64_t first = engine->steps_begun();
         int retries = run.retries;

@@ -97,10 +97,8 @@ TEST(EngineFp16, OverflowOnOneRankSkipsTheStepEverywhereAndChangesNothing) {
   r.opt.offload_optimizer = OffloadDevice::kCpu;
   r.opt.fp16.enabled = true;
   r.opt.fp16.hysteresis = 1;
-  r.opt.fault_step = 4;
-  r.opt.fault_rank = 1;
-  r.opt.fault_layer = 1;
-  r.opt.fault_value = std::numeric_limits<float>::infinity();
+  r.faults.gradient = testing::GradientFault{.step = 4, .rank = 1, .layer = 1,
+                                             .value = std::numeric_limits<float>::infinity()};
   using K = Engine::StateKind;
   std::mutex mu;
   std::map<int64_t, std::vector<std::vector<float>>> snapshots;  // rank 0, per step
@@ -135,9 +133,7 @@ TEST(EngineFp32, NonFiniteGradientStopsWithTheStepNumber) {
   r.world = 2;
   r.steps = 5;
   r.opt.stage = 1;
-  r.opt.fault_step = 3;
-  r.opt.fault_rank = 0;
-  r.opt.fault_value = std::numeric_limits<float>::quiet_NaN();
+  r.faults.gradient = testing::GradientFault{.step = 3, .rank = 0, .value = std::numeric_limits<float>::quiet_NaN()};
   const Outcome o = train(r);
   ASSERT_FALSE(o.status.ok());
   EXPECT_EQ(o.status.code(), StatusCode::kDataLoss);

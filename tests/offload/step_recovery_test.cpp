@@ -171,9 +171,7 @@ TEST(StepRecovery, AnInPlaceUpdateFailingPartWayStopsTheEngine) {
                              Placement{3, D::kCpu, D::kCpu, true, 4096}}) {
     SCOPED_TRACE(p.name());
     TrainRun run = base_run(p, 2);
-    run.opt.fault_update_step = 3;
-    run.opt.fault_update_layer = 1;
-    run.opt.fault_rank = 1;
+    run.faults.update = testing::UpdateFault{3, 1, 1};
     run.retries = 1;
     const Outcome o = train(run);
     ASSERT_FALSE(o.status.ok()) << "the run went on after a torn update";
@@ -191,8 +189,7 @@ TEST(StepRecovery, AnInPlaceUpdateFailureNamesTheLayerAndPiece) {
   // The rank where the kernel failed says which piece, where it lives and why.
   const Placement p{1, D::kCpu, D::kNone};
   TrainRun run = base_run(p, 1);
-  run.opt.fault_update_step = 2;
-  run.opt.fault_update_layer = 2;
+  run.faults.update = testing::UpdateFault{2, 0, 2};
   run.retries = 1;
   const Outcome o = train(run);
   ASSERT_FALSE(o.status.ok());
@@ -221,8 +218,7 @@ TEST(StepRecovery, AFailedPrefetchSurfacesAtTheLayersAcquire) {
   for (const auto& [p, world] : cases) {
     SCOPED_TRACE(fmt::format("{} world {}", p.name(), world));
     TrainRun run = base_run(p, world);
-    run.opt.fault_gather_step = 2;
-    run.opt.fault_gather_layer = 2;
+    run.faults.gather = testing::GatherFault{2, 0, 2};
     const Outcome o = train(run);
     ASSERT_FALSE(o.status.ok()) << "a failed prefetch was swallowed";
     const std::string msg = o.status.to_string();

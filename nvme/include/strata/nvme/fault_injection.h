@@ -42,8 +42,9 @@ struct FaultPlan {
   int64_t max_hard_errors = -1;
 };
 
-// A plan from text, for the STRATA_FAULTS environment variable of `strata
-// train` (docs/engine.md "Errors"): comma-separated key=value, e.g.
+// A plan from text, for the STRATA_FAULTS environment variable of
+// `strata-testing train` (the test-only build of the CLI; docs/engine.md
+// "Errors"): comma-separated key=value, e.g.
 // "eio=1,reads=0,after=20,count=1" (one EIO on the 21st write piece).
 // Keys: eio, enospc, transient, short, torn, corrupt (probabilities 0..1),
 // reads, writes (0 or 1), after (clean pieces), count (hard errors and hangs

@@ -147,11 +147,12 @@
 #include "strata/offload/partition.h"
 #include "strata/offload/state_placement.h"
 
-namespace strata::nvme {
-class IoEngine;
-}
-
 namespace strata::offload {
+
+namespace testing {
+class EngineSeam;     // strata/offload/testing/engine_seam.h (tests only, not installed)
+struct EngineFaults;
+}  // namespace testing
 
 struct EngineOptions {
   int stage = 0;
@@ -185,9 +186,6 @@ struct EngineOptions {
     bool pipeline_write = false;  // offload_optimizer.pipeline_write
     bool verify_checksums = true; // strata.verify_checksums
     AioConfig aio;                // the aio section
-    // Test hook: do the optimizer state's I/O through this engine (e.g. a
-    // fault-injecting one; must outlive the engine) instead of one from `aio`.
-    nvme::IoEngine* io_engine = nullptr;
   } nvme;
   // offload_param.device nvme (stage 3): shards of layers beyond the first
   // max_in_cpu elements live on NVMe and are read through buffer_count slots.
@@ -196,8 +194,6 @@ struct EngineOptions {
     int64_t buffer_count = 5;            // offload_param.buffer_count
     int64_t buffer_size = 100'000'000;   // offload_param.buffer_size: elements per slot, >= the largest shard
     int64_t max_in_cpu = 1'000'000'000;  // offload_param.max_in_cpu: shard elements kept in pinned host memory
-    // Test hook: the shards' I/O through this engine (must outlive the engine).
-    nvme::IoEngine* io_engine = nullptr;
   } nvme_param;
   // This rank's share of strata.host_memory_budget (strata train gives each
   // of its --ranks an equal share); 0: unlimited. It bounds the engine's
@@ -218,24 +214,9 @@ struct EngineOptions {
   // waits]); one that expires stops the engine with an error naming what it
   // waited for. 0.001 .. 604800.
   double wait_timeout_s = 600;
-  // Test hook: overwrite element 0 of layer `fault_layer`'s local gradient
-  // with `fault_value` on rank `fault_rank` in step() call `fault_step`
-  // (1-based; 0: never), before it is reduced. Inf/NaN model an overflow.
-  int64_t fault_step = 0;
-  int fault_rank = 0;
-  size_t fault_layer = 0;
-  float fault_value = 0;
-  // Test hook: the optimizer step of layer `fault_update_layer` on rank
-  // `fault_rank` fails in optimizer step `fault_update_step` (1-based; 0:
-  // never) after the kernel wrote the layer's last piece, as a kernel that
-  // fails half-way (host-stepped state only).
-  int64_t fault_update_step = 0;
-  size_t fault_update_layer = 0;
-  // Test hook: the first stage-3 gather of layer `fault_gather_layer` on rank
-  // `fault_rank` in step() call `fault_gather_step` (1-based; 0: never) fails
-  // after its buffer was allocated and its shard's copies were queued.
-  int64_t fault_gather_step = 0;
-  size_t fault_gather_layer = 0;
+  // Faults for tests (a poisoned gradient, a failing update or gather,
+  // fault-injecting NVMe I/O, a crash during a checkpoint's commit) are not
+  // options: Note [Testing seam].
 };
 
 // The engine options a DeepSpeed config asks for. Fails (naming the key and
@@ -475,8 +456,16 @@ class Engine final : public ParameterProvider {
   std::string describe() const;
 
  private:
+  // Creates engines with injected faults (Note [Testing seam] in
+  // strata/offload/testing/engine_seam.h; not part of the installed API).
+  friend class testing::EngineSeam;
   struct Impl;
   explicit Engine(std::unique_ptr<Impl> impl);
+  // Both create()s, and EngineSeam's with `faults` (null: none).
+  static Result<std::unique_ptr<Engine>> create_with_faults(const EngineOptions& options, ModelRunner* runner,
+                                                            const LayeredModel& model, Device& device,
+                                                            comm::Communicator& comm, Stream* model_stream,
+                                                            const testing::EngineFaults* faults);
   std::unique_ptr<Impl> impl_;
 };
 
