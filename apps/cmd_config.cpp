@@ -2,7 +2,7 @@
 //
 //   strata config check ds_config.json [--world-size 8] [--hidden-size 4096]
 //   strata config show ds_config.json [--world-size 8]
-//   strata config defaults [--markdown]
+//   strata config defaults [--markdown | --deepspeed-keys]
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -12,6 +12,7 @@
 #include "command.h"
 #include "strata/core/config.h"
 #include "strata/core/config_schema.h"
+#include "strata/core/deepspeed_keys.h"
 
 namespace strata::cli {
 namespace {
@@ -23,6 +24,7 @@ struct ConfigCommandOptions {
   bool strict_auto = false;
   bool quiet = false;
   bool markdown = false;
+  bool deepspeed_keys = false;
 };
 
 ConfigOptions to_config_options(const ConfigCommandOptions& opts) {
@@ -75,7 +77,9 @@ int run_show(const ConfigCommandOptions& opts) {
 }
 
 int run_defaults(const ConfigCommandOptions& opts) {
-  if (opts.markdown) {
+  if (opts.deepspeed_keys) {
+    fmt::print("{}", deepspeed_keys_markdown());
+  } else if (opts.markdown) {
     fmt::print("{}", config_keys_markdown());
   } else {
     fmt::print("{}\n", config_defaults_json().dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
@@ -108,6 +112,8 @@ CommandRegistration config_command("config", [](CLI::App& root) {
   auto defaults_opts = std::make_shared<ConfigCommandOptions>();
   CLI::App* defaults = group->add_subcommand("defaults", "Print every key's default (JSON), or the reference (--markdown)");
   defaults->add_flag("--markdown", defaults_opts->markdown, "Print docs/config.md: every key, type, default, range, meaning");
+  defaults->add_flag("--deepspeed-keys", defaults_opts->deepspeed_keys,
+                     "Print docs/deepspeed-keys.md: every DeepSpeed key and what Strata does with it");
   defaults->callback([defaults_opts] { exit_with(run_defaults(*defaults_opts)); });
 });
 

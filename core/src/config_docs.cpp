@@ -136,7 +136,12 @@ std::string config_keys_markdown() {
         "- DeepSpeed mechanisms Strata does not have are accepted with a warning that says why they have no\n"
         "  effect: `allgather_bucket_size` and `stage3_model_persistence_threshold` whenever given,\n"
         "  `reduce_scatter: false`, `round_robin_gradients: true`.\n"
-        "- Duplicate keys in one object are an error.\n";
+        "- Duplicate keys in one object are an error.\n"
+        "- `reduce_bucket_size: 0` is DeepSpeed's \"each gradient reduced on its own\": Strata's bucket is never\n"
+        "  smaller than one layer, so 0 (like 1) reduces each layer's gradients on their own.\n"
+        "- Every other key of DeepSpeed's config is known too: [deepspeed-keys.md](deepspeed-keys.md) lists them\n"
+        "  with what Strata does (a warning when it has no effect, an error when it turns on a feature that\n"
+        "  changes what training computes).\n";
   return md;
 }
 

@@ -14,6 +14,7 @@
 
 #include "strata/core/config.h"
 #include "strata/core/config_schema.h"
+#include "strata/core/deepspeed_keys.h"
 
 namespace strata {
 
@@ -47,6 +48,22 @@ struct Checker {
   bool check_number_range(const ConfigKey& key, double x, const std::string& path, const nlohmann::ordered_json& value);
   void unknown_key(std::string_view parent, std::string_view name, const std::string& path);
   void apply(Config& config) const;
+
+  // DeepSpeed keys that Strata's table lacks (config_deepspeed.cpp): the
+  // features a file uses, in file order, and where each is switched on.
+  struct DeepSpeedUse {
+    const DeepSpeedFeature* feature = nullptr;
+    std::string first;  // the first key of the feature, as written
+    std::vector<std::pair<std::string, const DeepSpeedKey*>> on;
+  };
+  std::vector<DeepSpeedUse> deepspeed_uses;
+  // True when parent.name is a DeepSpeed key (not in Strata's table): walked
+  // against DeepSpeed's names and recorded for report_deepspeed().
+  bool deepspeed_key(std::string_view parent, std::string_view name, const nlohmann::ordered_json& value,
+                     const std::string& written);
+  void walk_deepspeed(const DeepSpeedKey& key, const nlohmann::ordered_json& value, const std::string& written);
+  // One warning per feature without effect, one error per feature switched on.
+  void report_deepspeed();
 
   const nlohmann::ordered_json* given(std::string_view canonical) const;
   bool is_auto(std::string_view canonical) const;

@@ -435,6 +435,13 @@ void Checker::unknown_key(std::string_view parent, std::string_view name, const 
       }
     }
   }
+  // DeepSpeed's names there that Strata's table lacks ("compresion_training").
+  for (const DeepSpeedKey& k : deepspeed_keys()) {
+    const size_t dot = k.path.rfind('.');
+    const std::string_view k_parent = dot == std::string_view::npos ? std::string_view{} : k.path.substr(0, dot);
+    const std::string_view k_name = dot == std::string_view::npos ? k.path : k.path.substr(dot + 1);
+    if (k_parent == parent && k.feature != "strata") siblings.emplace_back(k_name);
+  }
   std::string hint;
   // Edit distances are quadratic: a key far longer than any known key has no
   // near neighbour, so skip the search (a 1 MB key took 45 s before).
@@ -460,7 +467,7 @@ void Checker::walk(const ordered_json& object, const std::string& parent, const 
     const std::string written = join_path(written_parent, name);
     Lookup found = find_child(parent, name);
     if (found.key == nullptr) {
-      unknown_key(parent, name, written);
+      if (!deepspeed_key(parent, name, value, written)) unknown_key(parent, name, written);
       continue;
     }
     const ConfigKey& k = *found.key;
@@ -598,6 +605,7 @@ ConfigCheck check_config_ordered(const ordered_json& document, const ConfigOptio
     return check;
   }
   checker.walk(document, "", "");
+  checker.report_deepspeed();
   checker.apply(check.config);
   config_detail::resolve(checker, check.config);
   for (const ConfigIssue& issue : checker.issues) {

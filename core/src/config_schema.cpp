@@ -99,14 +99,16 @@ std::vector<ConfigKey> build_table() {
           "reduce-scatters (each piece summed in rank order, which keeps the losses identical at every stage): "
           "false has no effect (a warning).")
           .bind(STRATA_BIND(zero_optimization.reduce_scatter)));
-  add(Key("zero_optimization.reduce_bucket_size", I, "500000000", "Elements reduced at once (gradient bucket).")
-          .range(1, kInf).flag(kKeyAuto).bind(STRATA_BIND(zero_optimization.reduce_bucket_size)));
+  add(Key("zero_optimization.reduce_bucket_size", I, "500000000",
+          "Elements of gradients waiting for their reduction (gradient bucket). Never below one layer: 0 (in DeepSpeed, "
+          "each gradient reduced on its own) reduces each layer's gradients on their own.")
+          .range(0, kInf).flag(kKeyAuto).bind(STRATA_BIND(zero_optimization.reduce_bucket_size)));
   add(Key("zero_optimization.allgather_partitions", B, "true", "All-gather updated parameters per partition (stages 1-2).")
           .bind(STRATA_BIND(zero_optimization.allgather_partitions)));
   add(Key("zero_optimization.allgather_bucket_size", I, "500000000",
           "DeepSpeed: elements all-gathered at once. No effect in Strata (a warning when set): each sub-group is "
           "all-gathered as one collective, so sub_group_size sets how much one all-gather moves.")
-          .range(1, kInf).bind(STRATA_BIND(zero_optimization.allgather_bucket_size)));
+          .range(0, kInf).bind(STRATA_BIND(zero_optimization.allgather_bucket_size)));
   add(Key("zero_optimization.overlap_comm", B, "null", "Overlap gradient reduction with backward (uses two reduce buckets).")
           .flag(kKeyNullable).note("true at stage 3, false below").bind(STRATA_BIND(zero_optimization.overlap_comm)));
   add(Key("zero_optimization.round_robin_gradients", B, "false",

@@ -1,3 +1,5 @@
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "strata/cpu_adam/hyper_params.h"
@@ -39,7 +41,9 @@ Result<EngineOptions> engine_options_from_config(const Config& cfg) {
   }
   o.ratio = z.offload_optimizer.ratio;
   o.sub_group_size = z.sub_group_size;
-  o.reduce_bucket_size = z.reduce_bucket_size;
+  // DeepSpeed's 0 (each gradient reduced on its own) is the engine's 1: the
+  // cap is never below one layer, so each layer is reduced on its own.
+  o.reduce_bucket_size = std::max<int64_t>(z.reduce_bucket_size, 1);
   o.prefetch_bucket_size = z.stage3_prefetch_bucket_size;
   o.max_live_parameters = z.stage3_max_live_parameters;
   o.max_reuse_distance = z.stage3_max_reuse_distance;
