@@ -160,11 +160,11 @@ Status Engine::Impl::make_nvme_tier() {
   uint64_t largest = 0, total = 0;
   for (size_t li = 0; li < part.layer_count(); ++li) {
     if (placement.layers[li].frozen) continue;  // no optimizer state
-    const LayerPartition& lp = part.layer(li);
+    const LayerPartition& layer_part = part.layer(li);
     const bool master = true;  // the host optimizer keeps fp32 master weights for every dtype
-    for (const SubGroup& g : lp.groups)
+    for (const SubGroup& g : layer_part.groups)
       for (int r = owned_rank_begin(); r < owned_rank_end(); ++r) {
-        const uint64_t b = nvme_piece_bytes(lp.piece_real(g, r), master, opt.moment_dtype);
+        const uint64_t b = nvme_piece_bytes(layer_part.piece_real(g, r), master, opt.moment_dtype);
         largest = std::max(largest, b);
         total += b;
       }
@@ -199,13 +199,13 @@ Status Engine::Impl::make_param_swap() {
   for (size_t li = 0; li < part.layer_count(); ++li) {
     const LayerPlacement& where = placement.layers[li];
     if (!where.shard_on_nvme()) continue;
-    const LayerPartition& lp = part.layer(li);
-    const uint64_t bytes = lp.shard_elements * where.param_element_bytes;
+    const LayerPartition& layer_part = part.layer(li);
+    const uint64_t bytes = layer_part.shard_elements * where.param_element_bytes;
     capacity += bytes;
     if (bytes > largest) {
       largest = bytes;
-      largest_elements = lp.shard_elements;
-      largest_name = fmt::format("layer {} '{}'", li, printable(lp.name, 64));
+      largest_elements = layer_part.shard_elements;
+      largest_name = fmt::format("layer {} '{}'", li, printable(layer_part.name, 64));
     }
   }
   if (capacity == 0) return Status::Ok();  // everything fits max_in_cpu: no NVMe I/O at all
@@ -231,11 +231,11 @@ Status Engine::Impl::make_param_swap() {
 
 Status Engine::Impl::init_layer(size_t li) {
   const LayerSpec& spec = model.layers()[li];
-  const LayerPartition& lp = part.layer(li);
+  const LayerPartition& layer_part = part.layer(li);
   Layer& l = layers[li];
   const LayerPlacement& where = placement.layers[li];
-  l.pd = where.param_dtype;
-  l.pe = where.param_element_bytes;
+  l.param_dtype = where.param_dtype;
+  l.element_bytes = where.param_element_bytes;
   l.persistent = where.persistent();
   l.frozen = where.frozen;
   l.on_nvme = where.shard_on_nvme();
@@ -252,16 +252,16 @@ Status Engine::Impl::init_layer(size_t li) {
   }
 
   // Initial values: the model's, rounded to the declared dtype, and fp32 for masters.
-  std::vector<std::byte> init(lp.padded_elements * l.pe, std::byte{0});
+  std::vector<std::byte> init(layer_part.padded_elements * l.element_bytes, std::byte{0});
   STRATA_RETURN_IF_ERROR(model.init_layer(li, std::span<std::byte>(init.data(), spec.param_bytes)));
   std::vector<float> init32;
   if (where.master) {
-    init32.assign(lp.padded_elements, 0.0f);
+    init32.assign(layer_part.padded_elements, 0.0f);
     STRATA_RETURN_IF_ERROR(model.init_layer_fp32(li, std::span<float>(init32.data(), spec.param_count)));
   }
   const std::string lname = fmt::format("layer {} '{}'", li, printable(spec.name, 64));
   if (l.persistent) {
-    STRATA_ASSIGN_OR_RETURN(l.full_params, alloc_device(lp.padded_elements * l.pe, "parameters of " + lname));
+    STRATA_ASSIGN_OR_RETURN(l.full_params, alloc_device(layer_part.padded_elements * l.element_bytes, "parameters of " + lname));
     STRATA_RETURN_IF_ERROR(device.copy(l.full_params.data(), init.data(), init.size(), CopyKind::kHostToDevice));
   } else {
     const std::vector<std::byte> shard = own_shard(li, init.data());
@@ -280,40 +280,40 @@ Status Engine::Impl::init_layer(size_t li) {
   // A frozen layer has its parameters and nothing else.
   if (l.frozen) return Status::Ok();
   if (where.gradients == GradientBuffer::kPersistent) {
-    STRATA_ASSIGN_OR_RETURN(l.full_grads, alloc_device(lp.padded_elements * ge(), "gradients of " + lname));
-    STRATA_RETURN_IF_ERROR(device.memset(l.full_grads.data(), 0, lp.padded_elements * ge()));
+    STRATA_ASSIGN_OR_RETURN(l.full_grads, alloc_device(layer_part.padded_elements * grad_bytes(), "gradients of " + lname));
+    STRATA_RETURN_IF_ERROR(device.memset(l.full_grads.data(), 0, layer_part.padded_elements * grad_bytes()));
   }
-  const size_t owned = owned_elements(lp);
+  const size_t owned = owned_elements(layer_part);
   if (where.pinned_gradient_shard) {
     STRATA_ASSIGN_OR_RETURN(l.opt_grads_host,
-                            HostBuffer::create(device, stats, owned * ge(), "gradient shard of " + lname));
+                            HostBuffer::create(device, stats, owned * grad_bytes(), "gradient shard of " + lname));
   }
   if (where.pinned_staging) {
     STRATA_ASSIGN_OR_RETURN(l.staging,
-                            HostBuffer::create(device, stats, owned * l.pe, "parameter staging of " + lname));
+                            HostBuffer::create(device, stats, owned * l.element_bytes, "parameter staging of " + lname));
   }
   if (where.device_gradient_shard) {
-    STRATA_ASSIGN_OR_RETURN(l.opt_grads_dev, alloc_device(owned * ge(), "gradient shard of " + lname));
+    STRATA_ASSIGN_OR_RETURN(l.opt_grads_dev, alloc_device(owned * grad_bytes(), "gradient shard of " + lname));
   }
   if (where.norm_gradient_copy) {
-    const size_t n = grads_in_place() ? lp.padded_elements : owned;
+    const size_t n = grads_in_place() ? layer_part.padded_elements : owned;
     STRATA_ASSIGN_OR_RETURN(l.norm_grads,
-                            HostBuffer::create(device, stats, n * ge(), "gradient copy for the norm of " + lname));
+                            HostBuffer::create(device, stats, n * grad_bytes(), "gradient copy for the norm of " + lname));
   }
   // Optimizer state of every owned piece.
-  for (size_t gi = 0; gi < lp.groups.size(); ++gi) {
-    const SubGroup& g = lp.groups[gi];
+  for (size_t gi = 0; gi < layer_part.groups.size(); ++gi) {
+    const SubGroup& g = layer_part.groups[gi];
     for (int r = owned_rank_begin(); r < owned_rank_end(); ++r) {
-      const size_t count = lp.piece_real(g, r), host = host_n(count);
+      const size_t count = layer_part.piece_real(g, r), host = host_n(count);
       const StateId id{static_cast<uint32_t>(li), static_cast<uint32_t>(gi), r};
       std::span<const float> master;
-      if (where.master) master = std::span<const float>(init32.data() + lp.piece_begin(g, r), host);
+      if (where.master) master = std::span<const float>(init32.data() + layer_part.piece_begin(g, r), host);
       STRATA_RETURN_IF_ERROR(tier->add(id, state_name(li, gi, r), host, master));
       if (split()) {
         // The device part: fp32 parameters are their own master there.
         std::span<const float> dev_master;
-        if (l.pd != DType::kF32)
-          dev_master = std::span<const float>(init32.data() + lp.piece_begin(g, r) + host, count - host);
+        if (l.param_dtype != DType::kF32)
+          dev_master = std::span<const float>(init32.data() + layer_part.piece_begin(g, r) + host, count - host);
         STRATA_RETURN_IF_ERROR(dev_tier->add(id, state_name(li, gi, r) + " (device part)", count - host, dev_master));
       }
     }
@@ -324,25 +324,25 @@ Status Engine::Impl::init_layer(size_t li) {
 
 std::vector<std::byte> Engine::Impl::own_shard(size_t li, const std::byte* padded) const {
   const Layer& l = layers[li];
-  const LayerPartition& lp = part.layer(li);
-  std::vector<std::byte> shard(lp.shard_elements * l.pe, std::byte{0});
-  for (const SubGroup& g : lp.groups)
-    std::memcpy(shard.data() + g.shard_offset * l.pe, padded + lp.piece_begin(g, rank) * l.pe, g.piece * l.pe);
+  const LayerPartition& layer_part = part.layer(li);
+  std::vector<std::byte> shard(layer_part.shard_elements * l.element_bytes, std::byte{0});
+  for (const SubGroup& g : layer_part.groups)
+    std::memcpy(shard.data() + g.shard_offset * l.element_bytes, padded + layer_part.piece_begin(g, rank) * l.element_bytes, g.piece * l.element_bytes);
   return shard;
 }
 
 Result<Completion> Engine::Impl::gather_persistent(size_t li) {
   Layer& l = layers[li];
-  const LayerPartition& lp = part.layer(li);
+  const LayerPartition& layer_part = part.layer(li);
   std::byte* full = l.full_params.as<std::byte>();
   Completion last;
-  for (const SubGroup& g : lp.groups) {
-    STRATA_ASSIGN_OR_RETURN(comm::CommWork w, comm.all_gather(full + lp.piece_begin(g, rank) * l.pe,
-                                                              full + g.padded_begin * l.pe, g.piece, l.pd,
+  for (const SubGroup& g : layer_part.groups) {
+    STRATA_ASSIGN_OR_RETURN(comm::CommWork w, comm.all_gather(full + layer_part.piece_begin(g, rank) * l.element_bytes,
+                                                              full + g.padded_begin * l.element_bytes, g.piece, l.param_dtype,
                                                               comm::CommQueue::kUpdate));
     last = w.completion();
   }
-  gather_bytes += lp.padded_elements * l.pe;
+  gather_bytes += layer_part.padded_elements * l.element_bytes;
   return last;
 }
 
@@ -351,10 +351,10 @@ Result<Completion> Engine::Impl::gather_persistent(size_t li) {
 // start at zero, as for a model that provides its own values.
 Status Engine::Impl::put_initial_layer(size_t li, std::span<const std::byte> params, std::span<const float> fp32) {
   const LayerSpec& spec = model.layers()[li];
-  const LayerPartition& lp = part.layer(li);
+  const LayerPartition& layer_part = part.layer(li);
   Layer& l = layers[li];
   const std::string lname = fmt::format("layer {} '{}'", li, printable(spec.name, 64));
-  std::vector<std::byte> init(lp.padded_elements * l.pe, std::byte{0});
+  std::vector<std::byte> init(layer_part.padded_elements * l.element_bytes, std::byte{0});
   std::memcpy(init.data(), params.data(), spec.param_bytes);
   if (l.persistent) {
     STRATA_RETURN_IF_ERROR(device.copy(l.full_params.data(), init.data(), init.size(), CopyKind::kHostToDevice)
@@ -365,17 +365,17 @@ Status Engine::Impl::put_initial_layer(size_t li, std::span<const std::byte> par
   }
   if (!l.frozen) {
     // The master weights: the fp32 values given, else the parameters widened.
-    std::vector<float> master(lp.padded_elements, 0.0f);
+    std::vector<float> master(layer_part.padded_elements, 0.0f);
     if (!fp32.empty()) std::copy(fp32.begin(), fp32.end(), master.begin());
-    else params_to_fp32(l.pd, params.data(), master.data(), spec.param_count);
+    else params_to_fp32(l.param_dtype, params.data(), master.data(), spec.param_count);
     std::vector<float> zeros;
-    for (size_t gi = 0; gi < lp.groups.size(); ++gi) {
-      const SubGroup& g = lp.groups[gi];
+    for (size_t gi = 0; gi < layer_part.groups.size(); ++gi) {
+      const SubGroup& g = layer_part.groups[gi];
       for (int r = owned_rank_begin(); r < owned_rank_end(); ++r) {
-        const size_t n = lp.piece_real(g, r);
+        const size_t n = layer_part.piece_real(g, r);
         if (n == 0) continue;
         zeros.assign(n, 0.0f);
-        STRATA_RETURN_IF_ERROR(write_piece_state(li, gi, r, master.data() + lp.piece_begin(g, r), zeros.data(),
+        STRATA_RETURN_IF_ERROR(write_piece_state(li, gi, r, master.data() + layer_part.piece_begin(g, r), zeros.data(),
                                                  zeros.data())
                                    .with_context("writing the initial optimizer state of " + lname));
       }
@@ -420,7 +420,7 @@ Engine::~Engine() {
     // param_swap). A layer's shard_ready completes after that continuation,
     // so none is left once every layer's has,
     for (Impl::Layer& l : m.layers) {
-      m.wait_at_teardown(l.update_done, "a layer's update");
+      m.wait_at_teardown(l.update_written, "a layer's update");
       m.wait_at_teardown(l.shard_ready, "a layer's parameter shard write-back");
     }
     // the shard reader (its reads are gated on those write-backs and record
@@ -507,7 +507,7 @@ Status Engine::put_initial_layer(size_t layer_index, std::span<const std::byte> 
   if (params.size() != spec.param_bytes)
     return InvalidArgument(fmt::format("put_initial_layer() of {}: {} bytes given, the layer has {} ({} elements of {})",
                                        lname, params.size(), spec.param_bytes, spec.param_count,
-                                       dtype_name(m.layers[layer_index].pd)));
+                                       dtype_name(m.layers[layer_index].param_dtype)));
   if (!fp32.empty() && fp32.size() != spec.param_count)
     return InvalidArgument(fmt::format("put_initial_layer() of {}: {} fp32 values given, the layer has {} elements",
                                        lname, fp32.size(), spec.param_count));
@@ -635,8 +635,8 @@ uint64_t Engine::model_state_bytes() const {
   for (size_t li = 0; li < m.layers.size(); ++li) {
     const uint64_t n = m.part.layer(li).elements;
     const Impl::Layer& l = m.layers[li];
-    const uint64_t trained = m.ge() + 2 * dtype_size(m.opt.moment_dtype) + (l.pd == DType::kF32 ? 0 : 4);
-    total += n * (l.pe + (l.frozen ? 0 : trained));  // a frozen layer holds its parameters only
+    const uint64_t trained = m.grad_bytes() + 2 * dtype_size(m.opt.moment_dtype) + (l.param_dtype == DType::kF32 ? 0 : 4);
+    total += n * (l.element_bytes + (l.frozen ? 0 : trained));  // a frozen layer holds its parameters only
   }
   return total;
 }
@@ -652,15 +652,15 @@ EngineMemory Engine::measured_memory() const {
 // persistent layer's own pieces from its full copy).
 Result<std::vector<float>> Engine::Impl::frozen_shard_fp32(size_t li) {
   const Layer& l = layers[li];
-  const LayerPartition& lp = part.layer(li);
-  std::vector<std::byte> shard(lp.shard_elements * l.pe);
+  const LayerPartition& layer_part = part.layer(li);
+  std::vector<std::byte> shard(layer_part.shard_elements * l.element_bytes);
   if (l.persistent) {
-    for (const SubGroup& g : lp.groups)
-      STRATA_RETURN_IF_ERROR(device.copy(shard.data() + g.shard_offset * l.pe,
-                                         l.full_params.as<std::byte>() + lp.piece_begin(g, rank) * l.pe,
-                                         g.piece * l.pe, CopyKind::kDeviceToHost));
+    for (const SubGroup& g : layer_part.groups)
+      STRATA_RETURN_IF_ERROR(device.copy(shard.data() + g.shard_offset * l.element_bytes,
+                                         l.full_params.as<std::byte>() + layer_part.piece_begin(g, rank) * l.element_bytes,
+                                         g.piece * l.element_bytes, CopyKind::kDeviceToHost));
   } else if (l.on_nvme) {
-    const std::string name = fmt::format("parameter shard of layer {} '{}'", li, printable(lp.name, 64));
+    const std::string name = fmt::format("parameter shard of layer {} '{}'", li, printable(layer_part.name, 64));
     STRATA_ASSIGN_OR_RETURN(ParamSwap::Read rd, param_swap->read(static_cast<uint32_t>(li), shard.size(), name));
     // gather_state() blocks by design (off the step path: tests and export).
     const Status st = wait_status(rd.done, "reading the " + name);
@@ -672,8 +672,8 @@ Result<std::vector<float>> Engine::Impl::frozen_shard_fp32(size_t li) {
   } else {
     STRATA_RETURN_IF_ERROR(device.copy(shard.data(), l.dev_shard.data(), shard.size(), CopyKind::kDeviceToHost));
   }
-  std::vector<float> out(lp.shard_elements);
-  params_to_fp32(l.pd, shard.data(), out.data(), out.size());
+  std::vector<float> out(layer_part.shard_elements);
+  params_to_fp32(l.param_dtype, shard.data(), out.data(), out.size());
   return out;
 }
 
@@ -685,30 +685,30 @@ Result<std::vector<float>> Engine::gather_state(size_t li, StateKind kind) {
                                           "parameters, can be gathered)",
                                           li, printable(m.part.layer(li).name, 64)));
   STRATA_RETURN_IF_ERROR(synchronize());
-  const LayerPartition& lp = m.part.layer(li);
+  const LayerPartition& layer_part = m.part.layer(li);
   // This rank's own pieces in shard layout, as fp32.
-  std::vector<float> mine(lp.shard_elements, 0.0f);
+  std::vector<float> mine(layer_part.shard_elements, 0.0f);
   if (m.layers[li].frozen) {
     STRATA_ASSIGN_OR_RETURN(mine, m.frozen_shard_fp32(li));
-  } else for (size_t gi = 0; gi < lp.groups.size(); ++gi) {
-    float* out = mine.data() + lp.groups[gi].shard_offset;
+  } else for (size_t gi = 0; gi < layer_part.groups.size(); ++gi) {
+    float* out = mine.data() + layer_part.groups[gi].shard_offset;
     STRATA_RETURN_IF_ERROR(m.read_piece_state(li, gi, m.rank, kind == StateKind::kMaster ? out : nullptr,
                                               kind == StateKind::kExpAvg ? out : nullptr,
                                               kind == StateKind::kExpAvgSq ? out : nullptr));
   }
-  std::vector<float> all(lp.shard_elements * m.world);
+  std::vector<float> all(layer_part.shard_elements * m.world);
   STRATA_RETURN_IF_ERROR(comm::host_collective(
       m.comm, mine.data(), mine.size() * sizeof(float), all.data(), all.size() * sizeof(float),
       [&](const void* s, void* r) {
-        return m.comm.all_gather(s, r, lp.shard_elements, DType::kF32, comm::CommQueue::kReduce);
+        return m.comm.all_gather(s, r, layer_part.shard_elements, DType::kF32, comm::CommQueue::kReduce);
       },
       fmt::format("gathering the state of layer {}", li)));
-  std::vector<float> out(lp.elements);
-  for (const SubGroup& g : lp.groups)
+  std::vector<float> out(layer_part.elements);
+  for (const SubGroup& g : layer_part.groups)
     for (int r = 0; r < m.world; ++r) {
-      const size_t n = lp.piece_real(g, r);
-      std::memcpy(out.data() + lp.piece_begin(g, r),
-                  all.data() + static_cast<size_t>(r) * lp.shard_elements + g.shard_offset, n * sizeof(float));
+      const size_t n = layer_part.piece_real(g, r);
+      std::memcpy(out.data() + layer_part.piece_begin(g, r),
+                  all.data() + static_cast<size_t>(r) * layer_part.shard_elements + g.shard_offset, n * sizeof(float));
     }
   return out;
 }

@@ -241,10 +241,10 @@ struct Engine::Impl::SaveState {
 // ---------------------------------------------------------------- piece state
 
 Status Engine::Impl::read_piece_state(size_t li, size_t gi, int r, float* master, float* ea, float* eas) {
-  const LayerPartition& lp = part.layer(li);
-  const SubGroup& g = lp.groups[gi];
+  const LayerPartition& layer_part = part.layer(li);
+  const SubGroup& g = layer_part.groups[gi];
   Layer& l = layers[li];
-  const size_t count = lp.piece_real(g, r), host = host_n(count);
+  const size_t count = layer_part.piece_real(g, r), host = host_n(count);
   const StateId id{static_cast<uint32_t>(li), static_cast<uint32_t>(gi), r};
   auto from = [&](OptimizerStateTier& t, size_t first, size_t n) -> Status {
     if (n == 0) return Status::Ok();
@@ -268,7 +268,7 @@ Status Engine::Impl::read_piece_state(size_t li, size_t gi, int r, float* master
       if (s.master != nullptr)
         st = fetch(master + first, s.master, n * sizeof(float));
       else  // fp32 parameters are their own master, in device memory
-        st = device.copy(master + first, param_location(li, g, r) + first * l.pe, n * l.pe, CopyKind::kDeviceToHost);
+        st = device.copy(master + first, param_location(li, g, r) + first * l.element_bytes, n * l.element_bytes, CopyKind::kDeviceToHost);
     }
     if (st.ok()) st = moment(ea, s.exp_avg);
     if (st.ok()) st = moment(eas, s.exp_avg_sq);
@@ -282,9 +282,9 @@ Status Engine::Impl::read_piece_state(size_t li, size_t gi, int r, float* master
 
 Status Engine::Impl::write_piece_state(size_t li, size_t gi, int r, const float* master, const float* ea,
                                        const float* eas) {
-  const LayerPartition& lp = part.layer(li);
-  const SubGroup& g = lp.groups[gi];
-  const size_t count = lp.piece_real(g, r), host = host_n(count);
+  const LayerPartition& layer_part = part.layer(li);
+  const SubGroup& g = layer_part.groups[gi];
+  const size_t count = layer_part.piece_real(g, r), host = host_n(count);
   const StateId id{static_cast<uint32_t>(li), static_cast<uint32_t>(gi), r};
   auto into = [&](OptimizerStateTier& t, size_t first, size_t n) -> Status {
     if (n == 0) return Status::Ok();
@@ -452,8 +452,8 @@ Status Engine::Impl::prune_checkpoints(const fs::path& dir, int keep, const std:
 // rewrites this rank's own piece in place too).
 Completion Engine::Impl::snapshot_gate(size_t li) {
   const Layer& l = layers[li];
-  // update_done fails when the update did: a failed step is never saved.
-  const Completion both[] = {l.update_done, l.persistent ? l.params_ready : l.shard_ready};
+  // update_written fails when the update did: a failed step is never saved.
+  const Completion both[] = {l.update_written, l.persistent ? l.params_ready : l.shard_ready};
   return when_all(both, fmt::format("layer {} updated", li));
 }
 
@@ -593,7 +593,7 @@ Result<CheckpointSaveInfo> Engine::Impl::save(const CheckpointSaveOptions& o) {
   m.scalars.scaler_hysteresis_left = ls.hysteresis_left;
   m.scalars.scaler_overflow_count = ls.overflow_count;
   for (size_t li = 0; li < part.layer_count(); ++li)
-    m.layers.push_back({model.layers()[li].name, part.layer(li).elements, std::string(dtype_name(layers[li].pd))});
+    m.layers.push_back({model.layers()[li].name, part.layer(li).elements, std::string(dtype_name(layers[li].param_dtype))});
   m.app = o.app;
 
   // This rank's pieces, in order, and where each goes in its files.
@@ -604,13 +604,13 @@ Result<CheckpointSaveInfo> Engine::Impl::save(const CheckpointSaveOptions& o) {
   std::vector<Piece> pieces;
   size_t largest = 0;
   for (size_t li = 0; li < part.layer_count(); ++li) {
-    const LayerPartition& lp = part.layer(li);
-    for (size_t gi = 0; gi < lp.groups.size(); ++gi) {
-      const size_t n = lp.piece_real(lp.groups[gi], rank);
+    const LayerPartition& layer_part = part.layer(li);
+    for (size_t gi = 0; gi < layer_part.groups.size(); ++gi) {
+      const size_t n = layer_part.piece_real(layer_part.groups[gi], rank);
       if (n == 0) continue;
       pieces.push_back({li, gi, n});
       largest = std::max(largest, n);
-      CheckpointExtent me{0, li, lp.piece_begin(lp.groups[gi], rank), n, s->model.bytes, 0};
+      CheckpointExtent me{0, li, layer_part.piece_begin(layer_part.groups[gi], rank), n, s->model.bytes, 0};
       CheckpointExtent oe{1, li, me.begin, n, s->optim.bytes, 0};
       s->model.bytes += align_up(4 * n);
       s->optim.bytes += align_up(8 * n);
@@ -758,25 +758,25 @@ Result<CheckpointManifest> Engine::Impl::load(const std::string& given) {
   STRATA_RETURN_IF_ERROR(scaler->restore(ls).with_context(fmt::format("checkpoint '{}' loss_scaler", src)));
 
   for (size_t li = 0; li < part.layer_count(); ++li) {
-    const LayerPartition& lp = part.layer(li);
+    const LayerPartition& layer_part = part.layer(li);
     Layer& l = layers[li];
     // The master values this rank needs, read once: the whole layer when its
     // parameters are kept whole (persistent), else this rank's shard (the
     // shard layout, padding zero). Both the parameters and the owned
     // pieces' state come from it.
-    std::vector<float> master(l.persistent ? lp.padded_elements : lp.shard_elements, 0.0f);
+    std::vector<float> master(l.persistent ? layer_part.padded_elements : layer_part.shard_elements, 0.0f);
     if (l.persistent) {
-      STRATA_RETURN_IF_ERROR(reader.read(li, CheckpointState::kMaster, 0, std::span<float>(master.data(), lp.elements)));
+      STRATA_RETURN_IF_ERROR(reader.read(li, CheckpointState::kMaster, 0, std::span<float>(master.data(), layer_part.elements)));
     } else {
-      for (const SubGroup& g : lp.groups) {
-        const size_t n = lp.piece_real(g, rank);
+      for (const SubGroup& g : layer_part.groups) {
+        const size_t n = layer_part.piece_real(g, rank);
         if (n == 0) continue;  // all padding (its begin may lie past the layer's end)
-        STRATA_RETURN_IF_ERROR(reader.read(li, CheckpointState::kMaster, lp.piece_begin(g, rank),
+        STRATA_RETURN_IF_ERROR(reader.read(li, CheckpointState::kMaster, layer_part.piece_begin(g, rank),
                                            std::span<float>(master.data() + g.shard_offset, n)));
       }
     }
-    std::vector<std::byte> params(master.size() * l.pe);
-    master_to_params(l.pd, master.data(), params.data(), master.size());
+    std::vector<std::byte> params(master.size() * l.element_bytes);
+    master_to_params(l.param_dtype, master.data(), params.data(), master.size());
     if (l.persistent) {
       STRATA_RETURN_IF_ERROR(device.copy(l.full_params.data(), params.data(), params.size(), CopyKind::kHostToDevice));
     } else {
@@ -785,13 +785,13 @@ Result<CheckpointManifest> Engine::Impl::load(const std::string& given) {
     // The optimizer state of every owned piece (a partitioned layer's owned
     // pieces are this rank's: stage 3).
     std::vector<float> moments;
-    for (size_t gi = 0; gi < lp.groups.size(); ++gi) {
-      const SubGroup& g = lp.groups[gi];
+    for (size_t gi = 0; gi < layer_part.groups.size(); ++gi) {
+      const SubGroup& g = layer_part.groups[gi];
       for (int r = owned_rank_begin(); r < owned_rank_end(); ++r) {
-        const size_t n = lp.piece_real(g, r);
+        const size_t n = layer_part.piece_real(g, r);
         if (n == 0) continue;
         STRATA_CHECK(l.persistent || r == rank, "a partitioned layer's owned pieces are this rank's");
-        const uint64_t b = lp.piece_begin(g, r);
+        const uint64_t b = layer_part.piece_begin(g, r);
         const float* m = master.data() + (l.persistent ? b : g.shard_offset);
         moments.resize(2 * n);
         STRATA_RETURN_IF_ERROR(reader.read(li, CheckpointState::kExpAvg, b, std::span<float>(moments.data(), n)));

@@ -103,16 +103,16 @@ inline int64_t now_ns() { return std::chrono::duration_cast<std::chrono::nanosec
 
 // Parameters from fp32 master values: rounded to the parameters' dtype, as
 // every step writes them (a load and a rollback derive them the same way).
-inline void master_to_params(DType pd, const float* master, std::byte* params, size_t n) {
-  if (pd == DType::kF32) std::memcpy(params, master, n * sizeof(float));
-  else if (pd == DType::kBF16) convert_fp32_to_bf16(master, reinterpret_cast<bfloat16*>(params), n);
+inline void master_to_params(DType param_dtype, const float* master, std::byte* params, size_t n) {
+  if (param_dtype == DType::kF32) std::memcpy(params, master, n * sizeof(float));
+  else if (param_dtype == DType::kBF16) convert_fp32_to_bf16(master, reinterpret_cast<bfloat16*>(params), n);
   else convert_fp32_to_fp16(master, reinterpret_cast<float16*>(params), n);
 }
 
 // The inverse: parameters (any state dtype) widened to fp32 values, exactly.
-inline void params_to_fp32(DType pd, const std::byte* params, float* values, size_t n) {
-  if (pd == DType::kF32) std::memcpy(values, params, n * sizeof(float));
-  else if (pd == DType::kBF16) convert_bf16_to_fp32(reinterpret_cast<const bfloat16*>(params), values, n);
+inline void params_to_fp32(DType param_dtype, const std::byte* params, float* values, size_t n) {
+  if (param_dtype == DType::kF32) std::memcpy(values, params, n * sizeof(float));
+  else if (param_dtype == DType::kBF16) convert_bf16_to_fp32(reinterpret_cast<const bfloat16*>(params), values, n);
   else convert_fp16_to_fp32(reinterpret_cast<const float16*>(params), values, n);
 }
 
@@ -163,8 +163,10 @@ struct Engine::Impl {
     double lr_scale = 1;
   };
   struct Layer {
-    DType pd = DType::kF32;  // parameter dtype
-    size_t pe = 4;           // its size
+    // Copied once from placement.layers[li] (init_layer): the layer's
+    // dtype, its size, and where its parameters live.
+    DType param_dtype = DType::kF32;  // the parameters' dtype
+    size_t element_bytes = 4;         // its size
     bool persistent = true;  // full parameters stay on the device
     bool frozen = false;     // parameters only: no gradient, no optimizer state, never reduced or stepped
     bool initialized = true; // its initial values are in place (put_initial_layer, for a SpecModel)
@@ -186,20 +188,20 @@ struct Engine::Impl {
     DeviceBuffer full_grads;
     int64_t zeroed_step = -1;
     Completion grads_zeroed;
-    Completion grad_done;           // `done` of the latest kBackward release
+    Completion last_backward_released;  // `done` of the latest kBackward release
     int bwd_releases = 0;           // this micro-batch
     bool reduce_launched = false;   // this step
-    Completion grads_consumed;      // everything that read full_grads this step
+    Completion full_gradient_read;      // everything that read full_grads this step (reduction, copies)
     // optimizer input
     DeviceBuffer opt_grads_dev;     // owned layout, when the optimizer tier is the device and grads are not in place
     HostBuffer opt_grads_host;      // owned layout, offload_optimizer cpu
     HostBuffer staging;             // updated 16-bit (or fp32 master) values before their H2D copy
     HostBuffer norm_grads;          // device_opt(): the reduced gradient's host copy for the block sums
-    Completion grads_taken;
+    Completion reduced_gradient_moved;  // the reduced gradient is in the optimizer's input buffer
     std::vector<double> block_sums; // owned blocks, owned order
-    Completion partials_done;
-    Completion opt_done;            // the update ran (ok even when it failed: Note [Atomic steps])
-    Completion update_done;         // the update and its parameter write-back; fails when either did
+    Completion norm_partials_ready;     // block_sums hold this step's partial sums of the norm
+    Completion update_ran;              // the update ran (ok even when it failed: Note [Atomic steps])
+    Completion update_written;          // the update and its parameter write-back; fails when either did
   };
   std::vector<Layer> layers;
   // offload_param nvme; after `layers`, so it closes (its writes from the
@@ -314,7 +316,7 @@ struct Engine::Impl {
   // acquire hands out dev_shard itself; its update waits for the layer's
   // last release (queue_update).
   bool aliased(const Layer& l) const { return l.acquired_in_place; }
-  size_t ge() const { return dtype_size(opt.grad_dtype); }
+  size_t grad_bytes() const { return dtype_size(opt.grad_dtype); }  // per gradient element
   bool grads_in_place() const { return placement.gradients_in_place; }
   bool has_master(size_t li) const { return placement.layers[li].master; }
   bool split() const { return placement.split; }
@@ -327,10 +329,10 @@ struct Engine::Impl {
   // layout is padded space at stage 0 and the shard layout otherwise.
   int owned_rank_begin() const { return placement.owned_rank_begin(); }
   int owned_rank_end() const { return placement.owned_rank_end(); }
-  size_t owned_offset(const LayerPartition& lp, const SubGroup& g, int r) const {
-    return placement.owned_offset(lp, g, r);
+  size_t owned_offset(const LayerPartition& layer_part, const SubGroup& g, int r) const {
+    return placement.owned_offset(layer_part, g, r);
   }
-  size_t owned_elements(const LayerPartition& lp) const { return placement.owned_elements(lp); }
+  size_t owned_elements(const LayerPartition& layer_part) const { return placement.owned_elements(layer_part); }
 
   std::string state_name(size_t layer, size_t group, int r) const {
     return part.describe(StateId{static_cast<uint32_t>(layer), static_cast<uint32_t>(group), r});
@@ -385,11 +387,11 @@ struct Engine::Impl {
   // Where rank piece (g, r)'s parameters live on this rank (device or host pointer).
   std::byte* param_location(size_t li, const SubGroup& g, int r) {
     Layer& l = layers[li];
-    const LayerPartition& lp = part.layer(li);
-    if (l.persistent) return l.full_params.as<std::byte>() + lp.piece_begin(g, r) * l.pe;
+    const LayerPartition& layer_part = part.layer(li);
+    if (l.persistent) return l.full_params.as<std::byte>() + layer_part.piece_begin(g, r) * l.element_bytes;
     STRATA_CHECK(r == rank, "a stage-3 rank holds only its own shard");
-    if (param_on_host()) return l.host_shard.data() + g.shard_offset * l.pe;
-    return l.dev_shard.as<std::byte>() + g.shard_offset * l.pe;
+    if (param_on_host()) return l.host_shard.data() + g.shard_offset * l.element_bytes;
+    return l.dev_shard.as<std::byte>() + g.shard_offset * l.element_bytes;
   }
 
   Status init();
@@ -434,7 +436,7 @@ struct Engine::Impl {
   // Layer li's runs intersected with layer elements [begin, begin + count), offsets from begin.
   std::vector<PieceJob::Run> runs_of(size_t li, size_t begin, size_t count, const cpu_adam::HyperParams& hyper) const;
   Status step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimizer& o, const std::vector<PieceJob>& jobs,
-                     const cpu_adam::StepArgs& args, DType pd);
+                     const cpu_adam::StepArgs& args, DType param_dtype);
   Status begin_step();
   double gradient_scale() const { return progress.scale / (static_cast<double>(opt.grad_accum) * world); }
   Status begin_micro_batch(bool last);

@@ -18,13 +18,13 @@ Result<LayerMemory> Engine::Impl::acquire(size_t li, Pass pass) {
   if (li >= layers.size())
     return InvalidArgument(fmt::format("acquire of layer {}: the model has {} layers", li, layers.size()));
   Layer& l = layers[li];
-  const LayerPartition& lp = part.layer(li);
+  const LayerPartition& layer_part = part.layer(li);
   const bool training = phase == Phase::kMicroBatch;
   if (pass != Pass::kEval && !training)
     return FailedPrecondition(fmt::format(
         "acquire of layer {} '{}' for {} {} on rank {}: training passes run inside a micro-batch (begin_step(), "
         "begin_micro_batch(); Note [Driving the engine]); a pass outside one is an evaluation (Pass::kEval)",
-        li, printable(lp.name, 64), pass_name(pass), phase_name(phase), rank));
+        li, printable(layer_part.name, 64), pass_name(pass), phase_name(phase), rank));
   if (training) trace->on_acquire(li, pass);
   if (training && pass == Pass::kBackward && !progress.in_backward) {
     // StepMetrics: the micro-batch's forward ends here, its backward begins.
@@ -38,7 +38,7 @@ Result<LayerMemory> Engine::Impl::acquire(size_t li, Pass pass) {
         "and its reduction had started: this micro-batch followed the recording up to the layer's last recorded "
         "backward, then acquired it again (Note [Acquire order]); a model that revisits a layer in backward must "
         "do it in every step, or acquire it in forward as often",
-        li, printable(lp.name, 64)));
+        li, printable(layer_part.name, 64)));
   LayerMemory mem;
   std::vector<Completion> waits;
   Completion update_ready;
@@ -55,7 +55,7 @@ Result<LayerMemory> Engine::Impl::acquire(size_t li, Pass pass) {
       Status failed = std::move(l.prefetch_failure);
       l.prefetch_failure = Status::Ok();
       return failed.with_context(fmt::format("acquire of layer {} '{}' for {} on rank {}", li,
-                                             printable(lp.name, 64), pass_name(pass), rank));
+                                             printable(layer_part.name, 64), pass_name(pass), rank));
     }
     if (!l.gathered_valid) {
       // On demand: wait for frees in flight when the live cap would be passed.
@@ -73,20 +73,20 @@ Result<LayerMemory> Engine::Impl::acquire(size_t li, Pass pass) {
     if (!l.full_grads) {
       // Gradients waiting for their reduction are capped by reduce_bucket_size
       // (stages 2, 3): wait for earlier layers' reductions to free theirs.
-      STRATA_RETURN_IF_ERROR(make_room(live_grads, lp.padded_elements, static_cast<uint64_t>(opt.reduce_bucket_size))
+      STRATA_RETURN_IF_ERROR(make_room(live_grads, layer_part.padded_elements, static_cast<uint64_t>(opt.reduce_bucket_size))
                                  .with_context("freeing reduced gradients"));
-      live_grads.held += lp.padded_elements;
-      STRATA_ASSIGN_OR_RETURN(l.full_grads, alloc_device(lp.padded_elements * ge(),
+      live_grads.held += layer_part.padded_elements;
+      STRATA_ASSIGN_OR_RETURN(l.full_grads, alloc_device(layer_part.padded_elements * grad_bytes(),
                                                          fmt::format("gradients of layer {} '{}'", li,
-                                                                     printable(lp.name, 64))));
+                                                                     printable(layer_part.name, 64))));
       // Zeroed in the copy stream's order; the model waits for it (below).
-      STRATA_RETURN_IF_ERROR(xfer->memset_async(l.full_grads.data(), 0, lp.padded_elements * ge()));
+      STRATA_RETURN_IF_ERROR(xfer->memset_async(l.full_grads.data(), 0, layer_part.padded_elements * grad_bytes()));
       l.grads_zeroed = xfer->record_completion();
       l.zeroed_step = steps_begun;
     } else if (l.zeroed_step != steps_begun) {
       // Persistent gradients: zero once per step, after the last step's readers.
-      STRATA_RETURN_IF_ERROR(xfer->wait(l.grads_consumed));
-      STRATA_RETURN_IF_ERROR(xfer->memset_async(l.full_grads.data(), 0, lp.padded_elements * ge()));
+      STRATA_RETURN_IF_ERROR(xfer->wait(l.full_gradient_read));
+      STRATA_RETURN_IF_ERROR(xfer->memset_async(l.full_grads.data(), 0, layer_part.padded_elements * grad_bytes()));
       l.grads_zeroed = xfer->record_completion();
       l.zeroed_step = steps_begun;
     }
@@ -113,12 +113,12 @@ Result<LayerMemory> Engine::Impl::acquire(size_t li, Pass pass) {
 
 Status Engine::Impl::issue_gather(size_t li, bool* allocated) {
   Layer& l = layers[li];
-  const LayerPartition& lp = part.layer(li);
+  const LayerPartition& layer_part = part.layer(li);
   if (allocated != nullptr) *allocated = false;
-  STRATA_ASSIGN_OR_RETURN(l.gathered, alloc_device(lp.padded_elements * l.pe,
+  STRATA_ASSIGN_OR_RETURN(l.gathered, alloc_device(layer_part.padded_elements * l.element_bytes,
                                                    fmt::format("gathered parameters of layer {} '{}'", li,
-                                                               printable(lp.name, 64))));
-  live_params.held += lp.padded_elements;
+                                                               printable(layer_part.name, 64))));
+  live_params.held += layer_part.padded_elements;
   if (allocated != nullptr) *allocated = true;
   // What was queued against the buffer: on failure it is handed back (and
   // uncounted) once all of it completed, never while a copy may still write it.
@@ -126,13 +126,13 @@ Status Engine::Impl::issue_gather(size_t li, bool* allocated) {
   Status st = queue_gather(li, queued);
   if (st.ok()) return st;
   free_after(live_params, std::move(l.gathered), when_all(queued, fmt::format("failed gather of layer {}", li)),
-             lp.padded_elements);
-  return st.with_context(fmt::format("gathering the parameters of layer {} '{}'", li, printable(lp.name, 64)));
+             layer_part.padded_elements);
+  return st.with_context(fmt::format("gathering the parameters of layer {} '{}'", li, printable(layer_part.name, 64)));
 }
 
 Status Engine::Impl::queue_gather(size_t li, std::vector<Completion>& queued) {
   Layer& l = layers[li];
-  const LayerPartition& lp = part.layer(li);
+  const LayerPartition& layer_part = part.layer(li);
   std::byte* full = l.gathered.as<std::byte>();
   if (l.on_nvme) {
     // NVMe: the shard's last write-back must be durable before it is read
@@ -140,12 +140,12 @@ Status Engine::Impl::queue_gather(size_t li, std::vector<Completion>& queued) {
     // it, reads the shard into a slot and copies its pieces into place; this
     // (driving) thread only queues the gather behind that, so neither a
     // prefetch nor an acquire blocks here on a later layer's update.
-    const std::string name = fmt::format("parameter shard of layer {} '{}'", li, printable(lp.name, 64));
-    const uint64_t bytes = lp.shard_elements * l.pe;
+    const std::string name = fmt::format("parameter shard of layer {} '{}'", li, printable(layer_part.name, 64));
+    const uint64_t bytes = layer_part.shard_elements * l.element_bytes;
     const Completion copied = shard_reader->submit(
         [this, li, full, name, bytes]() -> Status {
           const LayerPartition& p = part.layer(li);
-          const size_t pe = layers[li].pe;
+          const size_t element_bytes = layers[li].element_bytes;
           STRATA_ASSIGN_OR_RETURN(ParamSwap::Read rd, param_swap->read(static_cast<uint32_t>(li), bytes, name));
           // A failed read does not fail the gather: the layer is gathered
           // from whatever the slot holds and the failure drops the step at
@@ -164,7 +164,7 @@ Status Engine::Impl::queue_gather(size_t li, std::vector<Completion>& queued) {
           const std::byte* shard = rd.slot.as<std::byte>();
           for (const SubGroup& g : p.groups)
             if (copy.ok() && ended)
-              copy = device.copy(full + p.piece_begin(g, rank) * pe, shard + g.shard_offset * pe, g.piece * pe,
+              copy = device.copy(full + p.piece_begin(g, rank) * element_bytes, shard + g.shard_offset * element_bytes, g.piece * element_bytes,
                                  CopyKind::kHostToDevice);
           rd.slot.release_after(ended ? Completion() : rd.done);  // the copies above are done
           return copy.with_context("copying the " + name + " to the device");
@@ -177,14 +177,14 @@ Status Engine::Impl::queue_gather(size_t li, std::vector<Completion>& queued) {
     // H2D of this rank's pieces into their place, then gather in place.
     STRATA_RETURN_IF_ERROR(xfer->wait(l.shard_ready));
     Status copies;
-    for (const SubGroup& g : lp.groups)
+    for (const SubGroup& g : layer_part.groups)
       if (copies.ok())
-        copies = xfer->copy_async(full + lp.piece_begin(g, rank) * l.pe, l.host_shard.data() + g.shard_offset * l.pe,
-                                  g.piece * l.pe, CopyKind::kHostToDevice);
+        copies = xfer->copy_async(full + layer_part.piece_begin(g, rank) * l.element_bytes, l.host_shard.data() + g.shard_offset * l.element_bytes,
+                                  g.piece * l.element_bytes, CopyKind::kHostToDevice);
     const Completion h2d = xfer->record_completion();  // after the copies queued
     queued.push_back(h2d);
     STRATA_RETURN_IF_ERROR(copies);
-    h2d_bytes += lp.shard_elements * l.pe;
+    h2d_bytes += layer_part.shard_elements * l.element_bytes;
     STRATA_RETURN_IF_ERROR(comm.wait(h2d, comm::CommQueue::kGather));
   } else {
     STRATA_RETURN_IF_ERROR(comm.wait(l.shard_ready, comm::CommQueue::kGather));
@@ -195,15 +195,15 @@ Status Engine::Impl::queue_gather(size_t li, std::vector<Completion>& queued) {
     return Internal("injected gather failure (testing::GatherFault)");
   }
   Completion last;
-  for (const SubGroup& g : lp.groups) {
-    const std::byte* send = param_on_host() ? full + lp.piece_begin(g, rank) * l.pe
-                                            : l.dev_shard.as<std::byte>() + g.shard_offset * l.pe;
-    STRATA_ASSIGN_OR_RETURN(comm::CommWork w, comm.all_gather(send, full + g.padded_begin * l.pe, g.piece, l.pd,
+  for (const SubGroup& g : layer_part.groups) {
+    const std::byte* send = param_on_host() ? full + layer_part.piece_begin(g, rank) * l.element_bytes
+                                            : l.dev_shard.as<std::byte>() + g.shard_offset * l.element_bytes;
+    STRATA_ASSIGN_OR_RETURN(comm::CommWork w, comm.all_gather(send, full + g.padded_begin * l.element_bytes, g.piece, l.param_dtype,
                                                               comm::CommQueue::kGather));
     last = w.completion();
     queued.push_back(last);
   }
-  gather_bytes += lp.padded_elements * l.pe;
+  gather_bytes += layer_part.padded_elements * l.element_bytes;
   l.gathered_ready = last;
   l.gathered_valid = true;
   return Status::Ok();
@@ -300,7 +300,7 @@ Status Engine::Impl::release(size_t li, Pass pass, const Completion& done) {
     }
   }
   if (pass == Pass::kBackward) {
-    l.grad_done = done;
+    l.last_backward_released = done;
     ++l.bwd_releases;
     // A layer's gradient is complete at its last backward release: as many
     // as the recorded sequence has, or, while a micro-batch is being
@@ -320,55 +320,55 @@ Status Engine::Impl::release(size_t li, Pass pass, const Completion& done) {
 // optimizer reads them, and queues their block sums.
 Status Engine::Impl::launch_reduction(size_t li) {
   Layer& l = layers[li];
-  const LayerPartition& lp = part.layer(li);
+  const LayerPartition& layer_part = part.layer(li);
   if (l.frozen) return Status::Ok();  // no gradient (a frozen layer is acquired for backward all the same)
   l.reduce_launched = true;
   if (l.zeroed_step != steps_begun) {
     // No backward touched the layer this step: its gradient is zero (a
     // persistent buffer still holds the last step's, once its readers are done).
     if (!l.full_grads) {
-      live_grads.held += lp.padded_elements;
+      live_grads.held += layer_part.padded_elements;
       STRATA_ASSIGN_OR_RETURN(l.full_grads,
-                              alloc_device(lp.padded_elements * ge(), fmt::format("gradients of layer {}", li)));
+                              alloc_device(layer_part.padded_elements * grad_bytes(), fmt::format("gradients of layer {}", li)));
     } else {
-      STRATA_RETURN_IF_ERROR(xfer->wait(l.grads_consumed));
+      STRATA_RETURN_IF_ERROR(xfer->wait(l.full_gradient_read));
     }
-    STRATA_RETURN_IF_ERROR(xfer->memset_async(l.full_grads.data(), 0, lp.padded_elements * ge()));
+    STRATA_RETURN_IF_ERROR(xfer->memset_async(l.full_grads.data(), 0, layer_part.padded_elements * grad_bytes()));
     l.grads_zeroed = xfer->record_completion();
     l.zeroed_step = steps_begun;
-    l.grad_done = l.grads_zeroed;
+    l.last_backward_released = l.grads_zeroed;
   }
   std::byte* full = l.full_grads.as<std::byte>();
-  const size_t e = ge();
-  Completion local = l.grad_done;
+  const size_t e = grad_bytes();
+  Completion local = l.last_backward_released;
   if (faults.gradient && faults.gradient->step == steps_begun && faults.gradient->rank == rank &&
       faults.gradient->layer == li) {
     const float v = faults.gradient->value;
     if (opt.grad_dtype == DType::kF32) std::memcpy(fault_bytes.data(), &v, 4);
     if (opt.grad_dtype == DType::kBF16) convert_fp32_to_bf16(&v, reinterpret_cast<bfloat16*>(fault_bytes.data()), 1);
     if (opt.grad_dtype == DType::kF16) convert_fp32_to_fp16(&v, reinterpret_cast<float16*>(fault_bytes.data()), 1);
-    STRATA_RETURN_IF_ERROR(xfer->wait(l.grad_done));
+    STRATA_RETURN_IF_ERROR(xfer->wait(l.last_backward_released));
     STRATA_RETURN_IF_ERROR(xfer->copy_async(full, fault_bytes.data(), e, CopyKind::kHostToDevice));
     local = xfer->record_completion();
   }
   STRATA_RETURN_IF_ERROR(comm.wait(local, comm::CommQueue::kReduce));
   Completion reduced;
-  for (const SubGroup& g : lp.groups) {
+  for (const SubGroup& g : layer_part.groups) {
     std::byte* send = full + g.padded_begin * e;
     STRATA_ASSIGN_OR_RETURN(comm::CommWork w, comm.reduce_scatter(send, send + g.piece * rank * e, g.piece,
                                                                   opt.grad_dtype, comm::ReduceOp::kSum,
                                                                   comm::CommQueue::kReduce));
     reduced = w.completion();
   }
-  reduce_bytes += lp.padded_elements * e;
+  reduce_bytes += layer_part.padded_elements * e;
   if (stage0()) {
-    for (const SubGroup& g : lp.groups) {
-      STRATA_ASSIGN_OR_RETURN(comm::CommWork w, comm.all_gather(full + lp.piece_begin(g, rank) * e,
+    for (const SubGroup& g : layer_part.groups) {
+      STRATA_ASSIGN_OR_RETURN(comm::CommWork w, comm.all_gather(full + layer_part.piece_begin(g, rank) * e,
                                                                 full + g.padded_begin * e, g.piece, opt.grad_dtype,
                                                                 comm::CommQueue::kReduce));
       reduced = w.completion();
     }
-    reduce_bytes += lp.padded_elements * e;
+    reduce_bytes += layer_part.padded_elements * e;
   }
   // Where the optimizer reads the owned pieces.
   std::byte* dst = nullptr;
@@ -380,16 +380,16 @@ Status Engine::Impl::launch_reduction(size_t li) {
     dst = l.opt_grads_dev.as<std::byte>();
   }
   if (dst == nullptr) {
-    l.grads_taken = reduced;
+    l.reduced_gradient_moved = reduced;
   } else if (split()) {
     // ratio < 1: the whole piece stays on the device (the device part steps
     // from there, the block sums read it), only the host part goes D2H.
     STRATA_RETURN_IF_ERROR(xfer->wait(reduced));
     std::byte* dev = l.opt_grads_dev.as<std::byte>();
-    for (const SubGroup& g : lp.groups) {
-      const std::byte* piece = full + lp.piece_begin(g, rank) * e;
+    for (const SubGroup& g : layer_part.groups) {
+      const std::byte* piece = full + layer_part.piece_begin(g, rank) * e;
       STRATA_RETURN_IF_ERROR(xfer->copy_async(dev + g.shard_offset * e, piece, g.piece * e, CopyKind::kDeviceToDevice));
-      const size_t host = host_n(lp.piece_real(g, rank));
+      const size_t host = host_n(layer_part.piece_real(g, rank));
       STRATA_RETURN_IF_ERROR(xfer->copy_async(dst + g.shard_offset * e, piece, host * e, CopyKind::kDeviceToHost));
       d2h_bytes += host * e;
     }
@@ -397,37 +397,37 @@ Status Engine::Impl::launch_reduction(size_t li) {
   } else {
     STRATA_RETURN_IF_ERROR(xfer->wait(reduced));
     if (stage0()) {
-      STRATA_RETURN_IF_ERROR(xfer->copy_async(dst, full, lp.padded_elements * e, kind));
+      STRATA_RETURN_IF_ERROR(xfer->copy_async(dst, full, layer_part.padded_elements * e, kind));
     } else {
-      for (const SubGroup& g : lp.groups)
+      for (const SubGroup& g : layer_part.groups)
         STRATA_RETURN_IF_ERROR(
-            xfer->copy_async(dst + g.shard_offset * e, full + lp.piece_begin(g, rank) * e, g.piece * e, kind));
+            xfer->copy_async(dst + g.shard_offset * e, full + layer_part.piece_begin(g, rank) * e, g.piece * e, kind));
     }
-    if (kind == CopyKind::kDeviceToHost) d2h_bytes += owned_elements(lp) * e;
+    if (kind == CopyKind::kDeviceToHost) d2h_bytes += owned_elements(layer_part) * e;
   }
   // device_opt(): the block sums are computed on the host, from a copy.
   const std::byte* sums_src = dst;
   if (device_opt()) {
     const std::byte* from = dst != nullptr ? dst : full;
-    const size_t n = dst != nullptr ? owned_elements(lp) : lp.padded_elements;
+    const size_t n = dst != nullptr ? owned_elements(layer_part) : layer_part.padded_elements;
     if (dst == nullptr) STRATA_RETURN_IF_ERROR(xfer->wait(reduced));
     STRATA_RETURN_IF_ERROR(xfer->copy_async(l.norm_grads.data(), from, n * e, CopyKind::kDeviceToHost));
     d2h_bytes += n * e;
     sums_src = l.norm_grads.data();
-    if (dst == nullptr) l.grads_taken = xfer->record_completion();
+    if (dst == nullptr) l.reduced_gradient_moved = xfer->record_completion();
   }
   if (dst != nullptr) {
-    l.grads_taken = xfer->record_completion();
+    l.reduced_gradient_moved = xfer->record_completion();
     if (opt.stage >= 2) {
       // Its users: the model's backward, the reduction in place, the copy out.
-      const Completion users[] = {l.grad_done, reduced, l.grads_taken};
-      free_after(live_grads, std::move(l.full_grads), when_all(users), lp.padded_elements);
+      const Completion users[] = {l.last_backward_released, reduced, l.reduced_gradient_moved};
+      free_after(live_grads, std::move(l.full_grads), when_all(users), layer_part.padded_elements);
     }
   }
   // Block sums of the owned pieces (padding blocks sum to zero).
   const std::byte* src = sums_src != nullptr ? sums_src : full;
   const bool in_padded_layout = dst == nullptr || stage0();
-  l.partials_done = worker->submit(
+  l.norm_partials_ready = worker->submit(
       [this, li, src, in_padded_layout] {
         Layer& lay = layers[li];
         const LayerPartition& p = part.layer(li);
@@ -435,14 +435,14 @@ Status Engine::Impl::launch_reduction(size_t li) {
         for (const SubGroup& g : p.groups)
           for (int r = owned_rank_begin(); r < owned_rank_end(); ++r) {
             const size_t at = in_padded_layout ? p.piece_begin(g, r) : g.shard_offset;
-            block_sums_of_squares(src + at * ge(), opt.grad_dtype, g.piece, kShardAlign,
+            block_sums_of_squares(src + at * grad_bytes(), opt.grad_dtype, g.piece, kShardAlign,
                                   std::span<double>(lay.block_sums.data() + out, g.piece / kShardAlign));
             out += g.piece / kShardAlign;
           }
         return Status::Ok();
       },
-      l.grads_taken, fmt::format("gradient block sums of layer {}", li));
-  l.grads_consumed = l.partials_done;
+      l.reduced_gradient_moved, fmt::format("gradient block sums of layer {}", li));
+  l.full_gradient_read = l.norm_partials_ready;
   return Status::Ok();
 }
 

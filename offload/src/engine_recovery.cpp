@@ -75,7 +75,7 @@ Status Engine::Impl::settle(const Mark* call, double* loss) {
       const std::string what = fmt::format("the commit point of step {}: the update of layer {} '{}'",
                                            pending_mark.optimizer_steps + 1, li, printable(part.layer(li).name, 64));
       // Its failure is in update_failure.
-      STRATA_RETURN_IF_ERROR(wait_bounded(l.update_done, what));
+      STRATA_RETURN_IF_ERROR(wait_bounded(l.update_written, what));
       STRATA_RETURN_IF_ERROR(wait_bounded(l.persistent ? l.params_ready : l.shard_ready, what));
     }
     update = take_failure(FailureOf::kUpdate);
@@ -193,24 +193,24 @@ Status Engine::Impl::rederive_params() {
   std::vector<std::byte> values;
   for (size_t li = 0; li < layers.size(); ++li) {
     Layer& l = layers[li];
-    const LayerPartition& lp = part.layer(li);
-    const std::string lname = fmt::format("layer {} '{}'", li, printable(lp.name, 64));
+    const LayerPartition& layer_part = part.layer(li);
+    const std::string lname = fmt::format("layer {} '{}'", li, printable(layer_part.name, 64));
     if (l.frozen) continue;  // never stepped: its parameters are as they were
     if (l.persistent) {
       // The owned pieces into the full parameters, then (stages 1-3) every
       // rank's pieces gathered, as the update does.
-      for (size_t gi = 0; gi < lp.groups.size(); ++gi) {
-        const SubGroup& g = lp.groups[gi];
+      for (size_t gi = 0; gi < layer_part.groups.size(); ++gi) {
+        const SubGroup& g = layer_part.groups[gi];
         for (int r = owned_rank_begin(); r < owned_rank_end(); ++r) {
-          const size_t n = lp.piece_real(g, r);
+          const size_t n = layer_part.piece_real(g, r);
           if (n == 0) continue;
           master.resize(n);
-          values.resize(n * l.pe);
+          values.resize(n * l.element_bytes);
           STRATA_RETURN_IF_ERROR(read_piece_state(li, gi, r, master.data(), nullptr, nullptr)
                                      .with_context("re-deriving the parameters of " + lname));
-          master_to_params(l.pd, master.data(), values.data(), n);
-          STRATA_RETURN_IF_ERROR(device.copy(l.full_params.as<std::byte>() + lp.piece_begin(g, r) * l.pe,
-                                             values.data(), n * l.pe, CopyKind::kHostToDevice));
+          master_to_params(l.param_dtype, master.data(), values.data(), n);
+          STRATA_RETURN_IF_ERROR(device.copy(l.full_params.as<std::byte>() + layer_part.piece_begin(g, r) * l.element_bytes,
+                                             values.data(), n * l.element_bytes, CopyKind::kHostToDevice));
         }
       }
       if (!stage0() && world > 1) {
@@ -225,15 +225,15 @@ Status Engine::Impl::rederive_params() {
     // outlives a step's backward; this is for a failure elsewhere).
     if (l.gathered_valid && l.held == 0) STRATA_RETURN_IF_ERROR(drop_gathered(li, l.last_use));
     // This rank's shard (padding zero, as at the start).
-    values.assign(lp.shard_elements * l.pe, std::byte{0});
-    for (size_t gi = 0; gi < lp.groups.size(); ++gi) {
-      const SubGroup& g = lp.groups[gi];
-      const size_t n = lp.piece_real(g, rank);
+    values.assign(layer_part.shard_elements * l.element_bytes, std::byte{0});
+    for (size_t gi = 0; gi < layer_part.groups.size(); ++gi) {
+      const SubGroup& g = layer_part.groups[gi];
+      const size_t n = layer_part.piece_real(g, rank);
       if (n == 0) continue;
       master.resize(n);
       STRATA_RETURN_IF_ERROR(read_piece_state(li, gi, rank, master.data(), nullptr, nullptr)
                                  .with_context("re-deriving the parameters of " + lname));
-      master_to_params(l.pd, master.data(), values.data() + g.shard_offset * l.pe, n);
+      master_to_params(l.param_dtype, master.data(), values.data() + g.shard_offset * l.element_bytes, n);
     }
     STRATA_RETURN_IF_ERROR(put_shard(li, values));
     l.shard_ready = Completion();

@@ -19,7 +19,7 @@ Result<double> Engine::Impl::global_norm_squared() {
   // Blocks: the norm (and with it the clip coefficient of every update)
   // needs the block sums of every layer.
   for (size_t li = 0; li < layers.size(); ++li) {
-    STRATA_RETURN_IF_ERROR(wait_status(layers[li].partials_done,
+    STRATA_RETURN_IF_ERROR(wait_status(layers[li].norm_partials_ready,
                                        fmt::format("reducing the gradients of layer {} on rank {}", li, rank)));
     mine.insert(mine.end(), layers[li].block_sums.begin(), layers[li].block_sums.end());
   }
@@ -38,13 +38,13 @@ Result<double> Engine::Impl::global_norm_squared() {
   size_t layer_base = 0;
   for (size_t li = 0; li < layers.size(); ++li) {
     if (layers[li].frozen) continue;  // no gradient, no blocks
-    const LayerPartition& lp = part.layer(li);
-    for (const SubGroup& g : lp.groups) {
+    const LayerPartition& layer_part = part.layer(li);
+    for (const SubGroup& g : layer_part.groups) {
       const size_t nb = g.piece / kShardAlign, gb = layer_base + g.shard_offset / kShardAlign;
       for (int r = 0; r < world; ++r)
         for (size_t j = 0; j < nb; ++j) total += all[static_cast<size_t>(r) * mine.size() + gb + j];
     }
-    layer_base += lp.shard_elements / kShardAlign;
+    layer_base += layer_part.shard_elements / kShardAlign;
   }
   return total;
 }
@@ -70,7 +70,7 @@ std::vector<Engine::Impl::PieceJob::Run> Engine::Impl::runs_of(size_t li, size_t
 Status Engine::Impl::queue_update(size_t li, int64_t step, double clip, double scale,
                                   const cpu_adam::HyperParams& hyper) {
   Layer& l = layers[li];
-  const LayerPartition& lp = part.layer(li);
+  const LayerPartition& layer_part = part.layer(li);
   if (l.frozen) return Status::Ok();  // nothing to step: its parameters stay as they are
   // Pointers are computed here (driving thread); the workers only step.
   std::vector<PieceJob> host_jobs, dev_jobs;
@@ -78,20 +78,20 @@ Status Engine::Impl::queue_update(size_t li, int64_t step, double clip, double s
                           : grads_in_place() ? l.full_grads.as<std::byte>()
                                              : l.opt_grads_dev.as<std::byte>();
   const bool gpadded = grads_in_place() || stage0();
-  for (size_t gi = 0; gi < lp.groups.size(); ++gi) {
-    const SubGroup& g = lp.groups[gi];
+  for (size_t gi = 0; gi < layer_part.groups.size(); ++gi) {
+    const SubGroup& g = layer_part.groups[gi];
     for (int r = owned_rank_begin(); r < owned_rank_end(); ++r) {
-      const size_t count = lp.piece_real(g, r), host = host_n(count);
+      const size_t count = layer_part.piece_real(g, r), host = host_n(count);
       PieceJob j;
       j.id = StateId{static_cast<uint32_t>(li), static_cast<uint32_t>(gi), r};
       j.count = host;
-      j.runs = runs_of(li, lp.piece_begin(g, r), host, hyper);
-      j.grads = gsrc + (gpadded ? lp.piece_begin(g, r) : g.shard_offset) * ge();
+      j.runs = runs_of(li, layer_part.piece_begin(g, r), host, hyper);
+      j.grads = gsrc + (gpadded ? layer_part.piece_begin(g, r) : g.shard_offset) * grad_bytes();
       j.param_is_master = !has_master(li);
-      j.param = l.staging ? l.staging.data() + owned_offset(lp, g, r) * l.pe : param_location(li, g, r);
+      j.param = l.staging ? l.staging.data() + owned_offset(layer_part, g, r) * l.element_bytes : param_location(li, g, r);
       if (l.staging && !l.on_nvme) {
         j.h2d = param_location(li, g, r);
-        h2d_bytes += host * l.pe;
+        h2d_bytes += host * l.element_bytes;
       }
       host_jobs.push_back(j);
       if (split()) {
@@ -100,10 +100,10 @@ Status Engine::Impl::queue_update(size_t li, int64_t step, double clip, double s
         PieceJob d;
         d.id = j.id;
         d.count = count - host;
-        d.runs = runs_of(li, lp.piece_begin(g, r) + host, count - host, hyper);
-        d.grads = l.opt_grads_dev.as<std::byte>() + (g.shard_offset + host) * ge();
-        d.param = param_location(li, g, r) + host * l.pe;
-        d.param_is_master = l.pd == DType::kF32;
+        d.runs = runs_of(li, layer_part.piece_begin(g, r) + host, count - host, hyper);
+        d.grads = l.opt_grads_dev.as<std::byte>() + (g.shard_offset + host) * grad_bytes();
+        d.param = param_location(li, g, r) + host * l.element_bytes;
+        d.param_is_master = l.param_dtype == DType::kF32;
         dev_jobs.push_back(d);
       }
     }
@@ -114,16 +114,16 @@ Status Engine::Impl::queue_update(size_t li, int64_t step, double clip, double s
   args.clip_coefficient = clip;
   args.loss_scale = scale;
   args.overflow_check = cpu_adam::OverflowCheck::kAssumeFinite;
-  const DType pd = l.pd;
+  const DType param_dtype = l.param_dtype;
   // An aliased layer's update writes the memory the model reads: after the
-  // layer's last release, too (its backward's is in partials_done already,
+  // layer's last release, too (its backward's is in norm_partials_ready already,
   // a forward-only use is not).
-  Completion gate = l.partials_done;
+  Completion gate = l.norm_partials_ready;
   if (aliased(l)) {
     // Released (ok or not: then nobody reads it any more) and reduced.
     auto released = std::make_shared<CompletionSource>(fmt::format("layer {} released", li));
     l.last_use.then([released](const Status&) { released->complete(Status::Ok()); });
-    const Completion both[] = {l.partials_done, released->completion()};
+    const Completion both[] = {l.norm_partials_ready, released->completion()};
     gate = when_all(both, fmt::format("layer {} released and its gradient reduced", li));
   }
   // `raw` fails when the update fails; what later work waits on (the
@@ -132,31 +132,31 @@ Status Engine::Impl::queue_update(size_t li, int64_t step, double clip, double s
   // vote, so every rank runs the same collectives up to it (Note [Atomic
   // steps] in engine.h).
   Completion raw = worker->submit(
-      [this, jobs = std::move(host_jobs), args, pd, spent = update_ns] {
+      [this, jobs = std::move(host_jobs), args, param_dtype, spent = update_ns] {
         const auto t0 = Clock::now();
-        Status st = step_pieces(*tier, *optimizer, jobs, args, pd);
+        Status st = step_pieces(*tier, *optimizer, jobs, args, param_dtype);
         spent->fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
         return st;
       },
       gate, fmt::format("optimizer step of layer {}", li), /*sticky=*/false);
   if (split()) {
     const Completion dev_done =
-        dev_worker->submit([this, jobs = std::move(dev_jobs), args, pd] { return step_pieces(*dev_tier, *dev_optimizer, jobs, args, pd); },
+        dev_worker->submit([this, jobs = std::move(dev_jobs), args, param_dtype] { return step_pieces(*dev_tier, *dev_optimizer, jobs, args, param_dtype); },
                            gate, fmt::format("device optimizer step of layer {}", li), /*sticky=*/false);
     const Completion both[] = {raw, dev_done};
     raw = when_all(both, fmt::format("optimizer step of layer {}", li));
   }
-  l.opt_done = absorb(raw, fmt::format("optimizer step of layer {}", li));
-  l.grads_consumed = l.opt_done;
+  l.update_ran = absorb(raw, fmt::format("optimizer step of layer {}", li));
+  l.full_gradient_read = l.update_ran;
   Completion updated = raw;
   if (l.on_nvme) {
     // The updated shard (in staging, shard layout) goes back to NVMe once
     // the step has written it; the next gather waits for the write.
     auto written = std::make_shared<CompletionSource>(fmt::format("parameter shard of layer {} written", li));
     updated = written->completion();
-    const uint64_t bytes = lp.shard_elements * l.pe;
+    const uint64_t bytes = layer_part.shard_elements * l.element_bytes;
     std::byte* data = l.staging.data();
-    const std::string name = fmt::format("parameter shard of layer {} '{}'", li, printable(lp.name, 64));
+    const std::string name = fmt::format("parameter shard of layer {} '{}'", li, printable(layer_part.name, 64));
     raw.then([this, li, written, bytes, data, name](const Status& st) {
       if (!st.ok()) return written->complete(st);
       Result<Completion> w = param_swap->write(static_cast<uint32_t>(li), data, bytes, name);
@@ -165,8 +165,8 @@ Status Engine::Impl::queue_update(size_t li, int64_t step, double clip, double s
     });
   }
   // Otherwise the updated values went H2D tile by tile from the optimizer's
-  // tile callback (step_pieces), so they are in place when opt_done completes.
-  l.update_done = updated;
+  // tile callback (step_pieces), so they are in place when update_ran completes.
+  l.update_written = updated;
   updated = absorb(updated, fmt::format("update of layer {}", li));
   if (l.persistent) {
     if (!stage0()) {
@@ -181,7 +181,7 @@ Status Engine::Impl::queue_update(size_t li, int64_t step, double clip, double s
 }
 
 Status Engine::Impl::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimizer& o, const std::vector<PieceJob>& jobs,
-                                 const cpu_adam::StepArgs& args, DType pd) {
+                                 const cpu_adam::StepArgs& args, DType param_dtype) {
   if (device_opt() && &t == tier.get()) {
     // The fused device kernel: one launch for the layer's pieces, on its
     // stream; this (optimizer) thread waits for it, so the layer's update
@@ -193,10 +193,10 @@ Status Engine::Impl::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimizer& 
     da.loss_scale = args.loss_scale;
     da.grad_dtype = opt.grad_dtype;
     da.moment_dtype = opt.moment_dtype;
-    da.param_copy_dtype = pd == DType::kF32 ? DType::kBF16 : pd;
+    da.param_copy_dtype = param_dtype == DType::kF32 ? DType::kBF16 : param_dtype;
     // One launch per distinct set of hyper-parameters (usually one), over
     // the runs that have it.
-    const size_t ge = dtype_size(opt.grad_dtype), me = dtype_size(opt.moment_dtype), pe = dtype_size(pd);
+    const size_t grad_bytes = dtype_size(opt.grad_dtype), me = dtype_size(opt.moment_dtype), element_bytes = dtype_size(param_dtype);
     std::vector<std::pair<cpu_adam::HyperParams, std::vector<DeviceAdamTensor>>> launches;
     for (const PieceJob& j : jobs) {
       if (j.count == 0) continue;
@@ -204,11 +204,11 @@ Status Engine::Impl::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimizer& 
       for (const PieceJob::Run& run : j.runs) {
         DeviceAdamTensor d;
         d.count = run.count;
-        d.grads = j.grads + run.offset * ge;
+        d.grads = j.grads + run.offset * grad_bytes;
         d.exp_avg = static_cast<std::byte*>(st.exp_avg) + run.offset * me;
         d.exp_avg_sq = static_cast<std::byte*>(st.exp_avg_sq) + run.offset * me;
         d.params = (j.param_is_master ? reinterpret_cast<float*>(j.param) : st.master) + run.offset;
-        if (!j.param_is_master && pd != DType::kF32) d.param_copy = j.param + run.offset * pe;
+        if (!j.param_is_master && param_dtype != DType::kF32) d.param_copy = j.param + run.offset * element_bytes;
         auto same = [&](const auto& launch) {
           return launch.first.lr == run.hyper.lr && launch.first.weight_decay == run.hyper.weight_decay;
         };
@@ -250,7 +250,7 @@ Status Engine::Impl::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimizer& 
     }
     return Status::Ok();
   }
-  const size_t ge = dtype_size(opt.grad_dtype), pe = dtype_size(pd);
+  const size_t grad_bytes = dtype_size(opt.grad_dtype), element_bytes = dtype_size(param_dtype);
   // A tier that keeps the state in place (pinned host or device memory) has
   // no copy of the previous step: a failure that leaves some of the layer's
   // state stepped and some not is torn (kTorn: the commit point stops the
@@ -286,7 +286,7 @@ Status Engine::Impl::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimizer& 
     for (const PieceJob::Run& run : j.runs) {
       cpu_adam::StateSpans sp;
       sp.count = run.count;
-      sp.grads = j.grads + run.offset * ge;
+      sp.grads = j.grads + run.offset * grad_bytes;
       sp.grad_dtype = opt.grad_dtype;
       sp.exp_avg = static_cast<std::byte*>(st.exp_avg) + run.offset * me;
       sp.exp_avg_sq = static_cast<std::byte*>(st.exp_avg_sq) + run.offset * me;
@@ -295,9 +295,9 @@ Status Engine::Impl::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimizer& 
         sp.params = reinterpret_cast<float*>(j.param) + run.offset;
       } else {
         sp.params = st.master + run.offset;
-        if (pd != DType::kF32) {
-          sp.param_copy = j.param + run.offset * pe;
-          sp.param_copy_dtype = pd;
+        if (param_dtype != DType::kF32) {
+          sp.param_copy = j.param + run.offset * element_bytes;
+          sp.param_copy_dtype = param_dtype;
         }
       }
       // H2D of each finished tile while later tiles compute (Note [Exact
@@ -309,12 +309,12 @@ Status Engine::Impl::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimizer& 
       Status copy_status;
       cpu_adam::TileCallback on_tile;
       if (j.h2d != nullptr) {
-        const std::byte* src = pd == DType::kF32 ? reinterpret_cast<const std::byte*>(st.master) : j.param;
+        const std::byte* src = param_dtype == DType::kF32 ? reinterpret_cast<const std::byte*>(st.master) : j.param;
         const size_t first = run.offset;
         on_tile = [&, src, first](const cpu_adam::TileRange& tile) {
-          const size_t at = (first + tile.begin) * pe;
+          const size_t at = (first + tile.begin) * element_bytes;
           std::lock_guard<std::mutex> lock(copy_mutex);  // tiles finish on several threads
-          Status c = update_stream->copy_async(j.h2d + at, src + at, tile.count * pe, CopyKind::kHostToDevice);
+          Status c = update_stream->copy_async(j.h2d + at, src + at, tile.count * element_bytes, CopyKind::kHostToDevice);
           if (!c.ok() && copy_status.ok()) copy_status = c;
         };
       }
@@ -337,7 +337,7 @@ Status Engine::Impl::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimizer& 
         if (copy_failed.ok()) copy_failed = c;
       }
     }
-    if (!j.param_is_master && pd == DType::kF32 && j.h2d == nullptr)
+    if (!j.param_is_master && param_dtype == DType::kF32 && j.h2d == nullptr)
       std::memcpy(j.param, st.master, j.count * sizeof(float));
     if (Status closed = t.close(j.id, true); !closed.ok()) return torn(closed);
   }
@@ -477,7 +477,7 @@ Result<StepMetrics> Engine::Impl::finish_applied_step() {
   // time in the metrics and names the layer whose backward failed.
   const auto tb = Clock::now();
   for (size_t li = 0; li < layers.size(); ++li)
-    STRATA_RETURN_IF_ERROR(wait_status(layers[li].grad_done, fmt::format("backward of layer {}", li)));
+    STRATA_RETURN_IF_ERROR(wait_status(layers[li].last_backward_released, fmt::format("backward of layer {}", li)));
   const double bwd_ms = ms_since(tb);
   const auto tr = Clock::now();
   STRATA_ASSIGN_OR_RETURN(double sum_squares, global_norm_squared());
