@@ -43,6 +43,9 @@ Status Engine::Impl::init() {
                                                              PlannedDevice::of(device.caps())));
   STRATA_ASSIGN_OR_RETURN(xfer, device.create_stream());
   STRATA_ASSIGN_OR_RETURN(frees, device.create_stream());
+  auto bounded = [this](const Completion& c, std::string_view what) { return wait_bounded(c, what); };
+  live_params.emplace(frees.get(), bounded);
+  live_grads.emplace(frees.get(), bounded);
   STRATA_ASSIGN_OR_RETURN(update_stream, device.create_stream());
   if (opt_on_nvme() || opt.offload_param == OffloadDevice::kNvme) {
     // The swap folders' run name: rank 0's process id, the same on every rank.

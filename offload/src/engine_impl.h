@@ -27,6 +27,7 @@
 #include <span>
 #include <fmt/format.h>
 #include "acquire_trace.h"
+#include "lent_buffers.h"
 #include "param_swap.h"
 #include "serial_worker.h"
 #include "strata/core/dtype_convert.h"
@@ -269,24 +270,10 @@ struct Engine::Impl {
   int64_t next_reduction = -1;
   Status gradient_completed(size_t li);
   Status launch_every_reduction();
-  // Device elements held by stage-3 gathers and stage 2-3 full gradients,
-  // including lent buffers not yet freed: what the caps
-  // (stage3_max_live_parameters, reduce_bucket_size) bound.
-  //
-  // A buffer the engine lent out (to the model's stream, a collective, a
-  // copy) is freed only once `safe` has completed, successfully or not:
-  // then nobody uses it any more. Frees are not left to a stream's order
-  // alone, because a failed stream skips its waits and would free early.
-  struct Deferred {
-    Completion safe;
-    DeviceBuffer buffer;
-    uint64_t elements = 0;
-  };
-  struct LiveCount {
-    uint64_t held = 0;              // allocated and not handed back
-    std::deque<Deferred> freeing;   // handed back, waiting for `safe`, in order
-  };
-  LiveCount live_params, live_grads;
+  // Stage-3 gathered layers and stage 2-3 full gradients: device buffers
+  // under stage3_max_live_parameters / reduce_bucket_size, freed once their
+  // users are done (Note [Lent buffers]). Made in init(), with `frees`.
+  std::optional<LentBuffers> live_params, live_grads;
   // per-step counters
   uint64_t h2d_bytes = 0, d2h_bytes = 0, gather_bytes = 0, reduce_bytes = 0;
   std::vector<std::shared_ptr<WaitProbe>> probes;
@@ -344,43 +331,6 @@ struct Engine::Impl {
       return OutOfMemory(fmt::format("{} ({}) does not fit in device memory on rank {}: {}", what,
                                      format_bytes(bytes, true), rank, b.status().message()));
     return b;
-  }
-  // Hands `buffer` back: it is freed once `safe` has completed.
-  void free_after(LiveCount& lc, DeviceBuffer&& buffer, Completion safe, uint64_t elements) {
-    lc.held -= elements;
-    lc.freeing.push_back(Deferred{std::move(safe), std::move(buffer), elements});
-  }
-  // Frees what is safe to free (oldest first; with `block`, waits for the
-  // oldest first). The free runs on `frees`, a stream nothing gates, so it
-  // is immediate; synchronizing it makes the memory reusable at once.
-  Status reap(LiveCount& lc, bool block) {
-    bool freed = false;
-    while (!lc.freeing.empty()) {
-      Deferred& d = lc.freeing.front();
-      // Failed or not, its users are done once it completed.
-      if (block) STRATA_RETURN_IF_ERROR(wait_bounded(d.safe, "freeing a buffer lent to the model, a copy or a collective"));
-      if (!d.safe.done()) break;
-      STRATA_RETURN_IF_ERROR(frees->free_async(std::move(d.buffer)));  // the device uncounts it when it runs
-      lc.freeing.pop_front();
-      freed = true;
-      block = false;
-    }
-    return freed ? frees->synchronize() : Status::Ok();
-  }
-  uint64_t live_now(LiveCount& lc) {
-    reap(lc, false).ignore();
-    uint64_t n = lc.held;
-    for (const Deferred& d : lc.freeing) n += d.elements;
-    return n;
-  }
-  // Waits (oldest first) until `more` elements fit under `cap`, or nothing is left to wait for.
-  Status make_room(LiveCount& lc, uint64_t more, uint64_t cap) {
-    while (live_now(lc) + more > cap && !lc.freeing.empty()) STRATA_RETURN_IF_ERROR(reap(lc, true));
-    return Status::Ok();
-  }
-  Status drain(LiveCount& lc) {
-    while (!lc.freeing.empty()) STRATA_RETURN_IF_ERROR(reap(lc, true));
-    return Status::Ok();
   }
   EngineMemory plan() const;
 

@@ -73,9 +73,9 @@ Result<LayerMemory> Engine::Impl::acquire(size_t li, Pass pass) {
     if (!l.full_grads) {
       // Gradients waiting for their reduction are capped by reduce_bucket_size
       // (stages 2, 3): wait for earlier layers' reductions to free theirs.
-      STRATA_RETURN_IF_ERROR(make_room(live_grads, layer_part.padded_elements, static_cast<uint64_t>(opt.reduce_bucket_size))
+      STRATA_RETURN_IF_ERROR(live_grads->make_room(layer_part.padded_elements, static_cast<uint64_t>(opt.reduce_bucket_size))
                                  .with_context("freeing reduced gradients"));
-      live_grads.held += layer_part.padded_elements;
+      live_grads->hold(layer_part.padded_elements);
       STRATA_ASSIGN_OR_RETURN(l.full_grads, alloc_device(layer_part.padded_elements * grad_bytes(),
                                                          fmt::format("gradients of layer {} '{}'", li,
                                                                      printable(layer_part.name, 64))));
@@ -118,14 +118,14 @@ Status Engine::Impl::issue_gather(size_t li, bool* allocated) {
   STRATA_ASSIGN_OR_RETURN(l.gathered, alloc_device(layer_part.padded_elements * l.element_bytes,
                                                    fmt::format("gathered parameters of layer {} '{}'", li,
                                                                printable(layer_part.name, 64))));
-  live_params.held += layer_part.padded_elements;
+  live_params->hold(layer_part.padded_elements);
   if (allocated != nullptr) *allocated = true;
   // What was queued against the buffer: on failure it is handed back (and
   // uncounted) once all of it completed, never while a copy may still write it.
   std::vector<Completion> queued;
   Status st = queue_gather(li, queued);
   if (st.ok()) return st;
-  free_after(live_params, std::move(l.gathered), when_all(queued, fmt::format("failed gather of layer {}", li)),
+  live_params->give_back(std::move(l.gathered), when_all(queued, fmt::format("failed gather of layer {}", li)),
              layer_part.padded_elements);
   return st.with_context(fmt::format("gathering the parameters of layer {} '{}'", li, printable(layer_part.name, 64)));
 }
@@ -214,12 +214,12 @@ Status Engine::Impl::queue_gather(size_t li, std::vector<Completion>& queued) {
 // index first, until the gather fits or nothing else can go.
 Status Engine::Impl::make_room_for_gather(size_t li) {
   const uint64_t more = part.layer(li).padded_elements, cap = static_cast<uint64_t>(opt.max_live_parameters);
-  STRATA_RETURN_IF_ERROR(make_room(live_params, more, cap));
-  for (size_t j = 0; j < layers.size() && live_now(live_params) + more > cap; ++j) {
+  STRATA_RETURN_IF_ERROR(live_params->make_room(more, cap));
+  for (size_t j = 0; j < layers.size() && live_params->live() + more > cap; ++j) {
     Layer& k = layers[j];
     if (j == li || k.persistent || !k.gathered_valid || k.held > 0) continue;
     STRATA_RETURN_IF_ERROR(drop_gathered(j, k.last_use));
-    STRATA_RETURN_IF_ERROR(make_room(live_params, more, cap));
+    STRATA_RETURN_IF_ERROR(live_params->make_room(more, cap));
   }
   return Status::Ok();
 }
@@ -238,8 +238,8 @@ void Engine::Impl::prefetch_after(size_t position) {
     // never on which frees happen to have completed; the frees in flight
     // are then waited for, as an on-demand gather would.
     const uint64_t cap = static_cast<uint64_t>(opt.max_live_parameters);
-    if (live_params.held + n > cap) break;
-    if (!make_room(live_params, n, cap).ok()) break;
+    if (live_params->held() + n > cap) break;
+    if (!live_params->make_room(n, cap).ok()) break;
     bool allocated = false;
     if (Status st = issue_gather(lj, &allocated); !st.ok()) {
       // Out of memory for the buffer (nothing queued or counted): it is
@@ -258,7 +258,7 @@ Status Engine::Impl::drop_gathered(size_t li, const Completion& done) {
   if (!l.gathered_valid) return Status::Ok();
   // Its users: the gather that filled it (and the H2D before), the model's last pass over it.
   const Completion users[] = {l.gathered_ready, done};
-  free_after(live_params, std::move(l.gathered), when_all(users), part.layer(li).padded_elements);
+  live_params->give_back(std::move(l.gathered), when_all(users), part.layer(li).padded_elements);
   l.gathered_valid = false;
   return Status::Ok();
 }
@@ -327,7 +327,7 @@ Status Engine::Impl::launch_reduction(size_t li) {
     // No backward touched the layer this step: its gradient is zero (a
     // persistent buffer still holds the last step's, once its readers are done).
     if (!l.full_grads) {
-      live_grads.held += layer_part.padded_elements;
+      live_grads->hold(layer_part.padded_elements);
       STRATA_ASSIGN_OR_RETURN(l.full_grads,
                               alloc_device(layer_part.padded_elements * grad_bytes(), fmt::format("gradients of layer {}", li)));
     } else {
@@ -421,7 +421,7 @@ Status Engine::Impl::launch_reduction(size_t li) {
     if (opt.stage >= 2) {
       // Its users: the model's backward, the reduction in place, the copy out.
       const Completion users[] = {l.last_backward_released, reduced, l.reduced_gradient_moved};
-      free_after(live_grads, std::move(l.full_grads), when_all(users), layer_part.padded_elements);
+      live_grads->give_back(std::move(l.full_grads), when_all(users), layer_part.padded_elements);
     }
   }
   // Block sums of the owned pieces (padding blocks sum to zero).

@@ -372,7 +372,7 @@ Status Engine::Impl::begin_step() {
   probes.clear();
   // Blocks until an evaluation's dropped copies are freed, so this step's
   // gathers do not stack on them (the memory plan counts one set).
-  STRATA_RETURN_IF_ERROR(drain(live_params));
+  STRATA_RETURN_IF_ERROR(live_params->drain());
   io_before = tier->io_stats();
   step_start = mark();
   take_failure(FailureOf::kCall).ignore();  // a late read of the previous call's dropped copies
@@ -582,7 +582,7 @@ Status Engine::Impl::begin_evaluation() {
   take_failure(FailureOf::kCall).ignore();
   // Blocks until the step's dropped copies are freed, so the evaluation's
   // gathers do not stack on them (the memory plan counts one set).
-  STRATA_RETURN_IF_ERROR(drain(live_params));
+  STRATA_RETURN_IF_ERROR(live_params->drain());
   phase = Phase::kEvaluation;
   return Status::Ok();
 }
