@@ -19,6 +19,7 @@
 #include "strata/nvme/aio_config.h"
 #include "strata/nvme/io_engine.h"
 #include "strata/nvme/swap_store.h"
+#include "nvme_streaming.h"
 
 namespace strata::offload {
 namespace {
@@ -175,33 +176,11 @@ Status NvmeStateTier::init() {
         fmt::format("strata.optimizer_state_dtype {} is not fp32 or bf16", dtype_name(o.moment_dtype)));
   options_.slot_bytes = align_up(o.slot_bytes);
 
-  if (o.io_engine != nullptr) {
-    engine_ = o.io_engine;
-  } else {
-    STRATA_ASSIGN_OR_RETURN(nvme::IoEngineConfig ec, nvme::io_engine_config(o.aio));
-    Result<std::unique_ptr<nvme::IoEngine>> made = nvme::make_io_engine(ec.options);
-    if (!made.ok()) return made.status().with_context("NVMe optimizer state: creating the I/O engine (aio section)");
-    owned_engine_ = std::move(made).value();
-    engine_ = owned_engine_.get();
-  }
-
-  SlotPoolOptions po;
-  po.slot_count = o.buffer_count;
-  po.slot_bytes = options_.slot_bytes;
-  po.alignment = kNvmeStateAlign;
-  po.name = "NVMe optimizer state slots";
-  po.acquire_timeout = std::chrono::milliseconds(300000);  // a write-back on a slow drive, not a hang
-  po.account = &stats_;  // the device counts the slots in the engine's stats
-  Result<std::unique_ptr<SlotPool>> pool = SlotPool::create(device_, po);
-  if (!pool.ok())
-    return pool.status().with_context(fmt::format(
-        "NVMe optimizer state: pinning {} slots of {} (lower zero_optimization.offload_optimizer.buffer_count or "
-        "sub_group_size)",
-        o.buffer_count, format_bytes(options_.slot_bytes, true)));
-  pool_ = std::move(pool).value();
-  // One registration of the whole region: io_uring issues every slot's
-  // pieces as READ_FIXED / WRITE_FIXED. Refusals are notes, not errors.
-  STRATA_RETURN_IF_ERROR(engine_->register_buffer(pool_->base(), pool_->total_bytes()));
+  STRATA_ASSIGN_OR_RETURN(engine_, io_engine_for(o.io_engine, o.aio, owned_engine_, "NVMe optimizer state"));
+  STRATA_ASSIGN_OR_RETURN(pool_, registered_slots(device_, *engine_, stats_, o.buffer_count, options_.slot_bytes,
+                                                  kNvmeStateAlign, "NVMe optimizer state",
+                                                  "lower zero_optimization.offload_optimizer.buffer_count or "
+                                                  "sub_group_size"));
   registered_ = true;
 
   nvme::SwapStoreOptions so;

@@ -1,9 +1,11 @@
 #include "param_swap.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "strata/core/units.h"
-#include "strata/nvme/aio_config.h"
+#include "nvme_streaming.h"
 
 namespace strata::offload {
 
@@ -14,44 +16,25 @@ Result<std::unique_ptr<ParamSwap>> ParamSwap::create(const ParamSwapOptions& o, 
     return InvalidArgument(fmt::format("zero_optimization.offload_param.buffer_count {} is not in 1..65536",
                                        o.buffer_count));
   std::unique_ptr<ParamSwap> s(new ParamSwap(device, stats));
-  if (o.io_engine != nullptr) {
-    s->engine_ = o.io_engine;
-  } else {
-    STRATA_ASSIGN_OR_RETURN(nvme::IoEngineConfig ec, nvme::io_engine_config(o.aio));
-    Result<std::unique_ptr<nvme::IoEngine>> engine = nvme::make_io_engine(ec.options);
-    if (!engine.ok())
-      return engine.status().with_context("NVMe parameter shards: creating the I/O engine (aio section)");
-    s->owned_engine_ = std::move(engine).value();
-    s->engine_ = s->owned_engine_.get();
-  }
-  SlotPoolOptions po;
-  po.slot_count = o.buffer_count;
-  po.slot_bytes = std::max<uint64_t>(o.slot_bytes, 4096);
-  po.alignment = 4096;
-  po.name = "NVMe parameter slots";
-  po.acquire_timeout = std::chrono::milliseconds(300000);
-  po.account = &stats;  // the device counts the slots in the engine's stats
-  Result<std::unique_ptr<SlotPool>> pool = SlotPool::create(device, po);
-  if (!pool.ok())
-    return pool.status().with_context(fmt::format(
-        "NVMe parameter shards: pinning {} slots of {} (lower zero_optimization.offload_param.buffer_count)",
-        o.buffer_count, format_bytes(po.slot_bytes, true)));
-  s->pool_ = std::move(pool).value();
-  STRATA_RETURN_IF_ERROR(s->engine_->register_buffer(s->pool_->base(), s->pool_->total_bytes()));
+  STRATA_ASSIGN_OR_RETURN(s->engine_, io_engine_for(o.io_engine, o.aio, s->owned_engine_, "NVMe parameter shards"));
+  const uint64_t slot_bytes = std::max<uint64_t>(o.slot_bytes, 4096);
+  STRATA_ASSIGN_OR_RETURN(s->pool_, registered_slots(device, *s->engine_, stats, o.buffer_count, slot_bytes, 4096,
+                                                     "NVMe parameter shards",
+                                                     "lower zero_optimization.offload_param.buffer_count"));
   s->registered_ = true;
   nvme::SwapStoreOptions so;
   so.paths = {o.path};
   so.job = o.job;
   so.rank = o.rank;
   // Shadow space: one write in flight per layer at most, bounded by the slots' worth.
-  so.capacity_bytes = o.capacity_bytes * 2 + po.slot_bytes;
+  so.capacity_bytes = o.capacity_bytes * 2 + slot_bytes;
   so.verify_checksums = o.verify_checksums;
   so.verify_writes = false;
   Result<std::unique_ptr<nvme::SwapStore>> store = nvme::SwapStore::open(so, *s->engine_);
   if (!store.ok()) return store.status().with_context("NVMe parameter shards");
   s->store_ = std::move(store).value();
   s->description_ = fmt::format("NVMe ({}; {}; {} x {} pinned slots)", o.path, s->engine_->describe(),
-                                o.buffer_count, format_bytes(po.slot_bytes, true));
+                                o.buffer_count, format_bytes(slot_bytes, true));
   return s;
 }
 
