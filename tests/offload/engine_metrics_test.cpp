@@ -24,8 +24,8 @@
 namespace strata::offload {
 namespace {
 
-constexpr auto kSleep = std::chrono::milliseconds(400);
-constexpr double kSleepMs = 400;
+constexpr auto kSleep = std::chrono::milliseconds(1000);  // far above a tiny forward under TSan
+constexpr double kSleepMs = 1000;
 
 // Odd sizes: optimizer state pieces whose bytes are no multiple of 256.
 SpecModel metrics_model() {
