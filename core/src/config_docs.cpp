@@ -116,7 +116,8 @@ std::string config_keys_markdown() {
     table_rows(md, k.path);
   }
   md += "\n## Rules that join several keys\n\n"
-        "- `offload_optimizer` needs stage 1, 2 or 3; `offload_param` needs stage 3.\n"
+        "- `offload_optimizer` needs stage 1, 2 or 3; `offload_param` below stage 3 has no effect (a warning;\n"
+        "  DeepSpeed ignores it too) and resolves to `none`.\n"
         "- `device: \"nvme\"` needs `nvme_path`; `nvme_path` with another device is ignored (warning).\n"
         "- `offload_optimizer.ratio` below 1 needs stage 3.\n"
         "- `aio` is a top-level section; nested anywhere else it is an error that says so.\n"

@@ -250,10 +250,15 @@ void check_offload(Checker& c, Config& config) {
             "set zero_optimization.stage to 1, 2 or 3, or set offload_optimizer.device to \"none\"");
   }
   if (zero.offload_param.device != OffloadDevice::kNone && stage < 3) {
-    c.error(where(op, "cpu_offload_param"),
-            fmt::format("parameter offload ({}) needs ZeRO stage 3, but zero_optimization.stage is {}",
-                        offload_device_name(zero.offload_param.device), stage),
-            "set zero_optimization.stage to 3, or remove offload_param (below stage 3 offload only the optimizer)");
+    // DeepSpeed ignores it there (parameters are partitioned, and so
+    // offloaded, only at stage 3): accepted with DeepSpeed's meaning, and
+    // resolved to none so every reader of the config sees what runs.
+    c.warn(where(op, "cpu_offload_param"),
+           fmt::format("parameter offload ({}) has no effect below ZeRO stage 3 (zero_optimization.stage is {}): "
+                       "parameters are partitioned, and so offloaded, only at stage 3; DeepSpeed ignores it too",
+                       offload_device_name(zero.offload_param.device), stage),
+           "set zero_optimization.stage to 3 to offload parameters, or remove offload_param");
+    zero.offload_param.device = OffloadDevice::kNone;
   }
   auto check_nvme = [&](const std::string& section, OffloadDevice device, const std::string& nvme_path) {
     if (device == OffloadDevice::kNvme && nvme_path.empty()) {

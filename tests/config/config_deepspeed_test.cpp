@@ -98,9 +98,9 @@ const std::vector<Expected>& shipped() {
       {"examples/sdma_allgather/ds_config_zero3.json", true,
        {{"zero_optimization.allgather_bucket_size", "has no effect in Strata"}}},
       {"tests/accelerator/ds_config.json", true, {}},
-      // DeepSpeed ignores offload_param below stage 3; Strata's rule refuses it (see docs/config.md).
-      {"tests/hybrid_engine/hybrid_engine_config.json", false,
-       {{"zero_optimization.offload_param.device", "needs ZeRO stage 3, but zero_optimization.stage is 0"}}},
+      // DeepSpeed ignores offload_param below stage 3, and so does Strata (a warning).
+      {"tests/hybrid_engine/hybrid_engine_config.json", true,
+       {{"zero_optimization.offload_param.device", "has no effect below ZeRO stage 3"}}},
       {"tests/model/BingBertSquad/deepspeed_bsz24_fp16_config.json", true, {}},
       {"tests/model/BingBertSquad/deepspeed_bsz24_fp16_eigenvalue_quantize_config.json", false,
        {{"eigenvalue.enabled", "turns on DeepSpeed's eigenvalue computation (MoQ), which Strata does not support"}}},
@@ -157,7 +157,7 @@ TEST(DeepSpeedConfigs, ShippedConfigsOfTheRelease) {
       EXPECT_EQ(e.file, "csrc/aio/py_test/single_process_config.json") << issue.path << ": " << issue.message;
     }
   }
-  EXPECT_EQ(refused, 4u);
+  EXPECT_EQ(refused, 3u);  // the aio sweep (not a training config), eigenvalue on, DeepCompile on
 }
 
 TEST(DeepSpeedConfigs, EigenvalueConfigSaysWhatToRemoveAndWarnsOnTheRest) {
