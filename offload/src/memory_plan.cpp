@@ -126,8 +126,8 @@ EngineMemory plan_engine_memory(const EngineOptions& opt, const Partition& part,
 
 Result<EngineMemory> plan_engine_memory(const EngineOptions& opt, std::span<const LayerSpec> layers, int world,
                                         int rank, const PlannedDevice& device) {
-  if (rank < 0 || rank >= world) return InvalidArgument(fmt::format("rank {} is not in 0..{}", rank, world - 1));
   STRATA_ASSIGN_OR_RETURN(Partition part, Partition::create(layers, world, opt.sub_group_size));
+  // (StatePlacement::compute checks the rank.)
   STRATA_ASSIGN_OR_RETURN(StatePlacement placement,
                           StatePlacement::compute(opt, layers, part, rank, device));
   return plan_engine_memory(opt, part, placement);

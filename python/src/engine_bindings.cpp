@@ -23,6 +23,7 @@
 #include <pybind11/stl.h>
 
 #include "errors.h"
+#include "torch_dtypes.h"
 #include "strata/comm/backends.h"
 #include "strata/core/config.h"
 #include "strata/core/device_registry.h"
@@ -37,24 +38,6 @@ using offload::Engine;
 using offload::EngineOptions;
 using offload::StepOutcome;
 using offload::StepOutcomeKind;
-
-Result<DType> tensor_dtype(const std::string& name, const std::string& tensor) {
-  if (name == "float32") return DType::kF32;
-  if (name == "bfloat16") return DType::kBF16;
-  if (name == "float16") return DType::kF16;
-  return InvalidArgument(fmt::format("tensor '{}': dtype '{}' is not float32, bfloat16 or float16",
-                                     printable(tensor, 64), printable(name, 32)));
-}
-
-// torch's names, which the Python layer uses.
-std::string torch_dtype_name(DType dtype) {
-  switch (dtype) {
-    case DType::kF32: return "float32";
-    case DType::kBF16: return "bfloat16";
-    case DType::kF16: return "float16";
-    default: return std::string(dtype_name(dtype));
-  }
-}
 
 Result<Pass> pass_named(const std::string& name) {
   if (name == "forward") return Pass::kForward;
@@ -151,9 +134,10 @@ class DrivenEngine {
     described.reserve(layers.size());
     for (const auto& [layer_name, tensors] : layers) {
       LayerDescription layer{layer_name, {}};
-      for (const auto& [name, shape, dtype, trainable, weight_decay, lr_scale] : tensors)
-        layer.tensors.push_back(
-            TensorDescription{name, shape, value_or_raise(tensor_dtype(dtype, name)), trainable, weight_decay, lr_scale});
+      for (const auto& [name, shape, dtype, trainable, weight_decay, lr_scale] : tensors) {
+        const DType type = value_or_raise(dtype_from_torch_name(dtype, fmt::format("tensor '{}'", printable(name, 64))));
+        layer.tensors.push_back(TensorDescription{name, shape, type, trainable, weight_decay, lr_scale});
+      }
       described.push_back(std::move(layer));
     }
     auto self = std::unique_ptr<DrivenEngine>(new DrivenEngine());

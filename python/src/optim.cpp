@@ -36,19 +36,13 @@
 #include <pybind11/stl.h>
 
 #include "errors.h"
+#include "torch_dtypes.h"
 #include "strata/cpu_adam/optimizer.h"
 
 namespace strata::python {
 namespace {
 
 using cpu_adam::CpuOptimizer;
-
-Result<DType> parse_dtype(const std::string& name, const char* what) {
-  if (name == "float32") return DType::kF32;
-  if (name == "bfloat16") return DType::kBF16;
-  if (name == "float16") return DType::kF16;
-  return InvalidArgument(fmt::format("{}: dtype '{}' is not float32, bfloat16 or float16", what, name));
-}
 
 // One tensor's state: (count, params, grads, grad_dtype, exp_avg, exp_avg_sq,
 // moment_dtype, param_copy, copy_dtype, step). Addresses as integers
@@ -112,12 +106,12 @@ class PyCpuOptimizer {
       job.spans.count = count;
       job.spans.params = reinterpret_cast<float*>(params);
       job.spans.grads = reinterpret_cast<const void*>(grads);
-      job.spans.grad_dtype = value_or_raise(parse_dtype(grad_dtype, "grad"));
+      job.spans.grad_dtype = value_or_raise(dtype_from_torch_name(grad_dtype, "grad"));
       job.spans.exp_avg = reinterpret_cast<void*>(exp_avg);
       job.spans.exp_avg_sq = reinterpret_cast<void*>(exp_avg_sq);
-      job.spans.moment_dtype = value_or_raise(parse_dtype(moment_dtype, "moments"));
+      job.spans.moment_dtype = value_or_raise(dtype_from_torch_name(moment_dtype, "moments"));
       job.spans.param_copy = reinterpret_cast<void*>(copy);
-      job.spans.param_copy_dtype = value_or_raise(parse_dtype(copy_dtype, "param copy"));
+      job.spans.param_copy_dtype = value_or_raise(dtype_from_torch_name(copy_dtype, "param copy"));
       job.step = step;
       jobs.push_back(job);
     }
@@ -170,7 +164,7 @@ class PyCpuOptimizer {
     for (const auto& [grads, dtype, count] : spans) {
       counts.push_back(count);
       bases.push_back(reinterpret_cast<const char*>(grads));
-      dtypes.push_back(value_or_raise(parse_dtype(dtype, "grad")));
+      dtypes.push_back(value_or_raise(dtype_from_torch_name(dtype, "grad")));
     }
     size_t total_tiles = 0;
     const std::vector<WorkItem> items = make_items(counts, &total_tiles);
@@ -204,7 +198,7 @@ class PyCpuOptimizer {
 
   // Squared L2 norm and finiteness of one gradient span (GIL released).
   std::pair<double, bool> grad_stats(uintptr_t grads, const std::string& dtype, uint64_t count) {
-    const DType d = value_or_raise(parse_dtype(dtype, "grad"));
+    const DType d = value_or_raise(dtype_from_torch_name(dtype, "grad"));
     Result<cpu_adam::GradStats> stats = InvalidArgument("unreached");
     {
       py::gil_scoped_release release;
