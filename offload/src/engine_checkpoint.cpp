@@ -238,80 +238,6 @@ struct Engine::Impl::SaveState {
   }
 };
 
-// ---------------------------------------------------------------- piece state
-
-Status Engine::Impl::read_piece_state(size_t li, size_t gi, int r, float* master, float* ea, float* eas) {
-  const LayerPartition& layer_part = part.layer(li);
-  const SubGroup& g = layer_part.groups[gi];
-  Layer& l = layers[li];
-  const size_t count = layer_part.piece_real(g, r), host = host_n(count);
-  const StateId id{static_cast<uint32_t>(li), static_cast<uint32_t>(gi), r};
-  auto from = [&](OptimizerStateTier& t, size_t first, size_t n) -> Status {
-    if (n == 0) return Status::Ok();
-    STRATA_ASSIGN_OR_RETURN(PieceState s, t.open(id));
-    // Device-tier state is read through the Device (a cuda pointer is not host memory).
-    auto fetch = [&](void* dst, const void* src, size_t bytes) -> Status {
-      if (t.tier() == Tier::kDevice) return device.copy(dst, src, bytes, CopyKind::kDeviceToHost);
-      std::memcpy(dst, src, bytes);
-      return Status::Ok();
-    };
-    auto moment = [&](float* out, const void* src) -> Status {
-      if (out == nullptr) return Status::Ok();
-      if (s.moment_dtype == DType::kF32) return fetch(out + first, src, n * sizeof(float));
-      std::vector<bfloat16> tmp(n);
-      STRATA_RETURN_IF_ERROR(fetch(tmp.data(), src, n * sizeof(bfloat16)));
-      convert_bf16_to_fp32(tmp.data(), out + first, n);
-      return Status::Ok();
-    };
-    Status st = Status::Ok();
-    if (master != nullptr) {
-      if (s.master != nullptr)
-        st = fetch(master + first, s.master, n * sizeof(float));
-      else  // fp32 parameters are their own master, in device memory
-        st = device.copy(master + first, param_location(li, g, r) + first * l.element_bytes, n * l.element_bytes, CopyKind::kDeviceToHost);
-    }
-    if (st.ok()) st = moment(ea, s.exp_avg);
-    if (st.ok()) st = moment(eas, s.exp_avg_sq);
-    const Status closed = t.close(id, false);
-    return st.ok() ? closed : st;
-  };
-  STRATA_RETURN_IF_ERROR(from(*tier, 0, host));
-  if (split()) STRATA_RETURN_IF_ERROR(from(*dev_tier, host, count - host));
-  return Status::Ok();
-}
-
-Status Engine::Impl::write_piece_state(size_t li, size_t gi, int r, const float* master, const float* ea,
-                                       const float* eas) {
-  const LayerPartition& layer_part = part.layer(li);
-  const SubGroup& g = layer_part.groups[gi];
-  const size_t count = layer_part.piece_real(g, r), host = host_n(count);
-  const StateId id{static_cast<uint32_t>(li), static_cast<uint32_t>(gi), r};
-  auto into = [&](OptimizerStateTier& t, size_t first, size_t n) -> Status {
-    if (n == 0) return Status::Ok();
-    STRATA_ASSIGN_OR_RETURN(PieceState s, t.open(id));
-    auto put = [&](void* dst, const void* src, size_t bytes) -> Status {
-      if (t.tier() == Tier::kDevice) return device.copy(dst, src, bytes, CopyKind::kHostToDevice);
-      std::memcpy(dst, src, bytes);
-      return Status::Ok();
-    };
-    auto moment = [&](void* dst, const float* in) -> Status {
-      if (s.moment_dtype == DType::kF32) return put(dst, in + first, n * sizeof(float));
-      std::vector<bfloat16> tmp(n);
-      convert_fp32_to_bf16(in + first, tmp.data(), n);
-      return put(dst, tmp.data(), n * sizeof(bfloat16));
-    };
-    // Without a master the parameters are the master: load_checkpoint wrote them.
-    Status st = s.master != nullptr ? put(s.master, master + first, n * sizeof(float)) : Status::Ok();
-    if (st.ok()) st = moment(s.exp_avg, ea);
-    if (st.ok()) st = moment(s.exp_avg_sq, eas);
-    const Status closed = t.close(id, true);
-    return st.ok() ? closed : st;
-  };
-  STRATA_RETURN_IF_ERROR(into(*tier, 0, host));
-  if (split()) STRATA_RETURN_IF_ERROR(into(*dev_tier, host, count - host));
-  return Status::Ok();
-}
-
 // ---------------------------------------------------------------- save
 
 Result<std::optional<CheckpointSaveDone>> Engine::Impl::wait_save() {
@@ -451,9 +377,8 @@ Status Engine::Impl::prune_checkpoints(const fs::path& dir, int keep, const std:
 // that writes the layer's parameters after it (the stage 1-2 all-gather
 // rewrites this rank's own piece in place too).
 Completion Engine::Impl::snapshot_gate(size_t li) {
-  const Layer& l = layers[li];
   // update_written fails when the update did: a failed step is never saved.
-  const Completion both[] = {l.update_written, l.persistent ? l.params_ready : l.shard_ready};
+  const Completion both[] = {updates.layer(li).update_written, params.ready(li)};
   return when_all(both, fmt::format("layer {} updated", li));
 }
 
@@ -555,7 +480,7 @@ Result<CheckpointSaveInfo> Engine::Impl::save(const CheckpointSaveOptions& o) {
   s->commit_timeout_s = o.commit_timeout_s;
   s->crash = faults.checkpoint_crash;
   s->t0 = t0;
-  s->rollbacks = tier->rollbacks();
+  s->rollbacks = updates.tier().rollbacks();
   {
     std::error_code ec;
     fs::create_directory(s->tmp, ec);  // every rank; EEXIST from another rank is fine
@@ -593,7 +518,7 @@ Result<CheckpointSaveInfo> Engine::Impl::save(const CheckpointSaveOptions& o) {
   m.scalars.scaler_hysteresis_left = ls.hysteresis_left;
   m.scalars.scaler_overflow_count = ls.overflow_count;
   for (size_t li = 0; li < part.layer_count(); ++li)
-    m.layers.push_back({model.layers()[li].name, part.layer(li).elements, std::string(dtype_name(layers[li].param_dtype))});
+    m.layers.push_back({model.layers()[li].name, part.layer(li).elements, std::string(dtype_name(where(li).param_dtype))});
   m.app = o.app;
 
   // This rank's pieces, in order, and where each goes in its files.
@@ -637,7 +562,7 @@ Result<CheckpointSaveInfo> Engine::Impl::save(const CheckpointSaveOptions& o) {
   for (const Piece& p : pieces) {
     const size_t e = extent;
     extent += 2;
-    const Completion snapped = worker->submit(
+    const Completion snapped = updates.worker().submit(
         [this, s, slots, p, e]() -> Status {
           if (!s->first_error().ok()) return Status::Ok();
           Result<size_t> slot = slots->acquire(opt.wait_timeout_s);
@@ -649,8 +574,8 @@ Result<CheckpointSaveInfo> Engine::Impl::save(const CheckpointSaveOptions& o) {
           std::byte* base = slots->slots[k].data();
           float* master = reinterpret_cast<float*>(base);
           float* moments = reinterpret_cast<float*>(base + align_up(4 * p.count));
-          Status st = read_piece_state(p.li, p.gi, rank, master, moments, moments + p.count);
-          if (st.ok()) st = check_still_current(*tier, s->rollbacks, s->tag);
+          Status st = updates.read_piece_state(p.li, p.gi, rank, master, moments, moments + p.count);
+          if (st.ok()) st = check_still_current(updates.tier(), s->rollbacks, s->tag);
           if (!st.ok()) {
             slots->release(k);
             s->fail(st.with_context(fmt::format("taking the snapshot of {}", state_name(p.li, p.gi, rank))));
@@ -687,7 +612,7 @@ Result<CheckpointSaveInfo> Engine::Impl::save(const CheckpointSaveOptions& o) {
   }
   // After the last snapshot (whatever the optimizer thread's state), the
   // writer finishes: it runs after every piece's write, which was queued first.
-  Completion last = worker->submit([] { return Status::Ok(); }, {}, "checkpoint snapshot end");
+  Completion last = updates.worker().submit([] { return Status::Ok(); }, {}, "checkpoint snapshot end");
   last.then([this, s](const Status& st) {
     if (!st.ok()) s->fail(st.with_context("the optimizer thread failed before the snapshot was taken"));
     s->snapped.complete(s->first_error());
@@ -759,13 +684,14 @@ Result<CheckpointManifest> Engine::Impl::load(const std::string& given) {
 
   for (size_t li = 0; li < part.layer_count(); ++li) {
     const LayerPartition& layer_part = part.layer(li);
-    Layer& l = layers[li];
+    const LayerPlacement& layer_where = where(li);
+    const bool persistent = layer_where.persistent();
     // The master values this rank needs, read once: the whole layer when its
     // parameters are kept whole (persistent), else this rank's shard (the
     // shard layout, padding zero). Both the parameters and the owned
     // pieces' state come from it.
-    std::vector<float> master(l.persistent ? layer_part.padded_elements : layer_part.shard_elements, 0.0f);
-    if (l.persistent) {
+    std::vector<float> master(persistent ? layer_part.padded_elements : layer_part.shard_elements, 0.0f);
+    if (persistent) {
       STRATA_RETURN_IF_ERROR(reader.read(li, CheckpointState::kMaster, 0, std::span<float>(master.data(), layer_part.elements)));
     } else {
       for (const SubGroup& g : layer_part.groups) {
@@ -775,12 +701,12 @@ Result<CheckpointManifest> Engine::Impl::load(const std::string& given) {
                                            std::span<float>(master.data() + g.shard_offset, n)));
       }
     }
-    std::vector<std::byte> params(master.size() * l.element_bytes);
-    master_to_params(l.param_dtype, master.data(), params.data(), master.size());
-    if (l.persistent) {
-      STRATA_RETURN_IF_ERROR(device.copy(l.full_params.data(), params.data(), params.size(), CopyKind::kHostToDevice));
+    std::vector<std::byte> values(master.size() * layer_where.param_element_bytes);
+    master_to_params(layer_where.param_dtype, master.data(), values.data(), master.size());
+    if (persistent) {
+      STRATA_RETURN_IF_ERROR(params.write_whole(li, values));
     } else {
-      STRATA_RETURN_IF_ERROR(put_shard(li, params));  // a fresh engine: off the step path
+      STRATA_RETURN_IF_ERROR(params.replace_shard(li, values));  // a fresh engine: off the step path
     }
     // The optimizer state of every owned piece (a partitioned layer's owned
     // pieces are this rank's: stage 3).
@@ -790,19 +716,19 @@ Result<CheckpointManifest> Engine::Impl::load(const std::string& given) {
       for (int r = owned_rank_begin(); r < owned_rank_end(); ++r) {
         const size_t n = layer_part.piece_real(g, r);
         if (n == 0) continue;
-        STRATA_CHECK(l.persistent || r == rank, "a partitioned layer's owned pieces are this rank's");
+        STRATA_CHECK(persistent || r == rank, "a partitioned layer's owned pieces are this rank's");
         const uint64_t b = layer_part.piece_begin(g, r);
-        const float* m = master.data() + (l.persistent ? b : g.shard_offset);
+        const float* m = master.data() + (persistent ? b : g.shard_offset);
         moments.resize(2 * n);
         STRATA_RETURN_IF_ERROR(reader.read(li, CheckpointState::kExpAvg, b, std::span<float>(moments.data(), n)));
         STRATA_RETURN_IF_ERROR(reader.read(li, CheckpointState::kExpAvgSq, b, std::span<float>(moments.data() + n, n)));
-        STRATA_RETURN_IF_ERROR(write_piece_state(li, gi, r, m, moments.data(), moments.data() + n)
+        STRATA_RETURN_IF_ERROR(updates.write_piece_state(li, gi, r, m, moments.data(), moments.data() + n)
                                    .with_context(fmt::format("loading {}", state_name(li, gi, r))));
       }
     }
   }
   // The loaded state is the committed one (Note [Piece versions]).
-  STRATA_RETURN_IF_ERROR(tier->commit().with_context("writing the loaded optimizer state"));
+  STRATA_RETURN_IF_ERROR(updates.tier().commit().with_context("writing the loaded optimizer state"));
   // The runner goes where the save left its data; a checkpoint without a
   // position (saved by a caller that drives the engine and owns its data)
   // leaves it where it is.

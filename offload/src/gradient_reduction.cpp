@@ -1,0 +1,310 @@
+// GradientReduction (Note [Gradient reduction] in gradient_reduction.h).
+#include "gradient_reduction.h"
+
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "strata/comm/host_collective.h"
+#include "strata/offload/grad_norm.h"
+
+namespace strata::offload::engine_detail {
+
+void GradientReduction::init(SerialWorker* norm_worker) {
+  norm_worker_ = norm_worker;
+  auto bounded = [this](const Completion& c, std::string_view what) { return ctx_.wait_bounded(c, what); };
+  live_.emplace(ctx_.frees.get(), bounded);
+  layers_.resize(ctx_.part.layer_count());
+}
+
+Status GradientReduction::init_layer(size_t li) {
+  const LayerPlacement& where = ctx_.where(li);
+  if (where.frozen) return Status::Ok();  // no gradient
+  const LayerPartition& layer_part = ctx_.part.layer(li);
+  LayerGradients& l = layers_[li];
+  const std::string lname = ctx_.layer_label(li);
+  const size_t gb = ctx_.grad_bytes();
+  if (where.gradients == GradientBuffer::kPersistent) {
+    STRATA_ASSIGN_OR_RETURN(l.full_grads, ctx_.alloc_device(layer_part.padded_elements * gb, "gradients of " + lname));
+    STRATA_RETURN_IF_ERROR(ctx_.device.memset(l.full_grads.data(), 0, layer_part.padded_elements * gb));
+  }
+  const size_t owned = ctx_.owned_elements(layer_part);
+  if (where.pinned_gradient_shard) {
+    STRATA_ASSIGN_OR_RETURN(l.opt_grads_host,
+                            HostBuffer::create(ctx_.device, ctx_.stats, owned * gb, "gradient shard of " + lname));
+  }
+  if (where.device_gradient_shard) {
+    STRATA_ASSIGN_OR_RETURN(l.opt_grads_dev, ctx_.alloc_device(owned * gb, "gradient shard of " + lname));
+  }
+  if (where.norm_gradient_copy) {
+    const size_t n = ctx_.grads_in_place() ? layer_part.padded_elements : owned;
+    STRATA_ASSIGN_OR_RETURN(l.norm_grads, HostBuffer::create(ctx_.device, ctx_.stats, n * gb,
+                                                             "gradient copy for the norm of " + lname));
+  }
+  l.block_sums.assign(owned / kShardAlign, 0.0);
+  return Status::Ok();
+}
+
+void GradientReduction::begin_step() {
+  for (LayerGradients& l : layers_) l.reduce_launched = false;
+  gradient_complete_.assign(layers_.size(), false);
+  for (size_t li = 0; li < layers_.size(); ++li) gradient_complete_[li] = ctx_.where(li).frozen;
+  next_reduction_ = static_cast<int64_t>(layers_.size()) - 1;
+}
+
+void GradientReduction::begin_micro_batch() {
+  for (LayerGradients& l : layers_) l.backward_releases = 0;
+}
+
+Status GradientReduction::check_backward_acquire(size_t li) const {
+  if (!layers_[li].reduce_launched) return Status::Ok();
+  return FailedPrecondition(fmt::format(
+      "{} was acquired for backward after its gradient was complete by the recorded acquire sequence and its "
+      "reduction had started: this micro-batch followed the recording up to the layer's last recorded backward, "
+      "then acquired it again (Note [Acquire order]); a model that revisits a layer in backward must do it in every "
+      "step, or acquire it in forward as often",
+      ctx_.layer_label(li)));
+}
+
+// Zeroes the layer's buffer in the copy stream's order, after the last
+// step's readers of a kept buffer.
+Status GradientReduction::zero(LayerGradients& l, size_t li) {
+  const size_t bytes = ctx_.part.layer(li).padded_elements * ctx_.grad_bytes();
+  STRATA_RETURN_IF_ERROR(ctx_.xfer->memset_async(l.full_grads.data(), 0, bytes));
+  l.grads_zeroed = ctx_.xfer->record_completion();
+  l.zeroed_step = ctx_.steps_begun;
+  return Status::Ok();
+}
+
+Result<GradientReduction::Lease> GradientReduction::acquire_for_backward(size_t li) {
+  LayerGradients& l = layers_[li];
+  const LayerPartition& layer_part = ctx_.part.layer(li);
+  if (!l.full_grads) {
+    // Gradients waiting for their reduction are capped by reduce_bucket_size
+    // (stages 2, 3): wait for earlier layers' reductions to free theirs.
+    STRATA_RETURN_IF_ERROR(live_->make_room(layer_part.padded_elements, static_cast<uint64_t>(ctx_.opt.reduce_bucket_size))
+                               .with_context("freeing reduced gradients"));
+    live_->hold(layer_part.padded_elements);
+    STRATA_ASSIGN_OR_RETURN(l.full_grads, ctx_.alloc_device(layer_part.padded_elements * ctx_.grad_bytes(),
+                                                            "gradients of " + ctx_.layer_label(li)));
+    STRATA_RETURN_IF_ERROR(zero(l, li));  // the model waits for it
+  } else if (l.zeroed_step != ctx_.steps_begun) {
+    // Persistent gradients: zero once per step, after the last step's readers.
+    STRATA_RETURN_IF_ERROR(ctx_.xfer->wait(l.full_gradient_read));
+    STRATA_RETURN_IF_ERROR(zero(l, li));
+  }
+  return Lease{l.full_grads.as<std::byte>(), l.grads_zeroed};
+}
+
+Status GradientReduction::released_in_backward(size_t li, const Completion& done, std::optional<int> expected,
+                                               bool completes) {
+  LayerGradients& l = layers_[li];
+  l.last_backward_released = done;
+  ++l.backward_releases;
+  // A layer's gradient is complete at its last backward release: as many as
+  // the recorded sequence has, or, while a micro-batch is being recorded, as
+  // many as its forward acquires (a backward mirrors its forward); once a
+  // micro-batch departs from the recording, when it ends (Note [Acquire
+  // order]). Reductions go out in canonical order.
+  if (!ctx_.where(li).frozen && completes && expected && l.backward_releases == *expected && !l.reduce_launched)
+    return gradient_completed(li);
+  return Status::Ok();
+}
+
+Status GradientReduction::gradient_completed(size_t li) {
+  gradient_complete_[li] = true;
+  for (; next_reduction_ >= 0 && gradient_complete_[static_cast<size_t>(next_reduction_)]; --next_reduction_)
+    if (!layers_[static_cast<size_t>(next_reduction_)].reduce_launched)
+      STRATA_RETURN_IF_ERROR(launch_reduction(static_cast<size_t>(next_reduction_)));
+  return Status::Ok();
+}
+
+Status GradientReduction::launch_every_reduction() {
+  for (; next_reduction_ >= 0; --next_reduction_)
+    if (!layers_[static_cast<size_t>(next_reduction_)].reduce_launched)
+      STRATA_RETURN_IF_ERROR(launch_reduction(static_cast<size_t>(next_reduction_)));
+  return Status::Ok();
+}
+
+Status GradientReduction::launch_reduction(size_t li) {
+  LayerGradients& l = layers_[li];
+  const LayerPartition& layer_part = ctx_.part.layer(li);
+  if (ctx_.where(li).frozen) return Status::Ok();  // no gradient (a frozen layer is acquired for backward all the same)
+  const EngineOptions& opt = ctx_.opt;
+  comm::Communicator& comm = ctx_.comm;
+  Stream& xfer = *ctx_.xfer;
+  const int rank = ctx_.rank;
+  TransferCounters& bytes = ctx_.transfers;
+  l.reduce_launched = true;
+  if (l.zeroed_step != ctx_.steps_begun) {
+    // No backward touched the layer this step: its gradient is zero (a
+    // persistent buffer still holds the last step's, once its readers are done).
+    if (!l.full_grads) {
+      live_->hold(layer_part.padded_elements);
+      STRATA_ASSIGN_OR_RETURN(l.full_grads, ctx_.alloc_device(layer_part.padded_elements * ctx_.grad_bytes(),
+                                                              fmt::format("gradients of layer {}", li)));
+    } else {
+      STRATA_RETURN_IF_ERROR(xfer.wait(l.full_gradient_read));
+    }
+    STRATA_RETURN_IF_ERROR(zero(l, li));
+    l.last_backward_released = l.grads_zeroed;
+  }
+  std::byte* full = l.full_grads.as<std::byte>();
+  const size_t e = ctx_.grad_bytes();
+  Completion local = l.last_backward_released;
+  const std::optional<testing::GradientFault>& fault = ctx_.faults.gradient;
+  if (fault && fault->step == ctx_.steps_begun && fault->rank == rank && fault->layer == li) {
+    const float v = fault->value;
+    if (opt.grad_dtype == DType::kF32) std::memcpy(fault_bytes_.data(), &v, 4);
+    if (opt.grad_dtype == DType::kBF16) convert_fp32_to_bf16(&v, reinterpret_cast<bfloat16*>(fault_bytes_.data()), 1);
+    if (opt.grad_dtype == DType::kF16) convert_fp32_to_fp16(&v, reinterpret_cast<float16*>(fault_bytes_.data()), 1);
+    STRATA_RETURN_IF_ERROR(xfer.wait(l.last_backward_released));
+    STRATA_RETURN_IF_ERROR(xfer.copy_async(full, fault_bytes_.data(), e, CopyKind::kHostToDevice));
+    local = xfer.record_completion();
+  }
+  STRATA_RETURN_IF_ERROR(comm.wait(local, comm::CommQueue::kReduce));
+  Completion reduced;
+  for (const SubGroup& g : layer_part.groups) {
+    std::byte* send = full + g.padded_begin * e;
+    STRATA_ASSIGN_OR_RETURN(comm::CommWork w, comm.reduce_scatter(send, send + g.piece * rank * e, g.piece,
+                                                                  opt.grad_dtype, comm::ReduceOp::kSum,
+                                                                  comm::CommQueue::kReduce));
+    reduced = w.completion();
+  }
+  bytes.reduce_bytes += layer_part.padded_elements * e;
+  if (ctx_.stage0()) {
+    for (const SubGroup& g : layer_part.groups) {
+      STRATA_ASSIGN_OR_RETURN(comm::CommWork w, comm.all_gather(full + layer_part.piece_begin(g, rank) * e,
+                                                                full + g.padded_begin * e, g.piece, opt.grad_dtype,
+                                                                comm::CommQueue::kReduce));
+      reduced = w.completion();
+    }
+    bytes.reduce_bytes += layer_part.padded_elements * e;
+  }
+  // Where the optimizer reads the owned pieces.
+  std::byte* dst = nullptr;
+  CopyKind kind = CopyKind::kDeviceToDevice;
+  if (ctx_.opt_on_host()) {
+    dst = l.opt_grads_host.data();
+    kind = CopyKind::kDeviceToHost;
+  } else if (!ctx_.grads_in_place()) {
+    dst = l.opt_grads_dev.as<std::byte>();
+  }
+  if (dst == nullptr) {
+    l.reduced_gradient_moved = reduced;
+  } else if (ctx_.split()) {
+    // ratio < 1: the whole piece stays on the device (the device part steps
+    // from there, the block sums read it), only the host part goes D2H.
+    STRATA_RETURN_IF_ERROR(xfer.wait(reduced));
+    std::byte* dev = l.opt_grads_dev.as<std::byte>();
+    for (const SubGroup& g : layer_part.groups) {
+      const std::byte* piece = full + layer_part.piece_begin(g, rank) * e;
+      STRATA_RETURN_IF_ERROR(xfer.copy_async(dev + g.shard_offset * e, piece, g.piece * e, CopyKind::kDeviceToDevice));
+      const size_t host = ctx_.host_n(layer_part.piece_real(g, rank));
+      STRATA_RETURN_IF_ERROR(xfer.copy_async(dst + g.shard_offset * e, piece, host * e, CopyKind::kDeviceToHost));
+      bytes.d2h_bytes += host * e;
+    }
+    dst = dev;  // where the block sums read
+  } else {
+    STRATA_RETURN_IF_ERROR(xfer.wait(reduced));
+    if (ctx_.stage0()) {
+      STRATA_RETURN_IF_ERROR(xfer.copy_async(dst, full, layer_part.padded_elements * e, kind));
+    } else {
+      for (const SubGroup& g : layer_part.groups)
+        STRATA_RETURN_IF_ERROR(
+            xfer.copy_async(dst + g.shard_offset * e, full + layer_part.piece_begin(g, rank) * e, g.piece * e, kind));
+    }
+    if (kind == CopyKind::kDeviceToHost) bytes.d2h_bytes += ctx_.owned_elements(layer_part) * e;
+  }
+  // device_opt(): the block sums are computed on the host, from a copy.
+  const std::byte* sums_src = dst;
+  if (ctx_.device_opt()) {
+    const std::byte* from = dst != nullptr ? dst : full;
+    const size_t n = dst != nullptr ? ctx_.owned_elements(layer_part) : layer_part.padded_elements;
+    if (dst == nullptr) STRATA_RETURN_IF_ERROR(xfer.wait(reduced));
+    STRATA_RETURN_IF_ERROR(xfer.copy_async(l.norm_grads.data(), from, n * e, CopyKind::kDeviceToHost));
+    bytes.d2h_bytes += n * e;
+    sums_src = l.norm_grads.data();
+    if (dst == nullptr) l.reduced_gradient_moved = xfer.record_completion();
+  }
+  if (dst != nullptr) {
+    l.reduced_gradient_moved = xfer.record_completion();
+    if (opt.stage >= 2) {
+      // Its users: the model's backward, the reduction in place, the copy out.
+      const Completion users[] = {l.last_backward_released, reduced, l.reduced_gradient_moved};
+      live_->give_back(std::move(l.full_grads), when_all(users), layer_part.padded_elements);
+    }
+  }
+  // Block sums of the owned pieces (padding blocks sum to zero).
+  const std::byte* src = sums_src != nullptr ? sums_src : full;
+  const bool in_padded_layout = dst == nullptr || ctx_.stage0();
+  l.norm_partials_ready = norm_worker_->submit(
+      [this, li, src, in_padded_layout] {
+        LayerGradients& lay = layers_[li];
+        const LayerPartition& p = ctx_.part.layer(li);
+        size_t out = 0;
+        for (const SubGroup& g : p.groups)
+          for (int r = ctx_.owned_rank_begin(); r < ctx_.owned_rank_end(); ++r) {
+            const size_t at = in_padded_layout ? p.piece_begin(g, r) : g.shard_offset;
+            block_sums_of_squares(src + at * ctx_.grad_bytes(), ctx_.opt.grad_dtype, g.piece, kShardAlign,
+                                  std::span<double>(lay.block_sums.data() + out, g.piece / kShardAlign));
+            out += g.piece / kShardAlign;
+          }
+        return Status::Ok();
+      },
+      l.reduced_gradient_moved, fmt::format("gradient block sums of layer {}", li));
+  l.full_gradient_read = l.norm_partials_ready;
+  return Status::Ok();
+}
+
+Result<double> GradientReduction::global_norm_squared() {
+  // Every layer's block sums, this rank's owned order, layer by layer.
+  std::vector<double> mine;
+  // Blocks: the norm (and with it the clip coefficient of every update)
+  // needs the block sums of every layer.
+  for (size_t li = 0; li < layers_.size(); ++li) {
+    STRATA_RETURN_IF_ERROR(ctx_.wait_status(layers_[li].norm_partials_ready,
+                                            fmt::format("reducing the gradients of layer {} on rank {}", li, ctx_.rank)));
+    mine.insert(mine.end(), layers_[li].block_sums.begin(), layers_[li].block_sums.end());
+  }
+  double total = 0;
+  if (ctx_.stage0()) {
+    for (double v : mine) total += v;  // already in (layer, group, rank, block) order
+    return total;
+  }
+  comm::Communicator& comm = ctx_.comm;
+  const int world = ctx_.world;
+  std::vector<double> all(mine.size() * world);
+  STRATA_RETURN_IF_ERROR(comm::host_collective(
+      comm, mine.data(), mine.size() * sizeof(double), all.data(), all.size() * sizeof(double),
+      [&](const void* s, void* r) { return comm.all_gather(s, r, mine.size(), DType::kF64, comm::CommQueue::kReduce); },
+      "gathering the gradient norm's block sums"));
+  // all[r] holds rank r's blocks in (layer, group, block) order; add in
+  // (layer, group, rank, block) order, as stage 0 does.
+  size_t layer_base = 0;
+  for (size_t li = 0; li < layers_.size(); ++li) {
+    if (ctx_.where(li).frozen) continue;  // no gradient, no blocks
+    const LayerPartition& layer_part = ctx_.part.layer(li);
+    for (const SubGroup& g : layer_part.groups) {
+      const size_t nb = g.piece / kShardAlign, gb = layer_base + g.shard_offset / kShardAlign;
+      for (int r = 0; r < world; ++r)
+        for (size_t j = 0; j < nb; ++j) total += all[static_cast<size_t>(r) * mine.size() + gb + j];
+    }
+    layer_base += layer_part.shard_elements / kShardAlign;
+  }
+  return total;
+}
+
+GradientReduction::UpdateInput GradientReduction::update_input(size_t li) const {
+  const LayerGradients& l = layers_[li];
+  UpdateInput in;
+  in.grads = ctx_.opt_on_host()      ? l.opt_grads_host.data()
+             : ctx_.grads_in_place() ? l.full_grads.as<std::byte>()
+                                     : l.opt_grads_dev.as<std::byte>();
+  in.padded_layout = ctx_.grads_in_place() || ctx_.stage0();
+  in.device_part_grads = l.opt_grads_dev.as<std::byte>();
+  in.reduced = l.norm_partials_ready;
+  return in;
+}
+
+}  // namespace strata::offload::engine_detail

@@ -1,0 +1,114 @@
+#pragma once
+// GradientReduction: each layer's gradient from its backward to the
+// optimizer's input, and the global norm. Private to offload/src.
+//
+// Note [Gradient reduction]
+// A layer's full gradient lives on the device: a buffer kept across steps
+// (stages 0-1, zeroed once per step after the last step's readers) or one
+// per step (stages 2-3, allocated at the first backward acquire under
+// reduce_bucket_size, LentBuffers, freed once reduced and moved). A layer's
+// gradient is complete at its last backward release (the trace's count) or,
+// for one the step did not use, when the step's last micro-batch ends (a
+// zero gradient). Reductions are issued in canonical order, descending
+// layer index, never in arrival order, so every rank issues the same
+// collectives in the same order: reduce-scatter per sub-group (stage 0
+// all-gathers the reduced pieces back), then the owned pieces move to where
+// the optimizer reads them (pinned host, a device shard, or in place), then
+// the optimizer thread computes their block sums of squares; the global norm
+// adds every rank's blocks in (layer, group, rank, block) order, the same
+// sum at every stage and world size's placement (docs/engine.md).
+//
+// Threads: the driving thread calls everything; the block sums run on the
+// optimizer thread (UpdateScheduler's worker), in submission order.
+#include <array>
+#include <optional>
+#include <vector>
+
+#include "engine_context.h"
+#include "lent_buffers.h"
+#include "serial_worker.h"
+
+namespace strata::offload::engine_detail {
+
+class GradientReduction {
+ public:
+  struct LayerGradients {
+    DeviceBuffer full_grads;
+    int64_t zeroed_step = -1;               // the step (steps_begun) its buffer was zeroed for
+    Completion grads_zeroed;
+    Completion last_backward_released;      // `done` of the latest kBackward release
+    int backward_releases = 0;              // this micro-batch
+    bool reduce_launched = false;           // this step
+    Completion full_gradient_read;          // everything that read full_grads this step (reduction, copies, update)
+    DeviceBuffer opt_grads_dev;             // owned layout, when the optimizer reads a device shard
+    HostBuffer opt_grads_host;              // owned layout, offload_optimizer cpu / nvme
+    HostBuffer norm_grads;                  // device_opt(): the reduced gradient's host copy for the block sums
+    Completion reduced_gradient_moved;      // the reduced gradient is in the optimizer's input buffer
+    std::vector<double> block_sums;         // owned blocks, owned order
+    Completion norm_partials_ready;         // block_sums hold this step's partial sums of the norm
+  };
+  // Where layer li's update reads its reduced gradient (owned pieces).
+  struct UpdateInput {
+    const std::byte* grads = nullptr;              // the optimizer's input (host part when split)
+    bool padded_layout = false;                    // at piece_begin offsets, else shard offsets
+    const std::byte* device_part_grads = nullptr;  // split: the device shard (shard offsets)
+    Completion reduced;                            // the gradient is there and its block sums are done
+  };
+
+  explicit GradientReduction(EngineContext& ctx) : ctx_(ctx) {}
+
+  // `norm_worker`: the thread the block sums run on (the optimizer's).
+  void init(SerialWorker* norm_worker);
+  Status init_layer(size_t li);
+
+  void begin_step();
+  void begin_micro_batch();
+  // A backward acquire: refused once the layer's reduction started (it
+  // departed from the recording after its last recorded backward).
+  Status check_backward_acquire(size_t li) const;
+  // The layer's gradient buffer for a backward pass, zeroed once per step;
+  // the model accumulates into it once `zeroed` completes.
+  struct Lease {
+    std::byte* grads = nullptr;
+    Completion zeroed;
+  };
+  Result<Lease> acquire_for_backward(size_t li);
+  // A backward release; `expected` backward releases complete the gradient
+  // when `completes` (a training micro-batch, the step's last).
+  Status released_in_backward(size_t li, const Completion& done, std::optional<int> expected, bool completes);
+  // Every gradient is complete (the step's last micro-batch ended): the
+  // rest are reduced, in canonical order, the unused layers' as zeros.
+  Status launch_every_reduction();
+  // The sum of squares of the reduced gradient over every rank (blocks).
+  Result<double> global_norm_squared();
+
+  const Completion& backward_released(size_t li) const { return layers_[li].last_backward_released; }
+  UpdateInput update_input(size_t li) const;
+  // The update of the layer reads the reduced gradient until `update_ran`.
+  void read_until(size_t li, const Completion& update_ran) { layers_[li].full_gradient_read = update_ran; }
+  // The step is being repeated (a rollback): gradients are zeroed again.
+  void forget_zeroing() {
+    for (LayerGradients& l : layers_) l.zeroed_step = -1;
+  }
+
+ private:
+  Status gradient_completed(size_t li);
+  // Sums the layer's gradient over ranks, moves the owned pieces to where
+  // the optimizer reads them, and queues their block sums.
+  Status launch_reduction(size_t li);
+  Status zero(LayerGradients& l, size_t li);
+
+  EngineContext& ctx_;
+  SerialWorker* norm_worker_ = nullptr;
+  std::vector<LayerGradients> layers_;
+  // Reductions are issued in descending layer order: next_reduction_ is
+  // the highest layer not launched yet (-1: none left).
+  std::vector<bool> gradient_complete_;
+  int64_t next_reduction_ = -1;
+  // Stage 2-3 full gradients: device buffers under reduce_bucket_size,
+  // freed once their users are done (Note [Lent buffers]).
+  std::optional<LentBuffers> live_;
+  std::array<std::byte, 4> fault_bytes_{};  // the injected gradient value (testing::GradientFault), gradient dtype
+};
+
+}  // namespace strata::offload::engine_detail

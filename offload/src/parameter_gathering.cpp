@@ -1,0 +1,491 @@
+// ParameterGathering (Note [Parameter gathering] in parameter_gathering.h).
+#include "parameter_gathering.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include <fmt/format.h>
+
+namespace strata::offload::engine_detail {
+
+ParameterGathering::~ParameterGathering() { stop_reader(); }
+
+void ParameterGathering::stop_reader() {
+  if (!shard_reader_) return;
+  ctx_.wait_at_teardown(shard_reader_->submit([] { return Status::Ok(); }, {}, "the end of the shard reader's queue",
+                                              /*sticky=*/false),
+                        "the parameter shard reader's queued reads");
+  shard_reader_.reset();
+}
+
+Status ParameterGathering::init(const std::string& job_name) {
+  const EngineOptions& opt = ctx_.opt;
+  auto bounded = [this](const Completion& c, std::string_view what) { return ctx_.wait_bounded(c, what); };
+  live_.emplace(ctx_.frees.get(), bounded);
+  const size_t n = ctx_.part.layer_count();
+  layers_.resize(n);
+  trace_.emplace(n);
+  uint64_t real = 0;
+  for (size_t li = 0; li < n; ++li) real += ctx_.part.layer(li).elements;
+  window_spans_micro_batch_ = static_cast<uint64_t>(std::max(opt.max_reuse_distance, opt.prefetch_bucket_size)) >= 2 * real;
+  if (opt.offload_param == OffloadDevice::kNvme) STRATA_RETURN_IF_ERROR(make_param_swap(job_name));
+  return Status::Ok();
+}
+
+// offload_param nvme: the swap store for the shards the placement puts on
+// NVMe (every partitioned layer after the first max_in_cpu shard elements,
+// which stay in pinned host memory), with slots for the largest of them.
+Status ParameterGathering::make_param_swap(const std::string& job_name) {
+  const EngineOptions& opt = ctx_.opt;
+  if (opt.stage != 3) return InvalidArgument(fmt::format("{}: offload_param nvme needs stage 3", opt.source));
+  uint64_t capacity = 0, largest = 0, largest_elements = 0;
+  std::string largest_name;
+  for (size_t li = 0; li < ctx_.part.layer_count(); ++li) {
+    const LayerPlacement& where = ctx_.where(li);
+    if (!where.shard_on_nvme()) continue;
+    const LayerPartition& layer_part = ctx_.part.layer(li);
+    const uint64_t bytes = layer_part.shard_elements * where.param_element_bytes;
+    capacity += bytes;
+    if (bytes > largest) {
+      largest = bytes;
+      largest_elements = layer_part.shard_elements;
+      largest_name = ctx_.layer_label(li);
+    }
+  }
+  if (capacity == 0) return Status::Ok();  // everything fits max_in_cpu: no NVMe I/O at all
+  if (static_cast<uint64_t>(opt.nvme_param.buffer_size) < largest_elements)
+    return InvalidArgument(fmt::format(
+        "{}: zero_optimization.offload_param.buffer_size {} elements is smaller than the largest parameter shard on "
+        "NVMe ({} elements, {}); raise buffer_size to at least {}",
+        opt.source, opt.nvme_param.buffer_size, largest_elements, largest_name, largest_elements));
+  ParamSwapOptions o;
+  o.path = opt.nvme_param.path;
+  o.job = job_name + "-params";
+  o.rank = ctx_.rank;
+  o.buffer_count = static_cast<size_t>(opt.nvme_param.buffer_count);
+  o.slot_bytes = largest;
+  o.capacity_bytes = capacity;
+  o.aio = opt.nvme.aio;
+  o.verify_checksums = opt.nvme.verify_checksums;
+  o.io_engine = ctx_.faults.param_io;
+  STRATA_ASSIGN_OR_RETURN(swap_, ParamSwap::create(o, ctx_.device, ctx_.stats));
+  shard_reader_ = std::make_unique<SerialWorker>(fmt::format("parameter shard reader of rank {}", ctx_.rank));
+  return Status::Ok();
+}
+
+Status ParameterGathering::init_layer(size_t li, const std::byte* padded) {
+  const LayerPartition& layer_part = ctx_.part.layer(li);
+  const LayerPlacement& where = ctx_.where(li);
+  LayerParams& l = layers_[li];
+  const std::string lname = ctx_.layer_label(li);
+  if (where.persistent()) {
+    const size_t bytes = layer_part.padded_elements * where.param_element_bytes;
+    STRATA_ASSIGN_OR_RETURN(l.full_params, ctx_.alloc_device(bytes, "parameters of " + lname));
+    return ctx_.device.copy(l.full_params.data(), padded, bytes, CopyKind::kHostToDevice);
+  }
+  const std::vector<std::byte> shard = own_shard(li, padded);
+  if (where.shard_on_nvme())
+    return swap_->put(static_cast<uint32_t>(li), shard.data(), shard.size(), "parameter shard of " + lname);
+  if (where.shard_in_host()) {
+    STRATA_ASSIGN_OR_RETURN(l.host_shard,
+                            HostBuffer::create(ctx_.device, ctx_.stats, shard.size(), "parameter shard of " + lname));
+  } else {
+    STRATA_ASSIGN_OR_RETURN(l.dev_shard, ctx_.alloc_device(shard.size(), "parameter shard of " + lname));
+  }
+  return put_shard(li, shard);
+}
+
+Result<ParameterGathering::Lease> ParameterGathering::acquire(size_t li, Pass pass, bool training) {
+  LayerParams& l = layers_[li];
+  const LayerPlacement& where = ctx_.where(li);
+  Lease lease;
+  if (where.persistent()) {
+    lease.params = l.full_params.as<std::byte>();
+    lease.ready = lease.update_ready = l.params_ready;
+  } else if (where.acquired_in_place) {
+    lease.params = l.dev_shard.as<std::byte>();
+    lease.ready = lease.update_ready = l.shard_ready;
+  } else {
+    if (!l.prefetch_failure.ok()) {
+      Status failed = std::move(l.prefetch_failure);
+      l.prefetch_failure = Status::Ok();
+      return failed.with_context(
+          fmt::format("acquire of {} for {} on rank {}", ctx_.layer_label(li), pass_name(pass), ctx_.rank));
+    }
+    if (!l.gathered_valid) {
+      // On demand: wait for frees in flight when the live cap would be passed.
+      STRATA_RETURN_IF_ERROR(make_room_for_gather(li).with_context("freeing gathered parameters"));
+      STRATA_RETURN_IF_ERROR(issue_gather(li));
+    }
+    lease.update_ready = l.shard_ready;
+    lease.params = l.gathered.as<std::byte>();
+    lease.ready = l.gathered_ready;
+    if (training && trace_->following()) prefetch_after(trace_->position());
+  }
+  ++l.held;
+  return lease;
+}
+
+Status ParameterGathering::issue_gather(size_t li, bool* allocated) {
+  LayerParams& l = layers_[li];
+  const LayerPartition& layer_part = ctx_.part.layer(li);
+  if (allocated != nullptr) *allocated = false;
+  STRATA_ASSIGN_OR_RETURN(l.gathered, ctx_.alloc_device(layer_part.padded_elements * element_bytes(li),
+                                                        "gathered parameters of " + ctx_.layer_label(li)));
+  live_->hold(layer_part.padded_elements);
+  if (allocated != nullptr) *allocated = true;
+  // What was queued against the buffer: on failure it is handed back (and
+  // uncounted) once all of it completed, never while a copy may still write it.
+  std::vector<Completion> queued;
+  Status st = queue_gather(li, queued);
+  if (st.ok()) return st;
+  live_->give_back(std::move(l.gathered), when_all(queued, fmt::format("failed gather of layer {}", li)),
+                   layer_part.padded_elements);
+  return st.with_context("gathering the parameters of " + ctx_.layer_label(li));
+}
+
+Status ParameterGathering::queue_gather(size_t li, std::vector<Completion>& queued) {
+  LayerParams& l = layers_[li];
+  const LayerPartition& layer_part = ctx_.part.layer(li);
+  const LayerPlacement& where = ctx_.where(li);
+  const size_t eb = where.param_element_bytes;
+  const int rank = ctx_.rank;
+  comm::Communicator& comm = ctx_.comm;
+  std::byte* full = l.gathered.as<std::byte>();
+  if (where.shard_on_nvme()) {
+    // NVMe: the shard's last write-back must be durable before it is read
+    // (a shadow write flips the index only then). The shard reader waits for
+    // it, reads the shard into a slot and copies its pieces into place; this
+    // (driving) thread only queues the gather behind that, so neither a
+    // prefetch nor an acquire blocks here on a later layer's update.
+    const std::string name = "parameter shard of " + ctx_.layer_label(li);
+    const uint64_t bytes = layer_part.shard_elements * eb;
+    const Completion copied = shard_reader_->submit(
+        [this, li, full, name, bytes, eb, rank]() -> Status {
+          const LayerPartition& p = ctx_.part.layer(li);
+          STRATA_ASSIGN_OR_RETURN(ParamSwap::Read rd, swap_->read(static_cast<uint32_t>(li), bytes, name));
+          // A failed read does not fail the gather: the layer is gathered
+          // from whatever the slot holds and the failure drops the step at
+          // the commit point's vote on every rank (Note [Atomic steps]).
+          // The shard reader's own thread waits for the read it issued (the
+          // driving thread only waits for the gather queued behind it).
+          // Bounded (Note [Bounded waits]): a read that does not end drops the
+          // step like a failed one; its slot goes back only once it ended.
+          const bool ended = rd.done.wait_for(ctx_.wait_bound());
+          const Status read = ended ? rd.done.status()
+                                    : DeadlineExceeded(fmt::format("'{}' did not complete in {} s (strata.wait_timeout_s; "
+                                                                   "raise it if the drive is only slow)",
+                                                                   rd.done.label(), ctx_.opt.wait_timeout_s));
+          if (!read.ok()) ctx_.failures.record(FailureOf::kCall, read.with_context("reading the " + name));
+          Status copy;
+          const std::byte* shard = rd.slot.as<std::byte>();
+          for (const SubGroup& g : p.groups)
+            if (copy.ok() && ended)
+              copy = ctx_.device.copy(full + p.piece_begin(g, rank) * eb, shard + g.shard_offset * eb, g.piece * eb,
+                                      CopyKind::kHostToDevice);
+          rd.slot.release_after(ended ? Completion() : rd.done);  // the copies above are done
+          return copy.with_context("copying the " + name + " to the device");
+        },
+        l.shard_ready, fmt::format("reading the {}", name), /*sticky=*/false);
+    queued.push_back(copied);
+    ctx_.transfers.h2d_bytes += bytes;
+    STRATA_RETURN_IF_ERROR(comm.wait(copied, comm::CommQueue::kGather));
+  } else if (ctx_.param_on_host()) {
+    // H2D of this rank's pieces into their place, then gather in place.
+    Stream& xfer = *ctx_.xfer;
+    STRATA_RETURN_IF_ERROR(xfer.wait(l.shard_ready));
+    Status copies;
+    for (const SubGroup& g : layer_part.groups)
+      if (copies.ok())
+        copies = xfer.copy_async(full + layer_part.piece_begin(g, rank) * eb, l.host_shard.data() + g.shard_offset * eb,
+                                 g.piece * eb, CopyKind::kHostToDevice);
+    const Completion h2d = xfer.record_completion();  // after the copies queued
+    queued.push_back(h2d);
+    STRATA_RETURN_IF_ERROR(copies);
+    ctx_.transfers.h2d_bytes += layer_part.shard_elements * eb;
+    STRATA_RETURN_IF_ERROR(comm.wait(h2d, comm::CommQueue::kGather));
+  } else {
+    STRATA_RETURN_IF_ERROR(comm.wait(l.shard_ready, comm::CommQueue::kGather));
+  }
+  const std::optional<testing::GatherFault>& fault = ctx_.faults.gather;
+  if (fault && fault->step == ctx_.steps_begun && fault->rank == rank && fault->layer == li && !fault_gather_fired_) {
+    fault_gather_fired_ = true;
+    return Internal("injected gather failure (testing::GatherFault)");
+  }
+  Completion last;
+  for (const SubGroup& g : layer_part.groups) {
+    const std::byte* send = ctx_.param_on_host() ? full + layer_part.piece_begin(g, rank) * eb
+                                                 : l.dev_shard.as<std::byte>() + g.shard_offset * eb;
+    STRATA_ASSIGN_OR_RETURN(comm::CommWork w, comm.all_gather(send, full + g.padded_begin * eb, g.piece,
+                                                              where.param_dtype, comm::CommQueue::kGather));
+    last = w.completion();
+    queued.push_back(last);
+  }
+  ctx_.transfers.gather_bytes += layer_part.padded_elements * eb;
+  l.gathered_ready = last;
+  l.gathered_valid = true;
+  return Status::Ok();
+}
+
+// stage3_max_live_parameters for an on-demand gather of layer `li`: wait
+// for frees in flight, then drop kept (gathered, not held) layers, oldest
+// index first, until the gather fits or nothing else can go.
+Status ParameterGathering::make_room_for_gather(size_t li) {
+  const uint64_t more = ctx_.part.layer(li).padded_elements, cap = static_cast<uint64_t>(ctx_.opt.max_live_parameters);
+  STRATA_RETURN_IF_ERROR(live_->make_room(more, cap));
+  for (size_t j = 0; j < layers_.size() && live_->live() + more > cap; ++j) {
+    LayerParams& k = layers_[j];
+    if (j == li || ctx_.where(j).persistent() || !k.gathered_valid || k.held > 0) continue;
+    STRATA_RETURN_IF_ERROR(drop_gathered(j, k.last_use));
+    STRATA_RETURN_IF_ERROR(live_->make_room(more, cap));
+  }
+  return Status::Ok();
+}
+
+void ParameterGathering::prefetch_after(size_t position) {
+  uint64_t issued = 0;
+  const std::vector<AcquireTrace::Entry>& sequence = trace_->sequence();
+  for (size_t p = position + 1; p < sequence.size(); ++p) {
+    const size_t lj = sequence[p].first;
+    LayerParams& l = layers_[lj];
+    if (ctx_.where(lj).persistent() || ctx_.where(lj).acquired_in_place || l.gathered_valid) continue;
+    const uint64_t n = ctx_.part.layer(lj).padded_elements;
+    if (issued + n > static_cast<uint64_t>(ctx_.opt.prefetch_bucket_size)) break;
+    // Gathers are collectives: how far a prefetch goes must be the same on
+    // every rank, so it is decided on what is held (the same everywhere),
+    // never on which frees happen to have completed; the frees in flight
+    // are then waited for, as an on-demand gather would.
+    const uint64_t cap = static_cast<uint64_t>(ctx_.opt.max_live_parameters);
+    if (live_->held() + n > cap) break;
+    if (!live_->make_room(n, cap).ok()) break;
+    bool allocated = false;
+    if (Status st = issue_gather(lj, &allocated); !st.ok()) {
+      // Out of memory for the buffer (nothing queued or counted): it is
+      // gathered on demand, and the error said then if it persists. A
+      // failure after that (the buffer went back once its queued work
+      // completed) is the layer's acquire's error.
+      if (allocated) l.prefetch_failure = st.with_context("prefetching");
+      break;
+    }
+    issued += n;
+  }
+}
+
+Status ParameterGathering::drop_gathered(size_t li, const Completion& done) {
+  LayerParams& l = layers_[li];
+  if (!l.gathered_valid) return Status::Ok();
+  // Its users: the gather that filled it (and the H2D before), the model's last pass over it.
+  const Completion users[] = {l.gathered_ready, done};
+  live_->give_back(std::move(l.gathered), when_all(users), ctx_.part.layer(li).padded_elements);
+  l.gathered_valid = false;
+  return Status::Ok();
+}
+
+Status ParameterGathering::release(size_t li, const Completion& done, const PassPosition& at) {
+  LayerParams& l = layers_[li];
+  --l.held;
+  if (ctx_.where(li).persistent()) return Status::Ok();
+  l.last_use = done;
+  if (l.held > 0) return Status::Ok();
+  // Keep it when its next use in this micro-batch's sequence is near. While
+  // the first micro-batch is recorded the next use is unknown: keep the
+  // layer when the window spans a whole micro-batch anyway. Evaluation
+  // passes reuse the same parameters: keep them until the evaluation ends.
+  bool keep = (at.training && trace_->recording() && window_spans_micro_batch_) || at.evaluation;
+  if (at.training && trace_->following()) {
+    // The next use in this micro-batch's sequence, or, when another
+    // micro-batch of this step follows, in its sequence (cyclically).
+    const std::vector<AcquireTrace::Entry>& trace_seq = trace_->sequence();
+    const size_t here = trace_->position(), n = trace_seq.size();
+    const size_t span = at.last_micro ? n - here - 1 : n - 1;
+    uint64_t distance = 0;
+    for (size_t k = 1; k <= span; ++k) {
+      const size_t p = (here + k) % n;
+      if (trace_seq[p].first == li) {
+        // Soon reused, or within the prefetch window (a prefetch would
+        // gather it again at once): dropping it would only cost a gather.
+        keep = distance <= static_cast<uint64_t>(std::max(ctx_.opt.max_reuse_distance, ctx_.opt.prefetch_bucket_size));
+        break;
+      }
+      distance += ctx_.part.layer(trace_seq[p].first).elements;
+    }
+  }
+  if (!keep) STRATA_RETURN_IF_ERROR(drop_gathered(li, done));
+  return Status::Ok();
+}
+
+Status ParameterGathering::drop_unheld() {
+  for (size_t li = 0; li < layers_.size(); ++li)
+    if (!ctx_.where(li).persistent() && layers_[li].held == 0)
+      STRATA_RETURN_IF_ERROR(drop_gathered(li, layers_[li].last_use));
+  return Status::Ok();
+}
+
+Status ParameterGathering::take_unclaimed_prefetch_failure() {
+  for (size_t li = 0; li < layers_.size(); ++li)
+    if (LayerParams& l = layers_[li]; !l.prefetch_failure.ok()) {
+      Status failed = std::move(l.prefetch_failure);
+      l.prefetch_failure = Status::Ok();
+      return failed.with_context(fmt::format("{} (not acquired after its prefetch failed) on rank {}",
+                                             ctx_.layer_label(li), ctx_.rank));
+    }
+  return Status::Ok();
+}
+
+std::byte* ParameterGathering::param_location(size_t li, const SubGroup& g, int r) {
+  LayerParams& l = layers_[li];
+  const size_t eb = element_bytes(li);
+  if (ctx_.where(li).persistent())
+    return l.full_params.as<std::byte>() + ctx_.part.layer(li).piece_begin(g, r) * eb;
+  STRATA_CHECK(r == ctx_.rank, "a stage-3 rank holds only its own shard");
+  if (ctx_.param_on_host()) return l.host_shard.data() + g.shard_offset * eb;
+  return l.dev_shard.as<std::byte>() + g.shard_offset * eb;
+}
+
+Completion ParameterGathering::writable_after(size_t li, const Completion& reduced) {
+  if (!ctx_.where(li).acquired_in_place) return reduced;
+  // Lent in place: the update writes the memory the model reads, so it also
+  // waits for the layer's last release (its backward's is in `reduced`
+  // already, a forward-only use is not): released (ok or not: then nobody
+  // reads it any more) and reduced.
+  auto released = std::make_shared<CompletionSource>(fmt::format("layer {} released", li));
+  layers_[li].last_use.then([released](const Status&) { released->complete(Status::Ok()); });
+  const Completion both[] = {reduced, released->completion()};
+  return when_all(both, fmt::format("layer {} released and its gradient reduced", li));
+}
+
+Completion ParameterGathering::write_back(size_t li, const Completion& stepped, std::byte* staging) {
+  // The updated shard (in staging, shard layout) goes back to NVMe once the
+  // step has written it; the next gather waits for the write.
+  auto written = std::make_shared<CompletionSource>(fmt::format("parameter shard of layer {} written", li));
+  const uint64_t bytes = ctx_.part.layer(li).shard_elements * element_bytes(li);
+  const std::string name = "parameter shard of " + ctx_.layer_label(li);
+  stepped.then([this, li, written, bytes, staging, name](const Status& st) {
+    if (!st.ok()) return written->complete(st);
+    Result<Completion> w = swap_->write(static_cast<uint32_t>(li), staging, bytes, name);
+    if (!w.ok()) return written->complete(w.status());
+    w->then([written, name](const Status& s) { written->complete(s.ok() ? s : s.with_context("writing the " + name)); });
+  });
+  return written->completion();
+}
+
+Status ParameterGathering::publish_update(size_t li, const Completion& updated) {
+  LayerParams& l = layers_[li];
+  if (!ctx_.where(li).persistent()) {
+    l.shard_ready = updated;
+    return Status::Ok();
+  }
+  if (ctx_.stage0()) {
+    l.params_ready = updated;
+    return Status::Ok();
+  }
+  STRATA_RETURN_IF_ERROR(ctx_.comm.wait(updated, comm::CommQueue::kUpdate));
+  STRATA_ASSIGN_OR_RETURN(l.params_ready, gather_persistent(li));
+  return Status::Ok();
+}
+
+Result<Completion> ParameterGathering::gather_persistent(size_t li) {
+  LayerParams& l = layers_[li];
+  const LayerPartition& layer_part = ctx_.part.layer(li);
+  const size_t eb = element_bytes(li);
+  std::byte* full = l.full_params.as<std::byte>();
+  Completion last;
+  for (const SubGroup& g : layer_part.groups) {
+    STRATA_ASSIGN_OR_RETURN(comm::CommWork w,
+                            ctx_.comm.all_gather(full + layer_part.piece_begin(g, ctx_.rank) * eb,
+                                                 full + g.padded_begin * eb, g.piece, ctx_.where(li).param_dtype,
+                                                 comm::CommQueue::kUpdate));
+    last = w.completion();
+  }
+  ctx_.transfers.gather_bytes += layer_part.padded_elements * eb;
+  return last;
+}
+
+Status ParameterGathering::write_whole(size_t li, std::span<const std::byte> padded) {
+  return ctx_.device.copy(layers_[li].full_params.data(), padded.data(), padded.size(), CopyKind::kHostToDevice);
+}
+
+Status ParameterGathering::write_whole_piece(size_t li, const SubGroup& g, int r, const std::byte* values,
+                                             size_t count) {
+  const size_t eb = element_bytes(li);
+  return ctx_.device.copy(layers_[li].full_params.as<std::byte>() + ctx_.part.layer(li).piece_begin(g, r) * eb,
+                          values, count * eb, CopyKind::kHostToDevice);
+}
+
+Status ParameterGathering::regather_whole(size_t li) {
+  if (!ctx_.stage0() && ctx_.world > 1) {
+    STRATA_ASSIGN_OR_RETURN(Completion last, gather_persistent(li));
+    // Off the step path (a rollback, a load): the next forward reads these parameters.
+    STRATA_RETURN_IF_ERROR(ctx_.wait_status(last, "gathering the re-derived parameters of " + ctx_.layer_label(li)));
+  }
+  layers_[li].params_ready = Completion();
+  return Status::Ok();
+}
+
+Status ParameterGathering::replace_shard(size_t li, std::span<const std::byte> values) {
+  LayerParams& l = layers_[li];
+  // A gathered copy holds the replaced values: dropped (none outlives a
+  // step's backward; this is for a failure elsewhere).
+  if (l.gathered_valid && l.held == 0) STRATA_RETURN_IF_ERROR(drop_gathered(li, l.last_use));
+  STRATA_RETURN_IF_ERROR(put_shard(li, values));
+  l.shard_ready = Completion();
+  return Status::Ok();
+}
+
+// Layer li's stage-3 shard (this rank's, shard layout) written where it
+// lives: NVMe (durable on return), pinned host or device memory.
+Status ParameterGathering::put_shard(size_t li, std::span<const std::byte> values) {
+  LayerParams& l = layers_[li];
+  if (ctx_.where(li).shard_on_nvme()) {
+    const std::string name = "parameter shard of " + ctx_.layer_label(li);
+    STRATA_ASSIGN_OR_RETURN(Completion w, swap_->write(static_cast<uint32_t>(li), values.data(), values.size(), name));
+    // Durable before the next gather reads it; callers are off the step path
+    // (a load into a fresh engine, a rollback, initial values).
+    return ctx_.wait_status(w, "writing the " + name);
+  }
+  if (ctx_.param_on_host()) {
+    std::memcpy(l.host_shard.data(), values.data(), values.size());
+    return Status::Ok();
+  }
+  return ctx_.device.copy(l.dev_shard.data(), values.data(), values.size(), CopyKind::kHostToDevice);
+}
+
+std::vector<std::byte> ParameterGathering::own_shard(size_t li, const std::byte* padded) const {
+  const LayerPartition& layer_part = ctx_.part.layer(li);
+  const size_t eb = element_bytes(li);
+  std::vector<std::byte> shard(layer_part.shard_elements * eb, std::byte{0});
+  for (const SubGroup& g : layer_part.groups)
+    std::memcpy(shard.data() + g.shard_offset * eb, padded + layer_part.piece_begin(g, ctx_.rank) * eb, g.piece * eb);
+  return shard;
+}
+
+Result<std::vector<float>> ParameterGathering::shard_fp32(size_t li) {
+  const LayerParams& l = layers_[li];
+  const LayerPlacement& where = ctx_.where(li);
+  const LayerPartition& layer_part = ctx_.part.layer(li);
+  const size_t eb = where.param_element_bytes;
+  std::vector<std::byte> shard(layer_part.shard_elements * eb);
+  if (where.persistent()) {
+    for (const SubGroup& g : layer_part.groups)
+      STRATA_RETURN_IF_ERROR(ctx_.device.copy(shard.data() + g.shard_offset * eb,
+                                              l.full_params.as<std::byte>() + layer_part.piece_begin(g, ctx_.rank) * eb,
+                                              g.piece * eb, CopyKind::kDeviceToHost));
+  } else if (where.shard_on_nvme()) {
+    const std::string name = "parameter shard of " + ctx_.layer_label(li);
+    STRATA_ASSIGN_OR_RETURN(ParamSwap::Read rd, swap_->read(static_cast<uint32_t>(li), shard.size(), name));
+    // Blocks by design (off the step path: gather_state for tests and export).
+    const Status st = ctx_.wait_status(rd.done, "reading the " + name);
+    if (st.ok()) std::memcpy(shard.data(), rd.slot.as<std::byte>(), shard.size());
+    rd.slot.release_after(rd.done);  // once the read ended (a timed-out one may still write the slot)
+    STRATA_RETURN_IF_ERROR(st);
+  } else if (ctx_.param_on_host()) {
+    std::memcpy(shard.data(), l.host_shard.data(), shard.size());
+  } else {
+    STRATA_RETURN_IF_ERROR(ctx_.device.copy(shard.data(), l.dev_shard.data(), shard.size(), CopyKind::kDeviceToHost));
+  }
+  std::vector<float> out(layer_part.shard_elements);
+  params_to_fp32(where.param_dtype, shard.data(), out.data(), out.size());
+  return out;
+}
+
+}  // namespace strata::offload::engine_detail

@@ -1,0 +1,475 @@
+// UpdateScheduler (Note [Update scheduling] in update_scheduler.h).
+#include "update_scheduler.h"
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include "strata/core/dtype_convert.h"
+#include "strata/offload/device_adam.h"
+#include "strata/offload/nvme_state_tier.h"
+
+namespace strata::offload::engine_detail {
+
+Status UpdateScheduler::init(const std::string& job_name) {
+  const EngineOptions& opt = ctx_.opt;
+  Device& device = ctx_.device;
+  STRATA_ASSIGN_OR_RETURN(update_stream_, device.create_stream());
+  if (ctx_.opt_on_nvme()) {
+    STRATA_RETURN_IF_ERROR(make_nvme_tier(job_name));
+  } else {
+    if (ctx_.device_opt()) {
+      if (!device_adam_compiled())
+        return Unsupported(fmt::format("{}: offload_optimizer none on the {} device needs the device optimizer kernel, "
+                                       "which this build does not have; set offload_optimizer.device to \"cpu\"",
+                                       opt.source, device.caps().backend));
+      if (opt.optimizer != cpu_adam::OptimizerKind::kAdam && opt.optimizer != cpu_adam::OptimizerKind::kAdamW)
+        return Unsupported(fmt::format("{}: the device optimizer kernel steps Adam and AdamW only; set "
+                                       "offload_optimizer.device to \"cpu\" for {}",
+                                       opt.source, cpu_adam::optimizer_kind_name(opt.optimizer)));
+      STRATA_ASSIGN_OR_RETURN(opt_stream_, device.create_stream());
+    }
+    STRATA_ASSIGN_OR_RETURN(tier_, make_memory_state_tier(device, ctx_.opt_on_host() ? Tier::kPinnedHost : Tier::kDevice,
+                                                          opt.moment_dtype, ctx_.stats, ctx_.device_opt()));
+  }
+  if (ctx_.split()) {
+    STRATA_ASSIGN_OR_RETURN(dev_tier_, make_memory_state_tier(device, Tier::kDevice, opt.moment_dtype, ctx_.stats));
+  }
+  cpu_adam::OptimizerOptions oo;
+  oo.kind = opt.optimizer;
+  oo.threads = opt.optimizer_threads;
+  STRATA_ASSIGN_OR_RETURN(cpu_adam::CpuOptimizer o, cpu_adam::CpuOptimizer::create(oo));
+  optimizer_.emplace(std::move(o));
+  if (ctx_.split()) {
+    STRATA_ASSIGN_OR_RETURN(cpu_adam::CpuOptimizer d, cpu_adam::CpuOptimizer::create(oo));
+    dev_optimizer_.emplace(std::move(d));
+  }
+  layers_.resize(ctx_.part.layer_count());
+  worker_ = std::make_unique<SerialWorker>(fmt::format("optimizer of rank {}", ctx_.rank));
+  if (ctx_.split()) dev_worker_ = std::make_unique<SerialWorker>(fmt::format("device optimizer of rank {}", ctx_.rank));
+  return Status::Ok();
+}
+
+void UpdateScheduler::stop_workers() {
+  for (std::unique_ptr<SerialWorker>* w : {&worker_, &dev_worker_})
+    if (*w) {
+      ctx_.wait_at_teardown((*w)->submit([] { return Status::Ok(); }, {}, "the end of the optimizer thread's queue",
+                                         /*sticky=*/false),
+                            "the optimizer thread's queued work");
+      w->reset();
+    }
+}
+
+// offload_optimizer nvme: the NVMe tier, its slots sized for the largest
+// piece, its capacity for every piece this rank owns, its folder named for
+// this run (rank 0's process id, the same on every rank) and rank.
+Status UpdateScheduler::make_nvme_tier(const std::string& job_name) {
+  const EngineOptions& opt = ctx_.opt;
+  uint64_t largest = 0, total = 0;
+  for (size_t li = 0; li < ctx_.part.layer_count(); ++li) {
+    if (ctx_.where(li).frozen) continue;  // no optimizer state
+    const LayerPartition& layer_part = ctx_.part.layer(li);
+    const bool master = true;  // the host optimizer keeps fp32 master weights for every dtype
+    for (const SubGroup& g : layer_part.groups)
+      for (int r = ctx_.owned_rank_begin(); r < ctx_.owned_rank_end(); ++r) {
+        const uint64_t b = nvme_piece_bytes(layer_part.piece_real(g, r), master, opt.moment_dtype);
+        largest = std::max(largest, b);
+        total += b;
+      }
+  }
+  NvmeStateTierOptions o;
+  o.nvme_paths = {opt.nvme.path};
+  o.job = job_name;
+  o.rank = ctx_.rank;
+  // The state; the tier sizes its swap file for two versions of it, room
+  // for uneven pieces and its slots (Note [Piece versions]).
+  o.capacity_bytes = total;
+  o.aio = opt.nvme.aio;
+  o.buffer_count = static_cast<size_t>(opt.nvme.buffer_count);
+  o.slot_bytes = std::max<uint64_t>(largest, kNvmeStateAlign);
+  o.moment_dtype = opt.moment_dtype;
+  o.pipeline_read = opt.nvme.pipeline_read;
+  o.pipeline_write = opt.nvme.pipeline_write;
+  o.verify_checksums = opt.nvme.verify_checksums;
+  o.io_engine = ctx_.faults.optimizer_io;  // null unless a test's (Note [Testing seam])
+  o.wait_timeout_s = opt.wait_timeout_s;
+  STRATA_ASSIGN_OR_RETURN(tier_, make_nvme_state_tier(o, ctx_.device, ctx_.stats));
+  return Status::Ok();
+}
+
+Status UpdateScheduler::init_layer(size_t li, std::span<const float> master) {
+  const LayerSpec& spec = ctx_.model.layers()[li];
+  const LayerPlacement& where = ctx_.where(li);
+  LayerUpdate& l = layers_[li];
+  for (const ParamTensorSpec& t : spec.params) {
+    const size_t begin = t.offset_elements, end = begin + static_cast<size_t>(t.numel());
+    const double decay = t.weight_decay.value_or(ctx_.opt.hyper.weight_decay);
+    if (!l.hyper_runs.empty() && l.hyper_runs.back().end == begin && l.hyper_runs.back().weight_decay == decay &&
+        l.hyper_runs.back().lr_scale == t.lr_scale)
+      l.hyper_runs.back().end = end;
+    else
+      l.hyper_runs.push_back(HyperRun{begin, end, decay, t.lr_scale});
+  }
+  if (where.frozen) return Status::Ok();  // parameters only
+  const LayerPartition& layer_part = ctx_.part.layer(li);
+  const std::string lname = ctx_.layer_label(li);
+  if (where.pinned_staging) {
+    STRATA_ASSIGN_OR_RETURN(l.staging, HostBuffer::create(ctx_.device, ctx_.stats,
+                                                          ctx_.owned_elements(layer_part) * where.param_element_bytes,
+                                                          "parameter staging of " + lname));
+  }
+  // Optimizer state of every owned piece.
+  for (size_t gi = 0; gi < layer_part.groups.size(); ++gi) {
+    const SubGroup& g = layer_part.groups[gi];
+    for (int r = ctx_.owned_rank_begin(); r < ctx_.owned_rank_end(); ++r) {
+      const size_t count = layer_part.piece_real(g, r), host = ctx_.host_n(count);
+      const StateId id{static_cast<uint32_t>(li), static_cast<uint32_t>(gi), r};
+      std::span<const float> host_master;
+      if (where.master) host_master = master.subspan(layer_part.piece_begin(g, r), host);
+      STRATA_RETURN_IF_ERROR(tier_->add(id, ctx_.state_name(li, gi, r), host, host_master));
+      if (ctx_.split()) {
+        // The device part: fp32 parameters are their own master there.
+        std::span<const float> dev_master;
+        if (where.param_dtype != DType::kF32) dev_master = master.subspan(layer_part.piece_begin(g, r) + host, count - host);
+        STRATA_RETURN_IF_ERROR(
+            dev_tier_->add(id, ctx_.state_name(li, gi, r) + " (device part)", count - host, dev_master));
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+std::vector<UpdateScheduler::PieceJob::Run> UpdateScheduler::runs_of(size_t li, size_t begin, size_t count,
+                                                                     const cpu_adam::HyperParams& hyper) const {
+  std::vector<PieceJob::Run> out;
+  const size_t end = begin + count;
+  for (const HyperRun& r : layers_[li].hyper_runs) {
+    const size_t b = std::max(begin, r.begin), e = std::min(end, r.end);
+    if (b >= e) continue;
+    PieceJob::Run run;
+    run.offset = b - begin;
+    run.count = e - b;
+    run.hyper = hyper;
+    run.hyper.lr = hyper.lr * r.lr_scale;
+    run.hyper.weight_decay = r.weight_decay;
+    out.push_back(run);
+  }
+  return out;
+}
+
+Result<UpdateScheduler::Queued> UpdateScheduler::queue_update(size_t li, const GradientReduction::UpdateInput& input,
+                                                              int64_t step, double clip, double scale,
+                                                              const cpu_adam::HyperParams& hyper) {
+  LayerUpdate& l = layers_[li];
+  const LayerPartition& layer_part = ctx_.part.layer(li);
+  const LayerPlacement& where = ctx_.where(li);
+  const size_t eb = where.param_element_bytes, gb = ctx_.grad_bytes();
+  // Pointers are computed here (driving thread); the workers only step.
+  std::vector<PieceJob> host_jobs, dev_jobs;
+  for (size_t gi = 0; gi < layer_part.groups.size(); ++gi) {
+    const SubGroup& g = layer_part.groups[gi];
+    for (int r = ctx_.owned_rank_begin(); r < ctx_.owned_rank_end(); ++r) {
+      const size_t count = layer_part.piece_real(g, r), host = ctx_.host_n(count);
+      PieceJob j;
+      j.id = StateId{static_cast<uint32_t>(li), static_cast<uint32_t>(gi), r};
+      j.count = host;
+      j.runs = runs_of(li, layer_part.piece_begin(g, r), host, hyper);
+      j.grads = input.grads + (input.padded_layout ? layer_part.piece_begin(g, r) : g.shard_offset) * gb;
+      j.param_is_master = !where.master;
+      j.param = l.staging ? l.staging.data() + ctx_.owned_offset(layer_part, g, r) * eb
+                          : params_.param_location(li, g, r);
+      if (l.staging && !where.shard_on_nvme()) {
+        j.h2d = params_.param_location(li, g, r);
+        ctx_.transfers.h2d_bytes += host * eb;
+      }
+      host_jobs.push_back(j);
+      if (ctx_.split()) {
+        // The device part: grads from the device copy, the update straight
+        // into the device parameters (fp32: they are the master).
+        PieceJob d;
+        d.id = j.id;
+        d.count = count - host;
+        d.runs = runs_of(li, layer_part.piece_begin(g, r) + host, count - host, hyper);
+        d.grads = input.device_part_grads + (g.shard_offset + host) * gb;
+        d.param = params_.param_location(li, g, r) + host * eb;
+        d.param_is_master = where.param_dtype == DType::kF32;
+        dev_jobs.push_back(d);
+      }
+    }
+  }
+  cpu_adam::StepArgs args;
+  args.step = step;
+  args.hyper = hyper;  // each run's own lr and weight decay: PieceJob::runs
+  args.clip_coefficient = clip;
+  args.loss_scale = scale;
+  args.overflow_check = cpu_adam::OverflowCheck::kAssumeFinite;
+  const DType param_dtype = where.param_dtype;
+  const Completion gate = params_.writable_after(li, input.reduced);
+  // `raw` fails when the update fails; what later work waits on (the
+  // gradients' reuse, the gathers, the next forward) is absorbed: it
+  // completes ok either way and the failure goes to the commit point's
+  // vote, so every rank runs the same collectives up to it (Note [Atomic
+  // steps] in engine.h).
+  Completion raw = worker_->submit(
+      [this, jobs = std::move(host_jobs), args, param_dtype, spent = update_ns_] {
+        const auto t0 = Clock::now();
+        Status st = step_pieces(*tier_, *optimizer_, jobs, args, param_dtype);
+        spent->fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+        return st;
+      },
+      gate, fmt::format("optimizer step of layer {}", li), /*sticky=*/false);
+  if (ctx_.split()) {
+    const Completion dev_done = dev_worker_->submit(
+        [this, jobs = std::move(dev_jobs), args, param_dtype] {
+          return step_pieces(*dev_tier_, *dev_optimizer_, jobs, args, param_dtype);
+        },
+        gate, fmt::format("device optimizer step of layer {}", li), /*sticky=*/false);
+    const Completion both[] = {raw, dev_done};
+    raw = when_all(both, fmt::format("optimizer step of layer {}", li));
+  }
+  l.update_ran = ctx_.failures.absorb(raw, fmt::format("optimizer step of layer {}", li));
+  // An NVMe shard's updated values go back to NVMe; otherwise they went H2D
+  // tile by tile from the optimizer's tile callback (step_pieces), so they
+  // are in place when the update ran.
+  l.update_written = where.shard_on_nvme() ? params_.write_back(li, raw, l.staging.data()) : raw;
+  return Queued{l.update_ran, ctx_.failures.absorb(l.update_written, fmt::format("update of layer {}", li))};
+}
+
+Status UpdateScheduler::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimizer& o, const std::vector<PieceJob>& jobs,
+                                 const cpu_adam::StepArgs& args, DType param_dtype) {
+  if (ctx_.device_opt() && &t == tier_.get()) {
+    // The fused device kernel: one launch for the layer's pieces, on its
+    // stream; this (optimizer) thread waits for it, so the layer's update
+    // completes as on the host path.
+    DeviceAdamArgs da;
+    da.kind = ctx_.opt.optimizer;
+    da.step = args.step;
+    da.clip_coefficient = args.clip_coefficient;
+    da.loss_scale = args.loss_scale;
+    da.grad_dtype = ctx_.opt.grad_dtype;
+    da.moment_dtype = ctx_.opt.moment_dtype;
+    da.param_copy_dtype = param_dtype == DType::kF32 ? DType::kBF16 : param_dtype;
+    // One launch per distinct set of hyper-parameters (usually one), over
+    // the runs that have it.
+    const size_t grad_bytes = dtype_size(ctx_.opt.grad_dtype), me = dtype_size(ctx_.opt.moment_dtype), element_bytes = dtype_size(param_dtype);
+    std::vector<std::pair<cpu_adam::HyperParams, std::vector<DeviceAdamTensor>>> launches;
+    for (const PieceJob& j : jobs) {
+      if (j.count == 0) continue;
+      STRATA_ASSIGN_OR_RETURN(PieceState st, t.open(j.id));
+      for (const PieceJob::Run& run : j.runs) {
+        DeviceAdamTensor d;
+        d.count = run.count;
+        d.grads = j.grads + run.offset * grad_bytes;
+        d.exp_avg = static_cast<std::byte*>(st.exp_avg) + run.offset * me;
+        d.exp_avg_sq = static_cast<std::byte*>(st.exp_avg_sq) + run.offset * me;
+        d.params = (j.param_is_master ? reinterpret_cast<float*>(j.param) : st.master) + run.offset;
+        if (!j.param_is_master && param_dtype != DType::kF32) d.param_copy = j.param + run.offset * element_bytes;
+        auto same = [&](const auto& launch) {
+          return launch.first.lr == run.hyper.lr && launch.first.weight_decay == run.hyper.weight_decay;
+        };
+        auto it = std::find_if(launches.begin(), launches.end(), same);
+        if (it == launches.end()) it = launches.insert(launches.end(), {run.hyper, {}});
+        it->second.push_back(d);
+      }
+    }
+    Status launched;
+    for (const auto& [hyper, tensors] : launches) {
+      da.hyper = hyper;
+      if (launched.ok()) launched = device_adam_step(*opt_stream_, da, tensors);
+    }
+    if (launched.ok()) {
+      // Bounded (Note [Bounded waits]): a hung kernel fails the update (torn, below).
+      const Completion kernel = opt_stream_->record_completion();
+      launched = kernel.wait_for(ctx_.wait_bound())
+                     ? opt_stream_->synchronize()
+                     : DeadlineExceeded(fmt::format("the kernel did not complete in {} s (strata.wait_timeout_s; raise "
+                                                    "it if the kernel is only slow)",
+                                                    ctx_.opt.wait_timeout_s));
+    }
+    if (!launched.ok()) {
+      for (const PieceJob& j : jobs)
+        if (j.count != 0) t.close(j.id, false).ignore();
+      // The kernel updates the state in place: how far it got is unknown.
+      if (!jobs.empty() && !t.versioned())
+        ctx_.failures.record(FailureOf::kTorn,
+                       launched.with_context(fmt::format("the device optimizer step of layer {} (the state is in {}, "
+                                                         "updated in place)",
+                                                         jobs.front().id.layer, t.describe())));
+      return launched;
+    }
+    for (const PieceJob& j : jobs) {
+      if (j.count == 0) continue;
+      // fp32 parameters with a separate master do not occur here (no master
+      // on the device for fp32: the parameters are stepped in place).
+      STRATA_RETURN_IF_ERROR(t.close(j.id, true));
+    }
+    return Status::Ok();
+  }
+  const size_t grad_bytes = dtype_size(ctx_.opt.grad_dtype), element_bytes = dtype_size(param_dtype);
+  // A tier that keeps the state in place (pinned host or device memory) has
+  // no copy of the previous step: a failure that leaves some of the layer's
+  // state stepped and some not is torn (kTorn: the commit point stops the
+  // engine, Note [Atomic steps]). A failed copy of the update to the device
+  // is not: the kernel goes on, so the state holds the whole step and only
+  // the parameters are re-derived.
+  const bool in_place = !t.versioned();
+  Status copy_failed;
+  const PieceJob* last_stepped = nullptr;  // testing::UpdateFault fails after it
+  for (const PieceJob& j : jobs)
+    if (j.count != 0) last_stepped = &j;
+  auto torn = [&](Status error) {
+    if (in_place)
+      ctx_.failures.record(FailureOf::kTorn, Status(error.code(), fmt::format("{} (the state is in {}, updated in place)",
+                                                                        error.message(), t.describe())));
+    return error;
+  };
+  for (const PieceJob& j : jobs) {
+    if (j.count == 0) continue;
+    Result<PieceState> opened = t.open(j.id);
+    if (!opened.ok()) return torn(opened.status().with_context("opening the optimizer state of " + ctx_.part.describe(j.id)));
+    PieceState st = *opened;
+    const size_t me = dtype_size(st.moment_dtype);
+    // An error below hands the piece back unmodified (the tier lends it to
+    // one thread at a time: Note [Piece leases]); the step's failure goes to
+    // the commit point.
+    auto fail = [&](Status error) {
+      t.close(j.id, false).ignore();
+      return error;
+    };
+    // The piece as its runs of equal hyper-parameters (one run unless the
+    // model gives tensors their own weight decay or lr scale).
+    for (const PieceJob::Run& run : j.runs) {
+      cpu_adam::StateSpans sp;
+      sp.count = run.count;
+      sp.grads = j.grads + run.offset * grad_bytes;
+      sp.grad_dtype = ctx_.opt.grad_dtype;
+      sp.exp_avg = static_cast<std::byte*>(st.exp_avg) + run.offset * me;
+      sp.exp_avg_sq = static_cast<std::byte*>(st.exp_avg_sq) + run.offset * me;
+      sp.moment_dtype = st.moment_dtype;
+      if (j.param_is_master) {
+        sp.params = reinterpret_cast<float*>(j.param) + run.offset;
+      } else {
+        sp.params = st.master + run.offset;
+        if (param_dtype != DType::kF32) {
+          sp.param_copy = j.param + run.offset * element_bytes;
+          sp.param_copy_dtype = param_dtype;
+        }
+      }
+      // H2D of each finished tile while later tiles compute (Note [Exact
+      // overlap] in engine.h): queued on update_stream from the tile
+      // callback (pinned source: an asynchronous copy), all of them waited
+      // for below, before the piece (the copies' source) is handed back; a
+      // failed copy is reported after the step.
+      std::mutex copy_mutex;
+      Status copy_status;
+      cpu_adam::TileCallback on_tile;
+      if (j.h2d != nullptr) {
+        const std::byte* src = param_dtype == DType::kF32 ? reinterpret_cast<const std::byte*>(st.master) : j.param;
+        const size_t first = run.offset;
+        on_tile = [&, src, first](const cpu_adam::TileRange& tile) {
+          const size_t at = (first + tile.begin) * element_bytes;
+          std::lock_guard<std::mutex> lock(copy_mutex);  // tiles finish on several threads
+          Status c = update_stream_->copy_async(j.h2d + at, src + at, tile.count * element_bytes, CopyKind::kHostToDevice);
+          if (!c.ok() && copy_status.ok()) copy_status = c;
+        };
+      }
+      cpu_adam::StepArgs run_args = args;
+      run_args.hyper = run.hyper;
+      Result<cpu_adam::StepReport> rep = o.step(run_args, sp, on_tile);
+      if (j.h2d != nullptr) {
+        Status copied = update_stream_->synchronize();
+        if (!copied.ok() && copy_status.ok()) copy_status = copied;
+      }
+      if (rep.ok() && ctx_.faults.update && ctx_.faults.update->step == args.step && ctx_.faults.update->rank == ctx_.rank &&
+          ctx_.faults.update->layer == j.id.layer && &t == tier_.get() && &j == last_stepped && &run == &j.runs.back())
+        rep = Internal("injected kernel failure (testing::UpdateFault)");
+      if (!rep.ok())
+        return torn(fail(rep.status().with_context(fmt::format("optimizer step of {}", ctx_.part.describe(j.id)))));
+      if (!copy_status.ok()) {
+        const Status c =
+            copy_status.with_context(fmt::format("copying the update of {} to the device", ctx_.part.describe(j.id)));
+        if (!in_place) return fail(c);
+        if (copy_failed.ok()) copy_failed = c;
+      }
+    }
+    if (!j.param_is_master && param_dtype == DType::kF32 && j.h2d == nullptr)
+      std::memcpy(j.param, st.master, j.count * sizeof(float));
+    if (Status closed = t.close(j.id, true); !closed.ok()) return torn(closed);
+  }
+  return copy_failed;
+}
+
+Status UpdateScheduler::read_piece_state(size_t li, size_t gi, int r, float* master, float* ea, float* eas) {
+  const LayerPartition& layer_part = ctx_.part.layer(li);
+  const SubGroup& g = layer_part.groups[gi];
+  const size_t count = layer_part.piece_real(g, r), host = ctx_.host_n(count);
+  const StateId id{static_cast<uint32_t>(li), static_cast<uint32_t>(gi), r};
+  auto from = [&](OptimizerStateTier& t, size_t first, size_t n) -> Status {
+    if (n == 0) return Status::Ok();
+    STRATA_ASSIGN_OR_RETURN(PieceState s, t.open(id));
+    // Device-tier state is read through the Device (a cuda pointer is not host memory).
+    auto fetch = [&](void* dst, const void* src, size_t bytes) -> Status {
+      if (t.tier() == Tier::kDevice) return ctx_.device.copy(dst, src, bytes, CopyKind::kDeviceToHost);
+      std::memcpy(dst, src, bytes);
+      return Status::Ok();
+    };
+    auto moment = [&](float* out, const void* src) -> Status {
+      if (out == nullptr) return Status::Ok();
+      if (s.moment_dtype == DType::kF32) return fetch(out + first, src, n * sizeof(float));
+      std::vector<bfloat16> tmp(n);
+      STRATA_RETURN_IF_ERROR(fetch(tmp.data(), src, n * sizeof(bfloat16)));
+      convert_bf16_to_fp32(tmp.data(), out + first, n);
+      return Status::Ok();
+    };
+    Status st = Status::Ok();
+    if (master != nullptr) {
+      if (s.master != nullptr)
+        st = fetch(master + first, s.master, n * sizeof(float));
+      else  // fp32 parameters are their own master, in device memory
+        st = ctx_.device.copy(master + first, params_.param_location(li, g, r) + first * ctx_.where(li).param_element_bytes, n * ctx_.where(li).param_element_bytes, CopyKind::kDeviceToHost);
+    }
+    if (st.ok()) st = moment(ea, s.exp_avg);
+    if (st.ok()) st = moment(eas, s.exp_avg_sq);
+    const Status closed = t.close(id, false);
+    return st.ok() ? closed : st;
+  };
+  STRATA_RETURN_IF_ERROR(from(*tier_, 0, host));
+  if (ctx_.split()) STRATA_RETURN_IF_ERROR(from(*dev_tier_, host, count - host));
+  return Status::Ok();
+}
+
+Status UpdateScheduler::write_piece_state(size_t li, size_t gi, int r, const float* master, const float* ea,
+                                       const float* eas) {
+  const LayerPartition& layer_part = ctx_.part.layer(li);
+  const SubGroup& g = layer_part.groups[gi];
+  const size_t count = layer_part.piece_real(g, r), host = ctx_.host_n(count);
+  const StateId id{static_cast<uint32_t>(li), static_cast<uint32_t>(gi), r};
+  auto into = [&](OptimizerStateTier& t, size_t first, size_t n) -> Status {
+    if (n == 0) return Status::Ok();
+    STRATA_ASSIGN_OR_RETURN(PieceState s, t.open(id));
+    auto put = [&](void* dst, const void* src, size_t bytes) -> Status {
+      if (t.tier() == Tier::kDevice) return ctx_.device.copy(dst, src, bytes, CopyKind::kHostToDevice);
+      std::memcpy(dst, src, bytes);
+      return Status::Ok();
+    };
+    auto moment = [&](void* dst, const float* in) -> Status {
+      if (s.moment_dtype == DType::kF32) return put(dst, in + first, n * sizeof(float));
+      std::vector<bfloat16> tmp(n);
+      convert_fp32_to_bf16(in + first, tmp.data(), n);
+      return put(dst, tmp.data(), n * sizeof(bfloat16));
+    };
+    // Without a master the parameters are the master: load_checkpoint wrote them.
+    Status st = s.master != nullptr ? put(s.master, master + first, n * sizeof(float)) : Status::Ok();
+    if (st.ok()) st = moment(s.exp_avg, ea);
+    if (st.ok()) st = moment(s.exp_avg_sq, eas);
+    const Status closed = t.close(id, true);
+    return st.ok() ? closed : st;
+  };
+  STRATA_RETURN_IF_ERROR(into(*tier_, 0, host));
+  if (ctx_.split()) STRATA_RETURN_IF_ERROR(into(*dev_tier_, host, count - host));
+  return Status::Ok();
+}
+
+}  // namespace strata::offload::engine_detail

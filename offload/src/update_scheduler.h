@@ -1,0 +1,139 @@
+#pragma once
+// UpdateScheduler: the optimizer state and the per-layer updates. Private to
+// offload/src.
+//
+// Note [Update scheduling]
+// The optimizer state (fp32 master weights, moments) lives in an
+// OptimizerStateTier: pinned host or device memory (updated in place), or
+// NVMe (streamed through pinned slots, each update written as a new piece
+// version; Note [Piece versions]); with offload_optimizer.ratio < 1 each
+// piece's last elements live in a second, device tier stepped by a second
+// thread. A layer's update is queued on the optimizer thread (SerialWorker)
+// once its reduced gradient and block sums are in (GradientReduction's
+// UpdateInput) and, for a layer lent in place, its last release
+// (ParameterGathering::writable_after); layers are queued in forward order,
+// so the next forward waits only for the layers it reaches (Note [Exact
+// overlap] in engine.h). A piece is stepped as its runs of equal per-tensor
+// hyper-parameters; the updated 16-bit values go H2D tile by tile from the
+// optimizer's tile callback while later tiles compute, or into pinned
+// staging for an NVMe shard's write-back. An update's failure is absorbed
+// into the context's StepFailures (the commit point votes on it); one that
+// leaves state kept in place part-stepped is kTorn.
+//
+// Threads: the driving thread queues; the optimizer threads step.
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "engine_context.h"
+#include "gradient_reduction.h"
+#include "parameter_gathering.h"
+#include "serial_worker.h"
+#include "strata/cpu_adam/optimizer.h"
+#include "strata/offload/state_tier.h"
+
+namespace strata::offload::engine_detail {
+
+class UpdateScheduler {
+ public:
+  // A run of a layer's elements with the same per-tensor hyper-parameters
+  // (ParamTensorSpec::weight_decay, lr_scale): the optimizer steps a piece
+  // as its runs. Adjacent tensors with equal values share a run.
+  struct HyperRun {
+    size_t begin = 0, end = 0;  // layer elements [begin, end)
+    double weight_decay = 0;
+    double lr_scale = 1;
+  };
+  struct LayerUpdate {
+    std::vector<HyperRun> hyper_runs;
+    HostBuffer staging;          // updated 16-bit (or fp32 master) values before their H2D copy or NVMe write
+    Completion update_ran;       // the update ran (ok even when it failed: Note [Atomic steps])
+    Completion update_written;   // the update and its parameter write-back; fails when either did
+  };
+  // What queue_update hands on: when the update ran (the gradient's last
+  // reader) and when its values are in place (absorbed: completes ok).
+  struct Queued {
+    Completion update_ran;
+    Completion updated;
+  };
+
+  UpdateScheduler(EngineContext& ctx, ParameterGathering& params) : ctx_(ctx), params_(params) {}
+
+  // The tiers, the optimizers, the streams and the optimizer threads.
+  Status init(const std::string& job_name);
+  // Layer li's hyper-parameter runs, staging and optimizer state; `master`:
+  // its padded fp32 initial values (empty: the layer has no master).
+  Status init_layer(size_t li, std::span<const float> master);
+
+  Result<Queued> queue_update(size_t li, const GradientReduction::UpdateInput& input, int64_t step, double clip,
+                              double scale, const cpu_adam::HyperParams& hyper);
+
+  // One piece's state (piece_real elements, host part then device part) as
+  // fp32; a null pointer skips that kind. Reads and writes through the tiers.
+  Status read_piece_state(size_t li, size_t gi, int r, float* master, float* exp_avg, float* exp_avg_sq);
+  Status write_piece_state(size_t li, size_t gi, int r, const float* master, const float* exp_avg,
+                           const float* exp_avg_sq);
+
+  OptimizerStateTier& tier() { return *tier_; }
+  const OptimizerStateTier& tier() const { return *tier_; }
+  OptimizerStateTier* device_part() { return dev_tier_.get(); }  // ratio < 1: the device part
+  SerialWorker& worker() { return *worker_; }
+  const LayerUpdate& layer(size_t li) const { return layers_[li]; }
+
+  // Time the optimizer threads spend in one step's updates: started when a
+  // step's updates are queued, read (once) when they are done.
+  void start_timing() { update_ns_ = std::make_shared<std::atomic<int64_t>>(0); }
+  double timed_ms() const { return update_ns_ ? static_cast<double>(update_ns_->load()) / 1e6 : 0.0; }
+  double take_timed_ms() {
+    const double ms = timed_ms();
+    update_ns_.reset();
+    return ms;
+  }
+
+  // Teardown: the optimizer threads run what is queued, then stop.
+  void stop_workers();
+
+ private:
+  struct PieceJob {
+    StateId id;
+    size_t count = 0;
+    // The piece's runs of equal hyper-parameters: offsets from the job's first element.
+    struct Run {
+      size_t offset = 0, count = 0;
+      cpu_adam::HyperParams hyper;
+    };
+    std::vector<Run> runs;
+    const std::byte* grads = nullptr;
+    std::byte* param = nullptr;    // where the kernel writes the updated value (staging, or fp32 in place)
+    bool param_is_master = false;  // fp32 parameters stepped in place
+    // Device parameters the updated values are copied to, tile by tile, from
+    // the optimizer's tile callback while later tiles compute; null: none.
+    std::byte* h2d = nullptr;
+  };
+  Status make_nvme_tier(const std::string& job_name);
+  // Layer li's runs intersected with layer elements [begin, begin + count), offsets from begin.
+  std::vector<PieceJob::Run> runs_of(size_t li, size_t begin, size_t count, const cpu_adam::HyperParams& hyper) const;
+  Status step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimizer& o, const std::vector<PieceJob>& jobs,
+                     const cpu_adam::StepArgs& args, DType param_dtype);
+
+  EngineContext& ctx_;
+  ParameterGathering& params_;
+  std::unique_ptr<Stream> opt_stream_;  // device_opt(): the device Adam kernel's stream
+  // The optimizer thread's H2D copies of updated tiles (step_pieces): queued
+  // from the tile callback while later tiles compute (cuda: asynchronous
+  // copies from pinned staging), waited for once per piece.
+  std::unique_ptr<Stream> update_stream_;
+  std::unique_ptr<OptimizerStateTier> tier_;      // the optimizer state (the host part with ratio < 1)
+  std::unique_ptr<OptimizerStateTier> dev_tier_;  // ratio < 1: the device part
+  std::optional<cpu_adam::CpuOptimizer> optimizer_;
+  std::optional<cpu_adam::CpuOptimizer> dev_optimizer_;  // ratio < 1: steps the device part (its own thread)
+  std::vector<LayerUpdate> layers_;
+  // Nanoseconds the optimizer threads spent in one step's updates, added by
+  // the update tasks themselves.
+  std::shared_ptr<std::atomic<int64_t>> update_ns_;
+  std::unique_ptr<SerialWorker> worker_;      // last-but-one: stopped before the state it steps
+  std::unique_ptr<SerialWorker> dev_worker_;  // ratio < 1: steps the device part at the same time
+};
+
+}  // namespace strata::offload::engine_detail
