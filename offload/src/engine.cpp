@@ -206,8 +206,8 @@ Engine::~Engine() {
     m.params.stop_reader();
     // the checkpoint save in flight (its snapshot was taken: it only writes
     // files; rank 0 does not wait for peers that may have failed),
-    impl_->abandon_save();
-    impl_->wait_save().status().ignore();
+    m.checkpoints.abandon_save();
+    m.checkpoints.wait_save().status().ignore();
     // then the copies and the collectives lent those buffers.
     if (m.xfer) {
       m.wait_at_teardown(m.xfer->record_completion(), "the engine's copies");
@@ -464,5 +464,52 @@ std::string Engine::describe() const {
                      offload_device_name(o.offload_param), dtype_name(o.grad_dtype), impl_->world,
                      impl_->world == 1 ? "" : "s");
 }
+
+// ---------------------------------------------------------------- checkpoints (CheckpointIO)
+
+Result<CheckpointSaveInfo> Engine::save_checkpoint(const CheckpointSaveOptions& options) {
+  Impl& m = *impl_;
+  // A stopped engine's state may be part-way through a step: never saved.
+  if (!m.stopped.ok()) return m.stopped;
+  STRATA_RETURN_IF_ERROR(m.expect_no_frozen_layer("save_checkpoint()"));
+  CheckpointScalarsNow now;
+  now.optimizer_steps = m.optimizer_steps;
+  now.steps_begun = m.steps_begun;
+  if (m.runner != nullptr) now.data_position = m.runner->data_position();
+  now.scaler = m.scaler->state();
+  return m.checkpoints.save(options, now, m.predicted);
+}
+
+Result<std::optional<CheckpointSaveDone>> Engine::wait_checkpoint() { return impl_->checkpoints.wait_save(); }
+
+Result<CheckpointManifest> Engine::load_checkpoint(const std::string& given) {
+  Impl& m = *impl_;
+  STRATA_RETURN_IF_ERROR(m.expect_no_frozen_layer("load_checkpoint()"));
+  if (m.steps_begun != 0 || m.optimizer_steps != 0)
+    return FailedPrecondition(fmt::format("load_checkpoint('{}') needs a fresh engine; this one has run {} steps",
+                                          printable(given, 256), m.steps_begun));
+  STRATA_ASSIGN_OR_RETURN(CheckpointReader reader, m.checkpoints.open_for_load(given));
+  const CheckpointManifest manifest = reader.manifest();
+  const std::string src = printable(reader.folder().string(), 256);
+  LossScalerState ls;
+  ls.scale = manifest.scalars.loss_scale;
+  ls.iteration = manifest.scalars.scaler_iteration;
+  ls.last_overflow_iteration = manifest.scalars.scaler_last_overflow;
+  ls.hysteresis_left = manifest.scalars.scaler_hysteresis_left;
+  ls.overflow_count = manifest.scalars.scaler_overflow_count;
+  STRATA_RETURN_IF_ERROR(m.scaler->restore(ls).with_context(fmt::format("checkpoint '{}' loss_scaler", src)));
+  STRATA_RETURN_IF_ERROR(m.checkpoints.load_state(reader));
+  // The runner goes where the save left its data; a checkpoint without a
+  // position (saved by a caller that drives the engine and owns its data)
+  // leaves it where it is.
+  if (m.runner != nullptr && manifest.scalars.data_position.has_value())
+    STRATA_RETURN_IF_ERROR(m.runner->seek_data(*manifest.scalars.data_position)
+                               .with_context(fmt::format("moving the training data to checkpoint '{}'", src)));
+  m.optimizer_steps = manifest.scalars.step;
+  m.steps_begun = manifest.scalars.step_calls;
+  return manifest;
+}
+
+int64_t Engine::steps_begun() const { return impl_->steps_begun; }
 
 }  // namespace strata::offload

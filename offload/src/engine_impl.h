@@ -8,12 +8,13 @@
 //   GradientReduction (gradient_reduction.h)  gradient buffers, reductions in canonical order, the norm
 //   UpdateScheduler (update_scheduler.h)      optimizer state tiers, optimizer threads, per-layer updates
 //   CommitPoint (commit_point.h)              the vote, commit or rollback of the pending step
-//   checkpoints (engine_checkpoint.cpp)       asynchronous snapshots, atomic saves, loads
+//   CheckpointIO (checkpoint_io.h)            asynchronous snapshots, atomic saves, loads
 // Impl itself holds what the step's calls share: where the driving thread
 // is (Phase, StepInProgress), the step counters, the schedule and loss
 // scaler, the exposed-wait probes; engine.cpp (set-up, public methods),
 // engine_passes.cpp (acquire, release), engine_step.cpp (the step's calls,
-// evaluation) and engine_recovery.cpp (marks, bounded waits) implement it.
+// evaluation) and engine_recovery.cpp (marks, bounded waits) implement it; engine.cpp
+// also joins checkpoints to the step counters and loss scaler.
 //
 // Threads: the driving thread calls the step's calls (Note [Driving the
 // engine]) and acquire/release. It issues every collective (one issuing
@@ -33,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint_io.h"
 #include "commit_point.h"
 #include "engine_context.h"
 #include "gradient_reduction.h"
@@ -134,20 +136,8 @@ struct Engine::Impl : EngineContext {
   Status restore(const StepMark& m);
   StepMark step_start;  // the counters at begin_step() (the step in progress is dropped back to them)
 
-  // Checkpoints (engine_checkpoint.cpp).
-  struct SaveState;
-  struct SnapshotSlots;
-  std::shared_ptr<SaveState> pending_save;        // the save in flight
-  std::shared_ptr<SnapshotSlots> snapshot_slots;  // kept between saves
-  Completion snapshot_gate(size_t li);
-  Result<CheckpointSaveInfo> save(const CheckpointSaveOptions& o);
-  Result<std::optional<CheckpointSaveDone>> wait_save();
-  void abandon_save();
-  Status finish_save(SaveState& s);
-  Status prune_checkpoints(const std::filesystem::path& dir, int keep, const std::string& current);
-  Result<CheckpointManifest> load(const std::string& given);
-  // Last: its thread is joined first, before anything a save's task may use.
-  std::unique_ptr<SerialWorker> ckpt_writer;
+  // Last: its writer thread is joined first, before anything a save's task may use.
+  CheckpointIO checkpoints{*this, params, updates};
 };
 
 }  // namespace strata::offload

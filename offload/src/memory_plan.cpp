@@ -118,7 +118,7 @@ EngineMemory plan_engine_memory(const EngineOptions& opt, const Partition& part,
                        std::max<uint64_t>(placement.largest_nvme_shard_bytes, 4096);
   m.pinned = m.pinned_optimizer + m.pinned_grads + m.pinned_staging + m.pinned_params;
   // A checkpoint snapshot slot: the largest piece as fp32 master [4 B] and
-  // moments [8 B], each part 4 KiB-aligned (engine_checkpoint.cpp).
+  // moments [8 B], each part 4 KiB-aligned (checkpoint_io.cpp).
   auto aligned = [](uint64_t n) { return (n + 4095) / 4096 * 4096; };
   m.snapshot_slot_bytes = aligned(4 * largest_piece) + aligned(8 * largest_piece);
   return m;

@@ -41,14 +41,16 @@
 #include <filesystem>
 #include <thread>
 
-#include "engine_impl.h"
+#include "checkpoint_io.h"
+
+#include "strata/comm/host_collective.h"
 #include "strata/core/bounded_file.h"
 #include "strata/core/durable_file.h"
 #include "strata/nvme/aligned_buffer.h"
 #include "strata/nvme/checksum.h"
 #include "strata/nvme/fs_probe.h"
 
-namespace strata::offload {
+namespace strata::offload::engine_detail {
 namespace fs = std::filesystem;
 
 namespace {
@@ -153,7 +155,7 @@ Status check_still_current(const OptimizerStateTier& tier, uint64_t rollbacks, c
 // piece, allocated at the first save and kept; counted as pageable host
 // memory in the engine's stats from allocation to destruction (Note
 // [Snapshot slots and the host budget]).
-struct Engine::Impl::SnapshotSlots {
+struct CheckpointIO::SnapshotSlots {
   std::mutex mu;
   std::condition_variable cv;
   std::vector<nvme::AlignedBuffer> slots;
@@ -204,7 +206,7 @@ struct Engine::Impl::SnapshotSlots {
   }
 };
 
-struct Engine::Impl::SaveState {
+struct CheckpointIO::SaveState {
   std::string tag;
   fs::path dir, tmp;
   int rank = 0, world = 1;
@@ -240,12 +242,12 @@ struct Engine::Impl::SaveState {
 
 // ---------------------------------------------------------------- save
 
-Result<std::optional<CheckpointSaveDone>> Engine::Impl::wait_save() {
-  if (!pending_save) return std::optional<CheckpointSaveDone>();
-  std::shared_ptr<SaveState> s = std::move(pending_save);
-  pending_save.reset();
+Result<std::optional<CheckpointSaveDone>> CheckpointIO::wait_save() {
+  if (!pending_save_) return std::optional<CheckpointSaveDone>();
+  std::shared_ptr<SaveState> s = std::move(pending_save_);
+  pending_save_.reset();
   // The caller asked for the save's end (next save, --save-sync, end of training).
-  STRATA_RETURN_IF_ERROR(wait_bounded(s->done_c, fmt::format("checkpoint '{}' being written", s->tag)));
+  STRATA_RETURN_IF_ERROR(ctx_.wait_bounded(s->done_c, fmt::format("checkpoint '{}' being written", s->tag)));
   const Status st = s->done_c.status();
   if (!st.ok()) return st.with_context(fmt::format("checkpoint '{}' in '{}'", s->tag, printable(s->dir.string(), 256)));
   CheckpointSaveDone d;
@@ -256,12 +258,12 @@ Result<std::optional<CheckpointSaveDone>> Engine::Impl::wait_save() {
   return std::optional<CheckpointSaveDone>(d);
 }
 
-void Engine::Impl::abandon_save() {
-  if (pending_save) pending_save->abandon.store(true);
+void CheckpointIO::abandon_save() {
+  if (pending_save_) pending_save_->abandon.store(true);
 }
 
 // The writer's last task: durable files, this rank's report, rank 0's commit.
-Status Engine::Impl::finish_save(SaveState& s) {
+Status CheckpointIO::finish_save(SaveState& s) {
   STRATA_RETURN_IF_ERROR(s.first_error());
   for (OutFile* f : {&s.model, &s.optim}) {
     if (::fsync(f->fd) != 0)
@@ -346,7 +348,7 @@ Status Engine::Impl::finish_save(SaveState& s) {
 // Keeps the newest `keep` complete tags of `dir` (by their manifests' step
 // count), never `current`; removes only real folders directly inside `dir`
 // that hold a manifest of this format.
-Status Engine::Impl::prune_checkpoints(const fs::path& dir, int keep, const std::string& current) {
+Status CheckpointIO::prune_checkpoints(const fs::path& dir, int keep, const std::string& current) {
   std::vector<std::pair<int64_t, std::string>> tags;
   std::error_code ec;
   for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
@@ -376,18 +378,20 @@ Status Engine::Impl::prune_checkpoints(const fs::path& dir, int keep, const std:
 // A piece's snapshot waits for its layer's last update and for everything
 // that writes the layer's parameters after it (the stage 1-2 all-gather
 // rewrites this rank's own piece in place too).
-Completion Engine::Impl::snapshot_gate(size_t li) {
+Completion CheckpointIO::snapshot_gate(size_t li) {
   // update_written fails when the update did: a failed step is never saved.
-  const Completion both[] = {updates.layer(li).update_written, params.ready(li)};
+  const Completion both[] = {updates_.layer(li).update_written, params_.ready(li)};
   return when_all(both, fmt::format("layer {} updated", li));
 }
 
-Result<CheckpointSaveInfo> Engine::Impl::save(const CheckpointSaveOptions& o) {
+CheckpointIO::~CheckpointIO() = default;
+
+Result<CheckpointSaveInfo> CheckpointIO::save(const CheckpointSaveOptions& o, const CheckpointScalarsNow& now,
+                                              const EngineMemory& predicted) {
   const auto t0 = Clock::now();
-  STRATA_RETURN_IF_ERROR(expect_no_frozen_layer("save_checkpoint()"));
   // One save at a time: the previous one must have finished (its error is this call's).
   STRATA_RETURN_IF_ERROR(wait_save().status());
-  const std::string tag = o.tag.empty() ? default_checkpoint_tag(steps_begun) : o.tag;
+  const std::string tag = o.tag.empty() ? default_checkpoint_tag(now.steps_begun) : o.tag;
   STRATA_RETURN_IF_ERROR(check_checkpoint_tag(tag));
   if (o.keep < 0) return InvalidArgument(fmt::format("--keep {} must be >= 0 (0 keeps every tag)", o.keep));
   if (o.snapshot_slots < 1 || o.snapshot_slots > 64)
@@ -480,7 +484,7 @@ Result<CheckpointSaveInfo> Engine::Impl::save(const CheckpointSaveOptions& o) {
   s->commit_timeout_s = o.commit_timeout_s;
   s->crash = faults.checkpoint_crash;
   s->t0 = t0;
-  s->rollbacks = updates.tier().rollbacks();
+  s->rollbacks = updates_.tier().rollbacks();
   {
     std::error_code ec;
     fs::create_directory(s->tmp, ec);  // every rank; EEXIST from another rank is fine
@@ -508,17 +512,17 @@ Result<CheckpointSaveInfo> Engine::Impl::save(const CheckpointSaveOptions& o) {
   m.moment_dtype = dtype_name(opt.moment_dtype);
   m.optimizer = cpu_adam::optimizer_kind_name(opt.optimizer);
   m.sub_group_size = opt.sub_group_size;
-  m.scalars.step = optimizer_steps;
-  m.scalars.step_calls = steps_begun;
-  if (runner != nullptr) m.scalars.data_position = runner->data_position();
-  const LossScalerState& ls = scaler->state();
+  m.scalars.step = now.optimizer_steps;
+  m.scalars.step_calls = now.steps_begun;
+  m.scalars.data_position = now.data_position;
+  const LossScalerState& ls = now.scaler;
   m.scalars.loss_scale = ls.scale;
   m.scalars.scaler_iteration = ls.iteration;
   m.scalars.scaler_last_overflow = ls.last_overflow_iteration;
   m.scalars.scaler_hysteresis_left = ls.hysteresis_left;
   m.scalars.scaler_overflow_count = ls.overflow_count;
   for (size_t li = 0; li < part.layer_count(); ++li)
-    m.layers.push_back({model.layers()[li].name, part.layer(li).elements, std::string(dtype_name(where(li).param_dtype))});
+    m.layers.push_back({model.layers()[li].name, part.layer(li).elements, std::string(dtype_name(ctx_.where(li).param_dtype))});
   m.app = o.app;
 
   // This rank's pieces, in order, and where each goes in its files.
@@ -545,40 +549,40 @@ Result<CheckpointSaveInfo> Engine::Impl::save(const CheckpointSaveOptions& o) {
   }
   STRATA_CHECK(slot_bytes == align_up(4 * largest) + align_up(8 * largest),
                "the plan's snapshot slot holds exactly this rank's largest piece");
-  if (!snapshot_slots || snapshot_slots->slots.size() != nslots) {
+  if (!snapshot_slots_ || snapshot_slots_->slots.size() != nslots) {
     // The previous save is over: nothing uses the old slots; they go first,
     // so the host memory never holds both.
-    snapshot_slots.reset();
-    STRATA_ASSIGN_OR_RETURN(snapshot_slots, SnapshotSlots::allocate(nslots, slot_bytes, stats));
+    snapshot_slots_.reset();
+    STRATA_ASSIGN_OR_RETURN(snapshot_slots_, SnapshotSlots::allocate(nslots, slot_bytes, stats));
   }
   // Its tasks never fail (a save's errors are the save's), so one thread serves every save.
-  if (!ckpt_writer) ckpt_writer = std::make_unique<SerialWorker>(fmt::format("checkpoint writer of rank {}", rank));
-  s->writer = ckpt_writer.get();
+  if (!writer_) writer_ = std::make_unique<SerialWorker>(fmt::format("checkpoint writer of rank {}", rank));
+  s->writer = writer_.get();
 
   // The snapshot tasks (Note [Asynchronous save]); none fails the optimizer
   // thread: a failure is the save's, recorded and reported by wait_save().
-  std::shared_ptr<SnapshotSlots> slots = snapshot_slots;
+  std::shared_ptr<SnapshotSlots> slots = snapshot_slots_;
   size_t extent = 0;
   for (const Piece& p : pieces) {
     const size_t e = extent;
     extent += 2;
-    const Completion snapped = updates.worker().submit(
+    const Completion snapped = updates_.worker().submit(
         [this, s, slots, p, e]() -> Status {
           if (!s->first_error().ok()) return Status::Ok();
           Result<size_t> slot = slots->acquire(opt.wait_timeout_s);
           if (!slot.ok()) {
-            s->fail(slot.status().with_context(fmt::format("taking the snapshot of {}", state_name(p.li, p.gi, rank))));
+            s->fail(slot.status().with_context(fmt::format("taking the snapshot of {}", ctx_.state_name(p.li, p.gi, rank))));
             return Status::Ok();
           }
           const size_t k = *slot;
           std::byte* base = slots->slots[k].data();
           float* master = reinterpret_cast<float*>(base);
           float* moments = reinterpret_cast<float*>(base + align_up(4 * p.count));
-          Status st = updates.read_piece_state(p.li, p.gi, rank, master, moments, moments + p.count);
-          if (st.ok()) st = check_still_current(updates.tier(), s->rollbacks, s->tag);
+          Status st = updates_.read_piece_state(p.li, p.gi, rank, master, moments, moments + p.count);
+          if (st.ok()) st = check_still_current(updates_.tier(), s->rollbacks, s->tag);
           if (!st.ok()) {
             slots->release(k);
-            s->fail(st.with_context(fmt::format("taking the snapshot of {}", state_name(p.li, p.gi, rank))));
+            s->fail(st.with_context(fmt::format("taking the snapshot of {}", ctx_.state_name(p.li, p.gi, rank))));
             return Status::Ok();
           }
           // Zero padding: the files' bytes (and checksums) are deterministic.
@@ -602,7 +606,7 @@ Result<CheckpointSaveInfo> Engine::Impl::save(const CheckpointSaveOptions& o) {
           });
           return Status::Ok();
         },
-        snapshot_gate(p.li), fmt::format("checkpoint snapshot of {}", state_name(p.li, p.gi, rank)),
+        snapshot_gate(p.li), fmt::format("checkpoint snapshot of {}", ctx_.state_name(p.li, p.gi, rank)),
         /*sticky=*/false);
     // A failed update (the gate) is the save's failure, not the optimizer
     // thread's: the step is rolled back and training goes on.
@@ -612,7 +616,7 @@ Result<CheckpointSaveInfo> Engine::Impl::save(const CheckpointSaveOptions& o) {
   }
   // After the last snapshot (whatever the optimizer thread's state), the
   // writer finishes: it runs after every piece's write, which was queued first.
-  Completion last = updates.worker().submit([] { return Status::Ok(); }, {}, "checkpoint snapshot end");
+  Completion last = updates_.worker().submit([] { return Status::Ok(); }, {}, "checkpoint snapshot end");
   last.then([this, s](const Status& st) {
     if (!st.ok()) s->fail(st.with_context("the optimizer thread failed before the snapshot was taken"));
     s->snapped.complete(s->first_error());
@@ -632,11 +636,11 @@ Result<CheckpointSaveInfo> Engine::Impl::save(const CheckpointSaveOptions& o) {
   CheckpointSaveInfo info;
   info.tag = tag;
   info.bytes = s->model.bytes + s->optim.bytes;
-  pending_save = s;
+  pending_save_ = s;
   // ratio < 1: the device part is stepped by a second thread, outside the
   // FIFO above; the next step must not start before the snapshot is taken.
-  if (split()) {
-    STRATA_RETURN_IF_ERROR(wait_bounded(s->snapped_c, fmt::format("the snapshot of checkpoint '{}'", tag)));
+  if (ctx_.split()) {
+    STRATA_RETURN_IF_ERROR(ctx_.wait_bounded(s->snapped_c, fmt::format("the snapshot of checkpoint '{}'", tag)));
     STRATA_RETURN_IF_ERROR(s->snapped_c.status());
   }
   if (o.sync) {
@@ -649,11 +653,7 @@ Result<CheckpointSaveInfo> Engine::Impl::save(const CheckpointSaveOptions& o) {
 
 // ---------------------------------------------------------------- load
 
-Result<CheckpointManifest> Engine::Impl::load(const std::string& given) {
-  STRATA_RETURN_IF_ERROR(expect_no_frozen_layer("load_checkpoint()"));
-  if (steps_begun != 0 || optimizer_steps != 0)
-    return FailedPrecondition(fmt::format("load_checkpoint('{}') needs a fresh engine; this one has run {} steps",
-                                          printable(given, 256), steps_begun));
+Result<CheckpointReader> CheckpointIO::open_for_load(const std::string& given) const {
   STRATA_ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::open(given));
   const CheckpointManifest& m = reader.manifest();
   const std::string src = printable(reader.folder().string(), 256);
@@ -674,17 +674,13 @@ Result<CheckpointManifest> Engine::Impl::load(const std::string& given) {
     return FailedPrecondition(fmt::format("checkpoint '{}' was saved with optimizer {}, this run uses {}: its moments "
                                           "do not apply",
                                           src, m.optimizer, cpu_adam::optimizer_kind_name(opt.optimizer)));
-  LossScalerState ls;
-  ls.scale = m.scalars.loss_scale;
-  ls.iteration = m.scalars.scaler_iteration;
-  ls.last_overflow_iteration = m.scalars.scaler_last_overflow;
-  ls.hysteresis_left = m.scalars.scaler_hysteresis_left;
-  ls.overflow_count = m.scalars.scaler_overflow_count;
-  STRATA_RETURN_IF_ERROR(scaler->restore(ls).with_context(fmt::format("checkpoint '{}' loss_scaler", src)));
+  return reader;
+}
 
+Status CheckpointIO::load_state(CheckpointReader& reader) {
   for (size_t li = 0; li < part.layer_count(); ++li) {
     const LayerPartition& layer_part = part.layer(li);
-    const LayerPlacement& layer_where = where(li);
+    const LayerPlacement& layer_where = ctx_.where(li);
     const bool persistent = layer_where.persistent();
     // The master values this rank needs, read once: the whole layer when its
     // parameters are kept whole (persistent), else this rank's shard (the
@@ -704,16 +700,16 @@ Result<CheckpointManifest> Engine::Impl::load(const std::string& given) {
     std::vector<std::byte> values(master.size() * layer_where.param_element_bytes);
     master_to_params(layer_where.param_dtype, master.data(), values.data(), master.size());
     if (persistent) {
-      STRATA_RETURN_IF_ERROR(params.write_whole(li, values));
+      STRATA_RETURN_IF_ERROR(params_.write_whole(li, values));
     } else {
-      STRATA_RETURN_IF_ERROR(params.replace_shard(li, values));  // a fresh engine: off the step path
+      STRATA_RETURN_IF_ERROR(params_.replace_shard(li, values));  // a fresh engine: off the step path
     }
     // The optimizer state of every owned piece (a partitioned layer's owned
     // pieces are this rank's: stage 3).
     std::vector<float> moments;
     for (size_t gi = 0; gi < layer_part.groups.size(); ++gi) {
       const SubGroup& g = layer_part.groups[gi];
-      for (int r = owned_rank_begin(); r < owned_rank_end(); ++r) {
+      for (int r = ctx_.owned_rank_begin(); r < ctx_.owned_rank_end(); ++r) {
         const size_t n = layer_part.piece_real(g, r);
         if (n == 0) continue;
         STRATA_CHECK(persistent || r == rank, "a partitioned layer's owned pieces are this rank's");
@@ -722,33 +718,13 @@ Result<CheckpointManifest> Engine::Impl::load(const std::string& given) {
         moments.resize(2 * n);
         STRATA_RETURN_IF_ERROR(reader.read(li, CheckpointState::kExpAvg, b, std::span<float>(moments.data(), n)));
         STRATA_RETURN_IF_ERROR(reader.read(li, CheckpointState::kExpAvgSq, b, std::span<float>(moments.data() + n, n)));
-        STRATA_RETURN_IF_ERROR(updates.write_piece_state(li, gi, r, m, moments.data(), moments.data() + n)
-                                   .with_context(fmt::format("loading {}", state_name(li, gi, r))));
+        STRATA_RETURN_IF_ERROR(updates_.write_piece_state(li, gi, r, m, moments.data(), moments.data() + n)
+                                   .with_context(fmt::format("loading {}", ctx_.state_name(li, gi, r))));
       }
     }
   }
   // The loaded state is the committed one (Note [Piece versions]).
-  STRATA_RETURN_IF_ERROR(updates.tier().commit().with_context("writing the loaded optimizer state"));
-  // The runner goes where the save left its data; a checkpoint without a
-  // position (saved by a caller that drives the engine and owns its data)
-  // leaves it where it is.
-  if (runner != nullptr && m.scalars.data_position.has_value())
-    STRATA_RETURN_IF_ERROR(runner->seek_data(*m.scalars.data_position)
-                               .with_context(fmt::format("moving the training data to checkpoint '{}'", src)));
-  optimizer_steps = m.scalars.step;
-  steps_begun = m.scalars.step_calls;
-  return m;
+  return updates_.tier().commit().with_context("writing the loaded optimizer state");
 }
 
-// ---------------------------------------------------------------- Engine
-
-Result<CheckpointSaveInfo> Engine::save_checkpoint(const CheckpointSaveOptions& options) {
-  // A stopped engine's state may be part-way through a step: never saved.
-  if (!impl_->stopped.ok()) return impl_->stopped;
-  return impl_->save(options);
-}
-Result<std::optional<CheckpointSaveDone>> Engine::wait_checkpoint() { return impl_->wait_save(); }
-Result<CheckpointManifest> Engine::load_checkpoint(const std::string& dir_or_tag) { return impl_->load(dir_or_tag); }
-int64_t Engine::steps_begun() const { return impl_->steps_begun; }
-
-}  // namespace strata::offload
+}  // namespace strata::offload::engine_detail
