@@ -52,8 +52,8 @@ int run_inspect(const CheckpointCliOptions& o) {
     return 0;
   }
   fmt::print("checkpoint '{}' (format version {})\n", printable(r->folder().string(), 256), m.version);
-  fmt::print("  tag {}: step {} ({} step calls, {} skipped), data position {}\n", m.tag, m.scalars.step,
-             m.scalars.step_calls, m.scalars.scaler_overflow_count,
+  fmt::print("  tag {}: step {} ({} step calls, {} skipped), data position {}\n", m.tag, m.scalars.optimizer_steps,
+             m.scalars.steps_begun, m.scalars.scaler_overflow_count,
              m.scalars.data_position ? fmt::format("{} micro-batches", *m.scalars.data_position)
                                      : std::string("none (the caller kept its own)"));
   fmt::print("  saved by {} rank{}: stage {}, optimizer {} on {}, params on {}, moments {}, sub_group_size {}\n",
@@ -137,7 +137,7 @@ int run_export(const CheckpointCliOptions& o) {
   if (!st.ok()) return fail("export", st);
   fmt::print("exported '{}' tag {} (step {}) to '{}': model.safetensors ({}) and config.json; load it with "
              "transformers.GPT2LMHeadModel.from_pretrained (docs/export.md)\n",
-             printable(r->folder().string(), 256), r->manifest().tag, r->manifest().scalars.step,
+             printable(r->folder().string(), 256), r->manifest().tag, r->manifest().scalars.optimizer_steps,
              printable(o.out, 256), dtype_name(*dt));
   return 0;
 }

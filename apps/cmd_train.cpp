@@ -315,12 +315,12 @@ Status train_rank(const TrainCliOptions& o, const TrainSetup& t, const model::Gp
     if (reporter != nullptr && !o.quiet) {
       fmt::print("resume   from '{}' tag {} (saved by {} rank{} at stage {}, optimizer {}, params {}): step {} of {}\n",
                  printable(o.resume, 256), m->tag, m->world_size, m->world_size == 1 ? "" : "s", m->stage,
-                 m->offload_optimizer, m->offload_param, m->scalars.step_calls, o.steps);
+                 m->offload_optimizer, m->offload_param, m->scalars.steps_begun, o.steps);
       std::fflush(stdout);
     }
-    if (m->scalars.step_calls >= o.steps && reporter != nullptr)
+    if (m->scalars.steps_begun >= o.steps && reporter != nullptr)
       fmt::print("resume   the checkpoint is at step {}, at or past --steps {}: nothing to train\n",
-                 m->scalars.step_calls, o.steps);
+                 m->scalars.steps_begun, o.steps);
   }
   const int64_t first_step = rs.engine->steps_begun() + 1;  // the same on every rank
   int retries_left = o.step_retries;
@@ -575,7 +575,7 @@ int run_train(TrainCliOptions o) {
     if (!o.resume.empty()) {
       Result<offload::CheckpointReader> r = offload::CheckpointReader::open(o.resume);
       if (!r.ok()) return fail(r.status().with_context("--resume"));
-      first = r->manifest().scalars.step_calls + 1;
+      first = r->manifest().scalars.steps_begun + 1;
     }
     std::error_code ec;
     for (const std::filesystem::directory_entry& e : std::filesystem::directory_iterator(o.save_dir, ec)) {

@@ -40,7 +40,7 @@ Result<uint64_t> parse_hex64(const nlohmann::json& v, const std::string& what) {
   return x;
 }
 
-std::string default_checkpoint_tag(int64_t step_calls) { return fmt::format("global_step{}", step_calls); }
+std::string default_checkpoint_tag(int64_t steps_begun) { return fmt::format("global_step{}", steps_begun); }
 
 Status check_checkpoint_tag(const std::string& tag) {
   if (tag.empty() || tag.size() > 128)
@@ -128,8 +128,8 @@ nlohmann::json CheckpointManifest::to_json() const {
   j["moment_dtype"] = moment_dtype;
   j["optimizer"] = optimizer;
   j["sub_group_size"] = sub_group_size;
-  j["step"] = scalars.step;
-  j["step_calls"] = scalars.step_calls;
+  j["step"] = scalars.optimizer_steps;
+  j["step_calls"] = scalars.steps_begun;
   if (scalars.data_position) j["data_position"] = *scalars.data_position;
   else j["data_position"] = nullptr;
   j["loss_scaler"] = {{"scale", scalars.loss_scale},
@@ -217,8 +217,8 @@ Result<CheckpointManifest> CheckpointManifest::from_json(const nlohmann::json& j
   STRATA_ASSIGN_OR_RETURN(m.moment_dtype, f.string("moment_dtype"));
   STRATA_ASSIGN_OR_RETURN(m.optimizer, f.string("optimizer"));
   STRATA_ASSIGN_OR_RETURN(m.sub_group_size, f.integer<int64_t>("sub_group_size", 1, kI64Max));
-  STRATA_ASSIGN_OR_RETURN(m.scalars.step, f.integer<int64_t>("step", 0, kI64Max));
-  STRATA_ASSIGN_OR_RETURN(m.scalars.step_calls, f.integer<int64_t>("step_calls", m.scalars.step, kI64Max));
+  STRATA_ASSIGN_OR_RETURN(m.scalars.optimizer_steps, f.integer<int64_t>("step", 0, kI64Max));
+  STRATA_ASSIGN_OR_RETURN(m.scalars.steps_begun, f.integer<int64_t>("step_calls", m.scalars.optimizer_steps, kI64Max));
   if (j.contains("data_position") && j["data_position"].is_null()) {
     m.scalars.data_position.reset();
   } else {

@@ -358,7 +358,7 @@ Status CheckpointIO::prune_checkpoints(const fs::path& dir, int keep, const std:
     if (name.empty() || name.front() == '.' || !check_checkpoint_tag(name).ok()) continue;
     Result<CheckpointReader> r = CheckpointReader::open(e.path());
     if (!r.ok()) continue;  // not a complete checkpoint of ours: leave it
-    tags.push_back({r->manifest().scalars.step_calls, name});
+    tags.push_back({r->manifest().scalars.steps_begun, name});
   }
   std::sort(tags.begin(), tags.end(), std::greater<>());
   int kept = 0;
@@ -512,8 +512,8 @@ Result<CheckpointSaveInfo> CheckpointIO::save(const CheckpointSaveOptions& o, co
   m.moment_dtype = dtype_name(opt.moment_dtype);
   m.optimizer = cpu_adam::optimizer_kind_name(opt.optimizer);
   m.sub_group_size = opt.sub_group_size;
-  m.scalars.step = now.optimizer_steps;
-  m.scalars.step_calls = now.steps_begun;
+  m.scalars.optimizer_steps = now.optimizer_steps;
+  m.scalars.steps_begun = now.steps_begun;
   m.scalars.data_position = now.data_position;
   const LossScalerState& ls = now.scaler;
   m.scalars.loss_scale = ls.scale;

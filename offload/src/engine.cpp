@@ -505,8 +505,8 @@ Result<CheckpointManifest> Engine::load_checkpoint(const std::string& given) {
   if (m.runner != nullptr && manifest.scalars.data_position.has_value())
     STRATA_RETURN_IF_ERROR(m.runner->seek_data(*manifest.scalars.data_position)
                                .with_context(fmt::format("moving the training data to checkpoint '{}'", src)));
-  m.optimizer_steps = manifest.scalars.step;
-  m.steps_begun = manifest.scalars.step_calls;
+  m.optimizer_steps = manifest.scalars.optimizer_steps;
+  m.steps_begun = manifest.scalars.steps_begun;
   return manifest;
 }
 

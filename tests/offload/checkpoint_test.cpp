@@ -126,8 +126,8 @@ TEST(CheckpointResume, Fp16LossScaleStateContinues) {
   }
   CheckpointReader rd = CheckpointReader::open(dir).value();
   EXPECT_EQ(rd.manifest().scalars.scaler_overflow_count, 1);
-  EXPECT_EQ(rd.manifest().scalars.step_calls, 6);
-  EXPECT_EQ(rd.manifest().scalars.step, 5);
+  EXPECT_EQ(rd.manifest().scalars.steps_begun, 6);
+  EXPECT_EQ(rd.manifest().scalars.optimizer_steps, 5);
 }
 
 // Reshard: saved at one world size, stage and placement; loaded at another.
@@ -310,7 +310,7 @@ TEST(CheckpointRecovery, NvmeWriteErrorMidStepThenResumeFromLatest) {
   ASSERT_FALSE(failed.status.ok());
   EXPECT_NE(failed.status.to_string().find("Input/output error"), std::string::npos) << failed.status.to_string();
   CheckpointReader latest = CheckpointReader::open(dir).value();
-  const int64_t at = latest.manifest().scalars.step_calls;
+  const int64_t at = latest.manifest().scalars.steps_begun;
   EXPECT_GE(at, 2);  // the saves before the fault committed (step 3's write-backs may already fail)
   EXPECT_LT(at, 6);
   EXPECT_TRUE(latest.verify().ok());
@@ -501,7 +501,7 @@ TEST(CheckpointConcurrency, AStepRolledBackWhileItsSnapshotIsTakenIsNotSaved) {
     CheckpointReader want = CheckpointReader::open(ref_dir / tag).value();
     CheckpointReader got = CheckpointReader::open(dir / tag).value();
     EXPECT_TRUE(got.verify().ok()) << tag;
-    EXPECT_EQ(got.manifest().scalars.step, want.manifest().scalars.step) << tag;
+    EXPECT_EQ(got.manifest().scalars.optimizer_steps, want.manifest().scalars.optimizer_steps) << tag;
     for (size_t li = 0; li < want.manifest().layers.size(); ++li)
       for (CheckpointState kind : {CheckpointState::kMaster, CheckpointState::kExpAvg, CheckpointState::kExpAvgSq}) {
         std::vector<float> a(want.manifest().layers[li].elements), b(a.size());
@@ -580,7 +580,7 @@ TEST(CheckpointMemory, SnapshotSlotsCountInTheHostBudget) {
   EXPECT_EQ(o.metrics[1].peak_host_bytes, 0u);
   EXPECT_EQ(o.metrics[2].peak_host_bytes, slot);
   EXPECT_TRUE(fs::exists(dir / "global_step2" / "manifest.json"));
-  EXPECT_EQ(CheckpointReader::open(dir).value().manifest().scalars.step_calls, 3);
+  EXPECT_EQ(CheckpointReader::open(dir).value().manifest().scalars.steps_begun, 3);
 }
 
 }  // namespace

@@ -71,8 +71,10 @@ struct CheckpointLayer {
 
 // Counters the engine restores on resume (besides the tensors).
 struct CheckpointScalars {
-  int64_t step = 0;           // optimizer updates applied
-  int64_t step_calls = 0;     // Engine::step() calls (skipped fp16 steps included)
+  // The engine's two counters, under the engine's names (Engine::optimizer_steps,
+  // Engine::steps_begun); the manifest keeps its keys "step" and "step_calls".
+  int64_t optimizer_steps = 0;  // optimizer updates applied
+  int64_t steps_begun = 0;      // steps begun (skipped fp16 steps included)
   // Micro-batches the model's runner had drawn (ModelRunner::data_position);
   // null when the engine had no runner or its runner could not tell.
   std::optional<uint64_t> data_position;
@@ -137,7 +139,7 @@ class CheckpointReader {
 // Validates a tag name: [A-Za-z0-9._-], 1..128 characters, not starting with '.'.
 Status check_checkpoint_tag(const std::string& tag);
 // "global_step12": the default tag of a save after `step` steps (DeepSpeed's naming).
-std::string default_checkpoint_tag(int64_t step_calls);
+std::string default_checkpoint_tag(int64_t steps_begun);
 
 // The temporary folder of a save that did not finish (".tmp-TAG-PID" inside
 // a --save-dir): PID is the saving run's rank-0 process.
