@@ -55,6 +55,14 @@ class AcquireTrace {
     recording_ = false;
   }
 
+  // The micro-batch was abandoned part-way (Engine::abandon_step): what it
+  // recorded is incomplete, and what it followed says nothing of the next
+  // one: the next micro-batch records afresh.
+  void abandon_micro_batch() {
+    recording_ = false;
+    rerecord_ = true;
+  }
+
   bool recording() const { return recording_; }
   // Not recording, and every acquire so far matched the recording.
   bool following() const { return !recording_ && !departed_; }

@@ -338,6 +338,17 @@ Result<StepOutcome> Engine::finish_step() {
   return r;
 }
 
+Status Engine::abandon_step() {
+  Impl& m = *impl_;
+  if (!m.stopped.ok()) return m.stopped;
+  if (m.phase != Impl::Phase::kStep && m.phase != Impl::Phase::kMicroBatch)
+    return FailedPrecondition(fmt::format(
+        "abandon_step() was called {} on rank {}; it drops a step begun with begin_step() and not finished",
+        Impl::phase_name(m.phase), m.rank));
+  Status st = m.abandon_step();
+  return st.ok() ? st : m.stop_unless_recovered(std::move(st));
+}
+
 Status Engine::begin_evaluation() {
   if (!impl_->stopped.ok()) return impl_->stopped;
   STRATA_RETURN_IF_ERROR(impl_->expect_phase(Impl::Phase::kIdle, "begin_evaluation()"));

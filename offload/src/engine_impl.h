@@ -123,6 +123,7 @@ struct Engine::Impl : EngineContext {
   Status begin_micro_batch(bool last);
   Status end_micro_batch(double mean_loss, int64_t tokens);
   Result<StepOutcome> finish_step();
+  Status abandon_step();
   Status begin_evaluation();
   Result<double> finish_evaluation(double loss_sum, int64_t batches);
   // The runner-driven loops over the calls above.

@@ -96,6 +96,28 @@ Result<StepOutcome> Engine::Impl::finish_step() {
   return out;
 }
 
+// The step in progress is dropped: the caller's passes are over (the
+// model's stream is waited for), held layers are released, the partial
+// gradients are discarded (zeroed again by the repeated step), the counters
+// go back to the step's start. What was already issued (gathers,
+// reductions of completed gradients) completes on its own; the previous
+// step's updates stay pending until the next commit point.
+Status Engine::Impl::abandon_step() {
+  const bool in_micro_batch = phase == Phase::kMicroBatch;
+  phase = Phase::kIdle;
+  Completion model_done;
+  if (model_stream != nullptr) {
+    model_done = model_stream->record_completion();
+    STRATA_RETURN_IF_ERROR(wait_bounded(model_done, "abandon_step(): the model's queued work"));
+  }
+  STRATA_RETURN_IF_ERROR(params.release_every_held(model_done));
+  if (in_micro_batch) params.trace().abandon_micro_batch();
+  params.take_unclaimed_prefetch_failure().ignore();  // the step it was for is gone
+  STRATA_RETURN_IF_ERROR(params.drop_unheld());
+  failures.take(FailureOf::kCall).ignore();  // a read of the abandoned step's passes
+  return restore(step_start);
+}
+
 Result<StepMetrics> Engine::Impl::step() {
   STRATA_RETURN_IF_ERROR(begin_step());
   for (int micro = 0; micro < opt.grad_accum; ++micro) {

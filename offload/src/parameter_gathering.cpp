@@ -314,6 +314,13 @@ Status ParameterGathering::release(size_t li, const Completion& done, const Pass
   return Status::Ok();
 }
 
+Status ParameterGathering::release_every_held(const Completion& done) {
+  PassPosition nowhere;  // neither training nor evaluating: nothing is kept for a next use
+  for (size_t li = 0; li < layers_.size(); ++li)
+    while (layers_[li].held > 0) STRATA_RETURN_IF_ERROR(release(li, done, nowhere));
+  return Status::Ok();
+}
+
 Status ParameterGathering::drop_unheld() {
   for (size_t li = 0; li < layers_.size(); ++li)
     if (!ctx_.where(li).persistent() && layers_[li].held == 0)

@@ -79,6 +79,9 @@ class ParameterGathering {
   // A pass's acquire: gathers on demand (and prefetches, following the trace).
   Result<Lease> acquire(size_t li, Pass pass, bool training);
   Status release(size_t li, const Completion& done, const PassPosition& at);
+  // Every layer a pass still holds is released, its last use `done` (an
+  // abandoned step: the caller's passes are over).
+  Status release_every_held(const Completion& done);
   // Drops every gathered copy no pass holds (end of a step's last backward,
   // end of an evaluation); each is freed after its last reader.
   Status drop_unheld();

@@ -35,6 +35,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -125,6 +126,23 @@ ReferenceOptions reference_options(const EngineOptions& o, int world, const MlpS
   return r;
 }
 
+// Where a test gives a step up (Engine::abandon_step).
+enum class AbandonAt {
+  kAfterBeginStep,       // before any micro-batch
+  kMidForward,           // in the first micro-batch's forward, a layer held
+  kAfterLastPasses,      // the last micro-batch's passes ran (reductions issued), not ended
+  kAfterLastMicroBatch,  // every micro-batch ended (every reduction issued), finish_step() not called
+};
+const char* abandon_at_name(AbandonAt at) {
+  switch (at) {
+    case AbandonAt::kAfterBeginStep: return "after_begin_step";
+    case AbandonAt::kMidForward: return "mid_forward";
+    case AbandonAt::kAfterLastPasses: return "after_last_passes";
+    case AbandonAt::kAfterLastMicroBatch: return "after_last_micro_batch";
+  }
+  return "?";
+}
+
 // A rank's device, model description, engine and MLP, driven by the test.
 class DrivenRank {
  public:
@@ -189,6 +207,26 @@ class DrivenRank {
     return out.metrics;
   }
 
+  // Step `step` begun and given up at `at` (abandon_step()); the caller
+  // then runs the step again.
+  Status abandoned_step(int64_t step, AbandonAt at) {
+    STRATA_RETURN_IF_ERROR(engine_->begin_step());
+    const int last = engine_->options().grad_accum - 1;
+    if (at == AbandonAt::kMidForward) {
+      // The first micro-batch's forward fails after acquiring layer 0: the layer is still held.
+      STRATA_RETURN_IF_ERROR(engine_->begin_micro_batch(last == 0));
+      STRATA_RETURN_IF_ERROR(engine_->acquire(0, Pass::kForward).status());
+    } else if (at != AbandonAt::kAfterBeginStep) {
+      for (int k = 0; k < last; ++k) STRATA_RETURN_IF_ERROR(micro_batch(step, k));
+      STRATA_RETURN_IF_ERROR(engine_->begin_micro_batch(true));
+      // The last micro-batch's passes: its backward released every layer, so
+      // their reductions were issued.
+      STRATA_ASSIGN_OR_RETURN(double loss, passes(step, last));
+      if (at == AbandonAt::kAfterLastMicroBatch) STRATA_RETURN_IF_ERROR(engine_->end_micro_batch(loss, kBatch));
+    }
+    return engine_->abandon_step().with_context(fmt::format("abandon_step() of step {} on rank {}", step, rank_));
+  }
+
   // An evaluation of this rank's kEvalBatches batches; checks that the
   // frozen layer's bytes, as the engine hands them out, are its initial ones.
   Result<double> evaluate() {
@@ -237,6 +275,8 @@ struct DrivenRun {
   std::function<MlpOrder(int rank, int64_t step, int micro)> order;
   int eval_every = 4;  // and after the last step
   bool gather_masters = true;
+  // Steps begun, given up there (abandon_step) and run again; null: none.
+  std::function<std::optional<AbandonAt>(int64_t step)> abandon;
   std::string label = "run";
 };
 
@@ -262,6 +302,8 @@ DrivenOutcome drive(const DrivenRun& run) {
         for (int64_t s = 1; s <= run.steps; ++s) {
           std::function<MlpOrder(int)> order;
           if (run.order) order = [&, s](int micro) { return run.order(r, s, micro); };
+          if (run.abandon)
+            if (const std::optional<AbandonAt> at = run.abandon(s)) STRATA_RETURN_IF_ERROR(d->abandoned_step(s, *at));
           STRATA_ASSIGN_OR_RETURN(StepMetrics m, d->step(s, order));
           if (r == 0) {
             out.losses.push_back(m.loss);
@@ -903,6 +945,62 @@ INSTANTIATE_TEST_SUITE_P(Placements, DrivenAcquireOrder,
                                            MlpPlacement{3, OffloadDevice::kNvme, OffloadDevice::kNvme, false, 4096,
                                                         10'000, 0, 0}),
                          [](const auto& info) { return info.param.name(); });
+
+// ---------------------------------------------------------------- 4b. abandoned steps
+
+class DrivenAbandon : public ::testing::TestWithParam<MlpPlacement> {};
+
+// A step given up anywhere between begin_step() and finish_step() and run
+// again leaves no trace: losses, evaluations and master weights are bit-
+// identical to a run that never began it (with overlap the previous
+// step's updates are still pending when it is abandoned). Steps 2 and 4 are
+// abandoned at different points, so both a recorded and a followed acquire
+// sequence are cut.
+TEST_P(DrivenAbandon, ARepeatedStepGivesTheLossesOfARunThatNeverBeganIt) {
+  const MlpPlacement& p = GetParam();
+  DrivenRun base;
+  base.world = 2;
+  base.steps = 5;
+  base.eval_every = 5;
+  apply(base.opt, p);
+  base.label = fmt::format("{} uninterrupted", p.name());
+  const DrivenOutcome clean = drive(base);
+  ASSERT_TRUE(clean.status.ok()) << base.label << ": " << clean.status.to_string();
+  const AbandonAt points[] = {AbandonAt::kAfterBeginStep, AbandonAt::kMidForward, AbandonAt::kAfterLastPasses,
+                              AbandonAt::kAfterLastMicroBatch};
+  for (AbandonAt at : points) {
+    DrivenRun run = base;
+    run.abandon = [at](int64_t s) -> std::optional<AbandonAt> {
+      if (s == 1 || s == 4) return at;  // the first (recording) step and a followed one
+      return std::nullopt;
+    };
+    run.label = fmt::format("{} abandoned {}", p.name(), abandon_at_name(at));
+    expect_bit_identical(clean, drive(run), run.label);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Placements, DrivenAbandon,
+                         ::testing::Values(MlpPlacement{0, OffloadDevice::kNone, OffloadDevice::kNone, true},
+                                           MlpPlacement{1, OffloadDevice::kCpu, OffloadDevice::kNone, true},
+                                           MlpPlacement{2, OffloadDevice::kNvme, OffloadDevice::kNone, true},
+                                           MlpPlacement{3, OffloadDevice::kCpu, OffloadDevice::kCpu, true},
+                                           MlpPlacement{3, OffloadDevice::kNvme, OffloadDevice::kNvme, false, 4096,
+                                                        10'000, 0, 0}),
+                         [](const auto& info) { return info.param.name(); });
+
+TEST(DrivenEngineMisuse, AbandonStepOutsideAStepIsRefusedAndTheEngineGoesOn) {
+  auto comms = comm::create_local_group(1).value();
+  Result<std::unique_ptr<DrivenRank>> made = DrivenRank::create(base_options(), MlpSpecOptions{}, *comms[0]);
+  ASSERT_TRUE(made.ok()) << made.status().to_string();
+  DrivenRank& d = **made;
+  ASSERT_TRUE(d.put_all().ok());
+  expect_refused(d.engine().abandon_step(), StatusCode::kFailedPrecondition, "abandon_step()", "before any step");
+  Result<StepMetrics> m = d.step(1);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  expect_refused(d.engine().abandon_step(), StatusCode::kFailedPrecondition, "abandon_step()", "after a step");
+  EXPECT_TRUE(d.engine().stopped().ok()) << d.engine().stopped().to_string();
+  EXPECT_TRUE(d.step(2).ok());
+}
 
 // ---------------------------------------------------------------- 5. SpecModel::create
 

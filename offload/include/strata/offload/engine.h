@@ -387,6 +387,17 @@ class Engine final : public ParameterProvider {
   // The commit point of the previous step, the global norm, the overflow
   // vote and the update. An error only when the engine stopped (stopped()).
   Result<StepOutcome> finish_step();
+  // Drops the step in progress (after begin_step(), before finish_step()):
+  // the caller's model failed part-way (e.g. an exception in a PyTorch
+  // forward) or the caller gives the step up. Layers it still holds are
+  // released (its passes must be over: with a model stream, what is queued
+  // there is waited for), the gradients accumulated so far are discarded,
+  // the counters go back to the step's start, and the next begin_step()
+  // repeats the step: its losses are those of a run that never began it.
+  // The previous step's updates stay pending (committed at the next commit
+  // point). Every rank abandons the same step (reductions already issued
+  // are collectives).
+  Status abandon_step();
   // Initial values of layer `layer_index` for a model that does not provide
   // its own (LayeredModel::provides_initial_values() false, e.g. a
   // SpecModel): `params` is the whole layer (param_bytes, declared dtypes);
