@@ -79,6 +79,7 @@ int run_plan_fit(const PlanFitArgs& a) {
   // The config: the user's (with "auto" resolved from the model as Hugging Face's Trainer does), else DeepSpeed's defaults.
   Config config;
   config.source = "defaults";
+  nlohmann::ordered_json user = nlohmann::ordered_json::object();  // the file as written
   if (!a.config.empty()) {
     ConfigOptions copt;
     copt.world_size = a.ranks;
@@ -87,6 +88,10 @@ int run_plan_fit(const PlanFitArgs& a) {
     Result<Config> c = load_config(a.config, copt);
     if (!c.ok()) return fail(c.status());
     config = *c;
+    Result<std::string> text = read_config_file(a.config);
+    if (!text.ok()) return fail(text.status().with_context("--config"));
+    user = nlohmann::ordered_json::parse(*text, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
+    if (user.is_discarded()) return fail(InvalidArgument(fmt::format("--config '{}' is not JSON", printable(a.config, 256))));
     for (const ConfigIssue& w : config.warnings) fmt::print(stderr, "strata plan --fit: {}\n", format_issue(w, config.source));
   }
   g.param_dtype = config.precision_dtype();
@@ -131,7 +136,7 @@ int run_plan_fit(const PlanFitArgs& a) {
     j["seq"] = a.seq;
     j["grad_accum"] = accum;
     j["profile"] = profile.name;
-    if (r->ok()) j["config"] = config_to_json(r->fitting.front().config);
+    if (r->ok()) j["config"] = fitted_config_json(user, r->fitting.front());
     fmt::print("{}\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
   } else {
     fmt::print("plan --fit: {} on {} rank(s), batch {} x seq {} x accum {}; caps: device {} per rank, host {}, nvme "
@@ -149,8 +154,9 @@ int run_plan_fit(const PlanFitArgs& a) {
     return 1;
   }
   if (!a.out.empty()) {
-    const std::string text =
-        config_to_json(r->fitting.front().config).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+    const std::string text = fitted_config_json(user, r->fitting.front())
+                                 .dump(2, ' ', false, nlohmann::json::error_handler_t::replace) +
+                             "\n";
     Status w = write_file_atomically(a.out, text, "--out");
     if (!w.ok()) return fail(w);
     if (!a.json) fmt::print("wrote {}\n", printable(a.out, 256));

@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "placement_rows.h"
+#include "strata/core/config_schema.h"
 #include "strata/core/printable.h"
 #include "strata/core/units.h"
 
@@ -174,6 +175,9 @@ std::string format_fit(const offload::FitResult& r, size_t runners_up) {
       out += "the smallest changes that fit:\n";
       for (const std::string& s : r.suggestions) out += fmt::format("  {}\n", printable(s, 2000));
     }
+    out += "what bounds each placement:\n";
+    for (const offload::FitCandidate& c : r.rejected)
+      out += fmt::format("  {:<30} {}\n", c.label, printable(c.bound, 500));
     return out;
   }
   const offload::FitCandidate& best = r.fitting.front();
@@ -225,6 +229,85 @@ nlohmann::ordered_json fit_to_json(const offload::FitResult& r) {
     j["suggestions"] = r.suggestions;
   }
   return j;
+}
+
+namespace {
+
+std::vector<std::string> split_path(const std::string& path) {
+  std::vector<std::string> parts;
+  size_t start = 0;
+  while (true) {
+    const size_t dot = path.find('.', start);
+    parts.push_back(path.substr(start, dot == std::string::npos ? std::string::npos : dot - start));
+    if (dot == std::string::npos) return parts;
+    start = dot + 1;
+  }
+}
+
+// Sets `path` in `doc` to `value`, renaming an alias the user wrote on the way (bfloat16 -> bf16).
+void set_path(nlohmann::ordered_json& doc, const std::string& path, const nlohmann::ordered_json& value) {
+  nlohmann::ordered_json* node = &doc;
+  std::string prefix;
+  const std::vector<std::string> parts = split_path(path);
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const std::string& name = parts[i];
+    const std::string canonical = prefix.empty() ? name : prefix + "." + name;
+    if (!node->is_object()) *node = nlohmann::ordered_json::object();
+    if (const ConfigKey* key = find_config_key(canonical); key != nullptr && !node->contains(name)) {
+      const std::string aliases(key->aliases);  // "a,~b": '~' marks a legacy name
+      for (size_t b = 0; b < aliases.size();) {
+        size_t e = aliases.find(',', b);
+        if (e == std::string::npos) e = aliases.size();
+        std::string a = aliases.substr(b, e - b);
+        b = e + 1;
+        if (!a.empty() && a.front() == '~') a.erase(0, 1);
+        if (!a.empty() && node->contains(a)) {
+          (*node)[name] = (*node)[a];
+          node->erase(a);
+        }
+      }
+    }
+    if (i + 1 == parts.size()) {
+      (*node)[name] = value;
+      return;
+    }
+    node = &(*node)[name];
+    prefix = canonical;
+  }
+}
+
+const nlohmann::ordered_json* get_path(const nlohmann::ordered_json& doc, const std::string& path) {
+  const nlohmann::ordered_json* node = &doc;
+  for (const std::string& part : split_path(path)) {
+    if (!node->is_object() || !node->contains(part)) return nullptr;
+    node = &(*node)[part];
+  }
+  return node;
+}
+
+// Every "auto" in `user` (canonical paths) replaced by what `full` resolved it to.
+void resolve_autos(nlohmann::ordered_json& node, const nlohmann::ordered_json& full, const std::string& prefix) {
+  if (!node.is_object()) return;
+  for (auto it = node.begin(); it != node.end(); ++it) {
+    const std::string path = prefix.empty() ? it.key() : prefix + "." + it.key();
+    if (it->is_object()) {
+      resolve_autos(*it, full, path);
+    } else if (it->is_string() && it->get<std::string>() == "auto") {
+      const nlohmann::ordered_json* v = get_path(full, path);
+      if (v != nullptr && !(v->is_string() && v->get<std::string>() == "auto")) *it = *v;
+    }
+  }
+}
+
+}  // namespace
+
+nlohmann::ordered_json fitted_config_json(const nlohmann::ordered_json& user, const offload::FitCandidate& fitted) {
+  nlohmann::ordered_json out = user.is_object() ? user : nlohmann::ordered_json::object();
+  const nlohmann::ordered_json full = config_to_json(fitted.config);
+  resolve_autos(out, full, "");
+  for (const offload::FitChange& c : fitted.changes)
+    if (const nlohmann::ordered_json* v = get_path(full, c.key); v != nullptr) set_path(out, c.key, *v);
+  return out;
 }
 
 Result<Config> fit_train_config(const Config& base, const model::GptConfig& g, const FitFlags& flags,

@@ -51,6 +51,12 @@ offload::HardwareProfile default_fit_profile();
 std::string format_fit(const offload::FitResult& result, size_t runners_up = 5);
 nlohmann::ordered_json fit_to_json(const offload::FitResult& result);
 
+// The fitted config as the file to write: the user's own JSON (`user`, {}
+// when none) with each changed key set (an alias the user wrote renamed to
+// the canonical name), every "auto" replaced by the value it resolved to, and
+// the caps (strata.device_memory, strata.host_memory_budget) written in.
+nlohmann::ordered_json fitted_config_json(const nlohmann::ordered_json& user, const offload::FitCandidate& fitted);
+
 // `strata train --fit`: `base` (the user's config, or defaults) fitted to the
 // caps of `flags` for the run's model, world, batch; the report of the
 // changes goes to `report`. No fit is an error saying what is missing and

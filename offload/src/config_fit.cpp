@@ -107,7 +107,7 @@ class Evaluator {
         return e;
       }
       const EngineMemory m = plan_engine_memory(*o, *part, *pl);
-      uint64_t param_nvme = 0;
+      uint64_t param_nvme = 0, grads_total = 0, grads_largest = 0, gathered_total = 0, gathered_largest = 0;
       for (size_t li = 0; li < part->layer_count(); ++li) {
         const LayerPlacement& where = pl->layers[li];
         const LayerPartition& lp = part->layer(li);
@@ -115,10 +115,18 @@ class Evaluator {
           param_nvme += lp.shard_elements * where.param_element_bytes;
           e.largest_nvme_shard_elements = std::max<uint64_t>(e.largest_nvme_shard_elements, lp.shard_elements);
         }
-        if (!where.persistent() && !where.acquired_in_place)
+        if (!where.persistent() && !where.acquired_in_place) {
           e.largest_gathered_elements = std::max<uint64_t>(e.largest_gathered_elements, lp.padded_elements);
-        if (where.gradients == GradientBuffer::kPerStep)
+          const uint64_t b = pl->device_footprint(lp.padded_elements * where.param_element_bytes);
+          gathered_total += b;
+          gathered_largest = std::max(gathered_largest, b);
+        }
+        if (where.gradients == GradientBuffer::kPerStep) {
           e.largest_grad_elements = std::max<uint64_t>(e.largest_grad_elements, lp.padded_elements);
+          const uint64_t b = pl->device_footprint(lp.padded_elements * dtype_size(o->grad_dtype));
+          grads_total += b;
+          grads_largest = std::max(grads_largest, b);
+        }
         if (r == 0 && o->stage == 3 && where.persistent()) e.persistent_params += lp.padded_elements;
       }
       // The NVMe stores' room (nvme_state_tier.cpp, param_swap.cpp): the
@@ -131,7 +139,18 @@ class Evaluator {
         nvme += 3 * state + (static_cast<uint64_t>(o->nvme.buffer_count) + 1) * slot;
       }
       if (param_nvme != 0) nvme += 2 * param_nvme + std::max<uint64_t>(pl->largest_nvme_shard_bytes, 4096);
-      e.memory.device_engine = std::max(e.memory.device_engine, m.device);
+      // Note [A gradient held across the backward]: reduce_bucket_size frees
+      // only gradients whose layer the backward is done with. A layer the
+      // model uses twice in the backward (a tied embedding: the LM head at
+      // its start, the embedding at its end) keeps its gradient beside the
+      // bucket the whole backward, which plan_engine_memory does not know
+      // (measured: a 200 KiB gradient past the plan at the bucket's floor):
+      // room for one more layer's gradient when the bucket binds. Gathered
+      // copies are dropped between their uses, so the live window needs none.
+      uint64_t held = 0;
+      if (m.device_grads < grads_total && o->grad_accum == 1) held += grads_largest;
+      (void)gathered_largest;
+      e.memory.device_engine = std::max(e.memory.device_engine, m.device + held);
       e.memory.pinned = std::max(e.memory.pinned, m.pinned);
       e.memory.nvme = std::max(e.memory.nvme, nvme);
     }
@@ -399,14 +418,23 @@ FitCandidate fit_one(const FitRequest& req, const FitCaps& caps, const Placement
           "the bucket must fit the device beside the live layers (never below the largest layer)";
     }
   }
-  e = eval.run(c, false);
-  if (!e.device_ok && p.stage == 3 && e.largest_gathered_elements != 0) {
+  auto lower_live = [&] {
+    e = eval.run(c, false);
+    if (e.device_ok || p.stage != 3 || e.largest_gathered_elements == 0) return;
     const int64_t floor = static_cast<int64_t>(e.largest_gathered_elements);
-    if (z.stage3_max_live_parameters > floor) {
-      lower_knob(z.stage3_max_live_parameters, floor, device_ok);
-      why["zero_optimization.stage3_max_live_parameters"] =
-          "the gathered layers must fit the device beside the gradients (never below the largest layer)";
-    }
+    if (z.stage3_max_live_parameters <= floor) return;
+    lower_knob(z.stage3_max_live_parameters, floor, device_ok);
+    why["zero_optimization.stage3_max_live_parameters"] =
+        "the gathered layers must fit the device beside the gradients (never below the largest layer)";
+  };
+  lower_live();
+  // Layers below the persistence threshold stay whole on the device: partition them too.
+  if (!device_ok() && p.stage == 3 && z.stage3_param_persistence_threshold > 0) {
+    lower_knob(z.stage3_param_persistence_threshold, 0, device_ok);
+    why["zero_optimization.stage3_param_persistence_threshold"] =
+        "the layers below it stay whole on the device and do not fit beside the rest; partitioned, they are "
+        "gathered for each use";
+    lower_live();
   }
   if (p.stage == 3 && z.stage3_prefetch_bucket_size > z.stage3_max_live_parameters) {
     z.stage3_prefetch_bucket_size = z.stage3_max_live_parameters;
