@@ -52,6 +52,9 @@ int run_plan_fit(const PlanFitArgs& a) {
     return fail(InvalidArgument("--fit needs --out FILE (where to write the fitted DeepSpeed config), or --json"));
   if (a.params.empty() == a.model.empty())
     return fail(InvalidArgument("--fit needs exactly one of --model (a preset) or --params N (e.g. 113M)"));
+  if (!a.out.empty()) {
+    if (Status st = check_output_path(a.out, "--out"); !st.ok()) return fail(st);
+  }
   if (a.ranks < 1 || a.ranks > 65536) return fail(InvalidArgument(fmt::format("--ranks {} is not in 1..65536", a.ranks)));
   offload::HardwareProfile profile = default_fit_profile();
   if (!a.profile.empty()) {

@@ -344,7 +344,7 @@ Result<Config> fit_train_config(const Config& base, const model::GptConfig& g, c
   return fitted;
 }
 
-Status write_file_atomically(const std::string& path, const std::string& text, const char* flag) {
+Status check_output_path(const std::string& path, const char* flag) {
   if (path.empty()) return InvalidArgument(fmt::format("{} is empty: give a file path such as fit.json", flag));
   const std::string shown = printable(path, 256);
   struct stat st {};
@@ -366,6 +366,22 @@ Status write_file_atomically(const std::string& path, const std::string& text, c
   const std::string base = p.filename().string();
   if (base.empty() || base == "." || base == "..")
     return InvalidArgument(fmt::format("{} '{}' names no file", flag, shown));
+  struct stat ds {};
+  if (::stat(dir.c_str(), &ds) != 0 || !S_ISDIR(ds.st_mode))
+    return InvalidArgument(fmt::format("{} '{}': its folder '{}' does not exist; create it first", flag, shown,
+                                       printable(dir.string(), 256)));
+  if (::access(dir.c_str(), W_OK) != 0)
+    return ErrnoStatus(errno, fmt::format("{} '{}': its folder '{}' is not writable", flag, shown,
+                                          printable(dir.string(), 256)));
+  return Status::Ok();
+}
+
+Status write_file_atomically(const std::string& path, const std::string& text, const char* flag) {
+  STRATA_RETURN_IF_ERROR(check_output_path(path, flag));
+  const std::string shown = printable(path, 256);
+  const std::filesystem::path p(path);
+  const std::filesystem::path dir = p.has_parent_path() ? p.parent_path() : std::filesystem::path(".");
+  const std::string base = p.filename().string();
   const std::string tmp = (dir / fmt::format(".{}.tmp.{}", base, ::getpid())).string();
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0)

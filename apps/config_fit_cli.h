@@ -65,6 +65,10 @@ Result<Config> fit_train_config(const Config& base, const model::GptConfig& g, c
                                 uint64_t default_device_bytes, int world, int ranks_per_node, int micro_batch,
                                 int seq, int grad_accum, bool dtype_given, std::string& report);
 
+// What write_file_atomically refuses, checked before any work: a folder, a
+// symlink, a missing or unwritable parent folder.
+Status check_output_path(const std::string& path, const char* flag);
+
 // Writes `text` to `path` atomically: a temp file in the same folder, fsync,
 // rename over `path`, fsync the folder. Refuses a folder, a symlink (never
 // followed out of the folder) and a missing parent; errors name `flag`.

@@ -139,17 +139,20 @@ class Evaluator {
         nvme += 3 * state + (static_cast<uint64_t>(o->nvme.buffer_count) + 1) * slot;
       }
       if (param_nvme != 0) nvme += 2 * param_nvme + std::max<uint64_t>(pl->largest_nvme_shard_bytes, 4096);
-      // Note [A gradient held across the backward]: reduce_bucket_size frees
-      // only gradients whose layer the backward is done with. A layer the
-      // model uses twice in the backward (a tied embedding: the LM head at
-      // its start, the embedding at its end) keeps its gradient beside the
-      // bucket the whole backward, which plan_engine_memory does not know
-      // (measured: a 200 KiB gradient past the plan at the bucket's floor):
-      // room for one more layer's gradient when the bucket binds. Gathered
-      // copies are dropped between their uses, so the live window needs none.
+      // Note [Room beside the caps]: the plan bounds gradients by
+      // reduce_bucket_size and gathered layers by stage3_max_live_parameters
+      // (never below one layer), but measured runs hold more when a cap
+      // binds: a layer the model uses twice in the backward (a tied
+      // embedding: the LM head at its start, the embedding at its end)
+      // keeps its gradient beside the bucket the whole backward, and a
+      // gathered copy dropped for room is freed only once the pass that
+      // used it has run (tiny GPT, caps at their floors: +200 KiB of
+      // gradient and up to +196 KiB of gathered copies past the plan,
+      // varying run to run). So a binding cap gets room for one more of its
+      // largest layer; a cap that does not bind needs none.
       uint64_t held = 0;
       if (m.device_grads < grads_total && o->grad_accum == 1) held += grads_largest;
-      (void)gathered_largest;
+      if (m.device_gathered < gathered_total) held += gathered_largest;
       e.memory.device_engine = std::max(e.memory.device_engine, m.device + held);
       e.memory.pinned = std::max(e.memory.pinned, m.pinned);
       e.memory.nvme = std::max(e.memory.nvme, nvme);
@@ -331,6 +334,10 @@ Config base_config(const FitRequest& req, const FitCaps& caps) {
   c.batch.train_batch_size = static_cast<int64_t>(req.micro_batch) * req.grad_accum * req.world;
   c.strata.device_memory = caps.device_bytes;
   c.strata.host_memory_budget = caps.host_bytes;
+  // The batch keys are set now, "auto" or not.
+  std::erase_if(c.unresolved, [](const std::string& path) {
+    return path == "train_batch_size" || path == "train_micro_batch_size_per_gpu" || path == "gradient_accumulation_steps";
+  });
   return c;
 }
 
