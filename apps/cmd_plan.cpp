@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "command.h"
+#include "config_fit_cli.h"
 #include "placement_rows.h"
 #include "plan_fit.h"
 #include "strata/core/config.h"
@@ -141,6 +142,10 @@ int run_plan(const PlanOptions& o) {
   if (!o.config.empty()) {
     ConfigOptions copt;
     copt.world_size = world;
+    // "auto" bucket sizes from the model's hidden size, as Hugging Face's Trainer resolves them.
+    if (!o.model.empty()) {
+      if (Result<model::GptConfig> p = model::preset(o.model); p.ok()) copt.hidden_size = o.embd ? o.embd : p->n_embd;
+    }
     Result<Config> c = load_config(o.config, copt);
     if (!c.ok()) return fail(c.status());
     config = *c;
@@ -262,6 +267,20 @@ int run_plan(const PlanOptions& o) {
       j["memory"] = mem->columns;
       j["fits"] = mem->fits;
       if (!mem->fits) j["does_not_fit"] = mem->why_not;
+      if (!mem->fits && gpt && why.empty()) {
+        // Which knobs make this row fit, and to what (the --fit search for this placement).
+        Result<offload::FitRequest> req = gpt_fit_request(*shape, config ? *config : Config{}, world, o.batch, o.seq,
+                                                          o.grad_accum, *hw);
+        if (req.ok()) {
+          offload::FitCaps caps;
+          caps.device_bytes = hw->device_memory_bytes;
+          caps.host_bytes = hw->host_memory_bytes;
+          caps.nvme_bytes = hw->nvme_bytes;
+          caps.ranks_per_node = std::min(world, ranks_per_node);
+          if (caps.device_bytes != 0 && caps.host_bytes != 0)
+            j["to_fit"] = fit_hint(*req, caps, row.stage, row.optimizer, row.param, row.ratio, row.dtype);
+        }
+      }
     }
     j["runnable"] = why.empty();
     if (!why.empty()) {
@@ -368,6 +387,7 @@ int run_plan(const PlanOptions& o) {
                p["exposed_ms"]["optimizer"].get<double>(), p["exposed_ms"]["reduce"].get<double>(),
                p["exposed_ms"]["gather"].get<double>(), p["bound"].get<std::string>(), cmp,
                best ? "  <- fastest that fits" : "");
+    if (j.contains("to_fit")) fmt::print("{:<34}   to fit: {}\n", "", printable(j["to_fit"].get<std::string>(), 1000));
   }
   if (doc.contains("max_abs_error"))
     fmt::print("vs --bench: {} rows compared, largest error {:.1f}%\n", doc["rows_compared"].get<size_t>(),

@@ -310,6 +310,27 @@ nlohmann::ordered_json fitted_config_json(const nlohmann::ordered_json& user, co
   return out;
 }
 
+std::string fit_hint(const offload::FitRequest& req, const offload::FitCaps& caps, int stage, OffloadDevice optimizer,
+                     OffloadDevice param, double ratio, DType dtype) {
+  offload::FitCaps c = caps;
+  if (c.nvme_bytes && c.nvme_path.empty()) c.nvme_path = "nvme_path";  // only the knobs are shown
+  Result<offload::FitCandidate> f = offload::fit_placement(req, c, stage, optimizer, param, ratio, dtype);
+  if (!f.ok()) return f.status().message();
+  if (!f->fits) return fmt::format("no knob fits it: {}", f->bound);
+  std::string knobs;
+  for (const offload::FitChange& ch : f->changes) {
+    if (ch.key.rfind("strata.", 0) == 0 || ch.key.rfind("train_", 0) == 0 || ch.key == "gradient_accumulation_steps" ||
+        ch.key.find("nvme_path") != std::string::npos || ch.key == "zero_optimization.stage" ||
+        ch.key.find(".device") != std::string::npos || ch.key.find("enabled") != std::string::npos ||
+        ch.key.find("ratio") != std::string::npos)
+      continue;
+    knobs += fmt::format("{}{} {} -> {}", knobs.empty() ? "" : ", ", ch.key.substr(ch.key.rfind('.') + 1), ch.before,
+                         ch.after);
+  }
+  return knobs.empty() ? std::string("fits as is once the model's buffers are counted")
+                       : fmt::format("fits with {}", knobs);
+}
+
 Result<Config> fit_train_config(const Config& base, const model::GptConfig& g, const FitFlags& flags,
                                 uint64_t default_device_bytes, int world, int ranks_per_node, int micro_batch,
                                 int seq, int grad_accum, bool dtype_given, std::string& report) {

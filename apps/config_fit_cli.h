@@ -65,6 +65,13 @@ Result<Config> fit_train_config(const Config& base, const model::GptConfig& g, c
                                 uint64_t default_device_bytes, int world, int ranks_per_node, int micro_batch,
                                 int seq, int grad_accum, bool dtype_given, std::string& report);
 
+// For a placement row that does not fit (`strata plan`, `strata estimate`):
+// the knobs that make it fit, "reduce_bucket_size 500000000 -> 589824,
+// ...", or why none does (the fit's shortfall at the knobs' floors). The
+// device cap counts the model's own buffers (activations) as the run does.
+std::string fit_hint(const offload::FitRequest& request, const offload::FitCaps& caps, int stage,
+                     OffloadDevice optimizer, OffloadDevice param, double ratio, DType dtype);
+
 // What write_file_atomically refuses, checked before any work: a folder, a
 // symlink, a missing or unwritable parent folder.
 Status check_output_path(const std::string& path, const char* flag);

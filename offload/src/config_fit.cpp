@@ -200,7 +200,10 @@ std::string bytes(uint64_t b) { return format_bytes(b, true); }
 std::string shortfall(const Evaluation& e, const FitCaps& caps, uint64_t host_share) {
   if (!e.status.ok()) return e.status.message();
   std::vector<std::string> parts;
-  if (!e.device_ok)
+  if (!e.device_ok && e.memory.device == e.memory.device_engine)
+    parts.push_back(fmt::format("device needs {} per rank, the cap is {}", bytes(e.memory.device),
+                                bytes(caps.device_bytes)));
+  else if (!e.device_ok)
     parts.push_back(fmt::format("device needs {} per rank (engine {} + the model's own buffers {}), the cap is {}",
                                 bytes(e.memory.device), bytes(e.memory.device_engine),
                                 bytes(e.memory.device - e.memory.device_engine), bytes(caps.device_bytes)));
