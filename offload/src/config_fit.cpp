@@ -527,9 +527,18 @@ FitResult search(const FitRequest& req, const FitCaps& caps) {
       if (c.fits) fitting.emplace_back(index++, std::move(c));
       else r.rejected.push_back(std::move(c)), ++index;
     }
-  std::stable_sort(fitting.begin(), fitting.end(), [](const auto& a, const auto& b) {
+  // The config's own placement and dtype wins a tie: keep the user's keys where they fit.
+  const auto& uz = req.config.zero_optimization;
+  auto own = [&](const FitCandidate& c) {
+    const auto& z = c.config.zero_optimization;
+    return z.stage == uz.stage && z.offload_optimizer.device == uz.offload_optimizer.device &&
+           z.offload_param.device == uz.offload_param.device && z.offload_optimizer.ratio == uz.offload_optimizer.ratio &&
+           c.config.precision_dtype() == req.config.precision_dtype();
+  };
+  std::stable_sort(fitting.begin(), fitting.end(), [&](const auto& a, const auto& b) {
     if (a.second.predicted.step_ms != b.second.predicted.step_ms)
       return a.second.predicted.step_ms < b.second.predicted.step_ms;
+    if (own(a.second) != own(b.second)) return own(a.second);
     if (a.second.changes.size() != b.second.changes.size()) return a.second.changes.size() < b.second.changes.size();
     return a.first < b.first;
   });

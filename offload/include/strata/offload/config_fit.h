@@ -28,7 +28,7 @@
 //      and the NVMe files (both versions of the optimizer state, the spare
 //      room the swap stores reserve, their slots) at most the NVMe space;
 //   4. fitting candidates are ranked by the step-time model's prediction,
-//      ties by fewer changed keys, then by the candidate order above
+//      ties by the config's own placement first, then by fewer changed keys, then by the candidate order above
 //      (deterministic). The first is the answer; every changed key carries
 //      its reason.
 // With no fit, the closest candidate's shortfall is named per tier, and the
