@@ -19,7 +19,8 @@ std::vector<LayerSpec> gpt_layers(int64_t vocab, int64_t max_seq, int64_t embd, 
     LayerSpec l;
     l.name = name;
     ParamTensorSpec t;
-    t.name = name + ".flat";
+    t.name = name;
+    t.name += ".flat";
     t.shape = {count};
     t.dtype = DType::kF32;
     l.params.push_back(t);
@@ -29,7 +30,11 @@ std::vector<LayerSpec> gpt_layers(int64_t vocab, int64_t max_seq, int64_t embd, 
   };
   const int64_t C = embd;
   std::vector<LayerSpec> out{layer("embedding", (vocab + max_seq) * C)};
-  for (int i = 0; i < blocks; ++i) out.push_back(layer("h" + std::to_string(i), 12 * C * C + 13 * C));
+  for (int i = 0; i < blocks; ++i) {
+    std::string name = "h";
+    name += std::to_string(i);
+    out.push_back(layer(name, 12 * C * C + 13 * C));
+  }
   out.push_back(layer("final_norm", 2 * C));
   return out;
 }
@@ -226,31 +231,33 @@ TEST(ConfigFit, NvmeShortfallNamesTheFolder) {
 }
 
 TEST(ConfigFit, CapsBelowAnyPlanSayWhatIsMissing) {
+  const Config defaults;
   const std::vector<LayerSpec> layers = gpt_layers(256, 64, 64, 2);
   FitCaps caps;
   caps.device_bytes = 1024;
   caps.host_bytes = 1024;
-  Result<FitResult> r = fit_config(request(layers, Config{}, 1), caps);
+  Result<FitResult> r = fit_config(request(layers, defaults, 1), caps);
   ASSERT_TRUE(r.ok());
   EXPECT_FALSE(r->ok());
   EXPECT_NE(r->missing.find("device needs"), std::string::npos) << r->missing;
 }
 
 TEST(ConfigFit, BadInputsNameTheFlag) {
+  const Config defaults;
   const std::vector<LayerSpec> layers = gpt_layers(256, 64, 64, 2);
   FitCaps caps;
   caps.device_bytes = 0;
   caps.host_bytes = 1 << 20;
-  Result<FitResult> r = fit_config(request(layers, Config{}, 1), caps);
+  Result<FitResult> r = fit_config(request(layers, defaults, 1), caps);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("--device-memory"), std::string::npos);
   caps.device_bytes = 1 << 20;
   caps.host_bytes = 0;
-  r = fit_config(request(layers, Config{}, 1), caps);
+  r = fit_config(request(layers, defaults, 1), caps);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("--host-memory"), std::string::npos);
   caps.host_bytes = 1 << 20;
-  r = fit_config(request(layers, Config{}, 0), caps);
+  r = fit_config(request(layers, defaults, 0), caps);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("--ranks"), std::string::npos);
 }
