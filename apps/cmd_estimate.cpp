@@ -94,7 +94,8 @@ int print_engine_plan(const EstimateOptions& opts, const Config* config, uint32_
       }
       offload::HardwareProfile profile = default_fit_profile();
       profile.shared_cores = false;
-      Result<offload::FitRequest> req = gpt_fit_request(g, config ? *config : Config{}, static_cast<int>(world), 1,
+      const Config defaults;
+      Result<offload::FitRequest> req = gpt_fit_request(g, config != nullptr ? *config : defaults, static_cast<int>(world), 1,
                                                         std::min(64, g.max_seq_len), 1, profile);
       if (req.ok()) {
         req->device = offload::PlannedDevice::gpu();

@@ -269,7 +269,8 @@ int run_plan(const PlanOptions& o) {
       if (!mem->fits) j["does_not_fit"] = mem->why_not;
       if (!mem->fits && gpt && why.empty()) {
         // Which knobs make this row fit, and to what (the --fit search for this placement).
-        Result<offload::FitRequest> req = gpt_fit_request(*shape, config ? *config : Config{}, world, o.batch, o.seq,
+        const Config defaults;
+        Result<offload::FitRequest> req = gpt_fit_request(*shape, config ? *config : defaults, world, o.batch, o.seq,
                                                           o.grad_accum, *hw);
         if (req.ok()) {
           offload::FitCaps caps;
