@@ -70,7 +70,7 @@ Result<offload::FitCaps> fit_caps_from_flags(const FitFlags& f, uint64_t fallbac
     if (caps.nvme_path.empty())
       return InvalidArgument("--nvme-size needs a folder for the NVMe state: give --nvme-path DIR, or nvme_path in "
                              "--config");
-    caps.nvme_bytes = caps.nvme_bytes ? std::min(*caps.nvme_bytes, size) : size;
+    caps.nvme_bytes = size;  // the space to plan for (another machine's drive), not this folder's
   }
   return caps;
 }

@@ -20,7 +20,7 @@ struct FitFlags {
   std::string device_memory;  // --device-memory, per rank
   std::string host_memory;    // --host-memory, per node (this process's ranks share it)
   std::string nvme_path;      // --nvme-path DIR: free space from statvfs
-  std::string nvme_size;      // --nvme-size Z: instead of (or to cap) the free space
+  std::string nvme_size;      // --nvme-size Z: the space to plan for, instead of the folder's free space
   std::string dtypes;         // --dtype list the search may use ("" = the config's)
 };
 
