@@ -52,18 +52,21 @@ Result<offload::FitCaps> fit_caps_from_flags(const FitFlags& f, uint64_t fallbac
                            "8GiB; strata.host_memory_budget in the config)");
   }
   caps.nvme_path = !f.nvme_path.empty() ? f.nvme_path : config_nvme_path;
-  if (!f.nvme_path.empty()) {
-    struct statvfs vfs {};
-    if (::statvfs(f.nvme_path.c_str(), &vfs) != 0)
-      return ErrnoStatus(errno, fmt::format("--nvme-path '{}': cannot read its free space (is it a folder that "
-                                            "exists?)",
-                                            printable(f.nvme_path, 256)));
+  // The free space of --nvme-path, else of the config's nvme_path (unless --nvme-size says how much to plan for).
+  if (!caps.nvme_path.empty() && f.nvme_size.empty()) {
+    const std::string where = !f.nvme_path.empty()
+                                  ? fmt::format("--nvme-path '{}'", printable(f.nvme_path, 256))
+                                  : fmt::format("the config's nvme_path '{}' (give --nvme-path DIR or --nvme-size Z to "
+                                                "plan for another drive)",
+                                                printable(config_nvme_path, 256));
     struct stat st {};
-    if (::stat(f.nvme_path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
-      return InvalidArgument(fmt::format("--nvme-path '{}' is not a folder", printable(f.nvme_path, 256)));
+    if (::stat(caps.nvme_path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+      return InvalidArgument(fmt::format("{} is not a folder that exists", where));
+    struct statvfs vfs {};
+    if (::statvfs(caps.nvme_path.c_str(), &vfs) != 0)
+      return ErrnoStatus(errno, fmt::format("{}: cannot read its free space", where));
     caps.nvme_bytes = static_cast<uint64_t>(vfs.f_bavail) * static_cast<uint64_t>(vfs.f_frsize);
-    if (*caps.nvme_bytes == 0)
-      return InvalidArgument(fmt::format("--nvme-path '{}' has no free space", printable(f.nvme_path, 256)));
+    if (*caps.nvme_bytes == 0) return InvalidArgument(fmt::format("{} has no free space", where));
   }
   if (!f.nvme_size.empty()) {
     STRATA_ASSIGN_OR_RETURN(const uint64_t size, cap_flag(f.nvme_size, "--nvme-size", "100GiB"));
