@@ -242,6 +242,28 @@ TEST(ConfigFit, CapsBelowAnyPlanSayWhatIsMissing) {
   EXPECT_NE(r->missing.find("device needs"), std::string::npos) << r->missing;
 }
 
+// One placement the caller chose (a plan row): the knobs that make it fit, or its shortfall.
+TEST(ConfigFit, FitPlacementGivesTheKnobsForOneRow) {
+  const std::vector<LayerSpec> layers = gpt_layers(256, 1024, 768, 16);
+  const uint64_t state = 16 * elements(layers);
+  FitCaps caps;
+  caps.device_bytes = state / 8;
+  caps.host_bytes = state / 2;
+  caps.nvme_bytes = uint64_t{64} << 30;
+  caps.nvme_path = "/nvme";
+  const FitRequest req = request(layers, stage3_nvme(), 1, 50ull << 20);
+  Result<FitCandidate> row = fit_placement(req, caps, 3, OffloadDevice::kNvme, OffloadDevice::kCpu, 1.0, DType::kBF16);
+  ASSERT_TRUE(row.ok()) << row.status().to_string();
+  EXPECT_TRUE(row->fits) << row->bound;
+  EXPECT_EQ(row->label, "s3 opt=nvme param=cpu bf16");
+  expect_plan_within_caps(req, caps, *row, 50ull << 20);
+  // Stage 0 keeps everything on the device: no knob makes it fit, and the shortfall says the device.
+  row = fit_placement(req, caps, 0, OffloadDevice::kNone, OffloadDevice::kNone, 1.0, DType::kBF16);
+  ASSERT_TRUE(row.ok());
+  EXPECT_FALSE(row->fits);
+  EXPECT_NE(row->bound.find("device needs"), std::string::npos) << row->bound;
+}
+
 TEST(ConfigFit, BadInputsNameTheFlag) {
   const Config defaults;
   const std::vector<LayerSpec> layers = gpt_layers(256, 64, 64, 2);
