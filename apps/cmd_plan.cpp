@@ -112,6 +112,10 @@ Result<Memory> engine_memory(const offload::EngineOptions& base, const Placement
 
 int run_plan(const PlanOptions& o) {
   if (o.fit) {
+    if (!o.configs.empty() || !o.bench.empty() || o.matrix != "default" || o.gpus_per_node != 0 || o.nodes != 1 ||
+        o.binary)
+      return fail(InvalidArgument("--configs, --bench, --matrix, --gpus-per-node, --nodes and --binary do not apply "
+                                  "to --fit (it searches every placement on --ranks ranks of one node)"));
     PlanFitArgs a;
     a.params = o.params, a.model = o.model, a.config = o.config, a.profile = o.profile, a.out = o.out;
     a.layers = o.layers, a.heads = o.heads, a.embd = o.embd, a.vocab = o.vocab, a.max_seq = o.max_seq;
