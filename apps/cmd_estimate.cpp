@@ -17,6 +17,7 @@
 #include "strata/core/estimator.h"
 #include "strata/core/units.h"
 #include "strata/model/gpt.h"
+#include "config_fit_cli.h"
 #include "strata/offload/engine.h"
 
 namespace strata::cli {
@@ -77,6 +78,32 @@ int print_engine_plan(const EstimateOptions& opts, const Config* config, uint32_
   Result<std::unique_ptr<model::GptModel>> m = model::GptModel::create(g, 1);
   if (!m.ok()) return fail(m.status());
   const auto layers = (*m)->layers();
+  // --gpu-memory (per GPU), --cpu-memory and --nvme-memory (per node): the caps a row's "to fit" is for.
+  std::optional<offload::FitRequest> fit_request;
+  offload::FitCaps fit_caps;
+  if (!opts.gpu_memory.empty()) {
+    Result<uint64_t> dev = parse_bytes(opts.gpu_memory, "--gpu-memory");
+    Result<uint64_t> host = opts.cpu_memory.empty() ? Result<uint64_t>(~uint64_t{0} / 2) : parse_bytes(opts.cpu_memory, "--cpu-memory");
+    if (dev.ok() && host.ok() && *dev != 0 && *host != 0) {
+      fit_caps.device_bytes = *dev;
+      fit_caps.host_bytes = *host;
+      fit_caps.ranks_per_node = static_cast<int>(std::min<uint32_t>(world, std::max<uint32_t>(1, opts.gpus_per_node)));
+      fit_caps.nvme_bytes = ~uint64_t{0} / 2;  // unlimited unless --nvme-memory
+      if (!opts.nvme_memory.empty()) {
+        if (Result<uint64_t> nv = parse_bytes(opts.nvme_memory, "--nvme-memory"); nv.ok() && *nv != 0) fit_caps.nvme_bytes = *nv;
+      }
+      offload::HardwareProfile profile = default_fit_profile();
+      profile.shared_cores = false;
+      const Config defaults;
+      Result<offload::FitRequest> req = gpt_fit_request(g, config != nullptr ? *config : defaults, static_cast<int>(world), 1,
+                                                        std::min(64, g.max_seq_len), 1, profile);
+      if (req.ok()) {
+        req->device = offload::PlannedDevice::gpu();
+        req->device_reserve = nullptr;  // the rows count the engine only
+        fit_request = std::move(*req);
+      }
+    }
+  }
   fmt::print("\nengine plan per rank: {} on {} rank(s); the engine's own buffers and state (activations not "
              "included), the largest over ranks\n",
              g.describe(), world);
@@ -102,11 +129,18 @@ int print_engine_plan(const EstimateOptions& opts, const Config* config, uint32_
           worst.nvme = std::max(worst.nvme, p->nvme);
         }
         const bool is_marked = marked.stage == stage && marked.optimizer == od && marked.param == pdv;
+        // With --gpu-memory: a row over it says which knobs make it fit, and to what (plan --fit's search).
+        std::string to_fit;
+        if (fit_request && (worst.device > fit_caps.device_bytes ||
+                            worst.pinned * fit_caps.ranks_per_node > fit_caps.host_bytes ||
+                            (fit_caps.nvme_bytes && worst.nvme * fit_caps.ranks_per_node > *fit_caps.nvme_bytes)))
+          to_fit = fit_hint(*fit_request, fit_caps, stage, od, pdv, 1.0, g.param_dtype);
         auto b = [&](uint64_t v) { return format_bytes(v, opts.binary); };
         fmt::print("  {:>5}  {:>9}  {:>6}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}{}\n", stage,
                    offload_device_name(od), offload_device_name(pdv), b(worst.device), b(worst.device_params),
                    b(worst.device_grads + worst.device_gathered), b(worst.device_optimizer), b(worst.pinned),
                    b(worst.nvme), is_marked ? "  <- config" : "");
+        if (!to_fit.empty()) fmt::print("         to fit: {}\n", printable(to_fit, 1000));
       }
   fmt::print("  (grads column: gradient buffers plus stage-3 gathered layers)\n");
   return 0;

@@ -20,7 +20,9 @@
 #include <nlohmann/json.hpp>
 
 #include "command.h"
+#include "config_fit_cli.h"
 #include "placement_rows.h"
+#include "plan_fit.h"
 #include "strata/core/config.h"
 #include "strata/core/estimator.h"
 #include "strata/core/units.h"
@@ -39,6 +41,12 @@ struct PlanOptions {
   uint32_t gpus_per_node = 0, nodes = 1;
   int batch = 4, seq = 64, grad_accum = 1;
   bool json = false, binary = false;
+  // --fit (plan_fit.h).
+  bool fit = false;
+  int ranks = 1;
+  std::string out;
+  FitFlags caps;
+  bool given_batch = false, given_accum = false, given_dtype = false;
 };
 
 int fail(const Status& st) {
@@ -103,6 +111,25 @@ Result<Memory> engine_memory(const offload::EngineOptions& base, const Placement
 }
 
 int run_plan(const PlanOptions& o) {
+  if (o.fit) {
+    if (!o.configs.empty() || !o.bench.empty() || o.matrix != "default" || o.gpus_per_node != 0 || o.nodes != 1 ||
+        o.binary)
+      return fail(InvalidArgument("--configs, --bench, --matrix, --gpus-per-node, --nodes and --binary do not apply "
+                                  "to --fit (it searches every placement on --ranks ranks of one node)"));
+    PlanFitArgs a;
+    a.params = o.params, a.model = o.model, a.config = o.config, a.profile = o.profile, a.out = o.out;
+    a.layers = o.layers, a.heads = o.heads, a.embd = o.embd, a.vocab = o.vocab, a.max_seq = o.max_seq;
+    a.blocks = o.blocks, a.ranks = o.ranks, a.batch = o.batch, a.seq = o.seq, a.grad_accum = o.grad_accum;
+    a.given_batch = o.given_batch, a.given_accum = o.given_accum, a.given_dtype = o.given_dtype;
+    a.caps = o.caps;
+    a.caps.dtypes = o.dtypes;
+    a.json = o.json;
+    return run_plan_fit(a);
+  }
+  if (!o.out.empty() || !o.caps.device_memory.empty() || !o.caps.host_memory.empty() || !o.caps.nvme_path.empty() ||
+      !o.caps.nvme_size.empty() || o.ranks != 1)
+    return fail(InvalidArgument("--out, --device-memory, --host-memory, --nvme-path, --nvme-size and --ranks belong "
+                                "to --fit (fit a config to these caps); add --fit"));
   if (o.profile.empty()) return fail(InvalidArgument("give --profile P.json (strata report --calibrate writes one; "
                                                      "examples/profiles/ has others)"));
   Result<offload::HardwareProfile> hw = offload::load_hardware_profile(o.profile);
@@ -119,6 +146,10 @@ int run_plan(const PlanOptions& o) {
   if (!o.config.empty()) {
     ConfigOptions copt;
     copt.world_size = world;
+    // "auto" bucket sizes from the model's hidden size, as Hugging Face's Trainer resolves them.
+    if (!o.model.empty()) {
+      if (Result<model::GptConfig> p = model::preset(o.model); p.ok()) copt.hidden_size = o.embd ? o.embd : p->n_embd;
+    }
     Result<Config> c = load_config(o.config, copt);
     if (!c.ok()) return fail(c.status());
     config = *c;
@@ -240,6 +271,21 @@ int run_plan(const PlanOptions& o) {
       j["memory"] = mem->columns;
       j["fits"] = mem->fits;
       if (!mem->fits) j["does_not_fit"] = mem->why_not;
+      if (!mem->fits && gpt && why.empty()) {
+        // Which knobs make this row fit, and to what (the --fit search for this placement).
+        const Config defaults;
+        Result<offload::FitRequest> req = gpt_fit_request(*shape, config ? *config : defaults, world, o.batch, o.seq,
+                                                          o.grad_accum, *hw);
+        if (req.ok()) {
+          offload::FitCaps caps;
+          caps.device_bytes = hw->device_memory_bytes;
+          caps.host_bytes = hw->host_memory_bytes;
+          caps.nvme_bytes = hw->nvme_bytes;
+          caps.ranks_per_node = std::min(world, ranks_per_node);
+          if (caps.device_bytes != 0 && caps.host_bytes != 0)
+            j["to_fit"] = fit_hint(*req, caps, row.stage, row.optimizer, row.param, row.ratio, row.dtype);
+        }
+      }
     }
     j["runnable"] = why.empty();
     if (!why.empty()) {
@@ -346,6 +392,7 @@ int run_plan(const PlanOptions& o) {
                p["exposed_ms"]["optimizer"].get<double>(), p["exposed_ms"]["reduce"].get<double>(),
                p["exposed_ms"]["gather"].get<double>(), p["bound"].get<std::string>(), cmp,
                best ? "  <- fastest that fits" : "");
+    if (j.contains("to_fit")) fmt::print("{:<34}   to fit: {}\n", "", printable(j["to_fit"].get<std::string>(), 1000));
   }
   if (doc.contains("max_abs_error"))
     fmt::print("vs --bench: {} rows compared, largest error {:.1f}%\n", doc["rows_compared"].get<size_t>(),
@@ -373,16 +420,34 @@ CommandRegistration plan_command("plan", [](CLI::App& root) {
   cmd->add_option("--gpus-per-node", o->gpus_per_node, "Ranks per node (default: the profile's)")
       ->check(CLI::Range(1, 4096));
   cmd->add_option("--nodes", o->nodes, "Nodes")->capture_default_str()->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--batch", o->batch, "Micro batch per rank")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  auto* batch = cmd->add_option("--batch", o->batch, "Micro batch per rank")->capture_default_str()->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--seq", o->seq, "Sequence length")->capture_default_str()->check(CLI::Range(1, 1 << 24));
-  cmd->add_option("--grad-accum", o->grad_accum, "Micro batches per step")->capture_default_str()->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--dtype", o->dtypes, "Parameter dtype(s) of the rows, comma-separated")->capture_default_str();
+  auto* accum = cmd->add_option("--grad-accum", o->grad_accum, "Micro batches per step")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  auto* dtype = cmd->add_option("--dtype", o->dtypes, "Parameter dtype(s) of the rows, comma-separated")->capture_default_str();
   cmd->add_option("--matrix", o->matrix, "default: the 16 placements + stage-3 ratios 0.25/0.5/0.75")->capture_default_str();
   cmd->add_option("--configs", o->configs, "Row file (as strata bench offload --configs)");
   cmd->add_option("--bench", o->bench, "A strata bench offload --json file: add the measured step and the error per row");
   cmd->add_flag("--json", o->json, "Print JSON");
   cmd->add_flag("--binary", o->binary, "GiB instead of GB");
-  cmd->callback([o] { exit_with(run_plan(*o)); });
+  cmd->add_flag("--fit", o->fit,
+                "Search the placements and knobs for the configs whose engine plan fits the caps below; write the "
+                "fastest to --out as a complete DeepSpeed config (docs/offload-bench.md, \"Make it fit\")");
+  cmd->add_option("--device-memory", o->caps.device_memory, "With --fit: the device's capacity per rank, e.g. 2GiB");
+  cmd->add_option("--host-memory", o->caps.host_memory,
+                  "With --fit: pinned host memory for the engine on this node (strata.host_memory_budget), e.g. 8GiB");
+  cmd->add_option("--nvme-path", o->caps.nvme_path,
+                  "With --fit: a folder on the NVMe drive (its free space bounds the NVMe state); none: no NVMe");
+  cmd->add_option("--nvme-size", o->caps.nvme_size, "With --fit: NVMe space to plan for instead of the free space");
+  cmd->add_option("--ranks", o->ranks, "With --fit: data-parallel ranks (on this node)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 65536));
+  cmd->add_option("--out", o->out, "With --fit: write the fitted DeepSpeed config here (atomically)");
+  cmd->callback([o, batch, accum, dtype] {
+    o->given_batch = batch->count() > 0;
+    o->given_accum = accum->count() > 0;
+    o->given_dtype = dtype->count() > 0;
+    exit_with(run_plan(*o));
+  });
 });
 
 }  // namespace

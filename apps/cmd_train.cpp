@@ -27,6 +27,7 @@
 #include <tbb/global_control.h>
 
 #include "command.h"
+#include "config_fit_cli.h"
 #include "engine_run.h"
 #include <sys/sysinfo.h>
 
@@ -84,6 +85,9 @@ struct TrainCliOptions {
   int save_slots = 2;
   std::string resume;                  // DIR or DIR/TAG
   int step_retries = 0;                // rolled-back steps repeated before giving up
+  // --fit: the config fitted to --device-memory / --host-memory / --nvme-path at start-up.
+  bool fit = false;
+  std::string host_memory, nvme_size;
   // Which flags were given (they override the config).
   bool given_batch = false, given_accum = false, given_lr = false, given_wd = false, given_clip = false,
        given_dtype = false, given_device = false, given_device_memory = false;
@@ -533,16 +537,64 @@ int run_train(TrainCliOptions o) {
     mpi_comm = std::move(*c);
   }
   std::optional<TrainWorld> world_of_config;
-  if (!o.config_path.empty()) {
+  if (!o.fit && (!o.host_memory.empty() || !o.nvme_size.empty()))
+    return fail(InvalidArgument("--host-memory and --nvme-size are caps for --fit (add --fit), or set "
+                                "strata.host_memory_budget in --config"));
+  if (o.fit && (o.stage != -1 || !o.offload_optimizer.empty() || !o.offload_param.empty()))
+    return fail(InvalidArgument("--fit chooses the stage and the offload placement; drop --stage, "
+                                "--offload-optimizer and --offload-param"));
+  if (!o.config_path.empty() || o.fit) {
     Result<TrainWorld> world = train_world(o, *backend, mpi_comm.get());
-    if (!world.ok()) return fail(world.status().with_context("--config"));
+    if (!world.ok()) return fail(world.status().with_context(o.config_path.empty() ? "--fit" : "--config"));
     world_of_config = *world;
-    ConfigOptions copt;
-    copt.world_size = world_of_config->size;
-    copt.world_size_origin = world_of_config->origin;
-    Result<Config> cfg = load_config(o.config_path, copt);
-    if (!cfg.ok()) return fail(cfg.status());
-    Status st = apply_config(*cfg, o, t, g, mpi_comm == nullptr || mpi_comm->rank() == 0);
+    Config cfg;
+    cfg.source = "defaults";
+    cfg.world_size = world_of_config->size;
+    if (o.given_dtype) {
+      cfg.bf16.enabled = g.param_dtype == DType::kBF16;
+      cfg.fp16.enabled = g.param_dtype == DType::kF16;
+    }
+    if (!o.config_path.empty()) {
+      ConfigOptions copt;
+      copt.world_size = world_of_config->size;
+      copt.world_size_origin = world_of_config->origin;
+      // "auto" bucket sizes from the model, as Hugging Face's Trainer resolves them.
+      copt.hidden_size = g.n_embd;
+      Result<Config> loaded = load_config(o.config_path, copt);
+      if (!loaded.ok()) return fail(loaded.status());
+      cfg = *loaded;
+    }
+    const bool printer = mpi_comm == nullptr || mpi_comm->rank() == 0;
+    if (o.fit) {
+      const int64_t batch = o.given_batch || !cfg.batch.train_micro_batch_size_per_gpu
+                                ? o.batch
+                                : *cfg.batch.train_micro_batch_size_per_gpu;
+      const int64_t accum = o.given_accum || !cfg.batch.gradient_accumulation_steps
+                                ? o.grad_accum
+                                : *cfg.batch.gradient_accumulation_steps;
+      if (batch < 1 || batch > 65536 || accum < 1 || accum > 1'000'000)
+        return fail(InvalidArgument(fmt::format("--fit: the micro batch {} (--batch or train_micro_batch_size_per_gpu, "
+                                                "1..65536) or the accumulation {} (--grad-accum or "
+                                                "gradient_accumulation_steps, 1..1000000) is out of range",
+                                                batch, accum)));
+      if (!o.given_dtype) g.param_dtype = cfg.precision_dtype();  // given: the only dtype the fit may use
+      const uint64_t default_device =
+          t.device_memory_bytes != 0 ? t.device_memory_bytes
+                                     : default_cpu_device_bytes() / static_cast<uint64_t>(std::max(1, o.ranks));
+      FitFlags flags{o.device_memory, o.host_memory, o.nvme_path, o.nvme_size, ""};
+      std::string report;
+      Result<Config> fitted =
+          fit_train_config(cfg, g, flags, default_device, static_cast<int>(world_of_config->size),
+                           *backend == comm::Backend::kLocal ? o.ranks : 1, static_cast<int>(batch), o.seq,
+                           static_cast<int>(accum), o.given_dtype, report);
+      if (!fitted.ok()) return fail(fitted.status());
+      if (printer) {
+        fmt::print("{}", report);
+        std::fflush(stdout);
+      }
+      cfg = *fitted;
+    }
+    Status st = apply_config(cfg, o, t, g, printer);
     if (!st.ok()) return fail(st);
   }
   // The host budget is for this process: each local rank gets an equal share.
@@ -726,6 +778,12 @@ CommandRegistration train_command("train", [](CLI::App& root) {
   cmd->add_option("--nvme-path", o->nvme_path,
                   "Folder on the NVMe drive for --offload-optimizer/--offload-param nvme (overrides the config's "
                   "nvme_path); the run's swap files go to DIR/strata-train-<pid>[-params]/rank<r>/, removed at exit");
+  cmd->add_flag("--fit", o->fit,
+                "Fit the config (or DeepSpeed's defaults) to --device-memory, --host-memory and --nvme-path at "
+                "start-up (strata plan --fit's search) and log the changes");
+  cmd->add_option("--host-memory", o->host_memory,
+                  "With --fit: pinned host memory for the engine in this process (strata.host_memory_budget)");
+  cmd->add_option("--nvme-size", o->nvme_size, "With --fit: NVMe space to plan for instead of --nvme-path's free space");
   cmd->add_option("--save-dir", o->save_dir,
                   "Save checkpoints into this folder (one tag folder per save, a 'latest' file; atomic, asynchronous)");
   cmd->add_option("--save-every", o->save_every, "Save every K steps (and after the last step); 0: only at the end")
