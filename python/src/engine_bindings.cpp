@@ -256,8 +256,66 @@ class DrivenEngine {
     return py::cast(value_or_raise(std::move(values)));
   }
   void synchronize() { call([&] { return engine_->synchronize(); }); }
+
+  // Checkpoints (docs/checkpoints.md): `app_json` is stored as the
+  // manifest's "app" (strata.torch keeps its client_state there).
+  py::dict save_checkpoint(const std::string& dir, const std::string& tag, int keep, bool sync,
+                           const std::string& app_json) {
+    offload::CheckpointSaveOptions options;
+    options.dir = dir;
+    options.tag = tag;
+    options.keep = keep;
+    options.sync = sync;
+    try {
+      options.app = nlohmann::json::parse(app_json);
+    } catch (const nlohmann::json::exception& e) {
+      raise_status(InvalidArgument(fmt::format("the checkpoint's app state is not JSON: {}", e.what())));
+    }
+    Result<offload::CheckpointSaveInfo> info = [&] {
+      py::gil_scoped_release unlocked;
+      return engine_->save_checkpoint(options);
+    }();
+    const offload::CheckpointSaveInfo saved = value_or_raise(std::move(info));
+    py::dict d;
+    d["tag"] = saved.tag;
+    d["blocked_ms"] = saved.blocked_ms;
+    d["bytes"] = saved.bytes;
+    return d;
+  }
+  // The save in flight, waited for: None when there was none.
+  py::object wait_checkpoint() {
+    Result<std::optional<offload::CheckpointSaveDone>> done = [&] {
+      py::gil_scoped_release unlocked;
+      return engine_->wait_checkpoint();
+    }();
+    const std::optional<offload::CheckpointSaveDone> d = value_or_raise(std::move(done));
+    if (!d) return py::none();
+    py::dict out;
+    out["tag"] = d->tag;
+    out["committed"] = d->committed;
+    out["seconds"] = d->seconds;
+    out["bytes"] = d->bytes;
+    return out;
+  }
+  // Loads DIR (its latest tag) or a tag folder into this fresh engine:
+  // {"tag", "step", "step_calls", "app_json"}.
+  py::dict load_checkpoint(const std::string& dir_or_tag) {
+    Result<offload::CheckpointManifest> manifest = [&] {
+      py::gil_scoped_release unlocked;
+      return engine_->load_checkpoint(dir_or_tag);
+    }();
+    const offload::CheckpointManifest m = value_or_raise(std::move(manifest));
+    py::dict d;
+    d["tag"] = m.tag;
+    d["step"] = m.scalars.step;
+    d["step_calls"] = m.scalars.step_calls;
+    d["app_json"] = m.app.dump();
+    return d;
+  }
   py::dict predicted_memory() const { return memory_dict(engine_->predicted_memory()); }
   int64_t optimizer_steps() const { return engine_->optimizer_steps(); }
+  int64_t steps_begun() const { return engine_->steps_begun(); }
+  std::string describe() const { return engine_->describe(); }
 
  private:
   DrivenEngine() = default;
@@ -306,8 +364,14 @@ void bind_engine(py::module_& m) {
       .def("release", &DrivenEngine::release, py::arg("layer"), py::arg("pass_name"))
       .def("gather_state", &DrivenEngine::gather_state, py::arg("layer"), py::arg("kind") = "master")
       .def("synchronize", &DrivenEngine::synchronize)
+      .def("save_checkpoint", &DrivenEngine::save_checkpoint, py::arg("dir"), py::arg("tag") = "", py::arg("keep") = 0,
+           py::arg("sync") = false, py::arg("app_json") = "{}")
+      .def("wait_checkpoint", &DrivenEngine::wait_checkpoint)
+      .def("load_checkpoint", &DrivenEngine::load_checkpoint, py::arg("dir_or_tag"))
       .def("predicted_memory", &DrivenEngine::predicted_memory)
-      .def_property_readonly("optimizer_steps", &DrivenEngine::optimizer_steps);
+      .def_property_readonly("optimizer_steps", &DrivenEngine::optimizer_steps)
+      .def_property_readonly("steps_begun", &DrivenEngine::steps_begun)
+      .def("describe", &DrivenEngine::describe);
 }
 
 }  // namespace strata::python
