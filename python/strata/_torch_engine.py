@@ -127,6 +127,7 @@ class StrataEngine(torch.nn.Module):
         self._open_calls = []      # unit calls between pre- and post-backward
         self._stacks = {id(u): [] for u in units}
         self.metrics = None        # the last applied step's metrics (the engine's StepMetrics)
+        self.gradient_copies = 0   # gradients handed over by an add (not accumulated in place by torch)
         self.last_outcome = None
         self._handles = []
         self._install_hooks()
@@ -404,6 +405,7 @@ class StrataEngine(torch.nn.Module):
                 p.grad = buffer  # AccumulateGrad adds into the engine's buffer in place
             elif p.grad.data_ptr() != buffer.data_ptr():
                 buffer.add_(p.grad)  # accumulated by torch between two holds (a tied weight)
+                self.gradient_copies += 1
                 p.grad = buffer
 
     def _release(self, index, pass_name):
@@ -417,6 +419,7 @@ class StrataEngine(torch.nn.Module):
                 buffer = layer.grads[name]
                 if grad.data_ptr() != buffer.data_ptr():
                     buffer.add_(grad)  # converts to the engine's gradient dtype
+                    self.gradient_copies += 1
                 p.grad = buffer if layer.holds > 0 and buffer.dtype == p.dtype else None
             if layer.holds == 0:
                 layer.grads = None
