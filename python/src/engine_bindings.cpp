@@ -212,7 +212,8 @@ class DrivenEngine {
   }
 
   // The layer's parameters (and in backward its gradient buffer) as
-  // writable memoryviews of raw bytes, once everything they wait for is done.
+  // writable memoryviews of raw bytes, once everything they wait for is
+  // done: (params, grads or None, grad dtype, params address, grads address).
   py::tuple acquire(size_t li, const std::string& pass_name) {
     check_layer(li);
     const Pass pass = value_or_raise(pass_named(pass_name));
@@ -233,7 +234,9 @@ class DrivenEngine {
     if (m.grads != nullptr)
       grads = py::memoryview::from_memory(m.grads, static_cast<ssize_t>(spec.param_count * dtype_size(m.grad_dtype)),
                                           false);
-    return py::make_tuple(params, grads, torch_dtype_name(m.grad_dtype));
+    // The addresses let the Python side reuse the tensors it built over the same memory last time.
+    return py::make_tuple(params, grads, torch_dtype_name(m.grad_dtype), reinterpret_cast<uintptr_t>(m.params),
+                          reinterpret_cast<uintptr_t>(m.grads));
   }
   void release(size_t li, const std::string& pass_name) {
     check_layer(li);

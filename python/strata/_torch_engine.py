@@ -72,12 +72,13 @@ class _UnitCall:
 
 
 class _LayerState:
-    __slots__ = ("plan", "holds", "grads")
+    __slots__ = ("plan", "holds", "grads", "bound")
 
     def __init__(self, plan):
         self.plan = plan
         self.holds = 0      # acquires not yet released, every pass
         self.grads = None   # {name: tensor}: the gradient buffer while held for backward
+        self.bound = None   # the {name: tensor} the parameters' .data are bound to (None: placeholders)
 
 
 def _tensors_in(value, out):
@@ -392,8 +393,10 @@ class StrataEngine(torch.nn.Module):
         layer = self._layers[index]
         view = self._engine.acquire(index, pass_name)
         layer.holds += 1
-        for name, p in layer.plan.params:
-            p.data = view.params[name]
+        if layer.bound is not view.params:  # rebinding only when the memory moved (stage 3)
+            for name, p in layer.plan.params:
+                p.data = view.params[name]
+            layer.bound = view.params
         if view.grads is None:
             return
         layer.grads = view.grads
@@ -427,6 +430,7 @@ class StrataEngine(torch.nn.Module):
         if layer.holds == 0 and self._stage == 3:
             for _, p in layer.plan.params:
                 p.data = self._placeholder(p.dtype)
+            layer.bound = None
 
     def remove_hooks(self):
         for h in self._handles:
