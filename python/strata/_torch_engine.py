@@ -126,6 +126,7 @@ class StrataEngine(torch.nn.Module):
         self._global_steps = 0     # optimizer steps applied
         self._samples = 0
         self._open_calls = []      # unit calls between pre- and post-backward
+        self._in_backward = False  # inside engine.backward's autograd run
         self._stacks = {id(u): [] for u in units}
         self.metrics = None        # the last applied step's metrics (the engine's StepMetrics)
         self.gradient_copies = 0   # gradients handed over by an add (not accumulated in place by torch)
@@ -155,7 +156,11 @@ class StrataEngine(torch.nn.Module):
             raise FailedPrecondition("engine.backward(loss) without a training forward before it: call engine(...) "
                                      "with gradients enabled first")
         scale = self._engine.gradient_scale()
-        (loss * scale if scale != 1.0 else loss).backward(retain_graph=retain_graph)
+        self._in_backward = True
+        try:
+            (loss * scale if scale != 1.0 else loss).backward(retain_graph=retain_graph)
+        finally:
+            self._in_backward = False
         self._flush_backward()
         self._engine.end_micro_batch(float(loss.detach()), self._samples)
         self._micro_open = False
@@ -319,14 +324,33 @@ class StrataEngine(torch.nn.Module):
     def _pre_forward(self, unit, args, kwargs):
         pass_name = self._pass
         if pass_name is None:
-            raise FailedPrecondition(f"unit '{unit.name or '<root>'}' ({type(unit.module).__name__}) ran outside the "
-                                     f"model's forward: call the engine (or engine.module) as a whole")
+            if not self._in_backward:
+                raise FailedPrecondition(f"unit '{unit.name or '<root>'}' ({type(unit.module).__name__}) ran "
+                                         f"outside the model's forward: call the engine (or engine.module) as a whole")
+            return self._pre_recompute(unit, args, kwargs)
         for index in unit.uses:
             self._acquire(index, pass_name)
         call = _UnitCall(unit)
         self._stacks[id(unit)].append(call)
         if pass_name != "forward":
             return None
+        return self._follow_inputs(call, args, kwargs)
+
+    def _pre_recompute(self, unit, args, kwargs):
+        """A unit's forward run again inside backward (activation
+        checkpointing) is folded into its backward hold: acquired for
+        backward here unless its backward already holds it, released by its
+        post-backward (or the flush), never by this forward's end."""
+        if any(c.unit is unit for c in self._open_calls):
+            self._stacks[id(unit)].append(None)  # held already (non-reentrant recompute inside its backward)
+            return None
+        call = _UnitCall(unit)
+        self._stacks[id(unit)].append(None)
+        self._pre_backward(call)
+        return self._follow_inputs(call, args, kwargs)
+
+    def _follow_inputs(self, call, args, kwargs):
+        """The inputs that need a gradient, through _PostBackward (so the call's post-backward runs)."""
         positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
         names = [k for k, v in (kwargs or {}).items() if isinstance(v, torch.Tensor) and v.requires_grad]
         if not positions and not names:
@@ -344,8 +368,10 @@ class StrataEngine(torch.nn.Module):
         return tuple(args), kwargs
 
     def _post_forward(self, unit, output):
-        pass_name = self._pass
         call = self._stacks[id(unit)].pop()
+        if call is None:
+            return None  # a recompute: its layers stay held for backward
+        pass_name = self._pass
         for index in reversed(unit.uses):
             self._release(index, pass_name)
         if pass_name == "forward":

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+import torch.utils.checkpoint
 
 import strata
 import strata.torch as st
@@ -252,6 +253,42 @@ def test_bf16_bit_identical_across_stages():
     (losses, masters), (losses3, masters3) = runs
     assert losses == losses3 and losses[-1] < losses[0]
     assert all(torch.equal(masters[n], masters3[n]) for n in masters)
+
+
+class CheckpointedLM(TinyLM):
+    """TinyLM with activation checkpointing on its blocks (their forward runs again in backward)."""
+
+    def __init__(self, reentrant):
+        super().__init__()
+        self.reentrant = reentrant
+
+    def forward(self, ids):
+        x = self.wte(ids) + self.wpe(torch.arange(ids.shape[1]))
+        for block in self.blocks:
+            x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=self.reentrant)
+        return self.head(self.ln_f(x))
+
+
+@pytest.mark.parametrize("reentrant", [True, False], ids=["reentrant", "non-reentrant"])
+@pytest.mark.parametrize("stage,offload", [(0, "none"), (3, "cpu")], ids=["stage0", "stage3-cpu"])
+def test_activation_checkpointing_recompute_is_folded_into_backward(reentrant, stage, offload):
+    def frozen_first_block(model):
+        for p in model.blocks[0].parameters():
+            p.requires_grad_(False)  # the frozen-parameter recompute that crashes DeepSpeed (transformers#47254)
+        return model
+
+    torch.manual_seed(5)
+    model = frozen_first_block(CheckpointedLM(reentrant))
+    engine, _, _, _ = st.initialize(model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
+                                    config=config(stage, offload, offload))
+    losses = train_engine(engine, lm_loss, 4)
+    plain = frozen_first_block(make_lm())
+    reference, _, _, _ = st.initialize(model=plain, model_parameters=[p for p in plain.parameters() if p.requires_grad],
+                                       config=config(0))
+    assert losses == train_engine(reference, lm_loss, 4)  # bit for bit: the same numbers, recomputed
+    ours, ref = engine.master_parameters(), reference.master_parameters()
+    assert all(torch.equal(ours[n], ref[n]) for n in ref)
+    assert engine.gradient_copies == 0
 
 
 # -- frozen parameters, accumulation, groups, evaluation -----------------------------------------
