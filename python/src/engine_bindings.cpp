@@ -109,6 +109,13 @@ py::dict memory_dict(const offload::EngineMemory& m) {
 using TensorTuple = std::tuple<std::string, std::vector<int64_t>, std::string, bool, std::optional<double>, double>;
 using LayerTuple = std::pair<std::string, std::vector<TensorTuple>>;
 
+// Whether the engine takes the lr of the next step from its caller
+// (Engine::set_step_lr: a torch lr scheduler through strata.torch). Probed
+// at compile time so these bindings build against engines with and without
+// it; strata.torch reads the result as hasattr(DrivenEngine, "set_step_lr").
+template <typename E>
+concept TakesStepLr = requires(E& engine, double lr) { engine.set_step_lr(lr); };
+
 class DrivenEngine {
  public:
   static std::unique_ptr<DrivenEngine> create(const std::optional<std::string>& config_path,
@@ -318,6 +325,10 @@ class DrivenEngine {
   py::dict predicted_memory() const { return memory_dict(engine_->predicted_memory()); }
   int64_t optimizer_steps() const { return engine_->optimizer_steps(); }
   int64_t steps_begun() const { return engine_->steps_begun(); }
+  template <typename E = Engine>
+  void set_step_lr(double lr) {
+    if constexpr (TakesStepLr<E>) static_cast<E&>(*engine_).set_step_lr(lr);  // dependent on E: compiled only with it
+  }
   std::string describe() const { return engine_->describe(); }
 
  private:
@@ -348,7 +359,9 @@ class DrivenEngine {
 }  // namespace
 
 void bind_engine(py::module_& m) {
-  py::class_<DrivenEngine>(m, "DrivenEngine")
+  py::class_<DrivenEngine> driven(m, "DrivenEngine");
+  if constexpr (TakesStepLr<Engine>) driven.def("set_step_lr", &DrivenEngine::set_step_lr<Engine>, py::arg("lr"));
+  driven
       .def_static("create", &DrivenEngine::create, py::arg("config_path"), py::arg("config_text"), py::arg("layers"),
                   py::arg("device_memory") = 0)
       .def_property_readonly("layer_count", &DrivenEngine::layer_count)

@@ -117,6 +117,7 @@ class StrataEngine(torch.nn.Module):
         self._stage = config["zero_optimization"]["stage"]
         self._config_lr = config["optimizer"]["params"]["lr"]
         self._config_scheduler = config["scheduler"]["type"] != "none"
+        self._shown_lr = None      # with the config's scheduler: the lr last shown in param_groups
         self._gas = native.gradient_accumulation_steps
         self._placeholders = {}
         self._pass = None          # "forward" or "eval" while the root module's forward runs
@@ -184,9 +185,13 @@ class StrataEngine(torch.nn.Module):
             raise FailedPrecondition("no micro-batch ran since the last step: engine(...), engine.backward(loss), "
                                      "then engine.step()")
         lr = self.optimizer.step_lr()
-        if ENGINE_TAKES_STEP_LR:
+        if self._config_scheduler:
+            if self._shown_lr is not None and abs(lr - self._shown_lr) > 1e-12 * self._shown_lr:
+                raise Unsupported(f"the config's \"scheduler\" section drives the lr, but param_groups' lr was "
+                                  f"changed to {lr:g} (a torch lr scheduler too?): use one of the two")
+        elif ENGINE_TAKES_STEP_LR:
             self._engine._native.set_step_lr(lr)
-        elif not self._config_scheduler and abs(lr - self._config_lr) > 1e-12 * self._config_lr:
+        elif abs(lr - self._config_lr) > 1e-12 * self._config_lr:
             raise Unsupported(f"the optimizer's lr is now {lr:g}, the engine's is {self._config_lr:g}: this engine "
                               f"build takes the lr from the config (optimizer.params.lr, or a \"scheduler\" section), "
                               f"not from param_groups; use a DeepSpeed \"scheduler\" section for a schedule")
@@ -199,6 +204,7 @@ class StrataEngine(torch.nn.Module):
         self.metrics = outcome["metrics"]
         self._global_steps = self.metrics["step"]
         if self._config_scheduler:  # the engine's schedule: show its lr in the groups
+            self._shown_lr = self.metrics["lr"]
             base = self.optimizer.base_lr
             for group, (_, lr0) in zip(self.optimizer.param_groups, self.optimizer._created):
                 group["lr"] = self.metrics["lr"] * (lr0 / base)

@@ -424,6 +424,10 @@ def test_config_scheduler_lr_shows_in_param_groups():
         lrs.append(engine.metrics["lr"])
         assert optimizer.param_groups[0]["lr"] == lrs[-1]
     assert lrs == sorted(lrs) and lrs[0] < lrs[-1] == 1e-2  # the engine's warmup, seen in the groups
+    optimizer.param_groups[0]["lr"] = 1e-3  # a second lr schedule on top: refused, not ignored
+    engine.backward(mlp_loss(engine, 6))
+    with pytest.raises(strata.Unsupported, match="the config's \"scheduler\" section drives the lr"):
+        engine.step()
 
 
 # -- checkpoints --------------------------------------------------------------------------------
