@@ -323,6 +323,7 @@ class DrivenEngine {
     return d;
   }
   py::dict predicted_memory() const { return memory_dict(engine_->predicted_memory()); }
+  py::dict measured_memory() const { return memory_dict(engine_->measured_memory()); }
   int64_t optimizer_steps() const { return engine_->optimizer_steps(); }
   int64_t steps_begun() const { return engine_->steps_begun(); }
   template <typename E = Engine>
@@ -385,6 +386,7 @@ void bind_engine(py::module_& m) {
       .def("wait_checkpoint", &DrivenEngine::wait_checkpoint)
       .def("load_checkpoint", &DrivenEngine::load_checkpoint, py::arg("dir_or_tag"))
       .def("predicted_memory", &DrivenEngine::predicted_memory)
+      .def("measured_memory", &DrivenEngine::measured_memory)
       .def_property_readonly("optimizer_steps", &DrivenEngine::optimizer_steps)
       .def_property_readonly("steps_begun", &DrivenEngine::steps_begun)
       .def("describe", &DrivenEngine::describe);

@@ -125,7 +125,8 @@ class StrataEngine(torch.nn.Module):
         self._micro_open = False
         self._micro_steps = 0      # DeepSpeed's micro_steps: engine.step() calls
         self._global_steps = 0     # optimizer steps applied
-        self._samples = 0
+        self._samples = 0          # the micro-batch's samples (its first tensor argument's first dimension)
+        self._samples_hint = 0     # the same, seen by forward() (kwargs included)
         self._open_calls = []      # unit calls between pre- and post-backward
         self._in_backward = False  # inside engine.backward's autograd run
         self._stacks = {id(u): [] for u in units}
@@ -137,7 +138,14 @@ class StrataEngine(torch.nn.Module):
 
     # -- the DeepSpeed surface -------------------------------------------------------------------
     def forward(self, *args, **kwargs):
+        # The micro-batch's size for the engine's throughput; the root module's hook sees no kwargs (torch 1.13).
+        first = _first_tensor(args, kwargs)
+        self._samples_hint = first.shape[0] if first is not None and first.dim() > 0 else 0
         return self.module(*args, **kwargs)
+
+    def memory(self):
+        """The engine's memory per tier: {"predicted": its plan, "measured": the peaks so far}."""
+        return {"predicted": self._engine.predicted_memory(), "measured": self._engine.measured_memory()}
 
     def is_gradient_accumulation_boundary(self):
         return (self._micro_steps + 1) % self._gas == 0
@@ -301,10 +309,9 @@ class StrataEngine(torch.nn.Module):
     def _root_pre_forward(self, module, args):
         if self._pass is not None:
             return None  # the root module called from inside its own forward
-        self._samples = 0
         first = _first_tensor(args, {})
-        if first is not None and first.dim() > 0:
-            self._samples = first.shape[0]
+        self._samples = first.shape[0] if first is not None and first.dim() > 0 else self._samples_hint
+        self._samples_hint = 0
         if torch.is_grad_enabled():
             if self._micro_open:
                 raise FailedPrecondition("a second training forward before engine.backward(loss): one forward, one "

@@ -198,6 +198,10 @@ class Engine:
     def predicted_memory(self):
         return self._native.predicted_memory()
 
+    def measured_memory(self):
+        """Peaks since creation per tier (device, pinned, nvme), as predicted_memory() plans them."""
+        return self._native.measured_memory()
+
 
 def _numel(shape):
     count = 1

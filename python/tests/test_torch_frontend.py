@@ -379,6 +379,10 @@ def test_evaluation_forward_under_no_grad_uses_the_trained_weights():
     assert engine.module is not reference and isinstance(engine.module, torch.nn.Sequential)
     train_engine(engine, mlp_loss, 1, first_batch=6)  # training goes on after the evaluation
     assert engine.global_steps == 4
+    memory = engine.memory()
+    assert memory["predicted"]["pinned_params"] > 0 and memory["predicted"]["pinned_optimizer"] > 0
+    assert 0 < memory["measured"]["pinned"] <= memory["predicted"]["pinned"]
+    assert engine.metrics["tokens_per_s"] > 0  # the micro-batch's samples reached the engine
 
 
 # -- lr schedulers ------------------------------------------------------------------------------
