@@ -60,6 +60,28 @@ class _PostBackward(torch.autograd.Function):
         return (None, None) + grads
 
 
+try:
+    from torch.overrides import TorchFunctionMode
+except ImportError:  # torch < 1.13: no check of parameters used outside their unit
+    TorchFunctionMode = None
+
+if TorchFunctionMode is not None:
+    class _ParameterUseCheck(TorchFunctionMode):
+        """Every torch call of a forward, checked for parameters whose unit is not acquired."""
+
+        def __init__(self, engine):
+            super().__init__()
+            self.engine = engine
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if not self.engine._internal:
+                self.engine.check_parameters_used(func, args, kwargs)
+            return func(*args, **kwargs)
+else:
+    _ParameterUseCheck = None
+
+
 class _UnitCall:
     """One call of a unit's forward, followed into its backward."""
 
@@ -135,13 +157,26 @@ class StrataEngine(torch.nn.Module):
         self.last_outcome = None
         self._handles = []
         self._install_hooks()
+        self._layer_of = {p: index for index, plan in enumerate(plans) for _, p in plan.params}
+        self._names = {p: name for plan in plans for name, p in plan.params}
+        self._internal = False     # inside the hooks' own tensor work (not checked)
+        self._running_units = []   # units whose forward runs, innermost last
+        # Check the next training forward for parameters used outside their unit (then off).
+        self.check_parameter_use = True
 
     # -- the DeepSpeed surface -------------------------------------------------------------------
     def forward(self, *args, **kwargs):
         # The micro-batch's size for the engine's throughput; the root module's hook sees no kwargs (torch 1.13).
         first = _first_tensor(args, kwargs)
         self._samples_hint = first.shape[0] if first is not None and first.dim() > 0 else 0
-        return self.module(*args, **kwargs)
+        if not (self.check_parameter_use and torch.is_grad_enabled() and _ParameterUseCheck is not None):
+            return self.module(*args, **kwargs)
+        # The first training forward runs under the check: a parameter used while its unit is not
+        # acquired is named (at stage 3 torch would see an empty placeholder and fail with a shape error).
+        with _ParameterUseCheck(self):
+            out = self.module(*args, **kwargs)
+        self.check_parameter_use = False
+        return out
 
     def memory(self):
         """The engine's memory per tier: {"predicted": its plan, "measured": the peaks so far}."""
@@ -345,6 +380,7 @@ class StrataEngine(torch.nn.Module):
             self._acquire(index, pass_name)
         call = _UnitCall(unit)
         self._stacks[id(unit)].append(call)
+        self._running_units.append(unit)
         if pass_name != "forward":
             return None
         return self._follow_inputs(call, args, kwargs)
@@ -384,6 +420,7 @@ class StrataEngine(torch.nn.Module):
         call = self._stacks[id(unit)].pop()
         if call is None:
             return None  # a recompute: its layers stay held for backward
+        self._running_units.pop()
         pass_name = self._pass
         for index in reversed(unit.uses):
             self._release(index, pass_name)
@@ -429,6 +466,35 @@ class StrataEngine(torch.nn.Module):
         return self._placeholders[dtype]
 
     def _acquire(self, index, pass_name):
+        self._internal = True
+        try:
+            self._acquire_unchecked(index, pass_name)
+        finally:
+            self._internal = False
+
+    def _release(self, index, pass_name):
+        self._internal = True
+        try:
+            self._release_unchecked(index, pass_name)
+        finally:
+            self._internal = False
+
+    def check_parameters_used(self, func, args, kwargs):
+        """Raises naming a parameter `func` was given while its layer is not acquired."""
+        for value in list(args) + list(kwargs.values()):
+            for t in (value if isinstance(value, (list, tuple)) else (value,)):
+                if isinstance(t, torch.nn.Parameter) and t in self._layer_of:
+                    layer = self._layers[self._layer_of[t]]
+                    if layer.holds == 0:
+                        where = (f"unit '{self._running_units[-1].name or '<root>'}'" if self._running_units
+                                 else "no unit")
+                        raise Unsupported(
+                            f"parameter '{self._names[t]}' (unit '{layer.plan.unit.name or '<root>'}') was used by "
+                            f"{getattr(func, '__name__', func)} in {where}, while its unit was not acquired: make "
+                            f"the module that uses it part of its unit (initialize(units=...)) or leave it to the "
+                            f"root unit")
+
+    def _acquire_unchecked(self, index, pass_name):
         layer = self._layers[index]
         view = self._engine.acquire(index, pass_name)
         layer.holds += 1
@@ -450,7 +516,7 @@ class StrataEngine(torch.nn.Module):
                 self.gradient_copies += 1
                 p.grad = buffer
 
-    def _release(self, index, pass_name):
+    def _release_unchecked(self, index, pass_name):
         layer = self._layers[index]
         layer.holds -= 1
         if pass_name == "backward" and layer.grads is not None:

@@ -100,10 +100,12 @@ def _auto_unit_modules(model):
 
 def split_into_units(model, units="auto"):
     """The model's units, the root unit last. `units`: "auto", a list of
-    module classes (or class names), or a callable (name, module) -> bool."""
+    module classes (or class names; [] keeps everything in the root unit),
+    or a callable (name, module) -> bool."""
     if units == "auto":
         picked = _auto_unit_modules(model)
     else:
+        names = set()
         if callable(units) and not isinstance(units, (list, tuple, type)):
             wants = units
         else:
@@ -117,8 +119,8 @@ def split_into_units(model, units="auto"):
         for name, module in model.named_modules():
             if name and wants(name, module) and not any(name.startswith(c + ".") for c, _ in picked):
                 picked.append((name, module))
-        if not picked:
-            raise ValueError(f"units={units!r} matches no submodule of {type(model).__name__}")
+        if names and not picked:  # a misspelled class, most likely (units=[] or a callable may pick none)
+            raise ValueError(f"units={sorted(names)} matches no submodule of {type(model).__name__}")
     return [Unit(name, module) for name, module in picked] + [Unit("", model, is_root=True)]
 
 

@@ -208,6 +208,10 @@ def test_units_tied_weight_has_one_layer_used_where_needed():
     assert [u.name for u in engine._units] == ["wte", "wpe", "blocks.0", "blocks.1", "head", ""]
     hf = st.split_into_units(make_lm(cls=TinyHFStyleLM))
     assert [u.name for u in hf] == ["blocks.0", "blocks.1", ""]
+    assert [u.name for u in st.split_into_units(make_lm(), [Block, torch.nn.Embedding])] == \
+        ["wte", "wpe", "blocks.0", "blocks.1", ""]
+    with pytest.raises(ValueError, match=r"units=\['Blok'\] matches no submodule of TinyLM"):
+        st.split_into_units(make_lm(), ["Blok"])
 
 
 # -- bit-identical across stages and placements -------------------------------------------------
@@ -555,3 +559,25 @@ def test_unit_called_twice_and_unit_skipped(stage, offload):
     assert max_rel(ours, ref) < 1e-5, (ours, ref)
     assert_masters_close(engine, ref_model)
     assert engine.gradient_copies == 0
+
+
+class WeightUsedOutsideItsUnit(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(16, 16)
+        self.fc2 = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        return self.fc2(torch.tanh(self.fc1(x))) @ self.fc1.weight.t()  # fc1's weight again, outside fc1
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_parameter_used_outside_its_unit_is_named(stage):
+    torch.manual_seed(1)
+    engine, _, _, _ = st.initialize(model=WeightUsedOutsideItsUnit(), config=config(stage))
+    with pytest.raises(strata.Unsupported, match=r"parameter 'fc1.weight' \(unit 'fc1'\) was used by .* in no unit"):
+        engine(mlp_batch(0)[0])
+    # Declared as one unit (the root, holding both for the whole pass), the same model trains.
+    torch.manual_seed(1)
+    engine, _, _, _ = st.initialize(model=WeightUsedOutsideItsUnit(), config=config(stage), units=lambda n, m: False)
+    assert len(train_engine(engine, mlp_loss, 2)) == 2
