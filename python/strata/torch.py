@@ -72,6 +72,11 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         raw["optimizer"] = optimizer_section_from_client(optimizer)
         engine_config = raw
     resolved = strata_config.load(engine_config)  # strict: InvalidArgument naming every bad key
+    # Hugging Face's "auto" placeholders (in the aio and strata sections "auto" is a value of their own).
+    autos = [k for k in _auto_keys(raw) if not k.startswith(("aio.", "strata."))]
+    if autos:
+        raise Unsupported(f"the config leaves {', '.join(autos)} \"auto\": strata.torch does not resolve Hugging "
+                          f"Face's \"auto\" values yet; give numbers (a client optimizer gives the optimizer's)")
     if lr_scheduler is not None and resolved["scheduler"]["type"] != "none":
         raise ValueError(f"both a client lr_scheduler ({type(lr_scheduler).__name__}) and the config's "
                          f"\"scheduler\" section are given: drop one of them")
@@ -131,6 +136,17 @@ def _raw_config(config):
         with open(config) as f:
             return json.load(f)
     raise TypeError(f"config must be a path or a dict, not {type(config).__name__}")
+
+
+def _auto_keys(value, path=""):
+    """The dotted keys whose value is "auto"."""
+    if value == "auto":
+        return [path]
+    if isinstance(value, dict):
+        return [k for key, v in value.items() for k in _auto_keys(v, f"{path}.{key}" if path else key)]
+    if isinstance(value, list):
+        return [k for i, v in enumerate(value) for k in _auto_keys(v, f"{path}[{i}]")]
+    return []
 
 
 def _optimizer_defaults(resolved):

@@ -488,6 +488,15 @@ def test_bad_config_key_is_named(tmp_path):
         st.initialize(model=make_mlp(), config=str(path))
 
 
+def test_auto_values_are_refused_by_key():
+    cfg = config(0)
+    cfg["optimizer"]["params"]["lr"] = "auto"
+    cfg["gradient_clipping"] = "auto"
+    with pytest.raises(strata.Unsupported, match=r"leaves (gradient_clipping, optimizer.params.lr|"
+                                                 r"optimizer.params.lr, gradient_clipping) \"auto\""):
+        st.initialize(model=make_mlp(), config=cfg)
+
+
 def test_bad_parameters_are_named():
     model = make_mlp()
     with pytest.raises(ValueError, match="parameter '4.bias' requires grad but is in no param group"):
@@ -547,7 +556,9 @@ ENGINE_TRACE_DEPARTURE_BUG = ("engine bug: at stage 3 with offload_param cpu, a 
 
 @pytest.mark.parametrize("stage,offload", [(0, "none"), (2, "none"),
                                            pytest.param(3, "cpu", marks=pytest.mark.xfail(
-                                               strict=True, raises=AssertionError, reason=ENGINE_TRACE_DEPARTURE_BUG))])
+                                               strict=False, raises=AssertionError, reason=ENGINE_TRACE_DEPARTURE_BUG))])
+# (Not strict: through the hooks the bug shows in most runs, not all, so it depends on timing; the
+# engine-level test, which shows it 30 runs out of 30, is the strict one.)
 def test_unit_called_twice_and_unit_skipped(stage, offload):
     torch.manual_seed(7)
     engine, _, _, _ = st.initialize(model=Reuse(), config=config(stage, offload, offload if stage == 3 else "none"))
