@@ -85,6 +85,14 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     groups, shared = _param_groups(model, optimizer, model_parameters, defaults)
     facade = StrataOptimizer(groups, defaults, engine=None, shared_groups=shared)
     _check_group_hypers(facade, defaults)
+    # (Before the engine exists: a refusal leaves the model as it was.)
+    scheduler = lr_scheduler
+    if scheduler is not None and not hasattr(scheduler, "step") and callable(scheduler):
+        scheduler = scheduler(facade)  # DeepSpeed's form: a callable taking the optimizer
+    if scheduler is not None and not ENGINE_TAKES_STEP_LR:
+        raise Unsupported(f"lr_scheduler {type(scheduler).__name__}: this engine build takes the lr from the config "
+                          f"(optimizer.params.lr or a DeepSpeed \"scheduler\" section), not from the optimizer's "
+                          f"param_groups at each step; use a \"scheduler\" section")
     hyper = {}
     for group, (decay, lr0) in zip(facade.param_groups, facade._created):
         for p in group["params"]:
@@ -102,13 +110,6 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         for _, p in plan.params:
             p.data = torch.empty(0, dtype=plan.dtype)
 
-    scheduler = lr_scheduler
-    if scheduler is not None and not hasattr(scheduler, "step") and callable(scheduler):
-        scheduler = scheduler(facade)  # DeepSpeed's form: a callable taking the optimizer
-    if scheduler is not None and not ENGINE_TAKES_STEP_LR:
-        raise Unsupported(f"lr_scheduler {type(scheduler).__name__}: this engine build takes the lr from the config "
-                          f"(optimizer.params.lr or a DeepSpeed \"scheduler\" section), not from the optimizer's "
-                          f"param_groups at each step; use a \"scheduler\" section")
     engine = StrataEngine(model, units_found, plans, native, facade, scheduler, resolved)
     facade._engine = engine
     loader = None

@@ -409,9 +409,11 @@ def test_lambda_lr_scheduler_drives_the_engine_lr():
 
 @pytest.mark.skipif(st.ENGINE_TAKES_STEP_LR, reason="this engine takes the lr per step")
 def test_torch_scheduler_refused_by_name_until_the_engine_takes_the_lr():
+    model = make_mlp()
     with pytest.raises(strata.Unsupported, match="lr_scheduler LambdaLR"):
-        st.initialize(model=make_mlp(), config=config(0),
+        st.initialize(model=model, config=config(0),
                       lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, warmup))
+    assert model[0].weight.shape == (64, 16)  # refused before the model was handed to an engine
     # A scheduler attached after initialize: refused at the step whose lr it changed, not silently ignored.
     engine, optimizer, _, _ = st.initialize(model=make_mlp(), config=config(0, accum=1))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup)
