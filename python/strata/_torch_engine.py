@@ -242,6 +242,8 @@ class StrataEngine(torch.nn.Module):
         self._step_open = False
         self.last_outcome = outcome
         if outcome["outcome"] != "applied":
+            # The step's micro-batches run again from its first: the boundary is counted from there.
+            self._micro_steps -= self._gas - 1
             raise Unavailable(f"the step was {outcome['outcome'].replace('_', ' ')}: {outcome['reason']}; the state "
                               f"is the one after step {outcome['state_step']}: run the step's batches again")
         self.metrics = outcome["metrics"]
@@ -259,8 +261,8 @@ class StrataEngine(torch.nn.Module):
     # -- state -----------------------------------------------------------------------------------
     def master_parameters(self):
         """{parameter name: fp32 master weights} of every trainable
-        parameter, gathered whole (after every queued update); frozen ones
-        as the engine holds them, widened."""
+        parameter, gathered whole (after every queued update). Frozen
+        parameters have no master weights and are not included."""
         out = {}
         for index, layer in enumerate(self._layers):
             if not layer.plan.trainable:
