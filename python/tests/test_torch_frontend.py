@@ -559,8 +559,7 @@ ENGINE_TRACE_DEPARTURE_BUG = ("engine bug: at stage 3 with offload_param cpu, a 
 @pytest.mark.parametrize("stage,offload", [(0, "none"), (2, "none"),
                                            pytest.param(3, "cpu", marks=pytest.mark.xfail(
                                                strict=False, raises=AssertionError, reason=ENGINE_TRACE_DEPARTURE_BUG))])
-# (Not strict: through the hooks the bug shows in most runs, not all, so it depends on timing; the
-# engine-level test, which shows it 30 runs out of 30, is the strict one.)
+# (Not strict: the bug shows in most runs, not all: it depends on timing.)
 def test_unit_called_twice_and_unit_skipped(stage, offload):
     torch.manual_seed(7)
     engine, _, _, _ = st.initialize(model=Reuse(), config=config(stage, offload, offload if stage == 3 else "none"))
