@@ -259,9 +259,10 @@ def run_with_a_layer_in_micro_batch_2_only(cfg, steps=2):
 @pytest.mark.parametrize("stage,optimizer,params", [
     (3, "cpu", "none"),
     # Not strict: the bug depends on timing (wrong in 30 runs of 30 alone, right now and then in the suite).
-    pytest.param(3, "cpu", "cpu", marks=pytest.mark.xfail(strict=False, raises=AssertionError, reason=(
-        "engine bug: with offload_param cpu, layers 0 and 1 come out of the first step off by ~2 lr (found by "
-        "strata.torch's test_unit_called_twice_and_unit_skipped)")))])
+    pytest.param(3, "cpu", "cpu", marks=pytest.mark.xfail(
+        strict=False, raises=(AssertionError, strata.DataLoss), reason=(
+            "engine bug: with offload_param cpu, layers 0 and 1 come out of the first step off by ~2 lr (found by "
+            "strata.torch's test_unit_called_twice_and_unit_skipped); now and then a non-finite norm")))])
 def test_layer_first_used_in_a_later_micro_batch(stage, optimizer, params):
     base = run_with_a_layer_in_micro_batch_2_only(config(0))
     other = run_with_a_layer_in_micro_batch_2_only(config(stage, optimizer, params))
