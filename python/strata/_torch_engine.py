@@ -340,7 +340,8 @@ class StrataEngine(torch.nn.Module):
             else:
                 pre = unit.module.register_forward_pre_hook(lambda m, a, u=unit: self._pre_forward(u, a, None))
             self._handles.append(pre)
-            self._handles.append(unit.module.register_forward_hook(lambda m, a, out, u=unit: self._post_forward(u, out)))
+            post = unit.module.register_forward_hook(lambda m, a, out, u=unit: self._post_forward(u, out))
+            self._handles.append(post)
         self._handles.append(root.register_forward_hook(self._root_post_forward))
 
     def _root_pre_forward(self, module, args):
