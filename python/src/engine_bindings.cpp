@@ -109,6 +109,13 @@ py::dict memory_dict(const offload::EngineMemory& m) {
 using TensorTuple = std::tuple<std::string, std::vector<int64_t>, std::string, bool, std::optional<double>, double>;
 using LayerTuple = std::pair<std::string, std::vector<TensorTuple>>;
 
+// Whether the engine takes the lr of the next step from its caller
+// (Engine::set_step_lr: a torch lr scheduler through strata.torch). Probed
+// at compile time so these bindings build against engines with and without
+// it; strata.torch reads the result as hasattr(DrivenEngine, "set_step_lr").
+template <typename E>
+concept TakesStepLr = requires(E& engine, double lr) { engine.set_step_lr(lr); };
+
 class DrivenEngine {
  public:
   static std::unique_ptr<DrivenEngine> create(const std::optional<std::string>& config_path,
@@ -212,7 +219,8 @@ class DrivenEngine {
   }
 
   // The layer's parameters (and in backward its gradient buffer) as
-  // writable memoryviews of raw bytes, once everything they wait for is done.
+  // writable memoryviews of raw bytes, once everything they wait for is
+  // done: (params, grads or None, grad dtype, params address, grads address).
   py::tuple acquire(size_t li, const std::string& pass_name) {
     check_layer(li);
     const Pass pass = value_or_raise(pass_named(pass_name));
@@ -233,7 +241,9 @@ class DrivenEngine {
     if (m.grads != nullptr)
       grads = py::memoryview::from_memory(m.grads, static_cast<ssize_t>(spec.param_count * dtype_size(m.grad_dtype)),
                                           false);
-    return py::make_tuple(params, grads, torch_dtype_name(m.grad_dtype));
+    // The addresses let the Python side reuse the tensors it built over the same memory last time.
+    return py::make_tuple(params, grads, torch_dtype_name(m.grad_dtype), reinterpret_cast<uintptr_t>(m.params),
+                          reinterpret_cast<uintptr_t>(m.grads));
   }
   void release(size_t li, const std::string& pass_name) {
     check_layer(li);
@@ -256,8 +266,71 @@ class DrivenEngine {
     return py::cast(value_or_raise(std::move(values)));
   }
   void synchronize() { call([&] { return engine_->synchronize(); }); }
+
+  // Checkpoints (docs/checkpoints.md): `app_json` is stored as the
+  // manifest's "app" (strata.torch keeps its client_state there).
+  py::dict save_checkpoint(const std::string& dir, const std::string& tag, int keep, bool sync,
+                           const std::string& app_json) {
+    offload::CheckpointSaveOptions options;
+    options.dir = dir;
+    options.tag = tag;
+    options.keep = keep;
+    options.sync = sync;
+    try {
+      options.app = nlohmann::json::parse(app_json);
+    } catch (const nlohmann::json::exception& e) {
+      raise_status(InvalidArgument(fmt::format("the checkpoint's app state is not JSON: {}", e.what())));
+    }
+    Result<offload::CheckpointSaveInfo> info = [&] {
+      py::gil_scoped_release unlocked;
+      return engine_->save_checkpoint(options);
+    }();
+    const offload::CheckpointSaveInfo saved = value_or_raise(std::move(info));
+    py::dict d;
+    d["tag"] = saved.tag;
+    d["blocked_ms"] = saved.blocked_ms;
+    d["bytes"] = saved.bytes;
+    return d;
+  }
+  // The save in flight, waited for: None when there was none.
+  py::object wait_checkpoint() {
+    Result<std::optional<offload::CheckpointSaveDone>> done = [&] {
+      py::gil_scoped_release unlocked;
+      return engine_->wait_checkpoint();
+    }();
+    const std::optional<offload::CheckpointSaveDone> d = value_or_raise(std::move(done));
+    if (!d) return py::none();
+    py::dict out;
+    out["tag"] = d->tag;
+    out["committed"] = d->committed;
+    out["seconds"] = d->seconds;
+    out["bytes"] = d->bytes;
+    return out;
+  }
+  // Loads DIR (its latest tag) or a tag folder into this fresh engine:
+  // {"tag", "step", "step_calls", "app_json"}.
+  py::dict load_checkpoint(const std::string& dir_or_tag) {
+    Result<offload::CheckpointManifest> manifest = [&] {
+      py::gil_scoped_release unlocked;
+      return engine_->load_checkpoint(dir_or_tag);
+    }();
+    const offload::CheckpointManifest m = value_or_raise(std::move(manifest));
+    py::dict d;
+    d["tag"] = m.tag;
+    d["step"] = m.scalars.step;
+    d["step_calls"] = m.scalars.step_calls;
+    d["app_json"] = m.app.dump();
+    return d;
+  }
   py::dict predicted_memory() const { return memory_dict(engine_->predicted_memory()); }
+  py::dict measured_memory() const { return memory_dict(engine_->measured_memory()); }
   int64_t optimizer_steps() const { return engine_->optimizer_steps(); }
+  int64_t steps_begun() const { return engine_->steps_begun(); }
+  template <typename E = Engine>
+  void set_step_lr(double lr) {
+    if constexpr (TakesStepLr<E>) static_cast<E&>(*engine_).set_step_lr(lr);  // dependent on E: compiled only with it
+  }
+  std::string describe() const { return engine_->describe(); }
 
  private:
   DrivenEngine() = default;
@@ -287,7 +360,9 @@ class DrivenEngine {
 }  // namespace
 
 void bind_engine(py::module_& m) {
-  py::class_<DrivenEngine>(m, "DrivenEngine")
+  py::class_<DrivenEngine> driven(m, "DrivenEngine");
+  if constexpr (TakesStepLr<Engine>) driven.def("set_step_lr", &DrivenEngine::set_step_lr<Engine>, py::arg("lr"));
+  driven
       .def_static("create", &DrivenEngine::create, py::arg("config_path"), py::arg("config_text"), py::arg("layers"),
                   py::arg("device_memory") = 0)
       .def_property_readonly("layer_count", &DrivenEngine::layer_count)
@@ -306,8 +381,15 @@ void bind_engine(py::module_& m) {
       .def("release", &DrivenEngine::release, py::arg("layer"), py::arg("pass_name"))
       .def("gather_state", &DrivenEngine::gather_state, py::arg("layer"), py::arg("kind") = "master")
       .def("synchronize", &DrivenEngine::synchronize)
+      .def("save_checkpoint", &DrivenEngine::save_checkpoint, py::arg("dir"), py::arg("tag") = "", py::arg("keep") = 0,
+           py::arg("sync") = false, py::arg("app_json") = "{}")
+      .def("wait_checkpoint", &DrivenEngine::wait_checkpoint)
+      .def("load_checkpoint", &DrivenEngine::load_checkpoint, py::arg("dir_or_tag"))
       .def("predicted_memory", &DrivenEngine::predicted_memory)
-      .def_property_readonly("optimizer_steps", &DrivenEngine::optimizer_steps);
+      .def("measured_memory", &DrivenEngine::measured_memory)
+      .def_property_readonly("optimizer_steps", &DrivenEngine::optimizer_steps)
+      .def_property_readonly("steps_begun", &DrivenEngine::steps_begun)
+      .def("describe", &DrivenEngine::describe);
 }
 
 }  // namespace strata::python

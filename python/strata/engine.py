@@ -74,6 +74,8 @@ class Engine:
                 for t in (TensorSpec(*t) if not isinstance(t, TensorSpec) else t for t in tensors)]))
         self._native = _native.DrivenEngine.create(path, text, described, int(device_memory))
         self._layout = [self._native.layer_tensors(i) for i in range(self._native.layer_count)]
+        # layer -> (address, {name: tensor}): the views last built over its parameters / gradient buffer
+        self._param_views, self._grad_views = {}, {}
 
     @property
     def layer_count(self):
@@ -151,20 +153,34 @@ class Engine:
     def acquire(self, layer, pass_name):
         """Layer `layer`'s memory for pass forward, backward or eval, once
         everything it waits for is done, as torch tensors viewing it."""
+        params, grads, grad_dtype, params_address, grads_address = self._native.acquire(int(layer), pass_name)
+        # Memory at the same address as last time (stages 0-2 always): the same tensors, not built again.
+        param_views = self._param_views.get(layer)
+        if param_views is None or param_views[0] != params_address:
+            param_views = (params_address, self._param_views_of(layer, params))
+            self._param_views[layer] = param_views
+        if grads is None:
+            return LayerView(param_views[1], None)
+        grad_views = self._grad_views.get(layer)
+        if grad_views is None or grad_views[0] != (grads_address, grad_dtype):
+            grad_views = ((grads_address, grad_dtype), self._grad_views_of(layer, grads, grad_dtype))
+            self._grad_views[layer] = grad_views
+        return LayerView(param_views[1], grad_views[1])
+
+    def _param_views_of(self, layer, params):
         torch = _torch()
-        params, grads, grad_dtype = self._native.acquire(int(layer), pass_name)
         raw = torch.frombuffer(params, dtype=torch.uint8)
         views = {}
         for name, shape, dtype, offset_bytes, _ in self._layout[layer]:
             size = _numel(shape) * _itemsize(dtype)
             views[name] = raw[offset_bytes:offset_bytes + size].view(getattr(torch, dtype)).view(shape)
-        grad_views = None
-        if grads is not None:
-            flat = torch.frombuffer(grads, dtype=torch.uint8).view(getattr(torch, grad_dtype))
-            grad_views = {}
-            for name, shape, _, _, offset_elements in self._layout[layer]:
-                grad_views[name] = flat[offset_elements:offset_elements + _numel(shape)].view(shape)
-        return LayerView(views, grad_views)
+        return views
+
+    def _grad_views_of(self, layer, grads, grad_dtype):
+        torch = _torch()
+        flat = torch.frombuffer(grads, dtype=torch.uint8).view(getattr(torch, grad_dtype))
+        return {name: flat[offset_elements:offset_elements + _numel(shape)].view(shape)
+                for name, shape, _, _, offset_elements in self._layout[layer]}
 
     def release(self, layer, pass_name):
         """Hands the layer back; its views must not be used after this."""
@@ -181,6 +197,10 @@ class Engine:
 
     def predicted_memory(self):
         return self._native.predicted_memory()
+
+    def measured_memory(self):
+        """Peaks since creation per tier (device, pinned, nvme), as predicted_memory() plans them."""
+        return self._native.measured_memory()
 
 
 def _numel(shape):

@@ -213,3 +213,58 @@ def test_copy_of_model_is_untouched():
         eng.put_initial_layer(i, [u.weight, u.bias])
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k])
+
+
+def run_with_a_layer_in_micro_batch_2_only(cfg, steps=2):
+    """Three Linear(16, 16) layers; layer 1 is used only in the second micro-batch of each step (a module
+    run conditionally): the first micro-batch's recorded acquire order does not hold it."""
+    torch.manual_seed(7)
+    mods = [torch.nn.Linear(16, 16) for _ in range(3)]
+    eng = Engine(cfg, [(f"l{i}", [TensorSpec(f"l{i}.w", (16, 16), torch.float32),
+                                  TensorSpec(f"l{i}.b", (16,), torch.float32)]) for i in range(3)])
+    for i, m in enumerate(mods):
+        eng.put_initial_layer(i, [m.weight, m.bias])
+    for step in range(steps):
+        eng.begin_step()
+        for micro in range(ACCUM):
+            eng.begin_micro_batch(last=micro == ACCUM - 1)
+            used = [0, 1, 2] if micro == 1 else [0, 2]
+            x, _ = data(step, micro)
+            for i in used:
+                view = eng.acquire(i, "forward")
+                mods[i].weight.data, mods[i].bias.data = view.params[f"l{i}.w"], view.params[f"l{i}.b"]
+            h = x
+            for i in used:
+                h = torch.tanh(mods[i](h))
+            loss = h.square().mean()
+            for i in used:
+                eng.release(i, "forward")
+            views = {}
+            for i in reversed(used):
+                views[i] = eng.acquire(i, "backward")
+                mods[i].weight.data, mods[i].bias.data = views[i].params[f"l{i}.w"], views[i].params[f"l{i}.b"]
+            for m in mods:
+                m.weight.grad = m.bias.grad = None
+            (loss * eng.gradient_scale()).backward()
+            for i in reversed(used):
+                views[i].grads[f"l{i}.w"].add_(mods[i].weight.grad)
+                views[i].grads[f"l{i}.b"].add_(mods[i].bias.grad)
+                eng.release(i, "backward")
+            eng.end_micro_batch(float(loss), x.shape[0])
+        assert eng.finish_step()["outcome"] == "applied"
+    eng.synchronize()
+    return [eng.gather_state(i) for i in range(3)]
+
+
+@pytest.mark.parametrize("stage,optimizer,params", [
+    (3, "cpu", "none"),
+    # Not strict: the bug depends on timing (wrong in 30 runs of 30 alone, right now and then in the suite).
+    pytest.param(3, "cpu", "cpu", marks=pytest.mark.xfail(
+        strict=False, raises=(AssertionError, strata.DataLoss), reason=(
+            "engine bug: with offload_param cpu, layers 0 and 1 come out of the first step off by ~2 lr (found by "
+            "strata.torch's test_unit_called_twice_and_unit_skipped); now and then a non-finite norm")))])
+def test_layer_first_used_in_a_later_micro_batch(stage, optimizer, params):
+    base = run_with_a_layer_in_micro_batch_2_only(config(0))
+    other = run_with_a_layer_in_micro_batch_2_only(config(stage, optimizer, params))
+    for i, (a, b) in enumerate(zip(base, other)):
+        assert torch.equal(a, b), f"layer {i}: max diff {float((a - b).abs().max())}"

@@ -1,0 +1,553 @@
+"""strata.torch: StrataEngine, the nn.Module wrapper whose hooks drive the
+engine (strata.engine.Engine) while torch runs the model's forward and
+backward.
+
+Note [Hooks per unit]
+Each unit (strata/_torch_units.py) gets, per call of its forward:
+  pre-forward   acquire every layer the unit uses (pass forward, or eval
+                under torch.no_grad()), bind the parameters' .data to the
+                engine's memory; wrap the inputs that need a gradient in
+                _PostBackward (an identity autograd Function);
+  post-forward  release those layers; hook the outputs that need a gradient;
+  pre-backward  (the first output hook to fire) acquire the layers for
+                backward, rebind, and preset each parameter's .grad to the
+                engine's gradient buffer where the dtypes agree, so
+                AccumulateGrad adds in place (in no-grad mode it does
+                `grad += new`), with no copy;
+  post-backward (_PostBackward.backward: the gradient of the unit's inputs
+                is done, and with it the unit's AccumulateGrad nodes, which
+                autograd runs first) hand any gradient torch made itself
+                (another dtype, or a tied weight finished between holds) over
+                by one add, and release.
+engine.backward(loss) then flushes the calls whose post-backward did not
+fire (integer inputs: the first unit, the root unit) and checks no
+gradient was left outside the engine. The root module's pre-forward hook
+opens the step and the micro-batch (begin_step / begin_micro_batch), or an
+evaluation under torch.no_grad().
+
+At stage 3 a released layer's memory may be reused, so its parameters are
+bound to empty placeholders until the next acquire; at stages 0-2 the
+memory is the engine's for good and the binding stays.
+"""
+
+import json
+import os
+
+import torch
+
+from . import _native
+from .errors import FailedPrecondition, Unavailable, Unsupported
+
+__all__ = ["StrataEngine", "ENGINE_TAKES_STEP_LR"]
+
+# Whether this build's engine takes the lr of each step from the caller
+# (what a torch lr scheduler needs); without it the lr is the config's.
+ENGINE_TAKES_STEP_LR = hasattr(_native.DrivenEngine, "set_step_lr")
+
+
+class _PostBackward(torch.autograd.Function):
+    """Identity on a unit's inputs; its backward runs once their gradients
+    are computed, i.e. when the unit's backward is done."""
+
+    @staticmethod
+    def forward(ctx, engine, call, *tensors):
+        ctx.engine, ctx.call = engine, call
+        return tensors if len(tensors) != 1 else tensors[0]
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ctx.engine._post_backward(ctx.call)
+        return (None, None) + grads
+
+
+try:
+    from torch.overrides import TorchFunctionMode
+except ImportError:  # torch < 1.13: no check of parameters used outside their unit
+    TorchFunctionMode = None
+
+if TorchFunctionMode is not None:
+    class _ParameterUseCheck(TorchFunctionMode):
+        """Every torch call of a forward, checked for parameters whose unit is not acquired."""
+
+        def __init__(self, engine):
+            super().__init__()
+            self.engine = engine
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if not self.engine._internal:
+                self.engine.check_parameters_used(func, args, kwargs)
+            return func(*args, **kwargs)
+else:
+    _ParameterUseCheck = None
+
+
+class _UnitCall:
+    """One call of a unit's forward, followed into its backward."""
+
+    __slots__ = ("unit", "pre_backward_done", "post_backward_done")
+
+    def __init__(self, unit):
+        self.unit = unit
+        self.pre_backward_done = False
+        self.post_backward_done = False
+
+
+class _LayerState:
+    __slots__ = ("plan", "holds", "grads", "bound")
+
+    def __init__(self, plan):
+        self.plan = plan
+        self.holds = 0      # acquires not yet released, every pass
+        self.grads = None   # {name: tensor}: the gradient buffer while held for backward
+        self.bound = None   # the {name: tensor} the parameters' .data are bound to (None: placeholders)
+
+
+def _tensors_in(value, out):
+    """Every tensor that needs a gradient in an output (tensor, tuple, list, dict, ModelOutput)."""
+    if isinstance(value, torch.Tensor):
+        if value.requires_grad:
+            out.append(value)
+    elif isinstance(value, (tuple, list)):
+        for v in value:
+            _tensors_in(v, out)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _tensors_in(v, out)
+    return out
+
+
+def _first_tensor(args, kwargs):
+    for v in list(args) + list(kwargs.values()):
+        if isinstance(v, torch.Tensor):
+            return v
+    return None
+
+
+class StrataEngine(torch.nn.Module):
+    """What strata.torch.initialize returns first: call it as the model,
+    then backward(loss) and step() as with DeepSpeed's engine."""
+
+    def __init__(self, model, units, plans, native, optimizer, lr_scheduler, config):
+        super().__init__()
+        self.module = model
+        self.optimizer = optimizer
+        self.lr_scheduler = lr_scheduler
+        self._engine = native                    # strata.engine.Engine
+        self._units = units
+        self._layers = [_LayerState(p) for p in plans]
+        self._stage = config["zero_optimization"]["stage"]
+        self._config_lr = config["optimizer"]["params"]["lr"]
+        self._config_scheduler = config["scheduler"]["type"] != "none"
+        self._shown_lr = None      # with the config's scheduler: the lr last shown in param_groups
+        self._gas = native.gradient_accumulation_steps
+        self._placeholders = {}
+        self._pass = None          # "forward" or "eval" while the root module's forward runs
+        self._step_open = False
+        self._micro_open = False
+        self._micro_steps = 0      # DeepSpeed's micro_steps: engine.step() calls
+        self._global_steps = 0     # optimizer steps applied
+        self._samples = 0          # the micro-batch's samples (its first tensor argument's first dimension)
+        self._samples_hint = 0     # the same, seen by forward() (kwargs included)
+        self._open_calls = []      # unit calls between pre- and post-backward
+        self._in_backward = False  # inside engine.backward's autograd run
+        self._stacks = {id(u): [] for u in units}
+        self.metrics = None        # the last applied step's metrics (the engine's StepMetrics)
+        self.gradient_copies = 0   # gradients handed over by an add (not accumulated in place by torch)
+        self.last_outcome = None
+        self._handles = []
+        self._install_hooks()
+        self._layer_of = {p: index for index, plan in enumerate(plans) for _, p in plan.params}
+        self._names = {p: name for plan in plans for name, p in plan.params}
+        self._internal = False     # inside the hooks' own tensor work (not checked)
+        self._running_units = []   # units whose forward runs, innermost last
+        # Check the next training forward for parameters used outside their unit (then off).
+        self.check_parameter_use = True
+
+    # -- the DeepSpeed surface -------------------------------------------------------------------
+    def forward(self, *args, **kwargs):
+        # The micro-batch's size for the engine's throughput; the root module's hook sees no kwargs (torch 1.13).
+        first = _first_tensor(args, kwargs)
+        self._samples_hint = first.shape[0] if first is not None and first.dim() > 0 else 0
+        if not (self.check_parameter_use and torch.is_grad_enabled() and _ParameterUseCheck is not None):
+            return self.module(*args, **kwargs)
+        # The first training forward runs under the check: a parameter used while its unit is not
+        # acquired is named (at stage 3 torch would see an empty placeholder and fail with a shape error).
+        with _ParameterUseCheck(self):
+            out = self.module(*args, **kwargs)
+        self.check_parameter_use = False
+        return out
+
+    def memory(self):
+        """The engine's memory per tier: {"predicted": its plan, "measured": the peaks so far}."""
+        return {"predicted": self._engine.predicted_memory(), "measured": self._engine.measured_memory()}
+
+    def is_gradient_accumulation_boundary(self):
+        return (self._micro_steps + 1) % self._gas == 0
+
+    def gradient_accumulation_steps(self):
+        return self._gas
+
+    @property
+    def global_steps(self):
+        return self._global_steps
+
+    def backward(self, loss, retain_graph=False):
+        """Runs autograd on loss scaled by the engine's gradient scale (1 /
+        gradient_accumulation_steps, and the fp16 loss scale), hands every
+        unit's gradients to the engine and ends the micro-batch."""
+        if not self._micro_open:
+            raise FailedPrecondition("engine.backward(loss) without a training forward before it: call engine(...) "
+                                     "with gradients enabled first")
+        scale = self._engine.gradient_scale()
+        self._in_backward = True
+        try:
+            (loss * scale if scale != 1.0 else loss).backward(retain_graph=retain_graph)
+        finally:
+            self._in_backward = False
+        self._flush_backward()
+        self._engine.end_micro_batch(float(loss.detach()), self._samples)
+        self._micro_open = False
+        return loss
+
+    def step(self):
+        """At the gradient accumulation boundary: the engine's step (norm,
+        clipping, update, with the optimizer's lr) and the lr scheduler's.
+        Elsewhere a no-op, as DeepSpeed's."""
+        if self._micro_open:
+            raise FailedPrecondition("engine.step() after a forward without engine.backward(loss)")
+        at_boundary = self.is_gradient_accumulation_boundary()
+        if at_boundary:
+            self.optimizer.step()  # -> _apply_step(); through the optimizer so schedulers see it stepped
+            if self.lr_scheduler is not None:
+                self.lr_scheduler.step()
+        self._micro_steps += 1
+
+    def _apply_step(self):
+        if not self._step_open:
+            raise FailedPrecondition("no micro-batch ran since the last step: engine(...), engine.backward(loss), "
+                                     "then engine.step()")
+        lr = self.optimizer.step_lr()
+        if self._config_scheduler:
+            if self._shown_lr is not None and abs(lr - self._shown_lr) > 1e-12 * self._shown_lr:
+                raise Unsupported(f"the config's \"scheduler\" section drives the lr, but param_groups' lr was "
+                                  f"changed to {lr:g} (a torch lr scheduler too?): use one of the two")
+        elif ENGINE_TAKES_STEP_LR:
+            self._engine._native.set_step_lr(lr)
+        elif abs(lr - self._config_lr) > 1e-12 * self._config_lr:
+            raise Unsupported(f"the optimizer's lr is now {lr:g}, the engine's is {self._config_lr:g}: this engine "
+                              f"build takes the lr from the config (optimizer.params.lr, or a \"scheduler\" section), "
+                              f"not from param_groups; use a DeepSpeed \"scheduler\" section for a schedule")
+        outcome = self._engine.finish_step()
+        self._step_open = False
+        self.last_outcome = outcome
+        if outcome["outcome"] != "applied":
+            # The step's micro-batches run again from its first: the boundary is counted from there.
+            self._micro_steps -= self._gas - 1
+            raise Unavailable(f"the step was {outcome['outcome'].replace('_', ' ')}: {outcome['reason']}; the state "
+                              f"is the one after step {outcome['state_step']}: run the step's batches again")
+        self.metrics = outcome["metrics"]
+        self._global_steps = self.metrics["step"]
+        if self._config_scheduler:  # the engine's schedule: show its lr in the groups
+            self._shown_lr = self.metrics["lr"]
+            base = self.optimizer.base_lr
+            for group, (_, lr0) in zip(self.optimizer.param_groups, self.optimizer._created):
+                group["lr"] = self.metrics["lr"] * (lr0 / base)
+        return self.metrics
+
+    def get_lr(self):
+        return [g["lr"] for g in self.optimizer.param_groups]
+
+    # -- state -----------------------------------------------------------------------------------
+    def master_parameters(self):
+        """{parameter name: fp32 master weights} of every trainable
+        parameter, gathered whole (after every queued update). Frozen
+        parameters have no master weights and are not included."""
+        out = {}
+        for index, layer in enumerate(self._layers):
+            if not layer.plan.trainable:
+                continue
+            flat = self._engine.gather_state(index)
+            for (name, shape, _, _, offset), (pname, p) in zip(self._engine._layout[index], layer.plan.params):
+                out[pname] = flat[offset:offset + _numel(shape)].view(shape).clone()
+        return out
+
+    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True, sync=False, keep=0):
+        """Saves the engine's state (fp32 master, moments, step counters) to
+        save_dir/tag (default tag global_step<N>) with client_state (JSON:
+        numbers, strings, lists, dicts), asynchronously unless sync: the next
+        step runs while it is written; wait_checkpoint() waits. Between
+        steps only (at a gradient accumulation boundary)."""
+        if self._step_open:
+            raise FailedPrecondition("save_checkpoint() in the middle of a step: save after engine.step() at a "
+                                     "gradient accumulation boundary")
+        if not save_latest:
+            raise Unsupported("save_latest=False: the engine always points `latest` at the newest tag")
+        app = {"strata_torch": {"micro_steps": self._micro_steps,
+                                "param_groups": [{"lr": g["lr"]} for g in self.optimizer.param_groups],
+                                "lr_scheduler": self._scheduler_state()},
+               "client_state": client_state if client_state is not None else {}}
+        try:
+            text = json.dumps(app, allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"client_state must be JSON (numbers, strings, lists, dicts): {e}") from None
+        self._engine._native.save_checkpoint(os.fspath(save_dir), tag or "", int(keep), bool(sync), text)
+        return True
+
+    def wait_checkpoint(self):
+        """Waits for the save in flight: {"tag", "committed", "seconds", "bytes"}, or None."""
+        return self._engine._native.wait_checkpoint()
+
+    def load_checkpoint(self, load_dir, tag=None, load_optimizer_states=True, load_lr_scheduler_states=True):
+        """Loads load_dir (its latest tag) or load_dir/tag into this engine,
+        before its first step; saved at any stage or placement. Returns
+        (the tag, client_state) as DeepSpeed's."""
+        if not load_optimizer_states:
+            raise Unsupported("load_optimizer_states=False: the engine loads master weights and moments together")
+        path = os.path.join(os.fspath(load_dir), tag) if tag else os.fspath(load_dir)
+        info = self._engine._native.load_checkpoint(path)
+        app = json.loads(info["app_json"])
+        mine = app.get("strata_torch", {})
+        self._micro_steps = int(mine.get("micro_steps", info["step_calls"] * self._gas))
+        self._global_steps = int(info["step"])
+        for group, saved in zip(self.optimizer.param_groups, mine.get("param_groups", [])):
+            group["lr"] = saved["lr"]
+        if load_lr_scheduler_states and self.lr_scheduler is not None and mine.get("lr_scheduler") is not None:
+            self.lr_scheduler.load_state_dict(mine["lr_scheduler"])
+        return info["tag"], app.get("client_state", {})
+
+    def _scheduler_state(self):
+        if self.lr_scheduler is None or not hasattr(self.lr_scheduler, "state_dict"):
+            return None
+        state = self.lr_scheduler.state_dict()
+        try:
+            json.dumps(state, allow_nan=False)
+        except (TypeError, ValueError):
+            return None  # not JSON (e.g. holds callables): not saved
+        return state
+
+    # -- hooks (Note [Hooks per unit]) -----------------------------------------------------------
+    def _install_hooks(self):
+        kwargs_hooks = "with_kwargs" in torch.nn.Module.register_forward_pre_hook.__code__.co_varnames
+        root = self.module
+        self._handles.append(root.register_forward_pre_hook(self._root_pre_forward))
+        for unit in self._units:
+            if not unit.uses:
+                continue
+            if kwargs_hooks:  # torch >= 2.0: tensors passed by keyword are followed into backward too
+                pre = unit.module.register_forward_pre_hook(lambda m, a, k, u=unit: self._pre_forward(u, a, k),
+                                                            with_kwargs=True)
+            else:
+                pre = unit.module.register_forward_pre_hook(lambda m, a, u=unit: self._pre_forward(u, a, None))
+            self._handles.append(pre)
+            post = unit.module.register_forward_hook(lambda m, a, out, u=unit: self._post_forward(u, out))
+            self._handles.append(post)
+        self._handles.append(root.register_forward_hook(self._root_post_forward))
+
+    def _root_pre_forward(self, module, args):
+        if self._pass is not None:
+            return None  # the root module called from inside its own forward
+        first = _first_tensor(args, {})
+        self._samples = first.shape[0] if first is not None and first.dim() > 0 else self._samples_hint
+        self._samples_hint = 0
+        if torch.is_grad_enabled():
+            if self._micro_open:
+                raise FailedPrecondition("a second training forward before engine.backward(loss): one forward, one "
+                                         "backward per micro-batch (use torch.no_grad() for an evaluation)")
+            if not self._step_open:
+                self._engine.begin_step()
+                self._step_open = True
+            self._engine.begin_micro_batch(last=self.is_gradient_accumulation_boundary())
+            self._micro_open = True
+            self._pass = "forward"
+        else:
+            self._engine.begin_evaluation()
+            self._pass = "eval"
+        return None
+
+    def _root_post_forward(self, module, args, output):
+        finished = self._pass
+        self._pass = None
+        if finished == "eval":
+            self._engine.finish_evaluation(0.0, 1)  # the engine's bracket; the caller computes its own loss
+        return None
+
+    def _pre_forward(self, unit, args, kwargs):
+        pass_name = self._pass
+        if pass_name is None:
+            if not self._in_backward:
+                raise FailedPrecondition(f"unit '{unit.name or '<root>'}' ({type(unit.module).__name__}) ran "
+                                         f"outside the model's forward: call the engine (or engine.module) as a whole")
+            return self._pre_recompute(unit, args, kwargs)
+        for index in unit.uses:
+            self._acquire(index, pass_name)
+        call = _UnitCall(unit)
+        self._stacks[id(unit)].append(call)
+        self._running_units.append(unit)
+        if pass_name != "forward":
+            return None
+        return self._follow_inputs(call, args, kwargs)
+
+    def _pre_recompute(self, unit, args, kwargs):
+        """A unit's forward run again inside backward (activation
+        checkpointing) is folded into its backward hold: acquired for
+        backward here unless its backward already holds it, released by its
+        post-backward (or the flush), never by this forward's end."""
+        if any(c.unit is unit for c in self._open_calls):
+            self._stacks[id(unit)].append(None)  # held already (non-reentrant recompute inside its backward)
+            return None
+        call = _UnitCall(unit)
+        self._stacks[id(unit)].append(None)
+        self._pre_backward(call)
+        return self._follow_inputs(call, args, kwargs)
+
+    def _follow_inputs(self, call, args, kwargs):
+        """The inputs that need a gradient, through _PostBackward (so the call's post-backward runs)."""
+        positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
+        names = [k for k, v in (kwargs or {}).items() if isinstance(v, torch.Tensor) and v.requires_grad]
+        if not positions and not names:
+            return None
+        wrapped = _PostBackward.apply(self, call, *([args[i] for i in positions] + [kwargs[k] for k in names]))
+        wrapped = wrapped if isinstance(wrapped, tuple) else (wrapped,)
+        args = list(args)
+        for i, t in zip(positions, wrapped):
+            args[i] = t
+        if kwargs is None:
+            return tuple(args)
+        kwargs = dict(kwargs)
+        for k, t in zip(names, wrapped[len(positions):]):
+            kwargs[k] = t
+        return tuple(args), kwargs
+
+    def _post_forward(self, unit, output):
+        call = self._stacks[id(unit)].pop()
+        if call is None:
+            return None  # a recompute: its layers stay held for backward
+        self._running_units.pop()
+        pass_name = self._pass
+        for index in reversed(unit.uses):
+            self._release(index, pass_name)
+        if pass_name == "forward":
+            for t in _tensors_in(output, []):
+                t.register_hook(lambda grad, c=call: self._pre_backward(c))
+        return None
+
+    def _pre_backward(self, call):
+        if call.pre_backward_done:
+            return None
+        call.pre_backward_done = True
+        for index in call.unit.uses:
+            self._acquire(index, "backward")
+        self._open_calls.append(call)
+        return None
+
+    def _post_backward(self, call):
+        if not call.pre_backward_done or call.post_backward_done:
+            return
+        call.post_backward_done = True
+        self._open_calls.remove(call)
+        for index in reversed(call.unit.uses):
+            self._release(index, "backward")
+
+    def _flush_backward(self):
+        for call in reversed(list(self._open_calls)):
+            self._post_backward(call)
+        # Every gradient went to the engine: one left on a parameter arrived after its layer was released.
+        for layer in self._layers:
+            if layer.plan.trainable:
+                for name, p in layer.plan.params:
+                    if p.grad is not None:
+                        p.grad = None
+                        raise Unsupported(f"parameter '{name}' got its gradient after its unit "
+                                          f"'{layer.plan.unit.name or '<root>'}' finished backward (used outside its "
+                                          f"unit?): declare coarser units (initialize(units=...))")
+
+    # -- acquire / release -----------------------------------------------------------------------
+    def _placeholder(self, dtype):
+        if dtype not in self._placeholders:
+            self._placeholders[dtype] = torch.empty(0, dtype=dtype)
+        return self._placeholders[dtype]
+
+    def _acquire(self, index, pass_name):
+        self._internal = True
+        try:
+            self._acquire_unchecked(index, pass_name)
+        finally:
+            self._internal = False
+
+    def _release(self, index, pass_name):
+        self._internal = True
+        try:
+            self._release_unchecked(index, pass_name)
+        finally:
+            self._internal = False
+
+    def check_parameters_used(self, func, args, kwargs):
+        """Raises naming a parameter `func` was given while its layer is not acquired."""
+        for value in list(args) + list(kwargs.values()):
+            for t in (value if isinstance(value, (list, tuple)) else (value,)):
+                if isinstance(t, torch.nn.Parameter) and t in self._layer_of:
+                    layer = self._layers[self._layer_of[t]]
+                    if layer.holds == 0:
+                        where = (f"unit '{self._running_units[-1].name or '<root>'}'" if self._running_units
+                                 else "no unit")
+                        raise Unsupported(
+                            f"parameter '{self._names[t]}' (unit '{layer.plan.unit.name or '<root>'}') was used by "
+                            f"{getattr(func, '__name__', func)} in {where}, while its unit was not acquired: make "
+                            f"the module that uses it part of its unit (initialize(units=...)) or leave it to the "
+                            f"root unit")
+
+    def _acquire_unchecked(self, index, pass_name):
+        layer = self._layers[index]
+        view = self._engine.acquire(index, pass_name)
+        layer.holds += 1
+        if layer.bound is not view.params:  # rebinding only when the memory moved (stage 3)
+            for name, p in layer.plan.params:
+                p.data = view.params[name]
+            layer.bound = view.params
+        if view.grads is None:
+            return
+        layer.grads = view.grads
+        for name, p in layer.plan.params:
+            buffer = view.grads[name]
+            if buffer.dtype != p.dtype:
+                continue  # torch accumulates in the parameter's dtype; handed over at release
+            if p.grad is None:
+                p.grad = buffer  # AccumulateGrad adds into the engine's buffer in place
+            elif p.grad.data_ptr() != buffer.data_ptr():
+                buffer.add_(p.grad)  # accumulated by torch between two holds (a tied weight)
+                self.gradient_copies += 1
+                p.grad = buffer
+
+    def _release_unchecked(self, index, pass_name):
+        layer = self._layers[index]
+        layer.holds -= 1
+        if pass_name == "backward" and layer.grads is not None:
+            for name, p in layer.plan.params:
+                grad = p.grad
+                if grad is None:
+                    continue
+                buffer = layer.grads[name]
+                if grad.data_ptr() != buffer.data_ptr():
+                    buffer.add_(grad)  # converts to the engine's gradient dtype
+                    self.gradient_copies += 1
+                p.grad = buffer if layer.holds > 0 and buffer.dtype == p.dtype else None
+            if layer.holds == 0:
+                layer.grads = None
+        self._engine.release(index, pass_name)
+        if layer.holds == 0 and self._stage == 3:
+            for _, p in layer.plan.params:
+                p.data = self._placeholder(p.dtype)
+            layer.bound = None
+
+    def remove_hooks(self):
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+
+def _numel(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n

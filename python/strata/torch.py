@@ -1,0 +1,213 @@
+"""strata.torch: train a PyTorch nn.Module through the Strata engine with
+DeepSpeed's API.
+
+    import strata.torch as st
+    engine, optimizer, _, scheduler = st.initialize(model=model, model_parameters=model.parameters(),
+                                                    config="ds.json")
+    for x, y in loader:
+        loss = loss_fn(engine(x), y)
+        engine.backward(loss)
+        engine.step()            # a no-op off the gradient accumulation boundary
+
+The engine owns every parameter, gradient and optimizer byte (ZeRO stages
+0-3, optimizer state and stage-3 parameters on the device, in pinned host
+memory or on NVMe, as the config says); the module's parameters are bound
+to its memory unit by unit while torch runs them (strata/_torch_engine.py,
+Note [Hooks per unit]). This build: the cpu device, one process (world
+size 1). See docs/python.md, "Training a PyTorch model".
+
+(This module is strata.torch; inside the strata package `import torch` is
+PyTorch, as imports are absolute.)
+"""
+
+import copy
+import json
+import os
+
+import torch
+
+from . import config as strata_config
+from ._torch_engine import ENGINE_TAKES_STEP_LR, StrataEngine
+from ._torch_optimizer import StrataOptimizer, optimizer_section_from_client
+from ._torch_units import plan_layers, split_into_units
+from .engine import Engine
+from .errors import Unsupported
+
+__all__ = ["initialize", "StrataEngine", "StrataOptimizer", "split_into_units", "ENGINE_TAKES_STEP_LR"]
+
+_PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None, lr_scheduler=None,
+               mpu=None, dist_init_required=None, collate_fn=None, config=None, config_params=None, units="auto",
+               device_memory=0):
+    """deepspeed.initialize's signature and 4-tuple: (engine, optimizer,
+    dataloader or None, lr_scheduler or None).
+
+    config (or config_params, or args.deepspeed_config): the JSON file or
+    dict `strata train` takes, checked strictly. optimizer: None (the
+    config's "optimizer" section), or a client torch.optim.AdamW / Adam /
+    Adagrad or strata.optim.CPUAdam / CPUAdagrad / CPULion, whose
+    hyper-parameters and param_groups the engine takes. model_parameters:
+    the parameters or param groups to train (default: every parameter that
+    requires grad); a group's weight_decay and lr become its tensors'.
+    lr_scheduler: a scheduler on the returned (or client) optimizer, or a
+    callable taking the optimizer. units: "auto", module classes, or a
+    callable (name, module) -> bool (strata/_torch_units.py)."""
+    if model is None or not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
+    if mpu is not None:
+        raise Unsupported("mpu (model parallelism) is not supported: strata.torch is data-parallel ZeRO only")
+    config = _config_argument(args, config, config_params)
+    for name, p in model.named_parameters():
+        if p.device.type != "cpu":
+            raise Unsupported(f"parameter '{name}' is on {p.device}: this build trains on the cpu device; build "
+                              f"the model on the CPU (the engine places the state as the config says)")
+    raw = _raw_config(config)
+    engine_config = config
+    if optimizer is not None:
+        if raw.get("optimizer") is not None:
+            raise ValueError(f"both a client optimizer ({type(optimizer).__name__}) and the config's \"optimizer\" "
+                             f"section are given: drop one of them")
+        raw["optimizer"] = optimizer_section_from_client(optimizer)
+        engine_config = raw
+    resolved = strata_config.load(engine_config)  # strict: InvalidArgument naming every bad key
+    # Hugging Face's "auto" placeholders (in the aio and strata sections "auto" is a value of their own).
+    autos = [k for k in _auto_keys(raw) if not k.startswith(("aio.", "strata."))]
+    if autos:
+        raise Unsupported(f"the config leaves {', '.join(autos)} \"auto\": strata.torch does not resolve Hugging "
+                          f"Face's \"auto\" values yet; give numbers (a client optimizer gives the optimizer's)")
+    if lr_scheduler is not None and resolved["scheduler"]["type"] != "none":
+        raise ValueError(f"both a client lr_scheduler ({type(lr_scheduler).__name__}) and the config's "
+                         f"\"scheduler\" section are given: drop one of them")
+
+    defaults = _optimizer_defaults(resolved)
+    groups, shared = _param_groups(model, optimizer, model_parameters, defaults)
+    facade = StrataOptimizer(groups, defaults, engine=None, shared_groups=shared)
+    _check_group_hypers(facade, defaults)
+    # (Before the engine exists: a refusal leaves the model as it was.)
+    scheduler = lr_scheduler
+    if scheduler is not None and not hasattr(scheduler, "step") and callable(scheduler):
+        scheduler = scheduler(facade)  # DeepSpeed's form: a callable taking the optimizer
+    if scheduler is not None and not ENGINE_TAKES_STEP_LR:
+        raise Unsupported(f"lr_scheduler {type(scheduler).__name__}: this engine build takes the lr from the config "
+                          f"(optimizer.params.lr or a DeepSpeed \"scheduler\" section), not from the optimizer's "
+                          f"param_groups at each step; use a \"scheduler\" section")
+    hyper = {}
+    for group, (decay, lr0) in zip(facade.param_groups, facade._created):
+        for p in group["params"]:
+            hyper[p] = (float(decay), float(lr0) / facade.base_lr)
+
+    layer_dtype = _layer_dtype_rule(resolved)
+    units_found = split_into_units(model, units)
+    plans, _ = plan_layers(model, units_found, layer_dtype)
+    layers = [(plan.name, plan.specs(lambda p: hyper[p])) for plan in plans]
+    native = Engine(engine_config, layers, device_memory=device_memory)
+    # Initial values unit by unit, then the module's own copy dropped: its
+    # parameters are bound to the engine's memory when their unit runs.
+    for plan in plans:
+        native.put_initial_layer(plan.index, [p.detach() for _, p in plan.params])
+        for _, p in plan.params:
+            p.data = torch.empty(0, dtype=plan.dtype)
+
+    engine = StrataEngine(model, units_found, plans, native, facade, scheduler, resolved)
+    facade._engine = engine
+    loader = None
+    if training_data is not None:
+        loader = torch.utils.data.DataLoader(training_data, batch_size=resolved["train_micro_batch_size_per_gpu"],
+                                             collate_fn=collate_fn)
+    return engine, facade, loader, scheduler
+
+
+def _config_argument(args, config, config_params):
+    given = [c for c in (config, config_params) if c is not None]
+    if args is not None and getattr(args, "deepspeed_config", None) is not None:
+        given.append(args.deepspeed_config)
+    if len(given) != 1:
+        raise ValueError("give the config once: config=path-or-dict (or config_params, or args.deepspeed_config); "
+                         f"{len(given)} given")
+    return given[0]
+
+
+def _raw_config(config):
+    if isinstance(config, dict):
+        return copy.deepcopy(config)
+    if isinstance(config, (str, os.PathLike)):
+        strata_config.load(config)  # a missing or invalid file: the checker's message, naming it
+        with open(config) as f:
+            return json.load(f)
+    raise TypeError(f"config must be a path or a dict, not {type(config).__name__}")
+
+
+def _auto_keys(value, path=""):
+    """The dotted keys whose value is "auto"."""
+    if value == "auto":
+        return [path]
+    if isinstance(value, dict):
+        return [k for key, v in value.items() for k in _auto_keys(v, f"{path}.{key}" if path else key)]
+    if isinstance(value, list):
+        return [k for i, v in enumerate(value) for k in _auto_keys(v, f"{path}[{i}]")]
+    return []
+
+
+def _optimizer_defaults(resolved):
+    params = resolved["optimizer"]["params"]
+    defaults = {"lr": params["lr"], "weight_decay": params.get("weight_decay", 0.0)}
+    if "betas" in params:
+        defaults["betas"] = tuple(params["betas"])
+    if "eps" in params:
+        defaults["eps"] = params["eps"]
+    return defaults
+
+
+def _param_groups(model, client, model_parameters, defaults):
+    """The groups the facade starts from, and the client's group list to share (or None)."""
+    names = {p: n for n, p in model.named_parameters()}
+    if client is not None:
+        groups, shared = client.param_groups, client.param_groups
+    elif model_parameters is None:
+        groups, shared = [{"params": [p for p in model.parameters() if p.requires_grad]}], None
+    else:
+        listed = list(model_parameters)
+        if listed and isinstance(listed[0], dict):
+            groups = [dict(g) for g in listed]
+        else:
+            groups = [{"params": listed}]
+        shared = None
+    seen = set()
+    for i, g in enumerate(groups):
+        params = list(g["params"]) if not isinstance(g["params"], torch.Tensor) else [g["params"]]
+        for p in params:
+            if p not in names:
+                raise ValueError(f"param group {i} holds a tensor of shape {tuple(p.shape)} that is not a parameter "
+                                 f"of the model")
+            if p in seen:
+                raise ValueError(f"parameter '{names[p]}' is in two param groups")
+            seen.add(p)
+        if shared is None:
+            g["params"] = params
+    for p, name in names.items():
+        if p.requires_grad and p not in seen:
+            raise ValueError(f"parameter '{name}' requires grad but is in no param group: add it to "
+                             f"model_parameters (or the optimizer), or set requires_grad=False to freeze it")
+    return groups, shared
+
+
+def _check_group_hypers(facade, defaults):
+    for i, g in enumerate(facade.param_groups):
+        for key in ("betas", "eps"):
+            if key not in defaults or key not in g:
+                continue
+            value = tuple(g[key]) if key == "betas" else g[key]
+            if value != defaults[key]:
+                raise Unsupported(f"param_groups[{i}]['{key}'] = {g[key]} differs from the optimizer's "
+                                  f"{defaults[key]}: the engine has one {key} for every tensor (per-tensor "
+                                  f"weight_decay and lr only)")
+
+
+def _layer_dtype_rule(resolved):
+    """DeepSpeed casts the module to bf16 / fp16 when the config enables it."""
+    for key, dtype in _PRECISION_DTYPES.items():
+        if resolved[key]["enabled"]:
+            return lambda p, dtype=dtype: dtype
+    return lambda p: p.dtype
