@@ -114,12 +114,12 @@ Status validate_state(OptimizerKind kind, const StateSpans& s) {
     return InvalidArgument(fmt::format("StateSpans.grad_dtype = {} is not supported; use fp32, bf16 or fp16",
                                        dtype_name(s.grad_dtype)));
   }
-  if (s.moment_format == MomentFormat::kBlockInt8) return validate_int8_moments(kind, s);
-  if (s.moment_format != MomentFormat::kDType) {
+  if (s.moment_format == MomentFormat::kBlockInt8) {
+    STRATA_RETURN_IF_ERROR(validate_int8_moments(kind, s));
+  } else if (s.moment_format != MomentFormat::kDType) {
     return InvalidArgument(fmt::format("StateSpans.moment_format = {} is not a MomentFormat",
                                        static_cast<int>(s.moment_format)));
-  }
-  if (s.moment_dtype != DType::kF32 && s.moment_dtype != DType::kBF16) {
+  } else if (s.moment_dtype != DType::kF32 && s.moment_dtype != DType::kBF16) {
     return InvalidArgument(fmt::format("StateSpans.moment_dtype = {} is not supported; use fp32 or bf16",
                                        dtype_name(s.moment_dtype)));
   }

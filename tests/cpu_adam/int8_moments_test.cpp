@@ -390,6 +390,10 @@ TEST(Int8Errors, BadSpansNameTheField) {
   spans = s.spans();
   spans.moment_block_elements = 256;  // does not divide the tiles of 128
   expect_error(opt.step(adamw_args(1), spans).status(), "tile_elements = 128");
+  spans = s.spans();  // the other fields are still checked
+  spans.param_copy = s.copy();
+  spans.param_copy_dtype = DType::kF32;
+  expect_error(opt.step(adamw_args(1), spans).status(), "param_copy_dtype");
   for (OptimizerKind kind : {OptimizerKind::kAdagrad, OptimizerKind::kLion}) {
     CpuOptimizer other = make_optimizer(kind, KernelPath::kAuto, 1, 128);
     spans = s.spans();
