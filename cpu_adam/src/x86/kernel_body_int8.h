@@ -149,7 +149,11 @@ struct Int8Kernels {
                               reinterpret_cast<uintptr_t>(t.param_copy) % (W * 2) == 0;
     const Vec b{t.params, t.grads, static_cast<uint8_t*>(t.exp_avg), static_cast<uint8_t*>(t.exp_avg_sq),
                 t.param_copy, non_temporal};
-    alignas(64) float m_buf[kMaxMomentBlockElements], u_buf[kMaxMomentBlockElements];
+    // One array, the two halves 64 bytes off a multiple of 4 KiB apart, so that
+    // m_buf[j] and u_buf[j] never look alike to the 4K-aliasing check of loads.
+    alignas(64) float buffers[2 * kMaxMomentBlockElements + 16];
+    float* const m_buf = buffers;
+    float* const u_buf = buffers + kMaxMomentBlockElements + 16;
     const size_t ahead = P != Pass::kUpdate && !f.probe_prefetch ? 0 : prefetch_elements();
     const size_t block = t.block_elements;
     for (size_t begin = 0, index = 0; begin < t.count; begin += block, ++index) {
