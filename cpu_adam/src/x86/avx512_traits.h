@@ -96,6 +96,15 @@ struct Avx512 {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(x));
   }
   static uint32_t hmax_u32(VI x) { return _mm512_reduce_max_epu32(x); }
+  // q < 2^M ? q * 2^(-14-M) : normal, as one masked permute of a table of
+  // the 16 values i * 2^(-14-M) (exact, like the reference's multiply).
+  template <class Code>
+  static V decode_subnormal(VI q, V normal) {
+    const V table = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13,
+                                                                       14, 15)),
+                                  _mm512_set1_ps(Code::kSubnormalUnit));
+    return _mm512_mask_permutexvar_ps(normal, _mm512_cmplt_epu32_mask(q, _mm512_set1_epi32(1 << Code::M)), q, table);
+  }
   using R8 = __m128i;  // 16 x 8 bits
   static R8 load_raw8(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
   static void store_raw8(void* p, R8 x) { _mm_storeu_si128(static_cast<__m128i*>(p), x); }

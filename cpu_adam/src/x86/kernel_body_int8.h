@@ -15,7 +15,8 @@
 // as_float, and_i, or_i, add_i, sub_i, srli<S>, slli<S>, min_u32, max_u32,
 // select_lt (a < bound, signed), cvt_i32, load_u8 / store_u8 (one byte per
 // lane, zero-extended / truncated), hmax_u32, load_scale / store_scale; for
-// the streaming probe R8 with load_raw8 / store_raw8.
+// the streaming probe R8 with load_raw8 / store_raw8. Optional:
+// decode_subnormal<Code>(q, normal) (q < 2^M ? q * 2^(-14-M) : normal).
 #include <algorithm>
 #include <bit>
 
@@ -39,9 +40,11 @@ struct Int8Kernels {
     const VI a = I::and_i(I::as_int(r), I::set1i(0x7fffffffu));
     const V sum = I::add(I::as_float(a), I::set1(Code::kSubnormalMagic));
     const VI q_sub = I::sub_i(I::as_int(sum), I::set1i(std::bit_cast<uint32_t>(Code::kSubnormalMagic)));
+    // ((a + half + lsb) >> s) - (112 << M) with the rebias folded into the
+    // add: exact wherever a >= 2^-14 (the lanes this path is selected for).
     const VI lsb = I::and_i(I::template srli<23 - M>(a), I::set1i(1));
-    const VI q_normal = I::sub_i(
-        I::template srli<23 - M>(I::add_i(I::add_i(a, I::set1i(Code::kRoundHalf)), lsb)), I::set1i(Code::kRebias));
+    constexpr uint32_t kRoundHalfRebiased = Code::kRoundHalf - (Code::kRebias << (23 - M));
+    const VI q_normal = I::template srli<23 - M>(I::add_i(I::add_i(a, I::set1i(kRoundHalfRebiased)), lsb));
     const VI q = I::select_lt(a, I::set1i(Code::kNormalMinBits), q_sub, q_normal);
     return I::min_u32(q, I::set1i(Code::kMaxCode));
   }
@@ -49,12 +52,16 @@ struct Int8Kernels {
   static V decode(VI q) {
     constexpr int M = Code::M;
     const VI normal = I::template slli<23 - M>(I::add_i(q, I::set1i(Code::kRebias)));
-    const VI subnormal = I::as_int(I::mul(I::cvt_i32(q), I::set1(Code::kSubnormalUnit)));
-    return I::as_float(I::select_lt(q, I::set1i(1u << M), subnormal, normal));
+    if constexpr (requires { I::template decode_subnormal<Code>(q, I::as_float(normal)); }) {
+      return I::template decode_subnormal<Code>(q, I::as_float(normal));  // a 16-entry table lookup
+    } else {
+      const VI subnormal = I::as_int(I::mul(I::cvt_i32(q), I::set1(Code::kSubnormalUnit)));
+      return I::as_float(I::select_lt(q, I::set1i(1u << M), subnormal, normal));
+    }
   }
   static V decode_m(VI code, V scale) {
     const V magnitude = decode<ExpAvgCode>(I::and_i(code, I::set1i(0x7f)));
-    const VI sign = I::template slli<24>(I::and_i(code, I::set1i(0x80)));
+    const VI sign = I::and_i(I::template slli<24>(code), I::set1i(0x80000000u));  // and + or: one vpternlogd
     return I::mul(I::as_float(I::or_i(I::as_int(magnitude), sign)), scale);
   }
   static VI encode_m(V m, V inv) {
