@@ -78,7 +78,7 @@ struct Int8Kernels {
     void* param_copy;
     bool copy_non_temporal;
   };
-  // Per block: old scales (broadcast), 1 / scale (probe), running maxima.
+  // Per block: old scales (broadcast), 1 / scale (conversion probe only), running maxima.
   struct BlockState {
     V m_scale, u_scale, m_inv, u_inv;
     VI m_max, u_max;
@@ -169,7 +169,10 @@ struct Int8Kernels {
       float* u_scale = t.exp_avg_sq_scale + index;
       const float m_old = I::load_scale(m_scale), u_old = I::load_scale(u_scale);
       BlockState s{};
-      if constexpr (P != Pass::kStream) {
+      if constexpr (P == Pass::kUpdate) {
+        s = BlockState{I::set1(m_old), I::set1(u_old), I::set1(0.0f), I::set1(0.0f), I::set1i(0), I::set1i(0),
+                       m_buf, u_buf};
+      } else if constexpr (P == Pass::kProbe) {  // encodes with the old scales
         s = BlockState{I::set1(m_old), I::set1(u_old), I::set1(inverse_scale(m_old)), I::set1(inverse_scale(u_old)),
                        I::set1i(0), I::set1i(0), m_buf, u_buf};
       }
