@@ -6,7 +6,9 @@
 // here convert whole spans between fp32 moments and the 8-bit form (loading
 // an fp32 checkpoint into an int8 run and back).
 //
-// Exact: codes -> fp32 -> codes gives the same codes and scales.
+// Exact: codes -> fp32 -> codes gives the same codes and scales (for codes
+// as the step and quantize_moments write them: every block holds its
+// maximum as the code of 1.0).
 // Rounded: fp32 -> codes -> fp32 (relative error <= 2^-4 for exp_avg and
 // <= 2^-5 on sqrt(exp_avg_sq) for values >= 2^-14 of their block's
 // largest; smaller values are rounded to a multiple of 2^-17 (exp_avg) or
