@@ -2,7 +2,8 @@
 // with the same access pattern, interleaved in one run.
 //
 //   strata bench cpu-adam [--params 64M] [--threads N] [--grad-dtype fp32|bf16|fp16]
-//                         [--param-copy none|bf16|fp16] [--moment-dtype fp32|bf16]
+//                         [--param-copy none|bf16|fp16] [--moment-dtype fp32|bf16|int8]
+//                         [--moment-block 256]
 //                         [--kernel adam|adamw|adagrad|lion] [--path auto|scalar|avx2|avx512|avx512_bf16]
 //                         [--overflow-check assume-finite|scan] [--reps 10] [--json]
 //
@@ -42,6 +43,7 @@ struct BenchOptions {
   int threads = 0;
   std::string grad_dtype = "fp32";
   std::string moment_dtype = "fp32";
+  size_t moment_block = kDefaultMomentBlockElements;  // with --moment-dtype int8
   std::string param_copy = "none";
   std::string kernel = "adamw";
   std::string path = "auto";
@@ -83,9 +85,13 @@ Status run_bench(const BenchOptions& o) {
   const KernelPath path = *path_or;
   auto grad_dtype = parse_dtype(o.grad_dtype);
   if (!grad_dtype.ok()) return grad_dtype.status().with_context("--grad-dtype");
-  auto moment_dtype = parse_dtype(o.moment_dtype);
+  // int8: block-wise 8-bit moments (MomentFormat::kBlockInt8); moment_dtype is then unused.
+  const bool int8 = o.moment_dtype == "int8";
+  auto moment_dtype = int8 ? Result<DType>(DType::kF32) : parse_dtype(o.moment_dtype);
   if (!moment_dtype.ok()) return moment_dtype.status().with_context("--moment-dtype");
-  if (*moment_dtype == DType::kF16) return InvalidArgument("--moment-dtype fp16 is not supported; use fp32 or bf16");
+  if (*moment_dtype == DType::kF16)
+    return InvalidArgument("--moment-dtype fp16 is not supported; use fp32, bf16 or int8");
+  if (int8) STRATA_RETURN_IF_ERROR(validate_moment_block_elements(o.moment_block, "--moment-block"));
   bool copy = o.param_copy != "none";
   DType copy_dtype = DType::kBF16;
   if (copy) {
@@ -101,12 +107,17 @@ Status run_bench(const BenchOptions& o) {
 
   STRATA_ASSIGN_OR_RETURN(CpuOptimizer opt, CpuOptimizer::create({.kind = kind, .threads = o.threads, .path = path}));
 
-  const size_t gsize = dtype_size(*grad_dtype), msize = dtype_size(*moment_dtype);
+  const size_t gsize = dtype_size(*grad_dtype), msize = int8 ? 1 : dtype_size(*moment_dtype);
+  const size_t blocks = int8 ? moment_block_count(count, o.moment_block) : 1;
   STRATA_ASSIGN_OR_RETURN(Buffer params, allocate(count * 4, "params"));
   STRATA_ASSIGN_OR_RETURN(Buffer grads, allocate(count * gsize, "grads"));
   STRATA_ASSIGN_OR_RETURN(Buffer m, allocate(count * msize, "exp_avg"));
   STRATA_ASSIGN_OR_RETURN(Buffer v, allocate(count * msize, "exp_avg_sq"));
   STRATA_ASSIGN_OR_RETURN(Buffer copy_buf, allocate(count * 2, "param copy"));
+  STRATA_ASSIGN_OR_RETURN(Buffer m_scale, allocate(blocks * 4, "exp_avg scales"));
+  STRATA_ASSIGN_OR_RETURN(Buffer v_scale, allocate(blocks * 4, "exp_avg_sq scales"));
+  std::memset(m_scale.get(), 0, blocks * 4);
+  std::memset(v_scale.get(), 0, blocks * 4);
   // Touch every page with realistic values: params in [-1, 1), grads ~1e-3.
   uint32_t seed = 12345;
   auto* p = reinterpret_cast<float*>(params.get());
@@ -126,7 +137,15 @@ Status run_bench(const BenchOptions& o) {
   StateSpans s{.count = count, .params = p, .grads = grads.get(), .grad_dtype = *grad_dtype,
                .exp_avg = m.get(), .exp_avg_sq = v.get(), .moment_dtype = *moment_dtype,
                .param_copy = copy ? copy_buf.get() : nullptr, .param_copy_dtype = copy_dtype};
-  const size_t bpe = CpuOptimizer::bytes_per_element(kind, s);
+  if (int8) {
+    s.moment_format = MomentFormat::kBlockInt8;
+    s.exp_avg_scale = reinterpret_cast<float*>(m_scale.get());
+    s.exp_avg_sq_scale = reinterpret_cast<float*>(v_scale.get());
+    s.moment_block_elements = o.moment_block;
+  }
+  // Per parameter, with the scales of 8-bit moments spread over their blocks.
+  const double bytes = static_cast<double>(CpuOptimizer::bytes_per_step(kind, s));
+  const double bpe = bytes / static_cast<double>(count);
   int64_t step = 0;
   auto time_step = [&]() -> Result<double> {
     StepArgs a;
@@ -163,7 +182,6 @@ Status run_bench(const BenchOptions& o) {
   const double t_step = median(times[0]);
   const double t_stream_plain = median(times[1]), t_stream_prefetch = median(times[2]);
   const double t_conv_plain = median(times[3]), t_conv_prefetch = median(times[4]);
-  const double bytes = static_cast<double>(count) * static_cast<double>(bpe);
   const double params_per_s = static_cast<double>(count) / t_step;
   const double bytes_per_s = bytes / t_step;
   const double ceiling = bytes / std::min(t_stream_plain, t_stream_prefetch);
@@ -178,6 +196,8 @@ Status run_bench(const BenchOptions& o) {
     j["params_per_second"] = params_per_s;
     j["bytes_per_second"] = bytes_per_s;
     j["bytes_per_param"] = bpe;
+    j["moment_dtype"] = int8 ? std::string("int8") : std::string(dtype_name(*moment_dtype));
+    if (int8) j["moment_block_elements"] = o.moment_block;
     j["ceiling_bytes_per_second"] = ceiling;  // streaming probe (no arithmetic)
     j["ratio"] = ratio;
     j["stream_probe_plain_bytes_per_second"] = bytes / t_stream_plain;
@@ -187,12 +207,14 @@ Status run_bench(const BenchOptions& o) {
     fmt::print("{}\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
     return Status::Ok();
   }
+  const std::string moments =
+      int8 ? fmt::format("int8 (blocks of {})", o.moment_block) : std::string(dtype_name(*moment_dtype));
   fmt::print("cpu-adam {}: {} params, grads {}, moments {}, param copy {}, overflow check {}\n",
-             optimizer_kind_name(kind), format_count(count), dtype_name(*grad_dtype), dtype_name(*moment_dtype),
-             o.param_copy, o.overflow_check);
+             optimizer_kind_name(kind), format_count(count), dtype_name(*grad_dtype), moments, o.param_copy,
+             o.overflow_check);
   fmt::print("  path {} ({}), {} thread(s), tiles of {} elements\n", kernel_path_name(opt.path()), opt.path_reason(),
              opt.threads(), opt.tile_elements());
-  fmt::print("  access pattern: {} bytes per parameter (both probes move the same bytes)\n", bpe);
+  fmt::print("  access pattern: {:.4g} bytes per parameter (both probes move the same bytes)\n", bpe);
   fmt::print("  optimizer: {:.3f} Gparam/s  {:.2f} GB/s   (median of {}, {:.1f} ms per step)\n", params_per_s / 1e9,
              bytes_per_s / 1e9, o.reps, t_step * 1e3);
   fmt::print("  ceiling:   {:.2f} GB/s streaming probe: the same bytes, no arithmetic (plain loop {:.2f} GB/s, "
@@ -213,7 +235,10 @@ CommandRegistration bench_cpu_adam("bench cpu-adam", [](CLI::App& root) {
       ->capture_default_str()
       ->check(CLI::Range(0, 4096));
   cmd->add_option("--grad-dtype", o->grad_dtype, "fp32 | bf16 | fp16")->capture_default_str();
-  cmd->add_option("--moment-dtype", o->moment_dtype, "fp32 | bf16")->capture_default_str();
+  cmd->add_option("--moment-dtype", o->moment_dtype, "fp32 | bf16 | int8 (block-wise 8-bit, adam/adamw)")
+      ->capture_default_str();
+  cmd->add_option("--moment-block", o->moment_block, "Elements per scale with --moment-dtype int8")
+      ->capture_default_str();
   cmd->add_option("--param-copy", o->param_copy, "none | bf16 | fp16: 16-bit param copy written in the same pass")
       ->capture_default_str();
   cmd->add_option("--kernel", o->kernel, "adam | adamw | adagrad | lion")->capture_default_str();

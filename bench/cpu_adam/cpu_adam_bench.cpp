@@ -34,6 +34,7 @@ struct Mix {
   DType grad;
   DType moment;
   bool copy;
+  bool int8 = false;  // block-wise 8-bit moments (blocks of kDefaultMomentBlockElements); moment unused
 };
 
 struct State {
@@ -45,17 +46,25 @@ struct State {
       else if (mix.grad == DType::kBF16) reinterpret_cast<uint16_t*>(grads.data())[i] = fp32_to_bf16_bits(1e-3f);
       else reinterpret_cast<uint16_t*>(grads.data())[i] = fp32_to_fp16_bits(1e-3f);
     }
-    m.assign(kCount * dtype_size(mix.moment), 0);
-    v.assign(kCount * dtype_size(mix.moment), 0);
+    m.assign(kCount * (mix.int8 ? 1 : dtype_size(mix.moment)), 0);
+    v.assign(kCount * (mix.int8 ? 1 : dtype_size(mix.moment)), 0);
     copy.assign(kCount * 2, 0);
+    m_scales.assign(moment_block_count(kCount, kDefaultMomentBlockElements), 0.0f);
+    v_scales.assign(m_scales.size(), 0.0f);
   }
   StateSpans spans() {
-    return StateSpans{.count = kCount, .params = params.data(), .grads = grads.data(), .grad_dtype = mix.grad,
-                      .exp_avg = m.data(), .exp_avg_sq = v.data(), .moment_dtype = mix.moment,
-                      .param_copy = mix.copy ? copy.data() : nullptr, .param_copy_dtype = DType::kBF16};
+    StateSpans s{.count = kCount, .params = params.data(), .grads = grads.data(), .grad_dtype = mix.grad,
+                 .exp_avg = m.data(), .exp_avg_sq = v.data(), .moment_dtype = mix.moment,
+                 .param_copy = mix.copy ? copy.data() : nullptr, .param_copy_dtype = DType::kBF16};
+    if (mix.int8) {
+      s.moment_format = MomentFormat::kBlockInt8;
+      s.exp_avg_scale = m_scales.data();
+      s.exp_avg_sq_scale = v_scales.data();
+    }
+    return s;
   }
   Mix mix;
-  std::vector<float> params;
+  std::vector<float> params, m_scales, v_scales;
   std::vector<uint8_t> grads, m, v, copy;
 };
 
@@ -83,7 +92,7 @@ void run(benchmark::State& bm, KernelPath path, Mix mix, bool probe) {
     }
     benchmark::ClobberMemory();
   }
-  const double bytes = static_cast<double>(CpuOptimizer::bytes_per_element(mix.kind, spans)) * kCount;
+  const double bytes = static_cast<double>(CpuOptimizer::bytes_per_step(mix.kind, spans));
   bm.SetBytesProcessed(static_cast<int64_t>(bytes) * bm.iterations());
   bm.counters["params/s"] = benchmark::Counter(static_cast<double>(kCount) * bm.iterations(), benchmark::Counter::kIsRate);
 }
@@ -108,6 +117,8 @@ int register_all() {
       {OptimizerKind::kAdamW, DType::kBF16, DType::kF32, true},
       {OptimizerKind::kAdamW, DType::kF16, DType::kF32, true},
       {OptimizerKind::kAdamW, DType::kBF16, DType::kBF16, true},
+      {OptimizerKind::kAdamW, DType::kF32, DType::kF32, false, true},
+      {OptimizerKind::kAdamW, DType::kBF16, DType::kF32, true, true},
       {OptimizerKind::kAdagrad, DType::kF32, DType::kF32, false},
       {OptimizerKind::kLion, DType::kBF16, DType::kF32, true},
   };
@@ -115,7 +126,7 @@ int register_all() {
     for (const Mix& mix : mixes) {
       const std::string name = fmt::format("{}/{}/g_{}/m_{}/copy_{}", kernel_path_name(path),
                                            optimizer_kind_name(mix.kind), dtype_name(mix.grad),
-                                           dtype_name(mix.moment), mix.copy ? "bf16" : "none");
+                                           mix.int8 ? "int8" : dtype_name(mix.moment), mix.copy ? "bf16" : "none");
       benchmark::RegisterBenchmark((name + "/step").c_str(), run, path, mix, false)->Unit(benchmark::kMillisecond)->UseRealTime();
       benchmark::RegisterBenchmark((name + "/ceiling").c_str(), run, path, mix, true)->Unit(benchmark::kMillisecond)->UseRealTime();
     }

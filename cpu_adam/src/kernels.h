@@ -48,6 +48,12 @@ struct TileSpans {
   DType moment_dtype = DType::kF32;
   void* param_copy = nullptr;
   CopyType copy_type = CopyType::kNone;
+  // 8-bit moments (Note [Block-wise 8-bit moments]) when block_elements != 0:
+  // exp_avg / exp_avg_sq are uint8 codes, the scales one per block, the
+  // tile starting on a block boundary.
+  size_t block_elements = 0;
+  float* exp_avg_scale = nullptr;
+  float* exp_avg_sq_scale = nullptr;
 };
 
 struct KernelTable {

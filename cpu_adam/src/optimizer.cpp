@@ -88,6 +88,21 @@ Status check_span(const void* ptr, std::string_view field, std::string_view kind
                                      "state (count = 0 for an empty step)", field, kind, count));
 }
 
+// The rest of validate_state for MomentFormat::kBlockInt8 (spans already checked).
+Status validate_int8_moments(OptimizerKind kind, const StateSpans& s) {
+  if (kind != OptimizerKind::kAdam && kind != OptimizerKind::kAdamW) {
+    return InvalidArgument(fmt::format("StateSpans.moment_format = kBlockInt8 is implemented for adam and adamw, not "
+                                   "{}; use MomentFormat::kDType (fp32 or bf16 moments) for {}",
+                                   optimizer_kind_name(kind), optimizer_kind_name(kind)));
+  }
+  STRATA_RETURN_IF_ERROR(validate_moment_block_elements(s.moment_block_elements, "StateSpans.moment_block_elements"));
+  const std::string_view name = optimizer_kind_name(kind);
+  const size_t blocks = moment_block_count(s.count, s.moment_block_elements);
+  STRATA_RETURN_IF_ERROR(check_span(s.exp_avg_scale, "exp_avg_scale", name, blocks));
+  STRATA_RETURN_IF_ERROR(check_span(s.exp_avg_sq_scale, "exp_avg_sq_scale", name, blocks));
+  return Status::Ok();
+}
+
 Status validate_state(OptimizerKind kind, const StateSpans& s) {
   if (s.count == 0) return Status::Ok();
   const std::string_view name = optimizer_kind_name(kind);
@@ -99,7 +114,12 @@ Status validate_state(OptimizerKind kind, const StateSpans& s) {
     return InvalidArgument(fmt::format("StateSpans.grad_dtype = {} is not supported; use fp32, bf16 or fp16",
                                        dtype_name(s.grad_dtype)));
   }
-  if (s.moment_dtype != DType::kF32 && s.moment_dtype != DType::kBF16) {
+  if (s.moment_format == MomentFormat::kBlockInt8) {
+    STRATA_RETURN_IF_ERROR(validate_int8_moments(kind, s));
+  } else if (s.moment_format != MomentFormat::kDType) {
+    return InvalidArgument(fmt::format("StateSpans.moment_format = {} is not a MomentFormat",
+                                       static_cast<int>(s.moment_format)));
+  } else if (s.moment_dtype != DType::kF32 && s.moment_dtype != DType::kBF16) {
     return InvalidArgument(fmt::format("StateSpans.moment_dtype = {} is not supported; use fp32 or bf16",
                                        dtype_name(s.moment_dtype)));
   }
@@ -198,7 +218,13 @@ TileSpans tile_of(const StateSpans& s, size_t begin, size_t count) {
   t.grads = static_cast<const char*>(s.grads) + begin * dtype_size(s.grad_dtype);
   t.grad_dtype = s.grad_dtype;
   t.moment_dtype = s.moment_dtype;
-  const size_t moment_bytes = dtype_size(s.moment_dtype);
+  const bool int8 = s.moment_format == MomentFormat::kBlockInt8;
+  const size_t moment_bytes = int8 ? 1 : dtype_size(s.moment_dtype);
+  if (int8) {  // begin is a multiple of the block (check_int8_tiles)
+    t.block_elements = s.moment_block_elements;
+    t.exp_avg_scale = s.exp_avg_scale + begin / s.moment_block_elements;
+    t.exp_avg_sq_scale = s.exp_avg_sq_scale + begin / s.moment_block_elements;
+  }
   if (s.exp_avg != nullptr) t.exp_avg = static_cast<char*>(s.exp_avg) + begin * moment_bytes;
   if (s.exp_avg_sq != nullptr) t.exp_avg_sq = static_cast<char*>(s.exp_avg_sq) + begin * moment_bytes;
   if (s.param_copy != nullptr) {
@@ -206,6 +232,15 @@ TileSpans tile_of(const StateSpans& s, size_t begin, size_t count) {
     t.copy_type = s.param_copy_dtype == DType::kBF16 ? CopyType::kBF16 : CopyType::kF16;
   }
   return t;
+}
+
+// Blocks must not straddle tiles: every tile then starts on a block boundary.
+Status check_int8_tiles(const StateSpans& s, size_t tile_elements) {
+  if (s.moment_format != MomentFormat::kBlockInt8 || tile_elements % s.moment_block_elements == 0)
+    return Status::Ok();
+  return InvalidArgument(fmt::format("StateSpans.moment_block_elements = {} does not divide "
+                                     "OptimizerOptions.tile_elements = {}; blocks must not straddle tiles",
+                                     s.moment_block_elements, tile_elements));
 }
 
 }  // namespace
@@ -245,11 +280,21 @@ int CpuOptimizer::threads() const { return impl_->options.threads; }
 size_t CpuOptimizer::tile_elements() const { return impl_->options.tile_elements; }
 
 size_t CpuOptimizer::bytes_per_element(OptimizerKind kind, const StateSpans& s) {
-  const size_t moment = dtype_size(s.moment_dtype);
+  const size_t moment = s.moment_format == MomentFormat::kBlockInt8 ? 1 : dtype_size(s.moment_dtype);
   size_t bytes = 4 + 4 + dtype_size(s.grad_dtype);  // params read + write, grads read
   if (detail::uses_exp_avg(kind)) bytes += 2 * moment;
   if (detail::uses_exp_avg_sq(kind)) bytes += 2 * moment;
   if (s.param_copy != nullptr) bytes += 2;
+  return bytes;
+}
+
+uint64_t CpuOptimizer::bytes_per_step(OptimizerKind kind, const StateSpans& s) {
+  uint64_t bytes = static_cast<uint64_t>(bytes_per_element(kind, s)) * s.count;
+  if (s.moment_format == MomentFormat::kBlockInt8) {
+    const uint64_t blocks = moment_block_count(s.count, s.moment_block_elements);
+    if (detail::uses_exp_avg(kind)) bytes += 2 * 4 * blocks;  // each scale read and written
+    if (detail::uses_exp_avg_sq(kind)) bytes += 2 * 4 * blocks;
+  }
   return bytes;
 }
 
@@ -281,6 +326,7 @@ Result<StepReport> CpuOptimizer::step(const StepArgs& args, const StateSpans& st
   const OptimizerKind kind = impl_->options.kind;
   STRATA_RETURN_IF_ERROR(validate_args(kind, args));
   STRATA_RETURN_IF_ERROR(validate_state(kind, state));
+  STRATA_RETURN_IF_ERROR(check_int8_tiles(state, impl_->options.tile_elements));
   StepReport report;
   if (state.count == 0) return report;
   if (args.overflow_check == OverflowCheck::kScanFirst) {
@@ -307,6 +353,7 @@ Result<StepReport> CpuOptimizer::step(const StepArgs& args, const StateSpans& st
 Status CpuOptimizer::stream_probe(const StateSpans& state, bool software_prefetch, ProbeKind probe) {
   const OptimizerKind kind = impl_->options.kind;
   STRATA_RETURN_IF_ERROR(validate_state(kind, state));
+  STRATA_RETURN_IF_ERROR(check_int8_tiles(state, impl_->options.tile_elements));
   if (state.count == 0) return Status::Ok();
   StepFactors factors;
   factors.kind = kind;

@@ -33,10 +33,14 @@
 // moments and the copy are rounded to bf16/fp16 with round-to-nearest-even
 // (AVX512-BF16's vcvtneps2bf16 additionally flushes bf16 subnormals to zero).
 #include <cmath>
+#include <algorithm>
+#include <bit>
 #include <cstring>
 #include <type_traits>
 
+#include "int8_format.h"
 #include "kernels.h"
+#include "strata/cpu_adam/int8_moments.h"
 
 namespace strata::cpu_adam::detail {
 namespace {
@@ -61,6 +65,13 @@ template <CopyType C>
 void store_copy(void* base, size_t i, float p) {
   if constexpr (C == CopyType::kBF16) static_cast<uint16_t*>(base)[i] = fp32_to_bf16_bits(p);
   if constexpr (C == CopyType::kF16) static_cast<uint16_t*>(base)[i] = fp32_to_fp16_bits(p);
+}
+
+// Reads and writes back one element (streaming probes).
+template <typename T>
+void stream_in_place(void* base, size_t i) {
+  volatile T* p = static_cast<T*>(base) + i;
+  *p = *p;
 }
 
 float sign(float x) { return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : 0.0f); }
@@ -116,6 +127,95 @@ void lion_update(const StepFactors& f, const TileSpans& t) {
   }
 }
 
+// Adam/AdamW with 8-bit moments (Note [Block-wise 8-bit moments],
+// int8_moments.cpp): per block, decode with the old scales, the update of
+// Note [Update formulas] with u = sqrt(v) kept, then the new scales (block
+// maxima) and the codes. Same floats as dequantize -> fp32 step -> quantize.
+template <DType G, CopyType C>
+void adam_update_int8(const StepFactors& f, const TileSpans& t) {
+  auto* m_codes = static_cast<uint8_t*>(t.exp_avg);
+  auto* v_codes = static_cast<uint8_t*>(t.exp_avg_sq);
+  float m_new[kMaxMomentBlockElements], u_new[kMaxMomentBlockElements];
+  for (size_t begin = 0, block = 0; begin < t.count; begin += t.block_elements, ++block) {
+    const size_t n = std::min(t.block_elements, t.count - begin);
+    const float m_scale = t.exp_avg_scale[block], u_scale = t.exp_avg_sq_scale[block];
+    uint32_t m_max = 0, u_max = 0;
+    for (size_t j = 0; j < n; ++j) {
+      const size_t i = begin + j;
+      float p = t.params[i];
+      float g = load<G>(t.grads, i) * f.grad_multiplier;
+      float m = decode_exp_avg(m_codes[i], m_scale);
+      const float u_old = decode_exp_avg_sq_root(v_codes[i], u_scale);
+      float v = u_old * u_old;
+      if (f.l2_decay) g = std::fma(f.weight_decay, p, g);
+      m = std::fma(f.one_minus_beta1, g - m, m);
+      v = std::fma(f.one_minus_beta2 * g, g, v * f.beta2);
+      const float u = std::sqrt(v);
+      const float denom = std::fma(u, f.inv_bias_correction2_sqrt, f.eps);
+      if (f.decoupled_decay) p = p * f.decay_factor;
+      p = std::fma(f.neg_step_size, m / denom, p);
+      t.params[i] = p;
+      store_copy<C>(t.param_copy, i, p);
+      m_new[j] = m;
+      u_new[j] = u;
+      m_max = std::max(m_max, abs_bits(m));
+      u_max = std::max(u_max, abs_bits(u));
+    }
+    const float m_scale_new = std::bit_cast<float>(m_max), u_scale_new = std::bit_cast<float>(u_max);
+    const float m_inv = inverse_scale(m_scale_new), u_inv = inverse_scale(u_scale_new);
+    for (size_t j = 0; j < n; ++j) {
+      m_codes[begin + j] = encode_exp_avg(m_new[j], m_inv);
+      v_codes[begin + j] = encode_exp_avg_sq_root(u_new[j], u_inv);
+    }
+    t.exp_avg_scale[block] = m_scale_new;
+    t.exp_avg_sq_scale[block] = u_scale_new;
+  }
+}
+
+// The conversion probe for 8-bit moments: decode with the block's scale,
+// one add, encode with the same scale; scales read and written back.
+template <DType G, CopyType C>
+void probe_int8(const StepFactors&, const TileSpans& t) {
+  auto* m_codes = static_cast<uint8_t*>(t.exp_avg);
+  auto* v_codes = static_cast<uint8_t*>(t.exp_avg_sq);
+  for (size_t begin = 0, block = 0; begin < t.count; begin += t.block_elements, ++block) {
+    const size_t n = std::min(t.block_elements, t.count - begin);
+    const float m_scale = t.exp_avg_scale[block], u_scale = t.exp_avg_sq_scale[block];
+    const float m_inv = inverse_scale(m_scale), u_inv = inverse_scale(u_scale);
+    for (size_t i = begin; i < begin + n; ++i) {
+      const float g = load<G>(t.grads, i);
+      const float p = t.params[i] + g;
+      t.params[i] = p;
+      m_codes[i] = encode_exp_avg(decode_exp_avg(m_codes[i], m_scale) + g, m_inv);
+      v_codes[i] = encode_exp_avg_sq_root(decode_exp_avg_sq_root(v_codes[i], u_scale) + g, u_inv);
+      store_copy<C>(t.param_copy, i, p);
+    }
+    t.exp_avg_scale[block] = m_scale;
+    t.exp_avg_sq_scale[block] = u_scale;
+  }
+}
+
+// The streaming probe for 8-bit moments: codes and scales read and written back.
+template <DType G, CopyType C>
+void stream_int8(const StepFactors&, const TileSpans& t) {
+  volatile uint32_t* params = reinterpret_cast<uint32_t*>(t.params);
+  using GT = std::conditional_t<G == DType::kF32, uint32_t, uint16_t>;
+  const volatile GT* grads = static_cast<const GT*>(t.grads);
+  for (size_t begin = 0, block = 0; begin < t.count; begin += t.block_elements, ++block) {
+    const size_t end = std::min(t.count, begin + t.block_elements);
+    for (size_t i = begin; i < end; ++i) {
+      const uint32_t p = params[i];
+      static_cast<void>(grads[i]);
+      stream_in_place<uint8_t>(t.exp_avg, i);
+      stream_in_place<uint8_t>(t.exp_avg_sq, i);
+      params[i] = p;
+      if constexpr (C != CopyType::kNone) static_cast<volatile uint16_t*>(t.param_copy)[i] = static_cast<uint16_t>(p);
+    }
+    stream_in_place<uint32_t>(t.exp_avg_scale, block);
+    stream_in_place<uint32_t>(t.exp_avg_sq_scale, block);
+  }
+}
+
 // The conversion probe: the same loads and stores as the update through the
 // dtype conversions, one add each.
 template <DType G, DType M, CopyType C>
@@ -134,11 +234,6 @@ void probe(const StepFactors& f, const TileSpans& t) {
 // byte the update reads is read and every byte it writes is written, through
 // volatile accesses so none is dropped; the state is written back unchanged
 // and the copy receives the low 16 bits of each param's bit pattern.
-template <typename T>
-void stream_in_place(void* base, size_t i) {
-  volatile T* p = static_cast<T*>(base) + i;
-  *p = *p;
-}
 template <DType G, DType M, CopyType C>
 void stream(const StepFactors& f, const TileSpans& t) {
   using MT = std::conditional_t<M == DType::kF32, uint32_t, uint16_t>;
@@ -157,6 +252,13 @@ void stream(const StepFactors& f, const TileSpans& t) {
 
 enum class Pass : uint8_t { kUpdate, kProbe, kStream };
 
+template <DType G, CopyType C>
+void update_or_probe_int8(Pass pass, const StepFactors& f, const TileSpans& t) {
+  if (pass == Pass::kProbe) return probe_int8<G, C>(f, t);
+  if (pass == Pass::kStream) return stream_int8<G, C>(f, t);
+  adam_update_int8<G, C>(f, t);  // validate_state admits only Adam/AdamW
+}
+
 template <DType G, DType M, CopyType C>
 void update_or_probe(Pass pass, const StepFactors& f, const TileSpans& t) {
   if (pass == Pass::kProbe) return probe<G, M, C>(f, t);
@@ -172,6 +274,13 @@ void update_or_probe(Pass pass, const StepFactors& f, const TileSpans& t) {
 // Runtime dtypes -> one instantiation, once per tile.
 template <DType G, DType M>
 void by_copy(Pass pass, const StepFactors& f, const TileSpans& t) {
+  if (t.block_elements != 0) {
+    switch (t.copy_type) {
+      case CopyType::kNone: return update_or_probe_int8<G, CopyType::kNone>(pass, f, t);
+      case CopyType::kBF16: return update_or_probe_int8<G, CopyType::kBF16>(pass, f, t);
+      case CopyType::kF16: return update_or_probe_int8<G, CopyType::kF16>(pass, f, t);
+    }
+  }
   switch (t.copy_type) {
     case CopyType::kNone: return update_or_probe<G, M, CopyType::kNone>(pass, f, t);
     case CopyType::kBF16: return update_or_probe<G, M, CopyType::kBF16>(pass, f, t);

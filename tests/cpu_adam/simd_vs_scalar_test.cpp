@@ -42,7 +42,17 @@ void expect_same_state(TestState& ref, TestState& got, KernelPath path, const st
       const void* rp = which == 0 ? ref.m() : ref.v();
       const void* gp = which == 0 ? got.m() : got.v();
       const char* name = which == 0 ? "exp_avg" : "exp_avg_sq";
-      if (mix.moment == DType::kF32) {
+      if (mix.int8) {
+        const uint8_t x = static_cast<const uint8_t*>(rp)[i], y = static_cast<const uint8_t*>(gp)[i];
+        if (x != y) report(name, i, x, y);
+        const float* rs = which == 0 ? ref.m_scales() : ref.v_scales();
+        const float* gs = which == 0 ? got.m_scales() : got.v_scales();
+        if (i % mix.block == 0) {
+          std::memcpy(&a, rs + i / mix.block, 4);
+          std::memcpy(&b, gs + i / mix.block, 4);
+          if (a != b) report(which == 0 ? "exp_avg_scale" : "exp_avg_sq_scale", i / mix.block, a, b);
+        }
+      } else if (mix.moment == DType::kF32) {
         std::memcpy(&a, static_cast<const float*>(rp) + i, 4);
         std::memcpy(&b, static_cast<const float*>(gp) + i, 4);
         if (a != b) report(name, i, a, b);

@@ -110,6 +110,52 @@ struct CountingIsa {
   static R16 f16_bits(V x) { return fp32_to_fp16_bits(x); }
   static void stream_raw16(void* p, R16 x) { store_raw16(p, x); }
   static void store_fence() {}
+
+  // 8-bit moments.
+  using VI = uint32_t;
+  using R8 = uint8_t;
+  static VI set1i(uint32_t x) { return x; }
+  static VI as_int(V x) { return std::bit_cast<uint32_t>(x); }
+  static V as_float(VI x) { return std::bit_cast<float>(x); }
+  static VI and_i(VI a, VI b) { return a & b; }
+  static VI or_i(VI a, VI b) { return a | b; }
+  static VI add_i(VI a, VI b) { return a + b; }
+  static VI sub_i(VI a, VI b) { return a - b; }
+  template <int S>
+  static VI srli(VI a) { return a >> S; }
+  template <int S>
+  static VI slli(VI a) { return a << S; }
+  static VI min_u32(VI a, VI b) { return std::min(a, b); }
+  static VI max_u32(VI a, VI b) { return std::max(a, b); }
+  static VI select_lt(VI a, VI bound, VI if_less, VI otherwise) {
+    return static_cast<int32_t>(a) < static_cast<int32_t>(bound) ? if_less : otherwise;
+  }
+  static V cvt_i32(VI a) { return static_cast<float>(static_cast<int32_t>(a)); }
+  static VI load_u8(const uint8_t* p) {
+    record(p, 1, false);
+    return *p;
+  }
+  static void store_u8(uint8_t* p, VI x) {
+    record(p, 1, true);
+    *p = static_cast<uint8_t>(x);
+  }
+  static uint32_t hmax_u32(VI x) { return x; }
+  static R8 load_raw8(const void* p) {
+    record(p, 1, false);
+    return *static_cast<const uint8_t*>(p);
+  }
+  static void store_raw8(void* p, R8 x) {
+    record(p, 1, true);
+    *static_cast<uint8_t*>(p) = x;
+  }
+  static float load_scale(const float* p) {
+    record(p, 4, false);
+    return *p;
+  }
+  static void store_scale(float* p, float x) {
+    record(p, 4, true);
+    *p = x;
+  }
 };
 
 using CountingKernels = detail::Kernels<CountingIsa>;
@@ -124,6 +170,11 @@ detail::TileSpans tile_of(const StateSpans& s) {
   t.exp_avg_sq = s.exp_avg_sq;
   t.moment_dtype = s.moment_dtype;
   t.param_copy = s.param_copy;
+  if (s.moment_format == MomentFormat::kBlockInt8) {
+    t.block_elements = s.moment_block_elements;
+    t.exp_avg_scale = s.exp_avg_scale;
+    t.exp_avg_sq_scale = s.exp_avg_sq_scale;
+  }
   if (s.param_copy != nullptr)
     t.copy_type = s.param_copy_dtype == DType::kBF16 ? detail::CopyType::kBF16 : detail::CopyType::kF16;
   return t;
@@ -146,11 +197,15 @@ detail::StepFactors factors_for(OptimizerKind kind) {
   return f;
 }
 
+// The accesses to the state's memory (the int8 update also keeps a block
+// of m and sqrt(v) in a stack buffer, which is not traffic to memory).
 std::vector<Access> run_logged(void (*pass)(const detail::StepFactors&, const detail::TileSpans&),
-                               const detail::StepFactors& f, const detail::TileSpans& t) {
+                               const detail::StepFactors& f, const detail::TileSpans& t, const TestState& state) {
   access_log().clear();
   pass(f, t);
-  std::vector<Access> log = access_log();
+  std::vector<Access> log;
+  for (const Access& a : access_log())
+    if (state.owns(reinterpret_cast<const void*>(a.address))) log.push_back(a);
   std::sort(log.begin(), log.end());
   return log;
 }
@@ -171,14 +226,14 @@ TEST(StreamingProbeBytes, MovesExactlyTheBytesOfTheStep) {
       detail::StepFactors f = factors_for(mix.kind);
       f.probe_prefetch = prefetch;
       const detail::TileSpans t = tile_of(spans);
-      const std::vector<Access> step = run_logged(&CountingKernels::update, f, t);
-      const std::vector<Access> stream = run_logged(&CountingKernels::stream, f, t);
-      const std::vector<Access> conversion = run_logged(&CountingKernels::probe, f, t);
+      const std::vector<Access> step = run_logged(&CountingKernels::update, f, t, state);
+      const std::vector<Access> stream = run_logged(&CountingKernels::stream, f, t, state);
+      const std::vector<Access> conversion = run_logged(&CountingKernels::probe, f, t, state);
       // The same bytes at the same addresses, each read and written as often.
       EXPECT_TRUE(step == stream) << mix_name(mix) << ": the streaming probe's accesses differ from the step's";
       EXPECT_TRUE(step == conversion) << mix_name(mix) << ": the conversion probe's accesses differ";
-      // And that is what the bench divides by: bytes_per_element per element.
-      const size_t expected = CpuOptimizer::bytes_per_element(mix.kind, spans) * count;
+      // And that is what the bench divides by: bytes_per_step.
+      const size_t expected = CpuOptimizer::bytes_per_step(mix.kind, spans);
       EXPECT_EQ(total_bytes(stream, false) + total_bytes(stream, true), expected) << mix_name(mix);
       EXPECT_EQ(total_bytes(step, false) + total_bytes(step, true), expected) << mix_name(mix);
       if (HasFailure()) return;
@@ -194,9 +249,9 @@ TEST(StreamingProbeBytes, CountsDistinguishAMissingStream) {
   state.fill(1);
   StateSpans spans = state.spans();
   const detail::StepFactors f = factors_for(with_copy.kind);
-  const auto step = run_logged(&CountingKernels::update, f, tile_of(spans));
+  const auto step = run_logged(&CountingKernels::update, f, tile_of(spans), state);
   spans.param_copy = nullptr;
-  const auto stream = run_logged(&CountingKernels::stream, f, tile_of(spans));
+  const auto stream = run_logged(&CountingKernels::stream, f, tile_of(spans), state);
   EXPECT_FALSE(step == stream);
   EXPECT_EQ(total_bytes(step, true) - total_bytes(stream, true), 16u * 2);
 }
@@ -227,7 +282,7 @@ TEST_P(StreamingProbeOnPath, LeavesTheStateUnchangedAndWritesOnlyTheCopy) {
           const auto after = state.snapshot();
           const std::string where = mix_name(mix) + " path " + std::string(kernel_path_name(path)) + " count " +
                                     std::to_string(count) + " threads " + std::to_string(threads);
-          for (int buffer = 0; buffer < 4; ++buffer)  // params, grads, m, v
+          for (int buffer : {0, 1, 2, 3, 5, 6})  // params, grads, m, v, scales: all but the copy
             EXPECT_TRUE(before[buffer] == after[buffer]) << where << ": buffer " << buffer << " changed";
           const auto* copy = static_cast<const uint16_t*>(state.copy());
           for (size_t i = 0; i < count + kGuard; ++i) {

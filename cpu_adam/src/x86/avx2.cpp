@@ -73,6 +73,46 @@ struct Avx2 {
   static void stream_raw16(void* p, R16 x) { _mm_stream_si128(static_cast<__m128i*>(p), x); }  // 16-B aligned
   static void store_fence() { _mm_sfence(); }
 
+  // 8-bit moments (kernel_body_int8.h).
+  using VI = __m256i;
+  static VI set1i(uint32_t x) { return _mm256_set1_epi32(static_cast<int>(x)); }
+  static VI as_int(V x) { return _mm256_castps_si256(x); }
+  static V as_float(VI x) { return _mm256_castsi256_ps(x); }
+  static VI and_i(VI a, VI b) { return _mm256_and_si256(a, b); }
+  static VI or_i(VI a, VI b) { return _mm256_or_si256(a, b); }
+  static VI add_i(VI a, VI b) { return _mm256_add_epi32(a, b); }
+  static VI sub_i(VI a, VI b) { return _mm256_sub_epi32(a, b); }
+  template <int S>
+  static VI srli(VI a) { return _mm256_srli_epi32(a, S); }
+  template <int S>
+  static VI slli(VI a) { return _mm256_slli_epi32(a, S); }
+  static VI min_u32(VI a, VI b) { return _mm256_min_epu32(a, b); }
+  static VI max_u32(VI a, VI b) { return _mm256_max_epu32(a, b); }
+  static VI select_lt(VI a, VI bound, VI if_less, VI otherwise) {
+    return _mm256_blendv_epi8(otherwise, if_less, _mm256_cmpgt_epi32(bound, a));
+  }
+  static V cvt_i32(VI a) { return _mm256_cvtepi32_ps(a); }
+  static VI load_u8(const uint8_t* p) {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  }
+  static void store_u8(uint8_t* p, VI x) {  // lanes hold 0..255
+    const __m128i words = _mm_packus_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packus_epi16(words, words));
+  }
+  static uint32_t hmax_u32(VI x) {
+    __m128i m = _mm_max_epu32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
+    m = _mm_max_epu32(m, _mm_shuffle_epi32(m, 0x4E));
+    m = _mm_max_epu32(m, _mm_shuffle_epi32(m, 0xB1));
+    return static_cast<uint32_t>(_mm_cvtsi128_si32(m));
+  }
+  using R8 = __m128i;  // 8 x 8 bits in the low half
+  static R8 load_raw8(const void* p) { return _mm_loadl_epi64(static_cast<const __m128i*>(p)); }
+  static void store_raw8(void* p, R8 x) { _mm_storel_epi64(static_cast<__m128i*>(p), x); }
+
+  // The block scales: one scalar read and write per block.
+  static float load_scale(const float* p) { return *static_cast<const volatile float*>(p); }
+  static void store_scale(float* p, float x) { *static_cast<volatile float*>(p) = x; }
+
   static D zero_d() { return _mm256_setzero_pd(); }
   static void accumulate_squares(V x, D& lo_acc, D& hi_acc) {
     const D lo = _mm256_cvtps_pd(_mm256_castps256_ps128(x));

@@ -70,6 +70,49 @@ struct Avx512 {
   static void stream_raw16(void* p, R16 x) { _mm256_stream_si256(static_cast<__m256i*>(p), x); }  // 32-B aligned
   static void store_fence() { _mm_sfence(); }
 
+  // 8-bit moments (kernel_body_int8.h).
+  using VI = __m512i;
+  static VI set1i(uint32_t x) { return _mm512_set1_epi32(static_cast<int>(x)); }
+  static VI as_int(V x) { return _mm512_castps_si512(x); }
+  static V as_float(VI x) { return _mm512_castsi512_ps(x); }
+  static VI and_i(VI a, VI b) { return _mm512_and_si512(a, b); }
+  static VI or_i(VI a, VI b) { return _mm512_or_si512(a, b); }
+  static VI add_i(VI a, VI b) { return _mm512_add_epi32(a, b); }
+  static VI sub_i(VI a, VI b) { return _mm512_sub_epi32(a, b); }
+  template <int S>
+  static VI srli(VI a) { return _mm512_srli_epi32(a, S); }
+  template <int S>
+  static VI slli(VI a) { return _mm512_slli_epi32(a, S); }
+  static VI min_u32(VI a, VI b) { return _mm512_min_epu32(a, b); }
+  static VI max_u32(VI a, VI b) { return _mm512_max_epu32(a, b); }
+  static VI select_lt(VI a, VI bound, VI if_less, VI otherwise) {
+    return _mm512_mask_blend_epi32(_mm512_cmplt_epi32_mask(a, bound), otherwise, if_less);
+  }
+  static V cvt_i32(VI a) { return _mm512_cvtepi32_ps(a); }
+  static VI load_u8(const uint8_t* p) {
+    return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static void store_u8(uint8_t* p, VI x) {  // vpmovdb: lanes hold 0..255
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(x));
+  }
+  static uint32_t hmax_u32(VI x) { return _mm512_reduce_max_epu32(x); }
+  // q < 2^M ? q * 2^(-14-M) : normal, as one masked permute of a table of
+  // the 16 values i * 2^(-14-M) (exact, like the reference's multiply).
+  template <class Code>
+  static V decode_subnormal(VI q, V normal) {
+    const V table = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13,
+                                                                       14, 15)),
+                                  _mm512_set1_ps(Code::kSubnormalUnit));
+    return _mm512_mask_permutexvar_ps(normal, _mm512_cmplt_epu32_mask(q, _mm512_set1_epi32(1 << Code::M)), q, table);
+  }
+  using R8 = __m128i;  // 16 x 8 bits
+  static R8 load_raw8(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
+  static void store_raw8(void* p, R8 x) { _mm_storeu_si128(static_cast<__m128i*>(p), x); }
+
+  // The block scales: one scalar read and write per block.
+  static float load_scale(const float* p) { return *static_cast<const volatile float*>(p); }
+  static void store_scale(float* p, float x) { *static_cast<volatile float*>(p) = x; }
+
   static D zero_d() { return _mm512_setzero_pd(); }
   static void accumulate_squares(V x, D& lo_acc, D& hi_acc) {
     const D lo = _mm512_cvtps_pd(_mm512_castps512_ps256(x));

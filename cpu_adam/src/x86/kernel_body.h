@@ -76,6 +76,9 @@ inline size_t prefetch_elements() {
 // streaming probe stores the copy the same way, so it keeps measuring the
 // step's exact access pattern.
 template <class I>
+struct Int8Kernels;  // kernel_body_int8.h: Adam/AdamW with 8-bit moments
+
+template <class I>
 struct Kernels {
   using V = typename I::V;
   static constexpr size_t W = I::kWidth;
@@ -269,6 +272,9 @@ struct Kernels {
   }
   template <Pass P, Family F, DType G>
   static void by_moment(const StepFactors& f, const TileSpans& t) {
+    if constexpr (F == Family::kAdam) {
+      if (t.block_elements != 0) return Int8Kernels<I>::template by_copy<P, G>(f, t);
+    }
     if (t.moment_dtype == DType::kBF16) return by_copy<P, F, G, DType::kBF16>(f, t);
     return by_copy<P, F, G, DType::kF32>(f, t);
   }
@@ -334,3 +340,5 @@ struct Kernels {
 };
 
 }  // namespace strata::cpu_adam::detail
+
+#include "kernel_body_int8.h"

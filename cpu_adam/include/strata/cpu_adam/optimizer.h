@@ -25,6 +25,7 @@
 #include "strata/core/status.h"
 #include "strata/cpu_adam/grad_stats.h"
 #include "strata/cpu_adam/hyper_params.h"
+#include "strata/cpu_adam/int8_moments.h"
 #include "strata/cpu_adam/kernel_path.h"
 
 namespace strata::cpu_adam {
@@ -37,9 +38,17 @@ struct StateSpans {
   DType grad_dtype = DType::kF32;   // fp32, bf16 or fp16
   void* exp_avg = nullptr;          // Adam/AdamW/Lion first moment; unused by Adagrad
   void* exp_avg_sq = nullptr;       // Adam/AdamW second moment, Adagrad sum of squares; unused by Lion
-  DType moment_dtype = DType::kF32; // fp32 or bf16 (both moments)
+  DType moment_dtype = DType::kF32; // fp32 or bf16 (both moments), with MomentFormat::kDType
   void* param_copy = nullptr;       // optional: the updated params, rounded, written in the same pass
   DType param_copy_dtype = DType::kBF16;  // bf16 or fp16
+  // MomentFormat::kBlockInt8 (Adam/AdamW only; int8_moments.h): exp_avg and
+  // exp_avg_sq hold one uint8 code per element, the scale spans one fp32 per
+  // block of moment_block_elements (a multiple of 64 dividing tile_elements);
+  // moment_dtype is ignored.
+  MomentFormat moment_format = MomentFormat::kDType;
+  float* exp_avg_scale = nullptr;     // moment_block_count(count, moment_block_elements) scales
+  float* exp_avg_sq_scale = nullptr;  // same count
+  size_t moment_block_elements = kDefaultMomentBlockElements;
 };
 
 // How a step learns that the gradient holds an Inf or NaN. Either way an
@@ -148,8 +157,12 @@ class CpuOptimizer {
   size_t tile_elements() const;
 
   // Bytes step() reads plus writes per element for `state` (without the
-  // kScanFirst pre-pass): e.g. 28 for fp32 Adam, 28 for bf16 grads + bf16 copy.
+  // kScanFirst pre-pass): e.g. 28 for fp32 Adam, 28 for bf16 grads + bf16 copy,
+  // 16 for fp32 Adam with 8-bit moments (whose scales bytes_per_step adds).
   static size_t bytes_per_element(OptimizerKind kind, const StateSpans& state);
+  // Bytes one step() moves in all: bytes_per_element * count, plus with
+  // 8-bit moments each block scale read and written.
+  static uint64_t bytes_per_step(OptimizerKind kind, const StateSpans& state);
 
  private:
   struct Impl;
