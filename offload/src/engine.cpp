@@ -404,9 +404,20 @@ Result<LayerMemory> Engine::acquire(size_t layer_index, Pass pass) { return impl
 Status Engine::release(size_t layer_index, Pass pass, const Completion& done) {
   return impl_->release(layer_index, pass, done);
 }
+Status Engine::release(size_t layer_index, Pass pass, const Completion& done, const Completion& memory_returned) {
+  return impl_->release(layer_index, pass, done, memory_returned);
+}
 
 const EngineOptions& Engine::options() const { return impl_->opt; }
 const Partition& Engine::partition() const { return impl_->part; }
+const StatePlacement& Engine::placement() const { return impl_->placement; }
+
+Status Engine::set_step_lr(double lr) {
+  if (!std::isfinite(lr) || lr < 0 || lr > 1000)
+    return InvalidArgument(fmt::format("set_step_lr({}): the lr must be finite and in [0, 1000]", lr));
+  impl_->caller_lr = lr;
+  return Status::Ok();
+}
 int Engine::rank() const { return impl_->rank; }
 int Engine::world_size() const { return impl_->world; }
 int64_t Engine::optimizer_steps() const { return impl_->optimizer_steps; }

@@ -78,6 +78,7 @@ struct Engine::Impl : EngineContext {
   UpdateScheduler updates{*this, params};
   CommitPoint commit{*this, params, updates, [this](const StepMark& m) { return restore(m); }};
 
+  std::optional<double> caller_lr;  // set_step_lr(): the lr of every step from then on
   int64_t optimizer_steps = 0;  // applied updates (steps_begun, in the context, counts steps begun)
   // Every layer's initial values are in place (put_initial_layer, for a model without its own).
   std::vector<bool> initialized;
@@ -116,7 +117,7 @@ struct Engine::Impl : EngineContext {
   Status init();
   Status init_layer(size_t li);
   Result<LayerMemory> acquire(size_t li, Pass pass);
-  Status release(size_t li, Pass pass, const Completion& done);
+  Status release(size_t li, Pass pass, const Completion& done, const Completion& memory_returned = {});
   Status put_initial_layer(size_t li, std::span<const std::byte> params, std::span<const float> fp32);
   Status begin_step();
   double gradient_scale() const { return progress.scale / (static_cast<double>(opt.grad_accum) * world); }

@@ -54,14 +54,14 @@ Result<LayerMemory> Engine::Impl::acquire(size_t li, Pass pass) {
   return mem;
 }
 
-Status Engine::Impl::release(size_t li, Pass pass, const Completion& done) {
+Status Engine::Impl::release(size_t li, Pass pass, const Completion& done, const Completion& memory_returned) {
   if (li >= part.layer_count() || !params.held(li))
     return FailedPrecondition(fmt::format("release of layer {} that is not held", li));
   ParameterGathering::PassPosition at;
   at.training = phase == Phase::kMicroBatch;
   at.evaluation = phase == Phase::kEvaluation;
   at.last_micro = progress.last_micro;
-  STRATA_RETURN_IF_ERROR(params.release(li, done, at));
+  STRATA_RETURN_IF_ERROR(params.release(li, done, at, memory_returned));
   if (pass == Pass::kBackward)
     STRATA_RETURN_IF_ERROR(grads.released_in_backward(li, done, params.trace().backward_releases_expected(li),
                                                       at.training && progress.last_micro));

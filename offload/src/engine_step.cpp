@@ -168,7 +168,7 @@ Result<StepMetrics> Engine::Impl::finish_applied_step() {
                                 optimizer_steps + 1, m.grad_norm));
   m.skipped = !finite;
   STRATA_RETURN_IF_ERROR(scaler->update(!finite).with_context(fmt::format("step {}", optimizer_steps + 1)));
-  m.lr = schedule->lr(optimizer_steps + 1);
+  m.lr = caller_lr ? *caller_lr : schedule->lr(optimizer_steps + 1);
   if (finite) {
     ++optimizer_steps;
     const double clip = cpu_adam::clip_coefficient(m.grad_norm, opt.grad_clip);

@@ -36,10 +36,15 @@ class LentBuffers {
 
   // A buffer of `elements` was allocated for lending.
   void hold(uint64_t elements) { held_ += elements; }
-  // Hands `buffer` back: freed once `safe` has completed.
-  void give_back(DeviceBuffer&& buffer, Completion safe, uint64_t elements) {
+  // Hands `buffer` back: freed once `safe` (the engine's own users) and
+  // `returned` (memory the caller may still read: Note [Lent memory
+  // outlives its release] in the Python bindings) have completed. Waits are
+  // for `safe` only: what the caller holds is never waited for here (the
+  // caller may be the thread that would wait), it is freed once returned
+  // and counts against the cap until then.
+  void give_back(DeviceBuffer&& buffer, Completion safe, uint64_t elements, Completion returned = {}) {
     held_ -= elements;
-    freeing_.push_back(Deferred{std::move(safe), std::move(buffer), elements});
+    freeing_.push_back(Deferred{std::move(safe), std::move(returned), std::move(buffer), elements});
   }
   // Elements allocated and not handed back.
   uint64_t held() const { return held_; }
@@ -52,37 +57,51 @@ class LentBuffers {
     return n;
   }
   // Waits (oldest first) until `more` elements fit under `cap`, or nothing
-  // is left to wait for (a cap is never below one buffer).
+  // is left to wait for (a cap is never below one buffer; buffers the
+  // caller still holds are not waited for).
   Status make_room(uint64_t more, uint64_t cap) {
-    while (live() + more > cap && !freeing_.empty()) STRATA_RETURN_IF_ERROR(reap(true));
+    while (live() + more > cap && engine_still_uses_one()) STRATA_RETURN_IF_ERROR(reap(true));
     return Status::Ok();
   }
-  // Frees everything handed back, waiting for each.
+  // Frees everything handed back, waiting for the engine's users of each
+  // (what the caller still holds is freed once returned).
   Status drain() {
-    while (!freeing_.empty()) STRATA_RETURN_IF_ERROR(reap(true));
-    return Status::Ok();
+    while (engine_still_uses_one()) STRATA_RETURN_IF_ERROR(reap(true));
+    return reap(false);
   }
 
  private:
   struct Deferred {
     Completion safe;
+    Completion returned;
     DeviceBuffer buffer;
     uint64_t elements = 0;
   };
-  // Frees what is safe to free, oldest first; with `block`, waits for the
-  // oldest first. Synchronizing the free stream makes the memory reusable
-  // at once.
+  bool engine_still_uses_one() const {
+    for (const Deferred& d : freeing_)
+      if (!d.safe.done()) return true;
+    return false;
+  }
+  // Frees what is safe to free; with `block`, first waits for the oldest
+  // buffer the engine's own work still uses. Synchronizing the free stream
+  // makes the memory reusable at once.
   Status reap(bool block) {
+    if (block)
+      for (const Deferred& d : freeing_)
+        if (!d.safe.done()) {
+          // Failed or not, its users are done once it completed.
+          STRATA_RETURN_IF_ERROR(wait_(d.safe, "freeing a buffer lent to the model, a copy or a collective"));
+          break;
+        }
     bool freed = false;
-    while (!freeing_.empty()) {
-      Deferred& d = freeing_.front();
-      // Failed or not, its users are done once it completed.
-      if (block) STRATA_RETURN_IF_ERROR(wait_(d.safe, "freeing a buffer lent to the model, a copy or a collective"));
-      if (!d.safe.done()) break;
-      STRATA_RETURN_IF_ERROR(frees_->free_async(std::move(d.buffer)));  // the device uncounts it when it runs
-      freeing_.pop_front();
+    for (auto it = freeing_.begin(); it != freeing_.end();) {
+      if (!it->safe.done() || !it->returned.done()) {
+        ++it;
+        continue;
+      }
+      STRATA_RETURN_IF_ERROR(frees_->free_async(std::move(it->buffer)));  // the device uncounts it when it runs
+      it = freeing_.erase(it);
       freed = true;
-      block = false;
     }
     return freed ? frees_->synchronize() : Status::Ok();
   }

@@ -276,16 +276,20 @@ Status ParameterGathering::drop_gathered(size_t li, const Completion& done) {
   if (!l.gathered_valid) return Status::Ok();
   // Its users: the gather that filled it (and the H2D before), the model's last pass over it.
   const Completion users[] = {l.gathered_ready, done};
-  live_->give_back(std::move(l.gathered), when_all(users), ctx_.part.layer(li).padded_elements);
+  live_->give_back(std::move(l.gathered),
+                   when_all(users, fmt::format("the gathered parameters of layer {} (its gather and passes)", li)),
+                   ctx_.part.layer(li).padded_elements, l.returned);
   l.gathered_valid = false;
   return Status::Ok();
 }
 
-Status ParameterGathering::release(size_t li, const Completion& done, const PassPosition& at) {
+Status ParameterGathering::release(size_t li, const Completion& done, const PassPosition& at,
+                                   const Completion& returned) {
   LayerParams& l = layers_[li];
   --l.held;
   if (ctx_.where(li).persistent()) return Status::Ok();
   l.last_use = done;
+  l.returned = returned;
   if (l.held > 0) return Status::Ok();
   // Keep it when its next use in this micro-batch's sequence is near. While
   // the first micro-batch is recorded the next use is unknown: keep the

@@ -44,6 +44,7 @@ class ParameterGathering {
     DeviceBuffer gathered;     // stage 3: this layer gathered
     Completion gathered_ready;
     Completion last_use;       // the `done` of the latest release of the lent parameters
+    Completion returned;       // the caller no longer reads the gathered copy (Engine::release's memory_returned)
     bool gathered_valid = false;
     Status prefetch_failure;   // a prefetch of this layer failed: its next acquire returns it
     int held = 0;
@@ -78,7 +79,9 @@ class ParameterGathering {
 
   // A pass's acquire: gathers on demand (and prefetches, following the trace).
   Result<Lease> acquire(size_t li, Pass pass, bool training);
-  Status release(size_t li, const Completion& done, const PassPosition& at);
+  // `returned`: when the caller stops reading the memory (its views may
+  // outlive the release); a gathered copy is freed only after it.
+  Status release(size_t li, const Completion& done, const PassPosition& at, const Completion& returned = {});
   // Every layer a pass still holds is released, its last use `done` (an
   // abandoned step: the caller's passes are over).
   Status release_every_held(const Completion& done);

@@ -8,9 +8,25 @@
 //
 // This build drives the cpu device in one process (world size 1): its
 // memory is host memory, so a lent buffer is directly a torch CPU tensor.
-// A buffer is valid from acquire() to the matching release(); at stage 3 the
-// engine may free or reuse it afterwards, so the Python layer drops its
-// views at release (strata/engine.py).
+//
+// Note [Lent memory outlives its release]
+// torch may read a layer's parameters after the hook released them:
+// autograd saves tensors for backward (F.linear saves weight.t(), a view of
+// the forward's memory, not the Parameter), and a stage-3 layer's gathered
+// copy may be freed and its memory reused once released (the layer was
+// dropped: it departed from the recorded order, or the live cap). So the
+// parameters are lent as LentMemory objects: every torch tensor viewing one
+// holds it (torch.frombuffer keeps its buffer), and when the last is gone
+// the lend is returned. Every release hands the engine the completion of
+// every lend of the layer still out as its `memory_returned`
+// (Engine::release): a gathered copy is freed only after torch dropped its
+// views (a backward release too: the copy it releases may be the one kept
+// since forward, whose views autograd still holds for another call of the
+// same unit). The engine never waits for it, so a view kept longer only
+// keeps its memory (counted against stage3_max_live_parameters) until it is
+// dropped; strata.torch binds placeholders at release. Memory the layer
+// keeps for good (its whole copy, stages 0-2) is not tracked; a shard lent
+// in place (stage 3, world 1) is never freed.
 #include <map>
 #include <optional>
 #include <string>
@@ -109,12 +125,26 @@ py::dict memory_dict(const offload::EngineMemory& m) {
 using TensorTuple = std::tuple<std::string, std::vector<int64_t>, std::string, bool, std::optional<double>, double>;
 using LayerTuple = std::pair<std::string, std::vector<TensorTuple>>;
 
-// Whether the engine takes the lr of the next step from its caller
-// (Engine::set_step_lr: a torch lr scheduler through strata.torch). Probed
-// at compile time so these bindings build against engines with and without
-// it; strata.torch reads the result as hasattr(DrivenEngine, "set_step_lr").
-template <typename E>
-concept TakesStepLr = requires(E& engine, double lr) { engine.set_step_lr(lr); };
+// Bytes of engine memory lent to Python for one acquire (Note [Lent memory
+// outlives its release]): `returned` completes when the object is freed,
+// i.e. when no torch tensor views it any more.
+class LentMemory {
+ public:
+  LentMemory(std::byte* data, size_t bytes, std::string label)
+      : data_(data), bytes_(bytes), returned_(std::make_shared<CompletionSource>(std::move(label))) {}
+  ~LentMemory() { returned_->complete(Status::Ok()); }
+  LentMemory(const LentMemory&) = delete;
+  LentMemory& operator=(const LentMemory&) = delete;
+  Completion returned() const { return returned_->completion(); }
+  py::buffer_info buffer() {
+    return py::buffer_info(data_, 1, py::format_descriptor<uint8_t>::format(), 1, {static_cast<ssize_t>(bytes_)}, {1});
+  }
+
+ private:
+  std::byte* data_;
+  size_t bytes_;
+  std::shared_ptr<CompletionSource> returned_;
+};
 
 class DrivenEngine {
  public:
@@ -209,6 +239,8 @@ class DrivenEngine {
     d["metrics"] = out.applied() ? py::object(metrics_dict(out.metrics)) : py::object(py::none());
     return d;
   }
+  // Engine::abandon_step; the lends of the dropped step stay tracked until torch returns them.
+  void abandon_step() { call([&] { return engine_->abandon_step(); }); }
   void begin_evaluation() { call([&] { return engine_->begin_evaluation(); }); }
   double finish_evaluation(double loss_sum, int64_t batches) {
     Result<double> r = [&] {
@@ -219,8 +251,11 @@ class DrivenEngine {
   }
 
   // The layer's parameters (and in backward its gradient buffer) as
-  // writable memoryviews of raw bytes, once everything they wait for is
-  // done: (params, grads or None, grad dtype, params address, grads address).
+  // writable byte buffers, once everything they wait for is done: (params,
+  // grads or None, grad dtype, params address, grads address, permanent).
+  // `params` is a LentMemory (Note [Lent memory outlives its release]);
+  // `permanent`: the parameters are the layer's whole copy on the device,
+  // the same memory at every acquire (views of it may be kept).
   py::tuple acquire(size_t li, const std::string& pass_name) {
     check_layer(li);
     const Pass pass = value_or_raise(pass_named(pass_name));
@@ -236,20 +271,27 @@ class DrivenEngine {
     }();
     const LayerMemory m = value_or_raise(std::move(memory));
     const LayerSpec& spec = model_->layers()[li];
-    py::object params = py::memoryview::from_memory(m.params, static_cast<ssize_t>(spec.param_bytes), false);
+    const bool permanent = engine_->placement().layers[li].persistent();
+    auto params = std::make_unique<LentMemory>(m.params, spec.param_bytes, fmt::format("layer {} lent to torch", li));
+    if (!permanent) lent_[li].push_back(params->returned());  // a later release of the layer may free this memory  // a backward's reads end at its release
     py::object grads = py::none();
     if (m.grads != nullptr)
       grads = py::memoryview::from_memory(m.grads, static_cast<ssize_t>(spec.param_count * dtype_size(m.grad_dtype)),
                                           false);
-    // The addresses let the Python side reuse the tensors it built over the same memory last time.
-    return py::make_tuple(params, grads, torch_dtype_name(m.grad_dtype), reinterpret_cast<uintptr_t>(m.params),
-                          reinterpret_cast<uintptr_t>(m.grads));
+    // The addresses let the Python side reuse the tensors it built over permanent memory last time.
+    return py::make_tuple(py::cast(std::move(params)), grads, torch_dtype_name(m.grad_dtype),
+                          reinterpret_cast<uintptr_t>(m.params), reinterpret_cast<uintptr_t>(m.grads), permanent);
   }
   void release(size_t li, const std::string& pass_name) {
     check_layer(li);
     const Pass pass = value_or_raise(pass_named(pass_name));
-    // torch's CPU work is done when the hook runs: nothing left to wait for.
-    call([&] { return engine_->release(li, pass, Completion()); });
+    // The pass is over when the hook runs (torch's CPU work is done); the
+    // memory is returned once no torch view of any lend of the layer is left
+    // (this release may end the hold of a copy kept since forward).
+    std::vector<Completion>& out = lent_[li];
+    std::erase_if(out, [](const Completion& c) { return c.done(); });
+    const Completion returned = out.empty() ? Completion() : when_all(out, fmt::format("layer {} returned by torch", li));
+    call([&] { return engine_->release(li, pass, Completion(), returned); });
   }
 
   py::list gather_state(size_t li, const std::string& kind) {
@@ -317,8 +359,8 @@ class DrivenEngine {
     const offload::CheckpointManifest m = value_or_raise(std::move(manifest));
     py::dict d;
     d["tag"] = m.tag;
-    d["step"] = m.scalars.step;
-    d["step_calls"] = m.scalars.step_calls;
+    d["step"] = m.scalars.optimizer_steps;
+    d["step_calls"] = m.scalars.steps_begun;
     d["app_json"] = m.app.dump();
     return d;
   }
@@ -326,10 +368,7 @@ class DrivenEngine {
   py::dict measured_memory() const { return memory_dict(engine_->measured_memory()); }
   int64_t optimizer_steps() const { return engine_->optimizer_steps(); }
   int64_t steps_begun() const { return engine_->steps_begun(); }
-  template <typename E = Engine>
-  void set_step_lr(double lr) {
-    if constexpr (TakesStepLr<E>) static_cast<E&>(*engine_).set_step_lr(lr);  // dependent on E: compiled only with it
-  }
+  void set_step_lr(double lr) { throw_if_error(engine_->set_step_lr(lr)); }
   std::string describe() const { return engine_->describe(); }
 
  private:
@@ -355,13 +394,16 @@ class DrivenEngine {
   std::vector<std::unique_ptr<comm::Communicator>> comms_;
   std::unique_ptr<Engine> engine_;
   int64_t grad_accum_ = 1;
+  // Per layer: the lends of its (non-permanent) parameters torch may still hold.
+  std::map<size_t, std::vector<Completion>> lent_;
 };
 
 }  // namespace
 
 void bind_engine(py::module_& m) {
   py::class_<DrivenEngine> driven(m, "DrivenEngine");
-  if constexpr (TakesStepLr<Engine>) driven.def("set_step_lr", &DrivenEngine::set_step_lr<Engine>, py::arg("lr"));
+  py::class_<LentMemory>(m, "LentMemory", py::buffer_protocol()).def_buffer(&LentMemory::buffer);
+  driven.def("set_step_lr", &DrivenEngine::set_step_lr, py::arg("lr"));
   driven
       .def_static("create", &DrivenEngine::create, py::arg("config_path"), py::arg("config_text"), py::arg("layers"),
                   py::arg("device_memory") = 0)
@@ -377,6 +419,7 @@ void bind_engine(py::module_& m) {
       .def("finish_step", &DrivenEngine::finish_step)
       .def("begin_evaluation", &DrivenEngine::begin_evaluation)
       .def("finish_evaluation", &DrivenEngine::finish_evaluation, py::arg("loss_sum"), py::arg("batches"))
+      .def("abandon_step", &DrivenEngine::abandon_step)
       .def("acquire", &DrivenEngine::acquire, py::arg("layer"), py::arg("pass_name"))
       .def("release", &DrivenEngine::release, py::arg("layer"), py::arg("pass_name"))
       .def("gather_state", &DrivenEngine::gather_state, py::arg("layer"), py::arg("kind") = "master")

@@ -38,11 +38,7 @@ import torch
 from . import _native
 from .errors import FailedPrecondition, Unavailable, Unsupported
 
-__all__ = ["StrataEngine", "ENGINE_TAKES_STEP_LR"]
-
-# Whether this build's engine takes the lr of each step from the caller
-# (what a torch lr scheduler needs); without it the lr is the config's.
-ENGINE_TAKES_STEP_LR = hasattr(_native.DrivenEngine, "set_step_lr")
+__all__ = ["StrataEngine"]
 
 
 class _PostBackward(torch.autograd.Function):
@@ -169,14 +165,19 @@ class StrataEngine(torch.nn.Module):
         # The micro-batch's size for the engine's throughput; the root module's hook sees no kwargs (torch 1.13).
         first = _first_tensor(args, kwargs)
         self._samples_hint = first.shape[0] if first is not None and first.dim() > 0 else 0
-        if not (self.check_parameter_use and torch.is_grad_enabled() and _ParameterUseCheck is not None):
-            return self.module(*args, **kwargs)
-        # The first training forward runs under the check: a parameter used while its unit is not
-        # acquired is named (at stage 3 torch would see an empty placeholder and fail with a shape error).
-        with _ParameterUseCheck(self):
-            out = self.module(*args, **kwargs)
-        self.check_parameter_use = False
-        return out
+        try:
+            if not (self.check_parameter_use and torch.is_grad_enabled() and _ParameterUseCheck is not None):
+                return self.module(*args, **kwargs)
+            # The first training forward runs under the check: a parameter used while its unit is not
+            # acquired is named (at stage 3 torch would see an empty placeholder and fail with a shape error).
+            with _ParameterUseCheck(self):
+                out = self.module(*args, **kwargs)
+            self.check_parameter_use = False
+            return out
+        except BaseException:
+            if self._pass is not None:  # the pass had begun (a refusal before it changed nothing)
+                self._abandon_pass()
+            raise
 
     def memory(self):
         """The engine's memory per tier: {"predicted": its plan, "measured": the peaks so far}."""
@@ -203,9 +204,12 @@ class StrataEngine(torch.nn.Module):
         self._in_backward = True
         try:
             (loss * scale if scale != 1.0 else loss).backward(retain_graph=retain_graph)
-        finally:
             self._in_backward = False
-        self._flush_backward()
+            self._flush_backward()
+        except BaseException:
+            self._in_backward = False
+            self._abandon_pass()
+            raise
         self._engine.end_micro_batch(float(loss.detach()), self._samples)
         self._micro_open = False
         return loss
@@ -232,12 +236,8 @@ class StrataEngine(torch.nn.Module):
             if self._shown_lr is not None and abs(lr - self._shown_lr) > 1e-12 * self._shown_lr:
                 raise Unsupported(f"the config's \"scheduler\" section drives the lr, but param_groups' lr was "
                                   f"changed to {lr:g} (a torch lr scheduler too?): use one of the two")
-        elif ENGINE_TAKES_STEP_LR:
-            self._engine._native.set_step_lr(lr)
-        elif abs(lr - self._config_lr) > 1e-12 * self._config_lr:
-            raise Unsupported(f"the optimizer's lr is now {lr:g}, the engine's is {self._config_lr:g}: this engine "
-                              f"build takes the lr from the config (optimizer.params.lr, or a \"scheduler\" section), "
-                              f"not from param_groups; use a DeepSpeed \"scheduler\" section for a schedule")
+        else:
+            self._engine._native.set_step_lr(lr)  # a torch lr scheduler drives param_groups' lr
         outcome = self._engine.finish_step()
         self._step_open = False
         self.last_outcome = outcome
@@ -257,6 +257,34 @@ class StrataEngine(torch.nn.Module):
 
     def get_lr(self):
         return [g["lr"] for g in self.optimizer.param_groups]
+
+    def _abandon_pass(self):
+        """A forward or backward raised (the caller's error propagates): every
+        unit it held is handed back. In training the engine drops the step in
+        progress (Engine::abandon_step: partial gradients discarded, counters
+        back), so the step's micro-batches run again from its first; an
+        evaluation is closed. The engine and the model stay usable."""
+        if self._pass == "eval":
+            for index, layer in enumerate(self._layers):
+                while layer.holds > 0:
+                    self._release_unchecked(index, "eval")
+            self._pass = None
+            self._engine.finish_evaluation(0.0, 1)
+            return
+        if self._step_open:
+            self._engine._native.abandon_step()  # releases what the engine lent; nothing to hand back one by one
+        self._step_open = self._micro_open = False
+        self._pass = None
+        self._micro_steps -= self._micro_steps % self._gas
+        for layer in self._layers:
+            layer.holds = 0
+            layer.grads = None
+            if self._stage == 3:
+                for _, p in layer.plan.params:
+                    p.data = self._placeholder(p.dtype)
+                layer.bound = None
+        for p in self.module.parameters():
+            p.grad = None
 
     # -- state -----------------------------------------------------------------------------------
     def master_parameters(self):

@@ -143,6 +143,12 @@ class Engine:
     def finish_step(self):
         return self._native.finish_step()
 
+    def abandon_step(self):
+        """Drops the step in progress (Engine::abandon_step): layers still
+        held are released, partial gradients discarded; the next begin_step()
+        repeats the step."""
+        self._native.abandon_step()
+
     def begin_evaluation(self):
         self._native.begin_evaluation()
 
@@ -152,20 +158,30 @@ class Engine:
     # -- lending memory --------------------------------------------------------------------------
     def acquire(self, layer, pass_name):
         """Layer `layer`'s memory for pass forward, backward or eval, once
-        everything it waits for is done, as torch tensors viewing it."""
-        params, grads, grad_dtype, params_address, grads_address = self._native.acquire(int(layer), pass_name)
-        # Memory at the same address as last time (stages 0-2 always): the same tensors, not built again.
-        param_views = self._param_views.get(layer)
-        if param_views is None or param_views[0] != params_address:
-            param_views = (params_address, self._param_views_of(layer, params))
-            self._param_views[layer] = param_views
+        everything it waits for is done, as torch tensors viewing it.
+
+        The parameter tensors keep their memory lent while they live (Note
+        [Lent memory outlives its release] in engine_bindings.cpp): a view
+        autograd saved in forward stays valid after release; drop views you
+        do not need, since a kept one keeps its memory."""
+        params, grads, grad_dtype, params_address, grads_address, permanent = self._native.acquire(
+            int(layer), pass_name)
+        if permanent:
+            # The layer's whole copy, the same memory every time (stages 0-2): the same tensors, not built again.
+            param_views = self._param_views.get(layer)
+            if param_views is None or param_views[0] != params_address:
+                param_views = (params_address, self._param_views_of(layer, params))
+                self._param_views[layer] = param_views
+            param_views = param_views[1]
+        else:
+            param_views = self._param_views_of(layer, params)  # never cached: that would keep the memory lent
         if grads is None:
-            return LayerView(param_views[1], None)
+            return LayerView(param_views, None)
         grad_views = self._grad_views.get(layer)
         if grad_views is None or grad_views[0] != (grads_address, grad_dtype):
             grad_views = ((grads_address, grad_dtype), self._grad_views_of(layer, grads, grad_dtype))
             self._grad_views[layer] = grad_views
-        return LayerView(param_views[1], grad_views[1])
+        return LayerView(param_views, grad_views[1])
 
     def _param_views_of(self, layer, params):
         torch = _torch()

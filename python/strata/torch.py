@@ -27,13 +27,13 @@ import os
 import torch
 
 from . import config as strata_config
-from ._torch_engine import ENGINE_TAKES_STEP_LR, StrataEngine
+from ._torch_engine import StrataEngine
 from ._torch_optimizer import StrataOptimizer, optimizer_section_from_client
 from ._torch_units import plan_layers, split_into_units
 from .engine import Engine
 from .errors import Unsupported
 
-__all__ = ["initialize", "StrataEngine", "StrataOptimizer", "split_into_units", "ENGINE_TAKES_STEP_LR"]
+__all__ = ["initialize", "StrataEngine", "StrataOptimizer", "split_into_units"]
 
 _PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -89,10 +89,6 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     scheduler = lr_scheduler
     if scheduler is not None and not hasattr(scheduler, "step") and callable(scheduler):
         scheduler = scheduler(facade)  # DeepSpeed's form: a callable taking the optimizer
-    if scheduler is not None and not ENGINE_TAKES_STEP_LR:
-        raise Unsupported(f"lr_scheduler {type(scheduler).__name__}: this engine build takes the lr from the config "
-                          f"(optimizer.params.lr or a DeepSpeed \"scheduler\" section), not from the optimizer's "
-                          f"param_groups at each step; use a \"scheduler\" section")
     hyper = {}
     for group, (decay, lr0) in zip(facade.param_groups, facade._created):
         for p in group["params"]:

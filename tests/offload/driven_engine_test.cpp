@@ -275,6 +275,8 @@ struct DrivenRun {
   std::function<MlpOrder(int rank, int64_t step, int micro)> order;
   int eval_every = 4;  // and after the last step
   bool gather_masters = true;
+  // The lr the caller sets for each step (Engine::set_step_lr); null: the config's.
+  std::function<double(int64_t step)> step_lr;
   // Steps begun, given up there (abandon_step) and run again; null: none.
   std::function<std::optional<AbandonAt>(int64_t step)> abandon;
   std::string label = "run";
@@ -304,6 +306,7 @@ DrivenOutcome drive(const DrivenRun& run) {
           if (run.order) order = [&, s](int micro) { return run.order(r, s, micro); };
           if (run.abandon)
             if (const std::optional<AbandonAt> at = run.abandon(s)) STRATA_RETURN_IF_ERROR(d->abandoned_step(s, *at));
+          if (run.step_lr) STRATA_RETURN_IF_ERROR(d->engine().set_step_lr(run.step_lr(s)));
           STRATA_ASSIGN_OR_RETURN(StepMetrics m, d->step(s, order));
           if (r == 0) {
             out.losses.push_back(m.loss);
@@ -1000,6 +1003,59 @@ TEST(DrivenEngineMisuse, AbandonStepOutsideAStepIsRefusedAndTheEngineGoesOn) {
   expect_refused(d.engine().abandon_step(), StatusCode::kFailedPrecondition, "abandon_step()", "after a step");
   EXPECT_TRUE(d.engine().stopped().ok()) << d.engine().stopped().to_string();
   EXPECT_TRUE(d.step(2).ok());
+}
+
+// ---------------------------------------------------------------- 4c. the caller's lr
+
+// set_step_lr(lr) steps with that lr: the config's own lr through it gives
+// the same bits as the config, lr 0 leaves every master weight at its
+// initial value (AdamW: no step, no decay), a schedule of the caller's
+// differs from the config's; bad values are refused and change nothing.
+TEST(DrivenEngineStepLr, TheCallersLrIsTheStepsLr) {
+  DrivenRun base;
+  base.world = 2;
+  base.steps = 4;
+  base.eval_every = 0;
+  base.opt.stage = 3;
+  base.opt.offload_optimizer = OffloadDevice::kCpu;
+  base.label = "config lr";
+  const DrivenOutcome config_lr = drive(base);
+  ASSERT_TRUE(config_lr.status.ok()) << config_lr.status.to_string();
+
+  DrivenRun same = base;
+  same.step_lr = [&](int64_t) { return base.opt.hyper.lr; };
+  same.label = "the config's lr set by the caller";
+  expect_bit_identical(config_lr, drive(same), same.label);
+
+  DrivenRun frozen = base;
+  frozen.step_lr = [](int64_t) { return 0.0; };
+  frozen.label = "lr 0";
+  const DrivenOutcome none = drive(frozen);
+  ASSERT_TRUE(none.status.ok()) << none.status.to_string();
+  const std::vector<std::vector<float>> init = mlp::initial_values(kInitSeed);
+  for (size_t li = 0; li < mlp::kLayerCount; ++li) {
+    if (li == mlp::kFrozen) continue;
+    ASSERT_EQ(none.masters[li].size(), init[li].size()) << "layer " << li;
+    EXPECT_EQ(std::memcmp(none.masters[li].data(), init[li].data(), init[li].size() * sizeof(float)), 0)
+        << "layer " << li << " moved with lr 0";
+  }
+
+  DrivenRun decaying = base;
+  decaying.step_lr = [&](int64_t s) { return base.opt.hyper.lr / static_cast<double>(s); };
+  decaying.label = "lr / step";
+  const DrivenOutcome other = drive(decaying);
+  ASSERT_TRUE(other.status.ok()) << other.status.to_string();
+  EXPECT_EQ(other.losses[0], config_lr.losses[0]);  // the first step's loss is before any update
+  EXPECT_NE(other.losses.back(), config_lr.losses.back());
+
+  auto comms = comm::create_local_group(1).value();
+  auto d = DrivenRank::create(base_options(), {}, *comms[0]).value();
+  for (double bad : {std::nan(""), -1e-3, 1e4, std::numeric_limits<double>::infinity()})
+    expect_refused(d->engine().set_step_lr(bad), StatusCode::kInvalidArgument, "set_step_lr", fmt::format("lr {}", bad));
+  ASSERT_TRUE(d->put_all().ok());
+  Result<StepMetrics> m = d->step(1);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_EQ(m->lr, base_options().hyper.lr);  // the refusals changed nothing
 }
 
 // ---------------------------------------------------------------- 5. SpecModel::create

@@ -387,6 +387,13 @@ class Engine final : public ParameterProvider {
   // The commit point of the previous step, the global norm, the overflow
   // vote and the update. An error only when the engine stopped (stopped()).
   Result<StepOutcome> finish_step();
+  // The lr of every step from the next finish_step() on, instead of the
+  // config's (optimizer.params.lr or its "scheduler"): a caller's own
+  // schedule (a torch lr scheduler through strata.torch) sets it before each
+  // finish_step(). Each run's lr_scale still applies; a OneCycle config's
+  // betas still cycle. Refused (InvalidArgument, nothing changed) unless
+  // finite and in [0, 1000], the range the config accepts.
+  Status set_step_lr(double lr);
   // Drops the step in progress (after begin_step(), before finish_step()):
   // the caller's model failed part-way (e.g. an exception in a PyTorch
   // forward) or the caller gives the step up. Layers it still holds are
@@ -419,9 +426,21 @@ class Engine final : public ParameterProvider {
   // ParameterProvider
   Result<LayerMemory> acquire(size_t layer_index, Pass pass) override;
   Status release(size_t layer_index, Pass pass, const Completion& done) override;
+  // release() for a caller whose views of the layer's parameters may
+  // outlive the pass (autograd's saved tensors: the Python bindings):
+  // `done` ends the pass (gradients written, as above), `memory_returned`
+  // completes when nothing reads the parameter memory any more. A gathered
+  // copy is freed only after both; the engine never waits for
+  // `memory_returned` (until it completes the copy counts against
+  // stage3_max_live_parameters and the memory plan is exceeded by it).
+  Status release(size_t layer_index, Pass pass, const Completion& done, const Completion& memory_returned);
 
   const EngineOptions& options() const;
   const Partition& partition() const;
+  // Where every kind of each layer's state lives (Note [State placement]):
+  // e.g. placement().layers[i].persistent(), whether layer i's parameter
+  // memory stays the same from one acquire to the next.
+  const StatePlacement& placement() const;
   int rank() const;
   int world_size() const;
   int64_t optimizer_steps() const;  // updates applied (a skipped fp16 step is not one)
