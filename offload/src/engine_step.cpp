@@ -99,9 +99,10 @@ Result<StepOutcome> Engine::Impl::finish_step() {
 // The step in progress is dropped: the caller's passes are over (the
 // model's stream is waited for), held layers are released, the partial
 // gradients are discarded (zeroed again by the repeated step), the counters
-// go back to the step's start. What was already issued (gathers,
-// reductions of completed gradients) completes on its own; the previous
-// step's updates stay pending until the next commit point.
+// go back to the step's start. Reductions already issued are waited for
+// (their block sums read the optimizer's input buffers, which the repeated
+// step's reductions write again); gathers complete on their own; the
+// previous step's updates stay pending until the next commit point.
 Status Engine::Impl::abandon_step() {
   const bool in_micro_batch = phase == Phase::kMicroBatch;
   phase = Phase::kIdle;
@@ -111,6 +112,7 @@ Status Engine::Impl::abandon_step() {
     STRATA_RETURN_IF_ERROR(wait_bounded(model_done, "abandon_step(): the model's queued work"));
   }
   STRATA_RETURN_IF_ERROR(params.release_every_held(model_done));
+  STRATA_RETURN_IF_ERROR(grads.wait_for_issued_reductions());
   if (in_micro_batch) params.trace().abandon_micro_batch();
   params.take_unclaimed_prefetch_failure().ignore();  // the step it was for is gone
   STRATA_RETURN_IF_ERROR(params.drop_unheld());

@@ -295,6 +295,14 @@ Result<double> GradientReduction::global_norm_squared() {
   return total;
 }
 
+Status GradientReduction::wait_for_issued_reductions() {
+  for (size_t li = 0; li < layers_.size(); ++li)
+    if (layers_[li].reduce_launched)  // ok or failed: either way nothing reads the buffers any more
+      STRATA_RETURN_IF_ERROR(ctx_.wait_bounded(layers_[li].norm_partials_ready,
+                                               fmt::format("abandon_step(): the reduction of layer {}", li)));
+  return Status::Ok();
+}
+
 GradientReduction::UpdateInput GradientReduction::update_input(size_t li) const {
   const LayerGradients& l = layers_[li];
   UpdateInput in;

@@ -86,6 +86,10 @@ class GradientReduction {
   UpdateInput update_input(size_t li) const;
   // The update of the layer reads the reduced gradient until `update_ran`.
   void read_until(size_t li, const Completion& update_ran) { layers_[li].full_gradient_read = update_ran; }
+  // The step is abandoned (Engine::abandon_step): waits for the reductions
+  // it issued, block sums included, so the repeated step's moves into the
+  // optimizer's input buffers never overlap their reads.
+  Status wait_for_issued_reductions();
   // The step is being repeated (a rollback): gradients are zeroed again.
   void forget_zeroing() {
     for (LayerGradients& l : layers_) l.zeroed_step = -1;
