@@ -144,7 +144,7 @@ Status GradientReduction::launch_reduction(size_t li) {
       STRATA_ASSIGN_OR_RETURN(l.full_grads, ctx_.alloc_device(layer_part.padded_elements * ctx_.grad_bytes(),
                                                               fmt::format("gradients of layer {}", li)));
     } else {
-      STRATA_RETURN_IF_ERROR(xfer.wait(l.full_gradient_read));
+      STRATA_RETURN_IF_ERROR(xfer.wait(l.full_gradient_read));  // the copy stream (not the host) waits for its readers
     }
     STRATA_RETURN_IF_ERROR(zero(l, li));
     l.last_backward_released = l.grads_zeroed;
@@ -158,10 +158,12 @@ Status GradientReduction::launch_reduction(size_t li) {
     if (opt.grad_dtype == DType::kF32) std::memcpy(fault_bytes_.data(), &v, 4);
     if (opt.grad_dtype == DType::kBF16) convert_fp32_to_bf16(&v, reinterpret_cast<bfloat16*>(fault_bytes_.data()), 1);
     if (opt.grad_dtype == DType::kF16) convert_fp32_to_fp16(&v, reinterpret_cast<float16*>(fault_bytes_.data()), 1);
-    STRATA_RETURN_IF_ERROR(xfer.wait(l.last_backward_released));
+    STRATA_RETURN_IF_ERROR(xfer.wait(l.last_backward_released));  // the injected value lands after the backward
     STRATA_RETURN_IF_ERROR(xfer.copy_async(full, fault_bytes_.data(), e, CopyKind::kHostToDevice));
     local = xfer.record_completion();
   }
+  // Queue gates, not host waits: the reduction starts once the layer's
+  // backward wrote its gradient; the moves below once it is reduced.
   STRATA_RETURN_IF_ERROR(comm.wait(local, comm::CommQueue::kReduce));
   Completion reduced;
   for (const SubGroup& g : layer_part.groups) {

@@ -189,11 +189,11 @@ Status ParameterGathering::queue_gather(size_t li, std::vector<Completion>& queu
         l.shard_ready, fmt::format("reading the {}", name), /*sticky=*/false);
     queued.push_back(copied);
     ctx_.transfers.h2d_bytes += bytes;
-    STRATA_RETURN_IF_ERROR(comm.wait(copied, comm::CommQueue::kGather));
+    STRATA_RETURN_IF_ERROR(comm.wait(copied, comm::CommQueue::kGather));  // a queue gate: the gather follows the read
   } else if (ctx_.param_on_host()) {
     // H2D of this rank's pieces into their place, then gather in place.
     Stream& xfer = *ctx_.xfer;
-    STRATA_RETURN_IF_ERROR(xfer.wait(l.shard_ready));
+    STRATA_RETURN_IF_ERROR(xfer.wait(l.shard_ready));  // a stream gate: the H2D reads the shard after its update
     Status copies;
     for (const SubGroup& g : layer_part.groups)
       if (copies.ok())
@@ -203,9 +203,9 @@ Status ParameterGathering::queue_gather(size_t li, std::vector<Completion>& queu
     queued.push_back(h2d);
     STRATA_RETURN_IF_ERROR(copies);
     ctx_.transfers.h2d_bytes += layer_part.shard_elements * eb;
-    STRATA_RETURN_IF_ERROR(comm.wait(h2d, comm::CommQueue::kGather));
+    STRATA_RETURN_IF_ERROR(comm.wait(h2d, comm::CommQueue::kGather));  // a queue gate: the gather follows the H2D
   } else {
-    STRATA_RETURN_IF_ERROR(comm.wait(l.shard_ready, comm::CommQueue::kGather));
+    STRATA_RETURN_IF_ERROR(comm.wait(l.shard_ready, comm::CommQueue::kGather));  // a queue gate: sends the updated shard
   }
   const std::optional<testing::GatherFault>& fault = ctx_.faults.gather;
   if (fault && fault->step == ctx_.steps_begun && fault->rank == rank && fault->layer == li && !fault_gather_fired_) {
@@ -390,6 +390,7 @@ Status ParameterGathering::publish_update(size_t li, const Completion& updated) 
     l.params_ready = updated;
     return Status::Ok();
   }
+  // A queue gate on kUpdate (Note [Exact overlap]): the gather sends the updated pieces.
   STRATA_RETURN_IF_ERROR(ctx_.comm.wait(updated, comm::CommQueue::kUpdate));
   STRATA_ASSIGN_OR_RETURN(l.params_ready, gather_persistent(li));
   return Status::Ok();

@@ -133,7 +133,6 @@ class StrataEngine(torch.nn.Module):
         self._units = units
         self._layers = [_LayerState(p) for p in plans]
         self._stage = config["zero_optimization"]["stage"]
-        self._config_lr = config["optimizer"]["params"]["lr"]
         self._config_scheduler = config["scheduler"]["type"] != "none"
         self._shown_lr = None      # with the config's scheduler: the lr last shown in param_groups
         self._gas = native.gradient_accumulation_steps
