@@ -196,11 +196,12 @@ Engine::~Engine() {
     // on an I/O thread when it completes, and a failed one records its error
     // in this engine's StepFailures (in the context, destroyed after
     // the components). A layer's shard_ready completes after that continuation,
-    // so none is left once every layer's has,
-    for (size_t li = 0; li < m.part.layer_count(); ++li) {
+    // so none is left once every layer's has (the layers set up: an init
+    // that failed part-way leaves fewer, or none),
+    for (size_t li = 0; li < m.updates.layer_count(); ++li)
       m.wait_at_teardown(m.updates.layer(li).update_written, "a layer's update");
+    for (size_t li = 0; li < m.params.layer_count(); ++li)
       m.wait_at_teardown(m.params.layer(li).shard_ready, "a layer's parameter shard write-back");
-    }
     // the shard reader (its reads are gated on those write-backs and record
     // a failed read in this engine),
     m.params.stop_reader();

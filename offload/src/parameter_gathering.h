@@ -75,6 +75,8 @@ class ParameterGathering {
   AcquireTrace& trace() { return *trace_; }
   const AcquireTrace& trace() const { return *trace_; }
   const LayerParams& layer(size_t li) const { return layers_[li]; }
+  // The layers set up so far (0 until init; fewer when the engine's init failed part-way).
+  size_t layer_count() const { return layers_.size(); }
   bool held(size_t li) const { return layers_[li].held > 0; }
 
   // A pass's acquire: gathers on demand (and prefetches, following the trace).

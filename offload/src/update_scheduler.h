@@ -80,6 +80,8 @@ class UpdateScheduler {
   OptimizerStateTier* device_part() { return dev_tier_.get(); }  // ratio < 1: the device part
   SerialWorker& worker() { return *worker_; }
   const LayerUpdate& layer(size_t li) const { return layers_[li]; }
+  // The layers set up so far (0 until init; fewer when the engine's init failed part-way).
+  size_t layer_count() const { return layers_.size(); }
 
   // Time the optimizer threads spend in one step's updates: started when a
   // step's updates are queued, read (once) when they are done.

@@ -6,8 +6,18 @@
 // (and, in backward, its gradient buffer) as writable buffers that torch
 // views without a copy (torch.frombuffer).
 //
-// This build drives the cpu device in one process (world size 1): its
-// memory is host memory, so a lent buffer is directly a torch CPU tensor.
+// This build drives the cpu device: its memory is host memory, so a lent
+// buffer is directly a torch CPU tensor.
+//
+// Note [Ranks of a driven engine]
+// One process is world size 1 (a local group of one). A process started by
+// mpirun (or backend "mpi") is one rank of MPI_COMM_WORLD: the config's
+// batch keys are checked against that world, each rank runs its own
+// micro-batches and the engine reduces the gradients (the mean over ranks),
+// as `strata train --backend mpi` does. Every rank describes the same model
+// and hands every layer's initial values in; rank 0's values are broadcast
+// (DeepSpeed broadcasts the module at initialize), so a rank that built its
+// model from another seed still trains the same model.
 //
 // Note [Lent memory outlives its release]
 // torch may read a layer's parameters after the hook released them:
@@ -27,6 +37,7 @@
 // dropped; strata.torch binds placeholders at release. Memory the layer
 // keeps for good (its whole copy, stages 0-2) is not tracked; a shard lent
 // in place (stage 3, world 1) is never freed.
+#include <cstring>
 #include <map>
 #include <optional>
 #include <string>
@@ -150,12 +161,30 @@ class DrivenEngine {
  public:
   static std::unique_ptr<DrivenEngine> create(const std::optional<std::string>& config_path,
                                               const std::optional<std::string>& config_text,
-                                              const std::vector<LayerTuple>& layers, uint64_t device_memory) {
+                                              const std::vector<LayerTuple>& layers, uint64_t device_memory,
+                                              const std::string& backend) {
     if (config_path.has_value() == config_text.has_value())
       raise_status(InvalidArgument("give the config as a file path or as JSON text, exactly one of them"));
+    // The ranks (Note [Ranks of a driven engine]): one process, or this
+    // process as one rank of mpirun's world.
+    std::unique_ptr<comm::Communicator> mpi;
+    if (backend == "mpi" || (backend == "auto" && comm::launched_by_mpi())) {
+      const comm::CommOptions comm_options = value_or_raise(comm::apply_comm_environment({}));
+      Result<std::unique_ptr<comm::Communicator>> created = [&] {
+        py::gil_scoped_release unlocked;
+        return comm::create_mpi_communicator(comm_options);
+      }();
+      if (!created.ok())
+        raise_status(created.status().with_context(backend == "mpi" ? "backend 'mpi'"
+                                                                    : "mpirun started this process (backend 'auto')"));
+      mpi = std::move(*created);
+    } else if (backend != "auto" && backend != "local") {
+      raise_status(InvalidArgument(fmt::format("backend '{}' is not auto, local or mpi", printable(backend, 32))));
+    }
     ConfigOptions options;
-    options.world_size = 1;
-    options.world_size_origin = "strata.torch (one process)";
+    options.world_size = mpi ? mpi->world_size() : 1;
+    options.world_size_origin = mpi ? fmt::format("the MPI communicator (mpirun -np {})", mpi->world_size())
+                                    : std::string("strata.torch (one process)");
     if (!config_path) options.source = "<dict>";
     const ConfigCheck check =
         config_path ? check_config_file(*config_path, options) : check_config_text(*config_text, options);
@@ -185,13 +214,17 @@ class DrivenEngine {
                                          : check.config.strata.device_memory != 0 ? check.config.strata.device_memory
                                                                                   : quarter_of_host_memory();
     self->device_ = value_or_raise(make_device(DeviceKind::kCpu, device_options));
-    self->comms_ = value_or_raise(comm::create_local_group(1));
+    if (mpi) self->comms_.push_back(std::move(mpi));
+    else self->comms_ = value_or_raise(comm::create_local_group(1));
     self->engine_ = value_or_raise(Engine::create(engine_options, *self->model_, *self->device_, *self->comms_[0]));
     self->grad_accum_ = engine_options.grad_accum;
     return self;
   }
 
   size_t layer_count() const { return model_->layers().size(); }
+  int rank() const { return comms_[0]->rank(); }
+  int world_size() const { return comms_[0]->world_size(); }
+  std::string backend() const { return std::string(comm::backend_name(comms_[0]->backend())); }
   int64_t grad_accum() const { return grad_accum_; }
 
   // The layer's tensors as (name, shape, dtype, offset_bytes, offset_elements).
@@ -214,9 +247,26 @@ class DrivenEngine {
         raise_status(InvalidArgument(fmt::format("layer {}: the fp32 values must be a float32 buffer", li)));
       values = std::span<const float>(static_cast<const float*>(f.ptr), static_cast<size_t>(f.size));
     }
-    const auto bytes = std::span<const std::byte>(static_cast<const std::byte*>(p.ptr),
-                                                  static_cast<size_t>(p.size * p.itemsize));
+    auto bytes = std::span<const std::byte>(static_cast<const std::byte*>(p.ptr),
+                                            static_cast<size_t>(p.size * p.itemsize));
     py::gil_scoped_release unlocked;
+    // Several ranks: rank 0's values on every rank (as DeepSpeed broadcasts
+    // the module at initialize), so ranks that built the model from
+    // different seeds still train one model.
+    std::vector<std::byte> rank0_bytes;
+    std::vector<float> rank0_values;
+    if (world_size() > 1) {
+      throw_if_error(broadcast_from_rank0(bytes, rank0_bytes, fmt::format("layer {}'s initial values", li)));
+      bytes = rank0_bytes;
+      if (!values.empty()) {
+        const std::span<const std::byte> raw(reinterpret_cast<const std::byte*>(values.data()), values.size_bytes());
+        std::vector<std::byte> received;
+        throw_if_error(broadcast_from_rank0(raw, received, fmt::format("layer {}'s fp32 initial values", li)));
+        rank0_values.resize(values.size());
+        std::memcpy(rank0_values.data(), received.data(), received.size());
+        values = rank0_values;
+      }
+    }
     throw_if_error(engine_->put_initial_layer(li, bytes, values));
   }
 
@@ -378,6 +428,25 @@ class DrivenEngine {
       raise_status(InvalidArgument(fmt::format("layer {} is out of range: the model has {} layers", li,
                                                model_->layers().size())));
   }
+  // Rank 0's `mine` into `out` on every rank; the sizes must agree (every
+  // rank described the same model).
+  Status broadcast_from_rank0(std::span<const std::byte> mine, std::vector<std::byte>& out, const std::string& what) {
+    comm::Communicator& c = *comms_[0];
+    // Sizes first, as one f64 per rank gathered, so a rank with another model is named, not hung.
+    const double my_size = static_cast<double>(mine.size());
+    std::vector<double> sizes(static_cast<size_t>(c.world_size()));
+    STRATA_ASSIGN_OR_RETURN(comm::CommWork gathered, c.all_gather(&my_size, sizes.data(), 1, DType::kF64));
+    STRATA_RETURN_IF_ERROR(gathered.wait());
+    for (size_t r = 0; r < sizes.size(); ++r)
+      if (sizes[r] != my_size)
+        return InvalidArgument(fmt::format("{}: rank {} has {} bytes, rank {} has {:.0f}: every rank must describe the "
+                                           "same model (the same units, shapes and dtypes)",
+                                           what, c.rank(), mine.size(), r, sizes[r]));
+    out.assign(mine.begin(), mine.end());
+    // Parameters are 2- or 4-byte elements: moved as 2-byte words (bits, no arithmetic).
+    STRATA_ASSIGN_OR_RETURN(comm::CommWork sent, c.broadcast(out.data(), out.data(), out.size() / 2, DType::kF16, 0));
+    return sent.wait();
+  }
   template <typename F>
   void call(F&& f) {
     Status s;
@@ -406,8 +475,11 @@ void bind_engine(py::module_& m) {
   driven.def("set_step_lr", &DrivenEngine::set_step_lr, py::arg("lr"));
   driven
       .def_static("create", &DrivenEngine::create, py::arg("config_path"), py::arg("config_text"), py::arg("layers"),
-                  py::arg("device_memory") = 0)
+                  py::arg("device_memory") = 0, py::arg("backend") = "auto")
       .def_property_readonly("layer_count", &DrivenEngine::layer_count)
+      .def_property_readonly("rank", &DrivenEngine::rank)
+      .def_property_readonly("world_size", &DrivenEngine::world_size)
+      .def_property_readonly("backend", &DrivenEngine::backend)
       .def_property_readonly("grad_accum", &DrivenEngine::grad_accum)
       .def("layer_tensors", &DrivenEngine::layer_tensors)
       .def("put_initial_layer", &DrivenEngine::put_initial_layer, py::arg("layer"), py::arg("params"),

@@ -192,6 +192,18 @@ class StrataEngine(torch.nn.Module):
     def global_steps(self):
         return self._global_steps
 
+    @property
+    def global_rank(self):
+        """This process's rank (0 in one process; its MPI rank under mpirun)."""
+        return self._engine.rank
+
+    @property
+    def world_size(self):
+        """The data-parallel ranks (1 in one process; mpirun's -np)."""
+        return self._engine.world_size
+
+    dp_world_size = world_size
+
     def backward(self, loss, retain_graph=False):
         """Runs autograd on loss scaled by the engine's gradient scale (1 /
         gradient_accumulation_steps, and the fp16 loss scale), hands every
@@ -320,6 +332,19 @@ class StrataEngine(torch.nn.Module):
             raise TypeError(f"client_state must be JSON (numbers, strings, lists, dicts): {e}") from None
         self._engine._native.save_checkpoint(os.fspath(save_dir), tag or "", int(keep), bool(sync), text)
         return True
+
+    def export_hf(self, save_directory, dtype=None, max_shard_size="5GB", safe_serialization=True):
+        """The trained model for Hugging Face's from_pretrained: safetensors
+        by parameter name (sharded past max_shard_size, with the index) and
+        the module's config.json, streamed one layer at a time; between
+        steps, on every rank (rank 0 writes). dtype=None: the parameters'
+        own dtype; torch.float32: the fp32 master weights. Returns the files
+        written (strata/_torch_export.py, Note [Exporting a model from the engine])."""
+        from ._torch_export import export_hf
+        return export_hf(self, save_directory, dtype=dtype, max_shard_size=max_shard_size,
+                         safe_serialization=safe_serialization)
+
+    save_pretrained = export_hf
 
     def wait_checkpoint(self):
         """Waits for the save in flight: {"tag", "committed", "seconds", "bytes"}, or None."""

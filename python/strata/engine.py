@@ -59,7 +59,7 @@ def _torch():
 class Engine:
     """One rank's engine over a model described by layers of TensorSpec."""
 
-    def __init__(self, config, layers, device_memory=0):
+    def __init__(self, config, layers, device_memory=0, backend="auto"):
         if isinstance(config, dict):
             path, text = None, json.dumps(config)
         elif isinstance(config, (str, os.PathLike)):
@@ -72,7 +72,9 @@ class Engine:
                 (t.name, [int(d) for d in t.shape], _dtype_name(t.dtype), bool(t.trainable),
                  None if t.weight_decay is None else float(t.weight_decay), float(t.lr_scale))
                 for t in (TensorSpec(*t) if not isinstance(t, TensorSpec) else t for t in tensors)]))
-        self._native = _native.DrivenEngine.create(path, text, described, int(device_memory))
+        # backend: "auto" (this process as one rank of mpirun's world when mpirun started it, else one
+        # process), "local" (one process) or "mpi" (Note [Ranks of a driven engine]).
+        self._native = _native.DrivenEngine.create(path, text, described, int(device_memory), str(backend))
         self._layout = [self._native.layer_tensors(i) for i in range(self._native.layer_count)]
         # layer -> (address, {name: tensor}): the views last built over its parameters / gradient buffer
         self._param_views, self._grad_views = {}, {}
@@ -80,6 +82,14 @@ class Engine:
     @property
     def layer_count(self):
         return self._native.layer_count
+
+    @property
+    def rank(self):
+        return self._native.rank
+
+    @property
+    def world_size(self):
+        return self._native.world_size
 
     @property
     def gradient_accumulation_steps(self):

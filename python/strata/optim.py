@@ -14,6 +14,7 @@ with moment_dtype=torch.bfloat16, bf16. State keys and layout match torch's
 torch.optim.AdamW / Adam / Adagrad and these classes both ways.
 """
 
+import copy
 import math
 
 import torch
@@ -113,6 +114,13 @@ class _CPUOptimizer(torch.optim.Optimizer):
         for key in self._state_keys:
             state[key] = torch.zeros_like(p, dtype=self._moment_dtype, memory_format=torch.contiguous_format)
         return state
+
+    def load_state_dict(self, state_dict):
+        """torch.optim's, on a copy: torch >= 2 keeps the given state's
+        tensors (the step counts, and moments already of the right dtype)
+        instead of copying them, so this optimizer's in-place steps would
+        write into the optimizer that saved them (and its steps into ours)."""
+        super().load_state_dict(copy.deepcopy(state_dict))
 
     def _state_for(self, p, group, what):
         state = self.state[p]

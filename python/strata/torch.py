@@ -13,8 +13,10 @@ The engine owns every parameter, gradient and optimizer byte (ZeRO stages
 0-3, optimizer state and stage-3 parameters on the device, in pinned host
 memory or on NVMe, as the config says); the module's parameters are bound
 to its memory unit by unit while torch runs them (strata/_torch_engine.py,
-Note [Hooks per unit]). This build: the cpu device, one process (world
-size 1). See docs/python.md, "Training a PyTorch model".
+Note [Hooks per unit]). This build: the cpu device; one process, or one
+rank per process under `mpirun -np N python train.py` (data parallel: each
+rank runs its own micro-batches, the engine reduces the gradients; rank 0's
+initial values are broadcast). See docs/python.md, "Training a PyTorch model".
 
 (This module is strata.torch; inside the strata package `import torch` is
 PyTorch, as imports are absolute.)
@@ -71,7 +73,8 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
                              f"section are given: drop one of them")
         raw["optimizer"] = optimizer_section_from_client(optimizer)
         engine_config = raw
-    resolved = strata_config.load(engine_config)  # strict: InvalidArgument naming every bad key
+    # strict: InvalidArgument naming every bad key; the batch keys against mpirun's world (the engine's ranks)
+    resolved = strata_config.load(engine_config, world_size=_launcher_world())
     # Hugging Face's "auto" placeholders (in the aio and strata sections "auto" is a value of their own).
     autos = [k for k in _auto_keys(raw) if not k.startswith(("aio.", "strata."))]
     if autos:
@@ -110,8 +113,13 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     facade._engine = engine
     loader = None
     if training_data is not None:
+        # In order; with several ranks each reads its own 1/world of the samples (DistributedSampler, no shuffle).
+        sampler = None
+        if native.world_size > 1:
+            sampler = torch.utils.data.DistributedSampler(training_data, num_replicas=native.world_size,
+                                                          rank=native.rank, shuffle=False)
         loader = torch.utils.data.DataLoader(training_data, batch_size=resolved["train_micro_batch_size_per_gpu"],
-                                             collate_fn=collate_fn)
+                                             collate_fn=collate_fn, sampler=sampler)
     return engine, facade, loader, scheduler
 
 
@@ -123,6 +131,18 @@ def _config_argument(args, config, config_params):
         raise ValueError("give the config once: config=path-or-dict (or config_params, or args.deepspeed_config); "
                          f"{len(given)} given")
     return given[0]
+
+
+def _launcher_world():
+    """The world size mpirun gave this process (1 without mpirun): the
+    engine's ranks (Note [Ranks of a driven engine]), known before it exists."""
+    for variable in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+        text = os.environ.get(variable)
+        if text is not None:
+            if not text.isdigit() or not 1 <= int(text) <= 1024:
+                raise ValueError(f"the launcher's {variable}={text[:32]!r} is not a number of ranks in 1..1024")
+            return int(text)
+    return 1
 
 
 def _raw_config(config):

@@ -218,7 +218,8 @@ def _reference_adamw_step(p, g16, m, v, t, lr, b1, b2, eps, wd):
     g = g16.to(torch.float32)
     m = fma(f32(1.0 - b1), g - m, m)
     v = fma(f32(1.0 - b2) * g, g, v * f32(b2))
-    denom = fma(v.sqrt(), f32(1.0 / (1.0 - b2 ** t) ** 0.5), f32(eps))
+    # sqrt correctly rounded: through double (torch >= 2's float sqrt on the CPU is not, by an ulp)
+    denom = fma(v.double().sqrt().float(), f32(1.0 / (1.0 - b2 ** t) ** 0.5), f32(eps))
     p = p * f32(1.0 - lr * wd)
     p = fma(f32(-lr / (1.0 - b1 ** t)), m / denom, p)
     return p, m, v

@@ -124,7 +124,9 @@ def train_torch(model, optimizer, loss_fn, steps, accum=2, clip=0.0, scheduler=N
     losses = []
     index = 0
     for _ in range(steps):
-        optimizer.zero_grad()
+        # Zeros, not None (torch >= 2's default): the engine steps a parameter its micro-batches did not use with
+        # a zero gradient (moments decay, weight decay applies), as DeepSpeed's ZeRO does; torch skips a None grad.
+        optimizer.zero_grad(set_to_none=False)
         total = 0.0
         for _ in range(accum):
             loss = loss_fn(model, index)

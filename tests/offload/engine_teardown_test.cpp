@@ -57,5 +57,23 @@ TEST(EngineTeardown, AParameterWriteBackFailingDuringDestructionFindsTheEngineAl
   EXPECT_EQ(counters->eio.load(), 1u);
 }
 
+// An init that fails part-way (here: the NVMe optimizer tier's folder cannot
+// be created) destroys the half-built engine: the destructor waits only on
+// the layers its components set up (it used to index the per-layer state of
+// every layer in the partition and crashed on the first) and create returns
+// the error naming the folder.
+TEST(EngineTeardown, AnInitThatFailsPartWayReturnsItsErrorAndTearsDownCleanly) {
+  for (const OffloadDevice param : {OffloadDevice::kNone, OffloadDevice::kNvme}) {
+    TrainRun r;
+    r.steps = 1;
+    apply_placement(r, Placement{3, OffloadDevice::kNvme, param, true});
+    r.opt.nvme.path = ::testing::TempDir() + "/no-such-folder/below";
+    const Outcome o = train(r);
+    ASSERT_FALSE(o.status.ok()) << offload_device_name(param);
+    EXPECT_NE(o.status.message().find("no-such-folder"), std::string::npos) << o.status.to_string();
+    EXPECT_TRUE(o.losses.empty());
+  }
+}
+
 }  // namespace
 }  // namespace strata::offload

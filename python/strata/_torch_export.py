@@ -1,0 +1,287 @@
+"""strata.torch: StrataEngine.export_hf, the trained model as Hugging Face
+loads it (safetensors by parameter name, config.json), streamed one engine
+layer at a time.
+
+Note [Exporting a model from the engine]
+The engine owns the parameters: between steps each layer is acquired for an
+evaluation pass (at stage 3 its shards are gathered, from NVMe where they
+live), its tensors are written, and it is released before the next, so at
+most one layer's whole copy exists beside the engine's own memory. The
+values are the parameters the forward computes with, in the module's dtype
+(bf16 under "bf16", as Hugging Face's save_pretrained writes the model's
+dtype); dtype=torch.float32 writes the fp32 master weights of trainable
+parameters instead (frozen ones have no masters: their values, widened).
+Buffers that are part of the module's state_dict (persistent ones) come
+from the module, which keeps them. A weight tied to another (an embedding
+shared with the head) is one parameter and is written once, under its first
+name, as save_pretrained does; from_pretrained ties it again.
+
+Every rank runs the acquires (stage-3 gathers are collectives); rank 0
+writes. Each file is written under a temporary name in the output folder,
+flushed and renamed into place, so an interrupted export never leaves a
+truncated model.safetensors behind. Files are split at tensor boundaries
+past max_shard_size, with model.safetensors.index.json as save_pretrained
+writes it.
+"""
+
+import json
+import os
+import re
+import struct
+
+import torch
+
+from .errors import FailedPrecondition
+
+__all__ = ["export_hf"]
+
+_SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float64: "F64",
+                       torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
+                       torch.uint8: "U8", torch.bool: "BOOL"}
+_SIZE_UNITS = {"": 1, "B": 1, "KB": 10 ** 3, "MB": 10 ** 6, "GB": 10 ** 9, "TB": 10 ** 12,
+               "KIB": 2 ** 10, "MIB": 2 ** 20, "GIB": 2 ** 30, "TIB": 2 ** 40}
+_MAX_SHARD_BYTES = 2 ** 50
+
+
+def parse_shard_size(value):
+    """max_shard_size: bytes (int) or "5GB" / "500MB" / "2GiB" (Hugging Face's spelling)."""
+    if isinstance(value, bool):
+        raise TypeError("max_shard_size must be a number of bytes or a size such as \"5GB\", not a bool")
+    if isinstance(value, int):
+        size = value
+    elif isinstance(value, str):
+        match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", value)
+        unit = match.group(2).upper() if match else None
+        if not match or unit not in _SIZE_UNITS:
+            raise ValueError(f"max_shard_size {value[:40]!r} is not a size: write bytes or e.g. \"5GB\", \"500MB\", "
+                             f"\"2GiB\"")
+        size = int(float(match.group(1)) * _SIZE_UNITS[unit])
+    else:
+        raise TypeError(f"max_shard_size must be a number of bytes or a size such as \"5GB\", not "
+                        f"{type(value).__name__}")
+    if not 1 <= size <= _MAX_SHARD_BYTES:
+        raise ValueError(f"max_shard_size {value!r} is out of range: give 1 byte to 1 PiB")
+    return size
+
+
+class _Entry:
+    """One tensor of the export: where its values come from and where they go."""
+    __slots__ = ("name", "shape", "dtype", "nbytes", "layer", "source", "shard", "begin")
+
+    def __init__(self, name, shape, dtype, layer, source):
+        self.name, self.shape, self.dtype = name, list(shape), dtype
+        self.nbytes = _numel(shape) * torch.empty(0, dtype=dtype).element_size()
+        self.layer, self.source = layer, source  # layer index (or None: a buffer), the parameter or buffer
+        self.shard, self.begin = 0, 0
+
+
+def export_hf(engine, out_dir, dtype=None, max_shard_size="5GB", safe_serialization=True):
+    """Writes engine's model to out_dir for `from_pretrained` (Note
+    [Exporting a model from the engine]); returns the paths written (rank 0)."""
+    if not safe_serialization:
+        raise ValueError("safe_serialization=False (pickled pytorch_model.bin) is not written: safetensors only")
+    if dtype is not None and dtype != torch.float32:
+        raise ValueError(f"dtype {dtype}: export the parameters' own dtype (dtype=None) or the fp32 master weights "
+                         f"(dtype=torch.float32)")
+    shard_bytes = parse_shard_size(max_shard_size)
+    if engine._step_open:
+        raise FailedPrecondition("export_hf() in the middle of a step: export after engine.step() at a gradient "
+                                 "accumulation boundary")
+    out_dir = os.fspath(out_dir)
+    writer = engine.global_rank == 0
+    if writer:
+        _prepare_folder(out_dir)
+
+    entries = _entries(engine, masters=dtype == torch.float32)
+    shards = _assign_shards(entries, shard_bytes)
+    names = _shard_file_names(len(shards))
+    files = []
+    if writer:
+        files = [_ShardFile(out_dir, name, shard) for name, shard in zip(names, shards)]
+    try:
+        _write_values(engine, entries, files, masters=dtype == torch.float32)
+        written = [f.commit() for f in files]
+    except BaseException:
+        for f in files:
+            f.discard()
+        raise
+    if not writer:
+        return []
+    if len(shards) > 1:
+        index = {"metadata": {"total_size": sum(e.nbytes for e in entries)},
+                 "weight_map": {e.name: names[e.shard] for e in sorted(entries, key=lambda e: e.name)}}
+        written.append(_write_file(out_dir, "model.safetensors.index.json",
+                                   json.dumps(index, indent=2, sort_keys=True).encode() + b"\n"))
+    written += _write_model_config(engine.module, out_dir)
+    return written
+
+
+def _prepare_folder(out_dir):
+    if os.path.islink(out_dir):
+        raise ValueError(f"export folder '{out_dir}' is a symbolic link: give the folder itself")
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise ValueError(f"export folder '{out_dir}' exists and is not a folder")
+    os.makedirs(out_dir, exist_ok=True)
+
+
+def _entries(engine, masters):
+    """Every tensor to write, in the engine's layer order, then the module's persistent buffers."""
+    entries = []
+    for index, layer in enumerate(engine._layers):
+        plan = layer.plan
+        for name, p in plan.params:
+            out_dtype = torch.float32 if masters else plan.dtype
+            # (the declared shape: at stage 3 the module's parameter is an empty placeholder between uses)
+            entries.append(_Entry(name, _declared_shape(engine, index, name), out_dtype, index, p))
+    # Every name a parameter has, tied ones included (named_parameters lists a shared one once).
+    parameter_names = {f"{prefix}.{name}" if prefix else name
+                       for prefix, module in engine.module.named_modules() for name in module._parameters}
+    for name, value in engine.module.state_dict(keep_vars=True).items():
+        if name in parameter_names or not isinstance(value, torch.Tensor):
+            continue
+        if value.dtype not in _SAFETENSORS_DTYPES:
+            raise ValueError(f"buffer '{name}' has dtype {value.dtype}, which safetensors cannot store")
+        entries.append(_Entry(name, value.shape, value.dtype, None, value))
+    return entries
+
+
+def _declared_shape(engine, index, name):
+    for tensor_name, shape, *_ in engine._engine._layout[index]:
+        if tensor_name == name:
+            return shape
+    raise KeyError(f"layer {index} has no tensor '{name}'")
+
+
+def _assign_shards(entries, shard_bytes):
+    shards, current, size = [], [], 0
+    for e in entries:
+        if current and size + e.nbytes > shard_bytes:
+            shards.append(current)
+            current, size = [], 0
+        e.shard, e.begin = len(shards), size
+        current.append(e)
+        size += e.nbytes
+    shards.append(current)
+    return shards
+
+
+def _shard_file_names(count):
+    if count == 1:
+        return ["model.safetensors"]
+    return [f"model-{i + 1:05d}-of-{count:05d}.safetensors" for i in range(count)]
+
+
+def _write_values(engine, entries, files, masters):
+    """With masters: each trainable layer's fp32 master weights gathered
+    (between steps, outside an evaluation). Every other layer acquired for
+    an evaluation (gathered at stage 3), its tensors written, released.
+    Then the buffers."""
+    by_layer = {}
+    for e in entries:
+        by_layer.setdefault(e.layer, []).append(e)
+    native = engine._engine
+    from_masters = [i for i, layer in enumerate(engine._layers) if masters and layer.plan.trainable]
+    for index in from_masters:
+        flat = native.gather_state(index)
+        for e in by_layer.get(index, []):
+            offset = _master_offset(native, index, e.name)
+            if files:
+                files[e.shard].write(e, flat[offset:offset + _numel(e.shape)].view(e.shape))
+    acquired = [i for i in range(len(engine._layers)) if i not in set(from_masters)]
+    if acquired:
+        native.begin_evaluation()
+        try:
+            for index in acquired:
+                view = native.acquire(index, "eval")
+                try:
+                    for e in by_layer.get(index, []):
+                        if files:
+                            files[e.shard].write(e, view.params[e.name].to(e.dtype))
+                    del view
+                finally:
+                    native.release(index, "eval")
+        finally:
+            native.finish_evaluation(0.0, 1)
+    for e in by_layer.get(None, []):
+        if files:
+            files[e.shard].write(e, e.source.detach().to("cpu"))
+
+
+def _master_offset(native, index, name):
+    for tensor_name, _, _, _, offset_elements in native._layout[index]:
+        if tensor_name == name:
+            return offset_elements
+    raise KeyError(f"layer {index} has no tensor '{name}'")
+
+
+class _ShardFile:
+    """One .safetensors file: header (8-byte little-endian length, JSON,
+    space-padded to 8 bytes), then each tensor's bytes, row-major, little-endian."""
+
+    def __init__(self, out_dir, name, entries):
+        self.path = os.path.join(out_dir, name)
+        self.temporary = self.path + ".tmp"
+        header = {"__metadata__": {"format": "pt"}}
+        for e in entries:
+            header[e.name] = {"dtype": _SAFETENSORS_DTYPES[e.dtype], "shape": e.shape,
+                              "data_offsets": [e.begin, e.begin + e.nbytes]}
+        text = json.dumps(header, separators=(",", ":")).encode()
+        text += b" " * (-len(text) % 8)
+        self.data_start = 8 + len(text)
+        self.expected = {e.name: e for e in entries}
+        self.done = set()
+        self.file = open(self.temporary, "wb")
+        self.file.write(struct.pack("<Q", len(text)) + text)
+
+    def write(self, entry, value):
+        if list(value.shape) != entry.shape or value.dtype != entry.dtype:
+            raise AssertionError(f"tensor '{entry.name}': {tuple(value.shape)} {value.dtype} where the header says "
+                                 f"{entry.shape} {entry.dtype}")
+        self.file.seek(self.data_start + entry.begin)
+        self.file.write(value.contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+        self.done.add(entry.name)
+
+    def commit(self):
+        missing = sorted(set(self.expected) - self.done)
+        if missing:
+            raise AssertionError(f"{self.path}: tensors never written: {missing[:5]}")
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.file.close()
+        os.replace(self.temporary, self.path)
+        return self.path
+
+    def discard(self):
+        if not self.file.closed:
+            self.file.close()
+        if os.path.exists(self.temporary):
+            os.remove(self.temporary)
+
+
+def _write_file(out_dir, name, data):
+    path = os.path.join(out_dir, name)
+    with open(path + ".tmp", "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(path + ".tmp", path)
+    return path
+
+
+def _write_model_config(module, out_dir):
+    """config.json (and generation_config.json) of a Hugging Face model, as save_pretrained writes them."""
+    written = []
+    config = getattr(module, "config", None)
+    if config is not None and hasattr(config, "to_json_string"):
+        written.append(_write_file(out_dir, "config.json", config.to_json_string().encode()))
+    generation = getattr(module, "generation_config", None)
+    if generation is not None and hasattr(generation, "to_json_string"):
+        written.append(_write_file(out_dir, "generation_config.json", generation.to_json_string().encode()))
+    return written
+
+
+def _numel(shape):
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n

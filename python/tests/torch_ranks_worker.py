@@ -1,0 +1,79 @@
+"""One rank of a strata.torch run, started by test_torch_ranks.py in one
+process or under `mpirun -np N`: trains TinyLM on a global micro-batch of
+GLOBAL_MICRO samples split evenly over the ranks, and writes the step losses
+and (rank 0) the master weights' sums to a JSON file.
+
+    python torch_ranks_worker.py OUT.json --stage S [--optimizer cpu] [--params cpu] [--nvme DIR]
+        [--steps N] [--first-step K] [--save DIR] [--load DIR]
+"""
+import argparse
+import json
+import os
+
+import torch
+
+import strata.torch as st
+from test_torch_frontend import SEQ, VOCAB, TinyLM
+
+GLOBAL_MICRO = 8
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--stage", type=int, default=0)
+    parser.add_argument("--optimizer", default="none")
+    parser.add_argument("--params", default="none")
+    parser.add_argument("--nvme", default=None)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--save", default=None)
+    parser.add_argument("--load", default=None)
+    args = parser.parse_args()
+
+    world = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
+    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+    # Each rank builds the model from its own seed: rank 0's values are broadcast at initialize.
+    torch.manual_seed(5 + 1000 * rank)
+    model = TinyLM()
+    zero = {"stage": args.stage, "offload_optimizer": {"device": args.optimizer},
+            "offload_param": {"device": args.params}, "stage3_param_persistence_threshold": 0,
+            "reduce_bucket_size": 100000}
+    for section, device in (("offload_optimizer", args.optimizer), ("offload_param", args.params)):
+        if device == "nvme":
+            zero[section]["nvme_path"] = args.nvme  # every rank makes its own swap folder in it
+    config = {"train_micro_batch_size_per_gpu": GLOBAL_MICRO // world, "gradient_accumulation_steps": 2,
+              "train_batch_size": GLOBAL_MICRO * 2, "gradient_clipping": 1.0, "zero_optimization": zero,
+              "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.01}},
+              "strata": {"device": "cpu", "device_memory": "64MiB"}}
+    engine, _, _, _ = st.initialize(model=model, model_parameters=model.parameters(), config=config)
+    assert engine.world_size == world and engine.global_rank == rank, (engine.world_size, engine.global_rank)
+    first = 0
+    if args.load:
+        _, client = engine.load_checkpoint(args.load)
+        first = client["next_batch"]
+    losses = []
+    index = first
+    per_rank = GLOBAL_MICRO // world
+    for _ in range(args.steps * 2):
+        g = torch.Generator().manual_seed(2000 + index)
+        ids = torch.randint(0, VOCAB, (GLOBAL_MICRO, SEQ + 1), generator=g)[rank * per_rank:(rank + 1) * per_rank]
+        index += 1
+        logits = engine(ids[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), ids[:, 1:].reshape(-1))
+        engine.backward(loss)
+        boundary = engine.is_gradient_accumulation_boundary()
+        engine.step()
+        if boundary:
+            losses.append(engine.metrics["loss"])
+    if args.save:
+        engine.save_checkpoint(args.save, client_state={"next_batch": index}, sync=True)
+    masters = engine.master_parameters()
+    result = {"world": world, "rank": rank, "losses": losses,
+              "masters": {name: float(t.double().sum()) for name, t in sorted(masters.items())}}
+    if rank == 0:
+        with open(args.out, "w") as f:
+            json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main()
