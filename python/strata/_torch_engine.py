@@ -127,6 +127,7 @@ class StrataEngine(torch.nn.Module):
     def __init__(self, model, units, plans, native, optimizer, lr_scheduler, config):
         super().__init__()
         self.module = model
+        self.config = config                     # the resolved config (every default and "auto" filled in)
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
         self._engine = native                    # strata.engine.Engine

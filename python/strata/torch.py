@@ -42,7 +42,7 @@ _PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None, lr_scheduler=None,
                mpu=None, dist_init_required=None, collate_fn=None, config=None, config_params=None, units="auto",
-               device_memory=0):
+               device_memory=0, auto_values=None):
     """deepspeed.initialize's signature and 4-tuple: (engine, optimizer,
     dataloader or None, lr_scheduler or None).
 
@@ -55,7 +55,12 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     requires grad); a group's weight_decay and lr become its tensors'.
     lr_scheduler: a scheduler on the returned (or client) optimizer, or a
     callable taking the optimizer. units: "auto", module classes, or a
-    callable (name, module) -> bool (strata/_torch_units.py)."""
+    callable (name, module) -> bool (strata/_torch_units.py).
+
+    Hugging Face's "auto" values (Note [Resolving "auto"]): the bucket
+    sizes from the model's config.hidden_size, the optimizer's from a client
+    optimizer, the rest from auto_values ({"dotted.key": value}, what the
+    Trainer fills in from its arguments); one left over is an error naming it."""
     if model is None or not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
     if mpu is not None:
@@ -73,13 +78,12 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
                              f"section are given: drop one of them")
         raw["optimizer"] = optimizer_section_from_client(optimizer)
         engine_config = raw
+    world = _launcher_world()
+    if _hf_autos(raw) or auto_values:
+        raw = _resolve_autos(raw, model, auto_values, world)
+        engine_config = raw
     # strict: InvalidArgument naming every bad key; the batch keys against mpirun's world (the engine's ranks)
-    resolved = strata_config.load(engine_config, world_size=_launcher_world())
-    # Hugging Face's "auto" placeholders (in the aio and strata sections "auto" is a value of their own).
-    autos = [k for k in _auto_keys(raw) if not k.startswith(("aio.", "strata."))]
-    if autos:
-        raise Unsupported(f"the config leaves {', '.join(autos)} \"auto\": strata.torch does not resolve Hugging "
-                          f"Face's \"auto\" values yet; give numbers (a client optimizer gives the optimizer's)")
+    resolved = strata_config.load(engine_config, world_size=world)
     if lr_scheduler is not None and resolved["scheduler"]["type"] != "none":
         raise ValueError(f"both a client lr_scheduler ({type(lr_scheduler).__name__}) and the config's "
                          f"\"scheduler\" section are given: drop one of them")
@@ -153,6 +157,96 @@ def _raw_config(config):
         with open(config) as f:
             return json.load(f)
     raise TypeError(f"config must be a path or a dict, not {type(config).__name__}")
+
+
+# Note [Resolving "auto"]
+# Hugging Face's DeepSpeed configs leave keys "auto" for the Trainer to fill.
+# strata.torch fills them as the Trainer does, from what it knows:
+#   - zero_optimization.reduce_bucket_size, stage3_prefetch_bucket_size and
+#     stage3_param_persistence_threshold from the model's hidden size
+#     (config.hidden_size, or the largest of config.hidden_sizes): h*h,
+#     0.9*h*h and 10*h, computed by the config checker (hidden_size);
+#   - the optimizer's from a client optimizer (its section replaces the config's);
+#   - any key from auto_values, {"dotted.key": value}: the batch keys,
+#     gradient_clipping, bf16/fp16 "enabled", the scheduler's parameters, as a
+#     Trainer passes them from its TrainingArguments;
+#   - train_batch_size, train_micro_batch_size_per_gpu or
+#     gradient_accumulation_steps from the other two and the world size.
+# Whatever is still "auto" is an error naming every such key (DeepSpeed's
+# own defaults would silently train something else). The engine gets the
+# config with the numbers written in. ("auto" is a value of its own in the
+# aio and strata sections: not Hugging Face's placeholder.)
+_HIDDEN_SIZE_KEYS = ("zero_optimization.reduce_bucket_size", "zero_optimization.stage3_prefetch_bucket_size",
+                     "zero_optimization.stage3_param_persistence_threshold")
+
+
+def _hf_autos(raw):
+    return [k for k in _auto_keys(raw) if not k.startswith(("aio.", "strata."))]
+
+
+def _hidden_size(model):
+    config = getattr(model, "config", None)
+    hidden = getattr(config, "hidden_size", None)
+    if isinstance(hidden, int) and not isinstance(hidden, bool) and hidden > 0:
+        return hidden
+    sizes = getattr(config, "hidden_sizes", None)
+    if isinstance(sizes, (list, tuple)) and sizes and all(isinstance(h, int) and h > 0 for h in sizes):
+        return max(sizes)
+    return None
+
+
+def _resolve_autos(raw, model, auto_values, world):
+    """raw with every Hugging Face "auto" replaced by its value (Note [Resolving "auto"])."""
+    raw = copy.deepcopy(raw)
+    autos = _hf_autos(raw)
+    for key, value in (auto_values or {}).items():
+        if key not in autos:
+            raise ValueError(f"auto_values['{key}']: the config does not leave {key} \"auto\" (keys it leaves "
+                             f"\"auto\": {', '.join(autos) or 'none'})")
+        if value == "auto":
+            raise ValueError(f"auto_values['{key}'] is \"auto\" again: give its value")
+        _set_path(raw, key, value)
+    autos = _hf_autos(raw)
+    hidden = _hidden_size(model)
+    by_hidden = [k for k in autos if k in _HIDDEN_SIZE_KEYS]
+    if by_hidden and hidden is None:
+        raise Unsupported(f"the config leaves {', '.join(by_hidden)} \"auto\", sized from the model's hidden size, "
+                          f"but {type(model).__name__} has no config.hidden_size: write numbers, or pass them in "
+                          f"auto_values")
+    issues = strata_config.check(raw, world_size=world, hidden_size=hidden)
+    left = [i.path for i in issues if "\"auto\" is unresolved" in i.message]
+    if left:
+        raise Unsupported(f"the config leaves {', '.join(left)} \"auto\" and nothing here gives {'it' if len(left) == 1 else 'them'} "
+                          f"a value: write numbers, pass auto_values={{'{left[0]}': ...}} (what Hugging Face's "
+                          f"Trainer fills in), or give a client optimizer for the optimizer's")
+    resolved = strata_config.load(raw, world_size=world, hidden_size=hidden)
+    for key in autos:
+        try:
+            value = _get_path(resolved, key)
+        except KeyError:
+            raise Unsupported(f"the config leaves {key} \"auto\": write its value (strata.torch could not find "
+                              f"the value it resolved to)") from None
+        _set_path(raw, key, value)
+    return raw
+
+
+def _path_parts(key):
+    return key.split(".")
+
+
+def _get_path(tree, key):
+    for part in _path_parts(key):
+        if not isinstance(tree, dict) or part not in tree:
+            raise KeyError(key)
+        tree = tree[part]
+    return tree
+
+
+def _set_path(tree, key, value):
+    parts = _path_parts(key)
+    for part in parts[:-1]:
+        tree = tree[part]
+    tree[parts[-1]] = value
 
 
 def _auto_keys(value, path=""):
