@@ -236,8 +236,11 @@ class DrivenEngine {
     return out;
   }
 
-  void put_initial_layer(size_t li, py::buffer params, std::optional<py::buffer> fp32) {
+  void put_initial_layer(size_t li, py::buffer params, std::optional<py::buffer> fp32, int root) {
     check_layer(li);
+    if (root < 0 || root >= world_size())
+      raise_status(InvalidArgument(fmt::format("put_initial_layer(): rank {} (whose values every rank takes) is not "
+                                               "in 0..{}", root, world_size() - 1)));
     const py::buffer_info p = params.request();
     std::span<const float> values;
     py::buffer_info f;
@@ -250,21 +253,21 @@ class DrivenEngine {
     auto bytes = std::span<const std::byte>(static_cast<const std::byte*>(p.ptr),
                                             static_cast<size_t>(p.size * p.itemsize));
     py::gil_scoped_release unlocked;
-    // Several ranks: rank 0's values on every rank (as DeepSpeed broadcasts
-    // the module at initialize), so ranks that built the model from
-    // different seeds still train one model.
-    std::vector<std::byte> rank0_bytes;
-    std::vector<float> rank0_values;
+    // Several ranks: rank `root`'s values on every rank (rank 0's at
+    // initialize, as DeepSpeed broadcasts the module), so ranks that built
+    // the model from different seeds still train one model.
+    std::vector<std::byte> root_bytes;
+    std::vector<float> root_values;
     if (world_size() > 1) {
-      throw_if_error(broadcast_from_rank0(bytes, rank0_bytes, fmt::format("layer {}'s initial values", li)));
-      bytes = rank0_bytes;
+      throw_if_error(broadcast_from(root, bytes, root_bytes, fmt::format("layer {}'s initial values", li)));
+      bytes = root_bytes;
       if (!values.empty()) {
         const std::span<const std::byte> raw(reinterpret_cast<const std::byte*>(values.data()), values.size_bytes());
         std::vector<std::byte> received;
-        throw_if_error(broadcast_from_rank0(raw, received, fmt::format("layer {}'s fp32 initial values", li)));
-        rank0_values.resize(values.size());
-        std::memcpy(rank0_values.data(), received.data(), received.size());
-        values = rank0_values;
+        throw_if_error(broadcast_from(root, raw, received, fmt::format("layer {}'s fp32 initial values", li)));
+        root_values.resize(values.size());
+        std::memcpy(root_values.data(), received.data(), received.size());
+        values = root_values;
       }
     }
     throw_if_error(engine_->put_initial_layer(li, bytes, values));
@@ -428,9 +431,10 @@ class DrivenEngine {
       raise_status(InvalidArgument(fmt::format("layer {} is out of range: the model has {} layers", li,
                                                model_->layers().size())));
   }
-  // Rank 0's `mine` into `out` on every rank; the sizes must agree (every
-  // rank described the same model).
-  Status broadcast_from_rank0(std::span<const std::byte> mine, std::vector<std::byte>& out, const std::string& what) {
+  // Rank `root`'s `mine` into `out` on every rank; the sizes must agree
+  // (every rank described the same model).
+  Status broadcast_from(int root, std::span<const std::byte> mine, std::vector<std::byte>& out,
+                        const std::string& what) {
     comm::Communicator& c = *comms_[0];
     // Sizes first, as one f64 per rank gathered, so a rank with another model is named, not hung.
     const double my_size = static_cast<double>(mine.size());
@@ -444,7 +448,7 @@ class DrivenEngine {
                                            what, c.rank(), mine.size(), r, sizes[r]));
     out.assign(mine.begin(), mine.end());
     // Parameters are 2- or 4-byte elements: moved as 2-byte words (bits, no arithmetic).
-    STRATA_ASSIGN_OR_RETURN(comm::CommWork sent, c.broadcast(out.data(), out.data(), out.size() / 2, DType::kF16, 0));
+    STRATA_ASSIGN_OR_RETURN(comm::CommWork sent, c.broadcast(out.data(), out.data(), out.size() / 2, DType::kF16, root));
     return sent.wait();
   }
   template <typename F>
@@ -483,7 +487,7 @@ void bind_engine(py::module_& m) {
       .def_property_readonly("grad_accum", &DrivenEngine::grad_accum)
       .def("layer_tensors", &DrivenEngine::layer_tensors)
       .def("put_initial_layer", &DrivenEngine::put_initial_layer, py::arg("layer"), py::arg("params"),
-           py::arg("fp32") = py::none())
+           py::arg("fp32") = py::none(), py::arg("root") = 0)
       .def("begin_step", &DrivenEngine::begin_step)
       .def("gradient_scale", &DrivenEngine::gradient_scale)
       .def("begin_micro_batch", &DrivenEngine::begin_micro_batch, py::arg("last"))

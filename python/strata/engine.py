@@ -103,10 +103,12 @@ class Engine:
         return [t[0] for t in self._layout[layer]]
 
     # -- initial values --------------------------------------------------------------------------
-    def put_initial_layer(self, layer, tensors):
+    def put_initial_layer(self, layer, tensors, root=0):
         """Hands layer `layer`'s initial values in: `tensors` in the layer's
         order (or {name: tensor}), each of its declared shape; they are
-        converted to the declared dtype, and fp32 copies seed the master weights."""
+        converted to the declared dtype, and fp32 copies seed the master
+        weights. With several ranks every rank calls it and rank `root`'s
+        values are taken."""
         torch = _torch()
         layout = self._layout[layer]
         if isinstance(tensors, dict):
@@ -133,7 +135,7 @@ class Engine:
             typed = flat.to(getattr(torch, dtype)).contiguous()
             packed[offset_bytes:offset_bytes + count * _itemsize(dtype)] = typed.view(torch.uint8)
             values[offset_elements:offset_elements + count] = flat.to(torch.float32)
-        self._native.put_initial_layer(layer, packed.numpy(), values.numpy())
+        self._native.put_initial_layer(layer, packed.numpy(), values.numpy(), int(root))
 
     # -- the step's brackets (Note [Driving the engine]) ------------------------------------------
     def begin_step(self):

@@ -30,12 +30,13 @@ import torch
 
 from . import config as strata_config
 from ._torch_engine import StrataEngine
+from ._torch_gathered import GatheredParameters, register_engine
 from ._torch_optimizer import StrataOptimizer, optimizer_section_from_client
 from ._torch_units import plan_layers, split_into_units
 from .engine import Engine
 from .errors import Unsupported
 
-__all__ = ["initialize", "StrataEngine", "StrataOptimizer", "split_into_units"]
+__all__ = ["initialize", "GatheredParameters", "StrataEngine", "StrataOptimizer", "split_into_units"]
 
 _PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -115,6 +116,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
 
     engine = StrataEngine(model, units_found, plans, native, facade, scheduler, resolved)
     facade._engine = engine
+    register_engine(engine)
     loader = None
     if training_data is not None:
         # In order; with several ranks each reads its own 1/world of the samples (DistributedSampler, no shuffle).
