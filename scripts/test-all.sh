@@ -2,7 +2,8 @@
 # Installs dependencies (PyTorch included), builds Strata, and runs every test:
 #   1. the full suite (ctest) on the release build; the PyTorch comparisons
 #      are required here: without torch they fail instead of skipping,
-#   1b. the Python package's pytest suite (python/test.sh; torch required),
+#   1b. the Python package's pytest suite (python/test.sh; torch, transformers
+#       and mpirun required), on Debian's torch 1.13 and on torch 2.x from PyPI,
 #   2. the core, config, nvme, cpu_adam and offload (the engine) suites again
 #      under ASan + UBSan (the offload suite's mpirun tests excepted),
 #   3. the concurrency-heavy suites (core, comm, nvme, offload: the engine) under TSan,
@@ -33,6 +34,10 @@ ctest --test-dir build -j "$jobs" --output-on-failure
 # /usr/bin/python3 --system-site-packages; a missing torch fails.
 phase "python package (build + pytest)"
 STRATA_PYTHON_BUILD_DIR=build python/test.sh
+# The same suite on the current torch 2.x and transformers from PyPI (a venv of
+# its own, issue 23): strata.torch must work on both.
+phase "python package on torch 2.x (PyPI venv + pytest)"
+STRATA_PYTHON_ENV=torch2 STRATA_PYTHON_BUILD_DIR=build python/test.sh
 
 if [[ "${STRATA_SKIP_SANITIZE:-0}" != "1" ]]; then
   # The sanitizer builds skip CUDA and benchmarks to keep CI quick.

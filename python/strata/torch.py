@@ -16,7 +16,7 @@ to its memory unit by unit while torch runs them (strata/_torch_engine.py,
 Note [Hooks per unit]). This build: the cpu device; one process, or one
 rank per process under `mpirun -np N python train.py` (data parallel: each
 rank runs its own micro-batches, the engine reduces the gradients; rank 0's
-initial values are broadcast). See docs/python.md, "Training a PyTorch model".
+initial values are broadcast). The guide: docs/torch.md.
 
 (This module is strata.torch; inside the strata package `import torch` is
 PyTorch, as imports are absolute.)

@@ -500,15 +500,15 @@ def test_bad_parameters_are_named():
 
 
 def test_docs_example_trains(capsys):
-    """docs/python.md's "Training a PyTorch model" example runs and trains."""
+    """docs/torch.md's "Porting a DeepSpeed loop" example runs and trains."""
     import pathlib
     import re
 
-    docs = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "python.md").read_text()
-    section = docs[docs.index("## Training a PyTorch model"):]
+    docs = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "torch.md").read_text()
+    section = docs[docs.index("## Porting a DeepSpeed loop"):]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     scope = {}
-    exec(compile(code, "docs/python.md (Training a PyTorch model)", "exec"), scope)
+    exec(compile(code, "docs/torch.md (Porting a DeepSpeed loop)", "exec"), scope)
     assert scope["engine"].global_steps == 80
     assert scope["engine"].metrics["loss"] < 0.2, scope["engine"].metrics["loss"]
     assert "step 80: loss" in capsys.readouterr().out
