@@ -3,11 +3,11 @@
 # and runs its pytest suite in a virtual environment of /usr/bin/python3 (the
 # native module is built for that interpreter). Two torch environments:
 #   debian (default)  a venv with --system-site-packages: Debian's python3-torch
-#                     (1.13), numpy and pytest, plus transformers 4.40.2 from
-#                     PyPI (the last release that supports torch 1.13);
+#                     (1.13), numpy and pytest, plus transformers 4.40.2 and
+#                     accelerate 0.30.1 from PyPI (the last releases for torch 1.13);
 #   torch2            STRATA_PYTHON_ENV=torch2: a venv of its own (Debian's torch
 #                     must not leak in) with torch 2.15.0, transformers 5.24.0,
-#                     numpy and pytest from PyPI (about 2 minutes and 5.6 GB the
+#                     accelerate 1.15.0, numpy and pytest from PyPI (about 2 minutes and 5.6 GB the
 #                     first time; reused after).
 # The package is put on the venv's path with a .pth file pointing at the staged
 # build/python folder. A missing torch, transformers or mpirun is an error, not
@@ -41,13 +41,15 @@ cmake --build "$build_dir" -j "$jobs" --target strata_native
 venv="$(cd "$build_dir" && pwd)/python/$venv_name"
 if [[ "$environment" == debian ]]; then
   [[ -x "$venv/bin/python" ]] || "$python" -m venv --system-site-packages "$venv"
-  wanted=(transformers==4.40.2)
-  check='import transformers, safetensors; assert transformers.__version__ == "4.40.2"'
+  wanted=(transformers==4.40.2 accelerate==0.30.1)
+  check='import transformers, accelerate, safetensors
+assert transformers.__version__ == "4.40.2" and accelerate.__version__ == "0.30.1"'
 else
   [[ -x "$venv/bin/python" ]] || "$python" -m venv "$venv"
-  wanted=(torch==2.15.0 transformers==5.24.0 numpy pytest)
-  check='import torch, transformers, numpy, pytest, safetensors
-assert torch.__version__.split("+")[0] == "2.15.0" and transformers.__version__ == "5.24.0"'
+  wanted=(torch==2.15.0 transformers==5.24.0 accelerate==1.15.0 numpy pytest)
+  check='import torch, transformers, accelerate, numpy, pytest, safetensors
+assert torch.__version__.split("+")[0] == "2.15.0" and transformers.__version__ == "5.24.0"
+assert accelerate.__version__ == "1.15.0"'
 fi
 if ! "$venv/bin/python" -c "$check" 2>/dev/null; then
   echo "python/test.sh: installing ${wanted[*]} into $venv (PyPI)"

@@ -141,6 +141,7 @@ class StrataEngine(torch.nn.Module):
         self._pass = None          # "forward" or "eval" while the root module's forward runs
         self._step_open = False
         self._micro_open = False
+        self._in_engine_step = False
         self._micro_steps = 0      # DeepSpeed's micro_steps: engine.step() calls
         self._global_steps = 0     # optimizer steps applied
         self._samples = 0          # the micro-batch's samples (its first tensor argument's first dimension)
@@ -234,10 +235,32 @@ class StrataEngine(torch.nn.Module):
             raise FailedPrecondition("engine.step() after a forward without engine.backward(loss)")
         at_boundary = self.is_gradient_accumulation_boundary()
         if at_boundary:
-            self.optimizer.step()  # -> _apply_step(); through the optimizer so schedulers see it stepped
+            self._in_engine_step = True
+            try:
+                self.optimizer.step()  # -> _apply_step(); through the optimizer so schedulers see it stepped
+            finally:
+                self._in_engine_step = False
             if self.lr_scheduler is not None:
                 self.lr_scheduler.step()
         self._micro_steps += 1
+
+    def _optimizer_step(self):
+        """optimizer.step(): inside engine.step() the step itself; called by
+        a loop that drives the optimizer directly (Hugging Face's Trainer
+        calls optimizer.step() and its scheduler at the boundary and never
+        engine.step() there), the step and the micro-step's end, at the
+        accumulation boundary only."""
+        if self._in_engine_step:
+            return self._apply_step()
+        if self._micro_open:
+            raise FailedPrecondition("optimizer.step() after a forward without engine.backward(loss)")
+        if not self.is_gradient_accumulation_boundary():
+            raise FailedPrecondition(f"optimizer.step() before the gradient accumulation boundary (micro-batch "
+                                     f"{self._micro_steps % self._gas + 1} of {self._gas}): call engine.step() after "
+                                     f"each micro-batch, or optimizer.step() after the last one")
+        metrics = self._apply_step()
+        self._micro_steps += 1
+        return metrics
 
     def _apply_step(self):
         if not self._step_open:

@@ -78,13 +78,26 @@ class StrataOptimizer(torch.optim.Optimizer):
         if closure is not None:
             raise Unsupported("StrataOptimizer.step(closure): closures re-run the model; drive the steps with "
                               "engine(...), engine.backward(loss) and engine.step()")
-        return self._engine._apply_step()
+        return self._engine._optimizer_step()
+
+    # Under strata.torch.hf.StrataTrainer: accelerate moves an optimizer to its device by a state_dict round
+    # trip, so there state_dict() is the param groups' hyper-parameters only (the Trainer's checkpoints go
+    # through the engine). Elsewhere asking for it is an error: a caller saving it would lose the moments.
+    _hyper_parameters_only_state = False
 
     def state_dict(self):
+        if self._hyper_parameters_only_state:
+            return {"state": {}, "param_groups": [{k: v for k, v in g.items() if k != "params"}
+                                                  for g in self.param_groups]}
         raise Unsupported("the optimizer state lives in the engine (sharded, possibly on NVMe): save it with "
                           "engine.save_checkpoint(dir) and load it with engine.load_checkpoint(dir)")
 
     def load_state_dict(self, state_dict):
+        if self._hyper_parameters_only_state and not state_dict.get("state") and \
+                len(state_dict.get("param_groups", ())) == len(self.param_groups):
+            for group, saved in zip(self.param_groups, state_dict["param_groups"]):
+                group.update({k: v for k, v in saved.items() if k != "params"})  # in place: groups stay shared
+            return
         raise Unsupported("the optimizer state lives in the engine: load it with engine.load_checkpoint(dir)")
 
     def add_param_group(self, param_group):

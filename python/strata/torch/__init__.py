@@ -28,13 +28,13 @@ import os
 
 import torch
 
-from . import config as strata_config
-from ._torch_engine import StrataEngine
-from ._torch_gathered import GatheredParameters, register_engine
-from ._torch_optimizer import StrataOptimizer, optimizer_section_from_client
-from ._torch_units import plan_layers, split_into_units
-from .engine import Engine
-from .errors import Unsupported
+from .. import config as strata_config
+from .._torch_engine import StrataEngine
+from .._torch_gathered import GatheredParameters, register_engine
+from .._torch_optimizer import StrataOptimizer, optimizer_section_from_client
+from .._torch_units import plan_layers, split_into_units
+from ..engine import Engine
+from ..errors import Unsupported
 
 __all__ = ["initialize", "GatheredParameters", "StrataEngine", "StrataOptimizer", "split_into_units"]
 

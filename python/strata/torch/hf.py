@@ -1,0 +1,178 @@
+"""strata.torch.hf.StrataTrainer: Hugging Face's Trainer with the model
+trained through Strata's engine (docs/torch.md, "The Hugging Face Trainer").
+
+    from strata.torch.hf import StrataTrainer
+    trainer = StrataTrainer(model=model, args=training_args, train_dataset=ds, strata_config="ds.json")
+    trainer.train()
+    trainer.save_model("out")          # safetensors + config.json, through the engine
+
+Note [The Trainer through the engine]
+A subclass, no monkey-patching: the Trainer's own loop runs (its data
+loading, callbacks, logging, lr scheduler, evaluation) and these methods
+route the model's training through the engine:
+  create_optimizer   strata.torch.initialize(model, config) with the
+                     Trainer's optimizer (AdamW with args' lr, betas, eps,
+                     weight decay, and its no-decay groups for biases and
+                     norms) unless the config has an "optimizer" section;
+                     the config's "auto" values from args (batch keys,
+                     gradient_clipping = max_grad_norm, the optimizer's, the
+                     precision); the returned optimizer is the Trainer's, so
+                     its lr scheduler drives the lr the engine steps with;
+  _wrap_model        the StrataEngine, for training and evaluation;
+  training_step      engine(...) through compute_loss, engine.backward(loss);
+                     off the accumulation boundary engine.step(); at it the
+                     Trainer's optimizer.step() is the engine's step;
+  save_model         engine.export_hf (safetensors + config.json);
+  _save_checkpoint   engine.save_checkpoint in checkpoint-N/strata (atomic,
+                     asynchronous, reshardable) and the Trainer's state.
+Gradient clipping is the engine's (the config's gradient_clipping or
+args.max_grad_norm); the Trainer's own clipping is turned off (its grad
+norm would be over no gradients: the engine owns them), and the logged
+grad_norm is the engine's. Resuming with train(resume_from_checkpoint=...)
+is refused with how to do it (engine.load_checkpoint on the engine), as is
+args.deepspeed (it turns on the Trainer's DeepSpeed integration).
+"""
+
+import copy
+import os
+
+import torch
+
+try:
+    import transformers
+except ImportError as e:  # a clear message, not a traceback deep in an import
+    raise ImportError("strata.torch.hf needs Hugging Face transformers (and accelerate): pip install transformers "
+                      "accelerate (transformers 4.40.2 with torch 1.13)") from e
+
+from .. import torch as st
+from ..errors import Unsupported
+
+__all__ = ["StrataTrainer"]
+
+
+class StrataTrainer(transformers.Trainer):
+    """transformers.Trainer training its model through Strata's engine
+    (Note [The Trainer through the engine]). strata_config: the DeepSpeed
+    JSON config (path or dict) as for strata.torch.initialize; its "auto"
+    values come from the TrainingArguments. strata_units: initialize's units."""
+
+    def __init__(self, *args, strata_config=None, strata_units="auto", **kwargs):
+        if strata_config is None:
+            raise ValueError("StrataTrainer needs strata_config=: the DeepSpeed JSON config (a path or a dict) the "
+                             "engine trains with")
+        super().__init__(*args, **kwargs)
+        if getattr(self.args, "deepspeed", None):
+            raise Unsupported("TrainingArguments.deepspeed turns on the Trainer's own DeepSpeed integration: pass "
+                              "the config as StrataTrainer(strata_config=...) and leave args.deepspeed unset")
+        self._strata_config = strata_config
+        self._strata_units = strata_units
+        self._strata_engine = None
+        # The engine clips (Note [The Trainer through the engine]): the Trainer's clipping is off, on a copy of
+        # the caller's arguments.
+        self._strata_max_grad_norm = float(self.args.max_grad_norm or 0.0)
+        self.args = copy.copy(self.args)
+        self.args.max_grad_norm = 0.0
+
+    @property
+    def strata_engine(self):
+        """The StrataEngine (None until training or evaluation starts)."""
+        return self._strata_engine
+
+    # -- the engine --------------------------------------------------------------------------------
+    def create_optimizer(self, *args, **kwargs):
+        if self._strata_engine is None:
+            self._strata_initialize()
+        return self.optimizer
+
+    def _strata_initialize(self):
+        raw = st._raw_config(self._strata_config)
+        if "gradient_clipping" not in raw:
+            raw["gradient_clipping"] = self._strata_max_grad_norm  # not in the config: the Trainer's max_grad_norm
+        client = None
+        if raw.get("optimizer") is None:
+            client = torch.optim.AdamW(self._decay_groups(), lr=self.args.learning_rate,
+                                       betas=(self.args.adam_beta1, self.args.adam_beta2), eps=self.args.adam_epsilon,
+                                       weight_decay=self.args.weight_decay)
+        if raw.get("scheduler") is not None:
+            raise Unsupported("the config's \"scheduler\" section: with StrataTrainer the Trainer's lr scheduler "
+                              "(args.lr_scheduler_type, warmup_steps) drives the lr; drop the section")
+        engine, optimizer, _, _ = st.initialize(model=self.model, optimizer=client,
+                                                model_parameters=None if client is not None else self._decay_groups(),
+                                                config=raw, units=self._strata_units,
+                                                auto_values=self._auto_values(raw))
+        self._strata_engine = engine
+        self.optimizer = optimizer
+        optimizer._hyper_parameters_only_state = True  # accelerate moves optimizers by a state_dict round trip
+        return engine
+
+    def _decay_groups(self):
+        decay = set(self.get_decay_parameter_names(self.model))
+        params = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        groups = [{"params": [p for n, p in params if n in decay], "weight_decay": self.args.weight_decay},
+                  {"params": [p for n, p in params if n not in decay], "weight_decay": 0.0}]
+        return [g for g in groups if g["params"]]
+
+    def _auto_values(self, raw):
+        """The TrainingArguments' values for the keys the config leaves "auto"."""
+        args = self.args
+        values = {"train_micro_batch_size_per_gpu": args.per_device_train_batch_size,
+                  "gradient_accumulation_steps": args.gradient_accumulation_steps,
+                  "gradient_clipping": self._strata_max_grad_norm,
+                  "optimizer.params.lr": args.learning_rate,
+                  "optimizer.params.betas": [args.adam_beta1, args.adam_beta2],
+                  "optimizer.params.eps": args.adam_epsilon,
+                  "optimizer.params.weight_decay": args.weight_decay,
+                  "bf16.enabled": bool(args.bf16), "fp16.enabled": bool(args.fp16)}
+        left = set(st._hf_autos(raw))
+        return {k: v for k, v in values.items() if k in left}
+
+    def _wrap_model(self, model, training=True, dataloader=None):
+        if self._strata_engine is None:
+            self.create_optimizer()
+        return self._strata_engine
+
+    # -- the loop ----------------------------------------------------------------------------------
+    def training_step(self, model, inputs, *args, **kwargs):
+        engine = self._strata_engine
+        engine.train()
+        inputs = self._prepare_inputs(inputs)
+        with self.compute_loss_context_manager():
+            loss = self.compute_loss(engine, inputs)
+        engine.backward(loss)  # scaled by 1 / gradient_accumulation_steps in the engine
+        if not engine.is_gradient_accumulation_boundary():
+            engine.step()  # a no-op that counts the micro-batch; at the boundary the Trainer's optimizer.step()
+        return loss.detach() / self.args.gradient_accumulation_steps
+
+    def log(self, logs, *args, **kwargs):
+        metrics = self._strata_engine.metrics if self._strata_engine is not None else None
+        if metrics is not None and "loss" in logs:
+            logs = dict(logs, grad_norm=metrics["grad_norm"])  # the engine's norm (before clipping)
+        return super().log(logs, *args, **kwargs)
+
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        if resume_from_checkpoint:
+            raise Unsupported("train(resume_from_checkpoint=...): load the engine's checkpoint instead: "
+                              "trainer.create_optimizer(); trainer.strata_engine.load_checkpoint("
+                              "'<output_dir>/checkpoint-N/strata'), then trainer.train()")
+        return super().train(None, *args, **kwargs)
+
+    # -- saving ------------------------------------------------------------------------------------
+    def save_model(self, output_dir=None, _internal_call=False):
+        output_dir = output_dir if output_dir is not None else self.args.output_dir
+        if self._strata_engine is None:
+            return super().save_model(output_dir, _internal_call)
+        self._strata_engine.export_hf(output_dir)
+        if self._strata_engine.global_rank == 0:
+            tokenizer = getattr(self, "processing_class", None) or getattr(self, "tokenizer", None)
+            if tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
+                tokenizer.save_pretrained(output_dir)
+            torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
+
+    def _save_checkpoint(self, model, trial, *args, **kwargs):
+        folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
+        os.makedirs(folder, exist_ok=True)
+        self._strata_engine.save_checkpoint(os.path.join(folder, "strata"),
+                                            client_state={"trainer_global_step": self.state.global_step})
+        if self._strata_engine.global_rank == 0:
+            self.state.save_to_json(os.path.join(folder, "trainer_state.json"))
+

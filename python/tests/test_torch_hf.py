@@ -1,0 +1,109 @@
+"""strata.torch.hf.StrataTrainer (Note [The Trainer through the engine]):
+trains a tiny GPT-2 with the same losses as the stock Trainer with
+torch.optim.AdamW (within rounding), at stage 3 with offload, and saves a
+model from_pretrained loads."""
+import os
+
+import pytest
+import torch
+
+if os.environ.get("STRATA_REQUIRE_TRANSFORMERS") != "1":
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+import transformers  # noqa: E402
+
+from strata.errors import Unsupported  # noqa: E402
+from strata.torch.hf import StrataTrainer  # noqa: E402
+
+
+class ToyDataset(torch.utils.data.Dataset):
+    def __init__(self, n=16, length=16, vocab=96):
+        g = torch.Generator().manual_seed(3)
+        self.ids = torch.randint(0, vocab, (n, length), generator=g)
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+def tiny_gpt2(seed=11):
+    torch.manual_seed(seed)
+    cfg = transformers.GPT2Config(vocab_size=96, n_positions=32, n_embd=32, n_layer=2, n_head=4,
+                                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    return transformers.GPT2LMHeadModel(cfg)
+
+
+def arguments(tmp_path, **extra):
+    values = dict(output_dir=str(tmp_path / "run"), per_device_train_batch_size=2, gradient_accumulation_steps=2,
+                  max_steps=6, learning_rate=3e-3, weight_decay=0.01, max_grad_norm=1.0, optim="adamw_torch",
+                  lr_scheduler_type="linear", logging_steps=1, save_strategy="no", report_to=[], seed=0,
+                  use_cpu=True, dataloader_num_workers=0)
+    values.update(extra)
+    return transformers.TrainingArguments(**values)
+
+
+STAGE3_CPU = {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
+                                    "offload_param": {"device": "cpu"}, "stage3_param_persistence_threshold": 0},
+              "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+              "gradient_clipping": "auto", "strata": {"device": "cpu", "device_memory": "64MiB"}}
+
+
+def logged_losses(trainer):
+    return [h["loss"] for h in trainer.state.log_history if "loss" in h]
+
+
+def test_strata_trainer_trains_as_the_stock_trainer_and_saves_a_loadable_model(tmp_path):
+    stock = transformers.Trainer(model=tiny_gpt2(), args=arguments(tmp_path), train_dataset=ToyDataset())
+    # transformers >= 4.46 divides a step's summed token losses by the label count it sees (num_items_in_batch,
+    # which counts the unshifted labels: 16 where the loss has 15); StrataTrainer averages each micro-batch's
+    # mean loss, as the Trainer does for a model that takes no loss kwargs.
+    stock.model_accepts_loss_kwargs = False
+    stock.train()
+    expected = logged_losses(stock)
+
+    trainer = StrataTrainer(model=tiny_gpt2(), args=arguments(tmp_path), train_dataset=ToyDataset(),
+                            strata_config=STAGE3_CPU)
+    trainer.train()
+    ours = logged_losses(trainer)
+    assert len(ours) == len(expected) == 6
+    for a, b in zip(ours, expected):
+        assert abs(a - b) <= 1e-4 * abs(b), (ours, expected)
+    engine = trainer.strata_engine
+    assert engine.global_steps == 6
+    assert engine.config["gradient_clipping"] == 1.0 and engine.config["zero_optimization"]["stage"] == 3
+    assert all("grad_norm" in h for h in trainer.state.log_history if "loss" in h)
+
+    trainer.save_model(str(tmp_path / "model"))
+    loaded = transformers.GPT2LMHeadModel.from_pretrained(str(tmp_path / "model")).eval()
+    ids = ToyDataset()[0]["input_ids"][None]
+    engine.eval()
+    with torch.no_grad():
+        assert torch.equal(loaded(input_ids=ids).logits, engine(input_ids=ids).logits)
+    metrics = trainer.evaluate(ToyDataset(n=4))
+    assert metrics["eval_loss"] == pytest.approx(expected[-1], rel=0.2)
+
+
+def test_checkpoints_go_through_the_engine(tmp_path):
+    trainer = StrataTrainer(model=tiny_gpt2(), args=arguments(tmp_path, save_strategy="steps", save_steps=3),
+                            train_dataset=ToyDataset(), strata_config=STAGE3_CPU)
+    trainer.train()
+    trainer.strata_engine.wait_checkpoint()
+    for step in (3, 6):
+        folder = tmp_path / "run" / f"checkpoint-{step}"
+        assert (folder / "strata" / "latest").exists() and (folder / "trainer_state.json").exists()
+
+
+def test_misuse_is_refused_naming_the_fix(tmp_path):
+    with pytest.raises(ValueError, match="strata_config"):
+        StrataTrainer(model=tiny_gpt2(), args=arguments(tmp_path), train_dataset=ToyDataset())
+    with_scheduler = dict(STAGE3_CPU, scheduler={"type": "WarmupLR", "params": {"warmup_num_steps": 2}})
+    trainer = StrataTrainer(model=tiny_gpt2(), args=arguments(tmp_path), train_dataset=ToyDataset(),
+                            strata_config=with_scheduler)
+    with pytest.raises(Unsupported, match="scheduler"):
+        trainer.train()
+    trainer = StrataTrainer(model=tiny_gpt2(), args=arguments(tmp_path), train_dataset=ToyDataset(),
+                            strata_config=STAGE3_CPU)
+    with pytest.raises(Unsupported, match="load_checkpoint"):
+        trainer.train(resume_from_checkpoint=str(tmp_path))
