@@ -30,6 +30,7 @@ bound to empty placeholders until the next acquire; at stages 0-2 the
 memory is the engine's for good and the binding stays.
 """
 
+import contextlib
 import json
 import os
 
@@ -142,6 +143,7 @@ class StrataEngine(torch.nn.Module):
         self._step_open = False
         self._micro_open = False
         self._in_engine_step = False
+        self._no_sync = False      # inside no_sync()
         self._micro_steps = 0      # DeepSpeed's micro_steps: engine.step() calls
         self._global_steps = 0     # optimizer steps applied
         self._samples = 0          # the micro-batch's samples (its first tensor argument's first dimension)
@@ -179,6 +181,19 @@ class StrataEngine(torch.nn.Module):
             if self._pass is not None:  # the pass had begun (a refusal before it changed nothing)
                 self._abandon_pass()
             raise
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """DeepSpeed's (and DDP's) no_sync(): the micro-batches inside do not
+        reduce gradients across ranks. The engine reduces once per step, in
+        the last of its gradient_accumulation_steps micro-batches, so every
+        other micro-batch already is one; the last one inside the block is
+        refused (it is where the step's gradients are reduced)."""
+        self._no_sync = True
+        try:
+            yield
+        finally:
+            self._no_sync = False
 
     def memory(self):
         """The engine's memory per tier: {"predicted": its plan, "measured": the peaks so far}."""
@@ -427,6 +442,10 @@ class StrataEngine(torch.nn.Module):
         self._samples = first.shape[0] if first is not None and first.dim() > 0 else self._samples_hint
         self._samples_hint = 0
         if torch.is_grad_enabled():
+            if self._no_sync and self.is_gradient_accumulation_boundary():
+                raise FailedPrecondition(f"micro-batch {self._gas} of {self._gas} under no_sync(): the last micro-batch "
+                                         f"of a step reduces its gradients (gradient_accumulation_steps "
+                                         f"{self._gas}); run it outside no_sync()")
             if self._micro_open:
                 raise FailedPrecondition("a second training forward before engine.backward(loss): one forward, one "
                                          "backward per micro-batch (use torch.no_grad() for an evaluation)")

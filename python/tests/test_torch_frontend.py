@@ -621,3 +621,20 @@ def test_a_forward_that_raises_drops_the_step_and_training_goes_on(stage, offloa
     assert losses == clean_losses
     for name, value in clean_masters.items():
         assert torch.equal(masters[name], value), name
+
+
+def test_no_sync_around_all_but_the_last_micro_batch_changes_nothing():
+    engine, _, _, _ = st.initialize(model=make_lm(), config=config(2, "cpu", accum=2))
+    losses = []
+    for step in range(3):
+        with engine.no_sync():
+            engine.backward(lm_loss(engine, 2 * step))
+            engine.step()
+        with pytest.raises(strata.FailedPrecondition, match="micro-batch 2 of 2 under no_sync"):
+            with engine.no_sync():
+                lm_loss(engine, 2 * step + 1)
+        engine.backward(lm_loss(engine, 2 * step + 1))  # the last one, outside: the step's reduction
+        engine.step()
+        losses.append(engine.metrics["loss"])
+    reference, _, _, _ = st.initialize(model=make_lm(), config=config(2, "cpu", accum=2))
+    assert losses == train_engine(reference, lm_loss, 3)

@@ -81,3 +81,4 @@ def test_misuse_is_refused_and_the_engine_goes_on():
     with st.GatheredParameters([plain], modifier_rank=0):  # not an engine's: left as it is
         plain.data.mul_(2)
     assert torch.equal(plain.detach(), torch.full((2,), 2.0))
+
