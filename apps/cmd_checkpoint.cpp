@@ -60,9 +60,16 @@ int run_inspect(const CheckpointCliOptions& o) {
              m.world_size, m.world_size == 1 ? "" : "s", m.stage, m.optimizer, m.offload_optimizer, m.offload_param,
              m.moment_dtype, m.sub_group_size);
   fmt::print("  loss scale {:g}\n", m.scalars.loss_scale);
-  uint64_t elements = 0;
-  for (const offload::CheckpointLayer& l : m.layers) elements += l.elements;
+  uint64_t elements = 0, frozen_elements = 0;
+  size_t frozen = 0;
+  for (const offload::CheckpointLayer& l : m.layers) {
+    elements += l.elements;
+    if (l.frozen) ++frozen, frozen_elements += l.elements;
+  }
   fmt::print("  model: {} layers, {} parameters", m.layers.size(), elements);
+  if (frozen != 0)
+    fmt::print(" ({} frozen layer{} of {} parameters not stored: their values are the model's own)", frozen,
+               frozen == 1 ? "" : "s", frozen_elements);
   if (m.app.is_object() && m.app.contains("model")) fmt::print(" ({})", printable(m.app["model"].dump(), 256));
   fmt::print("\n  files ({} in all):\n", format_bytes(m.total_bytes(), true));
   for (const offload::CheckpointFile& f : m.files)

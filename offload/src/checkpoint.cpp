@@ -138,8 +138,10 @@ nlohmann::json CheckpointManifest::to_json() const {
                       {"hysteresis_left", scalars.scaler_hysteresis_left},
                       {"overflow_count", scalars.scaler_overflow_count}};
   nlohmann::ordered_json ls = nlohmann::ordered_json::array();
-  for (const CheckpointLayer& l : layers)
+  for (const CheckpointLayer& l : layers) {
     ls.push_back({{"name", l.name}, {"elements", l.elements}, {"dtype", l.dtype}});
+    if (l.frozen) ls.back()["frozen"] = true;  // absent: trained (the key older checkpoints do not have)
+  }
   j["layers"] = ls;
   nlohmann::ordered_json fs_ = nlohmann::ordered_json::array();
   for (const CheckpointFile& f : files)
@@ -244,6 +246,11 @@ Result<CheckpointManifest> CheckpointManifest::from_json(const nlohmann::json& j
     STRATA_ASSIGN_OR_RETURN(cl.name, l.string("name"));
     STRATA_ASSIGN_OR_RETURN(cl.elements, l.integer<uint64_t>("elements", 0, kMaxElements));
     STRATA_ASSIGN_OR_RETURN(cl.dtype, l.string("dtype"));
+    if (l.j.contains("frozen")) {
+      if (!l.j["frozen"].is_boolean())
+        return InvalidArgument(fmt::format("checkpoint manifest '{}': layers[{}].frozen is not true or false", src, i));
+      cl.frozen = l.j["frozen"].get<bool>();
+    }
     m.layers.push_back(std::move(cl));
   }
   if (!j.contains("files") || !j["files"].is_array()) return f.missing("files");
@@ -289,6 +296,9 @@ Result<CheckpointManifest> CheckpointManifest::from_json(const nlohmann::json& j
     STRATA_ASSIGN_OR_RETURN(ce.xxh3, parse_hex64(e[5], what));
     if (ce.file >= m.files.size()) return InvalidArgument(fmt::format("{}: file {} does not exist", what, ce.file));
     if (ce.layer >= m.layers.size()) return InvalidArgument(fmt::format("{}: layer {} does not exist", what, ce.layer));
+    if (m.layers[ce.layer].frozen)
+      return InvalidArgument(fmt::format("{}: layer {} is frozen, which a checkpoint stores no extents of", what,
+                                         ce.layer));
     if (ce.count == 0 || ce.count > kMaxElements || ce.begin > m.layers[ce.layer].elements ||
         ce.count > m.layers[ce.layer].elements - ce.begin)
       return InvalidArgument(fmt::format("{}: elements [{}, +{}) are outside layer {} ({} elements)", what, ce.begin,
@@ -299,12 +309,13 @@ Result<CheckpointManifest> CheckpointManifest::from_json(const nlohmann::json& j
                                          m.files[ce.file].name, m.files[ce.file].bytes));
     m.extents.push_back(ce);
   }
-  // Every layer tiled exactly, once by model extents and once by optim extents.
+  // Every trained layer tiled exactly, once by model extents and once by optim extents.
   for (int kind = 0; kind < 2; ++kind) {
     std::vector<std::vector<std::pair<uint64_t, uint64_t>>> per(m.layers.size());
     for (const CheckpointExtent& e : m.extents)
       if (m.files[e.file].model == (kind == 0)) per[e.layer].push_back({e.begin, e.count});
     for (size_t li = 0; li < per.size(); ++li) {
+      if (m.layers[li].frozen) continue;  // Note [Frozen layers in checkpoints]
       std::sort(per[li].begin(), per[li].end());
       uint64_t at = 0;
       for (const auto& [b, c] : per[li]) {
@@ -427,6 +438,10 @@ Status CheckpointReader::read(size_t layer, CheckpointState kind, uint64_t begin
   if (layer >= m.layers.size() || begin > m.layers[layer].elements || out.size() > m.layers[layer].elements - begin)
     return InvalidArgument(fmt::format("checkpoint read of layer {} elements [{}, +{}) is out of range", layer, begin,
                                        out.size()));
+  if (m.layers[layer].frozen && !out.empty())
+    return FailedPrecondition(fmt::format("checkpoint '{}' does not store layer {} ('{}'): it was frozen (Note [Frozen "
+                                          "layers in checkpoints]); its values are the model's own",
+                                          printable(folder_.string(), 256), layer, printable(m.layers[layer].name, 64)));
   const bool want_model = kind == CheckpointState::kMaster;
   uint64_t at = begin;
   const uint64_t end = begin + out.size();

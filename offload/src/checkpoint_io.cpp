@@ -522,7 +522,8 @@ Result<CheckpointSaveInfo> CheckpointIO::save(const CheckpointSaveOptions& o, co
   m.scalars.scaler_hysteresis_left = ls.hysteresis_left;
   m.scalars.scaler_overflow_count = ls.overflow_count;
   for (size_t li = 0; li < part.layer_count(); ++li)
-    m.layers.push_back({model.layers()[li].name, part.layer(li).elements, std::string(dtype_name(ctx_.where(li).param_dtype))});
+    m.layers.push_back({model.layers()[li].name, part.layer(li).elements,
+                        std::string(dtype_name(ctx_.where(li).param_dtype)), ctx_.where(li).frozen});
   m.app = o.app;
 
   // This rank's pieces, in order, and where each goes in its files.
@@ -533,6 +534,7 @@ Result<CheckpointSaveInfo> CheckpointIO::save(const CheckpointSaveOptions& o, co
   std::vector<Piece> pieces;
   size_t largest = 0;
   for (size_t li = 0; li < part.layer_count(); ++li) {
+    if (ctx_.where(li).frozen) continue;  // not stored (Note [Frozen layers in checkpoints])
     const LayerPartition& layer_part = part.layer(li);
     for (size_t gi = 0; gi < layer_part.groups.size(); ++gi) {
       const size_t n = layer_part.piece_real(layer_part.groups[gi], rank);
@@ -669,6 +671,14 @@ Result<CheckpointReader> CheckpointIO::open_for_load(const std::string& given) c
           "model shape (check --preset/--layers/--embd/--heads/--vocab/--seq)",
           src, li, printable(m.layers[li].name, 64), m.layers[li].elements, printable(name, 64),
           part.layer(li).elements));
+    // Note [Frozen layers in checkpoints]
+    if (m.layers[li].frozen != ctx_.where(li).frozen)
+      return FailedPrecondition(fmt::format(
+          "checkpoint '{}' layer {} ('{}') is {} there and {} in this model: {}", src, li, printable(name, 64),
+          m.layers[li].frozen ? "frozen" : "trained", ctx_.where(li).frozen ? "frozen" : "trained",
+          m.layers[li].frozen ? "the checkpoint has no values for it (it stores no frozen layer); freeze it here too, "
+                                "or start its training from the model's values with a fresh run"
+                              : "loading would drop its trained values; train it here too (requires_grad / trainable)"));
   }
   if (m.optimizer != cpu_adam::optimizer_kind_name(opt.optimizer))
     return FailedPrecondition(fmt::format("checkpoint '{}' was saved with optimizer {}, this run uses {}: its moments "
@@ -679,6 +689,7 @@ Result<CheckpointReader> CheckpointIO::open_for_load(const std::string& given) c
 
 Status CheckpointIO::load_state(CheckpointReader& reader) {
   for (size_t li = 0; li < part.layer_count(); ++li) {
+    if (ctx_.where(li).frozen) continue;  // the model's own values stay (Note [Frozen layers in checkpoints])
     const LayerPartition& layer_part = part.layer(li);
     const LayerPlacement& layer_where = ctx_.where(li);
     const bool persistent = layer_where.persistent();

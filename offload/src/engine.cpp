@@ -494,7 +494,6 @@ Result<CheckpointSaveInfo> Engine::save_checkpoint(const CheckpointSaveOptions& 
   Impl& m = *impl_;
   // A stopped engine's state may be part-way through a step: never saved.
   if (!m.stopped.ok()) return m.stopped;
-  STRATA_RETURN_IF_ERROR(m.expect_no_frozen_layer("save_checkpoint()"));
   CheckpointScalarsNow now;
   now.optimizer_steps = m.optimizer_steps;
   now.steps_begun = m.steps_begun;
@@ -507,7 +506,7 @@ Result<std::optional<CheckpointSaveDone>> Engine::wait_checkpoint() { return imp
 
 Result<CheckpointManifest> Engine::load_checkpoint(const std::string& given) {
   Impl& m = *impl_;
-  STRATA_RETURN_IF_ERROR(m.expect_no_frozen_layer("load_checkpoint()"));
+  STRATA_RETURN_IF_ERROR(m.expect_frozen_layers_initialized("load_checkpoint()"));
   if (m.steps_begun != 0 || m.optimizer_steps != 0)
     return FailedPrecondition(fmt::format("load_checkpoint('{}') needs a fresh engine; this one has run {} steps",
                                           printable(given, 256), m.steps_begun));

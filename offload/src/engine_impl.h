@@ -92,7 +92,7 @@ struct Engine::Impl : EngineContext {
   // Checkpoints hold every layer's master weights and moments; a frozen
   // layer has neither, and its parameters are not saved yet: refused,
   // naming it, before anything is written or read (every rank alike).
-  Status expect_no_frozen_layer(const char* call) const;
+  Status expect_frozen_layers_initialized(const char* call) const;
   Status expect_initialized() const;
   // The step in progress (begin_step .. finish_step).
   struct StepInProgress {

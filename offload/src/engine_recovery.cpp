@@ -10,13 +10,12 @@
 
 namespace strata::offload {
 
-Status Engine::Impl::expect_no_frozen_layer(const char* call) const {
+Status Engine::Impl::expect_frozen_layers_initialized(const char* call) const {
   for (size_t li = 0; li < part.layer_count(); ++li)
-    if (where(li).frozen)
-      return Unsupported(fmt::format(
-          "{}: {} is frozen and checkpoints of models with frozen layers are not supported yet (a frozen layer has no "
-          "optimizer state and its parameters are not saved); save the trainable state through gather_state() or "
-          "train the layer with lr_scale 0",
+    if (where(li).frozen && !initialized[li])
+      return FailedPrecondition(fmt::format(
+          "{}: {} is frozen and has no values yet: a checkpoint does not store frozen layers (Note [Frozen layers in "
+          "checkpoints]), so put_initial_layer() its values before loading",
           call, layer_label(li)));
   return Status::Ok();
 }

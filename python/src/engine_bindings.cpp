@@ -56,6 +56,7 @@
 #include "strata/core/device_registry.h"
 #include "strata/core/printable.h"
 #include "strata/core/spec_model.h"
+#include "strata/offload/checkpoint.h"
 #include "strata/offload/engine.h"
 
 namespace strata::python {
@@ -417,6 +418,14 @@ class DrivenEngine {
     d["app_json"] = m.app.dump();
     return d;
   }
+  // The manifest's app data of DIR (its latest tag) or a tag folder, read and checked, nothing loaded.
+  std::string checkpoint_app_json(const std::string& dir_or_tag) const {
+    Result<offload::CheckpointReader> reader = [&] {
+      py::gil_scoped_release unlocked;
+      return offload::CheckpointReader::open(dir_or_tag);
+    }();
+    return value_or_raise(std::move(reader)).manifest().app.dump();
+  }
   py::dict predicted_memory() const { return memory_dict(engine_->predicted_memory()); }
   py::dict measured_memory() const { return memory_dict(engine_->measured_memory()); }
   int64_t optimizer_steps() const { return engine_->optimizer_steps(); }
@@ -504,6 +513,7 @@ void bind_engine(py::module_& m) {
            py::arg("sync") = false, py::arg("app_json") = "{}")
       .def("wait_checkpoint", &DrivenEngine::wait_checkpoint)
       .def("load_checkpoint", &DrivenEngine::load_checkpoint, py::arg("dir_or_tag"))
+      .def("checkpoint_app_json", &DrivenEngine::checkpoint_app_json, py::arg("dir_or_tag"))
       .def("predicted_memory", &DrivenEngine::predicted_memory)
       .def("measured_memory", &DrivenEngine::measured_memory)
       .def_property_readonly("optimizer_steps", &DrivenEngine::optimizer_steps)

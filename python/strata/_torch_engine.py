@@ -31,6 +31,7 @@ memory is the engine's for good and the binding stays.
 """
 
 import contextlib
+import hashlib
 import json
 import os
 
@@ -363,7 +364,8 @@ class StrataEngine(torch.nn.Module):
             raise Unsupported("save_latest=False: the engine always points `latest` at the newest tag")
         app = {"strata_torch": {"micro_steps": self._micro_steps,
                                 "param_groups": [{"lr": g["lr"]} for g in self.optimizer.param_groups],
-                                "lr_scheduler": self._scheduler_state()},
+                                "lr_scheduler": self._scheduler_state(),
+                                "frozen_layers": self._frozen_layer_digests()},
                "client_state": client_state if client_state is not None else {}}
         try:
             text = json.dumps(app, allow_nan=False)
@@ -396,6 +398,18 @@ class StrataEngine(torch.nn.Module):
         if not load_optimizer_states:
             raise Unsupported("load_optimizer_states=False: the engine loads master weights and moments together")
         path = os.path.join(os.fspath(load_dir), tag) if tag else os.fspath(load_dir)
+        mine = _torch_app_state(self._engine._native.checkpoint_app_json(path))
+        saved = mine.get("frozen_layers") or {}
+        if saved:
+            # Frozen layers are not in the checkpoint: their values are this model's; the saved digests say
+            # whether they are the ones trained with (Note [Frozen layers in checkpoints] in checkpoint.h).
+            here = self._frozen_layer_digests()
+            for name, digest in saved.items():
+                if name in here and here[name] != digest:
+                    raise FailedPrecondition(
+                        f"frozen layer '{name}' differs from the one checkpoint '{path}' was trained with (the "
+                        f"checkpoint does not store frozen layers: their values are the model's own); build the "
+                        f"model with the same frozen weights (e.g. the same pretrained checkpoint) before loading")
         info = self._engine._native.load_checkpoint(path)
         app = json.loads(info["app_json"])
         mine = app.get("strata_torch", {})
@@ -406,6 +420,30 @@ class StrataEngine(torch.nn.Module):
         if load_lr_scheduler_states and self.lr_scheduler is not None and mine.get("lr_scheduler") is not None:
             self.lr_scheduler.load_state_dict(mine["lr_scheduler"])
         return info["tag"], app.get("client_state", {})
+
+    def _frozen_layer_digests(self):
+        """{layer name: SHA-256 of its parameters' bytes} of every frozen
+        layer, each acquired for an evaluation (every rank)."""
+        frozen = [i for i, layer in enumerate(self._layers) if not layer.plan.trainable]
+        if not frozen:
+            return {}
+        digests = {}
+        native = self._engine
+        native.begin_evaluation()
+        try:
+            for index in frozen:
+                view = native.acquire(index, "eval")
+                try:
+                    h = hashlib.sha256()
+                    for name, _ in self._layers[index].plan.params:
+                        h.update(view.params[name].contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+                    digests[self._layers[index].plan.name] = h.hexdigest()
+                    del view
+                finally:
+                    native.release(index, "eval")
+        finally:
+            native.finish_evaluation(0.0, 1)
+        return digests
 
     def _scheduler_state(self):
         if self.lr_scheduler is None or not hasattr(self.lr_scheduler, "state_dict"):
@@ -639,6 +677,15 @@ class StrataEngine(torch.nn.Module):
         for h in self._handles:
             h.remove()
         self._handles = []
+
+
+def _torch_app_state(app_json):
+    try:
+        app = json.loads(app_json)
+    except ValueError:
+        return {}
+    mine = app.get("strata_torch") if isinstance(app, dict) else None
+    return mine if isinstance(mine, dict) else {}
 
 
 def _numel(shape):

@@ -329,8 +329,59 @@ def test_frozen_layer_and_mixed_unit():
     hook.remove()
     assert torch.equal(seen[0], frozen_before)
     assert torch.allclose(out, ref_model(x), rtol=1e-4, atol=1e-5)
-    with pytest.raises(strata.Unsupported, match="frozen"):  # the engine's limit, said by name
-        engine.save_checkpoint("unused-checkpoint-dir")
+
+
+class LoraLinear(torch.nn.Module):
+    """A frozen base weight and a trainable low-rank adapter (LoRA)."""
+
+    def __init__(self, d, rank=2):
+        super().__init__()
+        self.base = torch.nn.Linear(d, d)
+        self.down = torch.nn.Linear(d, rank, bias=False)
+        self.up = torch.nn.Linear(rank, d, bias=False)
+        for p in self.base.parameters():
+            p.requires_grad_(False)
+
+    def forward(self, x):
+        return self.base(x) + self.up(self.down(x))
+
+
+def lora_mlp(seed=3):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.GELU(), LoraLinear(64), torch.nn.GELU(),
+                               torch.nn.Linear(64, 16))
+
+
+@pytest.mark.parametrize("stage,placement,resume_stage", [(0, "none", 2), (3, "cpu", 3), (2, "nvme", 3)])
+def test_lora_checkpoint_resumes_bit_for_bit_and_a_different_base_is_refused(tmp_path, stage, placement,
+                                                                             resume_stage):
+    made = []
+
+    def engine_at(stage, placement, model):
+        params = placement if stage == 3 else "none"
+        nvme = tmp_path / f"nvme{len(made)}"  # engines alive together: a swap folder each
+        nvme.mkdir()
+        made.append(nvme)
+        return st.initialize(model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
+                             config=config(stage, placement, params, nvme_dir=nvme))[0]
+
+    whole = engine_at(stage, placement, lora_mlp())
+    ours = train_engine(whole, mlp_loss, 8)
+    first = engine_at(stage, placement, lora_mlp())
+    train_engine(first, mlp_loss, 4)
+    first.save_checkpoint(tmp_path / "ckpt", client_state={"next": 8}, sync=True)
+    resumed = engine_at(resume_stage, "cpu" if resume_stage else "none", lora_mlp())  # the base rebuilt as it was
+    _, client = resumed.load_checkpoint(tmp_path / "ckpt")
+    assert train_engine(resumed, mlp_loss, 4, first_batch=client["next"]) == ours[4:]
+    after, expected = resumed.master_parameters(), whole.master_parameters()
+    assert sorted(after) == sorted(expected) and all(torch.equal(after[n], expected[n]) for n in after)
+
+    other_base = lora_mlp()
+    with torch.no_grad():
+        other_base[2].base.weight.add_(0.01)  # not the base the checkpoint was trained with
+    refused = engine_at(resume_stage, "cpu" if resume_stage else "none", other_base)
+    with pytest.raises(strata.FailedPrecondition, match=r"frozen layer '2.frozen' differs"):
+        refused.load_checkpoint(tmp_path / "ckpt")
 
 
 @pytest.mark.parametrize("accum", [1, 4])

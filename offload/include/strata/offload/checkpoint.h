@@ -17,6 +17,18 @@
 // overlap. 16-bit parameters are not stored: they are the master rounded to
 // their dtype, which is how the engine derives them after every step.
 //
+// Note [Frozen layers in checkpoints]
+// A frozen layer (TensorDescription::trainable false: a LoRA base, a frozen
+// embedding) never changes, so a checkpoint does not store it: the manifest
+// lists it with "frozen": true and no extents (DeepSpeed's
+// exclude_frozen_parameters). Loading takes its values from the model the
+// engine was given (put_initial_layer), and a checkpoint whose frozen layers
+// are not this model's frozen layers is refused, naming the layer: a layer
+// trained in the checkpoint but frozen here would drop its trained values,
+// one frozen there but trained here has none to load. Whether the frozen
+// values are the same is the caller's to check (strata.torch stores a hash
+// of each frozen layer in the manifest's app data and compares it at load).
+//
 // Note [Checkpoint atomicity]
 // Every rank writes only its own files into the save's temporary folder,
 // fsyncs them and then its rankNNNNN.json (sizes, XXH3 checksums, extents).
@@ -67,6 +79,9 @@ struct CheckpointLayer {
   std::string name;
   uint64_t elements = 0;
   std::string dtype;  // the parameters' dtype when saved ("bf16")
+  // A frozen layer (no optimizer state; Note [Frozen layers in checkpoints]):
+  // no extents, its values are the model's own at load.
+  bool frozen = false;
 };
 
 // Counters the engine restores on resume (besides the tensors).
