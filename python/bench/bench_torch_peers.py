@@ -74,6 +74,10 @@ def parse_args():
     p.add_argument("--batches", type=int, default=16, help="distinct pre-generated batches, cycled (default 16)")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--json", default=None, help="write every round, median, ratio and loss here")
+    p.add_argument("--profile", default="", help="comma-separated contenders to run --profile-steps more steps "
+                                                 "of under torch.profiler after the measured rounds (top ops by "
+                                                 "self CPU time)")
+    p.add_argument("--profile-steps", type=int, default=2)
     return p.parse_args()
 
 
@@ -287,6 +291,16 @@ def versions():
     return found
 
 
+def profile_contender(contender, batches, steps):
+    """A few more steps under torch.profiler; the table of the ops with the most self CPU time."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            contender.train_step(batches)
+        contender.timed_drain()
+    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=48)
+
+
 def median(values):
     return statistics.median(values) if values else float("nan")
 
@@ -379,27 +393,47 @@ def main():
 
     medians = {name: median(times) for name, times in per_contender.items() if times}
     reference_ms = medians.get("torch")
+
+    def per_round_ratios(name, other):
+        """name's time over other's in each round both ran: the load of a shared machine moves between
+        rounds more than within one, so these pair each time with its neighbour's."""
+        ratios = []
+        for this_round in rounds:
+            times = dict(this_round)
+            if name in times and other in times:
+                ratios.append(times[name] / times[other])
+        return ratios
+
     print()
-    print(f"{'contender':16} {'median ms/step':>14} {'min':>6} {'max':>6} {'vs torch':>9} {'vs DS peer':>11}  "
+    print("ratio of medians, and in [] the median of the per-round ratios:")
+    print(f"{'contender':16} {'median ms/step':>14} {'min':>6} {'max':>6} {'vs torch':>17} {'vs DS peer':>17}  "
           f"targets")
     summary = {}
     for name, ms in medians.items():
         times = per_contender[name]
         vs_torch = ms / reference_ms if reference_ms else float("nan")
+        round_vs_torch = median(per_round_ratios(name, "torch"))
         peer, torch_target, peer_target = TARGETS.get(name, (None, None, None))
         vs_peer = ms / medians[peer] if peer in medians else None
+        round_vs_peer = median(per_round_ratios(name, peer)) if peer in medians else None
         verdicts = []
+
+        def verdict(ratio, round_ratio, target):
+            met = lambda r: "met" if r <= target else "NOT met"  # noqa: E731
+            return f"{met(ratio)} (per-round: {met(round_ratio)})"
         if torch_target is not None:
-            verdicts.append(f"<= {torch_target:.2f} x torch: {'met' if vs_torch <= torch_target else 'NOT met'}")
+            verdicts.append(f"<= {torch_target:.2f} x torch: {verdict(vs_torch, round_vs_torch, torch_target)}")
         if peer_target is not None and vs_peer is not None:
-            verdicts.append(f"<= {peer_target:.2f} x {peer}: {'met' if vs_peer <= peer_target else 'NOT met'}")
+            verdicts.append(f"<= {peer_target:.2f} x {peer}: {verdict(vs_peer, round_vs_peer, peer_target)}")
         elif peer is not None and peer_target is None:
             verdicts.append("no target (measured beside)")
-        peer_text = f"{vs_peer:.3f}" if vs_peer is not None else "-"
-        print(f"{name:16} {ms:14.1f} {min(times):6.0f} {max(times):6.0f} {vs_torch:9.3f} {peer_text:>11}  "
+        torch_text = f"{vs_torch:.3f} [{round_vs_torch:.3f}]"
+        peer_text = f"{vs_peer:.3f} [{round_vs_peer:.3f}]" if vs_peer is not None else "-"
+        print(f"{name:16} {ms:14.1f} {min(times):6.0f} {max(times):6.0f} {torch_text:>17} {peer_text:>17}  "
               f"{'; '.join(verdicts)}")
         summary[name] = {"median_ms": ms, "min_ms": min(times), "max_ms": max(times), "vs_torch": vs_torch,
-                         "peer": peer, "vs_peer": vs_peer, "targets": verdicts}
+                         "per_round_vs_torch_median": round_vs_torch, "peer": peer, "vs_peer": vs_peer,
+                         "per_round_vs_peer_median": round_vs_peer, "targets": verdicts}
 
     print()
     print("where the time goes (median ms per step; drain: per round, strata's queued optimizer work):")
@@ -408,6 +442,15 @@ def main():
         ph = {k: median(v) for k, v in contender.phase_ms.items()}
         summary.setdefault(name, {})["phase_median_ms"] = ph
         print(f"{name:16} {ph['forward']:8.1f} {ph['backward']:9.1f} {ph['step']:7.1f} {ph['drain']:7.1f}")
+
+    profiles = {}
+    for name in [n.strip() for n in args.profile.split(",") if n.strip()]:
+        if name not in contenders:
+            print(f"--profile: no contender '{name}' running; skipped")
+            continue
+        profiles[name] = profile_contender(contenders[name], batches, args.profile_steps)
+        print(f"\ntorch.profiler, {name}, {args.profile_steps} steps (top ops by self CPU time):")
+        print(profiles[name])
 
     print()
     compare = min(args.warmup, 5) or 3
@@ -435,7 +478,7 @@ def main():
                        "cpu_count": os.cpu_count(), "rounds": rounds, "ms_per_step": per_contender,
                        "summary": summary, "losses": loss_report,
                        "all_losses": {n: c.losses for n, c in contenders.items()},
-                       "failures": failures}, out, indent=1)
+                       "profiles": profiles, "failures": failures}, out, indent=1)
         print(f"wrote {args.json}")
     if args.nvme_dir is None:
         shutil.rmtree(nvme_root, ignore_errors=True)
