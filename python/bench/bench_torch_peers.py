@@ -74,6 +74,9 @@ def parse_args():
     p.add_argument("--batches", type=int, default=16, help="distinct pre-generated batches, cycled (default 16)")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--json", default=None, help="write every round, median, ratio and loss here")
+    p.add_argument("--strata-section", default="{}",
+                   help='JSON merged into every strata contender\'s "strata" config section, e.g. '
+                        '\'{"overlap_optimizer": false}\' (default: {"device": "cpu"} only)')
     p.add_argument("--profile", default="", help="comma-separated contenders to run --profile-steps more steps "
                                                  "of under torch.profiler after the measured rounds (top ops by "
                                                  "self CPU time)")
@@ -233,7 +236,7 @@ class StrataTorch(Contender):
         import strata.torch as st
         super().__init__(name)
         config = shared_config(args, zero_section(stage, device, device if stage == 3 else None, nvme_path))
-        config["strata"] = {"device": "cpu"}
+        config["strata"] = {"device": "cpu", **json.loads(args.strata_section)}
         self.config = config
         self.engine, self.optimizer, _, _ = st.initialize(model=model, model_parameters=model.parameters(),
                                                           config=config)
