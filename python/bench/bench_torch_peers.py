@@ -253,7 +253,7 @@ class StrataTorch(Contender):
     def drain(self):
         # The optimizer's updates overlap the next forward (strata.overlap_optimizer); the round's time
         # must hold all of them, so the engine is drained before the next contender starts.
-        self.engine._engine.synchronize()
+        self.engine.synchronize()
 
 
 def build_contender(name, args, initial_state, nvme_root):

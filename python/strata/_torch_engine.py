@@ -196,6 +196,15 @@ class StrataEngine(torch.nn.Module):
         finally:
             self._no_sync = False
 
+    def synchronize(self):
+        """Waits for every queued optimizer update (the engine overlaps a
+        step's update with the next forward) and commits it: before timing a
+        run's end, or reading state with another tool. Between steps."""
+        if self._step_open:
+            raise FailedPrecondition("synchronize() in the middle of a step: call it after engine.step() at a "
+                                     "gradient accumulation boundary")
+        self._engine.synchronize()
+
     def memory(self):
         """The engine's memory per tier: {"predicted": its plan, "measured": the peaks so far}."""
         return {"predicted": self._engine.predicted_memory(), "measured": self._engine.measured_memory()}

@@ -689,3 +689,16 @@ def test_no_sync_around_all_but_the_last_micro_batch_changes_nothing():
         losses.append(engine.metrics["loss"])
     reference, _, _, _ = st.initialize(model=make_lm(), config=config(2, "cpu", accum=2))
     assert losses == train_engine(reference, lm_loss, 3)
+
+
+def test_synchronize_waits_for_the_queued_update_and_is_refused_mid_step():
+    engine, _, _, _ = st.initialize(model=make_lm(), config=config(2, "cpu", accum=2))
+    train_engine(engine, lm_loss, 2)
+    engine.synchronize()  # the last step's update (overlapped with the next forward) is done and committed
+    before = engine.master_parameters()
+    engine.synchronize()
+    assert all(torch.equal(before[n], t) for n, t in engine.master_parameters().items())
+    engine.backward(lm_loss(engine, 4))
+    engine.step()  # off the boundary: the step is open
+    with pytest.raises(strata.FailedPrecondition, match="middle of a step"):
+        engine.synchronize()
