@@ -85,14 +85,23 @@ def test_strata_trainer_trains_as_the_stock_trainer_and_saves_a_loadable_model(t
     assert metrics["eval_loss"] == pytest.approx(expected[-1], rel=0.2)
 
 
-def test_checkpoints_go_through_the_engine(tmp_path):
-    trainer = StrataTrainer(model=tiny_gpt2(), args=arguments(tmp_path, save_strategy="steps", save_steps=3),
-                            train_dataset=ToyDataset(), strata_config=STAGE3_CPU)
-    trainer.train()
-    trainer.strata_engine.wait_checkpoint()
+def test_checkpoints_go_through_the_engine_and_resume_gives_the_same_losses(tmp_path):
+    whole = StrataTrainer(model=tiny_gpt2(), args=arguments(tmp_path, save_strategy="steps", save_steps=3),
+                          train_dataset=ToyDataset(), strata_config=STAGE3_CPU)
+    whole.train()
     for step in (3, 6):
         folder = tmp_path / "run" / f"checkpoint-{step}"
-        assert (folder / "strata" / "latest").exists() and (folder / "trainer_state.json").exists()
+        for name in ("strata/latest", "trainer_state.json", "scheduler.pt", "model.safetensors", "config.json"):
+            assert (folder / name).exists(), name
+    expected = logged_losses(whole)
+
+    # A new process would build the model afresh (another seed here: the checkpoint's weights win) and resume.
+    resumed = StrataTrainer(model=tiny_gpt2(seed=99), args=arguments(tmp_path, output_dir=str(tmp_path / "again")),
+                            train_dataset=ToyDataset(), strata_config=STAGE3_CPU)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-3"))
+    # Its log holds the checkpoint's first 3 steps (the Trainer's state) and the 3 it ran: all equal.
+    assert logged_losses(resumed) == expected
+    assert resumed.strata_engine.global_steps == 6
 
 
 def test_misuse_is_refused_naming_the_fix(tmp_path):
@@ -103,7 +112,9 @@ def test_misuse_is_refused_naming_the_fix(tmp_path):
                             strata_config=with_scheduler)
     with pytest.raises(Unsupported, match="scheduler"):
         trainer.train()
+    (tmp_path / "not-ours").mkdir()  # e.g. a stock Trainer's checkpoint: no engine checkpoint in it
     trainer = StrataTrainer(model=tiny_gpt2(), args=arguments(tmp_path), train_dataset=ToyDataset(),
                             strata_config=STAGE3_CPU)
-    with pytest.raises(Unsupported, match="load_checkpoint"):
-        trainer.train(resume_from_checkpoint=str(tmp_path))
+    trainer.create_optimizer()
+    with pytest.raises(FileNotFoundError, match="no engine checkpoint"):
+        trainer._load_optimizer_and_scheduler(str(tmp_path / "not-ours"))  # what train(resume_from_checkpoint) calls

@@ -22,15 +22,21 @@ route the model's training through the engine:
   training_step      engine(...) through compute_loss, engine.backward(loss);
                      off the accumulation boundary engine.step(); at it the
                      Trainer's optimizer.step() is the engine's step;
-  save_model         engine.export_hf (safetensors + config.json);
-  _save_checkpoint   engine.save_checkpoint in checkpoint-N/strata (atomic,
-                     asynchronous, reshardable) and the Trainer's state.
+  save_model         engine.export_hf (safetensors + config.json), also
+                     into each checkpoint-N;
+  _save_optimizer_and_scheduler
+                     engine.save_checkpoint in checkpoint-N/strata (atomic,
+                     reshardable) and the lr scheduler's state; the Trainer
+                     adds its RNG states and trainer_state.json;
+  _load_optimizer_and_scheduler
+                     train(resume_from_checkpoint=...): the engine's
+                     checkpoint and the scheduler's state (the Trainer then
+                     skips the batches already seen and restores its RNGs).
 Gradient clipping is the engine's (the config's gradient_clipping or
 args.max_grad_norm); the Trainer's own clipping is turned off (its grad
 norm would be over no gradients: the engine owns them), and the logged
-grad_norm is the engine's. Resuming with train(resume_from_checkpoint=...)
-is refused with how to do it (engine.load_checkpoint on the engine), as is
-args.deepspeed (it turns on the Trainer's DeepSpeed integration).
+grad_norm is the engine's. args.deepspeed is refused (it turns on the
+Trainer's own DeepSpeed integration).
 """
 
 import copy
@@ -149,13 +155,6 @@ class StrataTrainer(transformers.Trainer):
             logs = dict(logs, grad_norm=metrics["grad_norm"])  # the engine's norm (before clipping)
         return super().log(logs, *args, **kwargs)
 
-    def train(self, resume_from_checkpoint=None, *args, **kwargs):
-        if resume_from_checkpoint:
-            raise Unsupported("train(resume_from_checkpoint=...): load the engine's checkpoint instead: "
-                              "trainer.create_optimizer(); trainer.strata_engine.load_checkpoint("
-                              "'<output_dir>/checkpoint-N/strata'), then trainer.train()")
-        return super().train(None, *args, **kwargs)
-
     # -- saving ------------------------------------------------------------------------------------
     def save_model(self, output_dir=None, _internal_call=False):
         output_dir = output_dir if output_dir is not None else self.args.output_dir
@@ -168,11 +167,33 @@ class StrataTrainer(transformers.Trainer):
                 tokenizer.save_pretrained(output_dir)
             torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
 
-    def _save_checkpoint(self, model, trial, *args, **kwargs):
-        folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
-        os.makedirs(folder, exist_ok=True)
-        self._strata_engine.save_checkpoint(os.path.join(folder, "strata"),
+    def _save_optimizer_and_scheduler(self, output_dir):
+        """A checkpoint's optimizer part: the engine's checkpoint (master
+        weights, moments, counters: atomic, resumable at another world
+        size, stage or placement) in output_dir/strata, and the lr
+        scheduler's state. The Trainer writes the model (save_model), the
+        RNG states and its own state beside them."""
+        self._strata_engine.save_checkpoint(os.path.join(output_dir, "strata"), sync=True,
                                             client_state={"trainer_global_step": self.state.global_step})
-        if self._strata_engine.global_rank == 0:
-            self.state.save_to_json(os.path.join(folder, "trainer_state.json"))
+        if self._strata_engine.global_rank == 0 and self.lr_scheduler is not None:
+            torch.save(self.lr_scheduler.state_dict(), os.path.join(output_dir, _SCHEDULER_FILE))
 
+    # -- resuming ----------------------------------------------------------------------------------
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        """Nothing: the weights come with the engine's checkpoint, loaded once the engine exists
+        (_load_optimizer_and_scheduler)."""
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        if checkpoint is None:
+            return
+        engine_checkpoint = os.path.join(checkpoint, "strata")
+        if not os.path.isdir(engine_checkpoint):
+            raise FileNotFoundError(f"'{checkpoint}' holds no engine checkpoint ('strata' folder): resume from a "
+                                    f"checkpoint a StrataTrainer saved")
+        self._strata_engine.load_checkpoint(engine_checkpoint)
+        scheduler_file = os.path.join(checkpoint, _SCHEDULER_FILE)
+        if self.lr_scheduler is not None and os.path.isfile(scheduler_file):
+            self.lr_scheduler.load_state_dict(torch.load(scheduler_file))
+
+
+_SCHEDULER_FILE = "scheduler.pt"  # the Trainer's own name for it
