@@ -42,6 +42,25 @@ Status positive_bytes(const nlohmann::json& j, const std::string& source, const 
 
 }  // namespace
 
+HardwareProfile builtin_cpu_profile() {
+  HardwareProfile p;
+  p.name = "built-in cpu device (no --profile: relative ranking only)";
+  p.gpus_per_node = 1;
+  p.shared_cores = true;
+  p.device_memory_bytes = uint64_t{1} << 30;
+  p.host_memory_bytes = uint64_t{1} << 30;
+  p.nvme_bytes = uint64_t{1} << 30;
+  p.compute_gflops = 20;
+  p.h2d_gb_per_s = p.d2h_gb_per_s = 5;
+  p.collective_bus_gb_per_s = 5;
+  p.nvme_read_gb_per_s = 1;
+  p.nvme_write_gb_per_s = 0.5;
+  p.cpu_adam_params_per_s_fp32 = 4e8;
+  p.cpu_adam_params_per_s_bf16 = 3e8;
+  p.device_adam_params_per_s = 4e8;
+  return p;
+}
+
 Result<HardwareProfile> parse_hardware_profile(const nlohmann::json& j, const std::string& source) {
   if (!j.is_object()) return InvalidArgument(fmt::format("{}: a hardware profile is a JSON object", source));
   static const char* const known[] = {"name", "gpus_per_node", "shared_cores", "device_memory_bytes",

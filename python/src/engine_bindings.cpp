@@ -50,6 +50,7 @@
 #include <pybind11/stl.h>
 
 #include "errors.h"
+#include "layer_tuples.h"
 #include "torch_dtypes.h"
 #include "strata/comm/backends.h"
 #include "strata/core/config.h"
@@ -133,9 +134,6 @@ py::dict memory_dict(const offload::EngineMemory& m) {
   return d;
 }
 
-// (name, shape, dtype, trainable, weight_decay or None, lr_scale)
-using TensorTuple = std::tuple<std::string, std::vector<int64_t>, std::string, bool, std::optional<double>, double>;
-using LayerTuple = std::pair<std::string, std::vector<TensorTuple>>;
 
 // Bytes of engine memory lent to Python for one acquire (Note [Lent memory
 // outlives its release]): `returned` completes when the object is freed,
@@ -197,18 +195,8 @@ class DrivenEngine {
     }
     EngineOptions engine_options = value_or_raise(offload::engine_options_from_config(check.config));
 
-    std::vector<LayerDescription> described;
-    described.reserve(layers.size());
-    for (const auto& [layer_name, tensors] : layers) {
-      LayerDescription layer{layer_name, {}};
-      for (const auto& [name, shape, dtype, trainable, weight_decay, lr_scale] : tensors) {
-        const DType type = value_or_raise(dtype_from_torch_name(dtype, fmt::format("tensor '{}'", printable(name, 64))));
-        layer.tensors.push_back(TensorDescription{name, shape, type, trainable, weight_decay, lr_scale});
-      }
-      described.push_back(std::move(layer));
-    }
     auto self = std::unique_ptr<DrivenEngine>(new DrivenEngine());
-    self->model_ = std::make_unique<SpecModel>(value_or_raise(SpecModel::create(std::move(described))));
+    self->model_ = std::make_unique<SpecModel>(value_or_raise(SpecModel::create(describe_layers(layers))));
     DeviceOptions device_options;
     // As `strata train`: the argument, else strata.device_memory, else a quarter of host memory.
     device_options.device_memory_bytes = device_memory != 0                       ? device_memory

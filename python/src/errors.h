@@ -32,5 +32,6 @@ void bind_optim(py::module_& m);
 void bind_io(py::module_& m);
 void bind_config(py::module_& m);
 void bind_engine(py::module_& m);
+void bind_fit(py::module_& m);
 
 }  // namespace strata::python

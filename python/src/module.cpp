@@ -65,6 +65,7 @@ PYBIND11_MODULE(_native, m) {
   strata::python::bind_io(m);
   strata::python::bind_config(m);
   strata::python::bind_engine(m);
+  strata::python::bind_fit(m);
   const strata::BuildInfo& info = strata::build_info();
   m.attr("__version__") = std::string(info.version);
   m.def("build_info", [] {

@@ -26,11 +26,11 @@ writes it.
 
 import json
 import os
-import re
 import struct
 
 import torch
 
+from ._sizes import parse_size
 from .errors import FailedPrecondition
 
 __all__ = ["export_hf"]
@@ -38,30 +38,9 @@ __all__ = ["export_hf"]
 _SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float64: "F64",
                        torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
                        torch.uint8: "U8", torch.bool: "BOOL"}
-_SIZE_UNITS = {"": 1, "B": 1, "KB": 10 ** 3, "MB": 10 ** 6, "GB": 10 ** 9, "TB": 10 ** 12,
-               "KIB": 2 ** 10, "MIB": 2 ** 20, "GIB": 2 ** 30, "TIB": 2 ** 40}
-_MAX_SHARD_BYTES = 2 ** 50
-
-
 def parse_shard_size(value):
     """max_shard_size: bytes (int) or "5GB" / "500MB" / "2GiB" (Hugging Face's spelling)."""
-    if isinstance(value, bool):
-        raise TypeError("max_shard_size must be a number of bytes or a size such as \"5GB\", not a bool")
-    if isinstance(value, int):
-        size = value
-    elif isinstance(value, str):
-        match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", value)
-        unit = match.group(2).upper() if match else None
-        if not match or unit not in _SIZE_UNITS:
-            raise ValueError(f"max_shard_size {value[:40]!r} is not a size: write bytes or e.g. \"5GB\", \"500MB\", "
-                             f"\"2GiB\"")
-        size = int(float(match.group(1)) * _SIZE_UNITS[unit])
-    else:
-        raise TypeError(f"max_shard_size must be a number of bytes or a size such as \"5GB\", not "
-                        f"{type(value).__name__}")
-    if not 1 <= size <= _MAX_SHARD_BYTES:
-        raise ValueError(f"max_shard_size {value!r} is out of range: give 1 byte to 1 PiB")
-    return size
+    return parse_size(value, "max_shard_size")
 
 
 class _Entry:

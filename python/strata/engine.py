@@ -66,12 +66,7 @@ class Engine:
             path, text = os.fspath(config), None
         else:
             raise TypeError(f"config must be a path or a dict, not {type(config).__name__}")
-        described = []
-        for layer_name, tensors in layers:
-            described.append((str(layer_name), [
-                (t.name, [int(d) for d in t.shape], _dtype_name(t.dtype), bool(t.trainable),
-                 None if t.weight_decay is None else float(t.weight_decay), float(t.lr_scale))
-                for t in (TensorSpec(*t) if not isinstance(t, TensorSpec) else t for t in tensors)]))
+        described = describe_layers(layers)
         # backend: "auto" (this process as one rank of mpirun's world when mpirun started it, else one
         # process), "local" (one process) or "mpi" (Note [Ranks of a driven engine]).
         self._native = _native.DrivenEngine.create(path, text, described, int(device_memory), str(backend))
@@ -229,6 +224,17 @@ class Engine:
     def measured_memory(self):
         """Peaks since creation per tier (device, pinned, nvme), as predicted_memory() plans them."""
         return self._native.measured_memory()
+
+
+def describe_layers(layers):
+    """Layers of TensorSpec (or its tuples) as the native module takes them."""
+    described = []
+    for layer_name, tensors in layers:
+        described.append((str(layer_name), [
+            (t.name, [int(d) for d in t.shape], _dtype_name(t.dtype), bool(t.trainable),
+             None if t.weight_decay is None else float(t.weight_decay), float(t.lr_scale))
+            for t in (TensorSpec(*t) if not isinstance(t, TensorSpec) else t for t in tensors)]))
+    return described
 
 
 def _numel(shape):

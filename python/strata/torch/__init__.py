@@ -33,8 +33,10 @@ from .._torch_engine import StrataEngine
 from .._torch_gathered import GatheredParameters, register_engine
 from .._torch_optimizer import StrataOptimizer, optimizer_section_from_client
 from .._torch_units import plan_layers, split_into_units
-from ..engine import Engine
-from ..errors import Unsupported
+from .. import _native
+from .._sizes import parse_size
+from ..engine import Engine, describe_layers
+from ..errors import ResourceExhausted, Unsupported
 
 __all__ = ["initialize", "GatheredParameters", "StrataEngine", "StrataOptimizer", "split_into_units"]
 
@@ -43,7 +45,7 @@ _PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None, lr_scheduler=None,
                mpu=None, dist_init_required=None, collate_fn=None, config=None, config_params=None, units="auto",
-               device_memory=0, auto_values=None):
+               device_memory=0, auto_values=None, fit=None):
     """deepspeed.initialize's signature and 4-tuple: (engine, optimizer,
     dataloader or None, lr_scheduler or None).
 
@@ -61,7 +63,14 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     Hugging Face's "auto" values (Note [Resolving "auto"]): the bucket
     sizes from the model's config.hidden_size, the optimizer's from a client
     optimizer, the rest from auto_values ({"dotted.key": value}, what the
-    Trainer fills in from its arguments); one left over is an error naming it."""
+    Trainer fills in from its arguments); one left over is an error naming it.
+
+    fit: {"device_memory": cap, "host_memory": cap, "nvme_path": DIR (optional),
+    "seq": tokens per sample (optional, for ranking)}: the config fitted to
+    those caps before the engine is made (Note [Config fit]: `strata plan
+    --fit`'s search): the fastest placement and knobs whose memory plan fits,
+    each changed key printed with its reason (engine.fit has them); no fit
+    is ResourceExhausted saying what is missing and the smallest change."""
     if model is None or not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
     if mpu is not None:
@@ -106,6 +115,12 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     units_found = split_into_units(model, units)
     plans, _ = plan_layers(model, units_found, layer_dtype)
     layers = [(plan.name, plan.specs(lambda p: hyper[p])) for plan in plans]
+    fitted = None
+    if fit is not None:
+        fitted = _fit(engine_config, layers, fit, world)
+        engine_config = json.loads(fitted["best"]["config_json"])
+        resolved = strata_config.load(engine_config, world_size=world)
+        device_memory = device_memory or fitted["device_bytes"]
     native = Engine(engine_config, layers, device_memory=device_memory)
     # Initial values unit by unit, then the module's own copy dropped: its
     # parameters are bound to the engine's memory when their unit runs.
@@ -115,6 +130,9 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
             p.data = torch.empty(0, dtype=plan.dtype)
 
     engine = StrataEngine(model, units_found, plans, native, facade, scheduler, resolved)
+    engine.fit = fitted
+    if fitted is not None and native.rank == 0:
+        _print_fit(fitted)
     facade._engine = engine
     register_engine(engine)
     loader = None
@@ -137,6 +155,48 @@ def _config_argument(args, config, config_params):
         raise ValueError("give the config once: config=path-or-dict (or config_params, or args.deepspeed_config); "
                          f"{len(given)} given")
     return given[0]
+
+
+_FIT_KEYS = ("device_memory", "host_memory", "nvme_path", "seq")
+
+
+def _fit(config, layers, fit, world):
+    """The search of Note [Config fit] for these layers: the native result,
+    with the device cap; no fit raises ResourceExhausted."""
+    if not isinstance(fit, dict):
+        raise TypeError(f"fit must be a dict such as {{'device_memory': '8GiB', 'host_memory': '32GiB'}}, not "
+                        f"{type(fit).__name__}")
+    unknown = sorted(set(fit) - set(_FIT_KEYS))
+    if unknown:
+        raise ValueError(f"fit: unknown key(s) {unknown}; the keys are {', '.join(_FIT_KEYS)}")
+    for key in ("device_memory", "host_memory"):
+        if key not in fit:
+            raise ValueError(f"fit needs '{key}' (the cap to fit under, e.g. \"8GiB\")")
+    device_bytes = parse_size(fit["device_memory"], "fit['device_memory']")
+    host_bytes = parse_size(fit["host_memory"], "fit['host_memory']")
+    nvme_path = os.fspath(fit.get("nvme_path") or "")
+    if nvme_path and not os.path.isdir(nvme_path):
+        raise ValueError(f"fit['nvme_path'] '{nvme_path}' is not a folder")
+    seq = fit.get("seq", 512)
+    if isinstance(seq, bool) or not isinstance(seq, int) or not 1 <= seq <= 2 ** 24:
+        raise ValueError(f"fit['seq'] {seq!r} is not a number of tokens in 1..16777216")
+    path, text = (None, json.dumps(config)) if isinstance(config, dict) else (os.fspath(config), None)
+    result = _native.fit_config(path, text, describe_layers(layers), device_bytes, host_bytes, nvme_path, world, seq)
+    if not result["fits"]:
+        hint = "; ".join(result["suggestions"]) or "a larger cap"
+        raise ResourceExhausted(f"no config fits device_memory {fit['device_memory']} and host_memory "
+                                f"{fit['host_memory']}: {result['missing']}; what would fit: {hint}")
+    result["device_bytes"] = device_bytes
+    return result
+
+
+def _print_fit(fitted):
+    best = fitted["best"]
+    print(f"strata.torch fit: {best['label']} ({best['bound']})")
+    for change in best["changes"]:
+        print(f"  {change['key']}: {change['before']} -> {change['after']}: {change['reason']}")
+    for other in fitted["runners_up"]:
+        print(f"  runner-up: {other['label']} ({other['bound']})")
 
 
 def _launcher_world():

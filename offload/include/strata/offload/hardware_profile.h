@@ -52,6 +52,11 @@ struct HardwareProfile {
 };
 
 // Parses and checks a profile; errors name `source`, the key and the fix.
+// The built-in profile of the cpu device when the caller gives none: round
+// rates, good for ranking placements against each other (relative), not for
+// predicting a step's seconds (`strata plan --fit` without --profile,
+// strata.torch's fit).
+HardwareProfile builtin_cpu_profile();
 Result<HardwareProfile> parse_hardware_profile(const nlohmann::json& json, const std::string& source);
 Result<HardwareProfile> load_hardware_profile(const std::string& path);
 nlohmann::ordered_json hardware_profile_to_json(const HardwareProfile& profile);
