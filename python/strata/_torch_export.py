@@ -17,7 +17,10 @@ shared with the head) is one parameter and is written once, under its first
 name, as save_pretrained does; from_pretrained ties it again.
 
 Every rank runs the acquires (stage-3 gathers are collectives); rank 0
-writes. Each file is written under a temporary name in the output folder,
+writes. (A write error on rank 0 before the gathers, e.g. a refused link,
+leaves the other ranks waiting in their first gather until the
+communicator's watchdog fails it: STRATA_COMM_TIMEOUT_MS, 5 minutes by
+default.) Each file is written under a temporary name in the output folder,
 flushed and renamed into place, so an interrupted export never leaves a
 truncated model.safetensors behind. Files are split at tensor boundaries
 past max_shard_size, with model.safetensors.index.json as save_pretrained
@@ -75,9 +78,10 @@ def export_hf(engine, out_dir, dtype=None, max_shard_size="5GB", safe_serializat
     shards = _assign_shards(entries, shard_bytes)
     names = _shard_file_names(len(shards))
     files = []
-    if writer:
-        files = [_ShardFile(out_dir, name, shard) for name, shard in zip(names, shards)]
     try:
+        if writer:
+            for name, shard in zip(names, shards):
+                files.append(_ShardFile(out_dir, name, shard))
         _write_values(engine, entries, files, masters=dtype == torch.float32)
         written = [f.commit() for f in files]
     except BaseException:
@@ -209,7 +213,7 @@ class _ShardFile:
         self.data_start = 8 + len(text)
         self.expected = {e.name: e for e in entries}
         self.done = set()
-        self.file = open(self.temporary, "wb")
+        self.file = _create(self.temporary)
         self.file.write(struct.pack("<Q", len(text)) + text)
 
     def write(self, entry, value):
@@ -233,13 +237,25 @@ class _ShardFile:
     def discard(self):
         if not self.file.closed:
             self.file.close()
-        if os.path.exists(self.temporary):
-            os.remove(self.temporary)
+        if os.path.lexists(self.temporary) and not os.path.islink(self.temporary):
+            os.remove(self.temporary)  # ours (a link there was refused at creation and is not ours to remove)
+
+
+def _create(path):
+    """A new file at path for writing; a symbolic link there is refused, not followed (nothing is written
+    outside the folder the caller gave)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        if os.path.islink(path):
+            raise ValueError(f"'{path}' is a symbolic link: export_hf does not write through links") from None
+        raise OSError(e.errno, f"cannot create '{path}': {e.strerror}") from None
+    return os.fdopen(fd, "wb")
 
 
 def _write_file(out_dir, name, data):
     path = os.path.join(out_dir, name)
-    with open(path + ".tmp", "wb") as f:
+    with _create(path + ".tmp") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())

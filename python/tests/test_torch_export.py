@@ -127,6 +127,13 @@ def test_bad_export_arguments_are_refused_naming_them(tmp_path):
     with pytest.raises(ValueError, match="symbolic link"):
         engine.export_hf(tmp_path / "link")
     assert os.listdir(tmp_path / "real") == []
+    # A link planted where the export writes its temporary file: refused, the link's target untouched.
+    (tmp_path / "planted").mkdir()
+    (tmp_path / "outside.bin").write_bytes(b"keep")
+    os.symlink(tmp_path / "outside.bin", tmp_path / "planted" / "model.safetensors.tmp")
+    with pytest.raises(ValueError, match="symbolic link"):
+        engine.export_hf(tmp_path / "planted")
+    assert (tmp_path / "outside.bin").read_bytes() == b"keep"
     # In the middle of a step: refused; the step goes on.
     engine.backward(lm_loss(engine, 0))
     engine.step()  # off the accumulation boundary: the step is still open
