@@ -3,7 +3,8 @@ each with half of a global micro-batch, train the same model as one rank
 with all of it (within 1e-5: the gradient of a mean over 8 samples and the
 mean of two 4-sample gradients round differently), at stages 0 and 3 with
 offload; rank 0's initial values win though each rank seeds its own model;
-a checkpoint saved by two ranks resumes in one."""
+a checkpoint saved by two ranks resumes in one; export_hf and
+GatheredParameters(modifier_rank=1) work across ranks."""
 import json
 import os
 import shutil
@@ -68,3 +69,15 @@ def test_checkpoint_of_two_ranks_resumes_in_one(tmp_path):
     resumed = run(tmp_path, "resumed", 1, "--stage", "3", "--optimizer", "cpu", "--params", "cpu", "--steps", "3",
                   "--load", str(ckpt))
     assert_close(resumed["losses"], whole["losses"][3:])
+
+
+def test_export_and_gathered_parameters_across_two_ranks(tmp_path):
+    from test_torch_export import read_safetensors
+    flags = ["--stage", "3", "--optimizer", "cpu", "--params", "cpu", "--modify-rank", "1"]
+    two = run(tmp_path, "two", 2, *flags, "--export", str(tmp_path / "model"))
+    # One rank halving the weight itself: rank 1's values won on both ranks (rank 0 zeroed its own copy).
+    one = run(tmp_path, "one", 1, *flags[:-2], "--modify-rank", "0")
+    assert_close(two["losses"], one["losses"])
+    tensors = read_safetensors(tmp_path / "model" / "model.safetensors")
+    for name, total in two["masters"].items():
+        assert abs(float(tensors[name].double().sum()) - total) <= 1e-6 * max(1.0, abs(total)), name

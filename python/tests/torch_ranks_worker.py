@@ -28,6 +28,10 @@ def main():
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--save", default=None)
     parser.add_argument("--load", default=None)
+    parser.add_argument("--export", default=None, help="export_hf into this folder at the end")
+    parser.add_argument("--modify-rank", type=int, default=None,
+                        help="before training, GatheredParameters(blocks.1.fc.weight, modifier_rank=R): rank R halves "
+                             "it, the other ranks zero it (R's values must win)")
     args = parser.parse_args()
 
     world = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
@@ -47,6 +51,13 @@ def main():
               "strata": {"device": "cpu", "device_memory": "64MiB"}}
     engine, _, _, _ = st.initialize(model=model, model_parameters=model.parameters(), config=config)
     assert engine.world_size == world and engine.global_rank == rank, (engine.world_size, engine.global_rank)
+    if args.modify_rank is not None:
+        weight = model.blocks[1].fc.weight
+        with st.GatheredParameters(weight, modifier_rank=args.modify_rank):
+            if rank == args.modify_rank:
+                weight.data.mul_(0.5)
+            else:
+                weight.data.zero_()
     first = 0
     if args.load:
         _, client = engine.load_checkpoint(args.load)
@@ -67,6 +78,8 @@ def main():
             losses.append(engine.metrics["loss"])
     if args.save:
         engine.save_checkpoint(args.save, client_state={"next_batch": index}, sync=True)
+    if args.export:
+        engine.export_hf(args.export)  # every rank (the gathers); rank 0 writes
     masters = engine.master_parameters()
     result = {"world": world, "rank": rank, "losses": losses,
               "masters": {name: float(t.double().sum()) for name, t in sorted(masters.items())}}
