@@ -118,3 +118,15 @@ def test_misuse_is_refused_naming_the_fix(tmp_path):
     trainer.create_optimizer()
     with pytest.raises(FileNotFoundError, match="no engine checkpoint"):
         trainer._load_optimizer_and_scheduler(str(tmp_path / "not-ours"))  # what train(resume_from_checkpoint) calls
+
+
+def test_strata_fit_fits_the_trainers_config_to_the_caps(tmp_path):
+    plain = {k: v for k, v in STAGE3_CPU.items() if k != "zero_optimization"}
+    plain["zero_optimization"] = {"stage": 0}
+    trainer = StrataTrainer(model=tiny_gpt2(), args=arguments(tmp_path, max_steps=2), train_dataset=ToyDataset(),
+                            strata_config=plain, strata_fit={"device_memory": "400KiB", "host_memory": "64MiB"})
+    trainer.train()
+    engine = trainer.strata_engine
+    assert engine.config["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    assert engine.memory()["measured"]["device"] <= 400 * 1024
+    assert engine.global_steps == 2

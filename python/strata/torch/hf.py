@@ -60,9 +60,11 @@ class StrataTrainer(transformers.Trainer):
     """transformers.Trainer training its model through Strata's engine
     (Note [The Trainer through the engine]). strata_config: the DeepSpeed
     JSON config (path or dict) as for strata.torch.initialize; its "auto"
-    values come from the TrainingArguments. strata_units: initialize's units."""
+    values come from the TrainingArguments. strata_units: initialize's units.
+    strata_fit: initialize's fit ({"device_memory", "host_memory",
+    "nvme_path"}): the config fitted to those caps first."""
 
-    def __init__(self, *args, strata_config=None, strata_units="auto", **kwargs):
+    def __init__(self, *args, strata_config=None, strata_units="auto", strata_fit=None, **kwargs):
         if strata_config is None:
             raise ValueError("StrataTrainer needs strata_config=: the DeepSpeed JSON config (a path or a dict) the "
                              "engine trains with")
@@ -72,6 +74,7 @@ class StrataTrainer(transformers.Trainer):
                               "the config as StrataTrainer(strata_config=...) and leave args.deepspeed unset")
         self._strata_config = strata_config
         self._strata_units = strata_units
+        self._strata_fit = strata_fit
         self._strata_engine = None
         # The engine clips (Note [The Trainer through the engine]): the Trainer's clipping is off, on a copy of
         # the caller's arguments.
@@ -105,7 +108,7 @@ class StrataTrainer(transformers.Trainer):
         engine, optimizer, _, _ = st.initialize(model=self.model, optimizer=client,
                                                 model_parameters=None if client is not None else self._decay_groups(),
                                                 config=raw, units=self._strata_units,
-                                                auto_values=self._auto_values(raw))
+                                                auto_values=self._auto_values(raw), fit=self._strata_fit)
         self._strata_engine = engine
         self.optimizer = optimizer
         optimizer._hyper_parameters_only_state = True  # accelerate moves optimizers by a state_dict round trip
