@@ -15,7 +15,20 @@ from .errors import _BY_CODE
 
 _native._register_errors(_BY_CODE)
 
-from . import config, engine, io, optim  # noqa: E402
+from . import config, engine, io  # noqa: E402
+
+try:
+    from . import optim  # noqa: E402
+except ImportError as e:  # torch is missing: the rest of the package (config, estimate, io on numpy) works
+    if getattr(e, "name", None) != "torch" and "torch" not in str(e):
+        raise
+    _OPTIM_MISSING = ("strata.optim needs PyTorch (its optimizers step torch tensors): pip install torch (or, on "
+                      "Debian, apt-get install python3-torch and use /usr/bin/python3)")
+
+    def __getattr__(name):
+        if name == "optim":
+            raise ImportError(_OPTIM_MISSING)
+        raise AttributeError(f"module 'strata' has no attribute '{name}'")
 from .estimate import estimate  # noqa: E402
 
 __version__ = _native.__version__

@@ -85,3 +85,24 @@ def test_a_bad_value_given_for_auto_is_the_checkers_error_naming_the_key():
     with pytest.raises(Exception, match="gradient_clipping"):
         st.initialize(model=lm_with_hidden_size(), config=HF_ZERO3,
                       auto_values={**TRAINER_VALUES, "gradient_clipping": -1.0})
+
+
+@pytest.mark.parametrize("module,missing,says", [("strata.torch", "torch", "strata.torch needs PyTorch: pip install torch"),
+                                                 ("strata.torch.hf", "transformers",
+                                                  "strata.torch.hf needs Hugging Face transformers")])
+def test_a_missing_dependency_says_what_to_install(module, missing, says):
+    # (Without torch the rest of the package still imports: config, estimate, io on numpy.)
+    import subprocess
+    import sys
+    code = f"import sys; sys.modules[{missing!r}] = None\ntry:\n    import {module}\nexcept ImportError as e:\n    print(e)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert says in done.stdout, done.stdout + done.stderr
+
+
+def test_without_torch_the_package_imports_and_strata_optim_says_what_to_install():
+    import subprocess
+    import sys
+    code = ("import sys; sys.modules['torch'] = None\nimport strata\nprint(strata.config.check({}) is not None)\n"
+            "try:\n    strata.optim\nexcept ImportError as e:\n    print(e)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "True" in done.stdout and "strata.optim needs PyTorch" in done.stdout, done.stdout + done.stderr

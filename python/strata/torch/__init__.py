@@ -26,7 +26,11 @@ import copy
 import json
 import os
 
-import torch
+try:
+    import torch
+except ImportError as e:  # what to install, not a traceback from deep inside an import
+    raise ImportError("strata.torch needs PyTorch: pip install torch (or, on Debian, apt-get install "
+                      "python3-torch and use /usr/bin/python3)") from e
 
 from .. import config as strata_config
 from .._torch_engine import StrataEngine
