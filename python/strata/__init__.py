@@ -20,8 +20,8 @@ from . import config, engine, io  # noqa: E402
 try:
     from . import optim  # noqa: E402
 except ImportError as e:  # torch is missing: the rest of the package (config, estimate, io on numpy) works
-    if getattr(e, "name", None) != "torch" and "torch" not in str(e):
-        raise
+    if e.name != "torch":
+        raise  # torch is there but failed to import: its own error says why
     _OPTIM_MISSING = ("strata.optim needs PyTorch (its optimizers step torch tensors): pip install torch (or, on "
                       "Debian, apt-get install python3-torch and use /usr/bin/python3)")
 

@@ -29,6 +29,8 @@ import os
 try:
     import torch
 except ImportError as e:  # what to install, not a traceback from deep inside an import
+    if e.name != "torch":
+        raise  # torch is there but failed to import: its own error says why
     raise ImportError("strata.torch needs PyTorch: pip install torch (or, on Debian, apt-get install "
                       "python3-torch and use /usr/bin/python3)") from e
 
