@@ -92,7 +92,7 @@ int print_engine_plan(const EstimateOptions& opts, const Config* config, uint32_
       if (!opts.nvme_memory.empty()) {
         if (Result<uint64_t> nv = parse_bytes(opts.nvme_memory, "--nvme-memory"); nv.ok() && *nv != 0) fit_caps.nvme_bytes = *nv;
       }
-      offload::HardwareProfile profile = default_fit_profile();
+      offload::HardwareProfile profile = offload::builtin_cpu_profile();
       profile.shared_cores = false;
       const Config defaults;
       Result<offload::FitRequest> req = gpt_fit_request(g, config != nullptr ? *config : defaults, static_cast<int>(world), 1,

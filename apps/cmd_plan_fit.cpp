@@ -56,7 +56,7 @@ int run_plan_fit(const PlanFitArgs& a) {
     if (Status st = check_output_path(a.out, "--out"); !st.ok()) return fail(st);
   }
   if (a.ranks < 1 || a.ranks > 65536) return fail(InvalidArgument(fmt::format("--ranks {} is not in 1..65536", a.ranks)));
-  offload::HardwareProfile profile = default_fit_profile();
+  offload::HardwareProfile profile = offload::builtin_cpu_profile();
   if (!a.profile.empty()) {
     Result<offload::HardwareProfile> hw = offload::load_hardware_profile(a.profile);
     if (!hw.ok()) return fail(hw.status().with_context("--profile"));

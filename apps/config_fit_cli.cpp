@@ -140,7 +140,6 @@ Result<offload::FitRequest> gpt_fit_request(const model::GptConfig& g, const Con
   return req;
 }
 
-offload::HardwareProfile default_fit_profile() { return offload::builtin_cpu_profile(); }
 
 namespace {
 
@@ -328,7 +327,7 @@ Result<Config> fit_train_config(const Config& base, const model::GptConfig& g, c
       fit_caps_from_flags(flags, base.strata.device_memory != 0 ? base.strata.device_memory : default_device_bytes,
                           base.strata.host_memory_budget, config_nvme, ranks_per_node));
   STRATA_ASSIGN_OR_RETURN(offload::FitRequest req,
-                          gpt_fit_request(g, base, world, micro_batch, seq, grad_accum, default_fit_profile()));
+                          gpt_fit_request(g, base, world, micro_batch, seq, grad_accum, offload::builtin_cpu_profile()));
   if (dtype_given) req.dtypes = {g.param_dtype};
   STRATA_ASSIGN_OR_RETURN(offload::FitResult r, offload::fit_config(req, caps));
   if (!r.ok()) {

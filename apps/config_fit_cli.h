@@ -42,9 +42,6 @@ uint64_t gpt_device_reserve_bytes(const model::GptConfig& g, DType param, DType 
 Result<offload::FitRequest> gpt_fit_request(const model::GptConfig& g, const Config& config, int world, int micro_batch,
                                             int seq, int grad_accum, const offload::HardwareProfile& profile);
 
-// A profile for the fit when none is given: the cpu device of this machine
-// (shared cores, rates of a small VM; relative ranking only).
-offload::HardwareProfile default_fit_profile();
 
 // The report: changes with reasons, runners-up and their bounds, or what
 // is missing and the suggestions. `runners_up` caps the list.

@@ -49,6 +49,7 @@
 #include <fmt/format.h>
 #include <pybind11/stl.h>
 
+#include "checked_config.h"
 #include "errors.h"
 #include "layer_tuples.h"
 #include "torch_dtypes.h"
@@ -162,8 +163,6 @@ class DrivenEngine {
                                               const std::optional<std::string>& config_text,
                                               const std::vector<LayerTuple>& layers, uint64_t device_memory,
                                               const std::string& backend) {
-    if (config_path.has_value() == config_text.has_value())
-      raise_status(InvalidArgument("give the config as a file path or as JSON text, exactly one of them"));
     // The ranks (Note [Ranks of a driven engine]): one process, or this
     // process as one rank of mpirun's world.
     std::unique_ptr<comm::Communicator> mpi;
@@ -184,15 +183,7 @@ class DrivenEngine {
     options.world_size = mpi ? mpi->world_size() : 1;
     options.world_size_origin = mpi ? fmt::format("the MPI communicator (mpirun -np {})", mpi->world_size())
                                     : std::string("strata.torch (one process)");
-    if (!config_path) options.source = "<dict>";
-    const ConfigCheck check =
-        config_path ? check_config_file(*config_path, options) : check_config_text(*config_text, options);
-    if (!check.ok()) {
-      std::string text;
-      for (const ConfigIssue& issue : check.issues)
-        if (issue.severity == IssueSeverity::kError) text += (text.empty() ? "" : "\n") + format_issue(issue, check.config.source);
-      raise_status(InvalidArgument(text));
-    }
+    const ConfigCheck check = checked_config(config_path, config_text, options);
     EngineOptions engine_options = value_or_raise(offload::engine_options_from_config(check.config));
 
     auto self = std::unique_ptr<DrivenEngine>(new DrivenEngine());

@@ -13,6 +13,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "checked_config.h"
 #include "errors.h"
 #include "layer_tuples.h"
 #include "strata/core/config.h"
@@ -64,22 +65,13 @@ py::dict candidate_dict(const offload::FitCandidate& c) {
 py::dict fit_config(const std::optional<std::string>& config_path, const std::optional<std::string>& config_text,
                     const std::vector<LayerTuple>& layers, uint64_t device_bytes, uint64_t host_bytes,
                     const std::string& nvme_path, int world, int seq) {
-  if (config_path.has_value() == config_text.has_value())
-    raise_status(InvalidArgument("give the config as a file path or as JSON text, exactly one of them"));
   if (device_bytes == 0) raise_status(InvalidArgument("fit: device_memory must be > 0 (the device's capacity)"));
   if (host_bytes == 0) raise_status(InvalidArgument("fit: host_memory must be > 0 (pinned host memory for the engine)"));
   if (seq < 1 || seq > (1 << 24)) raise_status(InvalidArgument(fmt::format("fit: seq {} is not in 1..16777216", seq)));
   ConfigOptions options;
   options.world_size = world;
   options.world_size_origin = world == 1 ? "strata.torch (one process)" : fmt::format("mpirun -np {}", world);
-  if (!config_path) options.source = "<dict>";
-  const ConfigCheck check = config_path ? check_config_file(*config_path, options) : check_config_text(*config_text, options);
-  if (!check.ok()) {
-    std::string text;
-    for (const ConfigIssue& issue : check.issues)
-      if (issue.severity == IssueSeverity::kError) text += (text.empty() ? "" : "\n") + format_issue(issue, check.config.source);
-    raise_status(InvalidArgument(text));
-  }
+  const ConfigCheck check = checked_config(config_path, config_text, options);
   const SpecModel model = value_or_raise(SpecModel::create(describe_layers(layers)));
   offload::FitRequest request;
   request.layers.assign(model.layers().begin(), model.layers().end());

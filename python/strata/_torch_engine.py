@@ -143,7 +143,6 @@ class StrataEngine(torch.nn.Module):
         self._pass = None          # "forward" or "eval" while the root module's forward runs
         self._step_open = False
         self._micro_open = False
-        self._in_engine_step = False
         self._no_sync = False      # inside no_sync()
         self._micro_steps = 0      # DeepSpeed's micro_steps: engine.step() calls
         self._global_steps = 0     # optimizer steps applied
@@ -258,25 +257,20 @@ class StrataEngine(torch.nn.Module):
         Elsewhere a no-op, as DeepSpeed's."""
         if self._micro_open:
             raise FailedPrecondition("engine.step() after a forward without engine.backward(loss)")
-        at_boundary = self.is_gradient_accumulation_boundary()
-        if at_boundary:
-            self._in_engine_step = True
-            try:
-                self.optimizer.step()  # -> _apply_step(); through the optimizer so schedulers see it stepped
-            finally:
-                self._in_engine_step = False
+        if self.is_gradient_accumulation_boundary():
+            # Through the optimizer (so torch schedulers see it stepped): the step and the micro-step's end.
+            self.optimizer.step()
             if self.lr_scheduler is not None:
                 self.lr_scheduler.step()
-        self._micro_steps += 1
+        else:
+            self._micro_steps += 1
 
     def _optimizer_step(self):
-        """optimizer.step(): inside engine.step() the step itself; called by
-        a loop that drives the optimizer directly (Hugging Face's Trainer
-        calls optimizer.step() and its scheduler at the boundary and never
-        engine.step() there), the step and the micro-step's end, at the
-        accumulation boundary only."""
-        if self._in_engine_step:
-            return self._apply_step()
+        """optimizer.step(), from engine.step() or from a loop that drives
+        the optimizer directly (Hugging Face's Trainer calls optimizer.step()
+        and its scheduler at the boundary, never engine.step() there): the
+        engine's step and the micro-step's end, at the accumulation boundary
+        only."""
         if self._micro_open:
             raise FailedPrecondition("optimizer.step() after a forward without engine.backward(loss)")
         if not self.is_gradient_accumulation_boundary():
@@ -434,24 +428,12 @@ class StrataEngine(torch.nn.Module):
         """{layer name: SHA-256 of its parameters' bytes} of every frozen
         layer, each acquired for an evaluation (every rank)."""
         frozen = [i for i, layer in enumerate(self._layers) if not layer.plan.trainable]
-        if not frozen:
-            return {}
         digests = {}
-        native = self._engine
-        native.begin_evaluation()
-        try:
-            for index in frozen:
-                view = native.acquire(index, "eval")
-                try:
-                    h = hashlib.sha256()
-                    for name, _ in self._layers[index].plan.params:
-                        h.update(view.params[name].contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-                    digests[self._layers[index].plan.name] = h.hexdigest()
-                    del view
-                finally:
-                    native.release(index, "eval")
-        finally:
-            native.finish_evaluation(0.0, 1)
+        for index, params in self._engine.read_layers(frozen):
+            h = hashlib.sha256()
+            for name, _ in self._layers[index].plan.params:
+                h.update(params[name].contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+            digests[self._layers[index].plan.name] = h.hexdigest()
         return digests
 
     def _scheduler_state(self):

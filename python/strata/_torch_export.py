@@ -48,12 +48,13 @@ def parse_shard_size(value):
 
 class _Entry:
     """One tensor of the export: where its values come from and where they go."""
-    __slots__ = ("name", "shape", "dtype", "nbytes", "layer", "source", "shard", "begin")
+    __slots__ = ("name", "shape", "dtype", "nbytes", "layer", "offset", "source", "shard", "begin")
 
-    def __init__(self, name, shape, dtype, layer, source):
+    def __init__(self, name, shape, dtype, layer, source, offset=0):
         self.name, self.shape, self.dtype = name, list(shape), dtype
         self.nbytes = _numel(shape) * torch.empty(0, dtype=dtype).element_size()
         self.layer, self.source = layer, source  # layer index (or None: a buffer), the parameter or buffer
+        self.offset = offset  # elements into the layer's flat master weights
         self.shard, self.begin = 0, 0
 
 
@@ -112,10 +113,13 @@ def _entries(engine, masters):
     entries = []
     for index, layer in enumerate(engine._layers):
         plan = layer.plan
+        out_dtype = torch.float32 if masters else plan.dtype
+        # The engine's layout: the declared shape (at stage 3 the module's parameter is an empty placeholder
+        # between uses) and where the tensor starts in the layer's flat masters.
+        layout = {name: (shape, offset) for name, shape, _, _, offset in engine._engine._layout[index]}
         for name, p in plan.params:
-            out_dtype = torch.float32 if masters else plan.dtype
-            # (the declared shape: at stage 3 the module's parameter is an empty placeholder between uses)
-            entries.append(_Entry(name, _declared_shape(engine, index, name), out_dtype, index, p))
+            shape, offset = layout[name]
+            entries.append(_Entry(name, shape, out_dtype, index, p, offset))
     # Every name a parameter has, tied ones included (named_parameters lists a shared one once).
     parameter_names = {f"{prefix}.{name}" if prefix else name
                        for prefix, module in engine.module.named_modules() for name in module._parameters}
@@ -126,13 +130,6 @@ def _entries(engine, masters):
             raise ValueError(f"buffer '{name}' has dtype {value.dtype}, which safetensors cannot store")
         entries.append(_Entry(name, value.shape, value.dtype, None, value))
     return entries
-
-
-def _declared_shape(engine, index, name):
-    for tensor_name, shape, *_ in engine._engine._layout[index]:
-        if tensor_name == name:
-            return shape
-    raise KeyError(f"layer {index} has no tensor '{name}'")
 
 
 def _assign_shards(entries, shard_bytes):
@@ -167,34 +164,16 @@ def _write_values(engine, entries, files, masters):
     for index in from_masters:
         flat = native.gather_state(index)
         for e in by_layer.get(index, []):
-            offset = _master_offset(native, index, e.name)
             if files:
-                files[e.shard].write(e, flat[offset:offset + _numel(e.shape)].view(e.shape))
+                files[e.shard].write(e, flat[e.offset:e.offset + _numel(e.shape)].view(e.shape))
     acquired = [i for i in range(len(engine._layers)) if i not in set(from_masters)]
-    if acquired:
-        native.begin_evaluation()
-        try:
-            for index in acquired:
-                view = native.acquire(index, "eval")
-                try:
-                    for e in by_layer.get(index, []):
-                        if files:
-                            files[e.shard].write(e, view.params[e.name].to(e.dtype))
-                    del view
-                finally:
-                    native.release(index, "eval")
-        finally:
-            native.finish_evaluation(0.0, 1)
+    for index, params in native.read_layers(acquired):
+        for e in by_layer.get(index, []):
+            if files:
+                files[e.shard].write(e, params[e.name].to(e.dtype))
     for e in by_layer.get(None, []):
         if files:
             files[e.shard].write(e, e.source.detach().to("cpu"))
-
-
-def _master_offset(native, index, name):
-    for tensor_name, _, _, _, offset_elements in native._layout[index]:
-        if tensor_name == name:
-            return offset_elements
-    raise KeyError(f"layer {index} has no tensor '{name}'")
 
 
 class _ShardFile:

@@ -209,6 +209,27 @@ class Engine:
         """Hands the layer back; its views must not be used after this."""
         self._native.release(int(layer), pass_name)
 
+    def read_layers(self, layers):
+        """Yields (layer, {name: parameter tensor}) for each of `layers`,
+        acquired for an evaluation (gathered at stage 3, read from NVMe
+        where it lives) and released before the next: at most one layer's
+        gathered copy at a time. Between steps; every rank iterates (the
+        gathers are collectives). No evaluation is opened for no layers."""
+        layers = list(layers)
+        if not layers:
+            return
+        self.begin_evaluation()
+        try:
+            for layer in layers:
+                view = self.acquire(layer, "eval")
+                try:
+                    yield layer, view.params
+                finally:
+                    del view
+                    self.release(layer, "eval")
+        finally:
+            self.finish_evaluation(0.0, 1)
+
     # -- state -----------------------------------------------------------------------------------
     def gather_state(self, layer, kind="master"):
         """The layer's fp32 master weights (or exp_avg / exp_avg_sq), whole, as a torch tensor."""
