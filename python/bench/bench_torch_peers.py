@@ -207,7 +207,20 @@ def shared_config(args, zero):
             "zero_optimization": zero}
 
 
-class DeepSpeedPeer(Contender):
+class DeepSpeedApi(Contender):
+    """A contender trained through DeepSpeed's engine API (DeepSpeed's own, or strata.torch's)."""
+
+    def forward_loss(self, ids):
+        return self.engine(input_ids=ids, labels=ids).loss
+
+    def backward(self, loss):
+        self.engine.backward(loss)
+
+    def optimizer_step(self):
+        self.engine.step()
+
+
+class DeepSpeedPeer(DeepSpeedApi):
     """deepspeed.initialize with the config's AdamW: with offload_optimizer cpu DeepSpeed builds a
     DeepSpeedCPUAdam in AdamW mode (its cpu_adam op JIT-built at first use)."""
 
@@ -221,17 +234,8 @@ class DeepSpeedPeer(Contender):
         inner = getattr(self.optimizer, "optimizer", self.optimizer)  # ZeRO's wrapper holds the CPU optimizer
         self.optimizer_class = f"{type(self.optimizer).__name__} over {type(inner).__name__}"
 
-    def forward_loss(self, ids):
-        return self.engine(input_ids=ids, labels=ids).loss
 
-    def backward(self, loss):
-        self.engine.backward(loss)
-
-    def optimizer_step(self):
-        self.engine.step()
-
-
-class StrataTorch(Contender):
+class StrataTorch(DeepSpeedApi):
     def __init__(self, name, model, args, stage, device, nvme_path=None):
         import strata.torch as st
         super().__init__(name)
@@ -240,15 +244,6 @@ class StrataTorch(Contender):
         self.config = config
         self.engine, self.optimizer, _, _ = st.initialize(model=model, model_parameters=model.parameters(),
                                                           config=config)
-
-    def forward_loss(self, ids):
-        return self.engine(input_ids=ids, labels=ids).loss
-
-    def backward(self, loss):
-        self.engine.backward(loss)
-
-    def optimizer_step(self):
-        self.engine.step()
 
     def drain(self):
         # The optimizer's updates overlap the next forward (strata.overlap_optimizer); the round's time
