@@ -25,7 +25,8 @@ Status CommWork::wait_for(std::chrono::milliseconds timeout) const {
 
 namespace detail {
 
-CommStream::CommStream(std::string name) : name_(std::move(name)) {
+CommStream::CommStream(std::string name, bool inline_when_idle)
+    : name_(std::move(name)), inline_when_idle_(inline_when_idle) {
   worker_ = std::thread([this] { run(); });
   // Thread names are at most 15 characters; best effort, for debuggers.
   pthread_setname_np(worker_.native_handle(), name_.substr(0, 15).c_str());
@@ -46,12 +47,42 @@ CommWork CommStream::enqueue(uint64_t sequence, CommQueue queue, std::string lab
   item.source = std::make_shared<CompletionSource>(std::move(label));
   item.sequence = sequence;
   Completion completion = item.source->completion();
+  if (inline_when_idle_ && run_inline_if_idle(item)) return CommWork(std::move(completion), sequence, queue);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     queue_.push_back(std::move(item));
   }
   cv_.notify_one();
   return CommWork(std::move(completion), sequence, queue);
+}
+
+bool CommStream::run_inline_if_idle(Item& item) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!queue_.empty() || worker_busy_ || inline_busy_) return false;
+    inline_busy_ = true;
+  }
+  execute(item);
+  bool queued_meanwhile;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    inline_busy_ = false;
+    queued_meanwhile = !queue_.empty();
+  }
+  if (queued_meanwhile) cv_.notify_one();
+  return true;
+}
+
+void CommStream::execute(Item& item) {
+  Completion done;
+  try {
+    done = item.task(gate_failure_);
+  } catch (const std::exception& e) {
+    done = Completion::ready(Internal(fmt::format("{}: collective #{} threw: {}", name_, item.sequence, e.what())));
+  }
+  // Completes on this thread when the collective finished here (local,
+  // mpi), else on the thread that completes `done` (nccl's stream).
+  done.then([source = std::move(item.source)](const Status& s) { source->complete(s); });
 }
 
 void CommStream::enqueue_gate(Gate gate) {
@@ -69,10 +100,12 @@ void CommStream::run() {
     Item item;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      worker_busy_ = false;
+      cv_.wait(lock, [this] { return (stopping_ && queue_.empty()) || (!queue_.empty() && !inline_busy_); });
       if (queue_.empty()) return;  // stopping and drained
       item = std::move(queue_.front());
       queue_.pop_front();
+      worker_busy_ = true;
     }
     if (item.gate) {
       Status s;
@@ -84,15 +117,7 @@ void CommStream::run() {
       if (!s.ok() && gate_failure_.ok()) gate_failure_ = std::move(s);  // the queue is failed from now on
       continue;
     }
-    Completion done;
-    try {
-      done = item.task(gate_failure_);
-    } catch (const std::exception& e) {
-      done = Completion::ready(Internal(fmt::format("{}: collective #{} threw: {}", name_, item.sequence, e.what())));
-    }
-    // Completes on this thread when the collective finished here (local,
-    // mpi), else on the thread that completes `done` (nccl's stream).
-    done.then([source = std::move(item.source)](const Status& s) { source->complete(s); });
+    execute(item);
   }
 }
 

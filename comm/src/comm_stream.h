@@ -11,7 +11,15 @@
 // like a device stream: every later collective on it receives that Status and
 // must end with an error without leaving its peers hanging (local and mpi
 // vote it in the collective's handshake so every rank skips the collective
-// and names the rank; see the backends).
+// and names the rank; see the backends). A gate on a completion that already
+// succeeded orders nothing and is not queued (Communicator::wait).
+//
+// Note [Idle queues of one rank]
+// Handing a collective to the queue's worker costs two thread switches (its
+// wake-up, then the waiter's). A local group of one rank has no peer to wait
+// for, so its collectives are copies in place; when nothing is queued or
+// running on the queue, one runs on the calling thread instead, in the same
+// order and with the same completion as on the worker.
 
 #include <condition_variable>
 #include <cstdint>
@@ -37,7 +45,10 @@ class CommStream {
   // its Status.
   using Gate = std::function<Status()>;
 
-  explicit CommStream(std::string name);
+  // `inline_when_idle`: a collective enqueued while the queue is idle (no
+  // item queued or running) runs on the calling thread (Note [Idle queues
+  // of one rank]); for a backend whose collectives never wait for a peer.
+  explicit CommStream(std::string name, bool inline_when_idle = false);
   ~CommStream();  // runs every queued item to completion, then joins
   CommStream(const CommStream&) = delete;
   CommStream& operator=(const CommStream&) = delete;
@@ -54,13 +65,20 @@ class CommStream {
     uint64_t sequence = 0;
   };
   void run();
+  // Runs `item` (a collective) if the queue is idle; false (nothing done) otherwise.
+  bool run_inline_if_idle(Item& item);
+  // Runs a collective and completes its source (the worker or an inline caller).
+  void execute(Item& item);
 
   std::string name_;
+  const bool inline_when_idle_;
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<Item> queue_;
   bool stopping_ = false;
-  Status gate_failure_;  // worker thread only
+  bool worker_busy_ = false;   // the worker runs an item
+  bool inline_busy_ = false;   // a caller runs one: the worker starts nothing meanwhile
+  Status gate_failure_;        // the thread running an item only
   std::thread worker_;
 };
 

@@ -141,7 +141,9 @@ bool overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
 
 // Checks the aliasing rule of docs/comm.md: send and recv are disjoint, or
 // exactly in the documented in-place position.
-Status check_aliasing(const CollectiveDesc& d, int rank, int world, std::string_view what) {
+// `what()` names the collective in the error (formatted only then).
+template <class What>
+Status check_aliasing(const CollectiveDesc& d, int rank, int world, const What& what) {
   const size_t elt = dtype_size(d.dtype);
   const auto* send = static_cast<const char*>(d.send);
   auto* recv = static_cast<char*>(d.recv);
@@ -173,7 +175,7 @@ Status check_aliasing(const CollectiveDesc& d, int rank, int world, std::string_
     return InvalidArgument(fmt::format(
         "{}: send [{}, +{} B) and recv [{}, +{} B) overlap but are not in the in-place position; use disjoint "
         "buffers or the in-place layout of docs/comm.md",
-        what, static_cast<const void*>(send), send_bytes, static_cast<void*>(recv), out_bytes));
+        what(), static_cast<const void*>(send), send_bytes, static_cast<void*>(recv), out_bytes));
   }
   return Status::Ok();
 }
@@ -183,35 +185,38 @@ Status check_aliasing(const CollectiveDesc& d, int rank, int world, std::string_
 Result<CommWork> Communicator::validate_and_submit(const CollectiveDesc& d, CommQueue queue) {
   const int world = world_size();
   const int me = rank();
-  const std::string what = fmt::format("{} on {} rank {} of {} (queue {})", op_name(d.op), backend_name(backend()),
-                                       me, world, queue_name(queue));
+  // Names the collective in an error (formatted only then: this runs per collective).
+  auto what = [&] {
+    return fmt::format("{} on {} rank {} of {} (queue {})", op_name(d.op), backend_name(backend()), me, world,
+                       queue_name(queue));
+  };
   if (queue_index(queue) < 0 || queue_index(queue) >= kCommQueueCount) {
-    return InvalidArgument(fmt::format("{}: unknown comm queue {}", what, queue_index(queue)));
+    return InvalidArgument(fmt::format("{}: unknown comm queue {}", what(), queue_index(queue)));
   }
   const size_t elt = d.op == CollectiveOp::kBarrier ? 1 : dtype_size(d.dtype);
-  if (elt == 0) return InvalidArgument(fmt::format("{}: unknown dtype {}", what, static_cast<int>(d.dtype)));
+  if (elt == 0) return InvalidArgument(fmt::format("{}: unknown dtype {}", what(), static_cast<int>(d.dtype)));
   const bool reduces = d.op == CollectiveOp::kAllReduce || d.op == CollectiveOp::kReduceScatter;
   if (reduces && d.dtype == DType::kI64 && d.reduce == ReduceOp::kAvg) {
     return InvalidArgument(fmt::format("{}: avg of int64 is not defined (it would truncate); use sum and divide, "
-                                       "or reduce fp64", what));
+                                       "or reduce fp64", what()));
   }
   const size_t factor =
       (d.op == CollectiveOp::kAllGather || d.op == CollectiveOp::kReduceScatter) ? static_cast<size_t>(world) : 1;
   if (d.count > std::numeric_limits<size_t>::max() / elt / factor) {
-    return InvalidArgument(fmt::format("{}: count {} overflows the byte size", what, d.count));
+    return InvalidArgument(fmt::format("{}: count {} overflows the byte size", what(), d.count));
   }
   if (d.op != CollectiveOp::kBarrier && d.count > 0) {
-    if (d.recv == nullptr) return InvalidArgument(fmt::format("{}: recv is null for count {}", what, d.count));
+    if (d.recv == nullptr) return InvalidArgument(fmt::format("{}: recv is null for count {}", what(), d.count));
     const bool send_needed = d.op != CollectiveOp::kBroadcast || d.root == me;
     if (send_needed && d.send == nullptr) {
-      return InvalidArgument(fmt::format("{}: send is null for count {}", what, d.count));
+      return InvalidArgument(fmt::format("{}: send is null for count {}", what(), d.count));
     }
   }
   if (d.op == CollectiveOp::kBroadcast && (d.root < 0 || d.root >= world)) {
-    return InvalidArgument(fmt::format("{}: root {} is not a rank (world size {})", what, d.root, world));
+    return InvalidArgument(fmt::format("{}: root {} is not a rank (world size {})", what(), d.root, world));
   }
   if (d.reduce != ReduceOp::kSum && d.reduce != ReduceOp::kAvg && d.reduce != ReduceOp::kMax) {
-    return InvalidArgument(fmt::format("{}: unknown reduction {}", what, static_cast<int>(d.reduce)));
+    return InvalidArgument(fmt::format("{}: unknown reduction {}", what(), static_cast<int>(d.reduce)));
   }
   if (d.count > 0) STRATA_RETURN_IF_ERROR(check_aliasing(d, me, world, what));
   QueueState& q = queues_[static_cast<size_t>(queue_index(queue))];
@@ -301,6 +306,7 @@ Status Communicator::wait(const Completion& completion, CommQueue queue) {
   if (queue_index(queue) < 0 || queue_index(queue) >= kCommQueueCount) {
     return InvalidArgument(fmt::format("wait: unknown comm queue {}", queue_index(queue)));
   }
+  if (completion.done() && completion.status().ok()) return Status::Ok();  // a gate that orders nothing
   QueueState& q = queues_[static_cast<size_t>(queue_index(queue))];
   std::lock_guard<std::mutex> lock(q.mutex);
   return submit_gate(queue, &completion, nullptr);

@@ -223,8 +223,9 @@ class LocalCommunicator final : public Communicator {
  public:
   LocalCommunicator(LocalGroups groups, int rank) : groups_(std::move(groups)), rank_(rank) {
     for (int q = 0; q < kCommQueueCount; ++q) {
+      // One rank: no peer to wait for (Note [Idle queues of one rank]).
       streams_[static_cast<size_t>(q)] = std::make_unique<detail::CommStream>(
-          fmt::format("comm-l{}-{}", rank, queue_name(static_cast<CommQueue>(q))));
+          fmt::format("comm-l{}-{}", rank, queue_name(static_cast<CommQueue>(q))), groups_[0]->world_size() == 1);
     }
   }
   ~LocalCommunicator() override {

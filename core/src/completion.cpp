@@ -1,5 +1,6 @@
 #include "strata/core/completion.h"
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
@@ -126,6 +127,12 @@ Completion when_all(std::span<const Completion> inputs, std::string label) {
   for (const Completion& c : inputs)
     if (c.state_ != nullptr) pending.push_back(c);
   if (pending.empty()) return Completion::ready(Status::Ok(), std::move(label));
+  // Every input complete already: the outcome is known, no join is needed.
+  if (std::all_of(pending.begin(), pending.end(), [](const Completion& c) { return c.done(); })) {
+    for (const Completion& c : pending)
+      if (Status s = c.status(); !s.ok()) return Completion::ready(std::move(s), std::move(label));
+    return Completion::ready(Status::Ok(), std::move(label));
+  }
 
   struct Join {
     std::vector<Completion> inputs;

@@ -13,6 +13,7 @@
 //    like a GPU's DMA engines): the stream's worker hands the copy to the
 //    engine and waits for it, keeping stream order, while other streams go
 //    on. Two streams copying in the same direction share one engine.
+//    (Copies of at most kInlineBytes are the stream's own: below.)
 //  - Device pointers are checked: a copy or memset whose device side is not
 //    inside a live allocation is an InvalidArgument naming the pointer,
 //    which catches on the cpu device the bugs that fault on a GPU.
@@ -23,6 +24,8 @@
 //  - Events track generations: record() makes a new one, query()/
 //    synchronize() look at the newest at call time, Stream::wait() at the
 //    newest at the time of the wait, as in CUDA.
+//  - An idle stream runs small work inline (Note [Idle streams run small
+//    work inline]).
 //  - A host function that throws sets a sticky error on its stream,
 //    reported by the next synchronize(). Stream::wait(const Completion&)
 //    gates the stream on host-signalled work; a failed gate fails the
@@ -50,6 +53,19 @@ namespace strata::detail {
 namespace {
 
 constexpr size_t kDeviceAlignment = 256;
+// Note [Idle streams run small work inline]
+// Handing an item to a stream's worker costs two thread switches (its
+// wake-up, then the waiter's), tens of microseconds on a busy host: more
+// than a small memset or copy. So when nothing is queued or running on a
+// stream, a memset or copy of at most kInlineBytes, or a free, runs on the
+// calling thread, and record_completion() returns a completed Completion;
+// a gate on a Completion that already succeeded is never queued. Stream
+// order is kept (the stream has no earlier work; later items wait for the
+// inline one), and a GPU could have finished the same work as soon, so code
+// still behaves as on CUDA. A small copy on a busy stream runs on the
+// stream's worker itself, not handed on to a copy engine; larger copies go
+// through the copy engines.
+constexpr size_t kInlineBytes = 64 * 1024;
 constexpr size_t kPageBytes = 4096;
 
 size_t round_up(size_t bytes, size_t alignment) { return (bytes + alignment - 1) / alignment * alignment; }
@@ -218,6 +234,9 @@ class CpuStream final : public Stream {
   };
   // Enqueues `op`; returns its sequence number (1-based).
   uint64_t enqueue(Op op);
+  // Runs `op` on the calling thread when the stream is idle (Note [Idle
+  // streams run small work inline]); false (nothing done) otherwise.
+  bool run_inline_if_idle(Op& op);
   uint64_t enqueue_work(std::function<void()> fn);
   void wait_for(uint64_t sequence);
   void run();
@@ -228,6 +247,7 @@ class CpuStream final : public Stream {
   std::deque<Op> queue_;
   uint64_t issued_ = 0;
   uint64_t completed_ = 0;
+  bool running_inline_ = false;  // the worker starts nothing while an inline item runs
   bool stop_ = false;
   Status sticky_error_;
   std::thread thread_;
@@ -463,7 +483,7 @@ void CpuStream::run() {
   cpu_device_->note_worker(true);
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
-    work_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    work_cv_.wait(lock, [&] { return (stop_ && queue_.empty()) || (!queue_.empty() && !running_inline_); });
     if (queue_.empty()) break;
     Op op = std::move(queue_.front());
     queue_.pop_front();
@@ -499,6 +519,31 @@ uint64_t CpuStream::enqueue(Op op) {
   return sequence;
 }
 
+bool CpuStream::run_inline_if_idle(Op& op) {
+  Status stream_error;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (completed_ != issued_ || running_inline_) return false;  // earlier work queued or running
+    ++issued_;
+    running_inline_ = true;
+    stream_error = sticky_error_;
+  }
+  // As run() does (the ops that come here do not throw).
+  const Status outcome = stream_error.ok() || op.runs_after_failure ? op.fn(stream_error) : Status::Ok();
+  op = Op();
+  bool queued_meanwhile;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!outcome.ok() && sticky_error_.ok()) sticky_error_ = outcome;
+    ++completed_;
+    running_inline_ = false;
+    queued_meanwhile = !queue_.empty();
+  }
+  done_cv_.notify_all();
+  if (queued_meanwhile) work_cv_.notify_one();  // (waking an idle worker for nothing would cost the switch saved)
+  return true;
+}
+
 uint64_t CpuStream::enqueue_work(std::function<void()> fn) {
   return enqueue(Op{[fn = std::move(fn)](const Status&) {
                       fn();
@@ -515,8 +560,19 @@ void CpuStream::wait_for(uint64_t sequence) {
 Status CpuStream::copy_async(void* dst, const void* src, size_t bytes, CopyKind kind) {
   STRATA_RETURN_IF_ERROR(cpu_device_->check_copy(dst, src, bytes, kind));
   if (bytes == 0) return Status::Ok();
-  CopyEngine* engine = &cpu_device_->engine_for(kind);
-  const uint64_t sequence = enqueue_work([engine, dst, src, bytes] { engine->copy(dst, src, bytes); });
+  uint64_t sequence;
+  if (bytes <= kInlineBytes) {
+    Op small{[dst, src, bytes](const Status&) {
+               std::memcpy(dst, src, bytes);
+               return Status::Ok();
+             },
+             false};
+    if (run_inline_if_idle(small)) return Status::Ok();
+    sequence = enqueue(std::move(small));
+  } else {
+    CopyEngine* engine = &cpu_device_->engine_for(kind);
+    sequence = enqueue_work([engine, dst, src, bytes] { engine->copy(dst, src, bytes); });
+  }
   const void* host_side = kind == CopyKind::kHostToDevice ? src : kind == CopyKind::kDeviceToHost ? dst : nullptr;
   if (host_side != nullptr && !cpu_device_->host_range_pinned(host_side, bytes)) wait_for(sequence);
   return Status::Ok();
@@ -557,6 +613,7 @@ Status CpuStream::wait(Event& event) {
 }
 
 Status CpuStream::wait(const Completion& completion) {
+  if (completion.done() && completion.status().ok()) return Status::Ok();  // nothing to wait for
   // The stream's own worker waits in order: no thread is parked per gate.
   enqueue(Op{[completion](const Status&) {
                 Status st = completion.wait();
@@ -569,6 +626,10 @@ Status CpuStream::wait(const Completion& completion) {
 }
 
 Completion CpuStream::record_completion() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (completed_ == issued_ && !running_inline_) return Completion::ready(sticky_error_, "cpu stream work");
+  }
   auto source = std::make_shared<CompletionSource>("cpu stream work");
   Completion done = source->completion();
   enqueue(Op{[source](const Status& stream_error) {
@@ -596,7 +657,13 @@ bool CpuStream::query() {
 Status CpuStream::memset_async(void* dst, int value, size_t bytes) {
   STRATA_RETURN_IF_ERROR(cpu_device_->check_device_range(dst, bytes, "memset destination"));
   if (bytes == 0) return Status::Ok();
-  enqueue_work([dst, value, bytes] { std::memset(dst, value, bytes); });
+  Op op{[dst, value, bytes](const Status&) {
+          std::memset(dst, value, bytes);
+          return Status::Ok();
+        },
+        false};
+  if (bytes <= kInlineBytes && run_inline_if_idle(op)) return Status::Ok();
+  enqueue(std::move(op));
   return Status::Ok();
 }
 
@@ -606,11 +673,12 @@ Status CpuStream::free_async(DeviceBuffer&& buffer) {
   const size_t bytes = buffer.size_bytes();
   void* data = buffer.release();
   Device* dev = &device();
-  enqueue(Op{[dev, data, bytes](const Status&) {
-                release_device_memory(*dev, data, bytes);
-                return Status::Ok();
-              },
-              true});
+  Op op{[dev, data, bytes](const Status&) {
+          release_device_memory(*dev, data, bytes);
+          return Status::Ok();
+        },
+        true};
+  if (!run_inline_if_idle(op)) enqueue(std::move(op));
   return Status::Ok();
 }
 

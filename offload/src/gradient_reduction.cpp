@@ -86,7 +86,7 @@ Result<GradientReduction::Lease> GradientReduction::acquire_for_backward(size_t 
                                .with_context("freeing reduced gradients"));
     live_->hold(layer_part.padded_elements);
     STRATA_ASSIGN_OR_RETURN(l.full_grads, ctx_.alloc_device(layer_part.padded_elements * ctx_.grad_bytes(),
-                                                            "gradients of " + ctx_.layer_label(li)));
+                                                            [&] { return "gradients of " + ctx_.layer_label(li); }));
     STRATA_RETURN_IF_ERROR(zero(l, li));  // the model waits for it
   } else if (l.zeroed_step != ctx_.steps_begun) {
     // Persistent gradients: zero once per step, after the last step's readers.
@@ -162,27 +162,30 @@ Status GradientReduction::launch_reduction(size_t li) {
     STRATA_RETURN_IF_ERROR(xfer.copy_async(full, fault_bytes_.data(), e, CopyKind::kHostToDevice));
     local = xfer.record_completion();
   }
-  // Queue gates, not host waits: the reduction starts once the layer's
-  // backward wrote its gradient; the moves below once it is reduced.
-  STRATA_RETURN_IF_ERROR(comm.wait(local, comm::CommQueue::kReduce));
-  Completion reduced;
-  for (const SubGroup& g : layer_part.groups) {
-    std::byte* send = full + g.padded_begin * e;
-    STRATA_ASSIGN_OR_RETURN(comm::CommWork w, comm.reduce_scatter(send, send + g.piece * rank * e, g.piece,
-                                                                  opt.grad_dtype, comm::ReduceOp::kSum,
-                                                                  comm::CommQueue::kReduce));
-    reduced = w.completion();
-  }
-  bytes.reduce_bytes += layer_part.padded_elements * e;
-  if (ctx_.stage0()) {
+  Completion reduced = local;
+  if (ctx_.world > 1) {
+    // Queue gates, not host waits: the reduction starts once the layer's
+    // backward wrote its gradient; the moves below once it is reduced.
+    STRATA_RETURN_IF_ERROR(comm.wait(local, comm::CommQueue::kReduce));
     for (const SubGroup& g : layer_part.groups) {
-      STRATA_ASSIGN_OR_RETURN(comm::CommWork w, comm.all_gather(full + layer_part.piece_begin(g, rank) * e,
-                                                                full + g.padded_begin * e, g.piece, opt.grad_dtype,
-                                                                comm::CommQueue::kReduce));
+      std::byte* send = full + g.padded_begin * e;
+      STRATA_ASSIGN_OR_RETURN(comm::CommWork w, comm.reduce_scatter(send, send + g.piece * rank * e, g.piece,
+                                                                    opt.grad_dtype, comm::ReduceOp::kSum,
+                                                                    comm::CommQueue::kReduce));
       reduced = w.completion();
     }
-    bytes.reduce_bytes += layer_part.padded_elements * e;
+    if (ctx_.stage0()) {
+      for (const SubGroup& g : layer_part.groups) {
+        STRATA_ASSIGN_OR_RETURN(comm::CommWork w, comm.all_gather(full + layer_part.piece_begin(g, rank) * e,
+                                                                  full + g.padded_begin * e, g.piece, opt.grad_dtype,
+                                                                  comm::CommQueue::kReduce));
+        reduced = w.completion();
+      }
+    }
   }
+  // (One rank: the sum over ranks is the gradient itself, bit for bit, so
+  // nothing is queued; the bytes are counted as the collectives would move them.)
+  bytes.reduce_bytes += layer_part.padded_elements * e * (ctx_.stage0() ? 2 : 1);
   // Where the optimizer reads the owned pieces.
   std::byte* dst = nullptr;
   CopyKind kind = CopyKind::kDeviceToDevice;
@@ -237,26 +240,38 @@ Status GradientReduction::launch_reduction(size_t li) {
       live_->give_back(std::move(l.full_grads), when_all(users), layer_part.padded_elements);
     }
   }
-  // Block sums of the owned pieces (padding blocks sum to zero).
+  // Block sums of the owned pieces (padding blocks sum to zero): on the
+  // optimizer thread, or here when the gradient is in place already and the
+  // layer is so small that the handoff would cost more than the sums.
   const std::byte* src = sums_src != nullptr ? sums_src : full;
   const bool in_padded_layout = dst == nullptr || ctx_.stage0();
-  l.norm_partials_ready = norm_worker_->submit(
-      [this, li, src, in_padded_layout] {
-        LayerGradients& lay = layers_[li];
-        const LayerPartition& p = ctx_.part.layer(li);
-        size_t out = 0;
-        for (const SubGroup& g : p.groups)
-          for (int r = ctx_.owned_rank_begin(); r < ctx_.owned_rank_end(); ++r) {
-            const size_t at = in_padded_layout ? p.piece_begin(g, r) : g.shard_offset;
-            block_sums_of_squares(src + at * ctx_.grad_bytes(), ctx_.opt.grad_dtype, g.piece, kShardAlign,
-                                  std::span<double>(lay.block_sums.data() + out, g.piece / kShardAlign));
-            out += g.piece / kShardAlign;
-          }
-        return Status::Ok();
-      },
-      l.reduced_gradient_moved, fmt::format("gradient block sums of layer {}", li));
+  if (l.reduced_gradient_moved.done() && l.reduced_gradient_moved.status().ok() &&
+      ctx_.owned_elements(layer_part) <= kInlineBlockSumElements) {
+    sum_blocks(li, src, in_padded_layout);
+    l.norm_partials_ready = Completion();
+  } else {
+    l.norm_partials_ready = norm_worker_->submit(
+        [this, li, src, in_padded_layout] {
+          sum_blocks(li, src, in_padded_layout);
+          return Status::Ok();
+        },
+        l.reduced_gradient_moved, fmt::format("gradient block sums of layer {}", li));
+  }
   l.full_gradient_read = l.norm_partials_ready;
   return Status::Ok();
+}
+
+void GradientReduction::sum_blocks(size_t li, const std::byte* src, bool in_padded_layout) {
+  LayerGradients& l = layers_[li];
+  const LayerPartition& p = ctx_.part.layer(li);
+  size_t out = 0;
+  for (const SubGroup& g : p.groups)
+    for (int r = ctx_.owned_rank_begin(); r < ctx_.owned_rank_end(); ++r) {
+      const size_t at = in_padded_layout ? p.piece_begin(g, r) : g.shard_offset;
+      block_sums_of_squares(src + at * ctx_.grad_bytes(), ctx_.opt.grad_dtype, g.piece, kShardAlign,
+                            std::span<double>(l.block_sums.data() + out, g.piece / kShardAlign));
+      out += g.piece / kShardAlign;
+    }
 }
 
 Result<double> GradientReduction::global_norm_squared() {

@@ -19,7 +19,11 @@
 // sum at every stage and world size's placement (docs/engine.md).
 //
 // Threads: the driving thread calls everything; the block sums run on the
-// optimizer thread (UpdateScheduler's worker), in submission order.
+// optimizer thread (UpdateScheduler's worker), in submission order; a small
+// layer's run inline when its gradient is already in place.
+//
+// One rank (world size 1): the sum over ranks is the gradient itself, so a
+// reduction queues no collective and its completion is the backward's.
 #include <array>
 #include <optional>
 #include <vector>
@@ -100,7 +104,13 @@ class GradientReduction {
   // Sums the layer's gradient over ranks, moves the owned pieces to where
   // the optimizer reads them, and queues their block sums.
   Status launch_reduction(size_t li);
+  // The block sums of squares of the layer's owned pieces at `src`, into its block_sums.
+  void sum_blocks(size_t li, const std::byte* src, bool in_padded_layout);
   Status zero(LayerGradients& l, size_t li);
+  // Owned elements up to which a layer's block sums run on the driving
+  // thread when its gradient is already in place: summing them takes about
+  // as long as handing the work to the optimizer thread (a wake-up).
+  static constexpr size_t kInlineBlockSumElements = 16 * 1024;
 
   EngineContext& ctx_;
   SerialWorker* norm_worker_ = nullptr;

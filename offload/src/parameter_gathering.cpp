@@ -130,8 +130,9 @@ Status ParameterGathering::issue_gather(size_t li, bool* allocated) {
   LayerParams& l = layers_[li];
   const LayerPartition& layer_part = ctx_.part.layer(li);
   if (allocated != nullptr) *allocated = false;
-  STRATA_ASSIGN_OR_RETURN(l.gathered, ctx_.alloc_device(layer_part.padded_elements * element_bytes(li),
-                                                        "gathered parameters of " + ctx_.layer_label(li)));
+  STRATA_ASSIGN_OR_RETURN(l.gathered, ctx_.alloc_device(layer_part.padded_elements * element_bytes(li), [&] {
+                            return "gathered parameters of " + ctx_.layer_label(li);
+                          }));
   live_->hold(layer_part.padded_elements);
   if (allocated != nullptr) *allocated = true;
   // What was queued against the buffer: on failure it is handed back (and

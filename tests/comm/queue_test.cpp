@@ -330,6 +330,31 @@ TEST(CommQueues, TwoThreadsPerRankIssueOnTheTwoQueuesConcurrently) {
   }
 }
 
+// Note [Idle queues of one rank]: a one-rank group's collective issued on an
+// idle queue is complete on return; one issued behind a pending gate waits
+// for it, in order.
+TEST(CommQueues, OneRankRunsACollectiveInlineOnlyOnAnIdleQueue) {
+  auto comms = make_group(1);
+  Communicator& c = *comms[0];
+  std::vector<float> send{1, 2, 3, 4}, recv(4, 0);
+  auto first = c.all_reduce(send.data(), recv.data(), send.size(), DType::kF32, ReduceOp::kSum);
+  ASSERT_TRUE(first.ok()) << first.status().to_string();
+  EXPECT_TRUE(first->completion().done());
+  EXPECT_EQ(recv, send);
+  ASSERT_TRUE(c.wait(Completion(), CommQueue::kReduce).ok());  // a gate on completed work is not queued
+
+  CompletionSource gate("the test's gate");
+  ASSERT_TRUE(c.wait(gate.completion(), CommQueue::kReduce).ok());
+  std::vector<float> later{5, 6, 7, 8}, got(4, 0);
+  auto second = c.all_reduce(later.data(), got.data(), later.size(), DType::kF32, ReduceOp::kSum);
+  ASSERT_TRUE(second.ok()) << second.status().to_string();
+  EXPECT_FALSE(second->completion().done());  // behind the pending gate
+  EXPECT_EQ(got, std::vector<float>(4, 0));
+  gate.complete(Status::Ok());
+  ASSERT_TRUE(second->wait().ok());
+  EXPECT_EQ(got, later);
+}
+
 TEST(CommQueues, QueueNamesParse) {
   EXPECT_EQ(*parse_queue("gather"), CommQueue::kGather);
   EXPECT_EQ(queue_name(CommQueue::kReduce), "reduce");

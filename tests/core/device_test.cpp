@@ -449,6 +449,41 @@ TEST_P(DeviceTest, StreamWaitsOnAHostCompletionBeforeItsCopy) {
   EXPECT_EQ(out, src);
 }
 
+// Note [Idle streams run small work inline] (cpu device): a small memset
+// on an idle stream is done when the call returns; on a stream with work
+// queued it waits its turn like any other item.
+TEST_P(DeviceTest, SmallWorkRunsInlineOnlyWhenTheStreamIsIdle) {
+  if (!is_cpu()) GTEST_SKIP() << "a property of the cpu device's streams";
+  auto s = stream();
+  constexpr size_t kBytes = 256;
+  DeviceBuffer d = alloc(kBytes);
+  auto* bytes = static_cast<const uint8_t*>(d.data());  // cpu device memory is host memory
+  ASSERT_TRUE(s->memset_async(d.data(), 7, kBytes).ok());
+  Completion idle = s->record_completion();
+  EXPECT_TRUE(idle.done());  // idle stream: ran on this thread
+  EXPECT_EQ(bytes[0], 7);
+  EXPECT_EQ(bytes[kBytes - 1], 7);
+  ASSERT_TRUE(s->wait(Completion()).ok());  // a gate on completed work is no item
+
+  CompletionSource gate("the test's gate");
+  ASSERT_TRUE(s->wait(gate.completion()).ok());
+  ASSERT_TRUE(s->memset_async(d.data(), 9, kBytes).ok());
+  auto out = pool_->allocate(kBytes);  // pinned: a pageable copy would wait for the gate right here
+  ASSERT_TRUE(out.ok());
+  auto* copied = static_cast<uint8_t*>(out->data());
+  std::memset(copied, 1, kBytes);
+  ASSERT_TRUE(s->copy_async(copied, d.data(), kBytes, CopyKind::kDeviceToHost).ok());
+  Completion queued = s->record_completion();
+  EXPECT_FALSE(queued.done());  // behind the open gate: nothing after it ran
+  EXPECT_EQ(bytes[0], 7);
+  EXPECT_EQ(copied[0], 1);
+  gate.complete(Status::Ok());
+  ASSERT_TRUE(queued.wait_for(kDeadlockGuard));
+  EXPECT_TRUE(queued.status().ok());
+  EXPECT_EQ(bytes[0], 9);
+  EXPECT_EQ(std::vector<uint8_t>(copied, copied + kBytes), std::vector<uint8_t>(kBytes, 9));
+}
+
 TEST_P(DeviceTest, FailedCompletionFailsTheGatedStreamAndEveryWaiter) {
   auto s = stream();
   auto other = stream();
