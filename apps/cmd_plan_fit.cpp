@@ -129,6 +129,11 @@ int run_plan_fit(const PlanFitArgs& a) {
     if (!dts.ok()) return fail(dts.status());
     req->dtypes = *dts;
   }
+  if (!a.caps.optimizer_states.empty()) {
+    Result<std::vector<cpu_adam::MomentStorage>> ms = parse_moment_list(a.caps.optimizer_states, "--optimizer-states");
+    if (!ms.ok()) return fail(ms.status());
+    req->moment_storages = *ms;
+  }
   Result<offload::FitResult> r = offload::fit_config(*req, *caps);
   if (!r.ok()) return fail(r.status());
   if (a.json) {

@@ -1,5 +1,6 @@
 // What `strata plan --fit` and `strata train --fit` share: see config_fit_cli.h.
 #include "config_fit_cli.h"
+#include "placement_rows.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -296,10 +297,10 @@ nlohmann::ordered_json fitted_config_json(const nlohmann::ordered_json& user, co
 }
 
 std::string fit_hint(const offload::FitRequest& req, const offload::FitCaps& caps, int stage, OffloadDevice optimizer,
-                     OffloadDevice param, double ratio, DType dtype) {
+                     OffloadDevice param, double ratio, DType dtype, const cpu_adam::MomentStorage& moments) {
   offload::FitCaps c = caps;
   if (c.nvme_bytes && c.nvme_path.empty()) c.nvme_path = "nvme_path";  // only the knobs are shown
-  Result<offload::FitCandidate> f = offload::fit_placement(req, c, stage, optimizer, param, ratio, dtype);
+  Result<offload::FitCandidate> f = offload::fit_placement(req, c, stage, optimizer, param, ratio, dtype, moments);
   if (!f.ok()) return f.status().message();
   if (!f->fits) return fmt::format("no knob fits it: {}", f->bound);
   std::string knobs;
@@ -329,6 +330,9 @@ Result<Config> fit_train_config(const Config& base, const model::GptConfig& g, c
   STRATA_ASSIGN_OR_RETURN(offload::FitRequest req,
                           gpt_fit_request(g, base, world, micro_batch, seq, grad_accum, offload::builtin_cpu_profile()));
   if (dtype_given) req.dtypes = {g.param_dtype};
+  if (!flags.optimizer_states.empty()) {
+    STRATA_ASSIGN_OR_RETURN(req.moment_storages, parse_moment_list(flags.optimizer_states, "--optimizer-states"));
+  }
   STRATA_ASSIGN_OR_RETURN(offload::FitResult r, offload::fit_config(req, caps));
   if (!r.ok()) {
     std::string hint;

@@ -22,6 +22,7 @@ struct FitFlags {
   std::string nvme_path;      // --nvme-path DIR: free space from statvfs
   std::string nvme_size;      // --nvme-size Z: the space to plan for, instead of the folder's free space
   std::string dtypes;         // --dtype list the search may use ("" = the config's)
+  std::string optimizer_states;  // --optimizer-states list the search may use ("" = the config's)
 };
 
 // Caps from the flags, with `fallback_*` (the config's strata.device_memory /
@@ -67,7 +68,8 @@ Result<Config> fit_train_config(const Config& base, const model::GptConfig& g, c
 // ...", or why none does (the fit's shortfall at the knobs' floors). The
 // device cap counts the model's own buffers (activations) as the run does.
 std::string fit_hint(const offload::FitRequest& request, const offload::FitCaps& caps, int stage,
-                     OffloadDevice optimizer, OffloadDevice param, double ratio, DType dtype);
+                     OffloadDevice optimizer, OffloadDevice param, double ratio, DType dtype,
+                     const cpu_adam::MomentStorage& moments);
 
 // What write_file_atomically refuses, checked before any work: a folder, a
 // symlink, a missing or unwritable parent folder.

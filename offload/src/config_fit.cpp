@@ -38,11 +38,24 @@ std::vector<PlacementChoice> all_placements() {
   return out;
 }
 
-std::string label_of(const PlacementChoice& p, DType dtype) {
+std::string label_of(const PlacementChoice& p, DType dtype, const cpu_adam::MomentStorage& moments) {
   std::string s = fmt::format("s{} opt={} param={}", p.stage, offload_device_name(p.optimizer),
                               offload_device_name(p.param));
   if (p.ratio < 1.0) s += fmt::format(" r={:.2f}", p.ratio);
-  return s + " " + std::string(dtype_name(dtype));
+  s += " " + std::string(dtype_name(dtype));
+  if (moments != cpu_adam::MomentStorage::fp32()) s += fmt::format(" m={}", moments.name());
+  return s;
+}
+
+// 8-bit moments are stepped by the CPU kernels only: offloaded state, no device part.
+bool holds(const PlacementChoice& p, const cpu_adam::MomentStorage& moments) {
+  return !moments.blocked() || (p.optimizer != OffloadDevice::kNone && p.ratio >= 1.0);
+}
+
+// The config's own storage (validated by the config check).
+cpu_adam::MomentStorage own_moments(const Config& c) {
+  Result<cpu_adam::MomentStorage> m = cpu_adam::MomentStorage::parse(c.strata.optimizer_state_dtype, "");
+  return m.ok() ? *m : cpu_adam::MomentStorage::fp32();
 }
 
 std::vector<LayerSpec> retyped(const std::vector<LayerSpec>& layers, DType dtype) {
@@ -254,6 +267,7 @@ const KeyView kKeys[] = {
     {"zero_optimization.offload_param.device",
      [](const Config& c) -> std::string { return json_string(offload_device_name(c.zero_optimization.offload_param.device)); }},
     {"bf16.enabled", [](const Config& c) -> std::string { return boolean(c.bf16.enabled); }},
+    {"strata.optimizer_state_dtype", [](const Config& c) -> std::string { return json_string(c.strata.optimizer_state_dtype); }},
     {"fp16.enabled", [](const Config& c) -> std::string { return boolean(c.fp16.enabled); }},
     {"zero_optimization.offload_optimizer.nvme_path",
      [](const Config& c) -> std::string { return json_string(c.zero_optimization.offload_optimizer.nvme_path); }},
@@ -291,7 +305,7 @@ const KeyView kKeys[] = {
 bool is_placement_key(const std::string& key) {
   return key == "zero_optimization.stage" || key == "zero_optimization.offload_optimizer.device" ||
          key == "zero_optimization.offload_optimizer.ratio" || key == "zero_optimization.offload_param.device" ||
-         key == "bf16.enabled" || key == "fp16.enabled";
+         key == "bf16.enabled" || key == "fp16.enabled" || key == "strata.optimizer_state_dtype";
 }
 
 std::vector<FitChange> diff(const Config& before, const Config& after, const std::map<std::string, std::string>& why) {
@@ -319,7 +333,7 @@ StepTimeInput step_input(const FitRequest& req, const Config& cfg, const EngineO
   in.ratio = o.ratio;
   in.param_dtype = dtype;
   in.grad_dtype = o.grad_dtype;
-  in.optimizer_state_bytes = static_cast<uint32_t>(4 + 2 * dtype_size(o.moment_dtype));
+  in.moments = o.moments;
   in.max_live_parameters = o.max_live_parameters;
   in.persistent_params = e.persistent_params;
   in.max_in_cpu = o.nvme_param.max_in_cpu;
@@ -344,10 +358,11 @@ Config base_config(const FitRequest& req, const FitCaps& caps) {
   return c;
 }
 
-// One candidate: the placement and dtype set, the knobs lowered until it fits.
-FitCandidate fit_one(const FitRequest& req, const FitCaps& caps, const PlacementChoice& p, DType dtype) {
+// One candidate: the placement, dtype and moment storage set, the knobs lowered until it fits.
+FitCandidate fit_one(const FitRequest& req, const FitCaps& caps, const PlacementChoice& p, DType dtype,
+                     const cpu_adam::MomentStorage& moments) {
   FitCandidate cand;
-  cand.label = label_of(p, dtype);
+  cand.label = label_of(p, dtype, moments);
   const std::vector<LayerSpec> layers = retyped(req.layers, dtype);
   const Evaluator eval(req, caps, layers, dtype);
   std::map<std::string, std::string> why;
@@ -359,6 +374,7 @@ FitCandidate fit_one(const FitRequest& req, const FitCaps& caps, const Placement
   z.offload_param.device = p.param;
   z.offload_optimizer.ratio = p.ratio;
   set_precision(c, dtype);
+  c.strata.optimizer_state_dtype = std::string(moments.name());
   if (p.optimizer == OffloadDevice::kNvme && z.offload_optimizer.nvme_path.empty()) {
     z.offload_optimizer.nvme_path = caps.nvme_path;
     why["zero_optimization.offload_optimizer.nvme_path"] = "the NVMe folder the fit was given";
@@ -517,23 +533,27 @@ Status check_inputs(const FitRequest& req, const FitCaps& caps) {
 FitResult search(const FitRequest& req, const FitCaps& caps) {
   std::vector<DType> dtypes = req.dtypes;
   if (dtypes.empty()) dtypes.push_back(req.config.precision_dtype());
+  std::vector<cpu_adam::MomentStorage> storages = req.moment_storages;
+  if (storages.empty()) storages.push_back(own_moments(req.config));
   FitResult r;
   size_t index = 0;
   std::vector<std::pair<size_t, FitCandidate>> fitting;
-  for (DType dt : dtypes)
-    for (const PlacementChoice& p : all_placements()) {
-      if (p.uses_nvme() && !caps.nvme_bytes) continue;
-      FitCandidate c = fit_one(req, caps, p, dt);
-      if (c.fits) fitting.emplace_back(index++, std::move(c));
-      else r.rejected.push_back(std::move(c)), ++index;
-    }
+  for (const cpu_adam::MomentStorage& m : storages)
+    for (DType dt : dtypes)
+      for (const PlacementChoice& p : all_placements()) {
+        if ((p.uses_nvme() && !caps.nvme_bytes) || !holds(p, m)) continue;
+        FitCandidate c = fit_one(req, caps, p, dt, m);
+        if (c.fits) fitting.emplace_back(index++, std::move(c));
+        else r.rejected.push_back(std::move(c)), ++index;
+      }
   // The config's own placement and dtype wins a tie: keep the user's keys where they fit.
   const auto& uz = req.config.zero_optimization;
   auto own = [&](const FitCandidate& c) {
     const auto& z = c.config.zero_optimization;
     return z.stage == uz.stage && z.offload_optimizer.device == uz.offload_optimizer.device &&
            z.offload_param.device == uz.offload_param.device && z.offload_optimizer.ratio == uz.offload_optimizer.ratio &&
-           c.config.precision_dtype() == req.config.precision_dtype();
+           c.config.precision_dtype() == req.config.precision_dtype() &&
+           c.config.strata.optimizer_state_dtype == req.config.strata.optimizer_state_dtype;
   };
   std::stable_sort(fitting.begin(), fitting.end(), [&](const auto& a, const auto& b) {
     if (a.second.predicted.step_ms != b.second.predicted.step_ms)
@@ -570,13 +590,14 @@ void explain_placement(FitResult& r, const FitRequest& req, const FitCaps& caps)
   const PlacementChoice own{uz.stage, uz.offload_optimizer.device,
                             uz.offload_param.device, uz.offload_optimizer.ratio};
   const DType own_dtype = req.config.precision_dtype();
+  const cpu_adam::MomentStorage own_storage = own_moments(req.config);
   std::string reason;
   const bool own_runnable = !(own.uses_nvme() && !caps.nvme_bytes);
   if (!own_runnable) {
     reason = fmt::format("the config's own placement ({}) needs NVMe and no NVMe folder was given",
-                         label_of(own, own_dtype));
+                         label_of(own, own_dtype, own_storage));
   } else {
-    const FitCandidate mine = fit_one(req, caps, own, own_dtype);
+    const FitCandidate mine = fit_one(req, caps, own, own_dtype, own_storage);
     reason = mine.fits ? fmt::format("predicted {:.1f} ms per step vs {:.1f} ms with the config's own placement ({})",
                                      r.fitting.empty() ? 0.0 : r.fitting.front().predicted.step_ms,
                                      mine.predicted.step_ms, mine.label)
@@ -594,9 +615,15 @@ std::string describe_fit_change(const FitChange& c) {
 }
 
 Result<FitCandidate> fit_placement(const FitRequest& req, const FitCaps& caps, int stage, OffloadDevice optimizer,
-                                   OffloadDevice param, double ratio, DType dtype) {
+                                   OffloadDevice param, double ratio, DType dtype,
+                                   const cpu_adam::MomentStorage& moments) {
   STRATA_RETURN_IF_ERROR(check_inputs(req, caps));
-  return fit_one(req, caps, PlacementChoice{stage, optimizer, param, ratio}, dtype);
+  const PlacementChoice p{stage, optimizer, param, ratio};
+  if (!holds(p, moments))
+    return InvalidArgument(fmt::format("{}: int8 optimizer states need the optimizer state offloaded (cpu or nvme) "
+                                       "with ratio 1",
+                                       label_of(p, dtype, moments)));
+  return fit_one(req, caps, p, dtype, moments);
 }
 
 Result<FitResult> fit_config(const FitRequest& req, const FitCaps& caps) {
@@ -618,6 +645,19 @@ Result<FitResult> fit_config(const FitRequest& req, const FitCaps& caps) {
     if (t.ok())
       r.suggestions.push_back(fmt::format("bf16 parameters and gradients (--dtype bf16, or bf16.enabled): {} fits, "
                                           "predicted {:.1f} ms per step",
+                                          t.fitting.front().label, t.fitting.front().predicted.step_ms));
+  }
+  const std::vector<cpu_adam::MomentStorage> allowed_storages =
+      req.moment_storages.empty() ? std::vector<cpu_adam::MomentStorage>{own_moments(req.config)} : req.moment_storages;
+  if (std::find(allowed_storages.begin(), allowed_storages.end(), cpu_adam::MomentStorage::int8()) ==
+      allowed_storages.end()) {
+    FitRequest eight = req;
+    eight.moment_storages = {cpu_adam::MomentStorage::int8()};
+    FitResult t = search(eight, caps);
+    if (t.ok())
+      r.suggestions.push_back(fmt::format("8-bit optimizer states (--optimizer-states int8, or "
+                                          "strata.optimizer_state_dtype \"int8\"; about half the offloaded state's "
+                                          "bytes): {} fits, predicted {:.1f} ms per step",
                                           t.fitting.front().label, t.fitting.front().predicted.step_ms));
   }
   for (int w = req.world * 2; w <= std::min(req.world * 64, 1 << 20); w *= 2) {

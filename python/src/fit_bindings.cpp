@@ -17,6 +17,7 @@
 #include "errors.h"
 #include "layer_tuples.h"
 #include "strata/core/config.h"
+#include "strata/cpu_adam/moment_storage.h"
 #include "strata/core/printable.h"
 #include "strata/core/spec_model.h"
 #include "strata/offload/config_fit.h"
@@ -64,7 +65,8 @@ py::dict candidate_dict(const offload::FitCandidate& c) {
 // placement; else its free space is the NVMe cap.
 py::dict fit_config(const std::optional<std::string>& config_path, const std::optional<std::string>& config_text,
                     const std::vector<LayerTuple>& layers, uint64_t device_bytes, uint64_t host_bytes,
-                    const std::string& nvme_path, int world, int seq) {
+                    const std::string& nvme_path, int world, int seq,
+                    const std::vector<std::string>& optimizer_states) {
   if (device_bytes == 0) raise_status(InvalidArgument("fit: device_memory must be > 0 (the device's capacity)"));
   if (host_bytes == 0) raise_status(InvalidArgument("fit: host_memory must be > 0 (pinned host memory for the engine)"));
   if (seq < 1 || seq > (1 << 24)) raise_status(InvalidArgument(fmt::format("fit: seq {} is not in 1..16777216", seq)));
@@ -87,6 +89,9 @@ py::dict fit_config(const std::optional<std::string>& config_path, const std::op
   request.device = offload::PlannedDevice::cpu();
   // torch's activations are not the engine's: the caps are the engine's memory (docs/torch.md).
   request.device_reserve = [](DType, DType, int) -> uint64_t { return 0; };
+  for (const std::string& name : optimizer_states)
+    request.moment_storages.push_back(
+        value_or_raise(cpu_adam::MomentStorage::parse(name, "fit['optimizer_states']")));
 
   offload::FitCaps caps;
   caps.device_bytes = device_bytes;
@@ -120,7 +125,7 @@ py::dict fit_config(const std::optional<std::string>& config_path, const std::op
 void bind_fit(py::module_& m) {
   m.def("fit_config", &fit_config, py::arg("config_path"), py::arg("config_text"), py::arg("layers"),
         py::arg("device_bytes"), py::arg("host_bytes"), py::arg("nvme_path") = "", py::arg("world") = 1,
-        py::arg("seq") = 512);
+        py::arg("seq") = 512, py::arg("optimizer_states") = std::vector<std::string>{});
 }
 
 }  // namespace strata::python

@@ -44,7 +44,29 @@ def test_no_fit_says_what_is_missing():
         st.initialize(model=make_lm(), config=config(0), fit={"device_memory": "40KiB", "host_memory": "64MiB"})
 
 
+def test_int8_optimizer_states_are_chosen_only_when_allowed_and_needed():
+    caps = {"device_memory": "300KiB", "host_memory": "500KiB"}  # fp32 state with cpu offload needs ~600 KiB
+    with pytest.raises(strata.ResourceExhausted, match=r"8-bit optimizer states .* fits"):
+        st.initialize(model=make_lm(), config=config(0), fit=caps)
+    engine, _, _, _ = st.initialize(model=make_lm(), config=config(0), fit={**caps, "optimizer_states": ["fp32", "int8"]})
+    assert engine.config["strata"]["optimizer_state_dtype"] == "int8"
+    assert engine.config["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    assert any(c["key"] == "strata.optimizer_state_dtype" for c in engine.fit["best"]["changes"])
+    losses = train_engine(engine, lm_loss, 4)
+    assert losses[-1] < losses[0]
+    assert engine.memory()["measured"]["pinned"] <= 500 * 1024
+    # With room for fp32 state the faster fp32 step wins even where int8 is allowed.
+    roomy, _, _, _ = st.initialize(model=make_lm(), config=config(0),
+                                   fit={"device_memory": "300KiB", "host_memory": "700KiB",
+                                        "optimizer_states": ["fp32", "int8"]})
+    assert roomy.config["strata"]["optimizer_state_dtype"] == "fp32"
+
+
 @pytest.mark.parametrize("fit,error,match", [
+    ({"device_memory": "1GiB", "host_memory": "1GiB", "optimizer_states": "int8"}, ValueError,
+     r"fit\['optimizer_states'\] 'int8' is not a list"),
+    ({"device_memory": "1GiB", "host_memory": "1GiB", "optimizer_states": ["int4"]}, Exception,
+     r"fit\['optimizer_states'\] 'int4' is not a moment storage"),
     ({"device_memory": "1GiB"}, ValueError, "needs 'host_memory'"),
     ({"device_memory": "1GiB", "host_memory": "1GiB", "cpu_memory": 1}, ValueError, r"unknown key\(s\) \['cpu_memory'\]"),
     ({"device_memory": "1 gallon", "host_memory": "1GiB"}, ValueError, r"fit\['device_memory'\] '1 gallon' is not a size"),

@@ -141,6 +141,25 @@ TEST_F(FitCli, TrainFitLogsTheChangesAndRunsUnderTheCaps) {
 }
 
 // Hugging Face's "auto" bucket sizes come from the model (hidden 64 for tiny): 64^2, 0.9 x 64^2, 10 x 64.
+// A host cap fp32 optimizer state cannot meet: allowed to, the fit picks 8-bit state and the run stays
+// under the caps.
+TEST_F(FitCli, TrainFitChoosesInt8StateWhenAllowedAndNeeded) {
+  // (Measured here: fp32 state needs 2.4 MiB of host memory for tiny with cpu offload; int8 fits in 2 MiB.)
+  const std::string caps = " --fit --device-memory 1600KiB --host-memory 2MiB";
+  CliRun fp32_only = run(std::string(kTrain) + caps);
+  EXPECT_NE(fp32_only.rc, 0) << fp32_only.out;
+  EXPECT_NE(fp32_only.out.find("8-bit optimizer states"), std::string::npos) << fp32_only.out;
+  CliRun train = run(std::string(kTrain) + caps + " --optimizer-states fp32,int8 --json-log " + path("t8.jsonl"));
+  ASSERT_EQ(train.rc, 0) << train.out;
+  EXPECT_NE(train.out.find("m=int8"), std::string::npos) << train.out;
+  EXPECT_NE(train.out.find("strata.optimizer_state_dtype"), std::string::npos) << train.out;
+  const Log capped = read_log(path("t8.jsonl"));
+  EXPECT_LE(capped.peak_device, 1600u * 1024);
+  EXPECT_LE(capped.peak_pinned, 2048u * 1024);
+  ASSERT_EQ(capped.losses.size(), 4u);
+  EXPECT_LT(capped.losses.back(), capped.losses.front());
+}
+
 TEST_F(FitCli, AutoValuesResolveFromTheModel) {
   const std::string cfg = path("auto.json");
   std::ofstream(cfg) << R"({"train_micro_batch_size_per_gpu": "auto", "zero_optimization": {"stage": 3,
@@ -194,6 +213,13 @@ TEST_F(FitCli, BadInputsNameTheFlagOrKey) {
   r = run(base + "--device-memory 64MiB --host-memory 64MiB --out /proc/strata-fit.json");
   EXPECT_NE(r.rc, 0) << r.out;
   EXPECT_NE(r.out.find("--out '/proc/strata-fit.json'"), std::string::npos) << r.out;
+  // --optimizer-states is what --fit may choose: without --fit it is refused, a bad name is named.
+  r = run(std::string(kTrain) + " --optimizer-states int8");
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.out.find("--optimizer-states is what --fit may choose"), std::string::npos) << r.out;
+  r = run(std::string(kTrain) + " --fit --device-memory 64MiB --host-memory 64MiB --optimizer-states fp32,int4");
+  EXPECT_NE(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("--optimizer-states 'int4' is not a moment storage"), std::string::npos) << r.out;
   // train --fit refuses placement flags that would undo the fit.
   r = run(std::string(kTrain) + " --fit --stage 2 --device-memory 64MiB --host-memory 64MiB");
   EXPECT_EQ(r.rc, 2) << r.out;

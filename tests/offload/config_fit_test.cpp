@@ -157,6 +157,58 @@ TEST(ConfigFit, IssueCaseFp32OnlySaysHostAndSuggestsBf16) {
   EXPECT_NE(r->suggestions.front().find("bf16"), std::string::npos) << r->suggestions.front();
 }
 
+// A host cap between what fp32 and 8-bit optimizer states need (no NVMe, a
+// device that must offload): only the storages the caller allows are
+// searched; allowed, int8 fits and is written with its reason; not allowed,
+// the fit says so and suggests it.
+TEST(ConfigFit, OptimizerStateStoragesAreSearchedOnlyWhenAllowed) {
+  const std::vector<LayerSpec> layers = gpt_layers(256, 64, 256, 4);
+  const uint64_t n = elements(layers);
+  FitCaps caps;
+  caps.device_bytes = 5 * n;  // fp32 parameters, gradients and state (16 B/param) do not stay on the device
+  // cpu offload at fp32: 12 B of state and a 4 B gradient shard per parameter (+ 4 B parameter shards at
+  // stage 3 with parameters offloaded) > 15 B; with int8 states 6.03 B + 4 B (+ 4 B) < 15 B.
+  caps.host_bytes = 15 * n;
+  FitRequest req = request(layers, Config{}, 1);
+  Result<FitResult> r = fit_config(req, caps);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  ASSERT_FALSE(r->ok()) << r->fitting.front().label;
+  const bool suggests_int8 = std::any_of(r->suggestions.begin(), r->suggestions.end(), [](const std::string& s) {
+    return s.find("--optimizer-states int8") != std::string::npos;
+  });
+  EXPECT_TRUE(suggests_int8) << r->missing;
+  for (const FitCandidate& c : r->rejected) EXPECT_EQ(c.config.strata.optimizer_state_dtype, "fp32") << c.label;
+
+  req.moment_storages = {cpu_adam::MomentStorage::fp32(), cpu_adam::MomentStorage::int8()};
+  r = fit_config(req, caps);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  ASSERT_TRUE(r->ok()) << r->missing;
+  const FitCandidate& best = r->fitting.front();
+  EXPECT_EQ(best.config.strata.optimizer_state_dtype, "int8");
+  EXPECT_NE(best.label.find(" m=int8"), std::string::npos) << best.label;
+  EXPECT_NE(best.config.zero_optimization.offload_optimizer.device, OffloadDevice::kNone);
+  EXPECT_TRUE(best.options.moments.blocked());
+  const auto change = std::find_if(best.changes.begin(), best.changes.end(),
+                                   [](const FitChange& c) { return c.key == "strata.optimizer_state_dtype"; });
+  ASSERT_NE(change, best.changes.end());
+  EXPECT_EQ(change->after, "\"int8\"");
+  EXPECT_FALSE(change->reason.empty());
+  for (const FitCandidate& c : r->fitting) {
+    expect_plan_within_caps(req, caps, c, 0);
+    // int8 only where the state is offloaded, whole.
+    if (c.config.strata.optimizer_state_dtype == "int8") {
+      EXPECT_NE(c.config.zero_optimization.offload_optimizer.device, OffloadDevice::kNone) << c.label;
+      EXPECT_EQ(c.config.zero_optimization.offload_optimizer.ratio, 1.0) << c.label;
+    }
+  }
+  // A row the caller chose: int8 on the device is refused, naming the row.
+  Result<FitCandidate> row = fit_placement(req, caps, 2, OffloadDevice::kNone, OffloadDevice::kNone, 1.0,
+                                           DType::kF32, cpu_adam::MomentStorage::int8());
+  ASSERT_FALSE(row.ok());
+  EXPECT_NE(row.status().message().find("s2 opt=none param=none fp32 m=int8"), std::string::npos)
+      << row.status().to_string();
+}
+
 TEST(ConfigFit, WorldSizesFitOnEveryRank) {
   for (int world : {2, 4, 8}) {
     const std::vector<LayerSpec> layers = gpt_layers(256, 256, 256, 4);
@@ -252,13 +304,15 @@ TEST(ConfigFit, FitPlacementGivesTheKnobsForOneRow) {
   caps.nvme_bytes = uint64_t{64} << 30;
   caps.nvme_path = "/nvme";
   const FitRequest req = request(layers, stage3_nvme(), 1, 50ull << 20);
-  Result<FitCandidate> row = fit_placement(req, caps, 3, OffloadDevice::kNvme, OffloadDevice::kCpu, 1.0, DType::kBF16);
+  Result<FitCandidate> row = fit_placement(req, caps, 3, OffloadDevice::kNvme, OffloadDevice::kCpu, 1.0, DType::kBF16,
+                                           cpu_adam::MomentStorage::fp32());
   ASSERT_TRUE(row.ok()) << row.status().to_string();
   EXPECT_TRUE(row->fits) << row->bound;
   EXPECT_EQ(row->label, "s3 opt=nvme param=cpu bf16");
   expect_plan_within_caps(req, caps, *row, 50ull << 20);
   // Stage 0 keeps everything on the device: no knob makes it fit, and the shortfall says the device.
-  row = fit_placement(req, caps, 0, OffloadDevice::kNone, OffloadDevice::kNone, 1.0, DType::kBF16);
+  row = fit_placement(req, caps, 0, OffloadDevice::kNone, OffloadDevice::kNone, 1.0, DType::kBF16,
+                      cpu_adam::MomentStorage::fp32());
   ASSERT_TRUE(row.ok());
   EXPECT_FALSE(row->fits);
   EXPECT_NE(row->bound.find("device needs"), std::string::npos) << row->bound;

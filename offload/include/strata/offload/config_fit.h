@@ -8,9 +8,11 @@
 // so the search runs the plan itself, never an estimate:
 //   1. candidates: every placement the engine runs (stage 0-3, optimizer
 //      state none/cpu/nvme, parameters none/cpu/nvme at stage 3, ratio
-//      0.75/0.5/0.25 at stage 3 + cpu), for each parameter dtype the caller
-//      allows (the config's own when it allows none), with the NVMe
-//      placements only where an NVMe folder was given;
+//      0.75/0.5/0.25 at stage 3 + cpu), for each parameter dtype and each
+//      optimizer-state storage (strata.optimizer_state_dtype) the caller
+//      allows (the config's own when it allows none; int8 only where the
+//      state is offloaded, ratio 1), with the NVMe placements only where an
+//      NVMe folder was given;
 //   2. each candidate starts from the user's knobs and lowers, one at a
 //      time and only as far as needed, the knobs that bound a tier
 //      (bisection: the plan is monotone in each): the device by
@@ -34,7 +36,7 @@
 // With no fit, the closest candidate's shortfall is named per tier, and the
 // search is run again with one thing changed (bf16, more ranks, a smaller
 // micro batch) to say the smallest change that fits.
-// Bounded: at most 4 dtypes x 22 placements x (a few bisections of <= 64
+// Bounded: at most 3 dtypes x 3 storages x 22 placements x (a few bisections of <= 64
 // plans each), each plan O(layers x sub-groups x ranks); well under a second
 // for a 113M-parameter GPT.
 #include <cstdint>
@@ -69,6 +71,10 @@ struct FitRequest {
   Config config;
   // Parameter dtypes the search may use; empty: the config's precision only.
   std::vector<DType> dtypes;
+  // Optimizer-state storages the search may use; empty: the config's
+  // strata.optimizer_state_dtype only. (A storage changes what training
+  // computes, so the fit never picks one the caller did not allow.)
+  std::vector<cpu_adam::MomentStorage> moment_storages;
   int world = 1;
   int micro_batch = 1;
   int seq = 64;
@@ -98,7 +104,7 @@ struct FitMemory {
 };
 
 struct FitCandidate {
-  std::string label;  // "s3 opt=nvme param=cpu bf16"
+  std::string label;  // "s3 opt=nvme param=cpu bf16" (+ " m=int8" for moments not in fp32)
   Config config;      // the fitted config (complete: config_to_json writes it)
   EngineOptions options;
   FitMemory memory;
@@ -128,7 +134,8 @@ Result<FitResult> fit_config(const FitRequest& request, const FitCaps& caps);
 // For a single placement the caller already chose (a `strata plan` row):
 // the knobs that make it fit, or its shortfall. Same rules as fit_config.
 Result<FitCandidate> fit_placement(const FitRequest& request, const FitCaps& caps, int stage, OffloadDevice optimizer,
-                                   OffloadDevice param, double ratio, DType dtype);
+                                   OffloadDevice param, double ratio, DType dtype,
+                                   const cpu_adam::MomentStorage& moments);
 
 // "1.5 GiB" style, and the knob's value as DeepSpeed writes it.
 std::string describe_fit_change(const FitChange& change);
