@@ -49,6 +49,7 @@ struct BenchOffloadOptions {
   std::string preset = "tiny";
   int layers = 0, heads = 0, embd = 0, vocab = 0, max_seq = 0;
   std::string dtypes = "bf16";
+  std::string optimizer_states = "fp32";
   int ranks = 1;
   int steps = 3;
   int warmup = 1;
@@ -161,6 +162,8 @@ nlohmann::ordered_json row_json(size_t index, const RowResult& r, double baselin
   j["offload_param"] = std::string(offload_device_name(r.row.param));
   j["ratio"] = r.row.ratio;
   j["dtype"] = std::string(dtype_name(r.row.dtype));
+  // (A row without its own moments runs with the bench's default, fp32.)
+  j["optimizer_state_dtype"] = std::string(r.row.moments.value_or(cpu_adam::MomentStorage::fp32()).name());
   j["status"] = std::string(status_name(r.status));
   j["reason"] = r.reason.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(r.reason);
   if (r.status != RowStatus::kOk) return j;
@@ -217,7 +220,8 @@ Status write_csv(const std::string& path, const nlohmann::ordered_json& doc) {
   if (!out) return ErrnoStatus(errno, fmt::format("open --csv '{}'", printable(path, 256)));
   const std::vector<std::pair<std::string, std::vector<std::string>>> cols = {
       {"index", {"index"}}, {"label", {"label"}}, {"stage", {"stage"}}, {"offload_optimizer", {"offload_optimizer"}},
-      {"offload_param", {"offload_param"}}, {"ratio", {"ratio"}}, {"dtype", {"dtype"}}, {"status", {"status"}},
+      {"offload_param", {"offload_param"}}, {"ratio", {"ratio"}}, {"dtype", {"dtype"}},
+      {"optimizer_state_dtype", {"optimizer_state_dtype"}}, {"status", {"status"}},
       {"step_ms_median", {"step_ms", "median"}}, {"step_ms_min", {"step_ms", "min"}},
       {"step_ms_max", {"step_ms", "max"}}, {"tokens_per_s", {"tokens_per_s"}}, {"penalty", {"penalty"}},
       {"forward_ms", {"phase_ms", "forward"}}, {"backward_ms", {"phase_ms", "backward"}},
@@ -415,7 +419,9 @@ int run_bench_offload(const BenchOffloadOptions& o) {
     return fail(InvalidArgument("--plot-script is for --plot FILE.png; give --plot too, or drop --plot-script"));
   }
 
-  Result<std::vector<PlacementRow>> selected = select_rows(o.configs, o.matrix, *dtypes);
+  Result<std::vector<cpu_adam::MomentStorage>> moments = parse_moment_list(o.optimizer_states, "--optimizer-states");
+  if (!moments.ok()) return fail(moments.status());
+  Result<std::vector<PlacementRow>> selected = select_rows(o.configs, o.matrix, *dtypes, *moments);
   if (!selected.ok()) return fail(selected.status());
   std::vector<PlacementRow> rows = std::move(*selected);
 
@@ -619,6 +625,10 @@ CommandRegistration bench_offload("bench offload", [](CLI::App& root) {
   cmd->add_option("--embd", o->embd, "Override the embedding width")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--vocab", o->vocab, "Override the vocabulary (>= 256)")->check(CLI::Range(1, 1 << 24));
   cmd->add_option("--max-seq", o->max_seq, "Override the maximum sequence length")->check(CLI::Range(1, 1 << 24));
+  cmd->add_option("--optimizer-states", o->optimizer_states,
+                  "Adam moment storage(s) of the default matrix, comma-separated: fp32,bf16,int8 (int8: offloaded rows "
+                  "only)")
+      ->capture_default_str();
   cmd->add_option("--dtype", o->dtypes, "Parameter dtype(s) of the default matrix, comma-separated: fp32,bf16,fp16")
       ->capture_default_str();
   cmd->add_option("--ranks", o->ranks, "Data-parallel ranks as threads (local backend)")

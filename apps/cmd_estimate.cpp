@@ -73,6 +73,9 @@ int print_engine_plan(const EstimateOptions& opts, const Config* config, uint32_
               config->zero_optimization.offload_param.device};
   } else {
     base.grad_dtype = g.param_dtype;
+    Result<cpu_adam::MomentStorage> moments = cpu_adam::MomentStorage::parse(opts.optimizer_states, "--optimizer-states");
+    if (!moments.ok()) return fail(moments.status());
+    base.moments = *moments;
   }
   STRATA_CHECK(g.validate().ok(), "model flags were checked");
   Result<std::unique_ptr<model::GptModel>> m = model::GptModel::create(g, 1);
@@ -134,7 +137,7 @@ int print_engine_plan(const EstimateOptions& opts, const Config* config, uint32_
         if (fit_request && (worst.device > fit_caps.device_bytes ||
                             worst.pinned * fit_caps.ranks_per_node > fit_caps.host_bytes ||
                             (fit_caps.nvme_bytes && worst.nvme * fit_caps.ranks_per_node > *fit_caps.nvme_bytes)))
-          to_fit = fit_hint(*fit_request, fit_caps, stage, od, pdv, 1.0, g.param_dtype);
+          to_fit = fit_hint(*fit_request, fit_caps, stage, od, pdv, 1.0, g.param_dtype, o.moments);
         auto b = [&](uint64_t v) { return format_bytes(v, opts.binary); };
         fmt::print("  {:>5}  {:>9}  {:>6}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}{}\n", stage,
                    offload_device_name(od), offload_device_name(pdv), b(worst.device), b(worst.device_params),
@@ -240,7 +243,7 @@ CommandRegistration estimate_command("estimate", [](CLI::App& root) {
   cmd->add_option("--nvme-memory", opts->nvme_memory, "NVMe capacity per node, e.g. 3.84TB");
   auto* precision = cmd->add_option("--precision", opts->precision, "Parameter dtype: bf16 (default), fp16, fp32");
   auto* grad = cmd->add_option("--grad-dtype", opts->grad_dtype, "Gradient dtype on the GPU (default: the parameter dtype)");
-  auto* states = cmd->add_option("--optimizer-states", opts->optimizer_states, "Adam m and v dtype: fp32 (default) or bf16");
+  auto* states = cmd->add_option("--optimizer-states", opts->optimizer_states, "Adam m and v dtype: fp32 (default), bf16, or int8 (block-wise 8-bit; offloaded state only)");
   cmd->add_flag("--binary", opts->binary, "Print GiB instead of GB");
   cmd->add_flag("--json", opts->json, "Print JSON");
   cmd->callback([opts, precision, grad, states] {

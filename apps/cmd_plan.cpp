@@ -36,6 +36,7 @@ namespace {
 
 struct PlanOptions {
   std::string params, model, profile, config, configs, matrix = "default", bench, dtypes = "bf16";
+  std::string optimizer_states;  // --optimizer-states (when given_optimizer_states)
   int layers = 0, heads = 0, embd = 0, vocab = 0, max_seq = 0;
   int blocks = 0;  // --params: transformer blocks (reduction/gather units); 0: derived
   uint32_t gpus_per_node = 0, nodes = 1;
@@ -46,7 +47,7 @@ struct PlanOptions {
   int ranks = 1;
   std::string out;
   FitFlags caps;
-  bool given_batch = false, given_accum = false, given_dtype = false;
+  bool given_batch = false, given_accum = false, given_dtype = false, given_optimizer_states = false;
 };
 
 int fail(const Status& st) {
@@ -123,6 +124,7 @@ int run_plan(const PlanOptions& o) {
     a.given_batch = o.given_batch, a.given_accum = o.given_accum, a.given_dtype = o.given_dtype;
     a.caps = o.caps;
     a.caps.dtypes = o.dtypes;
+    if (o.given_optimizer_states) a.caps.optimizer_states = o.optimizer_states;
     a.json = o.json;
     return run_plan_fit(a);
   }
@@ -154,7 +156,12 @@ int run_plan(const PlanOptions& o) {
     if (!c.ok()) return fail(c.status());
     config = *c;
   }
-  Result<std::vector<PlacementRow>> selected = select_rows(o.configs, o.matrix, *dtypes);
+  // --optimizer-states: rows per storage; else the rows keep the config's (or fp32).
+  Result<std::vector<cpu_adam::MomentStorage>> moments =
+      o.given_optimizer_states ? parse_moment_list(o.optimizer_states, "--optimizer-states")
+                               : Result<std::vector<cpu_adam::MomentStorage>>(std::vector<cpu_adam::MomentStorage>{});
+  if (!moments.ok()) return fail(moments.status());
+  Result<std::vector<PlacementRow>> selected = select_rows(o.configs, o.matrix, *dtypes, *moments);
   if (!selected.ok()) return fail(selected.status());
   std::vector<PlacementRow> rows = std::move(*selected);
 
@@ -213,6 +220,10 @@ int run_plan(const PlanOptions& o) {
     if (!eo.ok()) return fail(eo.status());
     engine_base = *eo;
   }
+  // A row without its own moments is planned with the config's (fp32 without
+  // one), so its memory, model and runnability all see the same storage.
+  for (PlacementRow& row : rows)
+    if (!row.moments) row.moments = engine_base.moments;
 
   nlohmann::ordered_json doc;
   doc["profile"] = hw->name;
@@ -254,6 +265,7 @@ int run_plan(const PlanOptions& o) {
     j["offload_param"] = std::string(offload_device_name(row.param));
     j["ratio"] = row.ratio;
     j["dtype"] = std::string(dtype_name(row.dtype));
+    j["optimizer_state_dtype"] = std::string(row.moments->name());
     // The memory of every placement the estimator prints, runnable here or not.
     const std::string why = row.unsupported_reason();
     if (!gpt || why.empty()) {
@@ -283,7 +295,8 @@ int run_plan(const PlanOptions& o) {
           caps.nvme_bytes = hw->nvme_bytes;
           caps.ranks_per_node = std::min(world, ranks_per_node);
           if (caps.device_bytes != 0 && caps.host_bytes != 0)
-            j["to_fit"] = fit_hint(*req, caps, row.stage, row.optimizer, row.param, row.ratio, row.dtype);
+            j["to_fit"] = fit_hint(*req, caps, row.stage, row.optimizer, row.param, row.ratio, row.dtype,
+                                   *row.moments);
         }
       }
     }
@@ -311,8 +324,8 @@ int run_plan(const PlanOptions& o) {
       in.ratio = row.ratio;
       in.param_dtype = in.grad_dtype = row.dtype;
     }
+    in.moments = *row.moments;
     if (config) {
-      in.optimizer_state_bytes = ledger_precision_of(*config).optimizer_state_bytes;
       in.max_live_parameters = config->zero_optimization.stage3_max_live_parameters;
       in.max_in_cpu = config->zero_optimization.offload_param.max_in_cpu;
       in.nvme_pipeline = config->zero_optimization.offload_optimizer.pipeline_read &&
@@ -424,6 +437,11 @@ CommandRegistration plan_command("plan", [](CLI::App& root) {
   cmd->add_option("--seq", o->seq, "Sequence length")->capture_default_str()->check(CLI::Range(1, 1 << 24));
   auto* accum = cmd->add_option("--grad-accum", o->grad_accum, "Micro batches per step")->capture_default_str()->check(CLI::Range(1, 1 << 20));
   auto* dtype = cmd->add_option("--dtype", o->dtypes, "Parameter dtype(s) of the rows, comma-separated")->capture_default_str();
+  auto* states = cmd->add_option("--optimizer-states", o->optimizer_states,
+                                 "Adam moment storage(s), comma-separated: fp32,bf16,int8: a default matrix per "
+                                 "storage (int8: offloaded rows only), or with --fit the storages the search may use; "
+                                 "without it the rows and the fit keep the config's strata.optimizer_state_dtype "
+                                 "(fp32 without a config)");
   cmd->add_option("--matrix", o->matrix, "default: the 16 placements + stage-3 ratios 0.25/0.5/0.75")->capture_default_str();
   cmd->add_option("--configs", o->configs, "Row file (as strata bench offload --configs)");
   cmd->add_option("--bench", o->bench, "A strata bench offload --json file: add the measured step and the error per row");
@@ -442,10 +460,11 @@ CommandRegistration plan_command("plan", [](CLI::App& root) {
       ->capture_default_str()
       ->check(CLI::Range(1, 65536));
   cmd->add_option("--out", o->out, "With --fit: write the fitted DeepSpeed config here (atomically)");
-  cmd->callback([o, batch, accum, dtype] {
+  cmd->callback([o, batch, accum, dtype, states] {
     o->given_batch = batch->count() > 0;
     o->given_accum = accum->count() > 0;
     o->given_dtype = dtype->count() > 0;
+    o->given_optimizer_states = states->count() > 0;
     exit_with(run_plan(*o));
   });
 });

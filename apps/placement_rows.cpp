@@ -16,7 +16,9 @@ namespace strata::cli {
 std::string PlacementRow::label() const {
   std::string s = fmt::format("s{} opt={} param={}", stage, offload_device_name(optimizer), offload_device_name(param));
   if (ratio < 1.0) s += fmt::format(" r={:.2f}", ratio);
-  return s + " " + std::string(dtype_name(dtype));
+  s += " " + std::string(dtype_name(dtype));
+  if (moments && *moments != cpu_adam::MomentStorage::fp32()) s += fmt::format(" m={}", moments->name());
+  return s;
 }
 
 std::string PlacementRow::unsupported_reason() const {
@@ -29,6 +31,9 @@ std::string PlacementRow::unsupported_reason() const {
            "or nvme)";
   if (ratio < 1.0 && !(stage == 3 && optimizer == OffloadDevice::kCpu && param == OffloadDevice::kNone))
     return "ratio < 1 needs stage 3, optimizer cpu, params none";
+  if (moments && moments->blocked() && optimizer == OffloadDevice::kNone)
+    return "int8 optimizer states need the optimizer state offloaded (cpu or nvme)";
+  if (moments && moments->blocked() && ratio < 1.0) return "int8 optimizer states need ratio 1 (no device part)";
   return "";
 }
 
@@ -39,16 +44,38 @@ offload::EngineOptions PlacementRow::apply(offload::EngineOptions o) const {
   o.ratio = ratio;
   o.grad_dtype = dtype;
   o.fp16.enabled = dtype == DType::kF16;
+  if (moments) o.moments = *moments;
   return o;
 }
 
-std::vector<PlacementRow> default_matrix(const std::vector<DType>& dtypes) {
+std::vector<PlacementRow> default_matrix(const std::vector<DType>& dtypes,
+                                         const std::vector<cpu_adam::MomentStorage>& moments) {
   std::vector<PlacementRow> rows;
-  for (DType dt : dtypes) {
-    for (const Placement& p : estimate_placements()) rows.push_back({p.stage, p.optimizer, p.param, 1.0, dt});
-    for (double r : {0.25, 0.5, 0.75}) rows.push_back({3, OffloadDevice::kCpu, OffloadDevice::kNone, r, dt});
-  }
+  std::vector<std::optional<cpu_adam::MomentStorage>> storages(moments.begin(), moments.end());
+  if (storages.empty()) storages.push_back(std::nullopt);  // the base options' moments
+  for (const std::optional<cpu_adam::MomentStorage>& m : storages)
+    for (DType dt : dtypes) {
+      std::vector<PlacementRow> these;
+      for (const Placement& p : estimate_placements()) these.push_back({p.stage, p.optimizer, p.param, 1.0, dt, m});
+      for (double r : {0.25, 0.5, 0.75}) these.push_back({3, OffloadDevice::kCpu, OffloadDevice::kNone, r, dt, m});
+      // fp32 keeps every placement (plan prints the memory of those the engine
+      // cannot run, too); other storages only add the rows they can run.
+      for (const PlacementRow& row : these)
+        if (!m || *m == cpu_adam::MomentStorage::fp32() || row.unsupported_reason().empty()) rows.push_back(row);
+    }
   return rows;
+}
+
+Result<std::vector<cpu_adam::MomentStorage>> parse_moment_list(const std::string& text, const char* flag) {
+  std::vector<cpu_adam::MomentStorage> out;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    STRATA_ASSIGN_OR_RETURN(cpu_adam::MomentStorage m, cpu_adam::MomentStorage::parse(item, flag));
+    out.push_back(m);
+  }
+  if (out.empty()) return InvalidArgument(fmt::format("{} is empty; use fp32, bf16 or int8", flag));
+  return out;
 }
 
 Result<std::vector<DType>> parse_dtype_list(const std::string& text, const char* flag) {
@@ -94,9 +121,13 @@ Result<PlacementRow> parse_row(const nlohmann::json& j, const std::string& where
       STRATA_ASSIGN_OR_RETURN(std::vector<DType> dts, parse_dtype_list(it->get<std::string>(), at.c_str()));
       if (dts.size() != 1) return InvalidArgument(fmt::format("{}: give one dtype per row", at));
       row.dtype = dts.front();
+    } else if (key == "optimizer_state_dtype") {
+      if (!it->is_string()) return InvalidArgument(fmt::format("{}: {} is not \"fp32\", \"bf16\" or \"int8\"", at, it->dump()));
+      STRATA_ASSIGN_OR_RETURN(row.moments, cpu_adam::MomentStorage::parse(it->get<std::string>(), at));
     } else {
       return InvalidArgument(fmt::format(
-          "{}: unknown key '{}' (a row has stage, offload_optimizer, offload_param, ratio, dtype)", where,
+          "{}: unknown key '{}' (a row has stage, offload_optimizer, offload_param, ratio, dtype, "
+          "optimizer_state_dtype)", where,
           printable(key, 64)));
     }
   }
@@ -158,6 +189,7 @@ offload::StepTimeInput gpt_step_input(const model::GptConfig& g, const Placement
   in.param = row.param;
   in.ratio = row.ratio;
   in.param_dtype = in.grad_dtype = row.dtype;
+  if (row.moments) in.moments = *row.moments;  // else the caller's (StepTimeInput's fp32 unless it sets one)
   return in;
 }
 
@@ -168,13 +200,14 @@ std::vector<size_t> interleaved_order(size_t row_count, size_t repeat) {
 }
 
 Result<std::vector<PlacementRow>> select_rows(const std::string& configs, const std::string& matrix,
-                                              const std::vector<DType>& dtypes) {
+                                              const std::vector<DType>& dtypes,
+                                              const std::vector<cpu_adam::MomentStorage>& moments) {
   if (!configs.empty()) {
     Result<std::vector<PlacementRow>> loaded = load_rows(configs, dtypes.front());
     if (!loaded.ok()) return loaded.status().with_context("--configs");
     return loaded;
   }
-  if (matrix == "default") return default_matrix(dtypes);
+  if (matrix == "default") return default_matrix(dtypes, moments);
   return InvalidArgument(fmt::format("--matrix '{}' is not 'default' (or give --configs FILE)", printable(matrix, 64)));
 }
 

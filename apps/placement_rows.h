@@ -5,6 +5,7 @@
 // measures rows and `strata plan` predicts them; both read the same row
 // files and build the same default matrix.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,37 +24,46 @@ struct PlacementRow {
   OffloadDevice param = OffloadDevice::kNone;
   double ratio = 1.0;  // offload_optimizer.ratio (< 1: stage 3, optimizer cpu, params none)
   DType dtype = DType::kBF16;
+  // strata.optimizer_state_dtype; unset: the base options' (a --config's, else fp32).
+  std::optional<cpu_adam::MomentStorage> moments;
 
   // Everything on the device: the rows penalties are measured against.
   bool in_memory() const { return optimizer == OffloadDevice::kNone && param == OffloadDevice::kNone; }
   bool uses_nvme() const { return optimizer == OffloadDevice::kNvme || param == OffloadDevice::kNvme; }
-  // "s3 opt=cpu param=none r=0.50 bf16"
+  // "s3 opt=cpu param=none r=0.50 bf16" (+ " m=int8" for a row's own moments not in fp32)
   std::string label() const;
   // Why the engine cannot run this row at all (whatever the memory), or "".
   std::string unsupported_reason() const;
-  // `base` with this row's stage, placement, ratio and gradient dtype (the
-  // parameters'; fp16 gets DeepSpeed's dynamic loss scale).
+  // `base` with this row's stage, placement, ratio, gradient dtype (the
+  // parameters'; fp16 gets DeepSpeed's dynamic loss scale) and moments when it has its own.
   offload::EngineOptions apply(offload::EngineOptions base) const;
 };
 
-// The default matrix for each dtype: the 16 placements `strata estimate`
-// prints (stage 0; stages 1-2 x optimizer none/cpu/nvme; stage 3 x optimizer
-// x params), then stage 3 + optimizer cpu at ratios 0.25, 0.5 and 0.75.
-std::vector<PlacementRow> default_matrix(const std::vector<DType>& dtypes);
+// The default matrix for each moment storage and dtype: the 16 placements
+// `strata estimate` prints (stage 0; stages 1-2 x optimizer none/cpu/nvme;
+// stage 3 x optimizer x params), then stage 3 + optimizer cpu at ratios
+// 0.25, 0.5 and 0.75; for moments other than fp32 only the rows the engine
+// can run with them (int8: optimizer offloaded, ratio 1). No `moments`: one
+// matrix whose rows keep the base options' moments.
+std::vector<PlacementRow> default_matrix(const std::vector<DType>& dtypes,
+                                         const std::vector<cpu_adam::MomentStorage>& moments = {});
 
 // "fp32,bf16" -> dtypes; each must be a parameter dtype. `flag` names the culprit.
 Result<std::vector<DType>> parse_dtype_list(const std::string& text, const char* flag);
+// "fp32,int8" -> moment storages (strata.optimizer_state_dtype values). `flag` names the culprit.
+Result<std::vector<cpu_adam::MomentStorage>> parse_moment_list(const std::string& text, const char* flag);
 
 // A row file: {"rows": [{"stage": 3, "offload_optimizer": "cpu", "offload_param": "none", "ratio": 0.5,
-// "dtype": "bf16"}, ...]} (or the bare array). stage is required; the rest default to none, none, 1 and
-// `default_dtype`. Unknown keys, wrong types and out-of-range values are errors naming the file, the row and
+// "dtype": "bf16", "optimizer_state_dtype": "int8"}, ...]} (or the bare array). stage is required; the rest
+// default to none, none, 1, `default_dtype` and fp32. Unknown keys, wrong types and out-of-range values are errors naming the file, the row and
 // the key.
 Result<std::vector<PlacementRow>> load_rows(const std::string& path, DType default_dtype);
 
 // The rows --configs FILE names (when given), else --matrix (only "default"):
 // what `bench offload` and `plan` both run over. Errors name the flag.
 Result<std::vector<PlacementRow>> select_rows(const std::string& configs, const std::string& matrix,
-                                              const std::vector<DType>& dtypes);
+                                              const std::vector<DType>& dtypes,
+                                              const std::vector<cpu_adam::MomentStorage>& moments = {});
 
 // The step-time model's input for `row` of the reference GPT `g` (its own
 // dtype: the row's) on `world` ranks, `batch` x `seq` x `grad_accum` tokens per rank; layers

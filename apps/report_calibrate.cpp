@@ -93,7 +93,7 @@ Result<CopyRates> measure_copies(nlohmann::ordered_json& cal) {
 }
 
 struct AdamRates {
-  double fp32 = 0, bf16 = 0;
+  double fp32 = 0, bf16 = 0, int8 = 0;
 };
 
 Result<AdamRates> measure_cpu_adam(nlohmann::ordered_json& cal) {
@@ -101,6 +101,8 @@ Result<AdamRates> measure_cpu_adam(nlohmann::ordered_json& cal) {
   constexpr size_t kCount = size_t{4} << 20;
   std::vector<float> params(kCount, 0.5f), grads32(kCount, 1e-3f), m(kCount, 0.f), v(kCount, 0.f);
   std::vector<uint16_t> grads16(kCount, fp32_to_bf16_bits(1e-3f)), copy(kCount, 0);
+  const MomentStorage int8 = MomentStorage::int8();
+  std::vector<std::byte> m8(int8.moment_bytes(kCount)), v8(int8.moment_bytes(kCount));
   const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   AdamRates all;
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
@@ -108,12 +110,14 @@ Result<AdamRates> measure_cpu_adam(nlohmann::ordered_json& cal) {
     STRATA_ASSIGN_OR_RETURN(CpuOptimizer opt, CpuOptimizer::create({.kind = OptimizerKind::kAdamW, .threads = threads}));
     nlohmann::ordered_json row;
     row["threads"] = threads;
-    for (bool bf16 : {false, true}) {
+    for (const char* kind : {"fp32", "bf16", "int8"}) {
+      const bool bf16 = kind != std::string_view("fp32");  // int8: bf16 gradients and copy, 8-bit moments
       StateSpans s{.count = kCount, .params = params.data(),
                    .grads = bf16 ? static_cast<const void*>(grads16.data()) : grads32.data(),
                    .grad_dtype = bf16 ? DType::kBF16 : DType::kF32, .exp_avg = m.data(), .exp_avg_sq = v.data(),
                    .moment_dtype = DType::kF32, .param_copy = bf16 ? copy.data() : nullptr,
                    .param_copy_dtype = DType::kBF16};
+      if (kind == std::string_view("int8")) int8.point(s, m8.data(), v8.data(), kCount, 0);
       std::vector<double> t;
       for (int rep = 0; rep < 4; ++rep) {
         StepArgs a;
@@ -125,13 +129,16 @@ Result<AdamRates> measure_cpu_adam(nlohmann::ordered_json& cal) {
         if (rep > 0) t.push_back(seconds_since(t0));
       }
       const double rate = kCount / median(t);
-      row[bf16 ? "bf16" : "fp32"] = rate;
-      if (threads == opt.threads() && threads >= cores) (bf16 ? all.bf16 : all.fp32) = rate;
+      row[kind] = rate;
+      if (threads == opt.threads() && threads >= cores)
+        (kind == std::string_view("fp32") ? all.fp32 : kind == std::string_view("bf16") ? all.bf16 : all.int8) = rate;
     }
     rows.push_back(row);
   }
   cal["cpu_adam"] = {{"elements", kCount}, {"kernel", "adamw"}, {"fp32", "fp32 gradients, no parameter copy"},
-                     {"bf16", "bf16 gradients, bf16 parameter copy"}, {"params_per_s_by_threads", rows}};
+                     {"bf16", "bf16 gradients, bf16 parameter copy"},
+                     {"int8", "bf16 gradients, bf16 parameter copy, block-wise 8-bit moments"},
+                     {"params_per_s_by_threads", rows}};
   return all;
 }
 
@@ -257,6 +264,7 @@ int run_calibrate(const CalibrateOptions& o) {
   if (!adam.ok()) return fail(adam.status());
   p.cpu_adam_params_per_s_fp32 = adam->fp32;
   p.cpu_adam_params_per_s_bf16 = adam->bf16;
+  p.cpu_adam_params_per_s_int8 = adam->int8;
   p.device_adam_params_per_s = adam->fp32;  // the cpu device steps its state with the same CPU kernels
   fmt::print(stderr, "calibrate: NVMe in {} ...\n", dir);
   Result<NvmeRates> nv = measure_nvme(dir, aio, cal);
@@ -341,10 +349,10 @@ int run_calibrate(const CalibrateOptions& o) {
   if (!check.ok()) return fail(check.status());
   const std::string text = j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   fmt::print(stderr,
-             "calibrate: compute {:.1f} GFLOP/s, H2D {:.2f} GB/s, D2H {:.2f} GB/s, CPU Adam {:.0f}M/{:.0f}M params/s "
-             "(fp32/bf16), NVMe read {:.2f} write {:.2f} GB/s, all_reduce busbw {:.2f} GB/s\n",
+             "calibrate: compute {:.1f} GFLOP/s, H2D {:.2f} GB/s, D2H {:.2f} GB/s, CPU Adam {:.0f}M/{:.0f}M/{:.0f}M params/s "
+             "(fp32/bf16/int8 moments), NVMe read {:.2f} write {:.2f} GB/s, all_reduce busbw {:.2f} GB/s\n",
              p.compute_gflops, p.h2d_gb_per_s, p.d2h_gb_per_s, p.cpu_adam_params_per_s_fp32 / 1e6,
-             p.cpu_adam_params_per_s_bf16 / 1e6, p.nvme_read_gb_per_s, p.nvme_write_gb_per_s,
+             p.cpu_adam_params_per_s_bf16 / 1e6, p.cpu_adam_params_per_s_int8 / 1e6, p.nvme_read_gb_per_s, p.nvme_write_gb_per_s,
              p.collective_bus_gb_per_s);
   if (o.out.empty()) {
     fmt::print("{}", text);

@@ -58,7 +58,7 @@ void BM_NvmeStateTierStep(benchmark::State& state) {
   auto optimizer = std::move(cpu_adam::CpuOptimizer::create(oo)).value();
   std::vector<float> grads(kPieceElements, 0.01f);
   int64_t step = 0;
-  const uint64_t piece_bytes = nvme_piece_bytes(kPieceElements, true, DType::kF32);
+  const uint64_t piece_bytes = nvme_piece_bytes(kPieceElements, true, cpu_adam::MomentStorage::fp32());
   const size_t pieces = std::max<uint64_t>(1, state_bytes() / piece_bytes);
   auto device = cpu_device();
   MemoryStats stats;
@@ -117,7 +117,7 @@ void BM_NvmeStateTierStep(benchmark::State& state) {
 // engine with the same slots (no checksums, no shadow extents).
 void BM_RawEngineCeiling(benchmark::State& state) {
   const size_t buffers = static_cast<size_t>(state.range(0));
-  const uint64_t piece_bytes = nvme_piece_bytes(kPieceElements, true, DType::kF32);
+  const uint64_t piece_bytes = nvme_piece_bytes(kPieceElements, true, cpu_adam::MomentStorage::fp32());
   const size_t pieces = std::max<uint64_t>(1, state_bytes() / piece_bytes);
   auto device = cpu_device();
   SlotPoolOptions po;
@@ -161,7 +161,7 @@ void BM_AdamStepInMemory(benchmark::State& state) {
   cpu_adam::OptimizerOptions oo;
   oo.threads = 1;
   auto optimizer = std::move(cpu_adam::CpuOptimizer::create(oo)).value();
-  const uint64_t piece_bytes = nvme_piece_bytes(kPieceElements, true, DType::kF32);
+  const uint64_t piece_bytes = nvme_piece_bytes(kPieceElements, true, cpu_adam::MomentStorage::fp32());
   const size_t pieces = std::max<uint64_t>(1, state_bytes() / piece_bytes);
   std::vector<float> master(kPieceElements, 0.5f), m(kPieceElements), v(kPieceElements), grads(kPieceElements, 0.01f);
   int64_t step = 0;

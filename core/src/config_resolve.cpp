@@ -465,6 +465,28 @@ void check_precision(Checker& c, Config& config) {
     c.warn(c.written("strata.optimizer_state_dtype"), "bf16 optimizer states with fp32 training",
            "this saves memory but loses precision in m and v; usually used with bf16.enabled");
   }
+  if (config.strata.optimizer_state_dtype == "int8") {
+    // The block-wise 8-bit moments are a CPU kernel format (cpu_adam): the
+    // state must be stepped on the host, by Adam or AdamW.
+    const OffloadOptimizerConfig& offload = config.zero_optimization.offload_optimizer;
+    if (offload.device == OffloadDevice::kNone)
+      c.error(c.written("strata.optimizer_state_dtype"),
+              "int8 optimizer states are for offloaded state; zero_optimization.offload_optimizer.device is none",
+              "set zero_optimization.offload_optimizer.device to \"cpu\" or \"nvme\" (stage 1-3), or use bf16 "
+              "states on the device");
+    else if (offload.ratio < 1.0)
+      c.error(c.written("strata.optimizer_state_dtype"),
+              fmt::format("int8 optimizer states with zero_optimization.offload_optimizer.ratio {} keep part of the "
+                          "state on the device, which has no int8 kernel",
+                          offload.ratio),
+              "set offload_optimizer.ratio to 1, or use bf16 states");
+    if (config.optimizer.given &&
+        (config.optimizer.type == OptimizerType::kAdagrad || config.optimizer.type == OptimizerType::kLion))
+      c.error(c.written("strata.optimizer_state_dtype"),
+              fmt::format("int8 optimizer states are implemented for Adam and AdamW, not optimizer.type {}",
+                          config.optimizer.type == OptimizerType::kAdagrad ? "Adagrad" : "Lion"),
+              "use fp32 or bf16 states with this optimizer");
+  }
 }
 
 }  // namespace

@@ -320,8 +320,10 @@ std::vector<ConfigKey> build_table() {
   add(Key("strata.host_memory_budget", BY, "0", "Most host memory for offloaded state and buffers (\"64GB\"); 0: unlimited.")
           .bind(STRATA_BIND(strata.host_memory_budget)));
   add(Key("strata.verify_checksums", B, "true", "Check the checksum of every NVMe extent read back.").bind(STRATA_BIND(strata.verify_checksums)));
-  add(Key("strata.optimizer_state_dtype", E, "\"fp32\"", "Element type of the Adam moments m and v (master weights stay fp32).")
-          .one_of("fp32|bf16").bind(STRATA_BIND(strata.optimizer_state_dtype)));
+  add(Key("strata.optimizer_state_dtype", E, "\"fp32\"",
+          "Element type of the Adam moments m and v (master weights stay fp32); int8: block-wise 8-bit codes with one "
+          "fp32 scale per 256 elements, for offloaded state (offload_optimizer cpu or nvme) and Adam/AdamW.")
+          .one_of("fp32|bf16|int8").bind(STRATA_BIND(strata.optimizer_state_dtype)));
   add(Key("strata.overlap_optimizer", B, "true",
           "Step the CPU optimizer layer by layer while the next forward runs (exact: same losses as false).")
           .bind(STRATA_BIND(strata.overlap_optimizer)));

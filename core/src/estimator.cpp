@@ -86,11 +86,19 @@ Result<LedgerPrecision> ledger_precision(std::string_view param_dtype, std::stri
     p.optimizer_state_bytes = 12;
   } else if (optimizer_state_dtype == "bf16") {
     p.optimizer_state_bytes = 8;
+  } else if (optimizer_state_dtype == "int8") {
+    p.optimizer_state_bytes = 6;
+    p.moment_block = 256;  // cpu_adam::kDefaultMomentBlockElements (core cannot include cpu_adam)
   } else {
-    return InvalidArgument(fmt::format("optimizer state dtype (--optimizer-states) '{}' is not fp32 or bf16",
+    return InvalidArgument(fmt::format("optimizer state dtype (--optimizer-states) '{}' is not fp32, bf16 or int8",
                                        optimizer_state_dtype));
   }
   return p;
+}
+
+uint64_t LedgerPrecision::optimizer_state_of(uint64_t n) const {
+  const uint64_t scales = moment_block == 0 ? 0 : mul_sat(8, n / moment_block + (n % moment_block != 0));
+  return add_sat(mul_sat(optimizer_state_bytes, n), scales);
 }
 
 LedgerPrecision ledger_precision_of(const Config& config) {
@@ -130,7 +138,8 @@ Result<EstimateRow> estimate_row(const EstimateInput& in, const Placement& pl) {
   const uint64_t psi = in.params;
   const uint64_t world = std::max<uint64_t>(1, in.world_size());
   const uint64_t shard = (psi + world - 1) / world;
-  const uint64_t p = in.precision.param_bytes, g = in.precision.grad_bytes, k = in.precision.optimizer_state_bytes;
+  const uint64_t p = in.precision.param_bytes, g = in.precision.grad_bytes;
+  auto k_of = [&](uint64_t n) { return in.precision.optimizer_state_of(n); };
   const uint64_t gc = in.precision.offload_grad_bytes;
 
   EstimateRow row;
@@ -148,18 +157,18 @@ Result<EstimateRow> estimate_row(const EstimateInput& in, const Placement& pl) {
 
   uint64_t gpu = 0;
   switch (pl.stage) {
-    case 0: gpu = mul_sat(p + g + k, psi); break;
-    case 1: gpu = add_sat(mul_sat(p + g, psi), mul_sat(k, kept)); break;
-    case 2: gpu = add_sat(mul_sat(p, psi), mul_sat(g + k, kept)); break;
+    case 0: gpu = add_sat(mul_sat(p + g, psi), k_of(psi)); break;
+    case 1: gpu = add_sat(mul_sat(p + g, psi), k_of(kept)); break;
+    case 2: gpu = add_sat(mul_sat(p, psi), add_sat(mul_sat(g, kept), k_of(kept))); break;
     default:
-      gpu = add_sat(pl.param == OffloadDevice::kNone ? mul_sat(p, shard) : 0, mul_sat(g + k, kept));
+      gpu = add_sat(pl.param == OffloadDevice::kNone ? mul_sat(p, shard) : 0, add_sat(mul_sat(g, kept), k_of(kept)));
       break;
   }
   uint64_t host_rank = 0, nvme_rank = 0;
-  if (pl.optimizer == OffloadDevice::kCpu) host_rank = add_sat(host_rank, mul_sat(k + gc, offloaded));
+  if (pl.optimizer == OffloadDevice::kCpu) host_rank = add_sat(host_rank, add_sat(mul_sat(gc, offloaded), k_of(offloaded)));
   if (pl.optimizer == OffloadDevice::kNvme) {
     host_rank = add_sat(host_rank, mul_sat(gc, offloaded));
-    nvme_rank = add_sat(nvme_rank, mul_sat(k, offloaded));
+    nvme_rank = add_sat(nvme_rank, k_of(offloaded));
   }
   if (pl.param == OffloadDevice::kCpu) host_rank = add_sat(host_rank, mul_sat(p, shard));
   if (pl.param == OffloadDevice::kNvme) nvme_rank = add_sat(nvme_rank, mul_sat(p, shard));
@@ -178,7 +187,7 @@ Result<EstimateRow> estimate_row(const EstimateInput& in, const Placement& pl) {
   }
   if (pl.optimizer == OffloadDevice::kNvme) {
     const uint64_t sub_group = std::min(u(z.sub_group_size), offloaded);
-    b.optimizer_swap = mul_sat(mul_sat(u(z.offload_optimizer.buffer_count), sub_group), k);
+    b.optimizer_swap = mul_sat(u(z.offload_optimizer.buffer_count), k_of(sub_group));
   }
   if (pl.param == OffloadDevice::kNvme) {
     b.param_swap = mul_sat(mul_sat(u(z.offload_param.buffer_count), u(z.offload_param.buffer_size)), p);
@@ -306,8 +315,11 @@ std::string format_estimate(const Estimate& e, bool binary) {
                      in.largest_layer_params ? format_count(in.largest_layer_params)
                                              : std::string("unknown (pass --largest-layer to count stage-3 gathers)"),
                      in.nodes, in.gpus_per_node, in.world_size());
-  out += fmt::format("Ledger: {} B param + {} B grad + {} B optimizer state = {} B/param; offloaded gradients {} B/param\n",
-                     pr.param_bytes, pr.grad_bytes, pr.optimizer_state_bytes, pr.total(), pr.offload_grad_bytes);
+  out += fmt::format("Ledger: {} B param + {} B grad + {} B optimizer state{} = {} B/param; offloaded gradients {} B/param\n",
+                     pr.param_bytes, pr.grad_bytes, pr.optimizer_state_bytes,
+                     pr.moment_block == 0 ? std::string()
+                                          : fmt::format(" (+ 8 B of int8 scales per {} params)", pr.moment_block),
+                     pr.total(), pr.offload_grad_bytes);
   auto limit = [binary](const std::optional<uint64_t>& v) { return v ? format_bytes(*v, binary) : std::string("?"); };
   if (in.gpu_memory_bytes || in.cpu_memory_bytes || in.nvme_memory_bytes) {
     out += fmt::format("Limits: GPU {} per GPU, CPU {} per node, NVMe {} per node\n", limit(in.gpu_memory_bytes),

@@ -509,7 +509,7 @@ Result<CheckpointSaveInfo> CheckpointIO::save(const CheckpointSaveOptions& o, co
   m.stage = opt.stage;
   m.offload_optimizer = offload_device_name(opt.offload_optimizer);
   m.offload_param = offload_device_name(opt.offload_param);
-  m.moment_dtype = dtype_name(opt.moment_dtype);
+  m.moment_dtype = std::string(opt.moments.name());
   m.optimizer = cpu_adam::optimizer_kind_name(opt.optimizer);
   m.sub_group_size = opt.sub_group_size;
   m.scalars.optimizer_steps = now.optimizer_steps;

@@ -431,8 +431,9 @@ uint64_t Engine::model_state_bytes() const {
   for (size_t li = 0; li < m.part.layer_count(); ++li) {
     const uint64_t n = m.part.layer(li).elements;
     const LayerPlacement& where = m.where(li);
-    const uint64_t trained = m.grad_bytes() + 2 * dtype_size(m.opt.moment_dtype) + (where.param_dtype == DType::kF32 ? 0 : 4);
-    total += n * (where.param_element_bytes + (where.frozen ? 0 : trained));  // a frozen layer holds its parameters only
+    const double trained = static_cast<double>(m.grad_bytes()) + m.opt.moments.bytes_per_element() +
+                           (where.param_dtype == DType::kF32 ? 0 : 4);
+    total += n * where.param_element_bytes + (where.frozen ? 0 : static_cast<uint64_t>(static_cast<double>(n) * trained));  // a frozen layer holds its parameters only
   }
   return total;
 }

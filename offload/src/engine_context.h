@@ -16,6 +16,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 #include <fmt/format.h>
 
@@ -200,12 +201,17 @@ struct EngineContext {
     return part.describe(StateId{static_cast<uint32_t>(layer), static_cast<uint32_t>(group), r});
   }
 
-  Result<DeviceBuffer> alloc_device(size_t bytes, const std::string& what) {
+  // `what` names the buffer in the error: a string, or a callable that
+  // makes one (on the per-layer paths: formatted only when it fails).
+  template <class What>
+  Result<DeviceBuffer> alloc_device(size_t bytes, const What& what) {
     Result<DeviceBuffer> b = device.allocate(bytes == 0 ? 64 : bytes, stats);  // the device counts it in stats
-    if (!b.ok())
-      return OutOfMemory(fmt::format("{} ({}) does not fit in device memory on rank {}: {}", what,
-                                     format_bytes(bytes, true), rank, b.status().message()));
-    return b;
+    if (b.ok()) return b;
+    std::string name;
+    if constexpr (std::is_invocable_v<const What&>) name = what();
+    else name = what;
+    return OutOfMemory(fmt::format("{} ({}) does not fit in device memory on rank {}: {}", name,
+                                   format_bytes(bytes, true), rank, b.status().message()));
   }
 
   // Note [Bounded waits] in engine.h: ok once `c` has completed, failed or

@@ -57,7 +57,8 @@ Result<EngineOptions> engine_options_from_config(const Config& cfg) {
                                          cfg.data_types.grad_accum_dtype));
     o.grad_dtype = *g;
   }
-  o.moment_dtype = cfg.strata.optimizer_state_dtype == "bf16" ? DType::kBF16 : DType::kF32;
+  STRATA_ASSIGN_OR_RETURN(o.moments, cpu_adam::MomentStorage::parse(cfg.strata.optimizer_state_dtype,
+                                                                  "strata.optimizer_state_dtype"));
   if (cfg.optimizer.given) {
     switch (cfg.optimizer.type) {
       case OptimizerType::kAdam: o.optimizer = cpu_adam::adam_kind(cfg.optimizer.adam_w_mode); break;

@@ -5,6 +5,8 @@
 // exposed-wait probes of StepMetrics.
 #include "engine_impl.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 namespace strata::offload {
@@ -39,7 +41,10 @@ Result<LayerMemory> Engine::Impl::acquire(size_t li, Pass pass) {
     mem.grads_tier = Tier::kDevice;
   }
   const Completion params_ready = waits.front();
-  mem.ready = waits.size() == 1 ? waits.front() : when_all(waits, fmt::format("layer {} ready", li));
+  const bool all_done = std::all_of(waits.begin(), waits.end(), [](const Completion& c) { return c.done(); });
+  mem.ready = waits.size() == 1 ? waits.front()
+              : all_done       ? when_all(waits)  // complete already: a label would never be read
+                               : when_all(waits, fmt::format("layer {} ready", li));
   // Exposed-wait probe of a training pass: when the model's stream reaches
   // this layer, and when its parameters are ready (their update, then their
   // gather; a backward's zeroed gradient buffer is not a parameter wait).

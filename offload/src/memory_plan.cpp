@@ -10,6 +10,7 @@
 #include "strata/offload/nvme_state_tier.h"
 #include "strata/offload/partition.h"
 #include "strata/offload/state_placement.h"
+#include "strata/offload/state_tier.h"
 
 namespace strata::offload {
 
@@ -21,7 +22,6 @@ namespace strata::offload {
 // cap is never below one layer.
 EngineMemory plan_engine_memory(const EngineOptions& opt, const Partition& part, const StatePlacement& placement) {
   const size_t grad_bytes = dtype_size(opt.grad_dtype);
-  const size_t moment_bytes = dtype_size(opt.moment_dtype);
   const int rank = placement.rank;
   EngineMemory m;
   // Every device buffer is counted as the device counts it: its footprint.
@@ -70,23 +70,22 @@ EngineMemory plan_engine_memory(const EngineOptions& opt, const Partition& part,
         const uint64_t count = layer.piece_real(g, r), host = host_part(placement.ratio, count);
         switch (placement.optimizer_state) {
           case StateHome::kNvme: {
-            const uint64_t b = nvme_piece_bytes(host, true, opt.moment_dtype);
+            const uint64_t b = nvme_piece_bytes(host, true, opt.moments);
             m.nvme += 2 * b;  // the committed and the pending version (Note [Piece versions])
             nvme_largest_piece = std::max(nvme_largest_piece, b);
             break;
           }
           case StateHome::kPinnedHost:
-            m.pinned_optimizer += std::max<uint64_t>(64, host * (2 * moment_bytes + (where.master ? 4 : 0)));
+            m.pinned_optimizer += std::max<uint64_t>(64, memory_piece_bytes(host, where.master, opt.moments));
             break;
           case StateHome::kDevice:
-            m.device_optimizer +=
-                on_device(std::max<uint64_t>(64, host * (2 * moment_bytes + (where.master ? 4 : 0))));
+            m.device_optimizer += on_device(std::max<uint64_t>(64, memory_piece_bytes(host, where.master, opt.moments)));
             break;
         }
         // ratio < 1: the device part (fp32 parameters are their own master there).
         if (placement.split)
           m.device_optimizer += on_device(std::max<uint64_t>(
-              64, (count - host) * (2 * moment_bytes + (where.param_dtype == DType::kF32 ? 0 : 4))));
+              64, memory_piece_bytes(count - host, where.param_dtype != DType::kF32, opt.moments)));
       }
   }
   // Gathered layers: at most one copy per layer is valid, and a dropped copy

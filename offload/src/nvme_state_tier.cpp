@@ -3,6 +3,7 @@
 #include "strata/offload/nvme_state_tier.h"
 
 #include <atomic>
+#include <cmath>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -171,9 +172,6 @@ Status NvmeStateTier::init() {
   if (o.capacity_bytes == 0)
     return InvalidArgument("NVMe optimizer state: capacity_bytes is 0; pass the sum of nvme_piece_bytes over the "
                            "pieces to be added");
-  if (o.moment_dtype != DType::kF32 && o.moment_dtype != DType::kBF16)
-    return InvalidArgument(
-        fmt::format("strata.optimizer_state_dtype {} is not fp32 or bf16", dtype_name(o.moment_dtype)));
   options_.slot_bytes = align_up(o.slot_bytes);
 
   STRATA_ASSIGN_OR_RETURN(engine_, io_engine_for(o.io_engine, o.aio, owned_engine_, "NVMe optimizer state"));
@@ -239,7 +237,7 @@ NvmeStateTier::Piece& NvmeStateTier::find(const StateId& id, const char* what) {
 PieceState NvmeStateTier::state_of(const Piece& p) {
   PieceState s;
   s.count = p.count;
-  s.moment_dtype = options_.moment_dtype;
+  s.moments = options_.moments;
   if (p.count == 0) {
     s.exp_avg = s.exp_avg_sq = empty_;
     s.master = p.has_master ? reinterpret_cast<float*>(empty_) : nullptr;
@@ -247,7 +245,7 @@ PieceState NvmeStateTier::state_of(const Piece& p) {
   }
   auto* base = static_cast<std::byte*>(p.slot.data());
   const uint64_t master_bytes = p.has_master ? align_up(p.count * sizeof(float)) : 0;
-  const uint64_t moment_bytes = align_up(p.count * dtype_size(options_.moment_dtype));
+  const uint64_t moment_bytes = align_up(options_.moments.moment_bytes(p.count));
   s.master = p.has_master ? reinterpret_cast<float*>(base) : nullptr;
   s.exp_avg = base + master_bytes;
   s.exp_avg_sq = base + master_bytes + moment_bytes;
@@ -387,9 +385,10 @@ Status NvmeStateTier::add(const StateId& id, const std::string& name, size_t cou
   STRATA_CHECK(index_.find(id) == index_.end(), "optimizer state piece added twice");
   STRATA_CHECK(master_init.empty() || master_init.size() == count, "master init size mismatch");
   const bool has_master = !master_init.empty();
-  const uint64_t bytes = nvme_piece_bytes(count, has_master, options_.moment_dtype);
+  const uint64_t bytes = nvme_piece_bytes(count, has_master, options_.moments);
   if (bytes > options_.slot_bytes) {
-    const uint64_t per_element = (has_master ? 4 : 0) + 2 * dtype_size(options_.moment_dtype);
+    const uint64_t per_element =
+        static_cast<uint64_t>(std::ceil((has_master ? 4 : 0) + options_.moments.bytes_per_element()));
     return InvalidArgument(fmt::format(
         "optimizer state of {} ({} elements, {} with master and moments) does not fit one NVMe state slot of {}; "
         "lower zero_optimization.sub_group_size so a piece has at most {} elements, or make the slots larger",
@@ -716,9 +715,9 @@ StateTierIoStats NvmeStateTier::io_stats() const {
 
 }  // namespace
 
-uint64_t nvme_piece_bytes(size_t count, bool has_master, DType moment_dtype) {
+uint64_t nvme_piece_bytes(size_t count, bool has_master, const cpu_adam::MomentStorage& moments) {
   if (count == 0) return 0;
-  return (has_master ? align_up(count * sizeof(float)) : 0) + 2 * align_up(count * dtype_size(moment_dtype));
+  return (has_master ? align_up(count * sizeof(float)) : 0) + 2 * align_up(moments.moment_bytes(count));
 }
 
 Result<std::unique_ptr<OptimizerStateTier>> make_nvme_state_tier(const NvmeStateTierOptions& options, Device& device,

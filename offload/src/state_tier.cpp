@@ -19,8 +19,8 @@ struct IdLess {
 
 class MemoryStateTier final : public OptimizerStateTier {
  public:
-  MemoryStateTier(Device& device, Tier tier, DType moment_dtype, MemoryStats& host_stats)
-      : device_(device), tier_(tier), moment_dtype_(moment_dtype), host_stats_(host_stats) {}
+  MemoryStateTier(Device& device, Tier tier, const cpu_adam::MomentStorage& moments, MemoryStats& host_stats)
+      : device_(device), tier_(tier), moments_(moments), host_stats_(host_stats) {}
   ~MemoryStateTier() override {
     for (auto& [id, p] : pieces_) release(p);
   }
@@ -33,11 +33,10 @@ class MemoryStateTier final : public OptimizerStateTier {
   Status add(const StateId& id, const std::string& name, size_t count, std::span<const float> master_init) override {
     STRATA_CHECK(pieces_.find(id) == pieces_.end(), "optimizer state piece added twice");
     STRATA_CHECK(master_init.empty() || master_init.size() == count, "master init size mismatch");
-    const size_t me = dtype_size(moment_dtype_);
+    const uint64_t moment_bytes = moments_.moment_bytes(count);
     Piece p;
     p.count = count;
-    p.bytes = count * (2 * me + (master_init.empty() ? 0 : sizeof(float)));
-    if (p.bytes == 0) p.bytes = 64;  // an empty piece still gets an address
+    p.bytes = memory_piece_bytes(count, !master_init.empty(), moments_);
     if (tier_ == Tier::kDevice) {
       Result<DeviceBuffer> b = device_.allocate(p.bytes, host_stats_);  // counted by the device
       if (!b.ok())
@@ -59,11 +58,11 @@ class MemoryStateTier final : public OptimizerStateTier {
     if (tier_ == Tier::kDevice) {
       STRATA_RETURN_IF_ERROR(device_.memset(p.data, 0, p.bytes));
       if (p.has_master)
-        STRATA_RETURN_IF_ERROR(device_.copy(p.data + 2 * me * count, master_init.data(), count * sizeof(float),
+        STRATA_RETURN_IF_ERROR(device_.copy(p.data + 2 * moment_bytes, master_init.data(), count * sizeof(float),
                                             CopyKind::kHostToDevice));
     } else {
       std::memset(p.data, 0, p.bytes);
-      if (p.has_master) std::memcpy(p.data + 2 * me * count, master_init.data(), count * sizeof(float));
+      if (p.has_master) std::memcpy(p.data + 2 * moment_bytes, master_init.data(), count * sizeof(float));
     }
     bytes_ += p.bytes;
     pieces_.emplace(id, std::move(p));
@@ -74,13 +73,13 @@ class MemoryStateTier final : public OptimizerStateTier {
     auto it = pieces_.find(id);
     STRATA_CHECK(it != pieces_.end(), "opening an optimizer state piece that was never added");
     Piece& p = it->second;
-    const size_t me = dtype_size(moment_dtype_);
+    const uint64_t moment_bytes = moments_.moment_bytes(p.count);
     PieceState s;
     s.count = p.count;
     s.exp_avg = p.data;
-    s.exp_avg_sq = p.data + me * p.count;
-    s.master = p.has_master ? reinterpret_cast<float*>(p.data + 2 * me * p.count) : nullptr;
-    s.moment_dtype = moment_dtype_;
+    s.exp_avg_sq = p.data + moment_bytes;
+    s.master = p.has_master ? reinterpret_cast<float*>(p.data + 2 * moment_bytes) : nullptr;
+    s.moments = moments_;
     return s;
   }
   Status close(const StateId&, bool) override { return Status::Ok(); }
@@ -99,7 +98,7 @@ class MemoryStateTier final : public OptimizerStateTier {
   }
   Device& device_;
   Tier tier_;
-  DType moment_dtype_;
+  cpu_adam::MomentStorage moments_;
   MemoryStats& host_stats_;
   std::map<StateId, Piece, IdLess> pieces_;
   uint64_t bytes_ = 0;
@@ -107,7 +106,13 @@ class MemoryStateTier final : public OptimizerStateTier {
 
 }  // namespace
 
-Result<std::unique_ptr<OptimizerStateTier>> make_memory_state_tier(Device& device, Tier tier, DType moment_dtype,
+uint64_t memory_piece_bytes(size_t count, bool has_master, const cpu_adam::MomentStorage& moments) {
+  const uint64_t bytes = 2 * moments.moment_bytes(count) + (has_master ? uint64_t{count} * sizeof(float) : 0);
+  return bytes == 0 ? 64 : bytes;  // an empty piece still gets an address
+}
+
+Result<std::unique_ptr<OptimizerStateTier>> make_memory_state_tier(Device& device, Tier tier,
+                                                                   const cpu_adam::MomentStorage& moments,
                                                                    MemoryStats& host_stats, bool device_kernels) {
   if (tier != Tier::kDevice && tier != Tier::kPinnedHost)
     return InvalidArgument(fmt::format("optimizer state tier {} is not a memory tier", tier_name(tier)));
@@ -116,9 +121,12 @@ Result<std::unique_ptr<OptimizerStateTier>> make_memory_state_tier(Device& devic
         "optimizer state on the {} device needs the device optimizer kernel (docs/device-adam.md), which this build "
         "does not have; set zero_optimization.offload_optimizer.device to \"cpu\"",
         device.caps().backend));
-  if (moment_dtype != DType::kF32 && moment_dtype != DType::kBF16)
-    return InvalidArgument(fmt::format("strata.optimizer_state_dtype {} is not fp32 or bf16", dtype_name(moment_dtype)));
-  return std::unique_ptr<OptimizerStateTier>(new MemoryStateTier(device, tier, moment_dtype, host_stats));
+  if (moments.blocked() && device_kernels)
+    return Unsupported(fmt::format("strata.optimizer_state_dtype {}: the device optimizer kernel has no 8-bit moments; "
+                                   "offload the optimizer state (offload_optimizer.device \"cpu\" or \"nvme\") or use "
+                                   "bf16 states",
+                                   moments.name()));
+  return std::unique_ptr<OptimizerStateTier>(new MemoryStateTier(device, tier, moments, host_stats));
 }
 
 }  // namespace strata::offload

@@ -31,7 +31,7 @@ LinkBytes predict_link_bytes(const StepTimeInput& in) {
   b.d2h = static_cast<uint64_t>(host_elems * g);
   // Updated parameters go H2D (parameter offload: the host shard goes H2D before the gather instead).
   b.h2d = static_cast<uint64_t>((in.param != OffloadDevice::kNone ? S : host_elems) * p);
-  double nvme = in.optimizer == OffloadDevice::kNvme ? in.optimizer_state_bytes * S : 0.0;
+  double nvme = in.optimizer == OffloadDevice::kNvme ? (4 + in.moments.bytes_per_element()) * S : 0.0;
   if (in.param == OffloadDevice::kNvme && S > static_cast<double>(in.max_in_cpu))
     nvme += (S - static_cast<double>(in.max_in_cpu)) * p;
   b.nvme_read = b.nvme_write = static_cast<uint64_t>(nvme);
@@ -68,11 +68,11 @@ Result<StepTimePrediction> predict_step_time(const StepTimeInput& in, const Hard
   const double stepped = in.stage == 0 ? P : S;
   const double host_elems = off ? in.ratio * stepped : 0.0;
   const double dev_elems = stepped - host_elems;
-  const double cpu_rate = hw.cpu_adam_params_per_s(in.param_dtype) / per_node;
+  const double cpu_rate = hw.cpu_adam_params_per_s(in.param_dtype, in.moments) / per_node;
   const double dev_rate = hw.shared_cores ? cpu_rate : hw.device_adam_params_per_s;
   double host_ms = host_elems / cpu_rate * 1e3;
   const double dev_ms = dev_elems / dev_rate * 1e3;
-  const double opt_nvme_bytes = in.optimizer == OffloadDevice::kNvme ? in.optimizer_state_bytes * S : 0.0;
+  const double opt_nvme_bytes = in.optimizer == OffloadDevice::kNvme ? (4 + in.moments.bytes_per_element()) * S : 0.0;
   const double opt_read_ms = ms(opt_nvme_bytes, hw.nvme_read_gb_per_s, per_node);
   const double opt_write_ms = ms(opt_nvme_bytes, hw.nvme_write_gb_per_s, per_node);
   host_ms = in.nvme_pipeline ? std::max({host_ms, opt_read_ms, opt_write_ms}) : host_ms + opt_read_ms + opt_write_ms;

@@ -3,11 +3,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <mutex>
 
 #include <fmt/format.h>
 
-#include "strata/core/dtype_convert.h"
+#include "blocked_runs.h"
 #include "strata/offload/device_adam.h"
 #include "strata/offload/nvme_state_tier.h"
 
@@ -32,10 +33,15 @@ Status UpdateScheduler::init(const std::string& job_name) {
       STRATA_ASSIGN_OR_RETURN(opt_stream_, device.create_stream());
     }
     STRATA_ASSIGN_OR_RETURN(tier_, make_memory_state_tier(device, ctx_.opt_on_host() ? Tier::kPinnedHost : Tier::kDevice,
-                                                          opt.moment_dtype, ctx_.stats, ctx_.device_opt()));
+                                                          opt.moments, ctx_.stats, ctx_.device_opt()));
   }
   if (ctx_.split()) {
-    STRATA_ASSIGN_OR_RETURN(dev_tier_, make_memory_state_tier(device, Tier::kDevice, opt.moment_dtype, ctx_.stats));
+    if (opt.moments.blocked())
+      return Unsupported(fmt::format("{}: strata.optimizer_state_dtype int8 with offload_optimizer.ratio {} < 1: the "
+                                     "device part of the state has no 8-bit kernel; set the ratio to 1 or use bf16 "
+                                     "states",
+                                     opt.source, opt.ratio));
+    STRATA_ASSIGN_OR_RETURN(dev_tier_, make_memory_state_tier(device, Tier::kDevice, opt.moments, ctx_.stats));
   }
   cpu_adam::OptimizerOptions oo;
   oo.kind = opt.optimizer;
@@ -74,7 +80,7 @@ Status UpdateScheduler::make_nvme_tier(const std::string& job_name) {
     const bool master = true;  // the host optimizer keeps fp32 master weights for every dtype
     for (const SubGroup& g : layer_part.groups)
       for (int r = ctx_.owned_rank_begin(); r < ctx_.owned_rank_end(); ++r) {
-        const uint64_t b = nvme_piece_bytes(layer_part.piece_real(g, r), master, opt.moment_dtype);
+        const uint64_t b = nvme_piece_bytes(layer_part.piece_real(g, r), master, opt.moments);
         largest = std::max(largest, b);
         total += b;
       }
@@ -89,7 +95,7 @@ Status UpdateScheduler::make_nvme_tier(const std::string& job_name) {
   o.aio = opt.nvme.aio;
   o.buffer_count = static_cast<size_t>(opt.nvme.buffer_count);
   o.slot_bytes = std::max<uint64_t>(largest, kNvmeStateAlign);
-  o.moment_dtype = opt.moment_dtype;
+  o.moments = opt.moments;
   o.pipeline_read = opt.nvme.pipeline_read;
   o.pipeline_write = opt.nvme.pipeline_write;
   o.verify_checksums = opt.nvme.verify_checksums;
@@ -249,11 +255,12 @@ Status UpdateScheduler::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimize
     da.clip_coefficient = args.clip_coefficient;
     da.loss_scale = args.loss_scale;
     da.grad_dtype = ctx_.opt.grad_dtype;
-    da.moment_dtype = ctx_.opt.moment_dtype;
+    da.moment_dtype = ctx_.opt.moments.element_dtype();  // (int8 was refused at make_memory_state_tier)
     da.param_copy_dtype = param_dtype == DType::kF32 ? DType::kBF16 : param_dtype;
     // One launch per distinct set of hyper-parameters (usually one), over
     // the runs that have it.
-    const size_t grad_bytes = dtype_size(ctx_.opt.grad_dtype), me = dtype_size(ctx_.opt.moment_dtype), element_bytes = dtype_size(param_dtype);
+    const size_t grad_bytes = dtype_size(ctx_.opt.grad_dtype), me = dtype_size(da.moment_dtype),
+                 element_bytes = dtype_size(param_dtype);
     std::vector<std::pair<cpu_adam::HyperParams, std::vector<DeviceAdamTensor>>> launches;
     for (const PieceJob& j : jobs) {
       if (j.count == 0) continue;
@@ -330,7 +337,6 @@ Status UpdateScheduler::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimize
     Result<PieceState> opened = t.open(j.id);
     if (!opened.ok()) return torn(opened.status().with_context("opening the optimizer state of " + ctx_.part.describe(j.id)));
     PieceState st = *opened;
-    const size_t me = dtype_size(st.moment_dtype);
     // An error below hands the piece back unmodified (the tier lends it to
     // one thread at a time: Note [Piece leases]); the step's failure goes to
     // the commit point.
@@ -338,22 +344,21 @@ Status UpdateScheduler::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimize
       t.close(j.id, false).ignore();
       return error;
     };
-    // The piece as its runs of equal hyper-parameters (one run unless the
-    // model gives tensors their own weight decay or lr scale).
-    for (const PieceJob::Run& run : j.runs) {
+    // One kernel call over elements [first, first + count) of the piece with
+    // one run's hyper-parameters; `point_moments` sets the spans' moments.
+    auto step_range = [&](size_t first, size_t count, const cpu_adam::HyperParams& hyper, bool last_call,
+                          const std::function<void(cpu_adam::StateSpans&)>& point_moments) -> Status {
       cpu_adam::StateSpans sp;
-      sp.count = run.count;
-      sp.grads = j.grads + run.offset * grad_bytes;
+      sp.count = count;
+      sp.grads = j.grads + first * grad_bytes;
       sp.grad_dtype = ctx_.opt.grad_dtype;
-      sp.exp_avg = static_cast<std::byte*>(st.exp_avg) + run.offset * me;
-      sp.exp_avg_sq = static_cast<std::byte*>(st.exp_avg_sq) + run.offset * me;
-      sp.moment_dtype = st.moment_dtype;
+      point_moments(sp);
       if (j.param_is_master) {
-        sp.params = reinterpret_cast<float*>(j.param) + run.offset;
+        sp.params = reinterpret_cast<float*>(j.param) + first;
       } else {
-        sp.params = st.master + run.offset;
+        sp.params = st.master + first;
         if (param_dtype != DType::kF32) {
-          sp.param_copy = j.param + run.offset * element_bytes;
+          sp.param_copy = j.param + first * element_bytes;
           sp.param_copy_dtype = param_dtype;
         }
       }
@@ -367,7 +372,6 @@ Status UpdateScheduler::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimize
       cpu_adam::TileCallback on_tile;
       if (j.h2d != nullptr) {
         const std::byte* src = param_dtype == DType::kF32 ? reinterpret_cast<const std::byte*>(st.master) : j.param;
-        const size_t first = run.offset;
         on_tile = [&, src, first](const cpu_adam::TileRange& tile) {
           const size_t at = (first + tile.begin) * element_bytes;
           std::lock_guard<std::mutex> lock(copy_mutex);  // tiles finish on several threads
@@ -376,22 +380,69 @@ Status UpdateScheduler::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimize
         };
       }
       cpu_adam::StepArgs run_args = args;
-      run_args.hyper = run.hyper;
+      run_args.hyper = hyper;
       Result<cpu_adam::StepReport> rep = o.step(run_args, sp, on_tile);
       if (j.h2d != nullptr) {
         Status copied = update_stream_->synchronize();
         if (!copied.ok() && copy_status.ok()) copy_status = copied;
       }
       if (rep.ok() && ctx_.faults.update && ctx_.faults.update->step == args.step && ctx_.faults.update->rank == ctx_.rank &&
-          ctx_.faults.update->layer == j.id.layer && &t == tier_.get() && &j == last_stepped && &run == &j.runs.back())
+          ctx_.faults.update->layer == j.id.layer && &t == tier_.get() && &j == last_stepped && last_call)
         rep = Internal("injected kernel failure (testing::UpdateFault)");
-      if (!rep.ok())
-        return torn(fail(rep.status().with_context(fmt::format("optimizer step of {}", ctx_.part.describe(j.id)))));
+      if (!rep.ok()) return torn(fail(rep.status().with_context(fmt::format("optimizer step of {}", ctx_.part.describe(j.id)))));
       if (!copy_status.ok()) {
         const Status c =
             copy_status.with_context(fmt::format("copying the update of {} to the device", ctx_.part.describe(j.id)));
         if (!in_place) return fail(c);
         if (copy_failed.ok()) copy_failed = c;
+      }
+      return Status::Ok();
+    };
+    const cpu_adam::MomentStorage& moments = st.moments;
+    auto in_piece = [&](size_t first) {
+      return [&, first](cpu_adam::StateSpans& sp) { moments.point(sp, st.exp_avg, st.exp_avg_sq, st.count, first); };
+    };
+    if (!moments.blocked()) {
+      // The piece as its runs of equal hyper-parameters (one run unless the
+      // model gives tensors their own weight decay or lr scale).
+      for (const PieceJob::Run& run : j.runs)
+        STRATA_RETURN_IF_ERROR(step_range(run.offset, run.count, run.hyper, &run == &j.runs.back(), in_piece(run.offset)));
+    } else {
+      // 8-bit moments: whole blocks of one run through the 8-bit kernel, the
+      // blocks a run boundary cuts through fp32 (Note [Runs in 8-bit blocks]).
+      std::vector<ElementRun> element_runs;
+      for (const PieceJob::Run& run : j.runs) element_runs.push_back({run.offset, run.count});
+      const BlockedSteps plan = plan_blocked_steps(element_runs, st.count, moments.block_elements());
+      const size_t calls = plan.whole.size() + [&] {
+        size_t n = 0;
+        for (const auto& b : plan.shared) n += b.parts.size();
+        return n;
+      }();
+      size_t call = 0;
+      for (const BlockedSteps::Range& r : plan.whole)
+        STRATA_RETURN_IF_ERROR(step_range(r.first, r.count, j.runs[r.run].hyper, ++call == calls, in_piece(r.first)));
+      std::vector<float> m, v;
+      for (const BlockedSteps::SharedBlock& block : plan.shared) {
+        m.resize(block.count);
+        v.resize(block.count);
+        Status decoded = moments.read_fp32(cpu_adam::Int8Moment::kExpAvg, st.exp_avg, st.count, block.first, block.count, m.data());
+        if (decoded.ok())
+          decoded = moments.read_fp32(cpu_adam::Int8Moment::kExpAvgSq, st.exp_avg_sq, st.count, block.first, block.count, v.data());
+        if (!decoded.ok()) return torn(fail(decoded.with_context(fmt::format("optimizer step of {}", ctx_.part.describe(j.id)))));
+        for (const BlockedSteps::Range& part : block.parts) {
+          const size_t at = part.first - block.first;
+          STRATA_RETURN_IF_ERROR(step_range(part.first, part.count, j.runs[part.run].hyper, ++call == calls,
+                                            [&, at](cpu_adam::StateSpans& sp) {
+                                              sp.moment_format = cpu_adam::MomentFormat::kDType;
+                                              sp.moment_dtype = DType::kF32;
+                                              sp.exp_avg = m.data() + at;
+                                              sp.exp_avg_sq = v.data() + at;
+                                            }));
+        }
+        Status encoded = moments.write_fp32(cpu_adam::Int8Moment::kExpAvg, m.data(), st.count, block.first, block.count, st.exp_avg);
+        if (encoded.ok())
+          encoded = moments.write_fp32(cpu_adam::Int8Moment::kExpAvgSq, v.data(), st.count, block.first, block.count, st.exp_avg_sq);
+        if (!encoded.ok()) return torn(fail(encoded.with_context(fmt::format("optimizer step of {}", ctx_.part.describe(j.id)))));
       }
     }
     if (!j.param_is_master && param_dtype == DType::kF32 && j.h2d == nullptr)
@@ -415,13 +466,14 @@ Status UpdateScheduler::read_piece_state(size_t li, size_t gi, int r, float* mas
       std::memcpy(dst, src, bytes);
       return Status::Ok();
     };
-    auto moment = [&](float* out, const void* src) -> Status {
+    // The whole moment is read (to host memory first when it is device
+    // memory) and converted to fp32.
+    auto moment = [&](float* out, const void* src, cpu_adam::Int8Moment which) -> Status {
       if (out == nullptr) return Status::Ok();
-      if (s.moment_dtype == DType::kF32) return fetch(out + first, src, n * sizeof(float));
-      std::vector<bfloat16> tmp(n);
-      STRATA_RETURN_IF_ERROR(fetch(tmp.data(), src, n * sizeof(bfloat16)));
-      convert_bf16_to_fp32(tmp.data(), out + first, n);
-      return Status::Ok();
+      if (t.tier() != Tier::kDevice) return s.moments.read_fp32(which, src, n, 0, n, out + first);
+      std::vector<std::byte> host_copy(s.moments.moment_bytes(n));
+      STRATA_RETURN_IF_ERROR(fetch(host_copy.data(), src, host_copy.size()));
+      return s.moments.read_fp32(which, host_copy.data(), n, 0, n, out + first);
     };
     Status st = Status::Ok();
     if (master != nullptr) {
@@ -430,8 +482,8 @@ Status UpdateScheduler::read_piece_state(size_t li, size_t gi, int r, float* mas
       else  // fp32 parameters are their own master, in device memory
         st = ctx_.device.copy(master + first, params_.param_location(li, g, r) + first * ctx_.where(li).param_element_bytes, n * ctx_.where(li).param_element_bytes, CopyKind::kDeviceToHost);
     }
-    if (st.ok()) st = moment(ea, s.exp_avg);
-    if (st.ok()) st = moment(eas, s.exp_avg_sq);
+    if (st.ok()) st = moment(ea, s.exp_avg, cpu_adam::Int8Moment::kExpAvg);
+    if (st.ok()) st = moment(eas, s.exp_avg_sq, cpu_adam::Int8Moment::kExpAvgSq);
     const Status closed = t.close(id, false);
     return st.ok() ? closed : st;
   };
@@ -454,16 +506,17 @@ Status UpdateScheduler::write_piece_state(size_t li, size_t gi, int r, const flo
       std::memcpy(dst, src, bytes);
       return Status::Ok();
     };
-    auto moment = [&](void* dst, const float* in) -> Status {
-      if (s.moment_dtype == DType::kF32) return put(dst, in + first, n * sizeof(float));
-      std::vector<bfloat16> tmp(n);
-      convert_fp32_to_bf16(in + first, tmp.data(), n);
-      return put(dst, tmp.data(), n * sizeof(bfloat16));
+    // Encoded in host memory (in place unless the tier is device memory).
+    auto moment = [&](void* dst, const float* in, cpu_adam::Int8Moment which) -> Status {
+      if (t.tier() != Tier::kDevice) return s.moments.write_fp32(which, in + first, n, 0, n, dst);
+      std::vector<std::byte> host_copy(s.moments.moment_bytes(n));
+      STRATA_RETURN_IF_ERROR(s.moments.write_fp32(which, in + first, n, 0, n, host_copy.data()));
+      return put(dst, host_copy.data(), host_copy.size());
     };
     // Without a master the parameters are the master: load_checkpoint wrote them.
     Status st = s.master != nullptr ? put(s.master, master + first, n * sizeof(float)) : Status::Ok();
-    if (st.ok()) st = moment(s.exp_avg, ea);
-    if (st.ok()) st = moment(s.exp_avg_sq, eas);
+    if (st.ok()) st = moment(s.exp_avg, ea, cpu_adam::Int8Moment::kExpAvg);
+    if (st.ok()) st = moment(s.exp_avg_sq, eas, cpu_adam::Int8Moment::kExpAvgSq);
     const Status closed = t.close(id, true);
     return st.ok() ? closed : st;
   };

@@ -286,9 +286,10 @@ class DrivenEngine {
   // The layer's parameters (and in backward its gradient buffer) as
   // writable byte buffers, once everything they wait for is done: (params,
   // grads or None, grad dtype, params address, grads address, permanent).
-  // `params` is a LentMemory (Note [Lent memory outlives its release]);
-  // `permanent`: the parameters are the layer's whole copy on the device,
-  // the same memory at every acquire (views of it may be kept).
+  // `params` is a LentMemory (Note [Lent memory outlives its release]), or
+  // a plain memoryview when `permanent`: the parameters are the layer's
+  // whole copy on the device, the same memory at every acquire (views of it
+  // may be kept).
   py::tuple acquire(size_t li, const std::string& pass_name) {
     check_layer(li);
     const Pass pass = value_or_raise(pass_named(pass_name));
@@ -305,14 +306,21 @@ class DrivenEngine {
     const LayerMemory m = value_or_raise(std::move(memory));
     const LayerSpec& spec = model_->layers()[li];
     const bool permanent = engine_->placement().layers[li].persistent();
-    auto params = std::make_unique<LentMemory>(m.params, spec.param_bytes, fmt::format("layer {} lent to torch", li));
-    if (!permanent) lent_[li].push_back(params->returned());  // a later release of the layer may free this memory  // a backward's reads end at its release
+    // The layer's whole copy is its memory for good: nothing to track (a plain view of it).
+    py::object params;
+    if (permanent) {
+      params = py::memoryview::from_memory(m.params, static_cast<ssize_t>(spec.param_bytes), false);
+    } else {
+      auto lent = std::make_unique<LentMemory>(m.params, spec.param_bytes, fmt::format("layer {} lent to torch", li));
+      lent_[li].push_back(lent->returned());  // a later release of the layer may free this memory
+      params = py::cast(std::move(lent));
+    }
     py::object grads = py::none();
     if (m.grads != nullptr)
       grads = py::memoryview::from_memory(m.grads, static_cast<ssize_t>(spec.param_count * dtype_size(m.grad_dtype)),
                                           false);
     // The addresses let the Python side reuse the tensors it built over permanent memory last time.
-    return py::make_tuple(py::cast(std::move(params)), grads, torch_dtype_name(m.grad_dtype),
+    return py::make_tuple(params, grads, torch_dtype_name(m.grad_dtype),
                           reinterpret_cast<uintptr_t>(m.params), reinterpret_cast<uintptr_t>(m.grads), permanent);
   }
   void release(size_t li, const std::string& pass_name) {

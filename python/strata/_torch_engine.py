@@ -73,11 +73,21 @@ if TorchFunctionMode is not None:
 
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
-            if not self.engine._internal:
+            if not self.engine._internal.active:
                 self.engine.check_parameters_used(func, args, kwargs)
             return func(*args, **kwargs)
 else:
     _ParameterUseCheck = None
+
+
+class _Flag:
+    """A flag the hooks set per event. Not an attribute of the engine itself: setting one on an
+    nn.Module (Module.__setattr__) costs microseconds."""
+
+    __slots__ = ("active",)
+
+    def __init__(self):
+        self.active = False
 
 
 class _UnitCall:
@@ -158,7 +168,7 @@ class StrataEngine(torch.nn.Module):
         self._install_hooks()
         self._layer_of = {p: index for index, plan in enumerate(plans) for _, p in plan.params}
         self._names = {p: name for plan in plans for name, p in plan.params}
-        self._internal = False     # inside the hooks' own tensor work (not checked)
+        self._internal = _Flag()   # .active: inside the hooks' own tensor work (not checked)
         self._running_units = []   # units whose forward runs, innermost last
         # Check the next training forward for parameters used outside their unit (then off).
         self.check_parameter_use = True
@@ -593,18 +603,20 @@ class StrataEngine(torch.nn.Module):
         return self._placeholders[dtype]
 
     def _acquire(self, index, pass_name):
-        self._internal = True
+        internal = self._internal
+        internal.active = True
         try:
             self._acquire_unchecked(index, pass_name)
         finally:
-            self._internal = False
+            internal.active = False
 
     def _release(self, index, pass_name):
-        self._internal = True
+        internal = self._internal
+        internal.active = True
         try:
             self._release_unchecked(index, pass_name)
         finally:
-            self._internal = False
+            internal.active = False
 
     def check_parameters_used(self, func, args, kwargs):
         """Raises naming a parameter `func` was given while its layer is not acquired."""

@@ -71,6 +71,7 @@ class Engine:
         # process), "local" (one process) or "mpi" (Note [Ranks of a driven engine]).
         self._native = _native.DrivenEngine.create(path, text, described, int(device_memory), str(backend))
         self._layout = [self._native.layer_tensors(i) for i in range(self._native.layer_count)]
+        self._counted_layout = [None] * len(self._layout)
         # layer -> (address, {name: tensor}): the views last built over its parameters / gradient buffer
         self._param_views, self._grad_views = {}, {}
 
@@ -190,20 +191,28 @@ class Engine:
             self._grad_views[layer] = grad_views
         return LayerView(param_views, grad_views[1])
 
+    # A tensor per name, each one frombuffer of its own bytes (reshaped unless 1-D): the fewest torch
+    # calls, as stage 3 builds the parameters' views at every acquire.
     def _param_views_of(self, layer, params):
         torch = _torch()
-        raw = torch.frombuffer(params, dtype=torch.uint8)
-        views = {}
-        for name, shape, dtype, offset_bytes, _ in self._layout[layer]:
-            size = _numel(shape) * _itemsize(dtype)
-            views[name] = raw[offset_bytes:offset_bytes + size].view(getattr(torch, dtype)).view(shape)
-        return views
+        return {name: _shaped(torch.frombuffer(params, dtype=getattr(torch, dtype), count=count, offset=offset_bytes)
+                              if count else torch.empty(0, dtype=getattr(torch, dtype)), shape)
+                for name, shape, dtype, offset_bytes, _, count in self._tensors_of(layer)}
 
     def _grad_views_of(self, layer, grads, grad_dtype):
         torch = _torch()
-        flat = torch.frombuffer(grads, dtype=torch.uint8).view(getattr(torch, grad_dtype))
-        return {name: flat[offset_elements:offset_elements + _numel(shape)].view(shape)
-                for name, shape, _, _, offset_elements in self._layout[layer]}
+        dtype, size = getattr(torch, grad_dtype), _itemsize(grad_dtype)
+        return {name: _shaped(torch.frombuffer(grads, dtype=dtype, count=count, offset=offset_elements * size)
+                              if count else torch.empty(0, dtype=dtype), shape)
+                for name, shape, _, _, offset_elements, count in self._tensors_of(layer)}
+
+    def _tensors_of(self, layer):
+        """The layer's layout with each tensor's element count."""
+        tensors = self._counted_layout[layer]
+        if tensors is None:
+            tensors = [t + (_numel(t[1]),) for t in self._layout[layer]]
+            self._counted_layout[layer] = tensors
+        return tensors
 
     def release(self, layer, pass_name):
         """Hands the layer back; its views must not be used after this."""
@@ -256,6 +265,10 @@ def describe_layers(layers):
              None if t.weight_decay is None else float(t.weight_decay), float(t.lr_scale))
             for t in (TensorSpec(*t) if not isinstance(t, TensorSpec) else t for t in tensors)]))
     return described
+
+
+def _shaped(flat, shape):
+    return flat if len(shape) == 1 else flat.view(shape)
 
 
 def _numel(shape):

@@ -244,6 +244,39 @@ def test_losses_bit_identical_across_stages_and_placements(stage, optimizer, par
         assert torch.equal(masters[name], value), name
 
 
+INT8_PLACEMENTS = [(1, "cpu", "none", True), (2, "cpu", "none", False), (3, "cpu", "cpu", True),
+                   (2, "nvme", "none", True), (3, "nvme", "nvme", True)]
+
+
+def test_int8_moments_bit_identical_across_placements_and_close_to_fp32(tmp_path):
+    """strata.optimizer_state_dtype int8: block-wise 8-bit moments for offloaded state. The no-decay groups
+    cut 256-element blocks (a LayerNorm's 32 weights then 32 biases, a Linear's bias after its weight), so
+    the blocks those runs share step through fp32 (Note [Runs in 8-bit blocks]); losses stay bit-identical
+    across stages and placements, and close to fp32 moments."""
+    runs = []
+    for i, (stage, optimizer, params, overlap) in enumerate(INT8_PLACEMENTS):
+        cfg = config(stage, optimizer, params, tmp_path / str(i), overlap=overlap)
+        (tmp_path / str(i)).mkdir()
+        cfg["strata"]["optimizer_state_dtype"] = "int8"
+        runs.append(lm_run(cfg, steps=6))
+    (losses, masters), rest = runs[0], runs[1:]
+    for (other_losses, other_masters), placement in zip(rest, INT8_PLACEMENTS[1:]):
+        assert other_losses == losses, placement
+        for name, value in masters.items():
+            assert torch.equal(other_masters[name], value), (placement, name)
+    fp32_losses, fp32_masters = lm_run(config(1, "cpu"), steps=6)
+    assert max_rel(losses, fp32_losses) < 0.02, (losses, fp32_losses)
+    assert losses != fp32_losses  # the 8-bit moments were used
+    assert losses[-1] < losses[0]
+
+
+def test_int8_moments_on_the_device_are_refused_naming_the_key():
+    cfg = config(2)
+    cfg["strata"]["optimizer_state_dtype"] = "int8"
+    with pytest.raises(Exception, match=r"strata.optimizer_state_dtype.*offload_optimizer.device is none"):
+        st.initialize(model=make_mlp(), config=cfg)
+
+
 def test_bf16_bit_identical_across_stages():
     """bf16 enabled: the layers hold bf16 parameters (the module is cast, as DeepSpeed does) over fp32
     masters; gradients accumulated in fp32 are handed over by one add per tensor."""

@@ -113,7 +113,8 @@ def mode_schema(strata, rows_file, work):
     status = {r["label"]: r["status"] for r in doc["rows"]}
     want = {"s0 opt=none param=none bf16": "ok", "s1 opt=cpu param=none bf16": "ok",
             "s3 opt=cpu param=cpu bf16": "ok", "s3 opt=cpu param=none r=0.50 bf16": "ok",
-            "s1 opt=nvme param=none bf16": "ok", "s2 opt=cpu param=none fp32": "ok"}
+            "s1 opt=nvme param=none bf16": "ok", "s2 opt=cpu param=none fp32": "ok",
+            "s1 opt=nvme param=none bf16 m=int8": "ok"}
     if status != want:
         fail(f"statuses {status}, expected {want}")
     # No --nvme-path: the NVMe row runs where strata train's swap files go by default, and says where.
@@ -125,6 +126,14 @@ def mode_schema(strata, rows_file, work):
     nvme_row = doc["rows"][4]
     if nvme_row["bytes_per_step"]["nvme_write"] == 0 or nvme_row["bytes_per_step"]["nvme_read"] == 0:
         fail(f"the NVMe row moved no NVMe bytes: {nvme_row['bytes_per_step']}")
+    # int8 moments: master 4 B + 2 x ~1 B per element against 12 B (each part 4 KiB-aligned on NVMe).
+    int8_row = doc["rows"][6]
+    if int8_row["optimizer_state_dtype"] != "int8" or nvme_row["optimizer_state_dtype"] != "fp32":
+        fail(f"optimizer_state_dtype {int8_row['optimizer_state_dtype']} / {nvme_row['optimizer_state_dtype']}")
+    # (per step: a read started ahead may complete on either side of a step's end, so allow for one piece)
+    ratio = int8_row["bytes_per_step"]["nvme_read"] / nvme_row["bytes_per_step"]["nvme_read"]
+    if not 0.3 < ratio < 0.7:
+        fail(f"the int8 NVMe row read {ratio:.3f} of the fp32 row's NVMe bytes, expected about half")
     if os.listdir(nvme_dir):
         fail(f"the bench left {os.listdir(nvme_dir)} in {nvme_dir}")
     if doc["baseline_row"] != 0 or doc["rows"][0]["penalty"] != 1.0:

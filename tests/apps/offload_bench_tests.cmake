@@ -36,6 +36,14 @@ strata_offload_error_test(bench_offload_rows_bad_ratio "rows\\[0\\].ratio: 1.5 i
   bench offload --configs ${bad}/offload_rows_bad_ratio.json)
 strata_offload_error_test(bench_offload_rows_bad_combo "rows\\[0\\] \\(s2 opt=cpu param=cpu bf16\\): parameter offload needs stage 3"
   bench offload --configs ${bad}/offload_rows_bad_combo.json)
+strata_offload_error_test(bench_offload_rows_int8_on_device
+  "rows\\[0\\] \\(s2 opt=none param=none bf16 m=int8\\): int8 optimizer states need the optimizer state offloaded"
+  bench offload --configs ${bad}/offload_rows_bad_moments.json)
+strata_offload_error_test(bench_offload_rows_bad_moment_name
+  "rows\\[0\\].optimizer_state_dtype 'int4' is not a moment storage; use fp32, bf16 or int8"
+  bench offload --configs ${bad}/offload_rows_bad_moment_name.json)
+strata_offload_error_test(bench_offload_bad_optimizer_states "--optimizer-states 'fp16' is not a moment storage"
+  bench offload --optimizer-states fp32,fp16)
 strata_offload_error_test(bench_offload_nvme_path_not_dir "--nvme-path '.*offload_rows.json' is not a directory"
   bench offload --nvme-path ${STRATA_OFFLOAD_ROWS})
 # Every output option and the NVMe rows' folder are checked before any row runs (issue 22, defect 15).
@@ -60,6 +68,13 @@ if(Python3_Interpreter_FOUND)
 endif()
 set(profile ${CMAKE_CURRENT_SOURCE_DIR}/data/test_profile.json)
 strata_offload_error_test(plan_needs_profile "give --profile P.json" plan --params 13B)
+# Without --optimizer-states the rows keep the config's moments (here int8), in the plan's memory and model.
+strata_offload_error_test(plan_rows_keep_the_configs_moments "\"optimizer_state_dtype\": ?\"int8\""
+  plan --model tiny --profile ${CMAKE_CURRENT_SOURCE_DIR}/data/test_profile.json
+  --config ${CMAKE_CURRENT_SOURCE_DIR}/data/int8_offload.json --json)
+strata_offload_error_test(plan_fit_bad_optimizer_states "--optimizer-states 'int4' is not a moment storage"
+  plan --fit --model tiny --profile ${CMAKE_CURRENT_SOURCE_DIR}/data/test_profile.json --device-memory 1GiB
+  --host-memory 1GiB --optimizer-states fp32,int4 --json)
 strata_offload_error_test(plan_params_or_model "give exactly one of --params .* or --model"
   plan --params 13B --model tiny --profile ${profile})
 strata_offload_error_test(plan_missing_profile "open hardware profile '.*no_such_profile.json'.*No such file"
@@ -87,7 +102,7 @@ strata_bad_profile(shared_cores_string "\"shared_cores\": true" "\"shared_cores\
 strata_bad_profile(adam_missing_bf16 ", \"bf16\": 1e9" ""
   "cpu_adam_params_per_s: \"bf16\" is missing")
 strata_bad_profile(adam_unknown_mix "\"bf16\": 1e9" "\"fp8\": 1e9"
-  "unknown key \"cpu_adam_params_per_s.fp8\" \\(known: fp32, bf16\\)")
+  "unknown key \"cpu_adam_params_per_s.fp8\" \\(known: fp32, bf16, int8\\)")
 strata_bad_profile(gpus_per_node_range "\"gpus_per_node\": 1" "\"gpus_per_node\": 0"
   "\"gpus_per_node\" is 0; it must be an integer in 1..4096")
 

@@ -107,6 +107,24 @@ TEST(StepTimeModel, StageThreeChargesTheNvmePhaseWhole) {
   EXPECT_EQ(s3->bound, "nvme (optimizer state)");
 }
 
+TEST(StepTimeModel, Int8MomentsHalveTheNvmeBytesAndUseTheirOwnRate) {
+  HardwareProfile hw = gpu_profile();
+  StepTimeInput in = input(100'000'000, 3, OffloadDevice::kNvme);
+  in.moments = cpu_adam::MomentStorage::int8();
+  // 4 + 2 x (1 + 4/256) B per parameter: 603.125 MB read at 4 GB/s and written at 2.
+  Result<StepTimePrediction> r = predict_step_time(in, hw);
+  ASSERT_TRUE(r.ok());
+  const double nvme_ms = 603.125e6 / 4e9 * 1e3 + 603.125e6 / 2e9 * 1e3;
+  EXPECT_NEAR(r->exposed_optimizer_ms, nvme_ms, 1e-6);
+  // No int8 rate in the profile: the bf16 rate (25 ms of Adam); with one, its own.
+  EXPECT_NEAR(r->optimizer_ms, nvme_ms + 25, 1e-6);
+  in.optimizer = OffloadDevice::kCpu;
+  hw.cpu_adam_params_per_s_int8 = 1e9;
+  Result<StepTimePrediction> cpu = predict_step_time(in, hw);
+  ASSERT_TRUE(cpu.ok());
+  EXPECT_NEAR(cpu->optimizer_ms, 100, 1e-6);
+}
+
 TEST(StepTimeModel, SharedCoresHideNothingButNvme) {
   HardwareProfile hw = gpu_profile();
   hw.shared_cores = true;
@@ -157,6 +175,16 @@ TEST(HardwareProfile, RoundTripsAndRejectsBadRates) {
   bad = j;
   bad["collective_bus_gb_per_s"] = std::numeric_limits<double>::infinity();
   EXPECT_FALSE(parse_hardware_profile(bad, "p.json").ok());
+  // The 8-bit moments' rate is optional, and round-trips when given.
+  EXPECT_EQ(back->cpu_adam_params_per_s_int8, 0);
+  nlohmann::json with_int8 = j;
+  with_int8["cpu_adam_params_per_s"]["int8"] = 2.5e9;
+  Result<HardwareProfile> eight = parse_hardware_profile(with_int8, "p.json");
+  ASSERT_TRUE(eight.ok()) << eight.status().to_string();
+  EXPECT_EQ(eight->cpu_adam_params_per_s_int8, 2.5e9);
+  EXPECT_EQ(hardware_profile_to_json(*eight)["cpu_adam_params_per_s"]["int8"], 2.5e9);
+  with_int8["cpu_adam_params_per_s"]["int8"] = 0;
+  EXPECT_NE(parse_hardware_profile(with_int8, "p.json").status().message().find("int8"), std::string::npos);
 }
 
 }  // namespace

@@ -19,6 +19,25 @@ TEST(ConfigBad, UnknownKeySuggestsNearestSibling) {
                "did you mean 'pin_memory'?");
 }
 
+TEST(ConfigBad, Int8OptimizerStatesNeedOffloadedAdamState) {
+  // On the device: no int8 kernel there.
+  auto check = check_text(R"({"zero_optimization": {"stage": 2}, "strata": {"optimizer_state_dtype": "int8"}})");
+  expect_error(check, "strata.optimizer_state_dtype", "offload_optimizer.device is none",
+               "set zero_optimization.offload_optimizer.device to \"cpu\" or \"nvme\"");
+  // Part of the state kept on the device.
+  check = check_text(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.5}},
+    "strata": {"optimizer_state_dtype": "int8"}})");
+  expect_error(check, "strata.optimizer_state_dtype", "ratio 0.5", "set offload_optimizer.ratio to 1");
+  // Optimizers without the 8-bit kernel.
+  check = check_text(R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+    "optimizer": {"type": "Lion", "params": {"lr": 1e-4}}, "strata": {"optimizer_state_dtype": "int8"}})");
+  expect_error(check, "strata.optimizer_state_dtype", "not optimizer.type Lion", "use fp32 or bf16 states");
+  // A moment dtype that does not exist.
+  check = check_text(R"({"strata": {"optimizer_state_dtype": "fp8"}})");
+  EXPECT_FALSE(check.ok());
+  EXPECT_NE(check.format().find("int8"), std::string::npos) << check.format();
+}
+
 TEST(ConfigBad, UnknownTopLevelAndAioKeys) {
   const auto check = check_text(R"({"train_batch_sise": 8, "aio": {"queue_dept": 4, "thread_cnt": 2}})");
   expect_error(check, "train_batch_sise", "unknown key", "did you mean 'train_batch_size'?");

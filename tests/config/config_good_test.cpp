@@ -1,5 +1,6 @@
 // Valid DeepSpeed configs as users have them: typed values, aliases,
 // deprecated keys, "auto" resolution and the batch arithmetic.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "config_test_util.h"
@@ -238,6 +239,16 @@ TEST(ConfigGood, StrataSectionTakesByteSizes) {
   EXPECT_EQ(check.config.strata.device_memory, 256u << 20);
   EXPECT_EQ(check.config.strata.host_memory_budget, 64'000'000'000u);
   EXPECT_EQ(check.config.strata.optimizer_state_dtype, "bf16");
+}
+
+TEST(ConfigGood, Int8OptimizerStatesWithOffloadedAdamW) {
+  for (const char* device : {"cpu", "nvme"}) {
+    const ConfigCheck check = check_text(fmt::format(R"({{"zero_optimization": {{"stage": 3, "offload_optimizer":
+      {{"device": "{}", "nvme_path": "/tmp"}}}}, "optimizer": {{"type": "AdamW", "params": {{"lr": 1e-4}}}},
+      "bf16": {{"enabled": true}}, "strata": {{"optimizer_state_dtype": "int8"}}}})", device));
+    ASSERT_TRUE(check.ok()) << device << ": " << check.format();
+    EXPECT_EQ(check.config.strata.optimizer_state_dtype, "int8");
+  }
 }
 
 }  // namespace

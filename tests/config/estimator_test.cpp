@@ -176,7 +176,14 @@ TEST(Estimator, PrecisionOptionsChangeTheLedger) {
   in.precision = *ledger_precision("fp32", "", "fp32");
   EXPECT_EQ(row(in, 0).gpu_model_state_bytes, 20 * 7'000'000'000ull);
   EXPECT_FALSE(ledger_precision("fp8", "", "fp32").ok());
-  EXPECT_FALSE(ledger_precision("bf16", "", "int8").ok());
+  EXPECT_FALSE(ledger_precision("bf16", "", "fp8").ok());
+  // int8 moments: 4 B master + 1 + 1 B codes, and one fp32 scale per moment
+  // per 256 parameters (7e9 / 256 = 27343750 blocks exactly).
+  in.precision = *ledger_precision("bf16", "", "int8");
+  EXPECT_EQ(row(in, 0).gpu_model_state_bytes, 10 * 7'000'000'000ull + 8 * 27'343'750ull);
+  EXPECT_EQ(in.precision.optimizer_state_of(257), 6 * 257u + 16u);  // a partial block has its scales too
+  const EstimateRow nvme = row(in, 3, kNvme, kNone);
+  EXPECT_EQ(nvme.nvme_bytes_per_node, 6 * 7'000'000'000ull + 8 * 27'343'750ull);
 }
 
 TEST(Estimator, FitsAgainstGivenLimits) {

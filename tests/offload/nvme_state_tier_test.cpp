@@ -68,13 +68,13 @@ std::vector<float> master_init(const PieceSpec& p) {
   return v;
 }
 
-uint64_t capacity_of(const std::vector<PieceSpec>& pieces, DType md) {
+uint64_t capacity_of(const std::vector<PieceSpec>& pieces, const cpu_adam::MomentStorage& md) {
   uint64_t total = 0;
   for (const PieceSpec& p : pieces) total += nvme_piece_bytes(p.count, p.master, md);
   return total;
 }
 
-uint64_t largest_piece(const std::vector<PieceSpec>& pieces, DType md) {
+uint64_t largest_piece(const std::vector<PieceSpec>& pieces, const cpu_adam::MomentStorage& md) {
   uint64_t m = 0;
   for (const PieceSpec& p : pieces) m = std::max(m, nvme_piece_bytes(p.count, p.master, md));
   return m;
@@ -82,28 +82,28 @@ uint64_t largest_piece(const std::vector<PieceSpec>& pieces, DType md) {
 
 // The bytes of a piece's state, master first.
 std::vector<std::byte> snapshot(const PieceState& s) {
-  const size_t me = dtype_size(s.moment_dtype);
+  const size_t moment_bytes = s.moments.moment_bytes(s.count);
   std::vector<std::byte> out;
   auto append = [&](const void* p, size_t n) {
     auto* b = static_cast<const std::byte*>(p);
     out.insert(out.end(), b, b + n);
   };
   if (s.master != nullptr) append(s.master, s.count * sizeof(float));
-  append(s.exp_avg, s.count * me);
-  append(s.exp_avg_sq, s.count * me);
+  append(s.exp_avg, moment_bytes);
+  append(s.exp_avg_sq, moment_bytes);
   return out;
 }
 
 // A deterministic change of every byte of the state, different per step.
 void scribble(const PieceState& s, int step) {
-  const size_t me = dtype_size(s.moment_dtype);
+  const size_t moment_bytes = s.moments.moment_bytes(s.count);
   auto fill = [&](void* p, size_t n, int salt) {
     auto* b = static_cast<unsigned char*>(p);
     for (size_t i = 0; i < n; ++i) b[i] = static_cast<unsigned char>(b[i] * 3 + i * 13 + step * 101 + salt);
   };
   if (s.master != nullptr) fill(s.master, s.count * sizeof(float), 1);
-  fill(s.exp_avg, s.count * me, 2);
-  fill(s.exp_avg_sq, s.count * me, 3);
+  fill(s.exp_avg, moment_bytes, 2);
+  fill(s.exp_avg_sq, moment_bytes, 3);
 }
 
 class NvmeStateTierTest : public ::testing::Test {
@@ -117,14 +117,15 @@ class NvmeStateTierTest : public ::testing::Test {
     device_ = std::move(d).value();
   }
 
-  NvmeStateTierOptions options(const std::vector<PieceSpec>& pieces, DType md, const std::string& job = "t") {
+  NvmeStateTierOptions options(const std::vector<PieceSpec>& pieces, const cpu_adam::MomentStorage& md,
+                               const std::string& job = "t") {
     NvmeStateTierOptions o;
     o.nvme_paths = {dir_.path()};
     o.job = job;
     o.rank = 0;
     o.capacity_bytes = capacity_of(pieces, md);
     o.slot_bytes = largest_piece(pieces, md);
-    o.moment_dtype = md;
+    o.moments = md;
     o.buffer_count = 3;
     o.aio.block_size = 64 * 1024;
     return o;
@@ -152,11 +153,12 @@ class NvmeStateTierTest : public ::testing::Test {
 
 // --------------------------------------------------------------- round trips
 
-TEST_F(NvmeStateTierTest, RoundTripOfOddPiecesInBothMomentDtypes) {
-  for (DType md : {DType::kF32, DType::kBF16}) {
-    SCOPED_TRACE(dtype_name(md));
+TEST_F(NvmeStateTierTest, RoundTripOfOddPiecesInEveryMomentStorage) {
+  for (cpu_adam::MomentStorage md :
+       {cpu_adam::MomentStorage::fp32(), cpu_adam::MomentStorage::bf16(), cpu_adam::MomentStorage::int8()}) {
+    SCOPED_TRACE(md.name());
     std::vector<PieceSpec> pieces = odd_pieces();
-    NvmeStateTierOptions o = options(pieces, md, std::string("rt-") + std::string(dtype_name(md)));
+    NvmeStateTierOptions o = options(pieces, md, std::string("rt-") + std::string(md.name()));
     auto tier = make(o);
     ASSERT_TRUE(tier);
     EXPECT_EQ(tier->tier(), Tier::kNvme);
@@ -170,7 +172,7 @@ TEST_F(NvmeStateTierTest, RoundTripOfOddPiecesInBothMomentDtypes) {
       auto s = tier->open(p.id);
       ASSERT_TRUE(s.ok()) << s.status().to_string();
       ASSERT_EQ(s->count, p.count);
-      EXPECT_EQ(s->moment_dtype, md);
+      EXPECT_EQ(s->moments, md);
       EXPECT_EQ(s->master != nullptr, p.master && p.count > 0);  // an empty master span is no master
       if (p.count > 0) {
         EXPECT_EQ(reinterpret_cast<uintptr_t>(s->exp_avg) % 4096, 0u);
@@ -180,7 +182,7 @@ TEST_F(NvmeStateTierTest, RoundTripOfOddPiecesInBothMomentDtypes) {
       if (p.master && p.count > 0) {
         EXPECT_EQ(std::memcmp(s->master, m.data(), p.count * 4), 0);
       }
-      std::vector<std::byte> zeros(p.count * dtype_size(md) + 1);  // + 1: never a null data()
+      std::vector<std::byte> zeros(md.moment_bytes(p.count) + 1);  // + 1: never a null data()
       EXPECT_EQ(std::memcmp(s->exp_avg, zeros.data(), zeros.size() - 1), 0);
       EXPECT_EQ(std::memcmp(s->exp_avg_sq, zeros.data(), zeros.size() - 1), 0);
       scribble(*s, 1);
@@ -218,7 +220,7 @@ TEST_F(NvmeStateTierTest, EveryPipelineSettingGivesIdenticalBytesWithinBufferCou
     for (int pipe = 0; pipe < 4; ++pipe) {
       const bool pr = (pipe & 1) != 0, pw = (pipe & 2) != 0;
       SCOPED_TRACE(fmt::format("buffer_count {} pipeline_read {} pipeline_write {}", buffers, pr, pw));
-      NvmeStateTierOptions o = options(pieces, DType::kF32, fmt::format("p{}", runs++));
+      NvmeStateTierOptions o = options(pieces, cpu_adam::MomentStorage::fp32(), fmt::format("p{}", runs++));
       o.buffer_count = buffers;
       o.pipeline_read = pr;
       o.pipeline_write = pw;
@@ -264,7 +266,7 @@ TEST_F(NvmeStateTierTest, OutOfOrderOpensAndTooManyOpenPieces) {
   std::vector<PieceSpec> pieces;
   for (uint32_t g = 0; g < 6; ++g)
     for (int r = 0; r < 2; ++r) pieces.push_back({{0, g, r}, 5000u + g * 100 + r, true});
-  NvmeStateTierOptions o = options(pieces, DType::kF32, "ooo");
+  NvmeStateTierOptions o = options(pieces, cpu_adam::MomentStorage::fp32(), "ooo");
   o.buffer_count = 2;
   auto tier = make(o);
   ASSERT_TRUE(tier);
@@ -305,7 +307,7 @@ TEST_F(NvmeStateTierTest, OutOfOrderOpensAndTooManyOpenPieces) {
 TEST_F(NvmeStateTierTest, ReadAheadWrapsToTheNextStepAndFollowsHints) {
   std::vector<PieceSpec> pieces;
   for (uint32_t g = 0; g < 6; ++g) pieces.push_back({{0, g, 0}, 3000u + g, true});
-  NvmeStateTierOptions o = options(pieces, DType::kF32, "wrap");
+  NvmeStateTierOptions o = options(pieces, cpu_adam::MomentStorage::fp32(), "wrap");
   o.buffer_count = 3;
   o.pipeline_write = false;  // slots free at close(), so the wrap-around read can start there
   auto tier = make(o);
@@ -331,14 +333,15 @@ TEST_F(NvmeStateTierTest, ReadAheadWrapsToTheNextStepAndFollowsHints) {
 // --------------------------------------------------------------- cpu_adam parity
 
 TEST_F(NvmeStateTierTest, CpuAdamThroughNvmeIsBitIdenticalToPinnedMemory) {
-  for (DType md : {DType::kF32, DType::kBF16}) {
-    SCOPED_TRACE(dtype_name(md));
+  for (cpu_adam::MomentStorage md :
+       {cpu_adam::MomentStorage::fp32(), cpu_adam::MomentStorage::bf16(), cpu_adam::MomentStorage::int8()}) {
+    SCOPED_TRACE(md.name());
     std::vector<PieceSpec> pieces = {{{0, 0, 0}, 70000, true}, {{0, 1, 0}, 12345, true},
                                      {{1, 0, 0}, 4096, true},  {{2, 0, 0}, 999, true}};
     MemoryStats mem_stats;
     auto mem = make_memory_state_tier(*device_, Tier::kPinnedHost, md, mem_stats);
     ASSERT_TRUE(mem.ok());
-    NvmeStateTierOptions o = options(pieces, md, std::string("adam-") + std::string(dtype_name(md)));
+    NvmeStateTierOptions o = options(pieces, md, std::string("adam-") + std::string(md.name()));
     o.buffer_count = 3;
     auto nv = make(o);
     ASSERT_TRUE(nv);
@@ -370,9 +373,7 @@ TEST_F(NvmeStateTierTest, CpuAdamThroughNvmeIsBitIdenticalToPinnedMemory) {
           sp.count = s->count;
           sp.params = s->master;
           sp.grads = grads.data();
-          sp.exp_avg = s->exp_avg;
-          sp.exp_avg_sq = s->exp_avg_sq;
-          sp.moment_dtype = s->moment_dtype;
+          s->moments.point(sp, s->exp_avg, s->exp_avg_sq, s->count, 0);
           auto r = opt->step(args, sp);
           ASSERT_TRUE(r.ok()) << r.status().to_string();
           ASSERT_TRUE(t->close(p.id, true).ok());
@@ -423,7 +424,7 @@ TEST_F(NvmeStateTierFaultTest, EioOnReadNamesFileOffsetAndPiece) {
     ASSERT_NO_FATAL_FAILURE(make_faulty(plan));
     std::vector<PieceSpec> pieces = {{{5, 2, 1}, 40000, true}, {{6, 0, 0}, 100, true}};
     const std::string job = pipeline_read ? "eio-read-ahead" : "eio-read";
-    NvmeStateTierOptions o = options(pieces, DType::kF32, job);
+    NvmeStateTierOptions o = options(pieces, cpu_adam::MomentStorage::fp32(), job);
     o.io_engine = engine_.get();
     o.pipeline_read = pipeline_read;
     {
@@ -461,7 +462,7 @@ TEST_F(NvmeStateTierFaultTest, EioOnWriteKeepsThePreviousStateReadable) {
     ASSERT_NO_FATAL_FAILURE(make_faulty(plan));
     std::vector<PieceSpec> pieces = {{{1, 0, 0}, 60000, true}, {{1, 1, 0}, 5000, false}};
     const std::string job = pipeline_write ? "eio-write-async" : "eio-write-sync";
-    NvmeStateTierOptions o = options(pieces, DType::kF32, job);
+    NvmeStateTierOptions o = options(pieces, cpu_adam::MomentStorage::fp32(), job);
     o.io_engine = engine_.get();
     o.pipeline_write = pipeline_write;
     {
@@ -501,7 +502,7 @@ TEST_F(NvmeStateTierFaultTest, FlippedBitIsDataLossNamingThePiece) {
   plan.fault_writes = false;
   ASSERT_NO_FATAL_FAILURE(make_faulty(plan));
   std::vector<PieceSpec> pieces = {{{3, 4, 0}, 20000, true}};
-  NvmeStateTierOptions o = options(pieces, DType::kBF16, "flip");
+  NvmeStateTierOptions o = options(pieces, cpu_adam::MomentStorage::bf16(), "flip");
   o.io_engine = engine_.get();
   auto tier = make(o);
   ASSERT_TRUE(tier);
@@ -525,7 +526,7 @@ TEST_F(NvmeStateTierFaultTest, TransientErrorsAndShortTransfersAreInvisible) {
   ASSERT_NO_FATAL_FAILURE(make_faulty(plan));
   counters_->arm();
   std::vector<PieceSpec> pieces = odd_pieces();
-  NvmeStateTierOptions o = options(pieces, DType::kF32, "transient");
+  NvmeStateTierOptions o = options(pieces, cpu_adam::MomentStorage::fp32(), "transient");
   o.io_engine = engine_.get();
   auto tier = make(o);
   ASSERT_TRUE(tier);
@@ -554,14 +555,14 @@ TEST_F(NvmeStateTierTest, VersionsCommitAndRollBack) {
   const std::vector<PieceSpec> pieces = {{{0, 0, 0}, 3000, true}, {{0, 1, 0}, 5000, true}, {{1, 0, 0}, 777, false}};
   for (bool pipeline : {false, true}) {
     SCOPED_TRACE(pipeline ? "pipeline read/write" : "synchronous");
-    NvmeStateTierOptions o = options(pieces, DType::kF32, pipeline ? "versions-p" : "versions-s");
+    NvmeStateTierOptions o = options(pieces, cpu_adam::MomentStorage::fp32(), pipeline ? "versions-p" : "versions-s");
     o.pipeline_read = o.pipeline_write = pipeline;
     auto tier = make(o);
     ASSERT_TRUE(tier);
     EXPECT_TRUE(tier->versioned());
     ASSERT_NO_FATAL_FAILURE(add_all(*tier, pieces));
     const uint64_t one_version = tier->bytes();
-    EXPECT_EQ(one_version, capacity_of(pieces, DType::kF32));
+    EXPECT_EQ(one_version, capacity_of(pieces, cpu_adam::MomentStorage::fp32()));
     // A "step": every piece scribbled and written.
     auto step = [&](int salt) {
       std::vector<std::vector<std::byte>> out;
@@ -615,7 +616,7 @@ TEST_F(NvmeStateTierFaultTest, CommitReportsAFailedWriteBackAndKeepsTheCommitted
   plan.fault_reads = false;
   ASSERT_NO_FATAL_FAILURE(make_faulty(plan));
   const std::vector<PieceSpec> pieces = {{{1, 0, 0}, 6000, true}, {{1, 1, 0}, 5000, true}};
-  NvmeStateTierOptions o = options(pieces, DType::kF32, "commit-eio");
+  NvmeStateTierOptions o = options(pieces, cpu_adam::MomentStorage::fp32(), "commit-eio");
   o.io_engine = engine_.get();
   o.pipeline_write = true;
   {
@@ -732,7 +733,7 @@ TEST_F(NvmeStateTierTest, APieceOpenOnAnotherThreadIsWaitedForNeverOpenedTwice) 
   for (size_t slots : {size_t{1}, size_t{3}}) {
     for (bool rollback : {false, true}) {
       SCOPED_TRACE(fmt::format("{} slot(s), {}", slots, rollback ? "rollback" : "open of another piece"));
-      NvmeStateTierOptions o = options(pieces, DType::kF32, fmt::format("threads-{}-{}", slots, rollback));
+      NvmeStateTierOptions o = options(pieces, cpu_adam::MomentStorage::fp32(), fmt::format("threads-{}-{}", slots, rollback));
       o.buffer_count = slots;
       auto tier = make(o);
       ASSERT_TRUE(tier);
@@ -745,7 +746,7 @@ TEST_F(NvmeStateTierTest, APieceOpenOnAnotherThreadIsWaitedForNeverOpenedTwice) 
 
 TEST_F(NvmeStateTierTest, FolderLockedByALiveRunIsRefused) {
   std::vector<PieceSpec> pieces = {{{0, 0, 0}, 1000, true}};
-  NvmeStateTierOptions o = options(pieces, DType::kF32, "locked");
+  NvmeStateTierOptions o = options(pieces, cpu_adam::MomentStorage::fp32(), "locked");
   auto first = make(o);
   ASSERT_TRUE(first);
   auto second = make_nvme_state_tier(o, *device_, stats_);
@@ -765,7 +766,7 @@ TEST_F(NvmeStateTierTest, LinkedJobFolderIsNotFollowed) {
   ASSERT_FALSE(elsewhere.path().empty());
   std::filesystem::create_directory_symlink(elsewhere.path(), dir_.path() + "/strata-linked");
   std::vector<PieceSpec> pieces = {{{0, 0, 0}, 1000, true}};
-  auto t = make_nvme_state_tier(options(pieces, DType::kF32, "linked"), *device_, stats_);
+  auto t = make_nvme_state_tier(options(pieces, cpu_adam::MomentStorage::fp32(), "linked"), *device_, stats_);
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.status().code(), StatusCode::kFailedPrecondition) << t.status().to_string();
   EXPECT_NE(t.status().message().find("link"), std::string::npos) << t.status().message();
@@ -774,7 +775,7 @@ TEST_F(NvmeStateTierTest, LinkedJobFolderIsNotFollowed) {
 
 TEST_F(NvmeStateTierTest, PieceTooBigForASlotNamesSubGroupSizeAndSlot) {
   std::vector<PieceSpec> pieces = {{{0, 0, 0}, 10000, true}};
-  NvmeStateTierOptions o = options(pieces, DType::kF32, "big");
+  NvmeStateTierOptions o = options(pieces, cpu_adam::MomentStorage::fp32(), "big");
   o.slot_bytes = 64 * 1024;
   auto tier = make(o);
   ASSERT_TRUE(tier);
@@ -795,7 +796,7 @@ TEST_F(NvmeStateTierTest, BadOptionsNameTheField) {
     ASSERT_FALSE(t.ok()) << needle;
     EXPECT_NE(t.status().message().find(needle), std::string::npos) << t.status().message();
   };
-  NvmeStateTierOptions o = options(pieces, DType::kF32, "bad");
+  NvmeStateTierOptions o = options(pieces, cpu_adam::MomentStorage::fp32(), "bad");
   NvmeStateTierOptions b = o;
   b.buffer_count = 0;
   expect_bad(b, "buffer_count");
@@ -805,9 +806,6 @@ TEST_F(NvmeStateTierTest, BadOptionsNameTheField) {
   b = o;
   b.capacity_bytes = 0;
   expect_bad(b, "capacity_bytes");
-  b = o;
-  b.moment_dtype = DType::kF16;
-  expect_bad(b, "optimizer_state_dtype");
   b = o;
   b.nvme_paths.clear();
   expect_bad(b, "nvme_path");

@@ -140,7 +140,7 @@ TEST(StatePlacement, MaxInCpuKeepsTheFirstShardsInHostAndTheRestOnNvme) {
   uint64_t state_nvme = 0;
   for (size_t li : {0u, 1u, 3u}) {
     const LayerPartition& lp = part.layer(li);
-    for (const SubGroup& g : lp.groups) state_nvme += 2 * nvme_piece_bytes(lp.piece_real(g, 0), true, o.moment_dtype);
+    for (const SubGroup& g : lp.groups) state_nvme += 2 * nvme_piece_bytes(lp.piece_real(g, 0), true, o.moments);
   }
   EXPECT_EQ(m.nvme, state_nvme + part.layer(2).shard_elements * 2 + part.layer(3).shard_elements * 4);
 }

@@ -72,7 +72,9 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     Trainer fills in from its arguments); one left over is an error naming it.
 
     fit: {"device_memory": cap, "host_memory": cap, "nvme_path": DIR (optional),
-    "seq": tokens per sample (optional, for ranking)}: the config fitted to
+    "seq": tokens per sample (optional, for ranking), "optimizer_states":
+    ["fp32", "int8"] (optional: the storages of Adam's moments the search
+    may choose, strata.optimizer_state_dtype; default the config's own)}: the config fitted to
     those caps before the engine is made (Note [Config fit]: `strata plan
     --fit`'s search): the fastest placement and knobs whose memory plan fits,
     each changed key printed with its reason (engine.fit has them); no fit
@@ -163,7 +165,7 @@ def _config_argument(args, config, config_params):
     return given[0]
 
 
-_FIT_KEYS = ("device_memory", "host_memory", "nvme_path", "seq")
+_FIT_KEYS = ("device_memory", "host_memory", "nvme_path", "seq", "optimizer_states")
 
 
 def _fit(config, layers, fit, world):
@@ -186,8 +188,12 @@ def _fit(config, layers, fit, world):
     seq = fit.get("seq", 512)
     if isinstance(seq, bool) or not isinstance(seq, int) or not 1 <= seq <= 2 ** 24:
         raise ValueError(f"fit['seq'] {seq!r} is not a number of tokens in 1..16777216")
+    states = fit.get("optimizer_states", [])
+    if isinstance(states, str) or not all(isinstance(s, str) for s in states):
+        raise ValueError(f"fit['optimizer_states'] {states!r} is not a list of names such as [\"fp32\", \"int8\"]")
     path, text = (None, json.dumps(config)) if isinstance(config, dict) else (os.fspath(config), None)
-    result = _native.fit_config(path, text, describe_layers(layers), device_bytes, host_bytes, nvme_path, world, seq)
+    result = _native.fit_config(path, text, describe_layers(layers), device_bytes, host_bytes, nvme_path, world, seq,
+                                list(states))
     if not result["fits"]:
         hint = "; ".join(result["suggestions"]) or "a larger cap"
         raise ResourceExhausted(f"no config fits device_memory {fit['device_memory']} and host_memory "

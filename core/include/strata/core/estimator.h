@@ -29,13 +29,18 @@ namespace strata {
 struct LedgerPrecision {
   uint32_t param_bytes = 2;             // p: 16-bit parameters (4 with fp32 training)
   uint32_t grad_bytes = 2;              // g: gradients on the GPU (4 with fp32 gradients)
-  uint32_t optimizer_state_bytes = 12;  // K: fp32 master 4 + m + v (4 + 4, or 2 + 2 with bf16 states)
+  uint32_t optimizer_state_bytes = 12;  // K: fp32 master 4 + m + v (4 + 4, 2 + 2 with bf16, 1 + 1 with int8 states)
+  // int8 states: one fp32 scale per moment per block of this many parameters
+  // (cpu_adam's block-wise 8-bit moments); 0 for fp32 and bf16 states.
+  uint32_t moment_block = 0;
   uint32_t offload_grad_bytes = 4;      // fp32 gradient shard beside offloaded optimizer state
   uint32_t total() const { return param_bytes + grad_bytes + optimizer_state_bytes; }
+  // Optimizer-state bytes of `n` parameters: K n, plus the int8 scales.
+  uint64_t optimizer_state_of(uint64_t n) const;
 };
 
 // `param_dtype` fp32|fp16|bf16, `grad_dtype` "" (same as params) or fp32,
-// `optimizer_state_dtype` fp32|bf16 (m and v; the master stays fp32).
+// `optimizer_state_dtype` fp32|bf16|int8 (m and v; the master stays fp32).
 Result<LedgerPrecision> ledger_precision(std::string_view param_dtype, std::string_view grad_dtype,
                                          std::string_view optimizer_state_dtype);
 // The precision a config trains with.

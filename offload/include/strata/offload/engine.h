@@ -143,6 +143,7 @@
 #include "strata/core/layered_model.h"
 #include "strata/core/status.h"
 #include "strata/cpu_adam/hyper_params.h"
+#include "strata/cpu_adam/moment_storage.h"
 #include "strata/offload/checkpoint.h"
 #include "strata/offload/partition.h"
 #include "strata/offload/state_placement.h"
@@ -171,7 +172,7 @@ struct EngineOptions {
   int64_t persistence_threshold = 100'000;          // stage3_param_persistence_threshold
   bool overlap_optimizer = true;                    // strata.overlap_optimizer
   DType grad_dtype = DType::kF32;                   // data_types.grad_accum_dtype
-  DType moment_dtype = DType::kF32;                 // strata.optimizer_state_dtype
+  cpu_adam::MomentStorage moments;                  // strata.optimizer_state_dtype (int8: offloaded state only)
   cpu_adam::OptimizerKind optimizer = cpu_adam::OptimizerKind::kAdamW;
   cpu_adam::HyperParams hyper{.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.0,
                               .bias_correction = true};

@@ -20,6 +20,7 @@
 
 #include "strata/core/dtype.h"
 #include "strata/core/status.h"
+#include "strata/cpu_adam/moment_storage.h"
 
 namespace strata::offload {
 
@@ -41,12 +42,18 @@ struct HardwareProfile {
   double nvme_write_gb_per_s = 0;      // per node
   double cpu_adam_params_per_s_fp32 = 0;  // per node, all cores: fp32 gradients, no parameter copy
   double cpu_adam_params_per_s_bf16 = 0;  // per node, all cores: bf16 gradients, bf16 parameter copy out
+  // Per node, all cores: bf16 gradients and copy, block-wise 8-bit moments
+  // (strata.optimizer_state_dtype int8). Optional in a profile: 0 (not
+  // given) uses the bf16 rate.
+  double cpu_adam_params_per_s_int8 = 0;
   double device_adam_params_per_s = 0;    // per device: the optimizer state kept on the device (offload none)
   // Kept as given (documentation, the calibration's raw measurements).
   nlohmann::ordered_json notes, sources, calibration;
 
-  // CPU Adam parameters per second for a parameter dtype (fp16 counts as bf16: same bytes).
-  double cpu_adam_params_per_s(DType param_dtype) const {
+  // CPU Adam parameters per second for a parameter dtype (fp16 counts as
+  // bf16: same bytes) and moment storage (8-bit moments: their own rate).
+  double cpu_adam_params_per_s(DType param_dtype, const cpu_adam::MomentStorage& moments) const {
+    if (moments.blocked() && cpu_adam_params_per_s_int8 > 0) return cpu_adam_params_per_s_int8;
     return param_dtype == DType::kF32 ? cpu_adam_params_per_s_fp32 : cpu_adam_params_per_s_bf16;
   }
 };

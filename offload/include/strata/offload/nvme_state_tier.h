@@ -95,7 +95,7 @@ inline constexpr uint64_t kNvmeStateAlign = 4096;
 
 // Bytes of one piece on NVMe and in a slot (Note [NVMe piece layout]); 0 for
 // an empty piece (it takes no slot and no extent).
-uint64_t nvme_piece_bytes(size_t count, bool has_master, DType moment_dtype);
+uint64_t nvme_piece_bytes(size_t count, bool has_master, const cpu_adam::MomentStorage& moments);
 
 struct NvmeStateTierOptions {
   std::vector<std::string> nvme_paths;  // offload_optimizer.nvme_path (several paths stripe)
@@ -112,7 +112,7 @@ struct NvmeStateTierOptions {
   AioConfig aio;                 // the config's aio section (engine chosen as `strata report` says)
   size_t buffer_count = 4;       // offload_optimizer.buffer_count: pinned slots
   uint64_t slot_bytes = 0;       // per slot, >= nvme_piece_bytes of the largest piece (rounded up to 4 KiB)
-  DType moment_dtype = DType::kF32;  // strata.optimizer_state_dtype: fp32 or bf16
+  cpu_adam::MomentStorage moments;  // strata.optimizer_state_dtype
   bool pipeline_read = true;     // offload_optimizer.pipeline_read
   bool pipeline_write = true;    // offload_optimizer.pipeline_write
   bool verify_checksums = true;  // check every read against the stored block checksums

@@ -34,6 +34,7 @@
 #include "strata/core/memory_stats.h"
 #include "strata/core/status.h"
 #include "strata/core/tier.h"
+#include "strata/cpu_adam/moment_storage.h"
 #include "strata/offload/partition.h"
 
 namespace strata::offload {
@@ -41,10 +42,13 @@ namespace strata::offload {
 struct PieceState {
   size_t count = 0;
   float* master = nullptr;  // null when the piece has no master (fp32 params stepped in place)
-  void* exp_avg = nullptr;
+  void* exp_avg = nullptr;     // moments.moment_bytes(count) bytes each
   void* exp_avg_sq = nullptr;
-  DType moment_dtype = DType::kF32;
+  cpu_adam::MomentStorage moments;
 };
+
+// Bytes of one piece in a memory tier: both moments, then the master.
+uint64_t memory_piece_bytes(size_t count, bool has_master, const cpu_adam::MomentStorage& moments);
 
 // What a tier that moves state (NVMe) has moved so far; all zero for the
 // memory tiers. The engine reports per-step NVMe GB/s from the differences.
@@ -127,8 +131,10 @@ class OptimizerStateTier {
 // the CPU kernels step it) or pinned host memory from `device` (kPinnedHost).
 // Either is also counted in `host_stats` (the engine's own stats, by tier).
 // `device_kernels`: the caller steps the state with device kernels (a cuda
-// device, docs/device-adam.md), so device memory need not be host-addressable.
-Result<std::unique_ptr<OptimizerStateTier>> make_memory_state_tier(Device& device, Tier tier, DType moment_dtype,
+// device, docs/device-adam.md), so device memory need not be host-addressable;
+// they have no int8 moments.
+Result<std::unique_ptr<OptimizerStateTier>> make_memory_state_tier(Device& device, Tier tier,
+                                                                   const cpu_adam::MomentStorage& moments,
                                                                    MemoryStats& host_stats,
                                                                    bool device_kernels = false);
 

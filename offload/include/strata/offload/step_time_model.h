@@ -34,6 +34,7 @@
 #include "strata/core/config.h"
 #include "strata/core/dtype.h"
 #include "strata/core/status.h"
+#include "strata/cpu_adam/moment_storage.h"
 #include "strata/offload/hardware_profile.h"
 
 namespace strata::offload {
@@ -50,7 +51,9 @@ struct StepTimeInput {
   double ratio = 1.0;            // offload_optimizer.ratio
   DType param_dtype = DType::kBF16;
   DType grad_dtype = DType::kBF16;
-  uint32_t optimizer_state_bytes = 12;         // K: fp32 master + m + v (8 with bf16 moments)
+  // strata.optimizer_state_dtype: the state's bytes per element on NVMe (K
+  // = 4 B master + the moments: 12, 8, or ~6.03 with int8) and the CPU rate.
+  cpu_adam::MomentStorage moments;
   int64_t max_live_parameters = 1'000'000'000; // stage3_max_live_parameters
   // Stage 3: padded elements (Note [Partition]) of the layers kept whole
   // (below stage3_param_persistence_threshold), all-gathered after their update;

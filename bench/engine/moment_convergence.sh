@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Issue 24 §2's convergence evidence: the `small` preset trained STEPS steps
+# (ZeRO-2, optimizer state in pinned host memory, bf16, AdamW + warmup-cosine)
+# with fp32, bf16 and int8 optimizer moments (strata.optimizer_state_dtype),
+# same seed and data, the three side by side; then the curves as a PNG.
+# Usage: bench/engine/moment_convergence.sh STRATA OUT_DIR [STEPS] [PNG]
+set -euo pipefail
+strata=$1 out=$2 steps=${3:-2000} png=${4:-$out/moment-convergence.png}
+here=$(cd "$(dirname "$0")" && pwd)
+mkdir -p "$out"
+for m in fp32 bf16 int8; do
+  cat > "$out/cfg-$m.json" <<JSON
+{"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
+ "bf16": {"enabled": true},
+ "optimizer": {"type": "AdamW", "params": {"lr": 6e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}},
+ "scheduler": {"type": "WarmupCosineLR", "params": {"warmup_num_steps": 100, "total_num_steps": $steps,
+               "warmup_min_ratio": 0.0, "cos_min_ratio": 0.1}},
+ "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+ "strata": {"device": "cpu", "optimizer_state_dtype": "$m"}}
+JSON
+  "$strata" train --preset small --seq 16 --steps "$steps" --eval-every 100 --eval-batches 8 \
+    --optimizer-threads 1 --device-threads 1 --config "$out/cfg-$m.json" --json-log "$out/$m.jsonl" --quiet \
+    > "$out/$m.log" 2>&1 &
+done
+wait
+python3 "$here/plot_moment_convergence.py" "$out" "$png"
