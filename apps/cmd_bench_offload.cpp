@@ -180,6 +180,8 @@ nlohmann::ordered_json row_json(size_t index, const RowResult& r, double baselin
   j["phase_ms"] = {{"forward", median_field(r.steps, [](const M& m) { return m.forward_ms; })},
                    {"backward", median_field(r.steps, [](const M& m) { return m.backward_ms; })},
                    {"optimizer", median_field(r.steps, [](const M& m) { return m.optimizer_ms; })}};
+  j["early_updates"] = {{"layers", median_field(r.steps, [](const M& m) { return static_cast<double>(m.speculated_layers); })},
+                        {"redone", median_field(r.steps, [](const M& m) { return static_cast<double>(m.redone_layers); })}};
   j["exposed_ms"] = {{"reduce", median_field(r.steps, [](const M& m) { return m.wait_reduce_ms; })},
                      {"optimizer", median_field(r.steps, [](const M& m) { return m.wait_optimizer_ms; })},
                      {"gather", median_field(r.steps, [](const M& m) { return m.wait_gather_ms; })},

@@ -74,6 +74,7 @@ struct TrainCliOptions {
   std::string offload_optimizer;       // "": the config's
   std::string offload_param;
   std::string overlap_optimizer;       // "": the config's (on)
+  std::string speculative_optimizer;   // "": the config's (auto)
   int optimizer_threads = 0;
   int device_threads = 0;              // 0: all cores (cpu device compute)
   std::string nvme_path;               // "": the config's offload_optimizer.nvme_path
@@ -164,6 +165,10 @@ Status apply_placement_flags(const TrainCliOptions& o, TrainSetup& t) {
       return InvalidArgument(fmt::format("--overlap-optimizer '{}' is not on or off", printable(o.overlap_optimizer, 32)));
     t.engine.overlap_optimizer = o.overlap_optimizer == "on";
   }
+  if (!o.speculative_optimizer.empty()) {
+    STRATA_ASSIGN_OR_RETURN(t.engine.speculative_optimizer,
+                            offload::parse_speculation_mode(o.speculative_optimizer, "--speculative-optimizer"));
+  }
   t.engine.optimizer_threads = o.optimizer_threads;
   return Status::Ok();
 }
@@ -201,6 +206,8 @@ struct Reporter {
       j["forward_ms"] = m.forward_ms;
       j["backward_ms"] = m.backward_ms;
       j["optimizer_ms"] = m.optimizer_ms;
+      // Note [Early, exact updates]: layers stepped under the backward, and redone or restored at the step's end.
+      j["early_updates"] = {{"layers", m.speculated_layers}, {"redone", m.redone_layers}};
       j["exposed_ms"] = {{"reduce", m.wait_reduce_ms},
                          {"optimizer", m.wait_optimizer_ms},
                          {"gather", m.wait_gather_ms},
@@ -809,6 +816,9 @@ CommandRegistration train_command("train", [](CLI::App& root) {
                   "Resume from a checkpoint: DIR (its latest tag) or DIR/TAG; --steps stays the total step count");
   cmd->add_option("--overlap-optimizer", o->overlap_optimizer,
                   "on | off: step the optimizer under the next forward (overrides strata.overlap_optimizer)");
+  cmd->add_option("--speculative-optimizer", o->speculative_optimizer,
+                  "auto | on | off: start each layer's optimizer step under the backward, redone exactly when clipping "
+                  "or an overflow says so (overrides strata.speculative_optimizer)");
   cmd->add_option("--optimizer-threads", o->optimizer_threads, "CPU optimizer threads per rank (0: all cores)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1024));

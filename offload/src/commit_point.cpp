@@ -79,6 +79,8 @@ Status CommitPoint::settle(const StepMark* call, double* loss) {
     const std::string cause = read.ok() ? fmt::format("failed on rank {}", rank_list(failed_read))
                                         : fmt::format("failed on rank {} (here: {})", rank_list(failed_read),
                                                       read.message());
+    // Layers the dropped call stepped early go back (Note [Early, exact updates]).
+    STRATA_RETURN_IF_ERROR(updates_.restore_every_early().status());
     STRATA_RETURN_IF_ERROR(restore_(*call));
     ctx_.recovered = true;
     ctx_.recovery = StepOutcomeKind::kDropped;
@@ -105,7 +107,10 @@ Status CommitPoint::settle(const StepMark* call, double* loss) {
                                         : fmt::format("failed on rank {} (here: {})", rank_list(failed_update),
                                                       update.message());
   const bool versioned = updates_.tier().versioned();
-  Status undone = versioned ? updates_.tier().rollback() : updates_.tier().commit();
+  // The call in progress is dropped with the step: the layers it stepped
+  // early go back first (Note [Early, exact updates]; state kept in place).
+  Status undone = updates_.restore_every_early().status();
+  if (undone.ok()) undone = versioned ? updates_.tier().rollback() : updates_.tier().commit();
   if (undone.ok() && updates_.device_part() != nullptr) undone = updates_.device_part()->commit();
   if (undone.ok()) undone = rederive_params();
   // A versioned tier is back at step t-1: the counters go back there. The

@@ -53,6 +53,8 @@ Status Engine::Impl::init() {
   STRATA_RETURN_IF_ERROR(params.init(job_name));
   STRATA_RETURN_IF_ERROR(updates.init(job_name));
   grads.init(&updates.worker());  // the block sums run on the optimizer thread
+  if (placement.early_updates)
+    grads.on_reduction_issued([this](size_t li) { return updates.queue_early_update(li, grads.update_input(li)); });
   if (runner != nullptr) model_stream = runner->model_stream();
 
   // The plan first: a config whose state cannot fit the device fails here,

@@ -132,6 +132,13 @@ struct Engine::Impl : EngineContext {
   Result<double> evaluate();
   // The step's updates queued (and, with overlap off, committed); its metrics.
   Result<StepMetrics> finish_applied_step();
+  // The hyper-parameters of optimizer step `step` (1-based): the lr of
+  // set_step_lr() or the schedule, the schedule's betas.
+  cpu_adam::HyperParams hyper_of_step(int64_t step) const;
+  // The updates of a step whose early updates (Note [Early, exact updates])
+  // ran: kept, redone or queued in forward order; counts into `m`.
+  Status queue_step_updates(const StepMark& call, double clip, double scale, const cpu_adam::HyperParams& hyper,
+                            StepMetrics& m);
 
   // Note [Atomic steps] in engine.h (engine_recovery.cpp).
   StepMark mark() const;

@@ -2,10 +2,27 @@
 
 #include <fmt/format.h>
 
+#include "strata/core/printable.h"
 #include "strata/cpu_adam/hyper_params.h"
 #include "strata/offload/engine.h"
 
 namespace strata::offload {
+
+Result<SpeculationMode> parse_speculation_mode(std::string_view text, std::string_view field) {
+  if (text == "auto") return SpeculationMode::kAuto;
+  if (text == "on") return SpeculationMode::kOn;
+  if (text == "off") return SpeculationMode::kOff;
+  return InvalidArgument(fmt::format("{} '{}' is not auto, on or off", field, printable(text, 32)));
+}
+
+const char* speculation_mode_name(SpeculationMode mode) {
+  switch (mode) {
+    case SpeculationMode::kAuto: return "auto";
+    case SpeculationMode::kOn: return "on";
+    case SpeculationMode::kOff: return "off";
+  }
+  return "?";
+}
 
 Result<EngineOptions> engine_options_from_config(const Config& cfg) {
   EngineOptions o;
@@ -49,6 +66,8 @@ Result<EngineOptions> engine_options_from_config(const Config& cfg) {
   o.max_reuse_distance = z.stage3_max_reuse_distance;
   o.persistence_threshold = z.stage3_param_persistence_threshold;
   o.overlap_optimizer = cfg.strata.overlap_optimizer;
+  STRATA_ASSIGN_OR_RETURN(o.speculative_optimizer,
+                          parse_speculation_mode(cfg.strata.speculative_optimizer, "strata.speculative_optimizer"));
   o.grad_dtype = cfg.precision_dtype();
   if (!cfg.data_types.grad_accum_dtype.empty()) {
     Result<DType> g = parse_dtype(cfg.data_types.grad_accum_dtype);

@@ -55,6 +55,10 @@ Status Engine::Impl::begin_micro_batch(bool last) {
   ++progress.micro;
   progress.last_micro = last;
   progress.in_backward = false;
+  // The last backward reduces every gradient: updates may start under it,
+  // assuming the step's likely arguments (Note [Early, exact updates]).
+  if (last && placement.early_updates && !updates.early_updates_open())
+    STRATA_RETURN_IF_ERROR(updates.open_early_updates(optimizer_steps + 1, progress.scale, hyper_of_step(optimizer_steps + 1)));
   grads.begin_micro_batch();
   params.trace().begin_micro_batch();
   progress.micro_started = Clock::now();
@@ -113,6 +117,9 @@ Status Engine::Impl::abandon_step() {
   }
   STRATA_RETURN_IF_ERROR(params.release_every_held(model_done));
   STRATA_RETURN_IF_ERROR(grads.wait_for_issued_reductions());
+  // Updates started under the abandoned backward are undone.
+  STRATA_RETURN_IF_ERROR(updates.close_early_updates());
+  STRATA_RETURN_IF_ERROR(updates.restore_every_early().status());
   if (in_micro_batch) params.trace().abandon_micro_batch();
   params.take_unclaimed_prefetch_failure().ignore();  // the step it was for is gone
   STRATA_RETURN_IF_ERROR(params.drop_unheld());
@@ -145,6 +152,9 @@ Result<StepMetrics> Engine::Impl::finish_applied_step() {
     STRATA_RETURN_IF_ERROR(wait_status(grads.backward_released(li), fmt::format("backward of layer {}", li)));
   const double bwd_ms = ms_since(tb);
   const auto tr = Clock::now();
+  // Early updates not started yet are claimed back (they are queued below
+  // in forward order), so the norm's block sums wait for one update at most.
+  STRATA_RETURN_IF_ERROR(updates.close_early_updates());
   STRATA_ASSIGN_OR_RETURN(double sum_squares, grads.global_norm_squared());
   // The commit point of the previous step's updates (every rank got here,
   // so all of them ran): committed, or every rank rolls back and this step
@@ -170,29 +180,18 @@ Result<StepMetrics> Engine::Impl::finish_applied_step() {
                                 optimizer_steps + 1, m.grad_norm));
   m.skipped = !finite;
   STRATA_RETURN_IF_ERROR(scaler->update(!finite).with_context(fmt::format("step {}", optimizer_steps + 1)));
-  m.lr = caller_lr ? *caller_lr : schedule->lr(optimizer_steps + 1);
+  const cpu_adam::HyperParams hyper = hyper_of_step(optimizer_steps + 1);
+  m.lr = hyper.lr;
+  if (!finite) {
+    // Skipped: layers stepped early go back to the previous step's state.
+    STRATA_ASSIGN_OR_RETURN(int64_t restored, updates.restore_every_early());
+    m.speculated_layers = m.redone_layers = restored;
+  }
   if (finite) {
     ++optimizer_steps;
     const double clip = cpu_adam::clip_coefficient(m.grad_norm, opt.grad_clip);
-    cpu_adam::HyperParams hyper = opt.hyper;
-    hyper.lr = m.lr;
-    // OneCycle with cycle_momentum: beta1 cycles against the lr, beta2 is
-    // DeepSpeed's 0.99 (LrSchedule::betas); other schedules keep the config's.
-    if (const std::optional<std::array<double, 2>> betas = schedule->betas(optimizer_steps)) {
-      hyper.beta1 = (*betas)[0];
-      hyper.beta2 = (*betas)[1];
-    }
     m.beta1 = hyper.beta1;
-    commit.begin_pending(call);
-    updates.start_timing();
-    for (size_t li = 0; li < part.layer_count(); ++li) {
-      if (where(li).frozen) continue;  // nothing to step: its parameters stay as they are
-      STRATA_ASSIGN_OR_RETURN(UpdateScheduler::Queued queued,
-                              updates.queue_update(li, grads.update_input(li), optimizer_steps, clip, scale, hyper));
-      grads.read_until(li, queued.update_ran);
-      STRATA_RETURN_IF_ERROR(params.publish_update(li, queued.updated));
-    }
-    commit.pending_queued();
+    STRATA_RETURN_IF_ERROR(queue_step_updates(call, clip, scale, hyper, m));
     // strata.overlap_optimizer false: the comparison mode, the step returns
     // only when every update is in place (the blocking is the point), and
     // commits them here: a failed update fails this step.
@@ -240,6 +239,49 @@ Result<StepMetrics> Engine::Impl::finish_applied_step() {
                                          (now.write_wait_ns - io_before.write_wait_ns)) / 1e6;
   }
   return m;
+}
+
+cpu_adam::HyperParams Engine::Impl::hyper_of_step(int64_t step) const {
+  cpu_adam::HyperParams hyper = opt.hyper;
+  hyper.lr = caller_lr ? *caller_lr : schedule->lr(step);
+  // OneCycle with cycle_momentum: beta1 cycles against the lr, beta2 is
+  // DeepSpeed's 0.99 (LrSchedule::betas); other schedules keep the config's.
+  if (const std::optional<std::array<double, 2>> betas = schedule->betas(step)) {
+    hyper.beta1 = (*betas)[0];
+    hyper.beta2 = (*betas)[1];
+  }
+  return hyper;
+}
+
+Status Engine::Impl::queue_step_updates(const StepMark& call, double clip, double scale,
+                                        const cpu_adam::HyperParams& hyper, StepMetrics& m) {
+  commit.begin_pending(call);
+  updates.start_timing();
+  for (size_t li = 0; li < part.layer_count(); ++li) {
+    if (where(li).frozen) continue;  // nothing to step: its parameters stay as they are
+    UpdateScheduler::Queued queued;
+    if (updates.ran_early(li)) {
+      // Note [Early, exact updates]: kept when it ran with this step's
+      // arguments (the same bits as queuing it now), else redone from the
+      // state before it.
+      ++m.speculated_layers;
+      if (updates.early_matches(li, optimizer_steps, clip, scale, hyper)) {
+        queued = updates.keep_early(li);
+      } else {
+        ++m.redone_layers;
+        STRATA_ASSIGN_OR_RETURN(queued, updates.queue_update(li, grads.update_input(li), optimizer_steps, clip, scale,
+                                                             hyper, updates.early_backed_up(li)));
+      }
+    } else {
+      STRATA_ASSIGN_OR_RETURN(queued,
+                              updates.queue_update(li, grads.update_input(li), optimizer_steps, clip, scale, hyper));
+    }
+    grads.read_until(li, queued.update_ran);
+    STRATA_RETURN_IF_ERROR(params.publish_update(li, queued.updated));
+  }
+  updates.forget_early_updates();
+  commit.pending_queued();
+  return Status::Ok();
 }
 
 Status Engine::Impl::begin_evaluation() {

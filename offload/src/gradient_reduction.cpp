@@ -258,7 +258,7 @@ Status GradientReduction::launch_reduction(size_t li) {
         l.reduced_gradient_moved, fmt::format("gradient block sums of layer {}", li));
   }
   l.full_gradient_read = l.norm_partials_ready;
-  return Status::Ok();
+  return reduced_listener_ ? reduced_listener_(li) : Status::Ok();
 }
 
 void GradientReduction::sum_blocks(size_t li, const std::byte* src, bool in_padded_layout) {

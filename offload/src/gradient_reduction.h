@@ -25,6 +25,7 @@
 // One rank (world size 1): the sum over ranks is the gradient itself, so a
 // reduction queues no collective and its completion is the backward's.
 #include <array>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -83,6 +84,10 @@ class GradientReduction {
   // Every gradient is complete (the step's last micro-batch ended): the
   // rest are reduced, in canonical order, the unused layers' as zeros.
   Status launch_every_reduction();
+  // Called on the driving thread once layer li's reduction is issued (its
+  // update_input is then valid): where updates start early (Note [Early,
+  // exact updates]).
+  void on_reduction_issued(std::function<Status(size_t li)> listener) { reduced_listener_ = std::move(listener); }
   // The sum of squares of the reduced gradient over every rank (blocks).
   Result<double> global_norm_squared();
 
@@ -114,6 +119,7 @@ class GradientReduction {
 
   EngineContext& ctx_;
   SerialWorker* norm_worker_ = nullptr;
+  std::function<Status(size_t li)> reduced_listener_;
   std::vector<LayerGradients> layers_;
   // Reductions are issued in descending layer order: next_reduction_ is
   // the highest layer not launched yet (-1: none left).

@@ -8,9 +8,74 @@
 
 #include "strata/core/printable.h"
 #include "strata/core/spec_model.h"
+#include "strata/core/units.h"
 #include "strata/offload/engine.h"
+#include "strata/offload/state_tier.h"
 
 namespace strata::offload {
+
+namespace {
+
+// Note [Early, exact updates]: where updates may run under the backward.
+// They need a copy of the state's previous step to redo or undo from, taken
+// by plain copies of state the host steps in place: not state on NVMe
+// (streamed in versions), not a device part (ratio < 1), not state the
+// device kernel steps, not parameter shards written back to NVMe.
+std::string early_updates_blocker(const EngineOptions& opt, const StatePlacement& p) {
+  if (p.optimizer_on_nvme())
+    return "the optimizer state is on NVMe (offload_optimizer.device nvme), where updates under the backward are not "
+           "supported yet";
+  if (p.split) return fmt::format("offload_optimizer.ratio {} < 1 keeps part of the state on the device", opt.ratio);
+  if (p.device_kernel) return "the device optimizer kernel steps the state (offload_optimizer.device none on a GPU)";
+  for (const LayerPlacement& l : p.layers)
+    if (l.shard_on_nvme())
+      return "stage-3 parameter shards on NVMe (offload_param.device nvme) are written back by each update";
+  return {};
+}
+
+Status decide_early_updates(const EngineOptions& opt, const Partition& partition, StatePlacement& p) {
+  p.early_backup_bytes.assign(p.layers.size(), 0);
+  if (opt.speculative_optimizer == SpeculationMode::kOff) return Status::Ok();
+  std::string blocker = early_updates_blocker(opt, p);
+  if (!blocker.empty()) {
+    if (opt.speculative_optimizer == SpeculationMode::kOn)
+      return Unsupported(fmt::format("{}: strata.speculative_optimizer on: {}; set it to auto or off", opt.source,
+                                     blocker));
+    p.early_updates_off = std::move(blocker);
+    return Status::Ok();
+  }
+  // The backup of a layer: its owned pieces' state as the tier holds it, and
+  // the parameters themselves where they are their own master.
+  uint64_t total = 0;
+  for (size_t li = 0; li < p.layers.size(); ++li) {
+    const LayerPlacement& l = p.layers[li];
+    if (l.frozen) continue;
+    const LayerPartition& layer = partition.layer(li);
+    uint64_t bytes = 0;
+    for (const SubGroup& g : layer.groups)
+      for (int r = p.owned_rank_begin(); r < p.owned_rank_end(); ++r) {
+        const size_t count = layer.piece_real(g, r);
+        bytes += memory_piece_bytes(count, l.master, opt.moments) + (l.master ? 0 : count * sizeof(float));
+      }
+    p.early_backup_bytes[li] = std::max<uint64_t>(64, bytes);
+    total += p.early_backup_bytes[li];
+  }
+  p.early_updates = true;
+  if (opt.speculative_optimizer == SpeculationMode::kAuto && opt.host_memory_budget != 0) {
+    const uint64_t planned = plan_engine_memory(opt, partition, p).pinned;  // the backup included
+    if (planned > opt.host_memory_budget) {
+      p.early_updates = false;
+      p.early_updates_off = fmt::format("its state backup ({}) does not fit strata.host_memory_budget ({}) beside the "
+                                        "rest of the plan ({})",
+                                        format_bytes(total, true), format_bytes(opt.host_memory_budget, true),
+                                        format_bytes(planned - total, true));
+      p.early_backup_bytes.assign(p.layers.size(), 0);
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
 
 const char* state_home_name(StateHome home) {
   switch (home) {
@@ -110,6 +175,7 @@ Result<StatePlacement> StatePlacement::compute(const EngineOptions& opt, std::sp
     l.device_gradient_shard = (!p.optimizer_on_host() && !p.gradients_in_place) || p.split;
     l.norm_gradient_copy = p.device_kernel;
   }
+  STRATA_RETURN_IF_ERROR(decide_early_updates(opt, partition, p));
   return p;
 }
 

@@ -121,6 +121,11 @@ Status UpdateScheduler::init_layer(size_t li, std::span<const float> master) {
   if (where.frozen) return Status::Ok();  // parameters only
   const LayerPartition& layer_part = ctx_.part.layer(li);
   const std::string lname = ctx_.layer_label(li);
+  if (ctx_.placement.early_updates) {
+    if (backups_.size() != layers_.size()) backups_.resize(layers_.size());
+    STRATA_ASSIGN_OR_RETURN(backups_[li], HostBuffer::create(ctx_.device, ctx_.stats, ctx_.placement.early_backup_bytes[li],
+                                                             "the early update's state backup of " + lname));
+  }
   if (where.pinned_staging) {
     STRATA_ASSIGN_OR_RETURN(l.staging, HostBuffer::create(ctx_.device, ctx_.stats,
                                                           ctx_.owned_elements(layer_part) * where.param_element_bytes,
@@ -165,15 +170,14 @@ std::vector<UpdateScheduler::PieceJob::Run> UpdateScheduler::runs_of(size_t li, 
   return out;
 }
 
-Result<UpdateScheduler::Queued> UpdateScheduler::queue_update(size_t li, const GradientReduction::UpdateInput& input,
-                                                              int64_t step, double clip, double scale,
-                                                              const cpu_adam::HyperParams& hyper) {
+std::vector<UpdateScheduler::PieceJob> UpdateScheduler::jobs_of(size_t li, const GradientReduction::UpdateInput& input,
+                                                                const cpu_adam::HyperParams& hyper,
+                                                                std::vector<PieceJob>* device_jobs) {
   LayerUpdate& l = layers_[li];
   const LayerPartition& layer_part = ctx_.part.layer(li);
   const LayerPlacement& where = ctx_.where(li);
   const size_t eb = where.param_element_bytes, gb = ctx_.grad_bytes();
-  // Pointers are computed here (driving thread); the workers only step.
-  std::vector<PieceJob> host_jobs, dev_jobs;
+  std::vector<PieceJob> host_jobs;
   for (size_t gi = 0; gi < layer_part.groups.size(); ++gi) {
     const SubGroup& g = layer_part.groups[gi];
     for (int r = ctx_.owned_rank_begin(); r < ctx_.owned_rank_end(); ++r) {
@@ -201,10 +205,21 @@ Result<UpdateScheduler::Queued> UpdateScheduler::queue_update(size_t li, const G
         d.grads = input.device_part_grads + (g.shard_offset + host) * gb;
         d.param = params_.param_location(li, g, r) + host * eb;
         d.param_is_master = where.param_dtype == DType::kF32;
-        dev_jobs.push_back(d);
+        if (device_jobs != nullptr) device_jobs->push_back(d);
       }
     }
   }
+  return host_jobs;
+}
+
+Result<UpdateScheduler::Queued> UpdateScheduler::queue_update(size_t li, const GradientReduction::UpdateInput& input,
+                                                              int64_t step, double clip, double scale,
+                                                              const cpu_adam::HyperParams& hyper, bool restore_first) {
+  LayerUpdate& l = layers_[li];
+  const LayerPlacement& where = ctx_.where(li);
+  // Pointers are computed here (driving thread); the workers only step.
+  std::vector<PieceJob> dev_jobs;
+  std::vector<PieceJob> host_jobs = jobs_of(li, input, hyper, &dev_jobs);
   cpu_adam::StepArgs args;
   args.step = step;
   args.hyper = hyper;  // each run's own lr and weight decay: PieceJob::runs
@@ -219,9 +234,12 @@ Result<UpdateScheduler::Queued> UpdateScheduler::queue_update(size_t li, const G
   // vote, so every rank runs the same collectives up to it (Note [Atomic
   // steps] in engine.h).
   Completion raw = worker_->submit(
-      [this, jobs = std::move(host_jobs), args, param_dtype, spent = update_ns_] {
+      [this, li, jobs = std::move(host_jobs), args, param_dtype, spent = update_ns_, restore_first] {
         const auto t0 = Clock::now();
-        Status st = step_pieces(*tier_, *optimizer_, jobs, args, param_dtype);
+        // A redone early update: the state of the previous step first (its
+        // parameters are rewritten by the step below).
+        Status st = restore_first ? restore_state(li, jobs) : Status::Ok();
+        if (st.ok()) st = step_pieces(*tier_, *optimizer_, jobs, args, param_dtype);
         spent->fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
         return st;
       },
@@ -244,7 +262,7 @@ Result<UpdateScheduler::Queued> UpdateScheduler::queue_update(size_t li, const G
 }
 
 Status UpdateScheduler::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimizer& o, const std::vector<PieceJob>& jobs,
-                                 const cpu_adam::StepArgs& args, DType param_dtype) {
+                                 const cpu_adam::StepArgs& args, DType param_dtype, bool in_place_failure_torn) {
   if (ctx_.device_opt() && &t == tier_.get()) {
     // The fused device kernel: one launch for the layer's pieces, on its
     // stream; this (optimizer) thread waits for it, so the layer's update
@@ -321,7 +339,7 @@ Status UpdateScheduler::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimize
   // engine, Note [Atomic steps]). A failed copy of the update to the device
   // is not: the kernel goes on, so the state holds the whole step and only
   // the parameters are re-derived.
-  const bool in_place = !t.versioned();
+  const bool in_place = !t.versioned() && in_place_failure_torn;
   Status copy_failed;
   const PieceJob* last_stepped = nullptr;  // testing::UpdateFault fails after it
   for (const PieceJob& j : jobs)
@@ -450,6 +468,155 @@ Status UpdateScheduler::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimize
     if (Status closed = t.close(j.id, true); !closed.ok()) return torn(closed);
   }
   return copy_failed;
+}
+
+// ---------------------------------------------------------------- Note [Early, exact updates]
+
+Status UpdateScheduler::open_early_updates(int64_t step, double scale, const cpu_adam::HyperParams& hyper) {
+  early_args_ = cpu_adam::StepArgs{};
+  early_args_.step = step;
+  early_args_.hyper = hyper;
+  early_args_.clip_coefficient = 1.0;  // clip_coefficient()'s value when the norm does not clip
+  early_args_.loss_scale = scale;
+  early_args_.overflow_check = cpu_adam::OverflowCheck::kAssumeFinite;
+  early_.assign(layers_.size(), EarlyUpdate{});
+  early_ns_ = std::make_shared<std::atomic<int64_t>>(0);
+  early_open_ = true;
+  return Status::Ok();
+}
+
+Status UpdateScheduler::queue_early_update(size_t li, const GradientReduction::UpdateInput& input) {
+  if (!early_open_ || ctx_.where(li).frozen) return Status::Ok();
+  EarlyUpdate& e = early_[li];
+  e.claimed = std::make_shared<std::atomic<bool>>(false);
+  e.backed_up = std::make_shared<std::atomic<bool>>(false);
+  e.jobs = jobs_of(li, input, early_args_.hyper, nullptr);
+  e.queued = true;
+  const Completion gate = params_.writable_after(li, input.reduced);
+  e.done = worker_->submit(
+      [this, li, jobs = e.jobs, args = early_args_, param_dtype = ctx_.where(li).param_dtype, claimed = e.claimed,
+       backed_up = e.backed_up, spent = early_ns_] {
+        if (claimed->exchange(true)) return Status::Ok();  // the step's end claimed it back
+        const auto t0 = Clock::now();
+        Status st = back_up(li, jobs);
+        if (st.ok()) {
+          backed_up->store(true);
+          // A failure part-way is not torn: the backup undoes it (the step's end redoes the layer).
+          st = step_pieces(*tier_, *optimizer_, jobs, args, param_dtype, /*in_place_failure_torn=*/false);
+        }
+        spent->fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+        return st;
+      },
+      gate, fmt::format("early optimizer step of layer {}", li), /*sticky=*/false);
+  return Status::Ok();
+}
+
+Status UpdateScheduler::close_early_updates() {
+  if (!early_open_) return Status::Ok();
+  early_open_ = false;
+  for (size_t li = 0; li < early_.size(); ++li) {
+    EarlyUpdate& e = early_[li];
+    if (!e.queued) continue;
+    if (ctx_.faults.run_every_early_update)
+      STRATA_RETURN_IF_ERROR(ctx_.wait_bounded(e.done, fmt::format("the early update of {}", ctx_.layer_label(li))));
+    e.ran = e.claimed->exchange(true);  // false: claimed back before it started (a no-op when it runs)
+    if (e.ran)
+      STRATA_RETURN_IF_ERROR(ctx_.wait_bounded(e.done, fmt::format("the early update of {}", ctx_.layer_label(li))));
+  }
+  return Status::Ok();
+}
+
+bool UpdateScheduler::early_matches(size_t li, int64_t step, double clip, double scale,
+                                    const cpu_adam::HyperParams& hyper) const {
+  const EarlyUpdate& e = early_[li];
+  const cpu_adam::StepArgs& a = early_args_;
+  const cpu_adam::HyperParams& h = a.hyper;
+  return e.ran && e.done.status().ok() && a.step == step && a.clip_coefficient == clip && a.loss_scale == scale &&
+         h.lr == hyper.lr && h.beta1 == hyper.beta1 && h.beta2 == hyper.beta2 && h.eps == hyper.eps &&
+         h.weight_decay == hyper.weight_decay && h.bias_correction == hyper.bias_correction;
+}
+
+bool UpdateScheduler::early_backed_up(size_t li) const { return early_[li].ran && early_[li].backed_up->load(); }
+
+UpdateScheduler::Queued UpdateScheduler::keep_early(size_t li) {
+  LayerUpdate& l = layers_[li];
+  l.update_ran = l.update_written = early_[li].done;  // ok: early_matches checked it
+  return Queued{l.update_ran, l.update_written};
+}
+
+Result<int64_t> UpdateScheduler::restore_every_early() {
+  int64_t restored = 0;
+  for (size_t li = 0; li < early_.size(); ++li) {
+    EarlyUpdate& e = early_[li];
+    if (!e.ran) continue;
+    e.ran = false;
+    if (!e.backed_up->load()) continue;  // failed before its copy ended: nothing was changed
+    const std::string what = "restoring the state of " + ctx_.layer_label(li) + " from its backup";
+    STRATA_RETURN_IF_ERROR(restore_state(li, e.jobs).with_context(what));
+    STRATA_RETURN_IF_ERROR(rewrite_params(e.jobs, ctx_.where(li).param_dtype).with_context(what));
+    ++restored;
+  }
+  return restored;
+}
+
+// The backup's layout, piece after piece: the master (when the piece has
+// one), exp_avg, exp_avg_sq as the tier holds them (moment_bytes), then the
+// parameters when they are their own master.
+Status UpdateScheduler::back_up(size_t li, const std::vector<PieceJob>& jobs) {
+  std::byte* out = backups_[li].data();
+  for (const PieceJob& j : jobs) {
+    if (j.count == 0) continue;
+    STRATA_ASSIGN_OR_RETURN(PieceState st, tier_->open(j.id));
+    const size_t mb = st.moments.moment_bytes(st.count);
+    if (st.master != nullptr) out = static_cast<std::byte*>(std::memcpy(out, st.master, st.count * sizeof(float))) + st.count * sizeof(float);
+    out = static_cast<std::byte*>(std::memcpy(out, st.exp_avg, mb)) + mb;
+    out = static_cast<std::byte*>(std::memcpy(out, st.exp_avg_sq, mb)) + mb;
+    if (j.param_is_master) out = static_cast<std::byte*>(std::memcpy(out, j.param, j.count * sizeof(float))) + j.count * sizeof(float);
+    STRATA_RETURN_IF_ERROR(tier_->close(j.id, false));
+  }
+  return Status::Ok();
+}
+
+Status UpdateScheduler::restore_state(size_t li, const std::vector<PieceJob>& jobs) {
+  const std::byte* in = backups_[li].data();
+  auto take = [&in](void* dst, size_t bytes) {
+    std::memcpy(dst, in, bytes);
+    in += bytes;
+  };
+  for (const PieceJob& j : jobs) {
+    if (j.count == 0) continue;
+    STRATA_ASSIGN_OR_RETURN(PieceState st, tier_->open(j.id));
+    const size_t mb = st.moments.moment_bytes(st.count);
+    if (st.master != nullptr) take(st.master, st.count * sizeof(float));
+    take(st.exp_avg, mb);
+    take(st.exp_avg_sq, mb);
+    if (j.param_is_master) take(j.param, j.count * sizeof(float));
+    STRATA_RETURN_IF_ERROR(tier_->close(j.id, true));
+  }
+  return Status::Ok();
+}
+
+Status UpdateScheduler::rewrite_params(const std::vector<PieceJob>& jobs, DType param_dtype) {
+  const size_t eb = dtype_size(param_dtype);
+  for (const PieceJob& j : jobs) {
+    if (j.count == 0) continue;
+    STRATA_ASSIGN_OR_RETURN(PieceState st, tier_->open(j.id));
+    // As step_pieces writes them: 16-bit values into j.param (staging or the
+    // host shard), fp32 ones copied from the master; then to the device.
+    if (!j.param_is_master && (param_dtype != DType::kF32 || j.h2d == nullptr))
+      master_to_params(param_dtype, st.master, j.param, j.count);
+    Status copied = Status::Ok();
+    if (j.h2d != nullptr) {
+      const std::byte* src = !j.param_is_master && param_dtype == DType::kF32
+                                 ? reinterpret_cast<const std::byte*>(st.master)
+                                 : j.param;
+      copied = ctx_.device.copy(j.h2d, src, j.count * eb, CopyKind::kHostToDevice);
+    }
+    const Status closed = tier_->close(j.id, false);
+    STRATA_RETURN_IF_ERROR(copied);
+    STRATA_RETURN_IF_ERROR(closed);
+  }
+  return Status::Ok();
 }
 
 Status UpdateScheduler::read_piece_state(size_t li, size_t gi, int r, float* master, float* ea, float* eas) {

@@ -20,6 +20,18 @@
 // into the context's StepFailures (the commit point votes on it); one that
 // leaves state kept in place part-stepped is kTorn.
 //
+// Note [Early, exact updates] (docs/engine.md) adds a second way in: where
+// the placement allows it (StatePlacement::early_updates), a layer's update
+// is queued as soon as its reduced gradient is in during the step's last
+// backward, with the arguments the step will most likely have (no
+// clipping, finite gradients). It first copies the layer's state to the
+// layer's backup. At the step's end the updates not started yet are
+// claimed back (queued normally, in forward order, with the true
+// arguments); a started one is kept when its arguments were the true ones
+// (the same kernel on the same inputs: the same bits), else redone from
+// the backup (queue_update's restore_first) or, when the step is skipped or
+// dropped, restored from it (restore_early).
+//
 // Threads: the driving thread queues; the optimizer threads step.
 #include <atomic>
 #include <memory>
@@ -66,8 +78,38 @@ class UpdateScheduler {
   // its padded fp32 initial values (empty: the layer has no master).
   Status init_layer(size_t li, std::span<const float> master);
 
+  // `restore_first`: the layer's state is first put back from its backup
+  // (an early update that ran with other arguments: Note [Early, exact updates]).
   Result<Queued> queue_update(size_t li, const GradientReduction::UpdateInput& input, int64_t step, double clip,
-                              double scale, const cpu_adam::HyperParams& hyper);
+                              double scale, const cpu_adam::HyperParams& hyper, bool restore_first = false);
+
+  // Note [Early, exact updates]. The step's last micro-batch begins: early
+  // updates assume `assumed` (the step's number, its lr and betas, clip 1,
+  // the loss scale) until close_early_updates().
+  Status open_early_updates(int64_t step, double scale, const cpu_adam::HyperParams& hyper);
+  bool early_updates_open() const { return early_open_; }
+  // Layer li's reduced gradient is in: its update is queued now.
+  Status queue_early_update(size_t li, const GradientReduction::UpdateInput& input);
+  // The step's end (or its abandonment): the early updates not started are
+  // claimed back; the started ones are waited for (bounded).
+  Status close_early_updates();
+  // After close: layer li's early update started (its state may differ from
+  // the previous step's); `matches`: it ran to the end with exactly these
+  // arguments, so it is the step's update.
+  bool ran_early(size_t li) const { return li < early_.size() && early_[li].ran; }
+  bool early_matches(size_t li, int64_t step, double clip, double scale, const cpu_adam::HyperParams& hyper) const;
+  // The kept early update of layer li, as queue_update would have returned it.
+  Queued keep_early(size_t li);
+  // Whether layer li's backup holds its state before the early update (it
+  // failed before its copy ended, having changed nothing, when not).
+  bool early_backed_up(size_t li) const;
+  // Every layer whose early update started: state and parameters put back
+  // from the backup, on the calling (driving) thread; the early updates are
+  // forgotten. For a skipped or dropped step; returns how many.
+  Result<int64_t> restore_every_early();
+  // The step's updates are queued (kept, redone or normal): its early
+  // updates are forgotten, so no later commit point restores them.
+  void forget_early_updates() { early_.clear(); }
 
   // One piece's state (piece_real elements, host part then device part) as
   // fp32; a null pointer skips that kind. Reads and writes through the tiers.
@@ -85,7 +127,11 @@ class UpdateScheduler {
 
   // Time the optimizer threads spend in one step's updates: started when a
   // step's updates are queued, read (once) when they are done.
-  void start_timing() { update_ns_ = std::make_shared<std::atomic<int64_t>>(0); }
+  // Early updates' time (Note [Early, exact updates]) counts in the step's.
+  void start_timing() {
+    update_ns_ = std::make_shared<std::atomic<int64_t>>(early_ns_ ? early_ns_->load() : 0);
+    early_ns_.reset();
+  }
   double timed_ms() const { return update_ns_ ? static_cast<double>(update_ns_->load()) / 1e6 : 0.0; }
   double take_timed_ms() {
     const double ms = timed_ms();
@@ -113,11 +159,36 @@ class UpdateScheduler {
     // the optimizer's tile callback while later tiles compute; null: none.
     std::byte* h2d = nullptr;
   };
+  // One layer's early update of the current step (Note [Early, exact updates]).
+  struct EarlyUpdate {
+    // Whoever sets it first steps the layer: the early task, or the step's
+    // end claiming it back. A fresh one per step: a claimed task still
+    // queued holds its own.
+    std::shared_ptr<std::atomic<bool>> claimed;
+    std::shared_ptr<std::atomic<bool>> backed_up;  // the backup holds the state before the update
+    bool queued = false;
+    bool ran = false;       // close(): the task started
+    Completion done;        // the task (its failure included)
+    std::vector<PieceJob> jobs;
+  };
+  // Layer li's piece jobs (host part) and, split, the device part's.
+  std::vector<PieceJob> jobs_of(size_t li, const GradientReduction::UpdateInput& input,
+                                const cpu_adam::HyperParams& hyper, std::vector<PieceJob>* device_jobs);
+  // Layer li's state (and its parameters when they are their own master)
+  // into the layer's backup, and back. Optimizer thread, or the driving
+  // thread once the layer's updates are done.
+  Status back_up(size_t li, const std::vector<PieceJob>& jobs);
+  Status restore_state(size_t li, const std::vector<PieceJob>& jobs);
+  // The parameters the jobs write, rewritten from the (restored) state, as
+  // an update writes them.
+  Status rewrite_params(const std::vector<PieceJob>& jobs, DType param_dtype);
   Status make_nvme_tier(const std::string& job_name);
   // Layer li's runs intersected with layer elements [begin, begin + count), offsets from begin.
   std::vector<PieceJob::Run> runs_of(size_t li, size_t begin, size_t count, const cpu_adam::HyperParams& hyper) const;
+  // `in_place_failure_torn`: a failure part-way through state kept in place
+  // is recorded as torn (kTorn); not for an early update, whose backup undoes it.
   Status step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimizer& o, const std::vector<PieceJob>& jobs,
-                     const cpu_adam::StepArgs& args, DType param_dtype);
+                     const cpu_adam::StepArgs& args, DType param_dtype, bool in_place_failure_torn = true);
 
   EngineContext& ctx_;
   ParameterGathering& params_;
@@ -131,9 +202,16 @@ class UpdateScheduler {
   std::optional<cpu_adam::CpuOptimizer> optimizer_;
   std::optional<cpu_adam::CpuOptimizer> dev_optimizer_;  // ratio < 1: steps the device part (its own thread)
   std::vector<LayerUpdate> layers_;
+  // Note [Early, exact updates]: the step's assumed arguments, each layer's
+  // early update and backup (pinned host memory, from the placement).
+  bool early_open_ = false;
+  cpu_adam::StepArgs early_args_;
+  std::vector<EarlyUpdate> early_;
+  std::vector<HostBuffer> backups_;
   // Nanoseconds the optimizer threads spent in one step's updates, added by
   // the update tasks themselves.
   std::shared_ptr<std::atomic<int64_t>> update_ns_;
+  std::shared_ptr<std::atomic<int64_t>> early_ns_;  // the early updates' (a step's last backward)
   std::unique_ptr<SerialWorker> worker_;      // last-but-one: stopped before the state it steps
   std::unique_ptr<SerialWorker> dev_worker_;  // ratio < 1: steps the device part at the same time
 };

@@ -106,6 +106,8 @@ py::dict metrics_dict(const offload::StepMetrics& m) {
   d["optimizer_ms"] = m.optimizer_ms;
   d["wait_reduce_ms"] = m.wait_reduce_ms;
   d["wait_optimizer_ms"] = m.wait_optimizer_ms;
+  d["speculated_layers"] = m.speculated_layers;
+  d["redone_layers"] = m.redone_layers;
   d["wait_gather_ms"] = m.wait_gather_ms;
   d["h2d_bytes"] = m.h2d_bytes;
   d["d2h_bytes"] = m.d2h_bytes;

@@ -135,6 +135,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "strata/comm/communicator.h"
@@ -155,6 +156,13 @@ class EngineSeam;     // strata/offload/testing/engine_seam.h (tests only, not i
 struct EngineFaults;
 }  // namespace testing
 
+// strata.speculative_optimizer: whether layers are stepped under the
+// backward (Note [Early, exact updates] in docs/engine.md). kAuto: where the
+// placement allows it and its backup fits strata.host_memory_budget.
+enum class SpeculationMode : uint8_t { kAuto, kOn, kOff };
+Result<SpeculationMode> parse_speculation_mode(std::string_view text, std::string_view field);
+const char* speculation_mode_name(SpeculationMode mode);
+
 struct EngineOptions {
   int stage = 0;
   OffloadDevice offload_optimizer = OffloadDevice::kNone;
@@ -171,6 +179,8 @@ struct EngineOptions {
   int64_t max_reuse_distance = 1'000'000'000;       // stage3_max_reuse_distance
   int64_t persistence_threshold = 100'000;          // stage3_param_persistence_threshold
   bool overlap_optimizer = true;                    // strata.overlap_optimizer
+  // strata.speculative_optimizer (Note [Early, exact updates] in docs/engine.md).
+  SpeculationMode speculative_optimizer = SpeculationMode::kAuto;
   DType grad_dtype = DType::kF32;                   // data_types.grad_accum_dtype
   cpu_adam::MomentStorage moments;                  // strata.optimizer_state_dtype (int8: offloaded state only)
   cpu_adam::OptimizerKind optimizer = cpu_adam::OptimizerKind::kAdamW;
@@ -231,6 +241,11 @@ Status check_placement(const EngineOptions& options);
 
 // One step's numbers, the same on every rank except the per-rank bytes.
 struct StepMetrics {
+  // Note [Early, exact updates]: this rank's layers stepped under the
+  // backward (their reduced gradient in, before the step's norm), and of
+  // those the ones redone at the step's end (clipping applied, the lr or
+  // scale changed) or restored (an fp16 overflow skipped the step).
+  int64_t speculated_layers = 0, redone_layers = 0;
   int64_t step = 0;            // optimizer steps applied so far (a skipped step does not count)
   double loss = 0;             // mean over the global batch (every rank, every micro-batch)
   double lr = 0;
@@ -277,8 +292,11 @@ struct StepMetrics {
 struct EngineMemory {
   uint64_t device = 0;  // = the four parts below
   uint64_t device_params = 0, device_grads = 0, device_optimizer = 0, device_gathered = 0;
-  uint64_t pinned = 0;  // = the four parts below
+  uint64_t pinned = 0;  // = the five parts below
   uint64_t pinned_optimizer = 0, pinned_grads = 0, pinned_staging = 0, pinned_params = 0;
+  // Note [Early, exact updates]: the copy of each layer's state an update
+  // under the backward keeps until the step commits (0 when off).
+  uint64_t pinned_speculation = 0;
   uint64_t nvme = 0;  // optimizer state on NVMe (offload_optimizer nvme)
   // Pageable host memory of one checkpoint snapshot slot: the largest of this
   // rank's pieces as fp32 master and moments (12 B per element, each part

@@ -62,6 +62,10 @@ struct EngineFaults {
   // The same for the stage-3 parameter shards on NVMe (offload_param nvme).
   nvme::IoEngine* param_io = nullptr;
   std::optional<CheckpointCrash> checkpoint_crash;
+  // Note [Early, exact updates]: the step's end waits for every early update
+  // to run instead of claiming back the ones not started, so a test sees the
+  // kept, redone and restored paths whatever the threads' timing.
+  bool run_every_early_update = false;
 };
 
 }  // namespace strata::offload::testing

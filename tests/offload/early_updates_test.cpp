@@ -1,0 +1,233 @@
+// Early, exact updates (strata.speculative_optimizer; Note [Early, exact
+// updates] in docs/engine.md): each layer's update starts under the step's
+// last backward, assuming no clipping and finite gradients, and is kept,
+// redone from its backup or restored at the step's end.
+//  - losses are bit-identical with early updates on and off at every
+//    placement that allows them, worlds 1 and 2, overlap on and off;
+//  - with a clip threshold that clips some steps and not others, both
+//    outcomes happen (kept and redone layers) and the losses still match;
+//  - an fp16 overflow restores the layers stepped early (the state after
+//    the skipped step is the state before it, bit for bit);
+//  - a kernel failure in an update under the backward is undone and the
+//    step ends as it would without early updates;
+//  - the plan counts the backup, auto turns it off when it does not fit
+//    strata.host_memory_budget, and "on" where the placement cannot is
+//    refused naming the key.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include "engine_harness.h"
+
+namespace strata::offload {
+namespace {
+
+using D = OffloadDevice;
+
+// The placements that allow early updates: state in memory the host steps.
+std::vector<Placement> early_placements() {
+  std::vector<Placement> out;
+  for (const Placement& p : matrix())
+    if (p.ratio >= 1.0 && p.optimizer != D::kNvme && p.param != D::kNvme) out.push_back(p);
+  return out;
+}
+
+// Every early update runs (the testing seam): the paths below do not depend
+// on whether the optimizer thread got to a layer before the step's end.
+TrainRun with_early(TrainRun r, SpeculationMode mode) {
+  r.opt.speculative_optimizer = mode;
+  r.faults.run_every_early_update = true;
+  return r;
+}
+
+int64_t total(const Outcome& o, int64_t StepMetrics::*field) {
+  int64_t n = 0;
+  for (const StepMetrics& m : o.metrics) n += m.*field;
+  return n;
+}
+
+class EarlyParity : public ::testing::TestWithParam<int> {};
+
+TEST_P(EarlyParity, OnAndOffGiveTheSameLossesAtEveryPlacement) {
+  const int world = GetParam();
+  for (const Placement& p : early_placements()) {
+    TrainRun base;
+    base.world = world;
+    base.steps = 12;
+    apply_placement(base, p);
+    const Outcome off = train(with_early(base, SpeculationMode::kOff));
+    ASSERT_TRUE(off.status.ok()) << p.name() << ": " << off.status.to_string();
+    EXPECT_EQ(total(off, &StepMetrics::speculated_layers), 0) << p.name();
+    const Outcome on = train(with_early(base, SpeculationMode::kOn));
+    expect_same_losses(off, on, fmt::format("world {} {} early on vs off", world, p.name()));
+    // The harness clips on most steps (grad_clip 0.5): layers stepped early
+    // are redone there.
+    EXPECT_GT(total(on, &StepMetrics::speculated_layers), 0) << p.name();
+    EXPECT_GT(total(on, &StepMetrics::redone_layers), 0) << p.name();
+    EXPECT_LE(total(on, &StepMetrics::redone_layers), total(on, &StepMetrics::speculated_layers)) << p.name();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, EarlyParity, ::testing::Values(1, 2),
+                         [](const auto& info) { return fmt::format("world{}", info.param); });
+
+// A clip threshold between the run's gradient norms: the steps whose norm
+// is below it keep their early updates, the others redo them; losses match
+// the run without early updates at every step, and so does the state.
+TEST(EarlyUpdates, ClippingOnSomeStepsAndNotOthersStaysExact) {
+  TrainRun base;
+  base.steps = 16;
+  apply_placement(base, Placement{2, D::kCpu, D::kNone});
+  base.opt.grad_clip = 0;  // first, the norms without clipping
+  const Outcome probe = train(with_early(base, SpeculationMode::kOff));
+  ASSERT_TRUE(probe.status.ok()) << probe.status.to_string();
+  std::vector<double> norms;
+  for (const StepMetrics& m : probe.metrics) norms.push_back(m.grad_norm);
+  std::sort(norms.begin(), norms.end());
+  base.opt.grad_clip = norms[norms.size() / 2];  // the median: about half the steps clip
+  const Outcome off = train(with_early(base, SpeculationMode::kOff));
+  const Outcome on = train(with_early(base, SpeculationMode::kOn));
+  ASSERT_TRUE(off.status.ok()) << off.status.to_string();
+  expect_same_losses(off, on, "early updates with clipping on some steps");
+  int kept_steps = 0, redone_steps = 0;
+  for (const StepMetrics& m : on.metrics) {
+    ASSERT_GT(m.speculated_layers, 0) << "step " << m.step;
+    if (m.redone_layers == 0) ++kept_steps;
+    if (m.redone_layers == m.speculated_layers) ++redone_steps;
+    // A step either clips or it does not: all its early layers share the fate.
+    EXPECT_TRUE(m.redone_layers == 0 || m.redone_layers == m.speculated_layers) << "step " << m.step;
+  }
+  EXPECT_GT(kept_steps, 0) << "no step kept its early updates";
+  EXPECT_GT(redone_steps, 0) << "no step redid its early updates";
+}
+
+// An Inf gradient on rank 1 at step 4 (fp16, hysteresis 1): the layers it
+// stepped early are restored; the state after the skipped step equals the
+// state before it, and the run matches one without early updates.
+TEST(EarlyUpdates, AnOverflowRestoresTheLayersSteppedEarly) {
+  TrainRun r;
+  r.world = 2;
+  r.steps = 6;
+  r.gpt = small_gpt(DType::kF16);
+  r.opt.grad_dtype = DType::kF16;
+  r.opt.fp16.enabled = true;
+  r.opt.fp16.hysteresis = 1;
+  apply_placement(r, Placement{3, D::kCpu, D::kCpu});
+  r.faults.gradient = testing::GradientFault{.step = 4, .rank = 1, .layer = 1,
+                                             .value = std::numeric_limits<float>::infinity()};
+  using K = Engine::StateKind;
+  std::mutex mu;
+  std::map<int64_t, std::vector<std::vector<float>>> snapshots;  // rank 1's, per step (the rank that overflowed)
+  r.after_step = [&](Engine& e, int64_t step) {
+    std::vector<std::vector<float>> all;
+    for (size_t li = 0; li < e.partition().layer_count(); ++li)
+      for (K k : {K::kMaster, K::kExpAvg, K::kExpAvgSq}) all.push_back(e.gather_state(li, k).value());
+    if (e.rank() == 1) {
+      std::lock_guard<std::mutex> lock(mu);
+      snapshots[step] = std::move(all);
+    }
+  };
+  const Outcome off = train(with_early(r, SpeculationMode::kOff));
+  snapshots.clear();
+  const Outcome on = train(with_early(r, SpeculationMode::kOn));
+  expect_same_losses(off, on, "fp16 overflow with early updates");
+  ASSERT_EQ(on.metrics.size(), 6u);
+  EXPECT_TRUE(on.metrics[3].skipped);
+  EXPECT_GT(on.metrics[3].redone_layers, 0) << "no layer was stepped early in the skipped step";
+  ASSERT_EQ(snapshots[3].size(), snapshots[4].size());
+  for (size_t i = 0; i < snapshots[3].size(); ++i)
+    EXPECT_EQ(0, std::memcmp(snapshots[3][i].data(), snapshots[4][i].data(), snapshots[3][i].size() * 4))
+        << "state " << i << " changed in the skipped step";
+}
+
+// A kernel failure in step 3's update of layer 1 (testing::UpdateFault): the
+// update under the backward fails, is undone from its backup and redone at
+// the step's end, where it fails again as the update would without early
+// updates: torn state kept in place, the engine stops, the same error.
+TEST(EarlyUpdates, AFailedUpdateUnderTheBackwardEndsAsWithoutIt) {
+  TrainRun r;
+  r.steps = 5;
+  apply_placement(r, Placement{1, D::kCpu, D::kNone});
+  r.faults.update = testing::UpdateFault{3, 0, 1};
+  const Outcome off = train(with_early(r, SpeculationMode::kOff));
+  const Outcome on = train(with_early(r, SpeculationMode::kOn));
+  ASSERT_FALSE(off.status.ok());
+  ASSERT_FALSE(on.status.ok());
+  EXPECT_EQ(on.status.code(), off.status.code()) << on.status.to_string();
+  EXPECT_EQ(on.losses, off.losses);
+  EXPECT_NE(on.status.message().find("injected kernel failure"), std::string::npos) << on.status.to_string();
+}
+
+TEST(EarlyUpdates, ThePlanCountsTheBackupAndTheMeasuredPeakStaysUnderIt) {
+  TrainRun r;
+  r.steps = 3;
+  apply_placement(r, Placement{2, D::kCpu, D::kNone});
+  const Outcome off = train(with_early(r, SpeculationMode::kOff));
+  const Outcome on = train(with_early(r, SpeculationMode::kAuto));
+  ASSERT_TRUE(off.status.ok()) << off.status.to_string();
+  ASSERT_TRUE(on.status.ok()) << on.status.to_string();
+  EXPECT_EQ(off.predicted[0].pinned_speculation, 0u);
+  // About the optimizer state's size (master and moments, 12 B per element).
+  EXPECT_GE(on.predicted[0].pinned_speculation, on.predicted[0].pinned_optimizer * 9 / 10);
+  EXPECT_EQ(on.predicted[0].pinned, off.predicted[0].pinned + on.predicted[0].pinned_speculation);
+  EXPECT_GE(on.predicted[0].pinned, on.measured[0].pinned);
+  EXPECT_GT(on.measured[0].pinned, off.measured[0].pinned);
+  EXPECT_GT(total(on, &StepMetrics::speculated_layers), 0) << "auto turned early updates off";
+}
+
+TEST(EarlyUpdates, AutoStaysOffWhenTheBackupDoesNotFitTheHostBudget) {
+  TrainRun r;
+  r.steps = 3;
+  apply_placement(r, Placement{2, D::kCpu, D::kNone});
+  const Outcome off = train(with_early(r, SpeculationMode::kOff));
+  ASSERT_TRUE(off.status.ok()) << off.status.to_string();
+  // Room for the plan without the backup, not with it.
+  r.opt.host_memory_budget = off.predicted[0].pinned + 64;
+  const Outcome automatic = train(with_early(r, SpeculationMode::kAuto));
+  expect_same_losses(off, automatic, "auto under a tight host budget");
+  EXPECT_EQ(automatic.predicted[0].pinned_speculation, 0u);
+  EXPECT_EQ(total(automatic, &StepMetrics::speculated_layers), 0);
+}
+
+TEST(EarlyUpdates, OnIsRefusedWhereThePlacementCannotNamingTheKey) {
+  struct Case {
+    Placement placement;
+    const char* names;
+  };
+  const Case cases[] = {
+      {Placement{2, D::kNvme, D::kNone}, "NVMe"},
+      {Placement{3, D::kCpu, D::kNone, true, 1'000'000'000, 1'000'000'000, 1'000'000'000, 0, 0.5}, "ratio"},
+  };
+  for (const Case& c : cases) {
+    TrainRun r;
+    r.steps = 1;
+    apply_placement(r, c.placement);
+    const Outcome o = train(with_early(r, SpeculationMode::kOn));
+    ASSERT_FALSE(o.status.ok()) << c.placement.name();
+    EXPECT_EQ(o.status.code(), StatusCode::kUnsupported) << o.status.to_string();
+    EXPECT_NE(o.status.message().find("strata.speculative_optimizer"), std::string::npos) << o.status.to_string();
+    EXPECT_NE(o.status.message().find(c.names), std::string::npos) << o.status.to_string();
+    // auto: the same placement trains, without early updates.
+    const Outcome automatic = train(with_early(r, SpeculationMode::kAuto));
+    ASSERT_TRUE(automatic.status.ok()) << automatic.status.to_string();
+    EXPECT_EQ(total(automatic, &StepMetrics::speculated_layers), 0);
+  }
+}
+
+TEST(EarlyUpdates, ParseNamesTheFieldAndTheValue) {
+  EXPECT_EQ(parse_speculation_mode("auto", "k").value(), SpeculationMode::kAuto);
+  EXPECT_EQ(parse_speculation_mode("on", "k").value(), SpeculationMode::kOn);
+  EXPECT_EQ(parse_speculation_mode("off", "k").value(), SpeculationMode::kOff);
+  const Status bad = parse_speculation_mode("yes\n", "--speculative-optimizer").status();
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.message().find("--speculative-optimizer 'yes\\x0a'"), std::string::npos) << bad.message();
+}
+
+}  // namespace
+}  // namespace strata::offload
