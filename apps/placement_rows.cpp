@@ -190,6 +190,8 @@ offload::StepTimeInput gpt_step_input(const model::GptConfig& g, const Placement
   in.ratio = row.ratio;
   in.param_dtype = in.grad_dtype = row.dtype;
   if (row.moments) in.moments = *row.moments;  // else the caller's (StepTimeInput's fp32 unless it sets one)
+  in.early_updates = offload::early_updates_allowed(offload::EngineOptions{}.speculative_optimizer, row.optimizer,
+                                                    row.param, row.ratio);
   return in;
 }
 

@@ -101,6 +101,10 @@ class Evaluator {
       return e;
     }
     o->grad_accum = req_.grad_accum;
+    // Each rank's share of the host cap, as strata train gives it: early
+    // updates (strata.speculative_optimizer auto) keep their backup only
+    // where it fits (Note [Early, exact updates]).
+    if (caps_.host_bytes != 0) o->host_memory_budget = host_share();
     Result<Partition> part = Partition::create(layers_, req_.world, o->sub_group_size);
     if (!part.ok()) {
       e.status = part.status();
@@ -339,6 +343,7 @@ StepTimeInput step_input(const FitRequest& req, const Config& cfg, const EngineO
   in.max_in_cpu = o.nvme_param.max_in_cpu;
   in.nvme_pipeline = cfg.zero_optimization.offload_optimizer.pipeline_read &&
                      cfg.zero_optimization.offload_optimizer.pipeline_write;
+  in.early_updates = early_updates_allowed(o.speculative_optimizer, o.offload_optimizer, o.offload_param, o.ratio);
   return in;
 }
 

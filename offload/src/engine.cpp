@@ -97,16 +97,23 @@ Status Engine::Impl::init() {
         {predicted.pinned_params,
          opt.offload_param == OffloadDevice::kNvme
              ? "parameter shards in host memory and NVMe slots: lower offload_param.max_in_cpu or buffer_count"
-             : "parameter shards (offload_param cpu): set offload_param.device to nvme or none"}};
+             : "parameter shards (offload_param cpu): set offload_param.device to nvme or none"},
+        {predicted.pinned_speculation,
+         "state backup of the early updates: set strata.speculative_optimizer to auto (off when it does not fit) or "
+         "off"}};
     const auto* largest = &parts[0];
     for (const auto& p : parts)
       if (p.first > largest->first) largest = &p;
     return ResourceExhausted(fmt::format(
         "{}: this rank's host tier needs {} of pinned memory (optimizer state {}, gradient shards {}, staging {}, "
-        "parameter shards {}) but its share of strata.host_memory_budget is {}; the largest is the {}",
+        "parameter shards {}{}) but its share of strata.host_memory_budget is {}; the largest is the {}",
         opt.source, format_bytes(predicted.pinned, true), format_bytes(predicted.pinned_optimizer, true),
         format_bytes(predicted.pinned_grads, true), format_bytes(predicted.pinned_staging, true),
-        format_bytes(predicted.pinned_params, true), format_bytes(opt.host_memory_budget, true), largest->second));
+        format_bytes(predicted.pinned_params, true),
+        predicted.pinned_speculation != 0
+            ? ", early updates' backup " + format_bytes(predicted.pinned_speculation, true)
+            : std::string(),
+        format_bytes(opt.host_memory_budget, true), largest->second));
   }
   const size_t n = model.layers().size();
   initialized.assign(n, model.provides_initial_values());

@@ -266,7 +266,7 @@ Status Engine::Impl::queue_step_updates(const StepMark& call, double clip, doubl
       // state before it.
       ++m.speculated_layers;
       if (updates.early_matches(li, optimizer_steps, clip, scale, hyper)) {
-        queued = updates.keep_early(li);
+        STRATA_ASSIGN_OR_RETURN(queued, updates.keep_early(li));
       } else {
         ++m.redone_layers;
         STRATA_ASSIGN_OR_RETURN(queued, updates.queue_update(li, grads.update_input(li), optimizer_steps, clip, scale,

@@ -2,6 +2,8 @@
 // [State placement]).
 #include "strata/offload/state_placement.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 
 #include <fmt/format.h>
@@ -16,17 +18,25 @@ namespace strata::offload {
 
 namespace {
 
+uint64_t physical_memory_bytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
+}
+
 // Note [Early, exact updates]: where updates may run under the backward.
-// They need a copy of the state's previous step to redo or undo from, taken
-// by plain copies of state the host steps in place: not state on NVMe
-// (streamed in versions), not a device part (ratio < 1), not state the
-// device kernel steps, not parameter shards written back to NVMe.
+// They hide the CPU step of offloaded state (offload_optimizer cpu), and need
+// a copy of the state's previous step to redo or undo from, taken by plain
+// copies of state the host steps in place: not state on NVMe (streamed in
+// versions), not a device part (ratio < 1), not parameter shards written
+// back to NVMe.
 std::string early_updates_blocker(const EngineOptions& opt, const StatePlacement& p) {
+  if (!p.optimizer_on_host())
+    return "the optimizer state is on the device (offload_optimizer.device none): early updates hide the CPU step of "
+           "offloaded state (offload_optimizer.device cpu)";
   if (p.optimizer_on_nvme())
     return "the optimizer state is on NVMe (offload_optimizer.device nvme), where updates under the backward are not "
            "supported yet";
   if (p.split) return fmt::format("offload_optimizer.ratio {} < 1 keeps part of the state on the device", opt.ratio);
-  if (p.device_kernel) return "the device optimizer kernel steps the state (offload_optimizer.device none on a GPU)";
   for (const LayerPlacement& l : p.layers)
     if (l.shard_on_nvme())
       return "stage-3 parameter shards on NVMe (offload_param.device nvme) are written back by each update";
@@ -61,14 +71,19 @@ Status decide_early_updates(const EngineOptions& opt, const Partition& partition
     total += p.early_backup_bytes[li];
   }
   p.early_updates = true;
-  if (opt.speculative_optimizer == SpeculationMode::kAuto && opt.host_memory_budget != 0) {
+  if (opt.speculative_optimizer == SpeculationMode::kAuto) {
+    // auto: the plan with the backup must fit this rank's share of
+    // strata.host_memory_budget or, without one, of half this machine's
+    // memory (every rank counted as if on this machine: conservative).
+    const bool budgeted = opt.host_memory_budget != 0;
+    const uint64_t budget = budgeted ? opt.host_memory_budget : physical_memory_bytes() / 2 / std::max(1, p.world);
     const uint64_t planned = plan_engine_memory(opt, partition, p).pinned;  // the backup included
-    if (planned > opt.host_memory_budget) {
+    if (planned > budget) {
       p.early_updates = false;
-      p.early_updates_off = fmt::format("its state backup ({}) does not fit strata.host_memory_budget ({}) beside the "
-                                        "rest of the plan ({})",
-                                        format_bytes(total, true), format_bytes(opt.host_memory_budget, true),
-                                        format_bytes(planned - total, true));
+      p.early_updates_off = fmt::format("its state backup ({}) does not fit {} ({}) beside the rest of the plan ({})",
+                                        format_bytes(total, true),
+                                        budgeted ? "strata.host_memory_budget" : "half this machine's memory per rank",
+                                        format_bytes(budget, true), format_bytes(planned - total, true));
       p.early_backup_bytes.assign(p.layers.size(), 0);
     }
   }

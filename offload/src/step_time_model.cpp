@@ -10,6 +10,11 @@
 
 namespace strata::offload {
 
+bool early_updates_allowed(SpeculationMode mode, OffloadDevice optimizer, OffloadDevice param, double ratio) {
+  return mode != SpeculationMode::kOff && optimizer == OffloadDevice::kCpu && param != OffloadDevice::kNvme &&
+         ratio >= 1.0;
+}
+
 LinkBytes predict_link_bytes(const StepTimeInput& in) {
   const double P = static_cast<double>(in.params);
   const double S = std::ceil(P / in.world);
@@ -109,8 +114,11 @@ Result<StepTimePrediction> predict_step_time(const StepTimeInput& in, const Hard
     // issue 14) the forward's gathers wait for the whole NVMe phase, not only
     // its part beyond the forward, so it is charged whole.
     const double unhidden_nvme = in.stage == 3 ? opt_read_ms + opt_write_ms : 0.0;
-    r.exposed_optimizer_ms =
-        unhidden_nvme + std::max(0.0, std::max(r.optimizer_ms - unhidden_nvme, r.update_ms) - r.forward_ms);
+    // The CPU step hides under the next forward, and with early updates
+    // under the backward too; its copies to the device follow the step's end.
+    const double cpu_window = r.forward_ms + (in.early_updates ? r.backward_ms : 0.0);
+    r.exposed_optimizer_ms = unhidden_nvme + std::max({0.0, r.optimizer_ms - unhidden_nvme - cpu_window,
+                                                       r.update_ms - r.forward_ms});
     r.exposed_reduce_ms = std::max(0.0, r.grad_ms - r.backward_ms) + r.grad_ms / L;
     r.exposed_gather_ms = std::max(0.0, r.param_ms - r.compute_ms) + r.param_ms / L;
   }

@@ -172,7 +172,7 @@ std::vector<UpdateScheduler::PieceJob::Run> UpdateScheduler::runs_of(size_t li, 
 
 std::vector<UpdateScheduler::PieceJob> UpdateScheduler::jobs_of(size_t li, const GradientReduction::UpdateInput& input,
                                                                 const cpu_adam::HyperParams& hyper,
-                                                                std::vector<PieceJob>* device_jobs) {
+                                                                std::vector<PieceJob>* device_jobs, bool early) {
   LayerUpdate& l = layers_[li];
   const LayerPartition& layer_part = ctx_.part.layer(li);
   const LayerPlacement& where = ctx_.where(li);
@@ -191,8 +191,12 @@ std::vector<UpdateScheduler::PieceJob> UpdateScheduler::jobs_of(size_t li, const
       j.param = l.staging ? l.staging.data() + ctx_.owned_offset(layer_part, g, r) * eb
                           : params_.param_location(li, g, r);
       if (l.staging && !where.shard_on_nvme()) {
-        j.h2d = params_.param_location(li, g, r);
-        ctx_.transfers.h2d_bytes += host * eb;
+        if (early) {
+          j.h2d_once_kept = params_.param_location(li, g, r);
+        } else {
+          j.h2d = params_.param_location(li, g, r);
+          ctx_.transfers.h2d_bytes += host * eb;
+        }
       }
       host_jobs.push_back(j);
       if (ctx_.split()) {
@@ -490,7 +494,7 @@ Status UpdateScheduler::queue_early_update(size_t li, const GradientReduction::U
   EarlyUpdate& e = early_[li];
   e.claimed = std::make_shared<std::atomic<bool>>(false);
   e.backed_up = std::make_shared<std::atomic<bool>>(false);
-  e.jobs = jobs_of(li, input, early_args_.hyper, nullptr);
+  e.jobs = jobs_of(li, input, early_args_.hyper, nullptr, /*early=*/true);
   e.queued = true;
   const Completion gate = params_.writable_after(li, input.reduced);
   e.done = worker_->submit(
@@ -538,10 +542,22 @@ bool UpdateScheduler::early_matches(size_t li, int64_t step, double clip, double
 
 bool UpdateScheduler::early_backed_up(size_t li) const { return early_[li].ran && early_[li].backed_up->load(); }
 
-UpdateScheduler::Queued UpdateScheduler::keep_early(size_t li) {
+Result<UpdateScheduler::Queued> UpdateScheduler::keep_early(size_t li) {
   LayerUpdate& l = layers_[li];
-  l.update_ran = l.update_written = early_[li].done;  // ok: early_matches checked it
-  return Queued{l.update_ran, l.update_written};
+  l.update_ran = early_[li].done;  // ok: early_matches checked it
+  l.update_written = l.update_ran;
+  // The staged values go to the device now that the step keeps them (the
+  // device parameters were not touched under the backward).
+  const size_t eb = ctx_.where(li).param_element_bytes;
+  bool copied = false;
+  for (const PieceJob& j : early_[li].jobs) {
+    if (j.h2d_once_kept == nullptr || j.count == 0) continue;
+    STRATA_RETURN_IF_ERROR(ctx_.xfer->copy_async(j.h2d_once_kept, j.param, j.count * eb, CopyKind::kHostToDevice));
+    ctx_.transfers.h2d_bytes += j.count * eb;
+    copied = true;
+  }
+  if (copied) l.update_written = ctx_.xfer->record_completion();
+  return Queued{l.update_ran, ctx_.failures.absorb(l.update_written, fmt::format("update of layer {}", li))};
 }
 
 Result<int64_t> UpdateScheduler::restore_every_early() {

@@ -98,8 +98,9 @@ class UpdateScheduler {
   // arguments, so it is the step's update.
   bool ran_early(size_t li) const { return li < early_.size() && early_[li].ran; }
   bool early_matches(size_t li, int64_t step, double clip, double scale, const cpu_adam::HyperParams& hyper) const;
-  // The kept early update of layer li, as queue_update would have returned it.
-  Queued keep_early(size_t li);
+  // The kept early update of layer li, as queue_update would have returned
+  // it; its staged values are copied to the device now.
+  Result<Queued> keep_early(size_t li);
   // Whether layer li's backup holds its state before the early update (it
   // failed before its copy ended, having changed nothing, when not).
   bool early_backed_up(size_t li) const;
@@ -158,6 +159,9 @@ class UpdateScheduler {
     // Device parameters the updated values are copied to, tile by tile, from
     // the optimizer's tile callback while later tiles compute; null: none.
     std::byte* h2d = nullptr;
+    // An early update (Note [Early, exact updates]) leaves its values in
+    // staging; they go here once the update is kept (keep_early).
+    std::byte* h2d_once_kept = nullptr;
   };
   // One layer's early update of the current step (Note [Early, exact updates]).
   struct EarlyUpdate {
@@ -172,8 +176,11 @@ class UpdateScheduler {
     std::vector<PieceJob> jobs;
   };
   // Layer li's piece jobs (host part) and, split, the device part's.
+  // `early`: staged values are not copied to the device by the update
+  // (h2d_once_kept instead of h2d; no bytes counted yet).
   std::vector<PieceJob> jobs_of(size_t li, const GradientReduction::UpdateInput& input,
-                                const cpu_adam::HyperParams& hyper, std::vector<PieceJob>* device_jobs);
+                                const cpu_adam::HyperParams& hyper, std::vector<PieceJob>* device_jobs,
+                                bool early = false);
   // Layer li's state (and its parameters when they are their own master)
   // into the layer's backup, and back. Optimizer thread, or the driving
   // thread once the layer's updates are done.

@@ -133,6 +133,7 @@ py::dict memory_dict(const offload::EngineMemory& m) {
   d["pinned_grads"] = m.pinned_grads;
   d["pinned_staging"] = m.pinned_staging;
   d["pinned_params"] = m.pinned_params;
+  d["pinned_speculation"] = m.pinned_speculation;
   d["nvme"] = m.nvme;
   return d;
 }

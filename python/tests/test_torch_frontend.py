@@ -244,6 +244,35 @@ def test_losses_bit_identical_across_stages_and_placements(stage, optimizer, par
         assert torch.equal(masters[name], value), name
 
 
+@pytest.mark.parametrize("stage,params", [(1, "none"), (3, "cpu")])
+def test_early_updates_bit_identical_on_and_off(stage, params):
+    """strata.speculative_optimizer: each layer's CPU step starts under the backward (torch's hooks reduce it)
+    and is kept or redone exactly at the step's end; clipping at a threshold some steps cross."""
+    runs = {}
+    for mode in ("on", "off"):
+        cfg = config(stage, "cpu", params, clip=0.5)
+        cfg["strata"]["speculative_optimizer"] = mode
+        model = make_lm()
+        engine, _, _, _ = st.initialize(model=model, model_parameters=decay_groups(model, 0.1), config=cfg)
+        losses = train_engine(engine, lm_loss, 4)
+        m = engine.metrics
+        assert 0 <= m["redone_layers"] <= m["speculated_layers"]
+        if mode == "off":
+            assert m["speculated_layers"] == 0
+        assert (engine.memory()["predicted"]["pinned_speculation"] > 0) == (mode == "on")
+        runs[mode] = (losses, engine.master_parameters())
+    assert runs["on"][0] == runs["off"][0]
+    for name, value in runs["off"][1].items():
+        assert torch.equal(runs["on"][1][name], value), name
+
+
+def test_early_updates_bad_value_names_the_key():
+    cfg = config(2, "cpu")
+    cfg["strata"]["speculative_optimizer"] = "maybe"
+    with pytest.raises(Exception, match="speculative_optimizer"):
+        st.initialize(model=make_lm(), config=cfg)
+
+
 INT8_PLACEMENTS = [(1, "cpu", "none", True), (2, "cpu", "none", False), (3, "cpu", "cpu", True),
                    (2, "nvme", "none", True), (3, "nvme", "nvme", True)]
 

@@ -3,6 +3,8 @@
 // engine's schedule, as a model], the bytes per link, and profile checks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <limits>
 
 #include <nlohmann/json.hpp>
@@ -80,6 +82,26 @@ TEST(StepTimeModel, TheOptimizerHidesUnderTheForwardUntilItIsLonger) {
                                      long_opt->exposed_gather_ms,
               1e-9);
   EXPECT_LE(long_opt->ideal_ms, long_opt->step_ms);
+}
+
+// Note [Early, exact updates]: the CPU step may start under the backward, so
+// it hides under forward + backward; its copies to the device still follow
+// the step's end and hide under the forward only.
+TEST(StepTimeModel, EarlyUpdatesHideTheCpuStepUnderTheBackwardToo) {
+  const HardwareProfile hw = gpu_profile();
+  StepTimeInput in = input(2'000'000'000, 1, OffloadDevice::kCpu);
+  const StepTimePrediction late = predict_step_time(in, hw).value();
+  in.early_updates = true;
+  const StepTimePrediction early = predict_step_time(in, hw).value();
+  EXPECT_NEAR(early.optimizer_ms, late.optimizer_ms, 1e-9);
+  EXPECT_NEAR(early.exposed_optimizer_ms,
+              std::max({0.0, early.optimizer_ms - early.compute_ms, early.update_ms - early.forward_ms}), 1e-6);
+  EXPECT_LT(early.exposed_optimizer_ms, late.exposed_optimizer_ms);
+  EXPECT_TRUE(early_updates_allowed(SpeculationMode::kAuto, OffloadDevice::kCpu, OffloadDevice::kCpu, 1.0));
+  EXPECT_FALSE(early_updates_allowed(SpeculationMode::kOff, OffloadDevice::kCpu, OffloadDevice::kNone, 1.0));
+  EXPECT_FALSE(early_updates_allowed(SpeculationMode::kOn, OffloadDevice::kNvme, OffloadDevice::kNone, 1.0));
+  EXPECT_FALSE(early_updates_allowed(SpeculationMode::kOn, OffloadDevice::kCpu, OffloadDevice::kNvme, 1.0));
+  EXPECT_FALSE(early_updates_allowed(SpeculationMode::kOn, OffloadDevice::kCpu, OffloadDevice::kNone, 0.5));
 }
 
 TEST(StepTimeModel, RanksOfANodeShareItsCpuOptimizerAndDrives) {

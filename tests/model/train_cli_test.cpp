@@ -46,7 +46,7 @@ TEST(TrainCli, ProgressLinesAndJsonLogShape) {
     for (auto it = j.begin(); it != j.end(); ++it) keys.push_back(it.key());
     EXPECT_EQ(keys, (std::vector<std::string>{"step", "loss", "val_loss", "lr", "loss_scale", "grad_norm", "skipped",
                                               "tokens_per_s", "step_ms", "forward_ms", "backward_ms", "optimizer_ms",
-                                              "exposed_ms", "bytes", "save", "peak_bytes"}));
+                                              "early_updates", "exposed_ms", "bytes", "save", "peak_bytes"}));
     EXPECT_EQ(j["exposed_ms"].size(), 5u);  // reduce, optimizer, gather, gather_backward, nvme
     EXPECT_EQ(j["bytes"].size(), 6u);  // h2d, d2h, gather, reduce, nvme_read, nvme_write
     EXPECT_GT(j["grad_norm"].get<double>(), 0);

@@ -89,6 +89,10 @@ TEST_P(OverlapAtStage3, NextForwardStartsBeforeTheLastLayersUpdateEnds) {
   o.persistence_threshold = kSmall + 1;  // only "last" stays whole
   o.optimizer_threads = 1;               // a slow optimizer: the middle layers' updates take a while
   o.overlap_optimizer = true;
+  // The order of updates under the next forward, as queued at the step's
+  // end; early updates (which start under the backward, last layer first)
+  // are tested in early_updates_test.cpp.
+  o.speculative_optimizer = SpeculationMode::kOff;
   o.grad_clip = 0;
   auto engine = Engine::create(o, model, *device, *comms[0]).value();
   ASSERT_TRUE(initialize(*engine, model).ok());

@@ -147,6 +147,7 @@
 #include "strata/cpu_adam/moment_storage.h"
 #include "strata/offload/checkpoint.h"
 #include "strata/offload/partition.h"
+#include "strata/offload/speculation_mode.h"
 #include "strata/offload/state_placement.h"
 
 namespace strata::offload {
@@ -155,13 +156,6 @@ namespace testing {
 class EngineSeam;     // strata/offload/testing/engine_seam.h (tests only, not installed)
 struct EngineFaults;
 }  // namespace testing
-
-// strata.speculative_optimizer: whether layers are stepped under the
-// backward (Note [Early, exact updates] in docs/engine.md). kAuto: where the
-// placement allows it and its backup fits strata.host_memory_budget.
-enum class SpeculationMode : uint8_t { kAuto, kOn, kOff };
-Result<SpeculationMode> parse_speculation_mode(std::string_view text, std::string_view field);
-const char* speculation_mode_name(SpeculationMode mode);
 
 struct EngineOptions {
   int stage = 0;

@@ -36,6 +36,7 @@
 #include "strata/core/status.h"
 #include "strata/cpu_adam/moment_storage.h"
 #include "strata/offload/hardware_profile.h"
+#include "strata/offload/speculation_mode.h"
 
 namespace strata::offload {
 
@@ -62,7 +63,15 @@ struct StepTimeInput {
   uint64_t persistent_params = 0;
   int64_t max_in_cpu = 1'000'000'000;          // offload_param.max_in_cpu
   bool nvme_pipeline = false;                  // offload_optimizer.pipeline_read and pipeline_write
+  // Note [Early, exact updates]: the CPU step may start under the backward
+  // (early_updates_allowed below), so on a machine whose compute is not on
+  // the optimizer's cores it hides under forward + backward, not the forward.
+  bool early_updates = false;
 };
+
+// Whether these options let the CPU step start under the backward: the
+// placement's rule (StatePlacement::early_updates) without auto's memory check.
+bool early_updates_allowed(SpeculationMode mode, OffloadDevice optimizer, OffloadDevice param, double ratio);
 
 // Bytes one rank moves per step on each link, as the engine's StepMetrics count them.
 struct LinkBytes {

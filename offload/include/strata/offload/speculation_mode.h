@@ -1,0 +1,18 @@
+#pragma once
+// strata.speculative_optimizer: whether each layer's CPU optimizer step may
+// start under the backward (Note [Early, exact updates] in docs/engine.md).
+// kAuto: where the placement allows it and its state backup fits
+// strata.host_memory_budget (without one: half the machine's memory per rank).
+#include <cstdint>
+#include <string_view>
+
+#include "strata/core/status.h"
+
+namespace strata::offload {
+
+enum class SpeculationMode : uint8_t { kAuto, kOn, kOff };
+// "auto" | "on" | "off"; anything else is an InvalidArgument naming `field`.
+Result<SpeculationMode> parse_speculation_mode(std::string_view text, std::string_view field);
+const char* speculation_mode_name(SpeculationMode mode);
+
+}  // namespace strata::offload
