@@ -71,6 +71,17 @@ Status decide_early_updates(const EngineOptions& opt, const Partition& partition
     total += p.early_backup_bytes[li];
   }
   p.early_updates = true;
+  if (opt.speculative_optimizer == SpeculationMode::kAuto && p.device.host_addressable) {
+    // Measured on the 2-core VM (docs/performance.md, "Early, exact updates"):
+    // where the model's compute runs on the host's own cores, the update
+    // under the backward competes with it for cores and memory bandwidth,
+    // and with the backup's copy the step got slower.
+    p.early_updates = false;
+    p.early_updates_off = "the cpu device's compute shares the host's cores and memory bandwidth with the optimizer "
+                          "(measured slower there); strata.speculative_optimizer on forces it";
+    p.early_backup_bytes.assign(p.layers.size(), 0);
+    return Status::Ok();
+  }
   if (opt.speculative_optimizer == SpeculationMode::kAuto) {
     // auto: the plan with the backup must fit this rank's share of
     // strata.host_memory_budget or, without one, of half this machine's

@@ -24,6 +24,8 @@
 #include <fmt/format.h>
 
 #include "engine_harness.h"
+#include "strata/core/spec_model.h"
+#include "strata/offload/state_placement.h"
 
 namespace strata::offload {
 namespace {
@@ -169,7 +171,7 @@ TEST(EarlyUpdates, ThePlanCountsTheBackupAndTheMeasuredPeakStaysUnderIt) {
   r.steps = 3;
   apply_placement(r, Placement{2, D::kCpu, D::kNone});
   const Outcome off = train(with_early(r, SpeculationMode::kOff));
-  const Outcome on = train(with_early(r, SpeculationMode::kAuto));
+  const Outcome on = train(with_early(r, SpeculationMode::kOn));
   ASSERT_TRUE(off.status.ok()) << off.status.to_string();
   ASSERT_TRUE(on.status.ok()) << on.status.to_string();
   EXPECT_EQ(off.predicted[0].pinned_speculation, 0u);
@@ -178,7 +180,7 @@ TEST(EarlyUpdates, ThePlanCountsTheBackupAndTheMeasuredPeakStaysUnderIt) {
   EXPECT_EQ(on.predicted[0].pinned, off.predicted[0].pinned + on.predicted[0].pinned_speculation);
   EXPECT_GE(on.predicted[0].pinned, on.measured[0].pinned);
   EXPECT_GT(on.measured[0].pinned, off.measured[0].pinned);
-  EXPECT_GT(total(on, &StepMetrics::speculated_layers), 0) << "auto turned early updates off";
+  EXPECT_GT(total(on, &StepMetrics::speculated_layers), 0);
   // The staged values of a kept update go to the device once, a redone one's
   // with the redo: the same bytes per step as without early updates.
   uint64_t h2d_on = 0, h2d_off = 0;
@@ -187,18 +189,42 @@ TEST(EarlyUpdates, ThePlanCountsTheBackupAndTheMeasuredPeakStaysUnderIt) {
   EXPECT_EQ(h2d_on, h2d_off);
 }
 
-TEST(EarlyUpdates, AutoStaysOffWhenTheBackupDoesNotFitTheHostBudget) {
-  TrainRun r;
-  r.steps = 3;
-  apply_placement(r, Placement{2, D::kCpu, D::kNone});
-  const Outcome off = train(with_early(r, SpeculationMode::kOff));
-  ASSERT_TRUE(off.status.ok()) << off.status.to_string();
-  // Room for the plan without the backup, not with it.
-  r.opt.host_memory_budget = off.predicted[0].pinned + 64;
-  const Outcome automatic = train(with_early(r, SpeculationMode::kAuto));
-  expect_same_losses(off, automatic, "auto under a tight host budget");
-  EXPECT_EQ(automatic.predicted[0].pinned_speculation, 0u);
-  EXPECT_EQ(total(automatic, &StepMetrics::speculated_layers), 0);
+// auto: on where the model's compute does not share the host's cores (a
+// GPU) and the plan with the backup fits the host budget; off on the cpu
+// device (measured slower there) and under a budget the backup breaks.
+TEST(EarlyUpdates, AutoIsOnOffTheHostsCoresWhereTheBackupFits) {
+  std::vector<LayerDescription> layers;
+  for (int i = 0; i < 3; ++i)
+    layers.push_back({fmt::format("l{}", i), {{fmt::format("l{}.weight", i), {4096}, DType::kBF16, true, std::nullopt, 1.0}}});
+  const SpecModel model = SpecModel::create(std::move(layers)).value();
+  EngineOptions o;
+  o.stage = 2;
+  o.offload_optimizer = D::kCpu;
+  auto plan = [&](const EngineOptions& opt, const PlannedDevice& device) {
+    const Partition part = Partition::create(model.layers(), 1, opt.sub_group_size).value();
+    const StatePlacement p = StatePlacement::compute(opt, model.layers(), part, 0, device).value();
+    return std::make_pair(p, plan_engine_memory(opt, part, p));
+  };
+  const auto [gpu, gpu_memory] = plan(o, PlannedDevice::gpu());
+  EXPECT_TRUE(gpu.early_updates) << gpu.early_updates_off;
+  EXPECT_GT(gpu_memory.pinned_speculation, 0u);
+  const auto [cpu, cpu_memory] = plan(o, PlannedDevice::cpu());
+  EXPECT_FALSE(cpu.early_updates);
+  EXPECT_NE(cpu.early_updates_off.find("cpu device"), std::string::npos) << cpu.early_updates_off;
+  EXPECT_EQ(cpu_memory.pinned_speculation, 0u);
+  // A budget with room for the plan without the backup, not with it.
+  EngineOptions tight = o;
+  tight.host_memory_budget = gpu_memory.pinned - gpu_memory.pinned_speculation + 64;
+  const auto [capped, capped_memory] = plan(tight, PlannedDevice::gpu());
+  EXPECT_FALSE(capped.early_updates);
+  EXPECT_NE(capped.early_updates_off.find("strata.host_memory_budget"), std::string::npos) << capped.early_updates_off;
+  EXPECT_EQ(capped_memory.pinned_speculation, 0u);
+  // on: the budget is the engine's check at start-up, not auto's.
+  tight.speculative_optimizer = SpeculationMode::kOn;
+  EXPECT_TRUE(plan(tight, PlannedDevice::gpu()).first.early_updates);
+  // off: never.
+  o.speculative_optimizer = SpeculationMode::kOff;
+  EXPECT_FALSE(plan(o, PlannedDevice::gpu()).first.early_updates);
 }
 
 TEST(EarlyUpdates, OnIsRefusedWhereThePlacementCannotNamingTheKey) {

@@ -1,7 +1,8 @@
 #pragma once
 // strata.speculative_optimizer: whether each layer's CPU optimizer step may
 // start under the backward (Note [Early, exact updates] in docs/engine.md).
-// kAuto: where the placement allows it and its state backup fits
+// kAuto: where the placement allows it, the model's compute is not on the
+// host's cores (not the cpu device), and its state backup fits
 // strata.host_memory_budget (without one: half the machine's memory per rank).
 #include <cstdint>
 #include <string_view>
