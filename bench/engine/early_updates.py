@@ -24,29 +24,21 @@ Usage: early_updates.py STRATA [--rounds R] [--steps S] [--json FILE] -- TRAIN A
 """
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
+
+from train_medians import train_medians
+
+
+FIELDS = {"step_ms": lambda r: r["step_ms"], "forward_ms": lambda r: r["forward_ms"],
+          "backward_ms": lambda r: r["backward_ms"], "optimizer_ms": lambda r: r["optimizer_ms"],
+          "exposed_ms": lambda r: r["exposed_ms"]["optimizer"], "reduce_ms": lambda r: r["exposed_ms"]["reduce"],
+          "early_layers": lambda r: r.get("early_updates", {}).get("layers", 0),
+          "redone_layers": lambda r: r.get("early_updates", {}).get("redone", 0)}
 
 
 def run(strata, args, extra, steps):
-    with tempfile.TemporaryDirectory() as tmp:
-        log = os.path.join(tmp, "log.jsonl")
-        cmd = [strata, "train", *args, *extra, "--steps", str(steps), "--eval-every", "0", "--quiet",
-               "--json-log", log]
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-        with open(log) as f:
-            rows = [json.loads(line) for line in f]
-    rows = rows[1:]  # step 1 records the acquire sequence
-    med = lambda get: statistics.median(get(r) for r in rows)
-    return {"step_ms": med(lambda r: r["step_ms"]), "forward_ms": med(lambda r: r["forward_ms"]),
-            "backward_ms": med(lambda r: r["backward_ms"]), "optimizer_ms": med(lambda r: r["optimizer_ms"]),
-            "exposed_ms": med(lambda r: r["exposed_ms"]["optimizer"]),
-            "reduce_ms": med(lambda r: r["exposed_ms"]["reduce"]),
-            "early_layers": med(lambda r: r.get("early_updates", {}).get("layers", 0)),
-            "redone_layers": med(lambda r: r.get("early_updates", {}).get("redone", 0))}
+    return train_medians(strata, args, extra, steps, FIELDS)
 
 
 def main():

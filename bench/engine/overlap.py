@@ -16,26 +16,19 @@ Usage: overlap.py STRATA [--rounds R] [--steps S] -- TRAIN ARGS...
 """
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
+
+from train_medians import train_medians
+
+
+FIELDS = {"step_ms": lambda r: r["step_ms"], "forward_ms": lambda r: r["forward_ms"],
+          "optimizer_ms": lambda r: r["optimizer_ms"], "exposed_ms": lambda r: r["exposed_ms"]["optimizer"],
+          "exposed_gather_ms": lambda r: r["exposed_ms"]["gather"]}
 
 
 def run(strata, args, extra, steps):
-    with tempfile.TemporaryDirectory() as tmp:
-        log = os.path.join(tmp, "log.jsonl")
-        cmd = [strata, "train", *args, *extra, "--steps", str(steps), "--eval-every", "0", "--quiet",
-               "--json-log", log]
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-        with open(log) as f:
-            rows = [json.loads(line) for line in f]
-    rows = rows[1:]  # step 1 records the acquire sequence
-    med = lambda key: statistics.median(r[key] for r in rows)
-    return {"step_ms": med("step_ms"), "forward_ms": med("forward_ms"), "optimizer_ms": med("optimizer_ms"),
-            "exposed_ms": statistics.median(r["exposed_ms"]["optimizer"] for r in rows),
-            "exposed_gather_ms": statistics.median(r["exposed_ms"]["gather"] for r in rows)}
+    return train_medians(strata, args, extra, steps, FIELDS)
 
 
 def main():

@@ -13,7 +13,6 @@
 #include "strata/core/slot_pool.h"
 
 #include <sys/resource.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -23,6 +22,7 @@
 #include <fmt/format.h>
 
 #include "strata/core/device.h"
+#include "strata/core/host_memory.h"
 #include "strata/core/units.h"
 
 namespace strata {
@@ -31,13 +31,6 @@ namespace {
 constexpr size_t kMaxSlots = 65536;
 constexpr size_t kMaxAlignment = size_t{1} << 30;
 constexpr size_t kDevicePinAlignment = 4096;  // allocate_pinned_host returns page-aligned memory
-
-uint64_t physical_memory_bytes() {
-  const long pages = sysconf(_SC_PHYS_PAGES);
-  const long page = sysconf(_SC_PAGESIZE);
-  if (pages <= 0 || page <= 0) return std::numeric_limits<uint64_t>::max();
-  return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page);
-}
 
 std::string memlock_text() {
   struct rlimit lim {};
@@ -112,7 +105,9 @@ Result<std::unique_ptr<SlotPool>> SlotPool::create(Device& device, SlotPoolOptio
     return InvalidArgument(fmt::format("slot pool '{}': slot_count {} x slot_bytes {} overflows", name,
                                        options.slot_count, options.slot_bytes));
   const size_t total = stride * options.slot_count;
-  const uint64_t physical = physical_memory_bytes();
+  // Unknown (0): no bound from it.
+  const uint64_t known = physical_memory_bytes();
+  const uint64_t physical = known != 0 ? known : std::numeric_limits<uint64_t>::max();
   if (total > physical)
     return InvalidArgument(fmt::format("slot pool '{}': slot_count {} x slot_bytes {} = {} exceeds the host's "
                                        "physical memory ({}); lower slot_count or slot_bytes",

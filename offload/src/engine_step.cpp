@@ -58,7 +58,7 @@ Status Engine::Impl::begin_micro_batch(bool last) {
   // The last backward reduces every gradient: updates may start under it,
   // assuming the step's likely arguments (Note [Early, exact updates]).
   if (last && placement.early_updates && !updates.early_updates_open())
-    STRATA_RETURN_IF_ERROR(updates.open_early_updates(optimizer_steps + 1, progress.scale, hyper_of_step(optimizer_steps + 1)));
+    updates.open_early_updates(optimizer_steps + 1, progress.scale, hyper_of_step(optimizer_steps + 1));
   grads.begin_micro_batch();
   params.trace().begin_micro_batch();
   progress.micro_started = Clock::now();

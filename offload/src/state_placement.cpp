@@ -2,12 +2,11 @@
 // [State placement]).
 #include "strata/offload/state_placement.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 
 #include <fmt/format.h>
 
+#include "strata/core/host_memory.h"
 #include "strata/core/printable.h"
 #include "strata/core/spec_model.h"
 #include "strata/core/units.h"
@@ -17,11 +16,6 @@
 namespace strata::offload {
 
 namespace {
-
-uint64_t physical_memory_bytes() {
-  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
-  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
-}
 
 // Note [Early, exact updates]: where updates may run under the backward.
 // They hide the CPU step of offloaded state (offload_optimizer cpu), and need

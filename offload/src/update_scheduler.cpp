@@ -476,7 +476,7 @@ Status UpdateScheduler::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimize
 
 // ---------------------------------------------------------------- Note [Early, exact updates]
 
-Status UpdateScheduler::open_early_updates(int64_t step, double scale, const cpu_adam::HyperParams& hyper) {
+void UpdateScheduler::open_early_updates(int64_t step, double scale, const cpu_adam::HyperParams& hyper) {
   early_args_ = cpu_adam::StepArgs{};
   early_args_.step = step;
   early_args_.hyper = hyper;
@@ -486,7 +486,6 @@ Status UpdateScheduler::open_early_updates(int64_t step, double scale, const cpu
   early_.assign(layers_.size(), EarlyUpdate{});
   early_ns_ = std::make_shared<std::atomic<int64_t>>(0);
   early_open_ = true;
-  return Status::Ok();
 }
 
 Status UpdateScheduler::queue_early_update(size_t li, const GradientReduction::UpdateInput& input) {
@@ -534,10 +533,8 @@ bool UpdateScheduler::early_matches(size_t li, int64_t step, double clip, double
                                     const cpu_adam::HyperParams& hyper) const {
   const EarlyUpdate& e = early_[li];
   const cpu_adam::StepArgs& a = early_args_;
-  const cpu_adam::HyperParams& h = a.hyper;
   return e.ran && e.done.status().ok() && a.step == step && a.clip_coefficient == clip && a.loss_scale == scale &&
-         h.lr == hyper.lr && h.beta1 == hyper.beta1 && h.beta2 == hyper.beta2 && h.eps == hyper.eps &&
-         h.weight_decay == hyper.weight_decay && h.bias_correction == hyper.bias_correction;
+         a.hyper == hyper;
 }
 
 bool UpdateScheduler::early_backed_up(size_t li) const { return early_[li].ran && early_[li].backed_up->load(); }

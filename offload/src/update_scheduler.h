@@ -84,9 +84,10 @@ class UpdateScheduler {
                               double scale, const cpu_adam::HyperParams& hyper, bool restore_first = false);
 
   // Note [Early, exact updates]. The step's last micro-batch begins: early
-  // updates assume `assumed` (the step's number, its lr and betas, clip 1,
-  // the loss scale) until close_early_updates().
-  Status open_early_updates(int64_t step, double scale, const cpu_adam::HyperParams& hyper);
+  // updates assume step number `step`, loss scale `scale`, `hyper` (its lr
+  // and betas), clip coefficient 1 and finite gradients until
+  // close_early_updates().
+  void open_early_updates(int64_t step, double scale, const cpu_adam::HyperParams& hyper);
   bool early_updates_open() const { return early_open_; }
   // Layer li's reduced gradient is in: its update is queued now.
   Status queue_early_update(size_t li, const GradientReduction::UpdateInput& input);

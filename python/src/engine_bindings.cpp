@@ -44,8 +44,6 @@
 #include <tuple>
 #include <vector>
 
-#include <unistd.h>
-
 #include <fmt/format.h>
 #include <pybind11/stl.h>
 
@@ -55,6 +53,7 @@
 #include "torch_dtypes.h"
 #include "strata/comm/backends.h"
 #include "strata/core/config.h"
+#include "strata/core/host_memory.h"
 #include "strata/core/device_registry.h"
 #include "strata/core/printable.h"
 #include "strata/core/spec_model.h"
@@ -86,8 +85,8 @@ const char* outcome_name(StepOutcomeKind kind) {
 }
 
 uint64_t quarter_of_host_memory() {
-  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
-  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) / 4 : uint64_t{1} << 30;
+  const uint64_t physical = physical_memory_bytes();
+  return physical != 0 ? physical / 4 : uint64_t{1} << 30;
 }
 
 py::dict metrics_dict(const offload::StepMetrics& m) {

@@ -34,6 +34,8 @@ struct HyperParams {
   double eps = 1e-8;     // Adam/AdamW/Adagrad
   double weight_decay = 0.0;
   bool bias_correction = true;  // Adam/AdamW
+
+  bool operator==(const HyperParams&) const = default;
 };
 
 // Checks ranges for `kind`: lr >= 0, 0 <= beta < 1, eps >= 0 (> 0 for
