@@ -85,6 +85,22 @@ void MomentStorage::point(StateSpans& spans, void* exp_avg, void* exp_avg_sq, si
   spans.exp_avg_sq_scale = scales(exp_avg_sq, total) + first / block_elements_;
 }
 
+void MomentStorage::point_source(StateSpans& spans, const void* exp_avg, const void* exp_avg_sq, size_t total,
+                                 size_t first) const {
+  STRATA_CHECK(first + spans.count <= total, "moment range past the end of its buffer");
+  if (kind_ != Kind::kInt8) {
+    const size_t element = dtype_size(element_dtype());
+    spans.exp_avg_source = static_cast<const std::byte*>(exp_avg) + first * element;
+    spans.exp_avg_sq_source = static_cast<const std::byte*>(exp_avg_sq) + first * element;
+    return;
+  }
+  STRATA_CHECK(first % block_elements_ == 0, "an int8 moment range must start on a block");
+  spans.exp_avg_source = static_cast<const std::byte*>(exp_avg) + first;
+  spans.exp_avg_sq_source = static_cast<const std::byte*>(exp_avg_sq) + first;
+  spans.exp_avg_scale_source = scales(exp_avg, total) + first / block_elements_;
+  spans.exp_avg_sq_scale_source = scales(exp_avg_sq, total) + first / block_elements_;
+}
+
 Status MomentStorage::check_block_range(size_t total, size_t first, size_t count) const {
   if (first + count > total)
     return InvalidArgument(fmt::format("moment range [{}, {}) is past the end of its {} elements", first,

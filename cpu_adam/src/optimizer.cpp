@@ -24,6 +24,7 @@
 #include "strata/cpu_adam/optimizer.h"
 
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <vector>
 
@@ -103,6 +104,49 @@ Status validate_int8_moments(OptimizerKind kind, const StateSpans& s) {
   return Status::Ok();
 }
 
+// An out-of-place step's sources (StateSpans::*_source): every stream the
+// kind reads has one, each its output span itself or not overlapping it.
+Status validate_sources(OptimizerKind kind, const StateSpans& s) {
+  const bool int8 = s.moment_format == MomentFormat::kBlockInt8;
+  if (s.params_source == nullptr) {
+    if (s.exp_avg_source != nullptr || s.exp_avg_sq_source != nullptr || s.exp_avg_scale_source != nullptr ||
+        s.exp_avg_sq_scale_source != nullptr)
+      return InvalidArgument("StateSpans: a moment source is set but params_source is null; an out-of-place step "
+                             "needs params_source too (or leave every *_source null to step in place)");
+    return Status::Ok();
+  }
+  const std::string_view name = optimizer_kind_name(kind);
+  const size_t moment_bytes = int8 ? 1 : dtype_size(s.moment_dtype);
+  const size_t blocks = int8 ? moment_block_count(s.count, s.moment_block_elements) : 0;
+  struct Stream {
+    const void* source;
+    const void* output;
+    size_t bytes;
+    std::string_view field;
+    bool used;
+  };
+  const Stream streams[] = {
+      {s.params_source, s.params, s.count * sizeof(float), "params_source", true},
+      {s.exp_avg_source, s.exp_avg, s.count * moment_bytes, "exp_avg_source", detail::uses_exp_avg(kind)},
+      {s.exp_avg_sq_source, s.exp_avg_sq, s.count * moment_bytes, "exp_avg_sq_source", detail::uses_exp_avg_sq(kind)},
+      {s.exp_avg_scale_source, s.exp_avg_scale, blocks * sizeof(float), "exp_avg_scale_source", int8},
+      {s.exp_avg_sq_scale_source, s.exp_avg_sq_scale, blocks * sizeof(float), "exp_avg_sq_scale_source", int8},
+  };
+  for (const Stream& st : streams) {
+    if (!st.used) continue;
+    if (st.source == nullptr)
+      return InvalidArgument(fmt::format("StateSpans.{} is null but params_source is set: an out-of-place {} step "
+                                         "reads every stream it updates from its source",
+                                         st.field, name));
+    const auto source = reinterpret_cast<uintptr_t>(st.source), output = reinterpret_cast<uintptr_t>(st.output);
+    if (source != output && source < output + st.bytes && output < source + st.bytes)
+      return InvalidArgument(fmt::format("StateSpans.{} overlaps its output span without being it; an out-of-place "
+                                         "step needs disjoint spans (or the same span to step in place)",
+                                         st.field));
+  }
+  return Status::Ok();
+}
+
 Status validate_state(OptimizerKind kind, const StateSpans& s) {
   if (s.count == 0) return Status::Ok();
   const std::string_view name = optimizer_kind_name(kind);
@@ -132,7 +176,7 @@ Status validate_state(OptimizerKind kind, const StateSpans& s) {
     return InvalidArgument("StateSpans.param_copy_dtype = fp32: the fp32 params are already the master copy; "
                            "use bf16 or fp16 for the copy, or leave param_copy null");
   }
-  return Status::Ok();
+  return validate_sources(kind, s);
 }
 
 // Note [Non-temporal copy] (x86/kernel_body.h): on unless STRATA_CPU_ADAM_NT_COPY=0.
@@ -230,6 +274,22 @@ TileSpans tile_of(const StateSpans& s, size_t begin, size_t count) {
   if (s.param_copy != nullptr) {
     t.param_copy = static_cast<char*>(s.param_copy) + begin * 2;
     t.copy_type = s.param_copy_dtype == DType::kBF16 ? CopyType::kBF16 : CopyType::kF16;
+  }
+  // Where the update reads: the outputs themselves unless out of place.
+  t.params_in = t.params;
+  t.exp_avg_in = t.exp_avg;
+  t.exp_avg_sq_in = t.exp_avg_sq;
+  t.exp_avg_scale_in = t.exp_avg_scale;
+  t.exp_avg_sq_scale_in = t.exp_avg_sq_scale;
+  if (s.params_source != nullptr) {
+    t.params_in = s.params_source + begin;
+    if (s.exp_avg_source != nullptr) t.exp_avg_in = static_cast<const char*>(s.exp_avg_source) + begin * moment_bytes;
+    if (s.exp_avg_sq_source != nullptr)
+      t.exp_avg_sq_in = static_cast<const char*>(s.exp_avg_sq_source) + begin * moment_bytes;
+    if (int8) {
+      t.exp_avg_scale_in = s.exp_avg_scale_source + begin / s.moment_block_elements;
+      t.exp_avg_sq_scale_in = s.exp_avg_sq_scale_source + begin / s.moment_block_elements;
+    }
   }
   return t;
 }
@@ -353,6 +413,8 @@ Result<StepReport> CpuOptimizer::step(const StepArgs& args, const StateSpans& st
 Status CpuOptimizer::stream_probe(const StateSpans& state, bool software_prefetch, ProbeKind probe) {
   const OptimizerKind kind = impl_->options.kind;
   STRATA_RETURN_IF_ERROR(validate_state(kind, state));
+  if (state.params_source != nullptr)
+    return InvalidArgument("stream_probe: StateSpans.params_source is set; the probes run in place only");
   STRATA_RETURN_IF_ERROR(check_int8_tiles(state, impl_->options.tile_elements));
   if (state.count == 0) return Status::Ok();
   StepFactors factors;

@@ -79,10 +79,10 @@ float sign(float x) { return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : 0.0f); }
 template <DType G, DType M, CopyType C>
 void adam_update(const StepFactors& f, const TileSpans& t) {
   for (size_t i = 0; i < t.count; ++i) {
-    float p = t.params[i];
+    float p = t.params_in[i];
     float g = load<G>(t.grads, i) * f.grad_multiplier;
-    float m = load<M>(t.exp_avg, i);
-    float v = load<M>(t.exp_avg_sq, i);
+    float m = load<M>(t.exp_avg_in, i);
+    float v = load<M>(t.exp_avg_sq_in, i);
     if (f.l2_decay) g = std::fma(f.weight_decay, p, g);
     m = std::fma(f.one_minus_beta1, g - m, m);
     v = std::fma(f.one_minus_beta2 * g, g, v * f.beta2);
@@ -99,9 +99,9 @@ void adam_update(const StepFactors& f, const TileSpans& t) {
 template <DType G, DType M, CopyType C>
 void adagrad_update(const StepFactors& f, const TileSpans& t) {
   for (size_t i = 0; i < t.count; ++i) {
-    float p = t.params[i];
+    float p = t.params_in[i];
     float g = load<G>(t.grads, i) * f.grad_multiplier;
-    float s = load<M>(t.exp_avg_sq, i);
+    float s = load<M>(t.exp_avg_sq_in, i);
     if (f.l2_decay) g = std::fma(f.weight_decay, p, g);
     s = std::fma(g, g, s);
     p = std::fma(f.neg_lr, g / (std::sqrt(s) + f.eps), p);
@@ -114,9 +114,9 @@ void adagrad_update(const StepFactors& f, const TileSpans& t) {
 template <DType G, DType M, CopyType C>
 void lion_update(const StepFactors& f, const TileSpans& t) {
   for (size_t i = 0; i < t.count; ++i) {
-    float p = t.params[i];
+    float p = t.params_in[i];
     const float g = load<G>(t.grads, i) * f.grad_multiplier;
-    float m = load<M>(t.exp_avg, i);
+    float m = load<M>(t.exp_avg_in, i);
     const float c = std::fma(f.one_minus_beta1, g - m, m);
     if (f.decoupled_decay) p = p * f.decay_factor;
     p = std::fma(f.neg_lr, sign(c), p);
@@ -135,17 +135,19 @@ template <DType G, CopyType C>
 void adam_update_int8(const StepFactors& f, const TileSpans& t) {
   auto* m_codes = static_cast<uint8_t*>(t.exp_avg);
   auto* v_codes = static_cast<uint8_t*>(t.exp_avg_sq);
+  const auto* m_codes_in = static_cast<const uint8_t*>(t.exp_avg_in);
+  const auto* v_codes_in = static_cast<const uint8_t*>(t.exp_avg_sq_in);
   float m_new[kMaxMomentBlockElements], u_new[kMaxMomentBlockElements];
   for (size_t begin = 0, block = 0; begin < t.count; begin += t.block_elements, ++block) {
     const size_t n = std::min(t.block_elements, t.count - begin);
-    const float m_scale = t.exp_avg_scale[block], u_scale = t.exp_avg_sq_scale[block];
+    const float m_scale = t.exp_avg_scale_in[block], u_scale = t.exp_avg_sq_scale_in[block];
     uint32_t m_max = 0, u_max = 0;
     for (size_t j = 0; j < n; ++j) {
       const size_t i = begin + j;
-      float p = t.params[i];
+      float p = t.params_in[i];
       float g = load<G>(t.grads, i) * f.grad_multiplier;
-      float m = decode_exp_avg(m_codes[i], m_scale);
-      const float u_old = decode_exp_avg_sq_root(v_codes[i], u_scale);
+      float m = decode_exp_avg(m_codes_in[i], m_scale);
+      const float u_old = decode_exp_avg_sq_root(v_codes_in[i], u_scale);
       float v = u_old * u_old;
       if (f.l2_decay) g = std::fma(f.weight_decay, p, g);
       m = std::fma(f.one_minus_beta1, g - m, m);

@@ -204,6 +204,99 @@ TEST_P(SimdVsScalar, GradStatsMatchReference) {
   }
 }
 
+// Note [Out-of-place steps]: reading the state from sources and writing the
+// new state elsewhere gives the in-place step's bits, on every path, and
+// leaves the sources as they were.
+class OutOfPlace : public ::testing::TestWithParam<KernelPath> {
+ protected:
+  void SetUp() override {
+    if (!kernel_path_supported(GetParam()))
+      GTEST_SKIP() << "kernel path " << kernel_path_name(GetParam()) << " not supported by this CPU or build";
+  }
+};
+
+TEST_P(OutOfPlace, EqualsInPlaceBitForBitAndLeavesTheSourcesUnchanged) {
+  const KernelPath path = GetParam();
+  for (const Mix& mix : all_mixes()) {
+    // Tiles of 128 on 2 threads: the sources are offset per tile like the outputs.
+    CpuOptimizer opt = make_optimizer(mix.kind, path, 2, 128);
+    for (size_t count : {1, 17, 33, 1003}) {
+      for (size_t misalign : {0, 3}) {
+        const uint32_t seed = static_cast<uint32_t>(count * 13 + misalign);
+        TestState in_place(mix, count, misalign), source(mix, count, misalign), pristine(mix, count, misalign),
+            out(mix, count, misalign);
+        in_place.fill(seed);
+        source.fill(seed);
+        pristine.fill(seed);
+        out.fill(seed + 1000);  // other values everywhere: every output element must be written
+        StepArgs a = args_for(4);
+        a.loss_scale = 8.0;
+        a.clip_coefficient = 0.75;
+        ASSERT_TRUE(opt.step(a, in_place.spans()).ok());
+        StateSpans sp = out.spans();
+        const StateSpans from = source.spans();
+        sp.grads = from.grads;
+        sp.params_source = from.params;
+        sp.exp_avg_source = from.exp_avg;
+        sp.exp_avg_sq_source = from.exp_avg_sq;
+        sp.exp_avg_scale_source = from.exp_avg_scale;
+        sp.exp_avg_sq_scale_source = from.exp_avg_sq_scale;
+        ASSERT_TRUE(opt.step(a, sp).ok());
+        const std::string where = "count " + std::to_string(count) + " misalign " + std::to_string(misalign);
+        // The same path on both sides: exact, no subnormal allowance needed.
+        expect_same_state(in_place, out, KernelPath::kScalar, "out of place, " + where);
+        expect_same_state(pristine, source, KernelPath::kScalar, "the source after the step, " + where);
+        if (HasFailure()) return;
+      }
+    }
+  }
+}
+
+TEST(OutOfPlaceSpans, PartialOrOverlappingSourcesAreRefusedNamingTheField) {
+  const Mix mix{OptimizerKind::kAdamW, DType::kF32};
+  CpuOptimizer opt = make_optimizer(mix.kind, KernelPath::kScalar);
+  TestState state(mix, 64), source(mix, 64);
+  state.fill(1);
+  source.fill(1);
+  const StateSpans from = source.spans();
+  auto refused = [&](StateSpans sp, const std::string& field) {
+    const Result<StepReport> r = opt.step(args_for(1), sp);
+    ASSERT_FALSE(r.ok()) << field;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find(field), std::string::npos) << r.status().message();
+  };
+  StateSpans moments_only = state.spans();
+  moments_only.exp_avg_source = from.exp_avg;
+  refused(moments_only, "params_source");
+  StateSpans missing = state.spans();
+  missing.params_source = from.params;
+  missing.exp_avg_source = from.exp_avg;
+  refused(missing, "exp_avg_sq_source");
+  StateSpans overlapping = state.spans();
+  overlapping.params_source = state.params() + 1;
+  overlapping.exp_avg_source = from.exp_avg;
+  overlapping.exp_avg_sq_source = from.exp_avg_sq;
+  refused(overlapping, "params_source");
+  StateSpans probe = state.spans();
+  probe.params_source = from.params;
+  probe.exp_avg_source = from.exp_avg;
+  probe.exp_avg_sq_source = from.exp_avg_sq;
+  EXPECT_FALSE(opt.stream_probe(probe).ok());
+  // The same span as source and output is an in-place step.
+  StateSpans same = state.spans();
+  same.params_source = same.params;
+  same.exp_avg_source = same.exp_avg;
+  same.exp_avg_sq_source = same.exp_avg_sq;
+  EXPECT_TRUE(opt.step(args_for(1), same).ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, OutOfPlace,
+                         ::testing::Values(KernelPath::kScalar, KernelPath::kAvx2, KernelPath::kAvx512,
+                                           KernelPath::kAvx512Bf16),
+                         [](const ::testing::TestParamInfo<KernelPath>& info) {
+                           return std::string(kernel_path_name(info.param));
+                         });
+
 INSTANTIATE_TEST_SUITE_P(Paths, SimdVsScalar,
                          ::testing::Values(KernelPath::kAvx2, KernelPath::kAvx512, KernelPath::kAvx512Bf16),
                          [](const ::testing::TestParamInfo<KernelPath>& info) {

@@ -177,6 +177,11 @@ detail::TileSpans tile_of(const StateSpans& s) {
   }
   if (s.param_copy != nullptr)
     t.copy_type = s.param_copy_dtype == DType::kBF16 ? detail::CopyType::kBF16 : detail::CopyType::kF16;
+  t.params_in = t.params;  // in place
+  t.exp_avg_in = t.exp_avg;
+  t.exp_avg_sq_in = t.exp_avg_sq;
+  t.exp_avg_scale_in = t.exp_avg_scale;
+  t.exp_avg_sq_scale_in = t.exp_avg_sq_scale;
   return t;
 }
 

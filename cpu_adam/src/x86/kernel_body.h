@@ -120,7 +120,10 @@ struct Kernels {
     bool l2_decay, decoupled_decay;
   };
 
-  // Pointers for one block of W elements at index i.
+  // Pointers for one block of W elements at index i. The update reads the
+  // state from the *_in pointers (the outputs themselves in place, or an
+  // out-of-place step's sources) and writes the outputs; the probes run in
+  // place.
   struct Block {
     float* params;
     const void* grads;
@@ -128,16 +131,19 @@ struct Kernels {
     void* exp_avg_sq;
     void* param_copy;
     bool copy_non_temporal;  // Note [Non-temporal copy]
+    const float* params_in;
+    const void* exp_avg_in;
+    const void* exp_avg_sq_in;
   };
 
   // Note [Update formulas] (reference.cpp), operation for operation.
   template <Family F, DType G, DType M, CopyType C>
   static inline void update_block(const Consts& c, const Block& b, size_t i) {
-    V p = I::load_f32(b.params + i);
+    V p = I::load_f32(b.params_in + i);
     V g = I::mul(load<G>(b.grads, i), c.grad_multiplier);
     if constexpr (F == Family::kAdam) {
-      V m = load<M>(b.exp_avg, i);
-      V v = load<M>(b.exp_avg_sq, i);
+      V m = load<M>(b.exp_avg_in, i);
+      V v = load<M>(b.exp_avg_sq_in, i);
       if (c.l2_decay) g = I::fmadd(c.weight_decay, p, g);
       m = I::fmadd(c.one_minus_beta1, I::sub(g, m), m);
       v = I::fmadd(I::mul(c.one_minus_beta2, g), g, I::mul(v, c.beta2));
@@ -147,13 +153,13 @@ struct Kernels {
       store<M>(b.exp_avg, i, m);
       store<M>(b.exp_avg_sq, i, v);
     } else if constexpr (F == Family::kAdagrad) {
-      V s = load<M>(b.exp_avg_sq, i);
+      V s = load<M>(b.exp_avg_sq_in, i);
       if (c.l2_decay) g = I::fmadd(c.weight_decay, p, g);
       s = I::fmadd(g, g, s);
       p = I::fmadd(c.neg_lr, I::div(g, I::add(I::sqrt(s), c.eps)), p);
       store<M>(b.exp_avg_sq, i, s);
     } else {
-      V m = load<M>(b.exp_avg, i);
+      V m = load<M>(b.exp_avg_in, i);
       const V interpolated = I::fmadd(c.one_minus_beta1, I::sub(g, m), m);
       if (c.decoupled_decay) p = I::mul(p, c.decay_factor);
       p = I::fmadd(c.neg_lr, I::sign(interpolated), p);
@@ -227,7 +233,8 @@ struct Kernels {
     // Whole vectors of the copy are aligned iff its first one is (i steps by W).
     const bool non_temporal = C != CopyType::kNone && f.copy_non_temporal &&
                               reinterpret_cast<uintptr_t>(t.param_copy) % (W * 2) == 0;
-    const Block b{t.params, t.grads, t.exp_avg, t.exp_avg_sq, t.param_copy, non_temporal};
+    const Block b{t.params,     t.grads,    t.exp_avg,    t.exp_avg_sq, t.param_copy,
+                  non_temporal, t.params_in, t.exp_avg_in, t.exp_avg_sq_in};
     size_t i = 0;
     const size_t ahead = P != Pass::kUpdate && !f.probe_prefetch ? 0 : prefetch_elements();
     if (ahead == 0) {
@@ -235,10 +242,10 @@ struct Kernels {
     } else {
       for (; i + W <= t.count; i += W) {
         const size_t j = i + ahead;
-        prefetch(b.params, j * 4);
+        prefetch(b.params_in, j * 4);
         prefetch(b.grads, j * dtype_size(G));
-        if constexpr (F != Family::kAdagrad) prefetch(b.exp_avg, j * dtype_size(M));
-        if constexpr (F != Family::kLion) prefetch(b.exp_avg_sq, j * dtype_size(M));
+        if constexpr (F != Family::kAdagrad) prefetch(b.exp_avg_in, j * dtype_size(M));
+        if constexpr (F != Family::kLion) prefetch(b.exp_avg_sq_in, j * dtype_size(M));
         do_block<P, F, G, M, C>(c, b, i);
       }
     }
@@ -249,12 +256,12 @@ struct Kernels {
     constexpr size_t gb = dtype_size(G), mb = dtype_size(M);
     alignas(64) float p[W] = {};
     alignas(64) unsigned char g[W * 4] = {}, m[W * 4] = {}, v[W * 4] = {}, copy[W * 2] = {};
-    std::memcpy(p, t.params + i, rest * 4);
+    std::memcpy(p, t.params_in + i, rest * 4);
     std::memcpy(g, static_cast<const char*>(t.grads) + i * gb, rest * gb);
     constexpr bool has_m = F != Family::kAdagrad, has_v = F != Family::kLion;
-    if (has_m) std::memcpy(m, static_cast<const char*>(t.exp_avg) + i * mb, rest * mb);
-    if (has_v) std::memcpy(v, static_cast<const char*>(t.exp_avg_sq) + i * mb, rest * mb);
-    do_block<P, F, G, M, C>(c, Block{p, g, m, v, copy, false}, 0);
+    if (has_m) std::memcpy(m, static_cast<const char*>(t.exp_avg_in) + i * mb, rest * mb);
+    if (has_v) std::memcpy(v, static_cast<const char*>(t.exp_avg_sq_in) + i * mb, rest * mb);
+    do_block<P, F, G, M, C>(c, Block{p, g, m, v, copy, false, p, m, v}, 0);
     std::memcpy(t.params + i, p, rest * 4);
     if (has_m) std::memcpy(static_cast<char*>(t.exp_avg) + i * mb, m, rest * mb);
     if (has_v) std::memcpy(static_cast<char*>(t.exp_avg_sq) + i * mb, v, rest * mb);

@@ -69,7 +69,8 @@ struct Int8Kernels {
     return I::or_i(sign, encode<ExpAvgCode>(I::mul(m, inv)));
   }
 
-  // Pointers for one vector at index i of the tile (or of a padded copy).
+  // Pointers for one vector at index i of the tile (or of a padded copy);
+  // the update reads the *_in ones (Kernels::Block), the probes run in place.
   struct Vec {
     float* params;
     const void* grads;
@@ -77,6 +78,9 @@ struct Int8Kernels {
     uint8_t* v_codes;
     void* param_copy;
     bool copy_non_temporal;
+    const float* params_in;
+    const uint8_t* m_codes_in;
+    const uint8_t* v_codes_in;
   };
   // Per block: old scales (broadcast), 1 / scale (conversion probe only), running maxima.
   struct BlockState {
@@ -88,10 +92,10 @@ struct Int8Kernels {
 
   template <DType G, CopyType C>
   static inline void update_vec(const Consts& c, const Vec& b, size_t i, BlockState& s, size_t j) {
-    V p = I::load_f32(b.params + i);
+    V p = I::load_f32(b.params_in + i);
     V g = I::mul(K::template load<G>(b.grads, i), c.grad_multiplier);
-    V m = decode_m(I::load_u8(b.m_codes + i), s.m_scale);
-    const V u_old = I::mul(decode<ExpAvgSqCode>(I::load_u8(b.v_codes + i)), s.u_scale);
+    V m = decode_m(I::load_u8(b.m_codes_in + i), s.m_scale);
+    const V u_old = I::mul(decode<ExpAvgSqCode>(I::load_u8(b.v_codes_in + i)), s.u_scale);
     V v = I::mul(u_old, u_old);
     if (c.l2_decay) g = I::fmadd(c.weight_decay, p, g);
     m = I::fmadd(c.one_minus_beta1, I::sub(g, m), m);
@@ -154,8 +158,15 @@ struct Int8Kernels {
     const Consts c(f);
     const bool non_temporal = C != CopyType::kNone && f.copy_non_temporal &&
                               reinterpret_cast<uintptr_t>(t.param_copy) % (W * 2) == 0;
-    const Vec b{t.params, t.grads, static_cast<uint8_t*>(t.exp_avg), static_cast<uint8_t*>(t.exp_avg_sq),
-                t.param_copy, non_temporal};
+    const Vec b{t.params,
+                t.grads,
+                static_cast<uint8_t*>(t.exp_avg),
+                static_cast<uint8_t*>(t.exp_avg_sq),
+                t.param_copy,
+                non_temporal,
+                t.params_in,
+                static_cast<const uint8_t*>(t.exp_avg_in),
+                static_cast<const uint8_t*>(t.exp_avg_sq_in)};
     // One array, the two halves 64 bytes off a multiple of 4 KiB apart, so that
     // m_buf[j] and u_buf[j] never look alike to the 4K-aliasing check of loads.
     alignas(64) float buffers[2 * kMaxMomentBlockElements + 16];
@@ -167,7 +178,7 @@ struct Int8Kernels {
       const size_t n = std::min(block, t.count - begin);
       float* m_scale = t.exp_avg_scale + index;  // one read and one write per block in every pass
       float* u_scale = t.exp_avg_sq_scale + index;
-      const float m_old = I::load_scale(m_scale), u_old = I::load_scale(u_scale);
+      const float m_old = I::load_scale(t.exp_avg_scale_in + index), u_old = I::load_scale(t.exp_avg_sq_scale_in + index);
       BlockState s{};
       if constexpr (P == Pass::kUpdate) {
         s = BlockState{I::set1(m_old), I::set1(u_old), I::set1(0.0f), I::set1(0.0f), I::set1i(0), I::set1i(0),
@@ -198,9 +209,9 @@ struct Int8Kernels {
   }
 
   static inline void prefetch_vec(const Vec& b, size_t j) {
-    K::prefetch(b.params, j * 4);
-    K::prefetch(b.m_codes, j);
-    K::prefetch(b.v_codes, j);
+    K::prefetch(b.params_in, j * 4);
+    K::prefetch(b.m_codes_in, j);
+    K::prefetch(b.v_codes_in, j);
   }
 
   // The last rest < W elements of a block: the same vector code on a
@@ -210,12 +221,12 @@ struct Int8Kernels {
     constexpr size_t gb = dtype_size(G);
     alignas(64) float p[W] = {};
     alignas(64) unsigned char g[W * 4] = {}, m[W] = {}, v[W] = {}, copy[W * 2] = {};
-    std::memcpy(p, b.params + i, rest * 4);
+    std::memcpy(p, b.params_in + i, rest * 4);
     std::memcpy(g, static_cast<const char*>(b.grads) + i * gb, rest * gb);
-    std::memcpy(m, b.m_codes + i, rest);
-    std::memcpy(v, b.v_codes + i, rest);
+    std::memcpy(m, b.m_codes_in + i, rest);
+    std::memcpy(v, b.v_codes_in + i, rest);
     const VI m_max = s.m_max, u_max = s.u_max;
-    do_vec<P, G, C>(c, Vec{p, g, m, v, copy, false}, 0, s, j);
+    do_vec<P, G, C>(c, Vec{p, g, m, v, copy, false, p, m, v}, 0, s, j);
     if constexpr (P == Pass::kUpdate) {  // maxima over the real elements only (a padded lane may be NaN)
       uint32_t m_rest = 0, u_rest = 0;
       for (size_t k = 0; k < rest; ++k) {
@@ -243,11 +254,11 @@ struct Int8Kernels {
     size_t j = 0;
     for (; j + W <= n; j += W) {
       if (next + j < next_end) {
-        K::prefetch(b.params, (next + j) * 4);
+        K::prefetch(b.params_in, (next + j) * 4);
         K::prefetch(b.grads, (next + j) * dtype_size(G));
         if ((next + j) % 64 == 0) {
-          K::prefetch(b.m_codes, next + j);
-          K::prefetch(b.v_codes, next + j);
+          K::prefetch(b.m_codes_in, next + j);
+          K::prefetch(b.v_codes_in, next + j);
         }
       }
       I::store_u8(b.m_codes + begin + j, encode_m(I::load_f32(m_buf + j), m_inv));

@@ -55,6 +55,8 @@ class MomentStorage {
   // `exp_avg_sq` (moment_bytes(total) each). For int8, `first` must be a
   // multiple of block_elements (a check).
   void point(StateSpans& spans, void* exp_avg, void* exp_avg_sq, size_t total, size_t first) const;
+  // The same for an out-of-place step's sources (StateSpans::*_source).
+  void point_source(StateSpans& spans, const void* exp_avg, const void* exp_avg_sq, size_t total, size_t first) const;
   // The scales of an int8 moment buffer of `total` elements.
   float* scales(void* moment, size_t total) const;
   const float* scales(const void* moment, size_t total) const;

@@ -49,6 +49,18 @@ struct StateSpans {
   float* exp_avg_scale = nullptr;     // moment_block_count(count, moment_block_elements) scales
   float* exp_avg_sq_scale = nullptr;  // same count
   size_t moment_block_elements = kDefaultMomentBlockElements;
+  // Out of place (optional; Note [Out-of-place steps] in docs/cpu_adam.md):
+  // with params_source set, the step reads the state (params, the moments the
+  // kind uses and, for 8-bit moments, their scales) from these spans, laid
+  // out like the ones above, and writes the new state to the ones above,
+  // leaving the sources unchanged: one pass, the same bytes moved as in
+  // place. Each source is either its output span itself or does not overlap
+  // it. All null: in place.
+  const float* params_source = nullptr;
+  const void* exp_avg_source = nullptr;
+  const void* exp_avg_sq_source = nullptr;
+  const float* exp_avg_scale_source = nullptr;
+  const float* exp_avg_sq_scale_source = nullptr;
 };
 
 // How a step learns that the gradient holds an Inf or NaN. Either way an
