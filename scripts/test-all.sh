@@ -61,6 +61,10 @@ if [[ "${STRATA_SKIP_SANITIZE:-0}" != "1" ]]; then
     # writes, as a GPU's DMA would; see its comment), so it runs in the other two
     # jobs only; the offload suite's mpirun scripts and the tests that run the
     # CLI binary (a 300-step training, kill -9 saves) are left to them too.
+    # So are the runs that only repeat the same threads on more data: the
+    # world-4 rows of the parity matrix (worlds 1 and 2 run here) and the
+    # 300-step learning check of the tiny preset (minutes under TSan, its
+    # threads are those of every other engine test).
     phase "TSan build"
     STRATA_BUILD_DIR=build-tsan scripts/build.sh \
       -DSTRATA_SANITIZE=thread -DSTRATA_ENABLE_CUDA=OFF -DSTRATA_BUILD_BENCH=OFF -DSTRATA_REQUIRE_TORCH=ON
@@ -69,7 +73,7 @@ if [[ "${STRATA_SKIP_SANITIZE:-0}" != "1" ]]; then
     # cannot be matched by scripts/tsan.supp (OpenMPI and liburing only, never our code).
     OPENBLAS_NUM_THREADS=1 TSAN_OPTIONS="second_deadlock_stack=1 history_size=7 suppressions=$PWD/scripts/tsan.supp" \
       ctest --test-dir build-tsan -j "$jobs" --output-on-failure -L "${STRATA_TSAN_LABELS:-core|comm|nvme|offload}" \
-            -E "DeviceTest.CopyOnOneStreamOverlapsComputeOnAnother/cpu|offload_mpi_|TrainFixture|CheckpointCli"
+            -E "DeviceTest.CopyOnOneStreamOverlapsComputeOnAnother/cpu|offload_mpi_|TrainFixture|CheckpointCli|ParityMatrix.*world4|Stage0Baseline.TinyPresetBeatsUnigramBaseline"
   fi
 fi
 fuzz_seconds="${STRATA_FUZZ_SECONDS:-60}"

@@ -330,8 +330,8 @@ std::vector<ConfigKey> build_table() {
   add(Key("strata.speculative_optimizer", E, "\"auto\"",
           "Start each layer's CPU optimizer step under the backward, as soon as its reduced gradient is in, and redo "
           "it at the step's end when clipping or an overflow says so (exact: same losses as off). auto: on where the "
-          "state is offloaded to pinned host memory, the model computes on a GPU (not the cpu device) and the backup "
-          "fits strata.host_memory_budget (without one: half the machine's memory per rank).")
+          "state is offloaded to pinned host memory, the model computes on a GPU (not the cpu device) and a second "
+          "buffer of the state fits strata.host_memory_budget (without one: half the machine's memory per rank).")
           .one_of("auto|on|off").bind(STRATA_BIND(strata.speculative_optimizer)));
   add(Key("strata.wait_timeout_s", N, "600",
           "Seconds the engine waits for any one thing (an NVMe I/O, a copy, a kernel, a collective, a checkpoint "

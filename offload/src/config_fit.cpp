@@ -102,7 +102,7 @@ class Evaluator {
     }
     o->grad_accum = req_.grad_accum;
     // Each rank's share of the host cap, as strata train gives it: early
-    // updates (strata.speculative_optimizer auto) keep their backup only
+    // updates (strata.speculative_optimizer auto) keep their pending state buffers only
     // where it fits (Note [Early, exact updates]).
     if (caps_.host_bytes != 0) o->host_memory_budget = host_share();
     Result<Partition> part = Partition::create(layers_, req_.world, o->sub_group_size);

@@ -99,7 +99,7 @@ Status Engine::Impl::init() {
              ? "parameter shards in host memory and NVMe slots: lower offload_param.max_in_cpu or buffer_count"
              : "parameter shards (offload_param cpu): set offload_param.device to nvme or none"},
         {predicted.pinned_speculation,
-         "state backup of the early updates: set strata.speculative_optimizer to auto (off when it does not fit) or "
+         "pending versions of the state for the early updates: set strata.speculative_optimizer to auto (off when it does not fit) or "
          "off"}};
     const auto* largest = &parts[0];
     for (const auto& p : parts)
@@ -111,7 +111,7 @@ Status Engine::Impl::init() {
         format_bytes(predicted.pinned_grads, true), format_bytes(predicted.pinned_staging, true),
         format_bytes(predicted.pinned_params, true),
         predicted.pinned_speculation != 0
-            ? ", early updates' backup " + format_bytes(predicted.pinned_speculation, true)
+            ? ", early updates' pending state " + format_bytes(predicted.pinned_speculation, true)
             : std::string(),
         format_bytes(opt.host_memory_budget, true), largest->second));
   }

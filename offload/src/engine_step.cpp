@@ -263,14 +263,14 @@ Status Engine::Impl::queue_step_updates(const StepMark& call, double clip, doubl
     if (updates.ran_early(li)) {
       // Note [Early, exact updates]: kept when it ran with this step's
       // arguments (the same bits as queuing it now), else redone from the
-      // state before it.
+      // state it left untouched.
       ++m.speculated_layers;
       if (updates.early_matches(li, optimizer_steps, clip, scale, hyper)) {
         STRATA_ASSIGN_OR_RETURN(queued, updates.keep_early(li));
       } else {
         ++m.redone_layers;
-        STRATA_ASSIGN_OR_RETURN(queued, updates.queue_update(li, grads.update_input(li), optimizer_steps, clip, scale,
-                                                             hyper, updates.early_backed_up(li)));
+        STRATA_ASSIGN_OR_RETURN(queued,
+                                updates.queue_update(li, grads.update_input(li), optimizer_steps, clip, scale, hyper));
       }
     } else {
       STRATA_ASSIGN_OR_RETURN(queued,

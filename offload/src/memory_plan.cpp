@@ -115,7 +115,7 @@ EngineMemory plan_engine_memory(const EngineOptions& opt, const Partition& part,
   if (placement.largest_nvme_shard_bytes != 0)
     m.pinned_params += static_cast<uint64_t>(opt.nvme_param.buffer_count) *
                        std::max<uint64_t>(placement.largest_nvme_shard_bytes, 4096);
-  for (uint64_t bytes : placement.early_backup_bytes) m.pinned_speculation += bytes;
+  for (uint64_t bytes : placement.early_pending_bytes) m.pinned_speculation += bytes;
   m.pinned = m.pinned_optimizer + m.pinned_grads + m.pinned_staging + m.pinned_params + m.pinned_speculation;
   // A checkpoint snapshot slot: the largest piece as fp32 master [4 B] and
   // moments [8 B], each part 4 KiB-aligned (checkpoint_io.cpp).

@@ -18,11 +18,11 @@ namespace strata::offload {
 namespace {
 
 // Note [Early, exact updates]: where updates may run under the backward.
-// They hide the CPU step of offloaded state (offload_optimizer cpu), and need
-// a copy of the state's previous step to redo or undo from, taken by plain
-// copies of state the host steps in place: not state on NVMe (streamed in
-// versions), not a device part (ratio < 1), not parameter shards written
-// back to NVMe.
+// They hide the CPU step of offloaded state (offload_optimizer cpu), and
+// write out of place into a second buffer per piece of state the host holds
+// in pinned memory (Note [Pending versions in memory]): not state on NVMe
+// (streamed in versions), not a device part (ratio < 1), not parameter
+// shards written back to NVMe.
 std::string early_updates_blocker(const EngineOptions& opt, const StatePlacement& p) {
   if (!p.optimizer_on_host())
     return "the optimizer state is on the device (offload_optimizer.device none): early updates hide the CPU step of "
@@ -38,7 +38,7 @@ std::string early_updates_blocker(const EngineOptions& opt, const StatePlacement
 }
 
 Status decide_early_updates(const EngineOptions& opt, const Partition& partition, StatePlacement& p) {
-  p.early_backup_bytes.assign(p.layers.size(), 0);
+  p.early_pending_bytes.assign(p.layers.size(), 0);
   if (opt.speculative_optimizer == SpeculationMode::kOff) return Status::Ok();
   std::string blocker = early_updates_blocker(opt, p);
   if (!blocker.empty()) {
@@ -48,8 +48,8 @@ Status decide_early_updates(const EngineOptions& opt, const Partition& partition
     p.early_updates_off = std::move(blocker);
     return Status::Ok();
   }
-  // The backup of a layer: its owned pieces' state as the tier holds it, and
-  // the parameters themselves where they are their own master.
+  // The pending buffers of a layer: its owned pieces' state as the tier
+  // holds it (with a master: the host optimizer keeps one for every dtype).
   uint64_t total = 0;
   for (size_t li = 0; li < p.layers.size(); ++li) {
     const LayerPlacement& l = p.layers[li];
@@ -59,37 +59,38 @@ Status decide_early_updates(const EngineOptions& opt, const Partition& partition
     for (const SubGroup& g : layer.groups)
       for (int r = p.owned_rank_begin(); r < p.owned_rank_end(); ++r) {
         const size_t count = layer.piece_real(g, r);
-        bytes += memory_piece_bytes(count, l.master, opt.moments) + (l.master ? 0 : count * sizeof(float));
+        bytes += memory_piece_bytes(count, l.master, opt.moments);
       }
-    p.early_backup_bytes[li] = std::max<uint64_t>(64, bytes);
-    total += p.early_backup_bytes[li];
+    p.early_pending_bytes[li] = std::max<uint64_t>(64, bytes);
+    total += p.early_pending_bytes[li];
   }
   p.early_updates = true;
   if (opt.speculative_optimizer == SpeculationMode::kAuto && p.device.host_addressable) {
     // Measured on the 2-core VM (docs/performance.md, "Early, exact updates"):
     // where the model's compute runs on the host's own cores, the update
     // under the backward competes with it for cores and memory bandwidth,
-    // and with the backup's copy the step got slower.
+    // and the step got slower (with the copy of the state that early
+    // updates took before they wrote out of place).
     p.early_updates = false;
     p.early_updates_off = "the cpu device's compute shares the host's cores and memory bandwidth with the optimizer "
                           "(measured slower there); strata.speculative_optimizer on forces it";
-    p.early_backup_bytes.assign(p.layers.size(), 0);
+    p.early_pending_bytes.assign(p.layers.size(), 0);
     return Status::Ok();
   }
   if (opt.speculative_optimizer == SpeculationMode::kAuto) {
-    // auto: the plan with the backup must fit this rank's share of
+    // auto: the plan with the pending buffers must fit this rank's share of
     // strata.host_memory_budget or, without one, of half this machine's
     // memory (every rank counted as if on this machine: conservative).
     const bool budgeted = opt.host_memory_budget != 0;
     const uint64_t budget = budgeted ? opt.host_memory_budget : physical_memory_bytes() / 2 / std::max(1, p.world);
-    const uint64_t planned = plan_engine_memory(opt, partition, p).pinned;  // the backup included
+    const uint64_t planned = plan_engine_memory(opt, partition, p).pinned;  // the pending buffers included
     if (planned > budget) {
       p.early_updates = false;
-      p.early_updates_off = fmt::format("its state backup ({}) does not fit {} ({}) beside the rest of the plan ({})",
+      p.early_updates_off = fmt::format("the pending versions of its state ({}) do not fit {} ({}) beside the rest of the plan ({})",
                                         format_bytes(total, true),
                                         budgeted ? "strata.host_memory_budget" : "half this machine's memory per rank",
                                         format_bytes(budget, true), format_bytes(planned - total, true));
-      p.early_backup_bytes.assign(p.layers.size(), 0);
+      p.early_pending_bytes.assign(p.layers.size(), 0);
     }
   }
   return Status::Ok();

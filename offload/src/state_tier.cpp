@@ -3,6 +3,7 @@
 #include <cstring>
 #include <map>
 #include <tuple>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -70,31 +71,68 @@ class MemoryStateTier final : public OptimizerStateTier {
   }
 
   Result<PieceState> open(const StateId& id) override {
-    auto it = pieces_.find(id);
-    STRATA_CHECK(it != pieces_.end(), "opening an optimizer state piece that was never added");
-    Piece& p = it->second;
-    const uint64_t moment_bytes = moments_.moment_bytes(p.count);
-    PieceState s;
-    s.count = p.count;
-    s.exp_avg = p.data;
-    s.exp_avg_sq = p.data + moment_bytes;
-    s.master = p.has_master ? reinterpret_cast<float*>(p.data + 2 * moment_bytes) : nullptr;
-    s.moments = moments_;
-    return s;
+    const Piece& p = piece(id);
+    return state_in(p, p.data);
   }
   Status close(const StateId&, bool) override { return Status::Ok(); }
   uint64_t bytes() const override { return bytes_; }
+
+  // Note [Pending versions in memory]: pinned host only (the CPU kernels
+  // write the pending buffer; device state is stepped in place).
+  Status add_pending(const StateId& id) override {
+    if (tier_ != Tier::kPinnedHost) return OptimizerStateTier::add_pending(id);
+    Piece& p = piece(id);
+    STRATA_CHECK(p.pending == nullptr, "a pending buffer added twice");
+    Result<void*> b = device_.allocate_pinned_host(p.bytes, host_stats_);
+    if (!b.ok())
+      return OutOfMemory(fmt::format("the pending version of an optimizer state piece ({}) could not be allocated in "
+                                     "pinned host memory: {}; set strata.speculative_optimizer off to do without it",
+                                     format_bytes(p.bytes, true), b.status().message()));
+    p.pending = static_cast<std::byte*>(*b);
+    std::memset(p.pending, 0, p.bytes);
+    return Status::Ok();
+  }
+  Result<PieceState> open_pending(const StateId& id) override {
+    const Piece& p = piece(id);
+    if (p.pending == nullptr) return OptimizerStateTier::open_pending(id);
+    return state_in(p, p.pending);
+  }
+  Status keep_pending(const StateId& id) override {
+    Piece& p = piece(id);
+    if (p.pending == nullptr) return OptimizerStateTier::keep_pending(id);
+    std::swap(p.data, p.pending);
+    return Status::Ok();
+  }
 
  private:
   struct Piece {
     size_t count = 0, bytes = 0;
     bool has_master = false;
     std::byte* data = nullptr;
+    std::byte* pending = nullptr;  // Note [Pending versions in memory]; pinned host only
     DeviceBuffer device;
   };
+  Piece& piece(const StateId& id) {
+    auto it = pieces_.find(id);
+    STRATA_CHECK(it != pieces_.end(), "opening an optimizer state piece that was never added");
+    return it->second;
+  }
+  // The piece's state laid out in `data` (its buffer or its pending one).
+  PieceState state_in(const Piece& p, std::byte* data) const {
+    const uint64_t moment_bytes = moments_.moment_bytes(p.count);
+    PieceState s;
+    s.count = p.count;
+    s.exp_avg = data;
+    s.exp_avg_sq = data + moment_bytes;
+    s.master = p.has_master ? reinterpret_cast<float*>(data + 2 * moment_bytes) : nullptr;
+    s.moments = moments_;
+    return s;
+  }
   void release(Piece& p) {
     if (tier_ == Tier::kPinnedHost && p.data != nullptr) device_.free_pinned_host(p.data, p.bytes);
+    if (p.pending != nullptr) device_.free_pinned_host(p.pending, p.bytes);
     p.data = nullptr;
+    p.pending = nullptr;
   }
   Device& device_;
   Tier tier_;

@@ -121,11 +121,6 @@ Status UpdateScheduler::init_layer(size_t li, std::span<const float> master) {
   if (where.frozen) return Status::Ok();  // parameters only
   const LayerPartition& layer_part = ctx_.part.layer(li);
   const std::string lname = ctx_.layer_label(li);
-  if (ctx_.placement.early_updates) {
-    if (backups_.size() != layers_.size()) backups_.resize(layers_.size());
-    STRATA_ASSIGN_OR_RETURN(backups_[li], HostBuffer::create(ctx_.device, ctx_.stats, ctx_.placement.early_backup_bytes[li],
-                                                             "the early update's state backup of " + lname));
-  }
   if (where.pinned_staging) {
     STRATA_ASSIGN_OR_RETURN(l.staging, HostBuffer::create(ctx_.device, ctx_.stats,
                                                           ctx_.owned_elements(layer_part) * where.param_element_bytes,
@@ -140,6 +135,9 @@ Status UpdateScheduler::init_layer(size_t li, std::span<const float> master) {
       std::span<const float> host_master;
       if (where.master) host_master = master.subspan(layer_part.piece_begin(g, r), host);
       STRATA_RETURN_IF_ERROR(tier_->add(id, ctx_.state_name(li, gi, r), host, host_master));
+      // Note [Early, exact updates]: where the early update writes.
+      if (ctx_.placement.early_updates)
+        STRATA_RETURN_IF_ERROR(tier_->add_pending(id).with_context(ctx_.state_name(li, gi, r)));
       if (ctx_.split()) {
         // The device part: fp32 parameters are their own master there.
         std::span<const float> dev_master;
@@ -218,7 +216,7 @@ std::vector<UpdateScheduler::PieceJob> UpdateScheduler::jobs_of(size_t li, const
 
 Result<UpdateScheduler::Queued> UpdateScheduler::queue_update(size_t li, const GradientReduction::UpdateInput& input,
                                                               int64_t step, double clip, double scale,
-                                                              const cpu_adam::HyperParams& hyper, bool restore_first) {
+                                                              const cpu_adam::HyperParams& hyper) {
   LayerUpdate& l = layers_[li];
   const LayerPlacement& where = ctx_.where(li);
   // Pointers are computed here (driving thread); the workers only step.
@@ -238,12 +236,9 @@ Result<UpdateScheduler::Queued> UpdateScheduler::queue_update(size_t li, const G
   // vote, so every rank runs the same collectives up to it (Note [Atomic
   // steps] in engine.h).
   Completion raw = worker_->submit(
-      [this, li, jobs = std::move(host_jobs), args, param_dtype, spent = update_ns_, restore_first] {
+      [this, jobs = std::move(host_jobs), args, param_dtype, spent = update_ns_] {
         const auto t0 = Clock::now();
-        // A redone early update: the state of the previous step first (its
-        // parameters are rewritten by the step below).
-        Status st = restore_first ? restore_state(li, jobs) : Status::Ok();
-        if (st.ok()) st = step_pieces(*tier_, *optimizer_, jobs, args, param_dtype);
+        const Status st = step_pieces(*tier_, *optimizer_, jobs, args, param_dtype);
         spent->fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
         return st;
       },
@@ -266,8 +261,9 @@ Result<UpdateScheduler::Queued> UpdateScheduler::queue_update(size_t li, const G
 }
 
 Status UpdateScheduler::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimizer& o, const std::vector<PieceJob>& jobs,
-                                 const cpu_adam::StepArgs& args, DType param_dtype, bool in_place_failure_torn) {
+                                 const cpu_adam::StepArgs& args, DType param_dtype, bool out_of_place) {
   if (ctx_.device_opt() && &t == tier_.get()) {
+    STRATA_CHECK(!out_of_place, "early updates step offloaded state only");
     // The fused device kernel: one launch for the layer's pieces, on its
     // stream; this (optimizer) thread waits for it, so the layer's update
     // completes as on the host path.
@@ -343,7 +339,7 @@ Status UpdateScheduler::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimize
   // engine, Note [Atomic steps]). A failed copy of the update to the device
   // is not: the kernel goes on, so the state holds the whole step and only
   // the parameters are re-derived.
-  const bool in_place = !t.versioned() && in_place_failure_torn;
+  const bool in_place = !t.versioned() && !out_of_place;
   Status copy_failed;
   const PieceJob* last_stepped = nullptr;  // testing::UpdateFault fails after it
   for (const PieceJob& j : jobs)
@@ -359,6 +355,17 @@ Status UpdateScheduler::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimize
     Result<PieceState> opened = t.open(j.id);
     if (!opened.ok()) return torn(opened.status().with_context("opening the optimizer state of " + ctx_.part.describe(j.id)));
     PieceState st = *opened;
+    // Where the new state goes: the piece itself, or its pending buffer for
+    // an early update (Note [Pending versions in memory]).
+    PieceState out = st;
+    if (out_of_place) {
+      Result<PieceState> pending = t.open_pending(j.id);
+      if (!pending.ok()) {
+        t.close(j.id, false).ignore();
+        return pending.status().with_context("the pending version of " + ctx_.part.describe(j.id));
+      }
+      out = *pending;
+    }
     // An error below hands the piece back unmodified (the tier lends it to
     // one thread at a time: Note [Piece leases]); the step's failure goes to
     // the commit point.
@@ -378,7 +385,8 @@ Status UpdateScheduler::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimize
       if (j.param_is_master) {
         sp.params = reinterpret_cast<float*>(j.param) + first;
       } else {
-        sp.params = st.master + first;
+        sp.params = out.master + first;
+        if (out_of_place) sp.params_source = st.master + first;
         if (param_dtype != DType::kF32) {
           sp.param_copy = j.param + first * element_bytes;
           sp.param_copy_dtype = param_dtype;
@@ -393,7 +401,7 @@ Status UpdateScheduler::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimize
       Status copy_status;
       cpu_adam::TileCallback on_tile;
       if (j.h2d != nullptr) {
-        const std::byte* src = param_dtype == DType::kF32 ? reinterpret_cast<const std::byte*>(st.master) : j.param;
+        const std::byte* src = param_dtype == DType::kF32 ? reinterpret_cast<const std::byte*>(out.master) : j.param;
         on_tile = [&, src, first](const cpu_adam::TileRange& tile) {
           const size_t at = (first + tile.begin) * element_bytes;
           std::lock_guard<std::mutex> lock(copy_mutex);  // tiles finish on several threads
@@ -422,7 +430,10 @@ Status UpdateScheduler::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimize
     };
     const cpu_adam::MomentStorage& moments = st.moments;
     auto in_piece = [&](size_t first) {
-      return [&, first](cpu_adam::StateSpans& sp) { moments.point(sp, st.exp_avg, st.exp_avg_sq, st.count, first); };
+      return [&, first](cpu_adam::StateSpans& sp) {
+        moments.point(sp, out.exp_avg, out.exp_avg_sq, st.count, first);
+        if (out_of_place) moments.point_source(sp, st.exp_avg, st.exp_avg_sq, st.count, first);
+      };
     };
     if (!moments.blocked()) {
       // The piece as its runs of equal hyper-parameters (one run unless the
@@ -459,17 +470,20 @@ Status UpdateScheduler::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimize
                                               sp.moment_dtype = DType::kF32;
                                               sp.exp_avg = m.data() + at;
                                               sp.exp_avg_sq = v.data() + at;
+                                              // Decoded already: stepped in place in m and v.
+                                              sp.exp_avg_source = sp.exp_avg;
+                                              sp.exp_avg_sq_source = sp.exp_avg_sq;
                                             }));
         }
-        Status encoded = moments.write_fp32(cpu_adam::Int8Moment::kExpAvg, m.data(), st.count, block.first, block.count, st.exp_avg);
+        Status encoded = moments.write_fp32(cpu_adam::Int8Moment::kExpAvg, m.data(), st.count, block.first, block.count, out.exp_avg);
         if (encoded.ok())
-          encoded = moments.write_fp32(cpu_adam::Int8Moment::kExpAvgSq, v.data(), st.count, block.first, block.count, st.exp_avg_sq);
+          encoded = moments.write_fp32(cpu_adam::Int8Moment::kExpAvgSq, v.data(), st.count, block.first, block.count, out.exp_avg_sq);
         if (!encoded.ok()) return torn(fail(encoded.with_context(fmt::format("optimizer step of {}", ctx_.part.describe(j.id)))));
       }
     }
     if (!j.param_is_master && param_dtype == DType::kF32 && j.h2d == nullptr)
-      std::memcpy(j.param, st.master, j.count * sizeof(float));
-    if (Status closed = t.close(j.id, true); !closed.ok()) return torn(closed);
+      std::memcpy(j.param, out.master, j.count * sizeof(float));
+    if (Status closed = t.close(j.id, !out_of_place); !closed.ok()) return torn(closed);
   }
   return copy_failed;
 }
@@ -492,21 +506,16 @@ Status UpdateScheduler::queue_early_update(size_t li, const GradientReduction::U
   if (!early_open_ || ctx_.where(li).frozen) return Status::Ok();
   EarlyUpdate& e = early_[li];
   e.claimed = std::make_shared<std::atomic<bool>>(false);
-  e.backed_up = std::make_shared<std::atomic<bool>>(false);
   e.jobs = jobs_of(li, input, early_args_.hyper, nullptr, /*early=*/true);
   e.queued = true;
   const Completion gate = params_.writable_after(li, input.reduced);
   e.done = worker_->submit(
       [this, li, jobs = e.jobs, args = early_args_, param_dtype = ctx_.where(li).param_dtype, claimed = e.claimed,
-       backed_up = e.backed_up, spent = early_ns_] {
+       spent = early_ns_] {
         if (claimed->exchange(true)) return Status::Ok();  // the step's end claimed it back
         const auto t0 = Clock::now();
-        Status st = back_up(li, jobs);
-        if (st.ok()) {
-          backed_up->store(true);
-          // A failure part-way is not torn: the backup undoes it (the step's end redoes the layer).
-          st = step_pieces(*tier_, *optimizer_, jobs, args, param_dtype, /*in_place_failure_torn=*/false);
-        }
+        // Out of place: a failure part-way changed no state (the step's end redoes the layer).
+        const Status st = step_pieces(*tier_, *optimizer_, jobs, args, param_dtype, /*out_of_place=*/true);
         spent->fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
         return st;
       },
@@ -537,12 +546,13 @@ bool UpdateScheduler::early_matches(size_t li, int64_t step, double clip, double
          a.hyper == hyper;
 }
 
-bool UpdateScheduler::early_backed_up(size_t li) const { return early_[li].ran && early_[li].backed_up->load(); }
-
 Result<UpdateScheduler::Queued> UpdateScheduler::keep_early(size_t li) {
   LayerUpdate& l = layers_[li];
   l.update_ran = early_[li].done;  // ok: early_matches checked it
   l.update_written = l.update_ran;
+  // Its pending buffers, every element written by the update, become the state.
+  for (const PieceJob& j : early_[li].jobs)
+    if (j.count != 0) STRATA_RETURN_IF_ERROR(tier_->keep_pending(j.id));
   // The staged values go to the device now that the step keeps them (the
   // device parameters were not touched under the backward).
   const size_t eb = ctx_.where(li).param_element_bytes;
@@ -563,50 +573,13 @@ Result<int64_t> UpdateScheduler::restore_every_early() {
     EarlyUpdate& e = early_[li];
     if (!e.ran) continue;
     e.ran = false;
-    if (!e.backed_up->load()) continue;  // failed before its copy ended: nothing was changed
-    const std::string what = "restoring the state of " + ctx_.layer_label(li) + " from its backup";
-    STRATA_RETURN_IF_ERROR(restore_state(li, e.jobs).with_context(what));
+    // The state is untouched (out of place); the 16-bit values the update
+    // wrote (staging, or a stage-3 shard in host memory) are rewritten.
+    const std::string what = "rewriting the parameters of " + ctx_.layer_label(li) + " from its state";
     STRATA_RETURN_IF_ERROR(rewrite_params(e.jobs, ctx_.where(li).param_dtype).with_context(what));
     ++restored;
   }
   return restored;
-}
-
-// The backup's layout, piece after piece: the master (when the piece has
-// one), exp_avg, exp_avg_sq as the tier holds them (moment_bytes), then the
-// parameters when they are their own master.
-Status UpdateScheduler::back_up(size_t li, const std::vector<PieceJob>& jobs) {
-  std::byte* out = backups_[li].data();
-  for (const PieceJob& j : jobs) {
-    if (j.count == 0) continue;
-    STRATA_ASSIGN_OR_RETURN(PieceState st, tier_->open(j.id));
-    const size_t mb = st.moments.moment_bytes(st.count);
-    if (st.master != nullptr) out = static_cast<std::byte*>(std::memcpy(out, st.master, st.count * sizeof(float))) + st.count * sizeof(float);
-    out = static_cast<std::byte*>(std::memcpy(out, st.exp_avg, mb)) + mb;
-    out = static_cast<std::byte*>(std::memcpy(out, st.exp_avg_sq, mb)) + mb;
-    if (j.param_is_master) out = static_cast<std::byte*>(std::memcpy(out, j.param, j.count * sizeof(float))) + j.count * sizeof(float);
-    STRATA_RETURN_IF_ERROR(tier_->close(j.id, false));
-  }
-  return Status::Ok();
-}
-
-Status UpdateScheduler::restore_state(size_t li, const std::vector<PieceJob>& jobs) {
-  const std::byte* in = backups_[li].data();
-  auto take = [&in](void* dst, size_t bytes) {
-    std::memcpy(dst, in, bytes);
-    in += bytes;
-  };
-  for (const PieceJob& j : jobs) {
-    if (j.count == 0) continue;
-    STRATA_ASSIGN_OR_RETURN(PieceState st, tier_->open(j.id));
-    const size_t mb = st.moments.moment_bytes(st.count);
-    if (st.master != nullptr) take(st.master, st.count * sizeof(float));
-    take(st.exp_avg, mb);
-    take(st.exp_avg_sq, mb);
-    if (j.param_is_master) take(j.param, j.count * sizeof(float));
-    STRATA_RETURN_IF_ERROR(tier_->close(j.id, true));
-  }
-  return Status::Ok();
 }
 
 Status UpdateScheduler::rewrite_params(const std::vector<PieceJob>& jobs, DType param_dtype) {

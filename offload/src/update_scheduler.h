@@ -24,13 +24,16 @@
 // the placement allows it (StatePlacement::early_updates), a layer's update
 // is queued as soon as its reduced gradient is in during the step's last
 // backward, with the arguments the step will most likely have (no
-// clipping, finite gradients). It first copies the layer's state to the
-// layer's backup. At the step's end the updates not started yet are
-// claimed back (queued normally, in forward order, with the true
-// arguments); a started one is kept when its arguments were the true ones
-// (the same kernel on the same inputs: the same bits), else redone from
-// the backup (queue_update's restore_first) or, when the step is skipped or
-// dropped, restored from it (restore_early).
+// clipping, finite gradients). It steps out of place: the state is read
+// from the tier's pieces and the new state written into their pending
+// buffers (Note [Pending versions in memory] in state_tier.h), so the
+// committed state stays whole, at the cost of no extra pass. At the step's
+// end the updates not started yet are claimed back (queued normally, in
+// forward order, with the true arguments); a started one is kept when its
+// arguments were the true ones (the same kernel on the same inputs: the same
+// bits; its pending buffers become the state), else redone by a normal
+// update of the untouched state or, when the step is skipped or dropped,
+// forgotten (the parameters it wrote are rewritten from the state).
 //
 // Threads: the driving thread queues; the optimizer threads step.
 #include <atomic>
@@ -78,10 +81,8 @@ class UpdateScheduler {
   // its padded fp32 initial values (empty: the layer has no master).
   Status init_layer(size_t li, std::span<const float> master);
 
-  // `restore_first`: the layer's state is first put back from its backup
-  // (an early update that ran with other arguments: Note [Early, exact updates]).
   Result<Queued> queue_update(size_t li, const GradientReduction::UpdateInput& input, int64_t step, double clip,
-                              double scale, const cpu_adam::HyperParams& hyper, bool restore_first = false);
+                              double scale, const cpu_adam::HyperParams& hyper);
 
   // Note [Early, exact updates]. The step's last micro-batch begins: early
   // updates assume step number `step`, loss scale `scale`, `hyper` (its lr
@@ -100,14 +101,13 @@ class UpdateScheduler {
   bool ran_early(size_t li) const { return li < early_.size() && early_[li].ran; }
   bool early_matches(size_t li, int64_t step, double clip, double scale, const cpu_adam::HyperParams& hyper) const;
   // The kept early update of layer li, as queue_update would have returned
-  // it; its staged values are copied to the device now.
+  // it: its pending buffers become the state, its staged values are copied
+  // to the device now.
   Result<Queued> keep_early(size_t li);
-  // Whether layer li's backup holds its state before the early update (it
-  // failed before its copy ended, having changed nothing, when not).
-  bool early_backed_up(size_t li) const;
-  // Every layer whose early update started: state and parameters put back
-  // from the backup, on the calling (driving) thread; the early updates are
-  // forgotten. For a skipped or dropped step; returns how many.
+  // Every layer whose early update started: the parameters it wrote are
+  // rewritten from the (untouched) state, on the calling (driving) thread;
+  // the early updates are forgotten. For a skipped or dropped step; returns
+  // how many.
   Result<int64_t> restore_every_early();
   // The step's updates are queued (kept, redone or normal): its early
   // updates are forgotten, so no later commit point restores them.
@@ -170,7 +170,6 @@ class UpdateScheduler {
     // end claiming it back. A fresh one per step: a claimed task still
     // queued holds its own.
     std::shared_ptr<std::atomic<bool>> claimed;
-    std::shared_ptr<std::atomic<bool>> backed_up;  // the backup holds the state before the update
     bool queued = false;
     bool ran = false;       // close(): the task started
     Completion done;        // the task (its failure included)
@@ -182,21 +181,17 @@ class UpdateScheduler {
   std::vector<PieceJob> jobs_of(size_t li, const GradientReduction::UpdateInput& input,
                                 const cpu_adam::HyperParams& hyper, std::vector<PieceJob>* device_jobs,
                                 bool early = false);
-  // Layer li's state (and its parameters when they are their own master)
-  // into the layer's backup, and back. Optimizer thread, or the driving
-  // thread once the layer's updates are done.
-  Status back_up(size_t li, const std::vector<PieceJob>& jobs);
-  Status restore_state(size_t li, const std::vector<PieceJob>& jobs);
   // The parameters the jobs write, rewritten from the (restored) state, as
   // an update writes them.
   Status rewrite_params(const std::vector<PieceJob>& jobs, DType param_dtype);
   Status make_nvme_tier(const std::string& job_name);
   // Layer li's runs intersected with layer elements [begin, begin + count), offsets from begin.
   std::vector<PieceJob::Run> runs_of(size_t li, size_t begin, size_t count, const cpu_adam::HyperParams& hyper) const;
-  // `in_place_failure_torn`: a failure part-way through state kept in place
-  // is recorded as torn (kTorn); not for an early update, whose backup undoes it.
+  // `out_of_place`: an early update, written into the pieces' pending
+  // buffers (the state untouched: a failure is never torn). Otherwise a
+  // failure part-way through state kept in place is recorded as torn (kTorn).
   Status step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimizer& o, const std::vector<PieceJob>& jobs,
-                     const cpu_adam::StepArgs& args, DType param_dtype, bool in_place_failure_torn = true);
+                     const cpu_adam::StepArgs& args, DType param_dtype, bool out_of_place = false);
 
   EngineContext& ctx_;
   ParameterGathering& params_;
@@ -210,12 +205,11 @@ class UpdateScheduler {
   std::optional<cpu_adam::CpuOptimizer> optimizer_;
   std::optional<cpu_adam::CpuOptimizer> dev_optimizer_;  // ratio < 1: steps the device part (its own thread)
   std::vector<LayerUpdate> layers_;
-  // Note [Early, exact updates]: the step's assumed arguments, each layer's
-  // early update and backup (pinned host memory, from the placement).
+  // Note [Early, exact updates]: the step's assumed arguments and each
+  // layer's early update.
   bool early_open_ = false;
   cpu_adam::StepArgs early_args_;
   std::vector<EarlyUpdate> early_;
-  std::vector<HostBuffer> backups_;
   // Nanoseconds the optimizer threads spent in one step's updates, added by
   // the update tasks themselves.
   std::shared_ptr<std::atomic<int64_t>> update_ns_;

@@ -1,16 +1,17 @@
 // Early, exact updates (strata.speculative_optimizer; Note [Early, exact
 // updates] in docs/engine.md): each layer's update starts under the step's
-// last backward, assuming no clipping and finite gradients, and is kept,
-// redone from its backup or restored at the step's end.
+// last backward, assuming no clipping and finite gradients, writing the new
+// state out of place (pending buffers), and is kept, redone from the
+// untouched state or forgotten at the step's end.
 //  - losses are bit-identical with early updates on and off at every
 //    placement that allows them, worlds 1 and 2, overlap on and off;
 //  - with a clip threshold that clips some steps and not others, both
 //    outcomes happen (kept and redone layers) and the losses still match;
-//  - an fp16 overflow restores the layers stepped early (the state after
+//  - an fp16 overflow forgets the layers stepped early (the state after
 //    the skipped step is the state before it, bit for bit);
-//  - a kernel failure in an update under the backward is undone and the
-//    step ends as it would without early updates;
-//  - the plan counts the backup, auto turns it off when it does not fit
+//  - a kernel failure in an update under the backward changes no state and
+//    the step ends as it would without early updates;
+//  - the plan counts the pending buffers, auto turns them off when they do not fit
 //    strata.host_memory_budget, and "on" where the placement cannot is
 //    refused naming the key.
 #include <gtest/gtest.h>
@@ -149,7 +150,7 @@ TEST(EarlyUpdates, AnOverflowRestoresTheLayersSteppedEarly) {
 }
 
 // A kernel failure in step 3's update of layer 1 (testing::UpdateFault): the
-// update under the backward fails, is undone from its backup and redone at
+// update under the backward fails, having changed no state, and is redone at
 // the step's end, where it fails again as the update would without early
 // updates: torn state kept in place, the engine stops, the same error.
 TEST(EarlyUpdates, AFailedUpdateUnderTheBackwardEndsAsWithoutIt) {
@@ -166,7 +167,7 @@ TEST(EarlyUpdates, AFailedUpdateUnderTheBackwardEndsAsWithoutIt) {
   EXPECT_NE(on.status.message().find("injected kernel failure"), std::string::npos) << on.status.to_string();
 }
 
-TEST(EarlyUpdates, ThePlanCountsTheBackupAndTheMeasuredPeakStaysUnderIt) {
+TEST(EarlyUpdates, ThePlanCountsThePendingStateAndTheMeasuredPeakStaysUnderIt) {
   TrainRun r;
   r.steps = 3;
   apply_placement(r, Placement{2, D::kCpu, D::kNone});
@@ -190,9 +191,9 @@ TEST(EarlyUpdates, ThePlanCountsTheBackupAndTheMeasuredPeakStaysUnderIt) {
 }
 
 // auto: on where the model's compute does not share the host's cores (a
-// GPU) and the plan with the backup fits the host budget; off on the cpu
-// device (measured slower there) and under a budget the backup breaks.
-TEST(EarlyUpdates, AutoIsOnOffTheHostsCoresWhereTheBackupFits) {
+// GPU) and the plan with the pending state fits the host budget; off on the
+// cpu device (measured slower there) and under a budget it breaks.
+TEST(EarlyUpdates, AutoIsOnOffTheHostsCoresWhereThePendingStateFits) {
   std::vector<LayerDescription> layers;
   for (int i = 0; i < 3; ++i)
     layers.push_back({fmt::format("l{}", i), {{fmt::format("l{}.weight", i), {4096}, DType::kBF16, true, std::nullopt, 1.0}}});
@@ -212,7 +213,7 @@ TEST(EarlyUpdates, AutoIsOnOffTheHostsCoresWhereTheBackupFits) {
   EXPECT_FALSE(cpu.early_updates);
   EXPECT_NE(cpu.early_updates_off.find("cpu device"), std::string::npos) << cpu.early_updates_off;
   EXPECT_EQ(cpu_memory.pinned_speculation, 0u);
-  // A budget with room for the plan without the backup, not with it.
+  // A budget with room for the plan without the pending state, not with it.
   EngineOptions tight = o;
   tight.host_memory_budget = gpu_memory.pinned - gpu_memory.pinned_speculation + 64;
   const auto [capped, capped_memory] = plan(tight, PlannedDevice::gpu());

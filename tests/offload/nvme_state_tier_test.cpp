@@ -551,6 +551,52 @@ TEST_F(NvmeStateTierFaultTest, TransientErrorsAndShortTransfersAreInvisible) {
 // version, commit() makes the newest the committed one; a piece written twice
 // in one step keeps the committed version; read-ahead of a dropped version
 // is dropped; the second version is counted once as NVMe bytes.
+// Note [Pending versions in memory]: the pinned tier's second buffer per
+// piece; keeping it is a swap (the old state becomes the next pending
+// buffer), not keeping it leaves the state as it was. Other tiers refuse.
+TEST_F(NvmeStateTierTest, PinnedTierPendingVersionsSwapAndOtherTiersRefuse) {
+  const PieceSpec piece{{0, 0, 0}, 1000, true};
+  const cpu_adam::MomentStorage md = cpu_adam::MomentStorage::fp32();
+  MemoryStats mem_stats;
+  auto mem = make_memory_state_tier(*device_, Tier::kPinnedHost, md, mem_stats);
+  ASSERT_TRUE(mem.ok()) << mem.status().to_string();
+  OptimizerStateTier& t = **mem;
+  const std::vector<float> init = master_init(piece);
+  ASSERT_TRUE(t.add(piece.id, name_of(piece.id), piece.count, init).ok());
+  EXPECT_EQ(t.open_pending(piece.id).status().code(), StatusCode::kUnsupported);  // none added yet
+  const uint64_t pinned_before = mem_stats.get(Tier::kPinnedHost).current_bytes;
+  ASSERT_TRUE(t.add_pending(piece.id).ok());
+  EXPECT_EQ(mem_stats.get(Tier::kPinnedHost).current_bytes - pinned_before,
+            memory_piece_bytes(piece.count, true, md));  // counted like the state
+  const PieceState state = t.open(piece.id).value();
+  const PieceState pending = t.open_pending(piece.id).value();
+  ASSERT_NE(state.master, pending.master);
+  for (size_t i = 0; i < piece.count; ++i) {
+    pending.master[i] = init[i] + 1.0f;
+    static_cast<float*>(pending.exp_avg)[i] = 2.0f;
+    static_cast<float*>(pending.exp_avg_sq)[i] = 3.0f;
+  }
+  // Not kept: the state is as it was.
+  EXPECT_EQ(0, std::memcmp(t.open(piece.id).value().master, init.data(), piece.count * 4));
+  ASSERT_TRUE(t.keep_pending(piece.id).ok());
+  const PieceState kept = t.open(piece.id).value();
+  EXPECT_EQ(kept.master, pending.master);  // a swap, not a copy
+  EXPECT_EQ(kept.master[7], init[7] + 1.0f);
+  EXPECT_EQ(static_cast<float*>(kept.exp_avg_sq)[7], 3.0f);
+  EXPECT_EQ(t.open_pending(piece.id).value().master, state.master);  // the old state is the next pending buffer
+
+  auto on_device = make_memory_state_tier(*device_, Tier::kDevice, md, mem_stats);
+  ASSERT_TRUE(on_device.ok()) << on_device.status().to_string();
+  ASSERT_TRUE((*on_device)->add(piece.id, name_of(piece.id), piece.count, init).ok());
+  const Status device_refused = (*on_device)->add_pending(piece.id);
+  EXPECT_EQ(device_refused.code(), StatusCode::kUnsupported);
+  EXPECT_NE(device_refused.message().find("device memory"), std::string::npos) << device_refused.to_string();
+  auto nvme = make(options({piece}, md, "pending"));
+  ASSERT_TRUE(nvme);
+  ASSERT_NO_FATAL_FAILURE(add_all(*nvme, {piece}));
+  EXPECT_EQ(nvme->add_pending(piece.id).code(), StatusCode::kUnsupported);
+}
+
 TEST_F(NvmeStateTierTest, VersionsCommitAndRollBack) {
   const std::vector<PieceSpec> pieces = {{{0, 0, 0}, 3000, true}, {{0, 1, 0}, 5000, true}, {{1, 0, 0}, 777, false}};
   for (bool pipeline : {false, true}) {

@@ -2,7 +2,8 @@
 // strata.speculative_optimizer: whether each layer's CPU optimizer step may
 // start under the backward (Note [Early, exact updates] in docs/engine.md).
 // kAuto: where the placement allows it, the model's compute is not on the
-// host's cores (not the cpu device), and its state backup fits
+// host's cores (not the cpu device), and the second (pending) buffer of its
+// state fits
 // strata.host_memory_budget (without one: half the machine's memory per rank).
 #include <cstdint>
 #include <string_view>

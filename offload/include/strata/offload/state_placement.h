@@ -121,13 +121,13 @@ struct StatePlacement {
   uint64_t largest_nvme_shard_bytes = 0;
   std::vector<LayerPlacement> layers;
   // Note [Early, exact updates] (docs/engine.md): each layer's update starts
-  // under the backward and keeps a copy of the layer's state (this many
-  // bytes of pinned host memory per layer, 0 for a frozen one) until the
-  // step commits. Off: `early_updates_off` says why (auto), empty when off
+  // under the backward and writes the new state out of place into a second
+  // buffer per piece (this many bytes of pinned host memory per layer, 0 for
+  // a frozen one), kept as the state once the step commits. Off: `early_updates_off` says why (auto), empty when off
   // was asked for.
   bool early_updates = false;
   std::string early_updates_off;
-  std::vector<uint64_t> early_backup_bytes;
+  std::vector<uint64_t> early_pending_bytes;
 
   PlannedDevice device;
   // A device buffer of `bytes` as the device counts it.

@@ -125,6 +125,33 @@ class OptimizerStateTier {
   // Rollbacks so far: a reader that must see one step's state (a checkpoint
   // snapshot) checks that none happened while it read.
   virtual uint64_t rollbacks() const { return 0; }
+
+  // Note [Pending versions in memory]
+  // For updates that may be undone (Note [Early, exact updates] in
+  // docs/engine.md), the pinned host tier keeps a second buffer per piece
+  // once add_pending() gave it one: an update that reads open()'s state and
+  // writes the new state out of place into open_pending()'s buffer
+  // (cpu_adam's StateSpans::*_source) leaves the piece's state whole; then
+  // keep_pending() makes the pending buffer the piece's state (the old one
+  // becomes the next pending buffer: a pointer swap, no copy), or nothing is
+  // done and the pending values are simply overwritten next time. The
+  // pending buffer holds no state until written; the caller keeps a piece
+  // only when its update wrote all of it. The device and NVMe tiers refuse
+  // (the NVMe tier versions its pieces on its own).
+  virtual Status add_pending(const StateId& id) {
+    (void)id;
+    return Unsupported(describe() + " keeps no pending versions of its pieces");
+  }
+  virtual Result<PieceState> open_pending(const StateId& id) {
+    (void)id;
+    return Unsupported(describe() + " keeps no pending versions of its pieces");
+  }
+  // From the thread that drives the updates, while no update of the piece
+  // runs (the swap is not synchronized with open()).
+  virtual Status keep_pending(const StateId& id) {
+    (void)id;
+    return Unsupported(describe() + " keeps no pending versions of its pieces");
+  }
 };
 
 // Device memory of `device` (kDevice; needs a host-addressable device, since
