@@ -12,6 +12,14 @@
 namespace strata::offload {
 namespace {
 
+// Each section of a piece (exp_avg, exp_avg_sq, master) starts on 64 bytes,
+// so that a step written out of place into the pending buffer (Note [Pending
+// versions in memory]) stores whole aligned vectors non-temporally (Note
+// [Out-of-place steps] in cpu_adam's kernel_body.h).
+uint64_t moment_section_bytes(size_t count, const cpu_adam::MomentStorage& moments) {
+  return (moments.moment_bytes(count) + 63) / 64 * 64;
+}
+
 struct IdLess {
   bool operator()(const StateId& a, const StateId& b) const {
     return std::tie(a.layer, a.group, a.rank) < std::tie(b.layer, b.group, b.rank);
@@ -34,7 +42,7 @@ class MemoryStateTier final : public OptimizerStateTier {
   Status add(const StateId& id, const std::string& name, size_t count, std::span<const float> master_init) override {
     STRATA_CHECK(pieces_.find(id) == pieces_.end(), "optimizer state piece added twice");
     STRATA_CHECK(master_init.empty() || master_init.size() == count, "master init size mismatch");
-    const uint64_t moment_bytes = moments_.moment_bytes(count);
+    const uint64_t moment_bytes = moment_section_bytes(count, moments_);
     Piece p;
     p.count = count;
     p.bytes = memory_piece_bytes(count, !master_init.empty(), moments_);
@@ -119,7 +127,7 @@ class MemoryStateTier final : public OptimizerStateTier {
   }
   // The piece's state laid out in `data` (its buffer or its pending one).
   PieceState state_in(const Piece& p, std::byte* data) const {
-    const uint64_t moment_bytes = moments_.moment_bytes(p.count);
+    const uint64_t moment_bytes = moment_section_bytes(p.count, moments_);
     PieceState s;
     s.count = p.count;
     s.exp_avg = data;
@@ -145,7 +153,7 @@ class MemoryStateTier final : public OptimizerStateTier {
 }  // namespace
 
 uint64_t memory_piece_bytes(size_t count, bool has_master, const cpu_adam::MomentStorage& moments) {
-  const uint64_t bytes = 2 * moments.moment_bytes(count) + (has_master ? uint64_t{count} * sizeof(float) : 0);
+  const uint64_t bytes = 2 * moment_section_bytes(count, moments) + (has_master ? uint64_t{count} * sizeof(float) : 0);
   return bytes == 0 ? 64 : bytes;  // an empty piece still gets an address
 }
 

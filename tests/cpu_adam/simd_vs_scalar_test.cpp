@@ -218,7 +218,9 @@ class OutOfPlace : public ::testing::TestWithParam<KernelPath> {
 TEST_P(OutOfPlace, EqualsInPlaceBitForBitAndLeavesTheSourcesUnchanged) {
   const KernelPath path = GetParam();
   for (const Mix& mix : all_mixes()) {
-    // Tiles of 128 on 2 threads: the sources are offset per tile like the outputs.
+    // Tiles of 128 on 2 threads: the sources are offset per tile like the
+    // outputs. Misalign 0: aligned outputs, stored non-temporally (Note
+    // [Out-of-place steps]); 3: normal stores.
     CpuOptimizer opt = make_optimizer(mix.kind, path, 2, 128);
     for (size_t count : {1, 17, 33, 1003}) {
       for (size_t misalign : {0, 3}) {

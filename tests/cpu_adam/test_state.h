@@ -1,8 +1,10 @@
 #pragma once
 // Test helper: one optimizer state of a given dtype mix in owned buffers,
 // filled from a seed, with a configurable misalignment of every span.
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <new>
 #include <random>
 #include <stdexcept>
 #include <vector>
@@ -56,6 +58,21 @@ inline float load_as(DType t, const void* base, size_t i) {
 
 // Buffers are byte vectors; each span starts `misalign` elements past the
 // start of its buffer, so 1 gives starts that are not 8- or 16-lane aligned.
+// Buffers on 64-byte boundaries, so that misalign 0 is aligned for every
+// vector width (the non-temporal stores' condition) and misalign 1 or 3 is not.
+template <class T>
+struct Aligned64 {
+  using value_type = T;
+  Aligned64() = default;
+  template <class U>
+  Aligned64(const Aligned64<U>&) {}
+  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{64})); }
+  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t{64}); }
+  template <class U>
+  bool operator==(const Aligned64<U>&) const { return true; }
+};
+using AlignedBytes = std::vector<uint8_t, Aligned64<uint8_t>>;
+
 class TestState {
  public:
   TestState(const Mix& mix, size_t count, size_t misalign = 0) : mix_(mix), count_(count), off_(misalign) {
@@ -141,13 +158,18 @@ class TestState {
 
   // Byte images of every buffer, for bit-identity checks: params, grads, m,
   // v, copy, then the 8-bit moments' scales (m, v; empty otherwise).
-  std::vector<std::vector<uint8_t>> snapshot() const { return {params_, grads_, m_, v_, copy_, m_scale_, v_scale_}; }
+  std::vector<std::vector<uint8_t>> snapshot() const {
+    std::vector<std::vector<uint8_t>> out;
+    for (const AlignedBytes* b : {&params_, &grads_, &m_, &v_, &copy_, &m_scale_, &v_scale_})
+      out.emplace_back(b->begin(), b->end());
+    return out;
+  }
 
  private:
   Mix mix_;
   size_t count_;
   size_t off_;
-  std::vector<uint8_t> params_, grads_, m_, v_, copy_, m_scale_, v_scale_;
+  AlignedBytes params_, grads_, m_, v_, copy_, m_scale_, v_scale_;
 };
 
 inline CpuOptimizer make_optimizer(OptimizerKind kind, KernelPath path, int threads = 1, size_t tile = 65536) {

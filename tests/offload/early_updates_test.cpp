@@ -192,7 +192,7 @@ TEST(EarlyUpdates, ThePlanCountsThePendingStateAndTheMeasuredPeakStaysUnderIt) {
 
 // auto: on where the model's compute does not share the host's cores (a
 // GPU) and the plan with the pending state fits the host budget; off on the
-// cpu device (measured slower there) and under a budget it breaks.
+// cpu device (measured no faster there) and under a budget it breaks.
 TEST(EarlyUpdates, AutoIsOnOffTheHostsCoresWhereThePendingStateFits) {
   std::vector<LayerDescription> layers;
   for (int i = 0; i < 3; ++i)

@@ -16,6 +16,7 @@ struct Avx512 {
 
   static V load_f32(const float* p) { return _mm512_loadu_ps(p); }
   static void store_f32(float* p, V x) { _mm512_storeu_ps(p, x); }
+  static void stream_f32(float* p, V x) { _mm512_stream_ps(p, x); }  // 64-B aligned, non-temporal
   static V load_bf16(const uint16_t* p) {
     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));

@@ -47,7 +47,8 @@ struct PieceState {
   cpu_adam::MomentStorage moments;
 };
 
-// Bytes of one piece in a memory tier: both moments, then the master.
+// Bytes of one piece in a memory tier: both moments, then the master, each
+// section starting on 64 bytes.
 uint64_t memory_piece_bytes(size_t count, bool has_master, const cpu_adam::MomentStorage& moments);
 
 // What a tier that moves state (NVMe) has moved so far; all zero for the
