@@ -513,6 +513,7 @@ Status UpdateScheduler::queue_early_update(size_t li, const GradientReduction::U
       [this, li, jobs = e.jobs, args = early_args_, param_dtype = ctx_.where(li).param_dtype, claimed = e.claimed,
        spent = early_ns_] {
         if (claimed->exchange(true)) return Status::Ok();  // the step's end claimed it back
+        if (ctx_.faults.early_update_started) ctx_.faults.early_update_started(li);  // a test's observer
         const auto t0 = Clock::now();
         // Out of place: a failure part-way changed no state (the step's end redoes the layer).
         const Status st = step_pieces(*tier_, *optimizer_, jobs, args, param_dtype, /*out_of_place=*/true);

@@ -11,12 +11,16 @@
 //    the skipped step is the state before it, bit for bit);
 //  - a kernel failure in an update under the backward changes no state and
 //    the step ends as it would without early updates;
+//  - the updates do start under the backward: the driven MLP's backward
+//    waits, before its last layers, for the head's early update to start;
 //  - the plan counts the pending buffers, auto turns them off when they do not fit
 //    strata.host_memory_budget, and "on" where the placement cannot is
 //    refused naming the key.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -25,6 +29,7 @@
 #include <fmt/format.h>
 
 #include "engine_harness.h"
+#include "mlp_model.h"
 #include "strata/core/spec_model.h"
 #include "strata/offload/state_placement.h"
 
@@ -252,6 +257,88 @@ TEST(EarlyUpdates, OnIsRefusedWhereThePlacementCannotNamingTheKey) {
     ASSERT_TRUE(automatic.status.ok()) << automatic.status.to_string();
     EXPECT_EQ(total(automatic, &StepMetrics::speculated_layers), 0);
   }
+}
+
+// A caller-driven model (mlp_model.h) whose backward, before its last
+// layers (the frozen layer, then the embedding whose gradient is the step's
+// last), waits for the head's early update to start, seen through the seam's
+// observer. An engine that only started updates at the step's end would
+// make every wait run out (the test then fails instead of hanging); this
+// one starts the head's update while the backward still runs, and keeps it.
+class WaitBeforeFrozenBackward : public ParameterProvider {
+ public:
+  WaitBeforeFrozenBackward(Engine& engine, std::function<bool()> wait) : engine_(engine), wait_(std::move(wait)) {}
+  Result<LayerMemory> acquire(size_t layer_index, Pass pass) override {
+    if (layer_index == mlp::kFrozen && pass == Pass::kBackward && !wait_()) ++timeouts;
+    return engine_.acquire(layer_index, pass);
+  }
+  Status release(size_t layer_index, Pass pass, const Completion& done) override {
+    return engine_.release(layer_index, pass, done);
+  }
+  int timeouts = 0;
+
+ private:
+  Engine& engine_;
+  std::function<bool()> wait_;
+};
+
+TEST(EarlyUpdates, TheyStartWhileTheBackwardStillRuns) {
+  EngineOptions o;
+  o.stage = 2;
+  o.offload_optimizer = D::kCpu;
+  o.speculative_optimizer = SpeculationMode::kOn;
+  o.grad_clip = 0;  // nothing to redo: the head's early update is kept
+  o.hyper.lr = 1e-2;
+  o.source = "early updates test";
+  std::mutex mutex;
+  std::condition_variable started_cv;
+  bool head_started = false;
+  testing::EngineFaults faults;
+  faults.early_update_started = [&](size_t layer) {
+    if (layer != mlp::kHead) return;
+    std::lock_guard<std::mutex> lock(mutex);
+    head_started = true;
+    started_cv.notify_all();
+  };
+  auto comms = comm::create_local_group(1).value();
+  DeviceOptions dopt;
+  dopt.device_memory_bytes = uint64_t{64} << 20;
+  std::unique_ptr<Device> device = make_device(DeviceKind::kCpu, dopt).value();
+  const mlp::MlpSpecOptions spec_options;
+  const SpecModel spec = SpecModel::create(mlp::layer_descriptions(spec_options)).value();
+  mlp::MlpModel model(spec.layers());
+  Result<std::unique_ptr<Engine>> created = testing::create_engine(o, spec, *device, *comms[0], faults);
+  ASSERT_TRUE(created.ok()) << created.status().to_string();
+  Engine& engine = **created;
+  const std::vector<std::vector<float>> init = mlp::initial_values(20240611);
+  for (size_t li = 0; li < mlp::kLayerCount; ++li)
+    ASSERT_TRUE(engine.put_initial_layer(li, mlp::to_bytes(init[li], spec_options.dtype), init[li]).ok());
+  WaitBeforeFrozenBackward provider(engine, [&] {
+    std::unique_lock<std::mutex> lock(mutex);
+    return started_cv.wait_for(lock, std::chrono::seconds(30), [&] { return head_started; });
+  });
+  for (int64_t step = 1; step <= 3; ++step) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      head_started = false;
+    }
+    ASSERT_TRUE(engine.begin_step().ok());
+    ASSERT_TRUE(engine.begin_micro_batch(true).ok());
+    const mlp::Batch batch = mlp::make_batch(77, step, 0, 0, 8);
+    // The conditional layer in every step: the same acquire order each time,
+    // so reductions go out at each layer's last release (a step that departs
+    // from the recorded order reduces at its end: Note [Acquire order]).
+    Result<double> loss = model.train_micro_batch(provider, batch, /*cond=*/true, engine.gradient_scale());
+    ASSERT_TRUE(loss.ok()) << loss.status().to_string();
+    ASSERT_TRUE(engine.end_micro_batch(*loss, 8).ok());
+    Result<StepOutcome> out = engine.finish_step();
+    ASSERT_TRUE(out.ok()) << out.status().to_string();
+    ASSERT_TRUE(out->applied()) << out->reason.to_string();
+    EXPECT_EQ(provider.timeouts, 0) << "step " << step << ": the head's early update did not start under the backward";
+    EXPECT_GE(out->metrics.speculated_layers, 1) << "step " << step;
+    EXPECT_EQ(out->metrics.redone_layers, 0) << "step " << step;  // no clipping: kept
+  }
+  ASSERT_TRUE(engine.synchronize().ok());
 }
 
 TEST(EarlyUpdates, ParseNamesTheFieldAndTheValue) {

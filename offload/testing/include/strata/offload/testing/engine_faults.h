@@ -1,9 +1,10 @@
 #pragma once
 // Faults an engine can be created with, for tests only (Note [Testing seam]
-// in engine_seam.h). Plain data: the engine (strata_offload) reads it
-// privately; nothing here is installed or part of EngineOptions.
+// in engine_seam.h). Plain data and one observer: the engine (strata_offload)
+// reads it privately; nothing here is installed or part of EngineOptions.
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -66,6 +67,10 @@ struct EngineFaults {
   // to run instead of claiming back the ones not started, so a test sees the
   // kept, redone and restored paths whatever the threads' timing.
   bool run_every_early_update = false;
+  // Called on the optimizer thread as an early update of layer `layer`
+  // starts stepping (after it claimed the layer), so a test can see that it
+  // runs while the backward still does; must not block for long.
+  std::function<void(size_t layer)> early_update_started;
 };
 
 }  // namespace strata::offload::testing
