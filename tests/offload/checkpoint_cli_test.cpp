@@ -23,6 +23,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "scratch_folders.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -51,10 +53,7 @@ CliRun run(const std::string& args, const std::string& env = "", const char* bin
 }
 
 fs::path fresh(const std::string& name) {
-  const fs::path p = fs::path(::testing::TempDir()) / ("strata_ckcli_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p;
+  return strata::offload::testing_scratch::fresh_scratch_folder("strata_ckcli_", name, /*create=*/true);
 }
 
 // step -> loss (exact text of the JSON number) from a --json-log file.

@@ -24,18 +24,14 @@
 #include "strata/nvme/aio_config.h"
 #include "strata/nvme/fault_injection.h"
 #include "strata/offload/checkpoint.h"
+#include "scratch_folders.h"
 
 namespace strata::offload {
 namespace {
 
 namespace fs = std::filesystem;
 
-fs::path fresh_dir(const std::string& name) {
-  // Per process: ctest runs the parameterized cases side by side.
-  const fs::path p = fs::path(::testing::TempDir()) / fmt::format("ckpt-{}-{}", name, ::getpid());
-  fs::remove_all(p);
-  return p;
-}
+fs::path fresh_dir(const std::string& name) { return testing_scratch::fresh_scratch_folder("ckpt-", name); }
 
 // Saves into `dir` after every `every`-th step (asynchronously), waits at the end.
 void save_every(TrainRun& r, const fs::path& dir, int every, int keep = 0) {

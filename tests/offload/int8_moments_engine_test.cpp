@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 
 #include "engine_harness.h"
+#include "scratch_folders.h"
 
 namespace strata::offload {
 namespace {
@@ -25,11 +26,7 @@ namespace {
 namespace fs = std::filesystem;
 using cpu_adam::MomentStorage;
 
-fs::path fresh_dir(const std::string& name) {
-  const fs::path p = fs::path(::testing::TempDir()) / fmt::format("int8-{}-{}", name, ::getpid());
-  fs::remove_all(p);
-  return p;
-}
+fs::path fresh_dir(const std::string& name) { return testing_scratch::fresh_scratch_folder("int8-", name); }
 
 TrainRun int8_run(int world) {
   TrainRun r;
