@@ -129,9 +129,9 @@ int run_plan(const PlanOptions& o) {
     return run_plan_fit(a);
   }
   if (!o.out.empty() || !o.caps.device_memory.empty() || !o.caps.host_memory.empty() || !o.caps.nvme_path.empty() ||
-      !o.caps.nvme_size.empty() || o.ranks != 1)
-    return fail(InvalidArgument("--out, --device-memory, --host-memory, --nvme-path, --nvme-size and --ranks belong "
-                                "to --fit (fit a config to these caps); add --fit"));
+      !o.caps.nvme_size.empty() || !o.caps.grad_dtypes.empty() || o.ranks != 1)
+    return fail(InvalidArgument("--out, --device-memory, --host-memory, --nvme-path, --nvme-size, --grad-dtypes and "
+                                "--ranks belong to --fit (fit a config to these caps); add --fit"));
   if (o.profile.empty()) return fail(InvalidArgument("give --profile P.json (strata report --calibrate writes one; "
                                                      "examples/profiles/ has others)"));
   Result<offload::HardwareProfile> hw = offload::load_hardware_profile(o.profile);
@@ -459,6 +459,9 @@ CommandRegistration plan_command("plan", [](CLI::App& root) {
   cmd->add_option("--nvme-path", o->caps.nvme_path,
                   "With --fit: a folder on the NVMe drive (its free space bounds the NVMe state); none: no NVMe");
   cmd->add_option("--nvme-size", o->caps.nvme_size, "With --fit: NVMe space to plan for instead of the free space");
+  cmd->add_option("--grad-dtypes", o->caps.grad_dtypes,
+                  "With --fit: gradient accumulation dtypes (data_types.grad_accum_dtype) the search may use, "
+                  "comma-separated: fp32,bf16 (default: the config's, or the training dtype)");
   cmd->add_option("--ranks", o->ranks, "With --fit: data-parallel ranks (on this node)")
       ->capture_default_str()
       ->check(CLI::Range(1, 65536));

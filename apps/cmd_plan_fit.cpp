@@ -134,6 +134,11 @@ int run_plan_fit(const PlanFitArgs& a) {
     if (!ms.ok()) return fail(ms.status());
     req->moment_storages = *ms;
   }
+  if (!a.caps.grad_dtypes.empty()) {
+    Result<std::vector<DType>> gs = parse_dtype_list(a.caps.grad_dtypes, "--grad-dtypes", "gradient");
+    if (!gs.ok()) return fail(gs.status());
+    req->grad_dtypes = *gs;
+  }
   Result<offload::FitResult> r = offload::fit_config(*req, *caps);
   if (!r.ok()) return fail(r.status());
   if (a.json) {

@@ -90,6 +90,7 @@ struct TrainCliOptions {
   bool fit = false;
   std::string host_memory, nvme_size;
   std::string fit_optimizer_states;   // --optimizer-states with --fit: the storages the search may choose
+  std::string fit_grad_dtypes;        // --grad-dtypes with --fit: the gradient dtypes the search may choose
   // Which flags were given (they override the config).
   bool given_batch = false, given_accum = false, given_lr = false, given_wd = false, given_clip = false,
        given_dtype = false, given_device = false, given_device_memory = false;
@@ -548,6 +549,9 @@ int run_train(TrainCliOptions o) {
   if (!o.fit && (!o.host_memory.empty() || !o.nvme_size.empty()))
     return fail(InvalidArgument("--host-memory and --nvme-size are caps for --fit (add --fit), or set "
                                 "strata.host_memory_budget in --config"));
+  if (!o.fit && !o.fit_grad_dtypes.empty())
+    return fail(InvalidArgument("--grad-dtypes is what --fit may choose (add --fit); to train with bf16 gradients "
+                                "without a fit, set data_types.grad_accum_dtype in the config"));
   if (!o.fit && !o.fit_optimizer_states.empty())
     return fail(InvalidArgument("--optimizer-states is what --fit may choose (add --fit); to train with 8-bit or bf16 "
                                 "optimizer state set strata.optimizer_state_dtype in --config"));
@@ -592,7 +596,8 @@ int run_train(TrainCliOptions o) {
       const uint64_t default_device =
           t.device_memory_bytes != 0 ? t.device_memory_bytes
                                      : default_cpu_device_bytes() / static_cast<uint64_t>(std::max(1, o.ranks));
-      FitFlags flags{o.device_memory, o.host_memory, o.nvme_path, o.nvme_size, "", o.fit_optimizer_states};
+      FitFlags flags{o.device_memory, o.host_memory, o.nvme_path, o.nvme_size, "", o.fit_optimizer_states,
+                     o.fit_grad_dtypes};
       std::string report;
       Result<Config> fitted =
           fit_train_config(cfg, g, flags, default_device, static_cast<int>(world_of_config->size),
@@ -798,6 +803,9 @@ CommandRegistration train_command("train", [](CLI::App& root) {
   cmd->add_option("--optimizer-states", o->fit_optimizer_states,
                   "With --fit: Adam moment storages the search may choose, comma-separated: fp32,bf16,int8 (default: "
                   "the config's strata.optimizer_state_dtype)");
+  cmd->add_option("--grad-dtypes", o->fit_grad_dtypes,
+                  "With --fit: gradient accumulation dtypes the search may choose, comma-separated: fp32,bf16 "
+                  "(default: the config's data_types.grad_accum_dtype, or the training dtype)");
   cmd->add_option("--save-dir", o->save_dir,
                   "Save checkpoints into this folder (one tag folder per save, a 'latest' file; atomic, asynchronous)");
   cmd->add_option("--save-every", o->save_every, "Save every K steps (and after the last step); 0: only at the end")

@@ -333,6 +333,9 @@ Result<Config> fit_train_config(const Config& base, const model::GptConfig& g, c
   if (!flags.optimizer_states.empty()) {
     STRATA_ASSIGN_OR_RETURN(req.moment_storages, parse_moment_list(flags.optimizer_states, "--optimizer-states"));
   }
+  if (!flags.grad_dtypes.empty()) {
+    STRATA_ASSIGN_OR_RETURN(req.grad_dtypes, parse_dtype_list(flags.grad_dtypes, "--grad-dtypes", "gradient"));
+  }
   STRATA_ASSIGN_OR_RETURN(offload::FitResult r, offload::fit_config(req, caps));
   if (!r.ok()) {
     std::string hint;

@@ -23,6 +23,7 @@ struct FitFlags {
   std::string nvme_size;      // --nvme-size Z: the space to plan for, instead of the folder's free space
   std::string dtypes;         // --dtype list the search may use ("" = the config's)
   std::string optimizer_states;  // --optimizer-states list the search may use ("" = the config's)
+  std::string grad_dtypes;       // --grad-dtypes list the search may use ("" = the config's)
 };
 
 // Caps from the flags, with `fallback_*` (the config's strata.device_memory /

@@ -78,15 +78,15 @@ Result<std::vector<cpu_adam::MomentStorage>> parse_moment_list(const std::string
   return out;
 }
 
-Result<std::vector<DType>> parse_dtype_list(const std::string& text, const char* flag) {
+Result<std::vector<DType>> parse_dtype_list(const std::string& text, const char* flag, const char* what) {
   std::vector<DType> out;
   std::stringstream in(text);
   std::string item;
   while (std::getline(in, item, ',')) {
     Result<DType> dt = parse_dtype(item);
     if (!dt.ok() || !is_state_float(*dt))
-      return InvalidArgument(fmt::format("{} '{}' is not a parameter dtype; use fp32, bf16 or fp16 (comma-separated)",
-                                         flag, printable(item, 64)));
+      return InvalidArgument(fmt::format("{} '{}' is not a {} dtype; use fp32, bf16 or fp16 (comma-separated)", flag,
+                                         printable(item, 64), what));
     out.push_back(*dt);
   }
   if (out.empty()) return InvalidArgument(fmt::format("{} is empty; use fp32, bf16 or fp16", flag));

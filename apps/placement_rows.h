@@ -48,8 +48,9 @@ struct PlacementRow {
 std::vector<PlacementRow> default_matrix(const std::vector<DType>& dtypes,
                                          const std::vector<cpu_adam::MomentStorage>& moments = {});
 
-// "fp32,bf16" -> dtypes; each must be a parameter dtype. `flag` names the culprit.
-Result<std::vector<DType>> parse_dtype_list(const std::string& text, const char* flag);
+// "fp32,bf16" -> dtypes; each must be fp32, bf16 or fp16. `flag` names the
+// culprit, `what` the dtypes' role in the message ("parameter", "gradient").
+Result<std::vector<DType>> parse_dtype_list(const std::string& text, const char* flag, const char* what = "parameter");
 // "fp32,int8" -> moment storages (strata.optimizer_state_dtype values). `flag` names the culprit.
 Result<std::vector<cpu_adam::MomentStorage>> parse_moment_list(const std::string& text, const char* flag);
 

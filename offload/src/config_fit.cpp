@@ -38,12 +38,15 @@ std::vector<PlacementChoice> all_placements() {
   return out;
 }
 
-std::string label_of(const PlacementChoice& p, DType dtype, const cpu_adam::MomentStorage& moments) {
+// `grad`: the gradient dtype the candidate sets (nullopt: the config's own).
+std::string label_of(const PlacementChoice& p, DType dtype, const cpu_adam::MomentStorage& moments,
+                     std::optional<DType> grad = std::nullopt) {
   std::string s = fmt::format("s{} opt={} param={}", p.stage, offload_device_name(p.optimizer),
                               offload_device_name(p.param));
   if (p.ratio < 1.0) s += fmt::format(" r={:.2f}", p.ratio);
   s += " " + std::string(dtype_name(dtype));
   if (moments != cpu_adam::MomentStorage::fp32()) s += fmt::format(" m={}", moments.name());
+  if (grad && *grad != dtype) s += fmt::format(" g={}", dtype_name(*grad));
   return s;
 }
 
@@ -272,6 +275,10 @@ const KeyView kKeys[] = {
      [](const Config& c) -> std::string { return json_string(offload_device_name(c.zero_optimization.offload_param.device)); }},
     {"bf16.enabled", [](const Config& c) -> std::string { return boolean(c.bf16.enabled); }},
     {"strata.optimizer_state_dtype", [](const Config& c) -> std::string { return json_string(c.strata.optimizer_state_dtype); }},
+    {"data_types.grad_accum_dtype",
+     [](const Config& c) -> std::string {
+       return c.data_types.grad_accum_dtype.empty() ? std::string("null") : json_string(c.data_types.grad_accum_dtype);
+     }},
     {"fp16.enabled", [](const Config& c) -> std::string { return boolean(c.fp16.enabled); }},
     {"zero_optimization.offload_optimizer.nvme_path",
      [](const Config& c) -> std::string { return json_string(c.zero_optimization.offload_optimizer.nvme_path); }},
@@ -365,9 +372,9 @@ Config base_config(const FitRequest& req, const FitCaps& caps) {
 
 // One candidate: the placement, dtype and moment storage set, the knobs lowered until it fits.
 FitCandidate fit_one(const FitRequest& req, const FitCaps& caps, const PlacementChoice& p, DType dtype,
-                     const cpu_adam::MomentStorage& moments) {
+                     const cpu_adam::MomentStorage& moments, std::optional<DType> grad = std::nullopt) {
   FitCandidate cand;
-  cand.label = label_of(p, dtype, moments);
+  cand.label = label_of(p, dtype, moments, grad);
   const std::vector<LayerSpec> layers = retyped(req.layers, dtype);
   const Evaluator eval(req, caps, layers, dtype);
   std::map<std::string, std::string> why;
@@ -380,6 +387,10 @@ FitCandidate fit_one(const FitRequest& req, const FitCaps& caps, const Placement
   z.offload_optimizer.ratio = p.ratio;
   set_precision(c, dtype);
   c.strata.optimizer_state_dtype = std::string(moments.name());
+  if (grad) {
+    c.data_types.grad_accum_dtype = std::string(dtype_name(*grad));
+    why["data_types.grad_accum_dtype"] = "gradients in the dtype the fit was allowed (--grad-dtypes) and that fits";
+  }
   if (p.optimizer == OffloadDevice::kNvme && z.offload_optimizer.nvme_path.empty()) {
     z.offload_optimizer.nvme_path = caps.nvme_path;
     why["zero_optimization.offload_optimizer.nvme_path"] = "the NVMe folder the fit was given";
@@ -531,6 +542,9 @@ Status check_inputs(const FitRequest& req, const FitCaps& caps) {
   for (DType d : req.dtypes)
     if (!is_state_float(d))
       return InvalidArgument(fmt::format("--dtype {} is not a parameter dtype (fp32, bf16, fp16)", dtype_name(d)));
+  for (DType d : req.grad_dtypes)
+    if (!is_state_float(d))
+      return InvalidArgument(fmt::format("--grad-dtypes {} is not a gradient dtype (fp32, bf16, fp16)", dtype_name(d)));
   return Status::Ok();
 }
 
@@ -540,17 +554,20 @@ FitResult search(const FitRequest& req, const FitCaps& caps) {
   if (dtypes.empty()) dtypes.push_back(req.config.precision_dtype());
   std::vector<cpu_adam::MomentStorage> storages = req.moment_storages;
   if (storages.empty()) storages.push_back(own_moments(req.config));
+  std::vector<std::optional<DType>> grads(req.grad_dtypes.begin(), req.grad_dtypes.end());
+  if (grads.empty()) grads.push_back(std::nullopt);  // the config's own
   FitResult r;
   size_t index = 0;
   std::vector<std::pair<size_t, FitCandidate>> fitting;
   for (const cpu_adam::MomentStorage& m : storages)
-    for (DType dt : dtypes)
-      for (const PlacementChoice& p : all_placements()) {
-        if ((p.uses_nvme() && !caps.nvme_bytes) || !holds(p, m)) continue;
-        FitCandidate c = fit_one(req, caps, p, dt, m);
-        if (c.fits) fitting.emplace_back(index++, std::move(c));
-        else r.rejected.push_back(std::move(c)), ++index;
-      }
+    for (const std::optional<DType>& g : grads)
+      for (DType dt : dtypes)
+        for (const PlacementChoice& p : all_placements()) {
+          if ((p.uses_nvme() && !caps.nvme_bytes) || !holds(p, m)) continue;
+          FitCandidate c = fit_one(req, caps, p, dt, m, g);
+          if (c.fits) fitting.emplace_back(index++, std::move(c));
+          else r.rejected.push_back(std::move(c)), ++index;
+        }
   // The config's own placement and dtype wins a tie: keep the user's keys where they fit.
   const auto& uz = req.config.zero_optimization;
   auto own = [&](const FitCandidate& c) {
@@ -558,7 +575,8 @@ FitResult search(const FitRequest& req, const FitCaps& caps) {
     return z.stage == uz.stage && z.offload_optimizer.device == uz.offload_optimizer.device &&
            z.offload_param.device == uz.offload_param.device && z.offload_optimizer.ratio == uz.offload_optimizer.ratio &&
            c.config.precision_dtype() == req.config.precision_dtype() &&
-           c.config.strata.optimizer_state_dtype == req.config.strata.optimizer_state_dtype;
+           c.config.strata.optimizer_state_dtype == req.config.strata.optimizer_state_dtype &&
+           c.config.data_types.grad_accum_dtype == req.config.data_types.grad_accum_dtype;
   };
   std::stable_sort(fitting.begin(), fitting.end(), [&](const auto& a, const auto& b) {
     if (a.second.predicted.step_ms != b.second.predicted.step_ms)
@@ -650,6 +668,21 @@ Result<FitResult> fit_config(const FitRequest& req, const FitCaps& caps) {
     if (t.ok())
       r.suggestions.push_back(fmt::format("bf16 parameters and gradients (--dtype bf16, or bf16.enabled): {} fits, "
                                           "predicted {:.1f} ms per step",
+                                          t.fitting.front().label, t.fitting.front().predicted.step_ms));
+  }
+  // bf16 gradients: half the gradient buffers and shards (a row's effective
+  // gradient dtype is the config's key, or the parameter dtype without one).
+  const bool bf16_grads_tried =
+      std::find(req.grad_dtypes.begin(), req.grad_dtypes.end(), DType::kBF16) != req.grad_dtypes.end() ||
+      (req.grad_dtypes.empty() && req.config.data_types.grad_accum_dtype == "bf16");
+  if (!bf16_grads_tried) {
+    FitRequest half = req;
+    half.grad_dtypes = {DType::kBF16};
+    FitResult t = search(half, caps);
+    if (t.ok())
+      r.suggestions.push_back(fmt::format("bf16 gradients (--grad-dtypes bf16, or data_types.grad_accum_dtype "
+                                          "\"bf16\"; half the gradient buffers and shards): {} fits, predicted "
+                                          "{:.1f} ms per step",
                                           t.fitting.front().label, t.fitting.front().predicted.step_ms));
   }
   const std::vector<cpu_adam::MomentStorage> allowed_storages =

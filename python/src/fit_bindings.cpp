@@ -66,7 +66,7 @@ py::dict candidate_dict(const offload::FitCandidate& c) {
 py::dict fit_config(const std::optional<std::string>& config_path, const std::optional<std::string>& config_text,
                     const std::vector<LayerTuple>& layers, uint64_t device_bytes, uint64_t host_bytes,
                     const std::string& nvme_path, int world, int seq,
-                    const std::vector<std::string>& optimizer_states) {
+                    const std::vector<std::string>& optimizer_states, const std::vector<std::string>& grad_dtypes) {
   if (device_bytes == 0) raise_status(InvalidArgument("fit: device_memory must be > 0 (the device's capacity)"));
   if (host_bytes == 0) raise_status(InvalidArgument("fit: host_memory must be > 0 (pinned host memory for the engine)"));
   if (seq < 1 || seq > (1 << 24)) raise_status(InvalidArgument(fmt::format("fit: seq {} is not in 1..16777216", seq)));
@@ -92,6 +92,14 @@ py::dict fit_config(const std::optional<std::string>& config_path, const std::op
   for (const std::string& name : optimizer_states)
     request.moment_storages.push_back(
         value_or_raise(cpu_adam::MomentStorage::parse(name, "fit['optimizer_states']")));
+  for (const std::string& name : grad_dtypes) {
+    Result<DType> g = parse_dtype(name);
+    if (!g.ok() || !is_state_float(*g))
+      raise_status(InvalidArgument(fmt::format("fit['grad_dtypes'] '{}' is not a gradient dtype; use fp32, bf16 or "
+                                               "fp16",
+                                               printable(name, 64))));
+    request.grad_dtypes.push_back(*g);
+  }
 
   offload::FitCaps caps;
   caps.device_bytes = device_bytes;
@@ -125,7 +133,8 @@ py::dict fit_config(const std::optional<std::string>& config_path, const std::op
 void bind_fit(py::module_& m) {
   m.def("fit_config", &fit_config, py::arg("config_path"), py::arg("config_text"), py::arg("layers"),
         py::arg("device_bytes"), py::arg("host_bytes"), py::arg("nvme_path") = "", py::arg("world") = 1,
-        py::arg("seq") = 512, py::arg("optimizer_states") = std::vector<std::string>{});
+        py::arg("seq") = 512, py::arg("optimizer_states") = std::vector<std::string>{},
+        py::arg("grad_dtypes") = std::vector<std::string>{});
 }
 
 }  // namespace strata::python

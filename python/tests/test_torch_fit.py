@@ -62,11 +62,29 @@ def test_int8_optimizer_states_are_chosen_only_when_allowed_and_needed():
     assert roomy.config["strata"]["optimizer_state_dtype"] == "fp32"
 
 
+def test_bf16_gradients_are_chosen_only_when_allowed_and_needed():
+    # fp32 state, an fp32 gradient shard and parameter staging with cpu offload need ~20 B per parameter of
+    # host memory; with bf16 gradients ~18 B: a host cap between the two.
+    caps = {"device_memory": "300KiB", "host_memory": "560KiB"}
+    with pytest.raises(strata.ResourceExhausted, match=r"bf16 gradients .* fits"):
+        st.initialize(model=make_lm(), config=config(0), fit=caps)
+    engine, _, _, _ = st.initialize(model=make_lm(), config=config(0), fit={**caps, "grad_dtypes": ["fp32", "bf16"]})
+    assert engine.config["data_types"]["grad_accum_dtype"] == "bf16"
+    assert any(c["key"] == "data_types.grad_accum_dtype" for c in engine.fit["best"]["changes"])
+    losses = train_engine(engine, lm_loss, 4)
+    assert losses[-1] < losses[0]
+    assert engine.memory()["measured"]["pinned"] <= 560 * 1024
+
+
 @pytest.mark.parametrize("fit,error,match", [
     ({"device_memory": "1GiB", "host_memory": "1GiB", "optimizer_states": "int8"}, ValueError,
      r"fit\['optimizer_states'\] 'int8' is not a list"),
     ({"device_memory": "1GiB", "host_memory": "1GiB", "optimizer_states": ["int4"]}, Exception,
      r"fit\['optimizer_states'\] 'int4' is not a moment storage"),
+    ({"device_memory": "1GiB", "host_memory": "1GiB", "grad_dtypes": "bf16"}, ValueError,
+     r"fit\['grad_dtypes'\] 'bf16' is not a list"),
+    ({"device_memory": "1GiB", "host_memory": "1GiB", "grad_dtypes": ["int8"]}, Exception,
+     r"fit\['grad_dtypes'\] 'int8' is not a gradient dtype"),
     ({"device_memory": "1GiB"}, ValueError, "needs 'host_memory'"),
     ({"device_memory": "1GiB", "host_memory": "1GiB", "cpu_memory": 1}, ValueError, r"unknown key\(s\) \['cpu_memory'\]"),
     ({"device_memory": "1 gallon", "host_memory": "1GiB"}, ValueError, r"fit\['device_memory'\] '1 gallon' is not a size"),

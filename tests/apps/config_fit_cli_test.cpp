@@ -220,6 +220,17 @@ TEST_F(FitCli, BadInputsNameTheFlagOrKey) {
   r = run(std::string(kTrain) + " --fit --device-memory 64MiB --host-memory 64MiB --optimizer-states fp32,int4");
   EXPECT_NE(r.rc, 0) << r.out;
   EXPECT_NE(r.out.find("--optimizer-states 'int4' is not a moment storage"), std::string::npos) << r.out;
+  // --grad-dtypes likewise: refused without --fit (train and plan), a bad name is named.
+  r = run(std::string(kTrain) + " --grad-dtypes bf16");
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.out.find("--grad-dtypes is what --fit may choose"), std::string::npos) << r.out;
+  r = run("plan --model tiny --profile x.json --grad-dtypes bf16");
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.out.find("--grad-dtypes"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("add --fit"), std::string::npos) << r.out;
+  r = run(std::string(kTrain) + " --fit --device-memory 64MiB --host-memory 64MiB --grad-dtypes fp32,int8");
+  EXPECT_NE(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("--grad-dtypes 'int8' is not a gradient dtype"), std::string::npos) << r.out;
   // train --fit refuses placement flags that would undo the fit.
   r = run(std::string(kTrain) + " --fit --stage 2 --device-memory 64MiB --host-memory 64MiB");
   EXPECT_EQ(r.rc, 2) << r.out;

@@ -157,6 +157,51 @@ TEST(ConfigFit, IssueCaseFp32OnlySaysHostAndSuggestsBf16) {
   EXPECT_NE(r->suggestions.front().find("bf16"), std::string::npos) << r->suggestions.front();
 }
 
+// A host cap between what fp32 and bf16 gradient shards need beside the
+// offloaded state: gradient dtypes are searched only when allowed; allowed,
+// bf16 gradients fit and data_types.grad_accum_dtype is written with its
+// reason; not allowed, the fit says so and suggests them.
+TEST(ConfigFit, GradientDtypesAreSearchedOnlyWhenAllowed) {
+  const std::vector<LayerSpec> layers = gpt_layers(256, 64, 256, 4);
+  const uint64_t n = elements(layers);
+  FitCaps caps;
+  caps.device_bytes = 5 * n;  // fp32 parameters, gradients and state (16 B/param) do not stay on the device
+  // cpu offload: 12 B of state, a 4 B fp32 gradient shard and 4 B of parameter staging per parameter > 19 B;
+  // with bf16 gradients (a 2 B shard) 18 B.
+  caps.host_bytes = 19 * n;
+  FitRequest req = request(layers, Config{}, 1);
+  Result<FitResult> r = fit_config(req, caps);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  ASSERT_FALSE(r->ok()) << r->fitting.front().label;
+  const bool suggests_bf16_grads = std::any_of(r->suggestions.begin(), r->suggestions.end(), [](const std::string& s) {
+    return s.find("--grad-dtypes bf16") != std::string::npos;
+  });
+  EXPECT_TRUE(suggests_bf16_grads) << r->missing;
+  for (const FitCandidate& c : r->rejected) EXPECT_EQ(c.config.data_types.grad_accum_dtype, "") << c.label;
+
+  req.grad_dtypes = {DType::kF32, DType::kBF16};
+  r = fit_config(req, caps);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  ASSERT_TRUE(r->ok()) << r->missing;
+  const FitCandidate& best = r->fitting.front();
+  EXPECT_EQ(best.config.data_types.grad_accum_dtype, "bf16");
+  EXPECT_EQ(best.options.grad_dtype, DType::kBF16);
+  EXPECT_EQ(best.config.precision_dtype(), DType::kF32);  // the parameters stay as the config has them
+  EXPECT_NE(best.label.find(" g=bf16"), std::string::npos) << best.label;
+  const auto change = std::find_if(best.changes.begin(), best.changes.end(),
+                                   [](const FitChange& c) { return c.key == "data_types.grad_accum_dtype"; });
+  ASSERT_NE(change, best.changes.end());
+  EXPECT_EQ(change->after, "\"bf16\"");
+  EXPECT_FALSE(change->reason.empty());
+  for (const FitCandidate& c : r->fitting) expect_plan_within_caps(req, caps, c, 0);
+
+  // A name that is no gradient dtype is refused naming the flag.
+  req.grad_dtypes = {DType::kI64};
+  const Result<FitResult> bad = fit_config(req, caps);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("--grad-dtypes"), std::string::npos) << bad.status().to_string();
+}
+
 // A host cap between what fp32 and 8-bit optimizer states need (no NVMe, a
 // device that must offload): only the storages the caller allows are
 // searched; allowed, int8 fits and is written with its reason; not allowed,

@@ -74,7 +74,9 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     fit: {"device_memory": cap, "host_memory": cap, "nvme_path": DIR (optional),
     "seq": tokens per sample (optional, for ranking), "optimizer_states":
     ["fp32", "int8"] (optional: the storages of Adam's moments the search
-    may choose, strata.optimizer_state_dtype; default the config's own)}: the config fitted to
+    may choose, strata.optimizer_state_dtype; default the config's own), "grad_dtypes": ["fp32", "bf16"]
+    (optional: the gradient accumulation dtypes it may choose, data_types.grad_accum_dtype; default the
+    config's own)}: the config fitted to
     those caps before the engine is made (Note [Config fit]: `strata plan
     --fit`'s search): the fastest placement and knobs whose memory plan fits,
     each changed key printed with its reason (engine.fit has them); no fit
@@ -165,7 +167,7 @@ def _config_argument(args, config, config_params):
     return given[0]
 
 
-_FIT_KEYS = ("device_memory", "host_memory", "nvme_path", "seq", "optimizer_states")
+_FIT_KEYS = ("device_memory", "host_memory", "nvme_path", "seq", "optimizer_states", "grad_dtypes")
 
 
 def _fit(config, layers, fit, world):
@@ -191,9 +193,12 @@ def _fit(config, layers, fit, world):
     states = fit.get("optimizer_states", [])
     if isinstance(states, str) or not all(isinstance(s, str) for s in states):
         raise ValueError(f"fit['optimizer_states'] {states!r} is not a list of names such as [\"fp32\", \"int8\"]")
+    grads = fit.get("grad_dtypes", [])
+    if isinstance(grads, str) or not all(isinstance(g, str) for g in grads):
+        raise ValueError(f"fit['grad_dtypes'] {grads!r} is not a list of names such as [\"fp32\", \"bf16\"]")
     path, text = (None, json.dumps(config)) if isinstance(config, dict) else (os.fspath(config), None)
     result = _native.fit_config(path, text, describe_layers(layers), device_bytes, host_bytes, nvme_path, world, seq,
-                                list(states))
+                                list(states), list(grads))
     if not result["fits"]:
         hint = "; ".join(result["suggestions"]) or "a larger cap"
         raise ResourceExhausted(f"no config fits device_memory {fit['device_memory']} and host_memory "

@@ -36,7 +36,7 @@
 // With no fit, the closest candidate's shortfall is named per tier, and the
 // search is run again with one thing changed (bf16, more ranks, a smaller
 // micro batch) to say the smallest change that fits.
-// Bounded: at most 3 dtypes x 3 storages x 22 placements x (a few bisections of <= 64
+// Bounded: at most 3 dtypes x 3 storages x 3 gradient dtypes x 22 placements x (a few bisections of <= 64
 // plans each), each plan O(layers x sub-groups x ranks); well under a second
 // for a 113M-parameter GPT.
 #include <cstdint>
@@ -75,6 +75,11 @@ struct FitRequest {
   // strata.optimizer_state_dtype only. (A storage changes what training
   // computes, so the fit never picks one the caller did not allow.)
   std::vector<cpu_adam::MomentStorage> moment_storages;
+  // Gradient accumulation dtypes (data_types.grad_accum_dtype) the search
+  // may use; empty: the config's own (its key, or the training dtype without
+  // one). Like a storage it changes what training computes (the gradients'
+  // rounding), so the fit picks one only when allowed.
+  std::vector<DType> grad_dtypes;
   int world = 1;
   int micro_batch = 1;
   int seq = 64;
