@@ -275,6 +275,87 @@ class StrataEngine(torch.nn.Module):
         else:
             self._micro_steps += 1
 
+    def train_batch(self, batches=None, data_iter=None, loss_fn=None, retries=3):
+        """One optimizer step from its micro-batches (the name of DeepSpeed's
+        pipeline engine's call): for each of the step's
+        gradient_accumulation_steps micro-batches the forward, the loss and
+        engine.backward(loss), then engine.step(). When the engine rolls the
+        step back on every rank (an NVMe I/O failure in an update, Note
+        [Atomic steps] in docs/engine.md; engine.step() raises Unavailable)
+        the same micro-batches run again, up to `retries` times in this call
+        (strata train --step-retries), so the losses equal those of a run that
+        never failed. Returns the step's mean loss (a float).
+
+        batches: a list of the step's micro-batches (one micro-batch, not in
+        a list, when gradient_accumulation_steps is 1); or data_iter: an
+        iterator they are drawn from (kept for the retries). A micro-batch is
+        passed to the module as engine(**mb) for a dict, engine(*mb) for a
+        tuple or list, else engine(mb). loss_fn(output, micro_batch) -> the
+        loss; without it the output's .loss (Hugging Face) or the output
+        itself when it is a scalar tensor."""
+        if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= 1000:
+            raise ValueError(f"train_batch(retries={retries!r}): retries is a count of repeated steps in 0..1000")
+        if self._micro_open or self._micro_steps % self._gas != 0:
+            raise FailedPrecondition(f"train_batch() in the middle of a step (micro-batch {self._micro_steps % self._gas + 1} "
+                                     f"of {self._gas}): finish it with engine.step() first")
+        micro_batches = self._step_micro_batches(batches, data_iter)
+        while True:
+            try:
+                losses = []
+                for mb in micro_batches:
+                    output = self(**mb) if isinstance(mb, dict) else self(*mb) if isinstance(mb, (tuple, list)) \
+                        else self(mb)
+                    try:
+                        loss = self._loss_of(output, mb, loss_fn)
+                    except BaseException:
+                        self._abandon_pass()  # the forward's micro-batch is dropped with its step
+                        raise
+                    self.backward(loss)
+                    losses.append(float(loss.detach()))
+                    self.step()
+                return sum(losses) / len(losses)
+            except Unavailable:
+                # Rolled back (or dropped) on every rank: the state is the previous step's, the
+                # micro-batch count is back at the step's first (_apply_step), the batches run again.
+                if retries == 0 or self._micro_steps % self._gas != 0:
+                    raise
+                retries -= 1
+
+    def _step_micro_batches(self, batches, data_iter):
+        if (batches is None) == (data_iter is None):
+            raise ValueError("train_batch() takes the step's micro-batches as batches=[...] or data_iter=iterator, "
+                             "one of the two")
+        if data_iter is not None:
+            drawn = []
+            for _ in range(self._gas):
+                try:
+                    drawn.append(next(data_iter))
+                except StopIteration:
+                    raise ValueError(f"train_batch(data_iter=...): the iterator ended after {len(drawn)} of the "
+                                     f"step's {self._gas} micro-batches") from None
+            return drawn
+        if self._gas == 1 and not (isinstance(batches, list) and len(batches) == 1):
+            return [batches]
+        if not isinstance(batches, list) or len(batches) != self._gas:
+            raise ValueError(f"train_batch(batches=...): a list of the step's {self._gas} micro-batches "
+                             f"(gradient_accumulation_steps), not {type(batches).__name__}"
+                             + (f" of {len(batches)}" if isinstance(batches, list) else ""))
+        return batches
+
+    @staticmethod
+    def _loss_of(output, micro_batch, loss_fn):
+        if loss_fn is not None:
+            return loss_fn(output, micro_batch)
+        loss = getattr(output, "loss", None)
+        if loss is None and isinstance(output, dict):
+            loss = output.get("loss")
+        if loss is None and torch.is_tensor(output) and output.dim() == 0:
+            loss = output
+        if loss is None:
+            raise ValueError(f"train_batch(): the module returned {type(output).__name__}, which has no .loss and "
+                             f"is not a scalar tensor; pass loss_fn=lambda output, micro_batch: ...")
+        return loss
+
     def _optimizer_step(self):
         """optimizer.step(), from engine.step() or from a loop that drives
         the optimizer directly (Hugging Face's Trainer calls optimizer.step()
