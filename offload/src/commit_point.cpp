@@ -80,7 +80,7 @@ Status CommitPoint::settle(const StepMark* call, double* loss) {
                                         : fmt::format("failed on rank {} (here: {})", rank_list(failed_read),
                                                       read.message());
     // Layers the dropped call stepped early go back (Note [Early, exact updates]).
-    STRATA_RETURN_IF_ERROR(updates_.restore_every_early().status());
+    STRATA_RETURN_IF_ERROR(updates_.undo_every_early().status());
     STRATA_RETURN_IF_ERROR(restore_(*call));
     ctx_.recovered = true;
     ctx_.recovery = StepOutcomeKind::kDropped;
@@ -109,7 +109,7 @@ Status CommitPoint::settle(const StepMark* call, double* loss) {
   const bool versioned = updates_.tier().versioned();
   // The call in progress is dropped with the step: the layers it stepped
   // early go back first (Note [Early, exact updates]; state kept in place).
-  Status undone = updates_.restore_every_early().status();
+  Status undone = updates_.undo_every_early().status();
   if (undone.ok()) undone = versioned ? updates_.tier().rollback() : updates_.tier().commit();
   if (undone.ok() && updates_.device_part() != nullptr) undone = updates_.device_part()->commit();
   if (undone.ok()) undone = rederive_params();

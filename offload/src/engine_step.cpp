@@ -119,7 +119,7 @@ Status Engine::Impl::abandon_step() {
   STRATA_RETURN_IF_ERROR(grads.wait_for_issued_reductions());
   // Updates started under the abandoned backward are undone.
   STRATA_RETURN_IF_ERROR(updates.close_early_updates());
-  STRATA_RETURN_IF_ERROR(updates.restore_every_early().status());
+  STRATA_RETURN_IF_ERROR(updates.undo_every_early().status());
   if (in_micro_batch) params.trace().abandon_micro_batch();
   params.take_unclaimed_prefetch_failure().ignore();  // the step it was for is gone
   STRATA_RETURN_IF_ERROR(params.drop_unheld());
@@ -184,7 +184,7 @@ Result<StepMetrics> Engine::Impl::finish_applied_step() {
   m.lr = hyper.lr;
   if (!finite) {
     // Skipped: layers stepped early go back to the previous step's state.
-    STRATA_ASSIGN_OR_RETURN(int64_t restored, updates.restore_every_early());
+    STRATA_ASSIGN_OR_RETURN(int64_t restored, updates.undo_every_early());
     m.speculated_layers = m.redone_layers = restored;
   }
   if (finite) {

@@ -568,7 +568,7 @@ Result<UpdateScheduler::Queued> UpdateScheduler::keep_early(size_t li) {
   return Queued{l.update_ran, ctx_.failures.absorb(l.update_written, fmt::format("update of layer {}", li))};
 }
 
-Result<int64_t> UpdateScheduler::restore_every_early() {
+Result<int64_t> UpdateScheduler::undo_every_early() {
   int64_t restored = 0;
   for (size_t li = 0; li < early_.size(); ++li) {
     EarlyUpdate& e = early_[li];

@@ -108,9 +108,9 @@ class UpdateScheduler {
   // rewritten from the (untouched) state, on the calling (driving) thread;
   // the early updates are forgotten. For a skipped or dropped step; returns
   // how many.
-  Result<int64_t> restore_every_early();
+  Result<int64_t> undo_every_early();
   // The step's updates are queued (kept, redone or normal): its early
-  // updates are forgotten, so no later commit point restores them.
+  // updates are forgotten, so no later commit point undoes them.
   void forget_early_updates() { early_.clear(); }
 
   // One piece's state (piece_real elements, host part then device part) as
@@ -181,7 +181,7 @@ class UpdateScheduler {
   std::vector<PieceJob> jobs_of(size_t li, const GradientReduction::UpdateInput& input,
                                 const cpu_adam::HyperParams& hyper, std::vector<PieceJob>* device_jobs,
                                 bool early = false);
-  // The parameters the jobs write, rewritten from the (restored) state, as
+  // The parameters the jobs write, rewritten from the (untouched) state, as
   // an update writes them.
   Status rewrite_params(const std::vector<PieceJob>& jobs, DType param_dtype);
   Status make_nvme_tier(const std::string& job_name);
