@@ -5,7 +5,12 @@
 //                         [--param-copy none|bf16|fp16] [--moment-dtype fp32|bf16|int8]
 //                         [--moment-block 256]
 //                         [--kernel adam|adamw|adagrad|lion] [--path auto|scalar|avx2|avx512|avx512_bf16]
-//                         [--overflow-check assume-finite|scan] [--reps 10] [--json]
+//                         [--overflow-check assume-finite|scan] [--out-of-place] [--reps 10] [--json]
+//
+// --out-of-place: the step reads the state from one set of buffers and
+// writes it to another (cpu_adam's StateSpans::*_source, as the engine's
+// early updates do); the probes then follow the same out-of-place pattern,
+// so the ceiling is that pattern's own.
 //
 // Note [The ceiling]
 // An optimizer step is memory-bound, so the honest ceiling is the physical
@@ -48,6 +53,7 @@ struct BenchOptions {
   std::string kernel = "adamw";
   std::string path = "auto";
   std::string overflow_check = "assume-finite";
+  bool out_of_place = false;
   int reps = 10;
   bool json = false;
 };
@@ -133,6 +139,20 @@ Status run_bench(const BenchOptions& o) {
   std::memset(m.get(), 0, count * msize);
   std::memset(v.get(), 0, count * msize);
   std::memset(copy_buf.get(), 0, count * 2);
+  // --out-of-place: the outputs, a second set of state buffers (touched).
+  Buffer params_out, m_out, v_out, m_scale_out, v_scale_out;
+  if (o.out_of_place) {
+    STRATA_ASSIGN_OR_RETURN(params_out, allocate(count * 4, "params (out of place)"));
+    STRATA_ASSIGN_OR_RETURN(m_out, allocate(count * msize, "exp_avg (out of place)"));
+    STRATA_ASSIGN_OR_RETURN(v_out, allocate(count * msize, "exp_avg_sq (out of place)"));
+    STRATA_ASSIGN_OR_RETURN(m_scale_out, allocate(blocks * 4, "exp_avg scales (out of place)"));
+    STRATA_ASSIGN_OR_RETURN(v_scale_out, allocate(blocks * 4, "exp_avg_sq scales (out of place)"));
+    std::memcpy(params_out.get(), params.get(), count * 4);
+    std::memset(m_out.get(), 0, count * msize);
+    std::memset(v_out.get(), 0, count * msize);
+    std::memset(m_scale_out.get(), 0, blocks * 4);
+    std::memset(v_scale_out.get(), 0, blocks * 4);
+  }
 
   StateSpans s{.count = count, .params = p, .grads = grads.get(), .grad_dtype = *grad_dtype,
                .exp_avg = m.get(), .exp_avg_sq = v.get(), .moment_dtype = *moment_dtype,
@@ -142,6 +162,20 @@ Status run_bench(const BenchOptions& o) {
     s.exp_avg_scale = reinterpret_cast<float*>(m_scale.get());
     s.exp_avg_sq_scale = reinterpret_cast<float*>(v_scale.get());
     s.moment_block_elements = o.moment_block;
+  }
+  if (o.out_of_place) {
+    s.params_source = s.params;
+    s.exp_avg_source = s.exp_avg;
+    s.exp_avg_sq_source = s.exp_avg_sq;
+    s.params = reinterpret_cast<float*>(params_out.get());
+    s.exp_avg = m_out.get();
+    s.exp_avg_sq = v_out.get();
+    if (int8) {
+      s.exp_avg_scale_source = s.exp_avg_scale;
+      s.exp_avg_sq_scale_source = s.exp_avg_sq_scale;
+      s.exp_avg_scale = reinterpret_cast<float*>(m_scale_out.get());
+      s.exp_avg_sq_scale = reinterpret_cast<float*>(v_scale_out.get());
+    }
   }
   // Per parameter, with the scales of 8-bit moments spread over their blocks.
   const double bytes = static_cast<double>(CpuOptimizer::bytes_per_step(kind, s));
@@ -197,6 +231,7 @@ Status run_bench(const BenchOptions& o) {
     j["bytes_per_second"] = bytes_per_s;
     j["bytes_per_param"] = bpe;
     j["moment_dtype"] = int8 ? std::string("int8") : std::string(dtype_name(*moment_dtype));
+    j["out_of_place"] = o.out_of_place;
     if (int8) j["moment_block_elements"] = o.moment_block;
     j["ceiling_bytes_per_second"] = ceiling;  // streaming probe (no arithmetic)
     j["ratio"] = ratio;
@@ -209,9 +244,9 @@ Status run_bench(const BenchOptions& o) {
   }
   const std::string moments =
       int8 ? fmt::format("int8 (blocks of {})", o.moment_block) : std::string(dtype_name(*moment_dtype));
-  fmt::print("cpu-adam {}: {} params, grads {}, moments {}, param copy {}, overflow check {}\n",
+  fmt::print("cpu-adam {}: {} params, grads {}, moments {}, param copy {}, overflow check {}{}\n",
              optimizer_kind_name(kind), format_count(count), dtype_name(*grad_dtype), moments, o.param_copy,
-             o.overflow_check);
+             o.overflow_check, o.out_of_place ? ", out of place (state read from one set of buffers, written to another)" : "");
   fmt::print("  path {} ({}), {} thread(s), tiles of {} elements\n", kernel_path_name(opt.path()), opt.path_reason(),
              opt.threads(), opt.tile_elements());
   fmt::print("  access pattern: {:.4g} bytes per parameter (both probes move the same bytes)\n", bpe);
@@ -246,6 +281,9 @@ CommandRegistration bench_cpu_adam("bench cpu-adam", [](CLI::App& root) {
   cmd->add_option("--overflow-check", o->overflow_check,
                   "assume-finite (finiteness known from the norm pass) | scan (the step reads grads first)")
       ->capture_default_str();
+  cmd->add_flag("--out-of-place", o->out_of_place,
+               "Read the state from one set of buffers and write it to another (as the engine's early updates do); "
+               "the probes follow the same pattern");
   cmd->add_option("--reps", o->reps, "Timed repetitions of each (medians are reported)")->capture_default_str();
   cmd->add_flag("--json", o->json, "Print one JSON object");
   cmd->callback([o] {

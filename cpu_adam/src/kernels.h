@@ -54,9 +54,9 @@ struct TileSpans {
   size_t block_elements = 0;
   float* exp_avg_scale = nullptr;
   float* exp_avg_sq_scale = nullptr;
-  // Where the update reads the state: the outputs above (in place) or
+  // Where every pass reads the state: the outputs above (in place) or
   // disjoint spans of the same layout (StateSpans::*_source). Set by
-  // tile_of for every pass; the probes run in place only.
+  // tile_of.
   const float* params_in = nullptr;
   const void* exp_avg_in = nullptr;
   const void* exp_avg_sq_in = nullptr;

@@ -413,8 +413,6 @@ Result<StepReport> CpuOptimizer::step(const StepArgs& args, const StateSpans& st
 Status CpuOptimizer::stream_probe(const StateSpans& state, bool software_prefetch, ProbeKind probe) {
   const OptimizerKind kind = impl_->options.kind;
   STRATA_RETURN_IF_ERROR(validate_state(kind, state));
-  if (state.params_source != nullptr)
-    return InvalidArgument("stream_probe: StateSpans.params_source is set; the probes run in place only");
   STRATA_RETURN_IF_ERROR(check_int8_tiles(state, impl_->options.tile_elements));
   if (state.count == 0) return Status::Ok();
   StepFactors factors;

@@ -67,11 +67,13 @@ void store_copy(void* base, size_t i, float p) {
   if constexpr (C == CopyType::kF16) static_cast<uint16_t*>(base)[i] = fp32_to_fp16_bits(p);
 }
 
-// Reads and writes back one element (streaming probes).
+// Reads one element of `in` and writes it to `out` (streaming probes; the
+// same buffer in place, Note [Out-of-place steps] otherwise).
 template <typename T>
-void stream_in_place(void* base, size_t i) {
-  volatile T* p = static_cast<T*>(base) + i;
-  *p = *p;
+void stream_element(const void* in, void* out, size_t i) {
+  const volatile T* from = static_cast<const T*>(in) + i;
+  volatile T* to = static_cast<T*>(out) + i;
+  *to = *from;
 }
 
 float sign(float x) { return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : 0.0f); }
@@ -180,16 +182,18 @@ template <DType G, CopyType C>
 void probe_int8(const StepFactors&, const TileSpans& t) {
   auto* m_codes = static_cast<uint8_t*>(t.exp_avg);
   auto* v_codes = static_cast<uint8_t*>(t.exp_avg_sq);
+  const auto* m_codes_in = static_cast<const uint8_t*>(t.exp_avg_in);
+  const auto* v_codes_in = static_cast<const uint8_t*>(t.exp_avg_sq_in);
   for (size_t begin = 0, block = 0; begin < t.count; begin += t.block_elements, ++block) {
     const size_t n = std::min(t.block_elements, t.count - begin);
-    const float m_scale = t.exp_avg_scale[block], u_scale = t.exp_avg_sq_scale[block];
+    const float m_scale = t.exp_avg_scale_in[block], u_scale = t.exp_avg_sq_scale_in[block];
     const float m_inv = inverse_scale(m_scale), u_inv = inverse_scale(u_scale);
     for (size_t i = begin; i < begin + n; ++i) {
       const float g = load<G>(t.grads, i);
-      const float p = t.params[i] + g;
+      const float p = t.params_in[i] + g;
       t.params[i] = p;
-      m_codes[i] = encode_exp_avg(decode_exp_avg(m_codes[i], m_scale) + g, m_inv);
-      v_codes[i] = encode_exp_avg_sq_root(decode_exp_avg_sq_root(v_codes[i], u_scale) + g, u_inv);
+      m_codes[i] = encode_exp_avg(decode_exp_avg(m_codes_in[i], m_scale) + g, m_inv);
+      v_codes[i] = encode_exp_avg_sq_root(decode_exp_avg_sq_root(v_codes_in[i], u_scale) + g, u_inv);
       store_copy<C>(t.param_copy, i, p);
     }
     t.exp_avg_scale[block] = m_scale;
@@ -201,20 +205,21 @@ void probe_int8(const StepFactors&, const TileSpans& t) {
 template <DType G, CopyType C>
 void stream_int8(const StepFactors&, const TileSpans& t) {
   volatile uint32_t* params = reinterpret_cast<uint32_t*>(t.params);
+  const volatile uint32_t* params_in = reinterpret_cast<const uint32_t*>(t.params_in);
   using GT = std::conditional_t<G == DType::kF32, uint32_t, uint16_t>;
   const volatile GT* grads = static_cast<const GT*>(t.grads);
   for (size_t begin = 0, block = 0; begin < t.count; begin += t.block_elements, ++block) {
     const size_t end = std::min(t.count, begin + t.block_elements);
     for (size_t i = begin; i < end; ++i) {
-      const uint32_t p = params[i];
+      const uint32_t p = params_in[i];
       static_cast<void>(grads[i]);
-      stream_in_place<uint8_t>(t.exp_avg, i);
-      stream_in_place<uint8_t>(t.exp_avg_sq, i);
+      stream_element<uint8_t>(t.exp_avg_in, t.exp_avg, i);
+      stream_element<uint8_t>(t.exp_avg_sq_in, t.exp_avg_sq, i);
       params[i] = p;
       if constexpr (C != CopyType::kNone) static_cast<volatile uint16_t*>(t.param_copy)[i] = static_cast<uint16_t>(p);
     }
-    stream_in_place<uint32_t>(t.exp_avg_scale, block);
-    stream_in_place<uint32_t>(t.exp_avg_sq_scale, block);
+    stream_element<uint32_t>(t.exp_avg_scale_in, t.exp_avg_scale, block);
+    stream_element<uint32_t>(t.exp_avg_sq_scale_in, t.exp_avg_sq_scale, block);
   }
 }
 
@@ -224,10 +229,10 @@ template <DType G, DType M, CopyType C>
 void probe(const StepFactors& f, const TileSpans& t) {
   for (size_t i = 0; i < t.count; ++i) {
     const float g = load<G>(t.grads, i);
-    const float p = t.params[i] + g;
+    const float p = t.params_in[i] + g;
     t.params[i] = p;
-    if (uses_exp_avg(f.kind)) store<M>(t.exp_avg, i, load<M>(t.exp_avg, i) + g);
-    if (uses_exp_avg_sq(f.kind)) store<M>(t.exp_avg_sq, i, load<M>(t.exp_avg_sq, i) + g);
+    if (uses_exp_avg(f.kind)) store<M>(t.exp_avg, i, load<M>(t.exp_avg_in, i) + g);
+    if (uses_exp_avg_sq(f.kind)) store<M>(t.exp_avg_sq, i, load<M>(t.exp_avg_sq_in, i) + g);
     store_copy<C>(t.param_copy, i, p);
   }
 }
@@ -241,12 +246,13 @@ void stream(const StepFactors& f, const TileSpans& t) {
   using MT = std::conditional_t<M == DType::kF32, uint32_t, uint16_t>;
   using GT = std::conditional_t<G == DType::kF32, uint32_t, uint16_t>;
   volatile uint32_t* params = reinterpret_cast<uint32_t*>(t.params);
+  const volatile uint32_t* params_in = reinterpret_cast<const uint32_t*>(t.params_in);
   const volatile GT* grads = static_cast<const GT*>(t.grads);
   for (size_t i = 0; i < t.count; ++i) {
-    const uint32_t p = params[i];
+    const uint32_t p = params_in[i];
     static_cast<void>(grads[i]);
-    if (uses_exp_avg(f.kind)) stream_in_place<MT>(t.exp_avg, i);
-    if (uses_exp_avg_sq(f.kind)) stream_in_place<MT>(t.exp_avg_sq, i);
+    if (uses_exp_avg(f.kind)) stream_element<MT>(t.exp_avg_in, t.exp_avg, i);
+    if (uses_exp_avg_sq(f.kind)) stream_element<MT>(t.exp_avg_sq_in, t.exp_avg_sq, i);
     params[i] = p;
     if constexpr (C != CopyType::kNone) static_cast<volatile uint16_t*>(t.param_copy)[i] = static_cast<uint16_t>(p);
   }

@@ -110,6 +110,7 @@ struct CountingIsa {
   static R16 f16_bits(V x) { return fp32_to_fp16_bits(x); }
   static void stream_raw16(void* p, R16 x) { store_raw16(p, x); }
   static void stream_f32(float* p, V x) { store_f32(p, x); }
+  static void stream_raw32(void* p, R32 x) { store_raw32(p, x); }
   static void store_fence() {}
 
   // 8-bit moments.

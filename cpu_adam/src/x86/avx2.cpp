@@ -72,6 +72,7 @@ struct Avx2 {
     return _mm256_castsi256_si128(packed);
   }
   static void stream_raw16(void* p, R16 x) { _mm_stream_si128(static_cast<__m128i*>(p), x); }  // 16-B aligned
+  static void stream_raw32(void* p, R32 x) { _mm256_stream_si256(static_cast<__m256i*>(p), x); }  // 32-B aligned
   static void store_fence() { _mm_sfence(); }
 
   // 8-bit moments (kernel_body_int8.h).

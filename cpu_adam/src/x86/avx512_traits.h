@@ -69,6 +69,7 @@ struct Avx512 {
   static void keep(R& x) { asm volatile("" : "+v"(x)); }
   static R16 low16(R32 x) { return _mm512_cvtepi32_epi16(x); }  // vpmovdw: a shuffle, no arithmetic
   static void stream_raw16(void* p, R16 x) { _mm256_stream_si256(static_cast<__m256i*>(p), x); }  // 32-B aligned
+  static void stream_raw32(void* p, R32 x) { _mm512_stream_si512(static_cast<__m512i*>(p), x); }  // 64-B aligned
   static void store_fence() { _mm_sfence(); }
 
   // 8-bit moments (kernel_body_int8.h).

@@ -193,30 +193,37 @@ struct Kernels {
   // second figure).
   template <Family F, DType G, DType M, CopyType C>
   static inline void probe_block(const Consts&, const Block& b, size_t i) {
+    const bool nt = b.out_non_temporal;
     const V g = load<G>(b.grads, i);
-    const V p = I::add(I::load_f32(b.params + i), g);
-    I::store_f32(b.params + i, p);
-    if constexpr (F != Family::kAdagrad) store<M>(b.exp_avg, i, I::add(load<M>(b.exp_avg, i), g));
-    if constexpr (F != Family::kLion) store<M>(b.exp_avg_sq, i, I::add(load<M>(b.exp_avg_sq, i), g));
+    const V p = I::add(I::load_f32(b.params_in + i), g);
+    store_state<DType::kF32>(b.params, i, p, nt);
+    if constexpr (F != Family::kAdagrad) store_state<M>(b.exp_avg, i, I::add(load<M>(b.exp_avg_in, i), g), nt);
+    if constexpr (F != Family::kLion) store_state<M>(b.exp_avg_sq, i, I::add(load<M>(b.exp_avg_sq_in, i), g), nt);
     store_copy<C>(b.param_copy, i, p, b.copy_non_temporal);
   }
 
-  // The streaming probe, Note [Streaming probe]: raw loads and stores only.
+  // The streaming probe, Note [Streaming probe]: raw loads and stores only
+  // (from the sources to the outputs: the same buffer in place).
+  static inline void store_raw32(void* at, typename I::R32 x, bool non_temporal) {
+    if (non_temporal) I::stream_raw32(at, x);
+    else I::store_raw32(at, x);
+  }
   template <DType T>
-  static inline void stream_in_place(void* base, size_t i) {
+  static inline void stream_element(const void* in, void* out, size_t i, bool non_temporal) {
     if constexpr (T == DType::kF32) {
-      auto x = I::load_raw32(static_cast<char*>(base) + i * 4);
+      auto x = I::load_raw32(static_cast<const char*>(in) + i * 4);
       I::keep(x);
-      I::store_raw32(static_cast<char*>(base) + i * 4, x);
+      store_raw32(static_cast<char*>(out) + i * 4, x, non_temporal);
     } else {
-      auto x = I::load_raw16(static_cast<char*>(base) + i * 2);
+      auto x = I::load_raw16(static_cast<const char*>(in) + i * 2);
       I::keep(x);
-      I::store_raw16(static_cast<char*>(base) + i * 2, x);
+      if (non_temporal) I::stream_raw16(static_cast<char*>(out) + i * 2, x);
+      else I::store_raw16(static_cast<char*>(out) + i * 2, x);
     }
   }
   template <Family F, DType G, DType M, CopyType C>
   static inline void stream_block(const Consts&, const Block& b, size_t i) {
-    auto p = I::load_raw32(reinterpret_cast<const char*>(b.params) + i * 4);
+    auto p = I::load_raw32(reinterpret_cast<const char*>(b.params_in) + i * 4);
     if constexpr (G == DType::kF32) {
       auto g = I::load_raw32(static_cast<const char*>(b.grads) + i * 4);
       I::keep(g);
@@ -224,10 +231,10 @@ struct Kernels {
       auto g = I::load_raw16(static_cast<const char*>(b.grads) + i * 2);
       I::keep(g);
     }
-    if constexpr (F != Family::kAdagrad) stream_in_place<M>(b.exp_avg, i);
-    if constexpr (F != Family::kLion) stream_in_place<M>(b.exp_avg_sq, i);
+    if constexpr (F != Family::kAdagrad) stream_element<M>(b.exp_avg_in, b.exp_avg, i, b.out_non_temporal);
+    if constexpr (F != Family::kLion) stream_element<M>(b.exp_avg_sq_in, b.exp_avg_sq, i, b.out_non_temporal);
     I::keep(p);
-    I::store_raw32(reinterpret_cast<char*>(b.params) + i * 4, p);
+    store_raw32(reinterpret_cast<char*>(b.params) + i * 4, p, b.out_non_temporal);
     if constexpr (C != CopyType::kNone) store_copy_bits(b.param_copy, i, I::low16(p), b.copy_non_temporal);
   }
 
@@ -254,7 +261,7 @@ struct Kernels {
     constexpr bool has_m = F != Family::kAdagrad, has_v = F != Family::kLion;
     constexpr size_t gb = dtype_size(G), mb = dtype_size(M);
     auto aligned = [](const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };
-    const bool out_non_temporal = P == Pass::kUpdate && t.params_in != t.params && f.copy_non_temporal &&
+    const bool out_non_temporal = t.params_in != t.params && f.copy_non_temporal &&
                                   aligned(t.params, W * 4) && (!has_m || aligned(t.exp_avg, W * mb)) &&
                                   (!has_v || aligned(t.exp_avg_sq, W * mb));
     const Block b{t.params,     t.grads,     t.exp_avg,    t.exp_avg_sq,    t.param_copy,

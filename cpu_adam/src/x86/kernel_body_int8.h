@@ -116,10 +116,10 @@ struct Int8Kernels {
   template <DType G, CopyType C>
   static inline void probe_vec(const Consts&, const Vec& b, size_t i, BlockState& s, size_t) {
     const V g = K::template load<G>(b.grads, i);
-    const V p = I::add(I::load_f32(b.params + i), g);
+    const V p = I::add(I::load_f32(b.params_in + i), g);
     I::store_f32(b.params + i, p);
-    I::store_u8(b.m_codes + i, encode_m(I::add(decode_m(I::load_u8(b.m_codes + i), s.m_scale), g), s.m_inv));
-    const V u = I::mul(decode<ExpAvgSqCode>(I::load_u8(b.v_codes + i)), s.u_scale);
+    I::store_u8(b.m_codes + i, encode_m(I::add(decode_m(I::load_u8(b.m_codes_in + i), s.m_scale), g), s.m_inv));
+    const V u = I::mul(decode<ExpAvgSqCode>(I::load_u8(b.v_codes_in + i)), s.u_scale);
     I::store_u8(b.v_codes + i, encode<ExpAvgSqCode>(I::mul(I::add(u, g), s.u_inv)));
     K::template store_copy<C>(b.param_copy, i, p, b.copy_non_temporal);
   }
@@ -127,7 +127,7 @@ struct Int8Kernels {
   // The streaming probe (Note [Streaming probe]): raw bytes, no arithmetic.
   template <DType G, CopyType C>
   static inline void stream_vec(const Consts&, const Vec& b, size_t i, BlockState&, size_t) {
-    auto p = I::load_raw32(reinterpret_cast<const char*>(b.params) + i * 4);
+    auto p = I::load_raw32(reinterpret_cast<const char*>(b.params_in) + i * 4);
     if constexpr (G == DType::kF32) {
       auto g = I::load_raw32(static_cast<const char*>(b.grads) + i * 4);
       I::keep(g);
@@ -135,8 +135,8 @@ struct Int8Kernels {
       auto g = I::load_raw16(static_cast<const char*>(b.grads) + i * 2);
       I::keep(g);
     }
-    auto m = I::load_raw8(b.m_codes + i);
-    auto v = I::load_raw8(b.v_codes + i);
+    auto m = I::load_raw8(b.m_codes_in + i);
+    auto v = I::load_raw8(b.v_codes_in + i);
     I::keep(m);
     I::keep(v);
     I::store_raw8(b.m_codes + i, m);

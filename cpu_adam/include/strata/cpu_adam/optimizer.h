@@ -55,7 +55,8 @@ struct StateSpans {
   // out like the ones above, and writes the new state to the ones above,
   // leaving the sources unchanged: one pass, the same bytes moved as in
   // place. Each source is either its output span itself or does not overlap
-  // it. All null: in place.
+  // it. All null: in place. stream_probe follows the same spans (the ceiling
+  // of the out-of-place access pattern).
   const float* params_source = nullptr;
   const void* exp_avg_source = nullptr;
   const void* exp_avg_sq_source = nullptr;
