@@ -470,9 +470,10 @@ Status UpdateScheduler::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimize
                                               sp.moment_dtype = DType::kF32;
                                               sp.exp_avg = m.data() + at;
                                               sp.exp_avg_sq = v.data() + at;
-                                              // Decoded already: stepped in place in m and v.
-                                              sp.exp_avg_source = sp.exp_avg;
-                                              sp.exp_avg_sq_source = sp.exp_avg_sq;
+                                              if (out_of_place) {  // decoded already: stepped in place in m and v
+                                                sp.exp_avg_source = sp.exp_avg;
+                                                sp.exp_avg_sq_source = sp.exp_avg_sq;
+                                              }
                                             }));
         }
         Status encoded = moments.write_fp32(cpu_adam::Int8Moment::kExpAvg, m.data(), st.count, block.first, block.count, out.exp_avg);

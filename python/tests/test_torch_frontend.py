@@ -273,8 +273,10 @@ def test_early_updates_bad_value_names_the_key():
         st.initialize(model=make_lm(), config=cfg)
 
 
-INT8_PLACEMENTS = [(1, "cpu", "none", True), (2, "cpu", "none", False), (3, "cpu", "cpu", True),
-                   (2, "nvme", "none", True), (3, "nvme", "nvme", True)]
+# (stage, optimizer, params, overlap, speculative_optimizer): the last row steps layers early, out of place
+# into pending buffers (the shared blocks too).
+INT8_PLACEMENTS = [(1, "cpu", "none", True, "off"), (2, "cpu", "none", False, "off"), (3, "cpu", "cpu", True, "off"),
+                   (2, "nvme", "none", True, "off"), (3, "nvme", "nvme", True, "off"), (2, "cpu", "none", True, "on")]
 
 
 def test_int8_moments_bit_identical_across_placements_and_close_to_fp32(tmp_path):
@@ -283,10 +285,11 @@ def test_int8_moments_bit_identical_across_placements_and_close_to_fp32(tmp_path
     the blocks those runs share step through fp32 (Note [Runs in 8-bit blocks]); losses stay bit-identical
     across stages and placements, and close to fp32 moments."""
     runs = []
-    for i, (stage, optimizer, params, overlap) in enumerate(INT8_PLACEMENTS):
+    for i, (stage, optimizer, params, overlap, speculative) in enumerate(INT8_PLACEMENTS):
         cfg = config(stage, optimizer, params, tmp_path / str(i), overlap=overlap)
         (tmp_path / str(i)).mkdir()
         cfg["strata"]["optimizer_state_dtype"] = "int8"
+        cfg["strata"]["speculative_optimizer"] = speculative
         runs.append(lm_run(cfg, steps=6))
     (losses, masters), rest = runs[0], runs[1:]
     for (other_losses, other_masters), placement in zip(rest, INT8_PLACEMENTS[1:]):
