@@ -659,16 +659,19 @@ Result<FitResult> fit_config(const FitRequest& req, const FitCaps& caps) {
   const FitCandidate* near = closest(r, caps);
   r.missing = near != nullptr ? fmt::format("the closest placement, {}: {}", near->label, near->bound)
                               : std::string("no placement could be planned");
-  // The smallest single changes that fit.
+  // The smallest single changes that fit: a dtype or storage the request
+  // did not allow, searched alone and suggested when it fits.
+  auto suggest_if_it_fits = [&](const FitRequest& changed, const std::string& what) {
+    const FitResult t = search(changed, caps);
+    if (t.ok())
+      r.suggestions.push_back(fmt::format("{}: {} fits, predicted {:.1f} ms per step", what, t.fitting.front().label,
+                                          t.fitting.front().predicted.step_ms));
+  };
   const std::vector<DType> allowed = req.dtypes.empty() ? std::vector<DType>{req.config.precision_dtype()} : req.dtypes;
   if (std::find(allowed.begin(), allowed.end(), DType::kBF16) == allowed.end()) {
     FitRequest bf = req;
     bf.dtypes = {DType::kBF16};
-    FitResult t = search(bf, caps);
-    if (t.ok())
-      r.suggestions.push_back(fmt::format("bf16 parameters and gradients (--dtype bf16, or bf16.enabled): {} fits, "
-                                          "predicted {:.1f} ms per step",
-                                          t.fitting.front().label, t.fitting.front().predicted.step_ms));
+    suggest_if_it_fits(bf, "bf16 parameters and gradients (--dtype bf16, or bf16.enabled)");
   }
   // bf16 gradients: half the gradient buffers and shards (a row's effective
   // gradient dtype is the config's key, or the parameter dtype without one).
@@ -678,12 +681,8 @@ Result<FitResult> fit_config(const FitRequest& req, const FitCaps& caps) {
   if (!bf16_grads_tried) {
     FitRequest half = req;
     half.grad_dtypes = {DType::kBF16};
-    FitResult t = search(half, caps);
-    if (t.ok())
-      r.suggestions.push_back(fmt::format("bf16 gradients (--grad-dtypes bf16, or data_types.grad_accum_dtype "
-                                          "\"bf16\"; half the gradient buffers and shards): {} fits, predicted "
-                                          "{:.1f} ms per step",
-                                          t.fitting.front().label, t.fitting.front().predicted.step_ms));
+    suggest_if_it_fits(half, "bf16 gradients (--grad-dtypes bf16, or data_types.grad_accum_dtype \"bf16\"; half the "
+                             "gradient buffers and shards)");
   }
   const std::vector<cpu_adam::MomentStorage> allowed_storages =
       req.moment_storages.empty() ? std::vector<cpu_adam::MomentStorage>{own_moments(req.config)} : req.moment_storages;
@@ -691,12 +690,8 @@ Result<FitResult> fit_config(const FitRequest& req, const FitCaps& caps) {
       allowed_storages.end()) {
     FitRequest eight = req;
     eight.moment_storages = {cpu_adam::MomentStorage::int8()};
-    FitResult t = search(eight, caps);
-    if (t.ok())
-      r.suggestions.push_back(fmt::format("8-bit optimizer states (--optimizer-states int8, or "
-                                          "strata.optimizer_state_dtype \"int8\"; about half the offloaded state's "
-                                          "bytes): {} fits, predicted {:.1f} ms per step",
-                                          t.fitting.front().label, t.fitting.front().predicted.step_ms));
+    suggest_if_it_fits(eight, "8-bit optimizer states (--optimizer-states int8, or strata.optimizer_state_dtype "
+                              "\"int8\"; about half the offloaded state's bytes)");
   }
   for (int w = req.world * 2; w <= std::min(req.world * 64, 1 << 20); w *= 2) {
     FitRequest more = req;

@@ -122,7 +122,7 @@ class MemoryStateTier final : public OptimizerStateTier {
   };
   Piece& piece(const StateId& id) {
     auto it = pieces_.find(id);
-    STRATA_CHECK(it != pieces_.end(), "opening an optimizer state piece that was never added");
+    STRATA_CHECK(it != pieces_.end(), "an optimizer state piece that was never added");
     return it->second;
   }
   // The piece's state laid out in `data` (its buffer or its pending one).

@@ -207,6 +207,17 @@ TEST_P(SimdVsScalar, GradStatsMatchReference) {
 // Note [Out-of-place steps]: reading the state from sources and writing the
 // new state elsewhere gives the in-place step's bits, on every path, and
 // leaves the sources as they were.
+// `outputs` reading the state (and gradients) of `from`: an out-of-place step's spans.
+StateSpans reading_from(StateSpans outputs, const StateSpans& from) {
+  outputs.grads = from.grads;
+  outputs.params_source = from.params;
+  outputs.exp_avg_source = from.exp_avg;
+  outputs.exp_avg_sq_source = from.exp_avg_sq;
+  outputs.exp_avg_scale_source = from.exp_avg_scale;
+  outputs.exp_avg_sq_scale_source = from.exp_avg_sq_scale;
+  return outputs;
+}
+
 class OutOfPlace : public ::testing::TestWithParam<KernelPath> {
  protected:
   void SetUp() override {
@@ -235,15 +246,7 @@ TEST_P(OutOfPlace, EqualsInPlaceBitForBitAndLeavesTheSourcesUnchanged) {
         a.loss_scale = 8.0;
         a.clip_coefficient = 0.75;
         ASSERT_TRUE(opt.step(a, in_place.spans()).ok());
-        StateSpans sp = out.spans();
-        const StateSpans from = source.spans();
-        sp.grads = from.grads;
-        sp.params_source = from.params;
-        sp.exp_avg_source = from.exp_avg;
-        sp.exp_avg_sq_source = from.exp_avg_sq;
-        sp.exp_avg_scale_source = from.exp_avg_scale;
-        sp.exp_avg_sq_scale_source = from.exp_avg_sq_scale;
-        ASSERT_TRUE(opt.step(a, sp).ok());
+        ASSERT_TRUE(opt.step(a, reading_from(out.spans(), source.spans())).ok());
         const std::string where = "count " + std::to_string(count) + " misalign " + std::to_string(misalign);
         // The same path on both sides: exact, no subnormal allowance needed.
         expect_same_state(in_place, out, KernelPath::kScalar, "out of place, " + where);
@@ -270,17 +273,8 @@ TEST_P(OutOfPlace, StreamProbeCopiesTheSourcesToTheOutputs) {
       pristine.fill(9);
       out.fill(77);
       ref_out.fill(77);
-      auto from_source = [&](StateSpans sp) {
-        const StateSpans from = source.spans();
-        sp.params_source = from.params;
-        sp.exp_avg_source = from.exp_avg;
-        sp.exp_avg_sq_source = from.exp_avg_sq;
-        sp.exp_avg_scale_source = from.exp_avg_scale;
-        sp.exp_avg_sq_scale_source = from.exp_avg_sq_scale;
-        return sp;
-      };
-      ASSERT_TRUE(scalar.stream_probe(from_source(ref_out.spans())).ok());
-      ASSERT_TRUE(opt.stream_probe(from_source(out.spans())).ok());
+      ASSERT_TRUE(scalar.stream_probe(reading_from(ref_out.spans(), source.spans())).ok());
+      ASSERT_TRUE(opt.stream_probe(reading_from(out.spans(), source.spans())).ok());
       const std::string where = "misalign " + std::to_string(misalign);
       expect_same_state(ref_out, out, KernelPath::kScalar, "probe out of place vs scalar, " + where);
       expect_same_state(pristine, source, KernelPath::kScalar, "the source after the probe, " + where);

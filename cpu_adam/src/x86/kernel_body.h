@@ -204,7 +204,7 @@ struct Kernels {
 
   // The streaming probe, Note [Streaming probe]: raw loads and stores only
   // (from the sources to the outputs: the same buffer in place).
-  static inline void store_raw32(void* at, typename I::R32 x, bool non_temporal) {
+  static inline void put_raw32(void* at, typename I::R32 x, bool non_temporal) {
     if (non_temporal) I::stream_raw32(at, x);
     else I::store_raw32(at, x);
   }
@@ -213,7 +213,7 @@ struct Kernels {
     if constexpr (T == DType::kF32) {
       auto x = I::load_raw32(static_cast<const char*>(in) + i * 4);
       I::keep(x);
-      store_raw32(static_cast<char*>(out) + i * 4, x, non_temporal);
+      put_raw32(static_cast<char*>(out) + i * 4, x, non_temporal);
     } else {
       auto x = I::load_raw16(static_cast<const char*>(in) + i * 2);
       I::keep(x);
@@ -234,7 +234,7 @@ struct Kernels {
     if constexpr (F != Family::kAdagrad) stream_element<M>(b.exp_avg_in, b.exp_avg, i, b.out_non_temporal);
     if constexpr (F != Family::kLion) stream_element<M>(b.exp_avg_sq_in, b.exp_avg_sq, i, b.out_non_temporal);
     I::keep(p);
-    store_raw32(reinterpret_cast<char*>(b.params) + i * 4, p, b.out_non_temporal);
+    put_raw32(reinterpret_cast<char*>(b.params) + i * 4, p, b.out_non_temporal);
     if constexpr (C != CopyType::kNone) store_copy_bits(b.param_copy, i, I::low16(p), b.copy_non_temporal);
   }
 
