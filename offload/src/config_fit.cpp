@@ -416,40 +416,43 @@ FitCandidate fit_one(const FitRequest& req, const FitCaps& caps, const Placement
   }
   // The host: the NVMe slots first (no cost in the model), then what stays in host memory.
   const int64_t min_sub = static_cast<int64_t>(kShardAlign) * req.world;
-  if (!e.host_ok && p.optimizer == OffloadDevice::kNvme && z.offload_optimizer.buffer_count > 2) {
-    const int64_t was = z.offload_optimizer.buffer_count;
-    lower_knob(z.offload_optimizer.buffer_count, 2, host_ok);
-    if (z.offload_optimizer.buffer_count != was)
+  auto fit_host = [&] {
+    if (!host_ok() && p.optimizer == OffloadDevice::kNvme && z.offload_optimizer.buffer_count > 2) {
+      const int64_t was = z.offload_optimizer.buffer_count;
+      lower_knob(z.offload_optimizer.buffer_count, 2, host_ok);
+      if (z.offload_optimizer.buffer_count != was)
+        why["zero_optimization.offload_optimizer.buffer_count"] =
+            "each slot pins one sub-group's optimizer state: fewer slots fit the host cap (2 still overlap a read "
+            "with a step)";
+    }
+    if (!host_ok() && p.param == OffloadDevice::kNvme && z.offload_param.buffer_count > 2) {
+      lower_knob(z.offload_param.buffer_count, 2, host_ok);
+      why["zero_optimization.offload_param.buffer_count"] =
+          "each slot pins the largest NVMe shard: fewer slots fit the host cap";
+    }
+    if (!host_ok() && p.optimizer == OffloadDevice::kNvme && z.sub_group_size > min_sub) {
+      lower_knob(z.sub_group_size, min_sub, host_ok);
+      why["zero_optimization.sub_group_size"] =
+          "an NVMe slot holds one sub-group's master weights and moments: smaller sub-groups make the pinned slots "
+          "fit the host cap";
+    }
+    if (!host_ok() && p.param == OffloadDevice::kNvme && z.offload_param.max_in_cpu > 0) {
+      lower_knob(z.offload_param.max_in_cpu, 0, host_ok);
+      why["zero_optimization.offload_param.max_in_cpu"] =
+          "the shards kept in pinned host memory must fit the host cap beside the other host buffers; the rest are "
+          "read from NVMe";
+    }
+    if (!host_ok() && p.optimizer == OffloadDevice::kNvme && z.offload_optimizer.buffer_count > 1) {
+      lower_knob(z.offload_optimizer.buffer_count, 1, host_ok);
       why["zero_optimization.offload_optimizer.buffer_count"] =
-          "each slot pins one sub-group's optimizer state: fewer slots fit the host cap (2 still overlap a read "
-          "with a step)";
-  }
-  if (!host_ok() && p.param == OffloadDevice::kNvme && z.offload_param.buffer_count > 2) {
-    lower_knob(z.offload_param.buffer_count, 2, host_ok);
-    why["zero_optimization.offload_param.buffer_count"] =
-        "each slot pins the largest NVMe shard: fewer slots fit the host cap";
-  }
-  if (!host_ok() && p.optimizer == OffloadDevice::kNvme && z.sub_group_size > min_sub) {
-    lower_knob(z.sub_group_size, min_sub, host_ok);
-    why["zero_optimization.sub_group_size"] =
-        "an NVMe slot holds one sub-group's master weights and moments: smaller sub-groups make the pinned slots "
-        "fit the host cap";
-  }
-  if (!host_ok() && p.param == OffloadDevice::kNvme && z.offload_param.max_in_cpu > 0) {
-    lower_knob(z.offload_param.max_in_cpu, 0, host_ok);
-    why["zero_optimization.offload_param.max_in_cpu"] =
-        "the shards kept in pinned host memory must fit the host cap beside the other host buffers; the rest are "
-        "read from NVMe";
-  }
-  if (!host_ok() && p.optimizer == OffloadDevice::kNvme && z.offload_optimizer.buffer_count > 1) {
-    lower_knob(z.offload_optimizer.buffer_count, 1, host_ok);
-    why["zero_optimization.offload_optimizer.buffer_count"] =
-        "one slot is all the host cap leaves room for (reads no longer overlap the step)";
-  }
-  if (!host_ok() && p.param == OffloadDevice::kNvme && z.offload_param.buffer_count > 1) {
-    lower_knob(z.offload_param.buffer_count, 1, host_ok);
-    why["zero_optimization.offload_param.buffer_count"] = "one slot is all the host cap leaves room for";
-  }
+          "one slot is all the host cap leaves room for (reads no longer overlap the step)";
+    }
+    if (!host_ok() && p.param == OffloadDevice::kNvme && z.offload_param.buffer_count > 1) {
+      lower_knob(z.offload_param.buffer_count, 1, host_ok);
+      why["zero_optimization.offload_param.buffer_count"] = "one slot is all the host cap leaves room for";
+    }
+  };
+  fit_host();
   // The device: the gradient bucket (no cost in the model), then the live gathered layers.
   e = eval.run(c, false);
   if (!e.device_ok && p.stage >= 2 && req.grad_accum == 1 && e.largest_grad_elements != 0) {
@@ -477,6 +480,7 @@ FitCandidate fit_one(const FitRequest& req, const FitCaps& caps, const Placement
         "the layers below it stay whole on the device and do not fit beside the rest; partitioned, they are "
         "gathered for each use";
     lower_live();
+    fit_host();  // partitioned shards go to host memory under offload_param.max_in_cpu
   }
   if (p.stage == 3 && z.stage3_prefetch_bucket_size > z.stage3_max_live_parameters) {
     z.stage3_prefetch_bucket_size = z.stage3_max_live_parameters;

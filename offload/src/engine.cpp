@@ -93,7 +93,10 @@ Status Engine::Impl::init() {
                        : "optimizer state (master weights and moments): set offload_optimizer.device to nvme, or use "
                          "offload_optimizer.ratio < 1 at stage 3, or strata.optimizer_state_dtype bf16"},
         {predicted.pinned_grads, "gradient shards: use a larger world size or data_types.grad_accum_dtype bf16"},
-        {predicted.pinned_staging, "parameter staging: use a larger world size"},
+        {predicted.pinned_staging,
+         placement.early_updates ? "update staging (one buffer per layer for the early updates): set "
+                                   "strata.speculative_optimizer off or auto"
+                                 : "update staging (one piece at a time): lower zero_optimization.sub_group_size"},
         {predicted.pinned_params,
          opt.offload_param == OffloadDevice::kNvme
              ? "parameter shards in host memory and NVMe slots: lower offload_param.max_in_cpu or buffer_count"

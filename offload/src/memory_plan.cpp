@@ -59,7 +59,7 @@ EngineMemory plan_engine_memory(const EngineOptions& opt, const Partition& part,
       per_step_grads_largest = std::max(per_step_grads_largest, on_device(padded * grad_bytes));
     }
     if (where.pinned_gradient_shard) m.pinned_grads += std::max<uint64_t>(64, owned * grad_bytes);
-    if (where.pinned_staging) m.pinned_staging += std::max<uint64_t>(64, owned * param_bytes);
+    if (where.staging == UpdateStaging::kLayer) m.pinned_staging += std::max<uint64_t>(64, owned * param_bytes);
     if (where.device_gradient_shard) m.device_optimizer += on_device(std::max<uint64_t>(64, owned * grad_bytes));
     if (where.norm_gradient_copy)
       m.pinned_grads += std::max<uint64_t>(64, (placement.gradients_in_place ? padded : owned) * grad_bytes);
@@ -115,6 +115,8 @@ EngineMemory plan_engine_memory(const EngineOptions& opt, const Partition& part,
   if (placement.largest_nvme_shard_bytes != 0)
     m.pinned_params += static_cast<uint64_t>(opt.nvme_param.buffer_count) *
                        std::max<uint64_t>(placement.largest_nvme_shard_bytes, 4096);
+  // Note [Update staging]: kParameterSlot borrows the parameter slots above.
+  if (placement.shared_staging_bytes != 0) m.pinned_staging += std::max<uint64_t>(64, placement.shared_staging_bytes);
   for (uint64_t bytes : placement.early_pending_bytes) m.pinned_speculation += bytes;
   m.pinned = m.pinned_optimizer + m.pinned_grads + m.pinned_staging + m.pinned_params + m.pinned_speculation;
   // A checkpoint snapshot slot: the largest piece as fp32 master [4 B] and

@@ -3,8 +3,9 @@
 // non-cached layer's shard (this rank's pieces, the declared 16-bit or fp32
 // dtype) is one checksummed SwapStore tensor; a gather reads it into one of
 // `buffer_count` pinned slots, copies it H2D and returns the slot when the
-// copy is done; the optimizer's update is written back from the layer's
-// staging buffer (a shadow write: an I/O error leaves the previous shard).
+// copy is done; the optimizer's update is stepped into a slot too and
+// written back from it (a shadow write: an I/O error leaves the previous
+// shard).
 // Private to the engine.
 #include <cstddef>
 #include <cstdint>
@@ -52,6 +53,9 @@ class ParamSwap {
     Completion done;
   };
   Result<Read> read(uint32_t layer, uint64_t bytes, const std::string& name);
+  // A free slot for the caller to fill (an update's staging, Note [Update
+  // staging] in state_placement.h); blocks up to the pool's timeout.
+  Result<Slot> staging_slot(const std::string& holder) { return pool_->acquire(holder); }
   // Starts writing `data` (bytes) as layer's shard; completes when durable
   // and the index names the new version.
   Result<Completion> write(uint32_t layer, const void* data, uint64_t bytes, const std::string& name);

@@ -366,19 +366,19 @@ Completion ParameterGathering::writable_after(size_t li, const Completion& reduc
   return when_all(both, fmt::format("layer {} released and its gradient reduced", li));
 }
 
-Completion ParameterGathering::write_back(size_t li, const Completion& stepped, std::byte* staging) {
-  // The updated shard (in staging, shard layout) goes back to NVMe once the
-  // step has written it; the next gather waits for the write.
-  auto written = std::make_shared<CompletionSource>(fmt::format("parameter shard of layer {} written", li));
+Result<Slot> ParameterGathering::update_slot(size_t li) {
+  return swap_->staging_slot("the update of the parameter shard of " + ctx_.layer_label(li));
+}
+
+Result<Completion> ParameterGathering::write_back(size_t li, Slot staging) {
   const uint64_t bytes = ctx_.part.layer(li).shard_elements * element_bytes(li);
   const std::string name = "parameter shard of " + ctx_.layer_label(li);
-  stepped.then([this, li, written, bytes, staging, name](const Status& st) {
-    if (!st.ok()) return written->complete(st);
-    Result<Completion> w = swap_->write(static_cast<uint32_t>(li), staging, bytes, name);
-    if (!w.ok()) return written->complete(w.status());
-    w->then([written, name](const Status& s) { written->complete(s.ok() ? s : s.with_context("writing the " + name)); });
-  });
-  return written->completion();
+  Result<Completion> written = swap_->write(static_cast<uint32_t>(li), staging.data(), bytes, name);
+  if (!written.ok()) return written.status();  // nothing in flight: the slot returns now
+  staging.release_after(*written);
+  auto durable = std::make_shared<CompletionSource>(fmt::format("parameter shard of layer {} written", li));
+  written->then([durable, name](const Status& s) { durable->complete(s.ok() ? s : s.with_context("writing the " + name)); });
+  return durable->completion();
 }
 
 Status ParameterGathering::publish_update(size_t li, const Completion& updated) {

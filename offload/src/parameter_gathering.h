@@ -101,9 +101,14 @@ class ParameterGathering {
   // What the layer's update may overwrite after: `reduced` (its gradient's
   // readers), and for a layer lent in place its last release too.
   Completion writable_after(size_t li, const Completion& reduced);
-  // An NVMe shard's updated values (in `staging`, shard layout) written back
-  // once `stepped` completed ok; the returned completion fails with either.
-  Completion write_back(size_t li, const Completion& stepped, std::byte* staging);
+  // Note [Update staging]: one of the parameter slots, lent to layer li's
+  // update (an NVMe shard) to step into; blocks until one is free (bounded
+  // by the slot pool's timeout). Called on the optimizer thread.
+  Result<Slot> update_slot(size_t li);
+  // Starts writing the NVMe shard's updated values (in `staging`, shard
+  // layout) back; the slot returns to the pool when the write ends, and the
+  // returned completion (ok when durable) is what the next gather waits for.
+  Result<Completion> write_back(size_t li, Slot staging);
   // The layer's update (absorbed: completes ok) is in place: a whole layer's
   // owned pieces are all-gathered behind it (stages 1-3), a shard is ready.
   Status publish_update(size_t li, const Completion& updated);

@@ -37,6 +37,29 @@ std::string early_updates_blocker(const EngineOptions& opt, const StatePlacement
   return {};
 }
 
+// Note [Update staging]: each trained layer's, from the placement so far
+// (early updates decided or assumed), and the shared buffer's size.
+void decide_update_staging(const Partition& partition, StatePlacement& p) {
+  p.shared_staging_bytes = 0;
+  for (size_t li = 0; li < p.layers.size(); ++li) {
+    LayerPlacement& l = p.layers[li];
+    l.staging = UpdateStaging::kNone;
+    if (l.frozen || !p.optimizer_on_host() || l.shard_in_host()) continue;
+    if (p.early_updates) {
+      l.staging = UpdateStaging::kLayer;
+    } else if (l.shard_on_nvme()) {
+      l.staging = UpdateStaging::kParameterSlot;
+    } else {
+      l.staging = UpdateStaging::kSharedPiece;
+      const LayerPartition& layer = partition.layer(li);
+      for (const SubGroup& g : layer.groups)
+        for (int r = p.owned_rank_begin(); r < p.owned_rank_end(); ++r)
+          p.shared_staging_bytes = std::max<uint64_t>(
+              p.shared_staging_bytes, host_part(p.ratio, layer.piece_real(g, r)) * l.param_element_bytes);
+    }
+  }
+}
+
 Status decide_early_updates(const EngineOptions& opt, const Partition& partition, StatePlacement& p) {
   p.early_pending_bytes.assign(p.layers.size(), 0);
   if (opt.speculative_optimizer == SpeculationMode::kOff) return Status::Ok();
@@ -83,6 +106,7 @@ Status decide_early_updates(const EngineOptions& opt, const Partition& partition
     // memory (every rank counted as if on this machine: conservative).
     const bool budgeted = opt.host_memory_budget != 0;
     const uint64_t budget = budgeted ? opt.host_memory_budget : physical_memory_bytes() / 2 / std::max(1, p.world);
+    decide_update_staging(partition, p);  // per layer while early updates are on
     const uint64_t planned = plan_engine_memory(opt, partition, p).pinned;  // the pending buffers included
     if (planned > budget) {
       p.early_updates = false;
@@ -192,11 +216,11 @@ Result<StatePlacement> StatePlacement::compute(const EngineOptions& opt, std::sp
     l.gradients = opt.stage <= 1 ? GradientBuffer::kPersistent : GradientBuffer::kPerStep;
     l.master = !(l.param_dtype == DType::kF32 && !p.optimizer_on_host());
     l.pinned_gradient_shard = p.optimizer_on_host();
-    l.pinned_staging = p.optimizer_on_host() && !l.shard_in_host();
     l.device_gradient_shard = (!p.optimizer_on_host() && !p.gradients_in_place) || p.split;
     l.norm_gradient_copy = p.device_kernel;
   }
   STRATA_RETURN_IF_ERROR(decide_early_updates(opt, partition, p));
+  decide_update_staging(partition, p);
   return p;
 }
 

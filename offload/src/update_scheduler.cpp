@@ -121,7 +121,12 @@ Status UpdateScheduler::init_layer(size_t li, std::span<const float> master) {
   if (where.frozen) return Status::Ok();  // parameters only
   const LayerPartition& layer_part = ctx_.part.layer(li);
   const std::string lname = ctx_.layer_label(li);
-  if (where.pinned_staging) {
+  if (where.staging == UpdateStaging::kSharedPiece && !shared_staging_ && ctx_.placement.shared_staging_bytes != 0) {
+    STRATA_ASSIGN_OR_RETURN(shared_staging_,
+                            HostBuffer::create(ctx_.device, ctx_.stats, ctx_.placement.shared_staging_bytes,
+                                               "update staging (one piece at a time, shared by the layers)"));
+  }
+  if (where.staging == UpdateStaging::kLayer) {
     STRATA_ASSIGN_OR_RETURN(l.staging, HostBuffer::create(ctx_.device, ctx_.stats,
                                                           ctx_.owned_elements(layer_part) * where.param_element_bytes,
                                                           "parameter staging of " + lname));
@@ -186,9 +191,15 @@ std::vector<UpdateScheduler::PieceJob> UpdateScheduler::jobs_of(size_t li, const
       j.runs = runs_of(li, layer_part.piece_begin(g, r), host, hyper);
       j.grads = input.grads + (input.padded_layout ? layer_part.piece_begin(g, r) : g.shard_offset) * gb;
       j.param_is_master = !where.master;
-      j.param = l.staging ? l.staging.data() + ctx_.owned_offset(layer_part, g, r) * eb
-                          : params_.param_location(li, g, r);
-      if (l.staging && !where.shard_on_nvme()) {
+      const size_t owned_at = ctx_.owned_offset(layer_part, g, r) * eb;
+      switch (where.staging) {
+        case UpdateStaging::kNone: j.param = params_.param_location(li, g, r); break;
+        case UpdateStaging::kSharedPiece: j.param = shared_staging_.data(); break;
+        case UpdateStaging::kLayer: j.param = l.staging.data() + owned_at; break;
+        case UpdateStaging::kParameterSlot: j.slot_offset = owned_at; break;  // placed when the update runs
+      }
+      if (where.staging == UpdateStaging::kSharedPiece || where.staging == UpdateStaging::kLayer) {
+        STRATA_CHECK(!early || where.staging == UpdateStaging::kLayer, "an early update keeps its staged values");
         if (early) {
           j.h2d_once_kept = params_.param_location(li, g, r);
         } else {
@@ -235,12 +246,31 @@ Result<UpdateScheduler::Queued> UpdateScheduler::queue_update(size_t li, const G
   // completes ok either way and the failure goes to the commit point's
   // vote, so every rank runs the same collectives up to it (Note [Atomic
   // steps] in engine.h).
+  // Note [Update staging]: a stage-3 shard on NVMe is stepped into a
+  // parameter slot the update borrows, and written back from it (the slot
+  // returns when the write ends); the write the update started lands here.
+  const bool in_slot = where.staging == UpdateStaging::kParameterSlot;
+  auto write_back = std::make_shared<Completion>();
   Completion raw = worker_->submit(
-      [this, jobs = std::move(host_jobs), args, param_dtype, spent = update_ns_] {
+      [this, li, in_slot, write_back, jobs = std::move(host_jobs), args, param_dtype, spent = update_ns_]() mutable {
+        Slot slot;
+        if (in_slot) {
+          Result<Slot> borrowed = params_.update_slot(li);
+          if (!borrowed.ok()) return borrowed.status();
+          slot = std::move(borrowed).value();
+          for (PieceJob& j : jobs) j.param = slot.as<std::byte>() + j.slot_offset;
+        }
         const auto t0 = Clock::now();
-        const Status st = step_pieces(*tier_, *optimizer_, jobs, args, param_dtype);
+        Status st = step_pieces(*tier_, *optimizer_, jobs, args, param_dtype);
         spent->fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
-        return st;
+        if (st.ok() && in_slot) {
+          Result<Completion> written = params_.write_back(li, std::move(slot));
+          if (written.ok())
+            *write_back = std::move(written).value();
+          else
+            st = written.status();
+        }
+        return st;  // (a slot not handed to a write returns here: nothing reads it any more)
       },
       gate, fmt::format("optimizer step of layer {}", li), /*sticky=*/false);
   if (ctx_.split()) {
@@ -253,10 +283,18 @@ Result<UpdateScheduler::Queued> UpdateScheduler::queue_update(size_t li, const G
     raw = when_all(both, fmt::format("optimizer step of layer {}", li));
   }
   l.update_ran = ctx_.failures.absorb(raw, fmt::format("optimizer step of layer {}", li));
-  // An NVMe shard's updated values go back to NVMe; otherwise they went H2D
-  // tile by tile from the optimizer's tile callback (step_pieces), so they
-  // are in place when the update ran.
-  l.update_written = where.shard_on_nvme() ? params_.write_back(li, raw, l.staging.data()) : raw;
+  // An NVMe shard's updated values are in place once their write-back
+  // ends; otherwise they went H2D tile by tile from the optimizer's tile
+  // callback (step_pieces), so they are in place when the update ran.
+  l.update_written = raw;
+  if (in_slot) {
+    auto written = std::make_shared<CompletionSource>(fmt::format("parameter shard of layer {} written", li));
+    raw.then([written, write_back](const Status& st) {
+      if (!st.ok()) return written->complete(st);
+      write_back->then([written](const Status& w) { written->complete(w); });
+    });
+    l.update_written = written->completion();
+  }
   return Queued{l.update_ran, ctx_.failures.absorb(l.update_written, fmt::format("update of layer {}", li))};
 }
 

@@ -16,7 +16,8 @@
 // overlap] in engine.h). A piece is stepped as its runs of equal per-tensor
 // hyper-parameters; the updated 16-bit values go H2D tile by tile from the
 // optimizer's tile callback while later tiles compute, or into pinned
-// staging for an NVMe shard's write-back. An update's failure is absorbed
+// staging for an NVMe shard's write-back (Note [Update staging] in
+// state_placement.h). An update's failure is absorbed
 // into the context's StepFailures (the commit point votes on it); one that
 // leaves state kept in place part-stepped is kTorn.
 //
@@ -62,7 +63,7 @@ class UpdateScheduler {
   };
   struct LayerUpdate {
     std::vector<HyperRun> hyper_runs;
-    HostBuffer staging;          // updated 16-bit (or fp32 master) values before their H2D copy or NVMe write
+    HostBuffer staging;          // UpdateStaging::kLayer: updated values until the step keeps them
     Completion update_ran;       // the update ran (ok even when it failed: Note [Atomic steps])
     Completion update_written;   // the update and its parameter write-back; fails when either did
   };
@@ -156,6 +157,9 @@ class UpdateScheduler {
     std::vector<Run> runs;
     const std::byte* grads = nullptr;
     std::byte* param = nullptr;    // where the kernel writes the updated value (staging, or fp32 in place)
+    // UpdateStaging::kParameterSlot: `param` is this far into the slot the
+    // update borrows, placed when it runs (null until then).
+    size_t slot_offset = 0;
     bool param_is_master = false;  // fp32 parameters stepped in place
     // Device parameters the updated values are copied to, tile by tile, from
     // the optimizer's tile callback while later tiles compute; null: none.
@@ -200,6 +204,9 @@ class UpdateScheduler {
   // from the tile callback while later tiles compute (cuda: asynchronous
   // copies from pinned staging), waited for once per piece.
   std::unique_ptr<Stream> update_stream_;
+  // UpdateStaging::kSharedPiece: every such layer's pieces, one at a time
+  // (Note [Update staging] in state_placement.h).
+  HostBuffer shared_staging_;
   std::unique_ptr<OptimizerStateTier> tier_;      // the optimizer state (the host part with ratio < 1)
   std::unique_ptr<OptimizerStateTier> dev_tier_;  // ratio < 1: the device part
   std::optional<cpu_adam::CpuOptimizer> optimizer_;

@@ -57,7 +57,9 @@ TEST(StatePlacement, Stage1OnTheDeviceReadsGradientsInPlace) {
   const LayerPlacement& big = p.layers[0];
   EXPECT_EQ(big.gradients, GradientBuffer::kPersistent);
   EXPECT_TRUE(big.master);
-  EXPECT_FALSE(big.device_gradient_shard || big.pinned_gradient_shard || big.pinned_staging);
+  EXPECT_FALSE(big.device_gradient_shard || big.pinned_gradient_shard);
+  EXPECT_EQ(big.staging, UpdateStaging::kNone);
+  EXPECT_EQ(p.shared_staging_bytes, 0u);
   // fp32 parameters stepped on the device are their own master.
   EXPECT_FALSE(p.layers[3].master);
   // A frozen layer: parameters and nothing else.
@@ -65,7 +67,8 @@ TEST(StatePlacement, Stage1OnTheDeviceReadsGradientsInPlace) {
   EXPECT_TRUE(frozen.frozen);
   EXPECT_EQ(frozen.gradients, GradientBuffer::kNone);
   EXPECT_FALSE(frozen.master || frozen.pinned_gradient_shard || frozen.device_gradient_shard ||
-               frozen.pinned_staging || frozen.norm_gradient_copy);
+               frozen.norm_gradient_copy);
+  EXPECT_EQ(frozen.staging, UpdateStaging::kNone);
 }
 
 TEST(StatePlacement, Stage0OwnsEveryPiece) {
@@ -114,11 +117,41 @@ TEST(StatePlacement, Stage3CpuOffloadKeepsShardsInHostAndStagesOnlyWholeLayers) 
   EXPECT_EQ(p.layers[0].params, ParamHome::kShardInPinnedHost);
   EXPECT_EQ(p.layers[1].params, ParamHome::kWholeOnDevice);  // below the persistence threshold
   EXPECT_EQ(p.layers[2].params, ParamHome::kShardInPinnedHost);  // frozen layers are partitioned too
-  // The host optimizer writes a host shard in place; a whole layer goes through staging.
-  EXPECT_FALSE(p.layers[0].pinned_staging);
-  EXPECT_TRUE(p.layers[1].pinned_staging);
+  // The host optimizer writes a host shard in place; a whole layer's
+  // pieces go through the one shared staging buffer (Note [Update staging]).
+  EXPECT_EQ(p.layers[0].staging, UpdateStaging::kNone);
+  EXPECT_EQ(p.layers[1].staging, UpdateStaging::kSharedPiece);
+  EXPECT_EQ(p.layers[2].staging, UpdateStaging::kNone);  // frozen
+  EXPECT_LE(p.shared_staging_bytes, kSmall * 2u);  // rank 1's piece of the small bf16 layer (possibly empty)
   EXPECT_TRUE(p.layers[0].pinned_gradient_shard);
   EXPECT_TRUE(p.layers[3].master);  // the host keeps fp32 masters for every dtype
+}
+
+TEST(StatePlacement, Stage2HostOptimizerStagesOnePieceAtATime) {
+  // Stages 1-2 with the state on the host: every trained layer's pieces are
+  // staged in one buffer, the largest piece (the fp32 layer's, at 4 B); the
+  // plan counts it once, not per layer.
+  EngineOptions o = options(2, OffloadDevice::kCpu, OffloadDevice::kNone);
+  o.sub_group_size = 1024;
+  const StatePlacement p = place(o);
+  for (size_t li : {0u, 1u, 3u}) EXPECT_EQ(p.layers[li].staging, UpdateStaging::kSharedPiece) << li;
+  EXPECT_EQ(p.layers[2].staging, UpdateStaging::kNone);
+  const SpecModel model = four_layers();
+  const Partition part = Partition::create(model.layers(), 2, o.sub_group_size).value();
+  uint64_t largest = 0;
+  for (size_t li : {0u, 1u, 3u})
+    for (const SubGroup& g : part.layer(li).groups)
+      largest = std::max<uint64_t>(largest, part.layer(li).piece_real(g, 1) * p.layers[li].param_element_bytes);
+  EXPECT_EQ(p.shared_staging_bytes, largest);
+  EXPECT_EQ(plan_engine_memory(o, part, p).pinned_staging, largest);
+  // Early updates keep every layer's values until the step commits: one
+  // buffer per layer, and no shared one.
+  o.speculative_optimizer = SpeculationMode::kOn;
+  const StatePlacement early = place(o);
+  ASSERT_TRUE(early.early_updates);
+  for (size_t li : {0u, 1u, 3u}) EXPECT_EQ(early.layers[li].staging, UpdateStaging::kLayer) << li;
+  EXPECT_EQ(early.shared_staging_bytes, 0u);
+  EXPECT_GT(plan_engine_memory(o, part, early).pinned_staging, largest);
 }
 
 TEST(StatePlacement, MaxInCpuKeepsTheFirstShardsInHostAndTheRestOnNvme) {
@@ -133,8 +166,12 @@ TEST(StatePlacement, MaxInCpuKeepsTheFirstShardsInHostAndTheRestOnNvme) {
   EXPECT_EQ(p.layers[3].params, ParamHome::kShardOnNvme);
   EXPECT_EQ(p.param_elements_in_host, part.layer(0).shard_elements);
   EXPECT_EQ(p.largest_nvme_shard_bytes, part.layer(3).shard_elements * 4);  // the fp32 layer
-  EXPECT_FALSE(p.layers[0].pinned_staging);
-  EXPECT_TRUE(p.layers[3].pinned_staging);  // the NVMe write goes from staging
+  EXPECT_EQ(p.layers[0].staging, UpdateStaging::kNone);
+  // The update of a shard on NVMe is stepped into a parameter slot and
+  // written back from it: no staging of its own.
+  EXPECT_EQ(p.layers[3].staging, UpdateStaging::kParameterSlot);
+  EXPECT_EQ(p.layers[1].staging, UpdateStaging::kSharedPiece);  // whole on the device
+  EXPECT_LE(p.shared_staging_bytes, kSmall * 2u);  // the small layer's piece only
   // The plan puts exactly those shards on NVMe, beside two versions of the state.
   const EngineMemory m = plan_engine_memory(o, part, p);
   uint64_t state_nvme = 0;

@@ -57,6 +57,25 @@ enum class GradientBuffer : uint8_t {
   kPerStep,     // stages 2-3: allocated at the first backward, freed once reduced (bounded by reduce_bucket_size)
 };
 
+// Note [Update staging]
+// The host optimizer writes a layer's updated 16-bit values (fp32 ones: a
+// copy of the master) somewhere pinned before they go to the device or back
+// to NVMe. How long they must stay there decides where:
+//  - kSharedPiece: each piece's values are copied to the device tile by tile
+//    while the piece is stepped, and those copies are waited for before the
+//    next piece: one buffer of the largest piece serves every layer (the
+//    optimizer thread steps one piece at a time). What was 2 B per parameter
+//    (bf16) of pinned memory is one piece.
+//  - kLayer: an early update (Note [Early, exact updates]) keeps its values
+//    until the step commits, so each layer has its own buffer.
+//  - kParameterSlot: a stage-3 shard on NVMe is written back whole after its
+//    layer's update: the update borrows one of offload_param's pinned slots
+//    (the ones gathers read shards into), and returns it when the write
+//    ends, so staging costs no memory beyond the configured slots.
+//  - kNone: the optimizer writes in place (a stage-3 shard in pinned host
+//    memory, or the device optimizer).
+enum class UpdateStaging : uint8_t { kNone, kSharedPiece, kLayer, kParameterSlot };
+
 struct LayerPlacement {
   DType param_dtype = DType::kF32;
   size_t param_element_bytes = 4;
@@ -75,9 +94,8 @@ struct LayerPlacement {
   // The reduced gradient the optimizer reads, in the owned layout:
   bool pinned_gradient_shard = false;  // in pinned host memory (the optimizer runs on the host)
   bool device_gradient_shard = false;  // on the device (a device optimizer not reading in place, or the ratio's device part)
-  // Updated parameters wait in pinned staging for their H2D copy or NVMe
-  // write, unless the host optimizer writes them straight into a host shard.
-  bool pinned_staging = false;
+  // Where the host optimizer writes the updated values (Note [Update staging]).
+  UpdateStaging staging = UpdateStaging::kNone;
   // The device optimizer on a device the host cannot read: the reduced
   // gradient is also copied to the host for the norm's block sums.
   bool norm_gradient_copy = false;
@@ -128,6 +146,9 @@ struct StatePlacement {
   bool early_updates = false;
   std::string early_updates_off;
   std::vector<uint64_t> early_pending_bytes;
+  // Note [Update staging]: the one buffer every kSharedPiece layer stages
+  // its pieces in (bytes of the largest such piece's host part; 0: none).
+  uint64_t shared_staging_bytes = 0;
 
   PlannedDevice device;
   // A device buffer of `bytes` as the device counts it.
