@@ -86,6 +86,7 @@ struct Evaluation {
   uint64_t largest_gathered_elements = 0;  // stage-3 layers gathered for use: the live cap's floor
   uint64_t largest_grad_elements = 0;      // per-step gradient buffers: the bucket's floor
   uint64_t persistent_params = 0;          // stage 3: padded elements kept whole
+  bool gradients_on_nvme = false;          // Note [Gradient shards on NVMe] (auto: where pinned ones do not fit)
   bool device_ok = false, host_ok = false, nvme_ok = false;
   bool fits() const { return status.ok() && device_ok && host_ok && nvme_ok; }
 };
@@ -127,6 +128,7 @@ class Evaluator {
         return e;
       }
       const EngineMemory m = plan_engine_memory(*o, *part, *pl);
+      e.gradients_on_nvme = e.gradients_on_nvme || pl->gradient_slot_count != 0;
       uint64_t param_nvme = 0, grads_total = 0, grads_largest = 0, gathered_total = 0, gathered_largest = 0;
       for (size_t li = 0; li < part->layer_count(); ++li) {
         const LayerPlacement& where = pl->layers[li];
@@ -154,11 +156,13 @@ class Evaluator {
       // per write in flight plus one; the parameter shards twice and a slot.
       uint64_t nvme = 0;
       if (pl->optimizer_on_nvme()) {
-        const uint64_t state = (m.nvme - param_nvme) / 2;
+        const uint64_t state = (m.nvme - param_nvme - pl->gradient_nvme_bytes) / 2;
         const uint64_t slot = m.pinned_optimizer / static_cast<uint64_t>(std::max<int64_t>(1, o->nvme.buffer_count));
         nvme += 3 * state + (static_cast<uint64_t>(o->nvme.buffer_count) + 1) * slot;
       }
       if (param_nvme != 0) nvme += 2 * param_nvme + std::max<uint64_t>(pl->largest_nvme_shard_bytes, 4096);
+      // Gradient shards on NVMe (gradient_spill.cpp): two copies and the slots' worth.
+      nvme += 2 * pl->gradient_nvme_bytes + pl->gradient_slot_count * pl->gradient_slot_bytes;
       // Note [Room beside the caps]: the plan bounds gradients by
       // reduce_bucket_size and gathered layers by stage3_max_live_parameters
       // (never below one layer), but measured runs hold more when a cap
@@ -351,6 +355,7 @@ StepTimeInput step_input(const FitRequest& req, const Config& cfg, const EngineO
   in.nvme_pipeline = cfg.zero_optimization.offload_optimizer.pipeline_read &&
                      cfg.zero_optimization.offload_optimizer.pipeline_write;
   in.early_updates = early_updates_allowed(o.speculative_optimizer, o.offload_optimizer, o.offload_param, o.ratio);
+  in.gradients_on_nvme = e.gradients_on_nvme;
   return in;
 }
 

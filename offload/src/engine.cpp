@@ -52,6 +52,10 @@ Status Engine::Impl::init() {
   }
   STRATA_RETURN_IF_ERROR(params.init(job_name));
   STRATA_RETURN_IF_ERROR(updates.init(job_name));
+  if (placement.gradient_slot_count != 0) {
+    STRATA_ASSIGN_OR_RETURN(gradient_spill_owner, GradientSpill::create(*this, job_name));
+    gradient_spill = gradient_spill_owner.get();
+  }
   grads.init(&updates.worker());  // the block sums run on the optimizer thread
   if (placement.early_updates)
     grads.on_reduction_issued([this](size_t li) { return updates.queue_early_update(li, grads.update_input(li)); });
@@ -201,6 +205,8 @@ Engine::~Engine() {
       m.wait_at_teardown(m.model_stream->record_completion(), "the model's stream");
       m.model_stream->synchronize().ignore();
     }
+    // the gradient shards' writes to NVMe (each waits only for its reduction and its I/O),
+    if (m.gradient_spill_owner) m.gradient_spill_owner->stop();
     // the optimizer threads (they run what is queued; the state they step is still alive),
     m.updates.stop_workers();
     // the updates' parameter write-backs to NVMe (stage 3, offload_param

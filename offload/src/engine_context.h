@@ -34,6 +34,8 @@
 namespace strata::offload {
 namespace engine_detail {
 
+class GradientSpill;  // gradient_spill.h
+
 using Clock = std::chrono::steady_clock;
 inline double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 inline int64_t now_ns() { return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count(); }
@@ -166,6 +168,9 @@ struct EngineContext {
   int64_t steps_begun = 0;        // steps begun (gradients are zeroed once per step, by this number)
   TransferCounters transfers;     // this step's
   StepFailures failures;
+  // Note [Gradient shards on NVMe]: set in init() where the placement puts
+  // gradient shards on NVMe (owned by the engine), null otherwise.
+  GradientSpill* gradient_spill = nullptr;
 
   // The engine's health: `stopped` not ok means it refuses to go on (an
   // error it could not recover from); `recovered` says the error being

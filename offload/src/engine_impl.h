@@ -38,6 +38,7 @@
 #include "commit_point.h"
 #include "engine_context.h"
 #include "gradient_reduction.h"
+#include "gradient_spill.h"
 #include "parameter_gathering.h"
 #include "serial_worker.h"
 #include "update_scheduler.h"
@@ -72,6 +73,10 @@ struct Engine::Impl : EngineContext {
   EngineMemory predicted;
   std::string job_name;  // the swap folders' run name, the same on every rank
 
+  // Note [Gradient shards on NVMe]: null unless the placement puts them
+  // there (EngineContext::gradient_spill points to it); outlives the
+  // components that use it.
+  std::unique_ptr<GradientSpill> gradient_spill_owner;
   // The components (declaration order: each is built on the ones before it).
   ParameterGathering params{*this};
   GradientReduction grads{*this};
@@ -112,6 +117,7 @@ struct Engine::Impl : EngineContext {
   } progress;
   std::vector<std::shared_ptr<WaitProbe>> probes;  // this step's exposed-wait probes
   StateTierIoStats io_before;  // the tier's counters at the start of the step
+  uint64_t gradient_nvme_read_before = 0, gradient_nvme_written_before = 0;  // GradientSpill's, likewise
 
   EngineMemory plan() const;
   Status init();

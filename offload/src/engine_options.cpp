@@ -24,6 +24,13 @@ const char* speculation_mode_name(SpeculationMode mode) {
   return "?";
 }
 
+Result<GradientShardsMode> parse_gradient_shards_mode(std::string_view text, std::string_view field) {
+  if (text == "auto") return GradientShardsMode::kAuto;
+  if (text == "pinned") return GradientShardsMode::kPinned;
+  if (text == "nvme") return GradientShardsMode::kNvme;
+  return InvalidArgument(fmt::format("{} '{}' is not auto, pinned or nvme", field, printable(text, 32)));
+}
+
 Result<EngineOptions> engine_options_from_config(const Config& cfg) {
   EngineOptions o;
   const ZeroConfig& z = cfg.zero_optimization;
@@ -68,6 +75,8 @@ Result<EngineOptions> engine_options_from_config(const Config& cfg) {
   o.overlap_optimizer = cfg.strata.overlap_optimizer;
   STRATA_ASSIGN_OR_RETURN(o.speculative_optimizer,
                           parse_speculation_mode(cfg.strata.speculative_optimizer, "strata.speculative_optimizer"));
+  STRATA_ASSIGN_OR_RETURN(o.gradient_shards,
+                          parse_gradient_shards_mode(cfg.strata.gradient_shards, "strata.gradient_shards"));
   o.grad_dtype = cfg.precision_dtype();
   if (!cfg.data_types.grad_accum_dtype.empty()) {
     Result<DType> g = parse_dtype(cfg.data_types.grad_accum_dtype);

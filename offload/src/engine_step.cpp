@@ -42,6 +42,10 @@ Status Engine::Impl::begin_step() {
   // gathers do not stack on them (the memory plan counts one set).
   STRATA_RETURN_IF_ERROR(params.drain());
   io_before = updates.tier().io_stats();
+  if (gradient_spill != nullptr) {
+    gradient_nvme_read_before = gradient_spill->bytes_read();
+    gradient_nvme_written_before = gradient_spill->bytes_written();
+  }
   step_start = mark();
   failures.take(FailureOf::kCall).ignore();  // a late read of the previous call's dropped copies
   ++steps_begun;
@@ -235,6 +239,10 @@ Result<StepMetrics> Engine::Impl::finish_applied_step() {
     const StateTierIoStats now = updates.tier().io_stats();
     m.nvme_read_bytes = now.bytes_read - io_before.bytes_read;
     m.nvme_write_bytes = now.bytes_written - io_before.bytes_written;
+    if (gradient_spill != nullptr) {  // Note [Gradient shards on NVMe]: the gradients' write and read back
+      m.nvme_read_bytes += gradient_spill->bytes_read() - gradient_nvme_read_before;
+      m.nvme_write_bytes += gradient_spill->bytes_written() - gradient_nvme_written_before;
+    }
     m.wait_nvme_ms = static_cast<double>((now.read_wait_ns - io_before.read_wait_ns) +
                                          (now.write_wait_ns - io_before.write_wait_ns)) / 1e6;
   }

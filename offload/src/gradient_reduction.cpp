@@ -1,6 +1,8 @@
 // GradientReduction (Note [Gradient reduction] in gradient_reduction.h).
 #include "gradient_reduction.h"
 
+#include "gradient_spill.h"
+
 #include <cstring>
 
 #include <fmt/format.h>
@@ -186,6 +188,23 @@ Status GradientReduction::launch_reduction(size_t li) {
   // (One rank: the sum over ranks is the gradient itself, bit for bit, so
   // nothing is queued; the bytes are counted as the collectives would move them.)
   bytes.reduce_bytes += layer_part.padded_elements * e * (ctx_.stage0() ? 2 : 1);
+  if (ctx_.where(li).gradient_shard_on_nvme) {
+    // Note [Gradient shards on NVMe]: the owned pieces go to NVMe from the
+    // device buffer, summed for the norm on the way, on the spill thread.
+    bytes.d2h_bytes += ctx_.owned_elements(layer_part) * e;
+    l.norm_partials_ready = ctx_.gradient_spill->spill(
+        li, full, reduced, [this, li](size_t block_offset, const std::byte* piece, size_t elements) {
+          block_sums_of_squares(piece, ctx_.opt.grad_dtype, elements, kShardAlign,
+                                std::span<double>(layers_[li].block_sums.data() + block_offset, elements / kShardAlign));
+        });
+    l.reduced_gradient_moved = l.norm_partials_ready;
+    if (opt.stage >= 2) {
+      const Completion users[] = {l.last_backward_released, reduced, l.norm_partials_ready};
+      live_->give_back(std::move(l.full_grads), when_all(users), layer_part.padded_elements);
+    }
+    l.full_gradient_read = l.norm_partials_ready;
+    return reduced_listener_ ? reduced_listener_(li) : Status::Ok();
+  }
   // Where the optimizer reads the owned pieces.
   std::byte* dst = nullptr;
   CopyKind kind = CopyKind::kDeviceToDevice;
@@ -323,7 +342,9 @@ Status GradientReduction::wait_for_issued_reductions() {
 GradientReduction::UpdateInput GradientReduction::update_input(size_t li) const {
   const LayerGradients& l = layers_[li];
   UpdateInput in;
-  in.grads = ctx_.opt_on_host()      ? l.opt_grads_host.data()
+  in.on_nvme = ctx_.where(li).gradient_shard_on_nvme;
+  in.grads = in.on_nvme              ? nullptr
+             : ctx_.opt_on_host()    ? l.opt_grads_host.data()
              : ctx_.grads_in_place() ? l.full_grads.as<std::byte>()
                                      : l.opt_grads_dev.as<std::byte>();
   in.padded_layout = ctx_.grads_in_place() || ctx_.stage0();

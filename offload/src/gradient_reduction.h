@@ -54,7 +54,8 @@ class GradientReduction {
   };
   // Where layer li's update reads its reduced gradient (owned pieces).
   struct UpdateInput {
-    const std::byte* grads = nullptr;              // the optimizer's input (host part when split)
+    const std::byte* grads = nullptr;              // the optimizer's input (host part when split); null: on NVMe
+    bool on_nvme = false;                          // Note [Gradient shards on NVMe]: read back piece by piece
     bool padded_layout = false;                    // at piece_begin offsets, else shard offsets
     const std::byte* device_part_grads = nullptr;  // split: the device shard (shard offsets)
     Completion reduced;                            // the gradient is there and its block sums are done

@@ -115,6 +115,10 @@ EngineMemory plan_engine_memory(const EngineOptions& opt, const Partition& part,
   if (placement.largest_nvme_shard_bytes != 0)
     m.pinned_params += static_cast<uint64_t>(opt.nvme_param.buffer_count) *
                        std::max<uint64_t>(placement.largest_nvme_shard_bytes, 4096);
+  // Note [Gradient shards on NVMe]: the gradient slots, and each piece's
+  // gradient on NVMe (as the engine counts it: once, at its first write).
+  m.pinned_grads += placement.gradient_slot_count * placement.gradient_slot_bytes;
+  m.nvme += placement.gradient_nvme_bytes;
   // Note [Update staging]: kParameterSlot borrows the parameter slots above.
   if (placement.shared_staging_bytes != 0) m.pinned_staging += std::max<uint64_t>(64, placement.shared_staging_bytes);
   for (uint64_t bytes : placement.early_pending_bytes) m.pinned_speculation += bytes;

@@ -60,6 +60,80 @@ void decide_update_staging(const Partition& partition, StatePlacement& p) {
   }
 }
 
+// Note [Gradient shards on NVMe]: every trained layer's reduced gradient
+// shard goes to NVMe, through the gradient slots.
+void put_gradient_shards_on_nvme(const EngineOptions& opt, const Partition& partition, StatePlacement& p) {
+  const size_t grad_bytes = dtype_size(opt.grad_dtype);
+  uint64_t largest = 0;
+  for (size_t li = 0; li < p.layers.size(); ++li) {
+    LayerPlacement& l = p.layers[li];
+    if (l.frozen) continue;
+    l.pinned_gradient_shard = false;
+    l.gradient_shard_on_nvme = true;
+    for (const SubGroup& g : partition.layer(li).groups)
+      for (int r = p.owned_rank_begin(); r < p.owned_rank_end(); ++r) {
+        largest = std::max<uint64_t>(largest, g.piece * grad_bytes);
+        p.gradient_nvme_bytes += g.piece * grad_bytes;
+      }
+  }
+  p.gradient_slot_count = static_cast<size_t>(std::max<int64_t>(2, opt.nvme.buffer_count));
+  p.gradient_slot_bytes = (std::max<uint64_t>(largest, 1) + 4095) / 4096 * 4096;
+}
+
+Status decide_gradient_shards(const EngineOptions& opt, const Partition& partition, StatePlacement& p) {
+  if (opt.gradient_shards == GradientShardsMode::kPinned) {
+    p.gradient_shards_why = "strata.gradient_shards pinned";
+    return Status::Ok();
+  }
+  std::string blocker;
+  if (!p.optimizer_on_nvme())
+    blocker = "the optimizer state is not on NVMe (offload_optimizer.device nvme): its step reads the gradient where "
+              "the state is";
+  else if (p.split)
+    blocker = fmt::format("offload_optimizer.ratio {} < 1 steps part of each piece on the device", opt.ratio);
+  if (!blocker.empty()) {
+    if (opt.gradient_shards == GradientShardsMode::kNvme)
+      return Unsupported(fmt::format("{}: strata.gradient_shards nvme: {}; set it to auto or pinned", opt.source,
+                                     blocker));
+    p.gradient_shards_why = std::move(blocker);
+    return Status::Ok();
+  }
+  if (opt.gradient_shards == GradientShardsMode::kAuto) {
+    // auto: NVMe only where pinned shards do not fit the budget (the NVMe
+    // way costs a write and a read of every gradient byte per step).
+    if (opt.host_memory_budget == 0) {
+      p.gradient_shards_why = "no strata.host_memory_budget to fit (auto keeps them pinned, saving their NVMe write and read)";
+      return Status::Ok();
+    }
+    const uint64_t planned = plan_engine_memory(opt, partition, p).pinned;
+    if (planned <= opt.host_memory_budget) {
+      p.gradient_shards_why = fmt::format("pinned shards fit strata.host_memory_budget ({} of {})",
+                                          format_bytes(planned, true), format_bytes(opt.host_memory_budget, true));
+      return Status::Ok();
+    }
+    StatePlacement on_nvme = p;
+    put_gradient_shards_on_nvme(opt, partition, on_nvme);
+    const uint64_t spilled = plan_engine_memory(opt, partition, on_nvme).pinned;
+    if (spilled >= planned) {
+      p.gradient_shards_why = fmt::format(
+          "the pinned plan ({}) does not fit strata.host_memory_budget ({}), but the gradient slots would hold more "
+          "than the shards (lower zero_optimization.sub_group_size: a slot holds one piece)",
+          format_bytes(planned, true), format_bytes(opt.host_memory_budget, true));
+      return Status::Ok();
+    }
+    on_nvme.gradient_shards_why =
+        fmt::format("the plan with pinned shards ({}) does not fit strata.host_memory_budget ({}); on NVMe: {}",
+                    format_bytes(planned, true), format_bytes(opt.host_memory_budget, true),
+                    format_bytes(spilled, true));
+    p = std::move(on_nvme);
+    return Status::Ok();
+  } else {
+    p.gradient_shards_why = "strata.gradient_shards nvme";
+  }
+  put_gradient_shards_on_nvme(opt, partition, p);
+  return Status::Ok();
+}
+
 Status decide_early_updates(const EngineOptions& opt, const Partition& partition, StatePlacement& p) {
   p.early_pending_bytes.assign(p.layers.size(), 0);
   if (opt.speculative_optimizer == SpeculationMode::kOff) return Status::Ok();
@@ -221,6 +295,7 @@ Result<StatePlacement> StatePlacement::compute(const EngineOptions& opt, std::sp
   }
   STRATA_RETURN_IF_ERROR(decide_early_updates(opt, partition, p));
   decide_update_staging(partition, p);
+  STRATA_RETURN_IF_ERROR(decide_gradient_shards(opt, partition, p));
   return p;
 }
 

@@ -39,6 +39,7 @@ LinkBytes predict_link_bytes(const StepTimeInput& in) {
   double nvme = in.optimizer == OffloadDevice::kNvme ? (4 + in.moments.bytes_per_element()) * S : 0.0;
   if (in.param == OffloadDevice::kNvme && S > static_cast<double>(in.max_in_cpu))
     nvme += (S - static_cast<double>(in.max_in_cpu)) * p;
+  if (in.gradients_on_nvme) nvme += host_elems * g;  // written under the backward, read back by the step
   b.nvme_read = b.nvme_write = static_cast<uint64_t>(nvme);
   return b;
 }
@@ -78,7 +79,11 @@ Result<StepTimePrediction> predict_step_time(const StepTimeInput& in, const Hard
   double host_ms = host_elems / cpu_rate * 1e3;
   const double dev_ms = dev_elems / dev_rate * 1e3;
   const double opt_nvme_bytes = in.optimizer == OffloadDevice::kNvme ? (4 + in.moments.bytes_per_element()) * S : 0.0;
-  const double opt_read_ms = ms(opt_nvme_bytes, hw.nvme_read_gb_per_s, per_node);
+  // Gradient shards on NVMe: read back in the step beside the state; written under the backward (grad_ms).
+  const double grad_nvme_bytes =
+      in.gradients_on_nvme ? (off ? in.ratio * S : 0.0) * static_cast<double>(dtype_size(in.grad_dtype)) : 0.0;
+  const double grad_write_ms = ms(grad_nvme_bytes, hw.nvme_write_gb_per_s, per_node);
+  const double opt_read_ms = ms(opt_nvme_bytes + grad_nvme_bytes, hw.nvme_read_gb_per_s, per_node);
   const double opt_write_ms = ms(opt_nvme_bytes, hw.nvme_write_gb_per_s, per_node);
   host_ms = in.nvme_pipeline ? std::max({host_ms, opt_read_ms, opt_write_ms}) : host_ms + opt_read_ms + opt_write_ms;
   r.optimizer_ms = hw.shared_cores ? host_ms + dev_ms : std::max(host_ms, dev_ms);
@@ -90,11 +95,11 @@ Result<StepTimePrediction> predict_step_time(const StepTimeInput& in, const Hard
   const double reduce_ms = ms(static_cast<double>(b.reduce) * coll_share, hw.collective_bus_gb_per_s, device_share);
   const double h2d_ms = ms(static_cast<double>(b.h2d), hw.h2d_gb_per_s, device_share);
   const double d2h_ms = ms(static_cast<double>(b.d2h), hw.d2h_gb_per_s, device_share);
-  const double param_nvme_bytes = static_cast<double>(b.nvme_read) - opt_nvme_bytes;
+  const double param_nvme_bytes = static_cast<double>(b.nvme_read) - opt_nvme_bytes - grad_nvme_bytes;
   const double param_nvme_ms = ms(param_nvme_bytes, hw.nvme_read_gb_per_s, per_node) +
                                ms(param_nvme_bytes, hw.nvme_write_gb_per_s, per_node);
-  r.nvme_ms = opt_read_ms + opt_write_ms + param_nvme_ms;
-  r.grad_ms = reduce_ms + d2h_ms;
+  r.nvme_ms = opt_read_ms + opt_write_ms + param_nvme_ms + grad_write_ms;
+  r.grad_ms = reduce_ms + d2h_ms + grad_write_ms;
   const bool param_off = in.param != OffloadDevice::kNone;
   r.update_ms = (param_off ? 0.0 : h2d_ms) + (in.stage == 1 || in.stage == 2 ? gather_ms : 0.0);
   r.param_ms = in.stage == 3 ? gather_ms + (param_off ? h2d_ms : 0.0) + param_nvme_ms : 0.0;

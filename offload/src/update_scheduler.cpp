@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "blocked_runs.h"
+#include "gradient_spill.h"
 #include "strata/offload/device_adam.h"
 #include "strata/offload/nvme_state_tier.h"
 
@@ -189,7 +190,8 @@ std::vector<UpdateScheduler::PieceJob> UpdateScheduler::jobs_of(size_t li, const
       j.id = StateId{static_cast<uint32_t>(li), static_cast<uint32_t>(gi), r};
       j.count = host;
       j.runs = runs_of(li, layer_part.piece_begin(g, r), host, hyper);
-      j.grads = input.grads + (input.padded_layout ? layer_part.piece_begin(g, r) : g.shard_offset) * gb;
+      if (!input.on_nvme)
+        j.grads = input.grads + (input.padded_layout ? layer_part.piece_begin(g, r) : g.shard_offset) * gb;
       j.param_is_master = !where.master;
       const size_t owned_at = ctx_.owned_offset(layer_part, g, r) * eb;
       switch (where.staging) {
@@ -388,8 +390,49 @@ Status UpdateScheduler::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimize
                                                                         error.message(), t.describe())));
     return error;
   };
-  for (const PieceJob& j : jobs) {
+  // Note [Gradient shards on NVMe]: a piece's gradient is read back just
+  // before its step, the next piece's read started meanwhile (when a slot is
+  // free); a read still in flight when this returns keeps its slot until it ends.
+  std::optional<GradientSpill::Read> next_grads;
+  const PieceJob* next_grads_of = nullptr;
+  struct ReleaseInFlight {
+    std::optional<GradientSpill::Read>& read;
+    ~ReleaseInFlight() {
+      if (read) read->slot.release_after(read->done);
+    }
+  } release_in_flight{next_grads};
+  for (size_t k = 0; k < jobs.size(); ++k) {
+    const PieceJob& j = jobs[k];
     if (j.count == 0) continue;
+    GradientSpill::Read grads_read;
+    const std::byte* piece_grads = j.grads;
+    if (j.grads == nullptr) {
+      if (next_grads_of == &j) {
+        grads_read = std::move(*next_grads);
+        next_grads.reset();
+      } else {
+        Result<GradientSpill::Read> r = ctx_.gradient_spill->read(j.id, /*wait=*/true);
+        if (!r.ok()) return r.status();
+        grads_read = std::move(r).value();
+      }
+      for (size_t n = k + 1; n < jobs.size() && !next_grads; ++n) {
+        if (jobs[n].count == 0) continue;
+        if (jobs[n].grads == nullptr) {
+          Result<GradientSpill::Read> r = ctx_.gradient_spill->read(jobs[n].id, /*wait=*/false);
+          if (r.ok() && r->slot) {
+            next_grads = std::move(r).value();
+            next_grads_of = &jobs[n];
+          }
+        }
+        break;
+      }
+      const Status arrived = ctx_.wait_status(grads_read.done, grads_read.done.label());
+      if (!arrived.ok()) {
+        grads_read.slot.release_after(grads_read.done);  // (a read that did not end keeps its slot)
+        return arrived.with_context("reading the gradient of " + ctx_.part.describe(j.id));
+      }
+      piece_grads = grads_read.slot.as<std::byte>();
+    }
     Result<PieceState> opened = t.open(j.id);
     if (!opened.ok()) return torn(opened.status().with_context("opening the optimizer state of " + ctx_.part.describe(j.id)));
     PieceState st = *opened;
@@ -417,7 +460,7 @@ Status UpdateScheduler::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimize
                           const std::function<void(cpu_adam::StateSpans&)>& point_moments) -> Status {
       cpu_adam::StateSpans sp;
       sp.count = count;
-      sp.grads = j.grads + first * grad_bytes;
+      sp.grads = piece_grads + first * grad_bytes;
       sp.grad_dtype = ctx_.opt.grad_dtype;
       point_moments(sp);
       if (j.param_is_master) {

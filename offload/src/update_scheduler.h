@@ -155,7 +155,7 @@ class UpdateScheduler {
       cpu_adam::HyperParams hyper;
     };
     std::vector<Run> runs;
-    const std::byte* grads = nullptr;
+    const std::byte* grads = nullptr;  // null: on NVMe, read back piece by piece (Note [Gradient shards on NVMe])
     std::byte* param = nullptr;    // where the kernel writes the updated value (staging, or fp32 in place)
     // UpdateStaging::kParameterSlot: `param` is this far into the slot the
     // update borrows, placed when it runs (null until then).

@@ -98,6 +98,8 @@ struct TrainRun {
   std::function<nvme::IoEngine*(int rank)> engine_for_rank;
   // The same for the stage-3 parameter shards on NVMe.
   std::function<nvme::IoEngine*(int rank)> param_engine_for_rank;
+  // The same for gradient shards on NVMe (strata.gradient_shards nvme).
+  std::function<nvme::IoEngine*(int rank)> gradient_engine_for_rank;
   // Failed step() calls a rank goes past (calling step() again) before
   // giving up; rank 0's are kept in Outcome::failures.
   int retries = 0;
@@ -142,6 +144,7 @@ Outcome train(const TrainRun& run) {
         testing::EngineFaults faults = run.faults;
         if (run.engine_for_rank) faults.optimizer_io = run.engine_for_rank(r);
         if (run.param_engine_for_rank) faults.param_io = run.param_engine_for_rank(r);
+        if (run.gradient_engine_for_rank) faults.gradient_io = run.gradient_engine_for_rank(r);
         STRATA_ASSIGN_OR_RETURN(auto engine, testing::create_engine(run.opt, *runner, *device, *comms[r], faults));
         if (run.on_start) STRATA_RETURN_IF_ERROR(run.on_start(*engine, r));
         const int64_t first = engine->steps_begun();

@@ -173,6 +173,7 @@ struct StrataSection {
   std::string optimizer_state_dtype = "fp32";  // fp32 | bf16: dtype of Adam's m and v
   bool overlap_optimizer = true;    // step layer by layer under the next forward (exact)
   std::string speculative_optimizer = "auto";  // auto | on | off: updates under the backward (exact)
+  std::string gradient_shards = "auto";        // auto | pinned | nvme: where reduced gradient shards wait for the step
   double wait_timeout_s = 600;      // the bound on each of the engine's waits (a hung I/O or kernel ends in an error)
 };
 

@@ -175,6 +175,8 @@ struct EngineOptions {
   bool overlap_optimizer = true;                    // strata.overlap_optimizer
   // strata.speculative_optimizer (Note [Early, exact updates] in docs/engine.md).
   SpeculationMode speculative_optimizer = SpeculationMode::kAuto;
+  // strata.gradient_shards (Note [Gradient shards on NVMe], offload/src/gradient_spill.h).
+  GradientShardsMode gradient_shards = GradientShardsMode::kAuto;
   DType grad_dtype = DType::kF32;                   // data_types.grad_accum_dtype
   cpu_adam::MomentStorage moments;                  // strata.optimizer_state_dtype (int8: offloaded state only)
   cpu_adam::OptimizerKind optimizer = cpu_adam::OptimizerKind::kAdamW;

@@ -17,4 +17,12 @@ enum class SpeculationMode : uint8_t { kAuto, kOn, kOff };
 Result<SpeculationMode> parse_speculation_mode(std::string_view text, std::string_view field);
 const char* speculation_mode_name(SpeculationMode mode);
 
+// strata.gradient_shards: where reduced gradient shards wait for the step
+// (Note [Gradient shards on NVMe] in offload/src/gradient_spill.h). kAuto:
+// on NVMe where the optimizer state is there and the plan with pinned
+// shards does not fit strata.host_memory_budget.
+enum class GradientShardsMode : uint8_t { kAuto, kPinned, kNvme };
+// "auto" | "pinned" | "nvme"; anything else is an InvalidArgument naming `field`.
+Result<GradientShardsMode> parse_gradient_shards_mode(std::string_view text, std::string_view field);
+
 }  // namespace strata::offload

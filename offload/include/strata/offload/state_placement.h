@@ -93,6 +93,9 @@ struct LayerPlacement {
   bool master = false;
   // The reduced gradient the optimizer reads, in the owned layout:
   bool pinned_gradient_shard = false;  // in pinned host memory (the optimizer runs on the host)
+  // on NVMe beside the optimizer state, piece by piece through the gradient
+  // slots (Note [Gradient shards on NVMe] in offload/src/gradient_spill.h)
+  bool gradient_shard_on_nvme = false;
   bool device_gradient_shard = false;  // on the device (a device optimizer not reading in place, or the ratio's device part)
   // Where the host optimizer writes the updated values (Note [Update staging]).
   UpdateStaging staging = UpdateStaging::kNone;
@@ -146,6 +149,14 @@ struct StatePlacement {
   bool early_updates = false;
   std::string early_updates_off;
   std::vector<uint64_t> early_pending_bytes;
+  // Note [Gradient shards on NVMe]: the gradient slots (count x bytes, each
+  // the largest owned piece's gradient, 4 KiB-aligned; 0: no layer's shard
+  // is on NVMe), the bytes of every piece on NVMe; `gradient_shards_why`
+  // says why the shards are where they are (auto).
+  size_t gradient_slot_count = 0;
+  uint64_t gradient_slot_bytes = 0;
+  uint64_t gradient_nvme_bytes = 0;
+  std::string gradient_shards_why;
   // Note [Update staging]: the one buffer every kSharedPiece layer stages
   // its pieces in (bytes of the largest such piece's host part; 0: none).
   uint64_t shared_staging_bytes = 0;

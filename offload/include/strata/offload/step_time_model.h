@@ -67,6 +67,9 @@ struct StepTimeInput {
   // (early_updates_allowed below), so on a machine whose compute is not on
   // the optimizer's cores it hides under forward + backward, not the forward.
   bool early_updates = false;
+  // Note [Gradient shards on NVMe]: each reduced gradient is written under
+  // the backward and read back by the step (StatePlacement's decision).
+  bool gradients_on_nvme = false;
 };
 
 // Whether these options let the CPU step start under the backward: the

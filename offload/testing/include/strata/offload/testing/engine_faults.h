@@ -62,6 +62,8 @@ struct EngineFaults {
   nvme::IoEngine* optimizer_io = nullptr;
   // The same for the stage-3 parameter shards on NVMe (offload_param nvme).
   nvme::IoEngine* param_io = nullptr;
+  // The same for gradient shards on NVMe (strata.gradient_shards nvme).
+  nvme::IoEngine* gradient_io = nullptr;
   std::optional<CheckpointCrash> checkpoint_crash;
   // Note [Early, exact updates]: the step's end waits for every early update
   // to run instead of claiming back the ones not started, so a test sees the
