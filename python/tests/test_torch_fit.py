@@ -63,9 +63,9 @@ def test_int8_optimizer_states_are_chosen_only_when_allowed_and_needed():
 
 
 def test_bf16_gradients_are_chosen_only_when_allowed_and_needed():
-    # fp32 state, an fp32 gradient shard and parameter staging with cpu offload need ~20 B per parameter of
-    # host memory; with bf16 gradients ~18 B: a host cap between the two.
-    caps = {"device_memory": "300KiB", "host_memory": "560KiB"}
+    # fp32 state and an fp32 gradient shard with cpu offload need ~16 B per parameter of host memory (515 KiB
+    # here, with one piece of update staging); with bf16 gradients ~14 B (451 KiB): a host cap between the two.
+    caps = {"device_memory": "300KiB", "host_memory": "480KiB"}
     with pytest.raises(strata.ResourceExhausted, match=r"bf16 gradients .* fits"):
         st.initialize(model=make_lm(), config=config(0), fit=caps)
     engine, _, _, _ = st.initialize(model=make_lm(), config=config(0), fit={**caps, "grad_dtypes": ["fp32", "bf16"]})
@@ -73,7 +73,7 @@ def test_bf16_gradients_are_chosen_only_when_allowed_and_needed():
     assert any(c["key"] == "data_types.grad_accum_dtype" for c in engine.fit["best"]["changes"])
     losses = train_engine(engine, lm_loss, 4)
     assert losses[-1] < losses[0]
-    assert engine.memory()["measured"]["pinned"] <= 560 * 1024
+    assert engine.memory()["measured"]["pinned"] <= 480 * 1024
 
 
 @pytest.mark.parametrize("fit,error,match", [
