@@ -256,6 +256,9 @@ struct Summary {
   offload::EngineMemory predicted, measured;  // rank 0's engine
   uint64_t device_peak = 0, device_capacity = 0;
   uint64_t model_state = 0;                   // unsharded parameters + gradients + optimizer state
+  // strata.gradient_shards: on NVMe, and why (auto's decision).
+  bool gradients_on_nvme = false;
+  std::string gradient_shards_why;
 };
 
 // What a checkpoint records of the run besides the engine's state: enough
@@ -411,6 +414,8 @@ Status train_rank(const TrainCliOptions& o, const TrainSetup& t, const model::Gp
   }
   if (summary) {
     summary->predicted = rs.engine->predicted_memory();
+    summary->gradients_on_nvme = rs.engine->placement().gradient_slot_count != 0;
+    summary->gradient_shards_why = rs.engine->placement().gradient_shards_why;
     summary->measured = rs.engine->measured_memory();
     summary->device_peak = rs.device->memory_stats().get(Tier::kDevice).peak_bytes;
     summary->device_capacity = rs.device->caps().memory_bytes;
@@ -737,6 +742,8 @@ int run_train(TrainCliOptions o) {
              bytes_text(summary.measured.device), bytes_text(summary.predicted.device),
              bytes_text(summary.measured.pinned), bytes_text(summary.predicted.pinned),
              bytes_text(summary.measured.nvme), bytes_text(summary.predicted.nvme));
+  if (summary.gradients_on_nvme)
+    fmt::print("memory   gradient shards on NVMe beside the optimizer state: {}\n", summary.gradient_shards_why);
   double median = 0;
   if (!summary.tps.empty()) {
     std::sort(summary.tps.begin(), summary.tps.end());
