@@ -465,6 +465,24 @@ void check_precision(Checker& c, Config& config) {
     c.warn(c.written("strata.optimizer_state_dtype"), "bf16 optimizer states with fp32 training",
            "this saves memory but loses precision in m and v; usually used with bf16.enabled");
   }
+  if (config.strata.gradient_shards == "nvme") {
+    // Note [Gradient shards on NVMe] (offload/src/gradient_spill.h): they
+    // wait beside the optimizer state, which must be on NVMe, whole.
+    const OffloadOptimizerConfig& offload = config.zero_optimization.offload_optimizer;
+    if (offload.device != OffloadDevice::kNvme)
+      c.error(c.written("strata.gradient_shards"),
+              fmt::format("gradient shards on NVMe wait beside the optimizer state; "
+                          "zero_optimization.offload_optimizer.device is {}",
+                          offload_device_name(offload.device)),
+              "set zero_optimization.offload_optimizer.device to \"nvme\", or strata.gradient_shards to \"auto\" "
+              "or \"pinned\"");
+    else if (offload.ratio < 1.0)
+      c.error(c.written("strata.gradient_shards"),
+              fmt::format("gradient shards on NVMe with zero_optimization.offload_optimizer.ratio {}: part of each "
+                          "piece is stepped on the device, from a device gradient",
+                          offload.ratio),
+              "set offload_optimizer.ratio to 1, or strata.gradient_shards to \"auto\" or \"pinned\"");
+  }
   if (config.strata.optimizer_state_dtype == "int8") {
     // The block-wise 8-bit moments are a CPU kernel format (cpu_adam): the
     // state must be stepped on the host, by Adam or AdamW.

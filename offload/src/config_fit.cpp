@@ -312,6 +312,7 @@ const KeyView kKeys[] = {
      [](const Config& c) -> std::string { return c.batch.gradient_accumulation_steps ? num(*c.batch.gradient_accumulation_steps) : std::string("unset"); }},
     {"train_batch_size",
      [](const Config& c) -> std::string { return c.batch.train_batch_size ? num(*c.batch.train_batch_size) : std::string("unset"); }},
+    {"strata.gradient_shards", [](const Config& c) -> std::string { return json_string(c.strata.gradient_shards); }},
     {"strata.device_memory", [](const Config& c) -> std::string { return num(static_cast<int64_t>(c.strata.device_memory)); }},
     {"strata.host_memory_budget",
      [](const Config& c) -> std::string { return num(static_cast<int64_t>(c.strata.host_memory_budget)); }},
@@ -506,6 +507,14 @@ FitCandidate fit_one(const FitRequest& req, const FitCaps& caps, const Placement
       "the batch the fit was made for";
   // The final check: every rank.
   e = eval.run(c, true);
+  // Gradient shards on NVMe (auto's choice under the host cap): written
+  // out, so the config says where they wait and why.
+  if (e.status.ok() && e.gradients_on_nvme && c.strata.gradient_shards == "auto") {
+    c.strata.gradient_shards = "nvme";
+    why["strata.gradient_shards"] =
+        "the reduced gradient shards do not fit the host cap in pinned memory: they wait on NVMe beside the "
+        "optimizer state (one more write and read of each gradient per step)";
+  }
   cand.config = c;
   cand.memory = e.memory;
   cand.fits = e.fits();

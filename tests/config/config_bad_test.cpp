@@ -38,6 +38,22 @@ TEST(ConfigBad, Int8OptimizerStatesNeedOffloadedAdamState) {
   EXPECT_NE(check.format().find("int8"), std::string::npos) << check.format();
 }
 
+TEST(ConfigBad, GradientShardsOnNvmeNeedTheOptimizerStateOnNvme) {
+  auto check = check_text(R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+    "strata": {"gradient_shards": "nvme"}})");
+  expect_error(check, "strata.gradient_shards", "offload_optimizer.device is cpu",
+               "set zero_optimization.offload_optimizer.device to \"nvme\"");
+  check = check_text(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp",
+    "ratio": 0.5}}, "strata": {"gradient_shards": "nvme"}})");
+  expect_error(check, "strata.gradient_shards", "ratio 0.5", "set offload_optimizer.ratio to 1");
+  check = check_text(R"({"strata": {"gradient_shards": "disk"}})");
+  EXPECT_FALSE(check.ok());
+  EXPECT_NE(check.format().find("pinned"), std::string::npos) << check.format();
+  // auto never errs: it stays pinned where NVMe is not possible.
+  EXPECT_TRUE(check_text(R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+    "strata": {"gradient_shards": "auto"}})").ok());
+}
+
 TEST(ConfigBad, UnknownTopLevelAndAioKeys) {
   const auto check = check_text(R"({"train_batch_sise": 8, "aio": {"queue_dept": 4, "thread_cnt": 2}})");
   expect_error(check, "train_batch_sise", "unknown key", "did you mean 'train_batch_size'?");

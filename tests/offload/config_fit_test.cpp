@@ -175,6 +175,13 @@ TEST(ConfigFit, IssueCaseFp32FitsAQuarterOfTheStateWithGradientShardsOnNvme) {
   const Partition part = Partition::create(layers, 1, best.options.sub_group_size).value();
   const StatePlacement placed = StatePlacement::compute(best.options, layers, part, 0, PlannedDevice::cpu()).value();
   EXPECT_NE(placed.gradient_slot_count, 0u) << placed.gradient_shards_why;
+  // The written config says so, with its reason.
+  EXPECT_EQ(best.config.strata.gradient_shards, "nvme");
+  const auto change = std::find_if(best.changes.begin(), best.changes.end(),
+                                   [](const FitChange& c) { return c.key == "strata.gradient_shards"; });
+  ASSERT_NE(change, best.changes.end());
+  EXPECT_EQ(change->after, "\"nvme\"");
+  EXPECT_FALSE(change->reason.empty());
   // The gradients' extra NVMe write and read are in the prediction.
   // 12 B of state and 4 B of fp32 gradient per parameter, at least (parameter shards on NVMe add to it).
   EXPECT_GE(best.predicted.bytes.nvme_write, 16 * elements(layers));
