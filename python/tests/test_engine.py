@@ -139,6 +139,22 @@ def test_losses_bit_identical_across_stages_and_placements(stage, optimizer, par
         assert torch.equal(a, b)
 
 
+def test_gradient_shards_on_nvme_give_the_same_losses(tmp_path):
+    # strata.gradient_shards nvme (docs/engine.md): the reduced gradients wait on NVMe beside the optimizer state.
+    (tmp_path / "pinned").mkdir()
+    (tmp_path / "nvme").mkdir()
+    pinned, pinned_masters, _ = train_with_engine(config(3, "nvme", "nvme", tmp_path / "pinned"))
+    cfg = config(3, "nvme", "nvme", tmp_path / "nvme")
+    cfg["strata"]["gradient_shards"] = "nvme"
+    losses, masters, _ = train_with_engine(cfg)
+    assert losses == pinned
+    for a, b in zip(masters, pinned_masters):
+        assert torch.equal(a, b)
+    cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
+    with pytest.raises(Exception, match="strata.gradient_shards"):
+        train_with_engine(cfg)
+
+
 def test_views_are_the_engines_memory():
     model = make_model()
     eng = Engine(config(0), layers_of(model))
