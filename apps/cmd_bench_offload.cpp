@@ -164,6 +164,7 @@ nlohmann::ordered_json row_json(size_t index, const RowResult& r, double baselin
   j["dtype"] = std::string(dtype_name(r.row.dtype));
   // (A row without its own moments runs with the bench's default, fp32.)
   j["optimizer_state_dtype"] = std::string(r.row.moments.value_or(cpu_adam::MomentStorage::fp32()).name());
+  j["gradient_shards"] = r.row.gradients_on_nvme() ? "nvme" : "pinned";
   j["status"] = std::string(status_name(r.status));
   j["reason"] = r.reason.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(r.reason);
   if (r.status != RowStatus::kOk) return j;

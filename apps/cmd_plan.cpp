@@ -266,6 +266,7 @@ int run_plan(const PlanOptions& o) {
     j["ratio"] = row.ratio;
     j["dtype"] = std::string(dtype_name(row.dtype));
     j["optimizer_state_dtype"] = std::string(row.moments->name());
+    j["gradient_shards"] = row.gradients_on_nvme() ? "nvme" : "pinned";
     // The memory of every placement the estimator prints, runnable here or not.
     const std::string why = row.unsupported_reason();
     if (!gpt || why.empty()) {
@@ -323,6 +324,7 @@ int run_plan(const PlanOptions& o) {
       in.param = row.param;
       in.ratio = row.ratio;
       in.param_dtype = in.grad_dtype = row.dtype;
+      in.gradients_on_nvme = row.gradients_on_nvme();
     }
     in.moments = *row.moments;
     if (config) {

@@ -18,6 +18,7 @@ std::string PlacementRow::label() const {
   if (ratio < 1.0) s += fmt::format(" r={:.2f}", ratio);
   s += " " + std::string(dtype_name(dtype));
   if (moments && *moments != cpu_adam::MomentStorage::fp32()) s += fmt::format(" m={}", moments->name());
+  if (gradients_on_nvme()) s += " grads=nvme";
   return s;
 }
 
@@ -34,6 +35,8 @@ std::string PlacementRow::unsupported_reason() const {
   if (moments && moments->blocked() && optimizer == OffloadDevice::kNone)
     return "int8 optimizer states need the optimizer state offloaded (cpu or nvme)";
   if (moments && moments->blocked() && ratio < 1.0) return "int8 optimizer states need ratio 1 (no device part)";
+  if (gradients_on_nvme() && (optimizer != OffloadDevice::kNvme || ratio < 1.0))
+    return "gradient shards on NVMe need the optimizer state on NVMe (offload_optimizer nvme, ratio 1)";
   return "";
 }
 
@@ -45,6 +48,7 @@ offload::EngineOptions PlacementRow::apply(offload::EngineOptions o) const {
   o.grad_dtype = dtype;
   o.fp16.enabled = dtype == DType::kF16;
   if (moments) o.moments = *moments;
+  if (gradient_shards) o.gradient_shards = *gradient_shards;
   return o;
 }
 
@@ -124,10 +128,13 @@ Result<PlacementRow> parse_row(const nlohmann::json& j, const std::string& where
     } else if (key == "optimizer_state_dtype") {
       if (!it->is_string()) return InvalidArgument(fmt::format("{}: {} is not \"fp32\", \"bf16\" or \"int8\"", at, it->dump()));
       STRATA_ASSIGN_OR_RETURN(row.moments, cpu_adam::MomentStorage::parse(it->get<std::string>(), at));
+    } else if (key == "gradient_shards") {
+      if (!it->is_string()) return InvalidArgument(fmt::format("{}: {} is not \"auto\", \"pinned\" or \"nvme\"", at, it->dump()));
+      STRATA_ASSIGN_OR_RETURN(row.gradient_shards, offload::parse_gradient_shards_mode(it->get<std::string>(), at));
     } else {
       return InvalidArgument(fmt::format(
           "{}: unknown key '{}' (a row has stage, offload_optimizer, offload_param, ratio, dtype, "
-          "optimizer_state_dtype)", where,
+          "optimizer_state_dtype, gradient_shards)", where,
           printable(key, 64)));
     }
   }
@@ -192,6 +199,7 @@ offload::StepTimeInput gpt_step_input(const model::GptConfig& g, const Placement
   if (row.moments) in.moments = *row.moments;  // else the caller's (StepTimeInput's fp32 unless it sets one)
   in.early_updates = offload::early_updates_allowed(offload::EngineOptions{}.speculative_optimizer, row.optimizer,
                                                     row.param, row.ratio);
+  in.gradients_on_nvme = row.gradients_on_nvme();
   return in;
 }
 

@@ -26,11 +26,15 @@ struct PlacementRow {
   DType dtype = DType::kBF16;
   // strata.optimizer_state_dtype; unset: the base options' (a --config's, else fp32).
   std::optional<cpu_adam::MomentStorage> moments;
+  // strata.gradient_shards (Note [Gradient shards on NVMe]); unset: the base options' (auto).
+  std::optional<offload::GradientShardsMode> gradient_shards;
+  bool gradients_on_nvme() const { return gradient_shards == offload::GradientShardsMode::kNvme; }
 
   // Everything on the device: the rows penalties are measured against.
   bool in_memory() const { return optimizer == OffloadDevice::kNone && param == OffloadDevice::kNone; }
   bool uses_nvme() const { return optimizer == OffloadDevice::kNvme || param == OffloadDevice::kNvme; }
-  // "s3 opt=cpu param=none r=0.50 bf16" (+ " m=int8" for a row's own moments not in fp32)
+  // "s3 opt=cpu param=none r=0.50 bf16" (+ " m=int8" for a row's own moments not in fp32, " grads=nvme" for
+  // gradient shards on NVMe)
   std::string label() const;
   // Why the engine cannot run this row at all (whatever the memory), or "".
   std::string unsupported_reason() const;

@@ -114,7 +114,7 @@ def mode_schema(strata, rows_file, work):
     want = {"s0 opt=none param=none bf16": "ok", "s1 opt=cpu param=none bf16": "ok",
             "s3 opt=cpu param=cpu bf16": "ok", "s3 opt=cpu param=none r=0.50 bf16": "ok",
             "s1 opt=nvme param=none bf16": "ok", "s2 opt=cpu param=none fp32": "ok",
-            "s1 opt=nvme param=none bf16 m=int8": "ok"}
+            "s1 opt=nvme param=none bf16 m=int8": "ok", "s1 opt=nvme param=none bf16 grads=nvme": "ok"}
     if status != want:
         fail(f"statuses {status}, expected {want}")
     # No --nvme-path: the NVMe row runs where strata train's swap files go by default, and says where.
@@ -134,6 +134,12 @@ def mode_schema(strata, rows_file, work):
     ratio = int8_row["bytes_per_step"]["nvme_read"] / nvme_row["bytes_per_step"]["nvme_read"]
     if not 0.3 < ratio < 0.7:
         fail(f"the int8 NVMe row read {ratio:.3f} of the fp32 row's NVMe bytes, expected about half")
+    # Gradient shards on NVMe: the row says so, and its gradients are on NVMe beside the state.
+    grads_row = doc["rows"][7]
+    if grads_row["gradient_shards"] != "nvme" or nvme_row["gradient_shards"] != "pinned":
+        fail(f"gradient_shards {grads_row['gradient_shards']} / {nvme_row['gradient_shards']}")
+    if not grads_row["peak_bytes"]["nvme"] > nvme_row["peak_bytes"]["nvme"]:
+        fail(f"the gradient-shards row holds no more on NVMe: {grads_row['peak_bytes']} vs {nvme_row['peak_bytes']}")
     if os.listdir(nvme_dir):
         fail(f"the bench left {os.listdir(nvme_dir)} in {nvme_dir}")
     if doc["baseline_row"] != 0 or doc["rows"][0]["penalty"] != 1.0:

@@ -42,6 +42,9 @@ strata_offload_error_test(bench_offload_rows_int8_on_device
 strata_offload_error_test(bench_offload_rows_bad_moment_name
   "rows\\[0\\].optimizer_state_dtype 'int4' is not a moment storage; use fp32, bf16 or int8"
   bench offload --configs ${bad}/offload_rows_bad_moment_name.json)
+strata_offload_error_test(bench_offload_rows_gradient_shards_need_nvme_state
+  "rows\\[0\\] \\(s2 opt=cpu param=none bf16 grads=nvme\\): gradient shards on NVMe need the optimizer state on NVMe"
+  bench offload --configs ${bad}/offload_rows_bad_gradient_shards.json)
 strata_offload_error_test(bench_offload_bad_optimizer_states "--optimizer-states 'fp16' is not a moment storage"
   bench offload --optimizer-states fp32,fp16)
 strata_offload_error_test(bench_offload_nvme_path_not_dir "--nvme-path '.*offload_rows.json' is not a directory"
