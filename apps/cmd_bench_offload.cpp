@@ -351,19 +351,19 @@ Status check_output_path(const std::string& path, const char* flag) {
 }
 
 void print_table(const nlohmann::ordered_json& doc) {
-  fmt::print("\n{:<34} {:>12} {:>10} {:>9} {:>7} | {:>8} {:>8} {:>8} {:>8} | {:>8} {:>8} {:>8} | {:>10} {:>10}\n",
+  fmt::print("\n{:<45} {:>12} {:>10} {:>9} {:>7} | {:>8} {:>8} {:>8} {:>8} | {:>8} {:>8} {:>8} | {:>10} {:>10}\n",
              "row", "status", "step ms", "spread", "penalty", "exp opt", "exp red", "exp gath", "exp nvme", "h2d GB/s",
              "d2h GB/s", "nvme GB/s", "peak dev", "peak pin");
   for (const auto& r : doc["rows"]) {
     const std::string label = r["label"].get<std::string>();
     const std::string status = r["status"].get<std::string>();
     if (status != "ok") {
-      fmt::print("{:<34} {:>12}  {}\n", label, status, r["reason"].is_null() ? "" : r["reason"].get<std::string>());
+      fmt::print("{:<45} {:>12}  {}\n", label, status, r["reason"].is_null() ? "" : r["reason"].get<std::string>());
       continue;
     }
     const auto& e = r["exposed_ms"];
     const auto& g = r["gb_per_s_over_step"];
-    fmt::print("{:<34} {:>12} {:>10.2f} {:>8.0f}% {:>7} | {:>8.2f} {:>8.2f} {:>8.2f} {:>8.2f} | {:>8.3f} {:>8.3f} {:>8.3f} | "
+    fmt::print("{:<45} {:>12} {:>10.2f} {:>8.0f}% {:>7} | {:>8.2f} {:>8.2f} {:>8.2f} {:>8.2f} | {:>8.3f} {:>8.3f} {:>8.3f} | "
                "{:>10} {:>10}\n",
                label, status, r["step_ms"]["median"].get<double>(), 100 * r["step_ms"]["spread"].get<double>(),
                r["penalty"].is_null() ? std::string("-") : fmt::format("{:.2f}x", r["penalty"].get<double>()),
@@ -377,7 +377,7 @@ void print_table(const nlohmann::ordered_json& doc) {
     fmt::print("\npredicted on profile '{}' (strata plan's step-time model):\n", doc["profile"].get<std::string>());
     for (const auto& r : doc["rows"])
       if (r.contains("predicted"))
-        fmt::print("{:<34} measured {:>10.2f} ms  predicted {:>10.2f} ms ({:>+6.1f}%)  ideal {:>10.2f} ms  bound {}\n",
+        fmt::print("{:<45} measured {:>10.2f} ms  predicted {:>10.2f} ms ({:>+6.1f}%)  ideal {:>10.2f} ms  bound {}\n",
                    r["label"].get<std::string>(), r["step_ms"]["median"].get<double>(),
                    r["predicted"]["step_ms"].get<double>(), 100 * r["predicted"]["error"].get<double>(),
                    r["predicted"]["ideal_ms"].get<double>(), r["predicted"]["bound"].get<std::string>());
@@ -521,7 +521,7 @@ int run_bench_offload(const BenchOffloadOptions& o) {
         r.status = RowStatus::kOk;
       }
       if (!o.quiet) {
-        fmt::print("  repeat {}/{}  {:<34} {}\n", rep + 1, o.repeats, r.row.label(),
+        fmt::print("  repeat {}/{}  {:<45} {}\n", rep + 1, o.repeats, r.row.label(),
                    r.status == RowStatus::kOk
                        ? fmt::format("{:.2f} ms/step ({:.1f} s)", r.repeat_median_ms.back(),
                                      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count())

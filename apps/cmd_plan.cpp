@@ -386,12 +386,12 @@ int run_plan(const PlanOptions& o) {
              world, gpn, o.batch, o.seq, o.grad_accum, hw->name);
   fmt::print("memory: {}\n", doc["memory_source"].get<std::string>());
   auto bytes = [&](const nlohmann::ordered_json& v) { return format_bytes(v.get<uint64_t>(), o.binary); };
-  fmt::print("{:<34} {:>5} {:>11} {:>11} {:>11} | {:>10} {:>12} {:>9} {:>9} {:>9} | {:<24}{}\n", "row", "fits",
+  fmt::print("{:<45} {:>5} {:>11} {:>11} {:>11} | {:>10} {:>12} {:>9} {:>9} {:>9} | {:<24}{}\n", "row", "fits",
              gpt ? "device" : "gpu", "host/node", "nvme/node", "step ms", "tokens/s", "exp opt", "exp red", "exp gath",
              "bound", bench ? "  measured   error" : "");
   for (const auto& j : doc["rows"]) {
     if (!j["runnable"].get<bool>()) {
-      fmt::print("{:<34} {:>5}  {}\n", j["label"].get<std::string>(), "-", j["reason"].get<std::string>());
+      fmt::print("{:<45} {:>5}  {}\n", j["label"].get<std::string>(), "-", j["reason"].get<std::string>());
       continue;
     }
     const auto& m = j["memory"];
@@ -404,7 +404,7 @@ int run_plan(const PlanOptions& o) {
     if (j.contains("measured_step_ms"))
       cmp = fmt::format("  {:>8.2f} {:>+6.1f}%", j["measured_step_ms"].get<double>(), 100 * j["error"].get<double>());
     const bool best = fastest && *fastest == j["index"].get<size_t>();
-    fmt::print("{:<34} {:>5} {:>11} {:>11} {:>11} | {:>10.2f} {:>12.0f} {:>9.2f} {:>9.2f} {:>9.2f} | {:<24}{}{}\n",
+    fmt::print("{:<45} {:>5} {:>11} {:>11} {:>11} | {:>10.2f} {:>12.0f} {:>9.2f} {:>9.2f} {:>9.2f} | {:<24}{}{}\n",
                j["label"].get<std::string>(), j["fits"].get<bool>() ? "yes" : "NO " + j["does_not_fit"].get<std::string>(),
                dev, host, bytes(m["nvme_bytes_per_node"]), p["step_ms"].get<double>(), p["tokens_per_s"].get<double>(),
                p["exposed_ms"]["optimizer"].get<double>(), p["exposed_ms"]["reduce"].get<double>(),
