@@ -57,6 +57,46 @@ TEST(EngineTeardown, AParameterWriteBackFailingDuringDestructionFindsTheEngineAl
   EXPECT_EQ(counters->eio.load(), 1u);
 }
 
+// Gradient shards on NVMe (Note [Gradient shards on NVMe]): the last step's
+// overlapped updates read their gradients back while the engine goes away,
+// each read late and one failing. The optimizer threads run what is queued
+// before the gradient store and its slots are destroyed (an update's read
+// slot is returned only once its read ended).
+TEST(EngineTeardown, GradientReadBacksFailingDuringDestructionFindTheStoreAlive) {
+  nvme::FaultPlan plan;
+  plan.eio_probability = 1.0;
+  plan.fault_reads = true;
+  plan.fault_writes = false;
+  plan.latency_probability = 1.0;
+  plan.latency_us_max = 50'000;
+  std::shared_ptr<nvme::FaultCounters> counters;
+  nvme::IoEngineConfig ec = nvme::io_engine_config(AioConfig{}).value();
+  ec.options.block_size = 4096;
+  std::unique_ptr<nvme::IoEngine> io = nvme::make_fault_injecting_engine(ec.options, plan, &counters).value();
+  counters->disarm();
+
+  TrainRun r;
+  r.world = 1;
+  r.steps = 3;
+  apply_placement(r, Placement{2, OffloadDevice::kNvme, OffloadDevice::kNone, true, 8192});
+  r.opt.gradient_shards = GradientShardsMode::kNvme;
+  r.gradient_engine_for_rank = [&](int) { return io.get(); };
+  r.on_step = [&](Engine& e, int, int64_t step) -> Status {
+    if (step == r.steps - 1) {
+      STRATA_RETURN_IF_ERROR(e.synchronize());
+      counters->arm(/*clean_pieces=*/2, /*max_hard_errors=*/1);
+    }
+    return Status::Ok();
+  };
+  r.fail_rank = 0;
+  r.fail_step = r.steps;
+  const Outcome o = train(r);
+  ASSERT_FALSE(o.status.ok());
+  EXPECT_NE(o.status.message().find("rank 0 crashed"), std::string::npos) << o.status.to_string();
+  ASSERT_EQ(o.losses.size(), 3u);
+  EXPECT_EQ(counters->eio.load(), 1u);
+}
+
 // An init that fails part-way (here: the NVMe optimizer tier's folder cannot
 // be created) destroys the half-built engine: the destructor waits only on
 // the layers its components set up (it used to index the per-layer state of
