@@ -224,6 +224,15 @@ int run_plan(const PlanOptions& o) {
   // one), so its memory, model and runnability all see the same storage.
   for (PlacementRow& row : rows)
     if (!row.moments) row.moments = engine_base.moments;
+  // A config's strata.gradient_shards nvme applies to the rows that can hold
+  // them on NVMe (the optimizer state there, ratio 1); the others plan them
+  // as auto would.
+  if (engine_base.gradient_shards == offload::GradientShardsMode::kNvme)
+    for (PlacementRow& row : rows)
+      if (!row.gradient_shards)
+        row.gradient_shards = row.optimizer == OffloadDevice::kNvme && row.ratio == 1.0
+                                  ? offload::GradientShardsMode::kNvme
+                                  : offload::GradientShardsMode::kAuto;
 
   nlohmann::ordered_json doc;
   doc["profile"] = hw->name;

@@ -49,6 +49,8 @@ offload::EngineOptions PlacementRow::apply(offload::EngineOptions o) const {
   o.fp16.enabled = dtype == DType::kF16;
   if (moments) o.moments = *moments;
   if (gradient_shards) o.gradient_shards = *gradient_shards;
+  if (o.gradient_shards == offload::GradientShardsMode::kNvme && (optimizer != OffloadDevice::kNvme || ratio < 1.0))
+    o.gradient_shards = offload::GradientShardsMode::kAuto;
   return o;
 }
 

@@ -39,7 +39,8 @@ struct PlacementRow {
   // Why the engine cannot run this row at all (whatever the memory), or "".
   std::string unsupported_reason() const;
   // `base` with this row's stage, placement, ratio, gradient dtype (the
-  // parameters'; fp16 gets DeepSpeed's dynamic loss scale) and moments when it has its own.
+  // parameters'; fp16 gets DeepSpeed's dynamic loss scale), moments and gradient shards when it has its
+  // own; a base's gradient shards on NVMe become auto on a row without the optimizer state there.
   offload::EngineOptions apply(offload::EngineOptions base) const;
 };
 

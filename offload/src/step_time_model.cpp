@@ -110,15 +110,17 @@ Result<StepTimePrediction> predict_step_time(const StepTimeInput& in, const Hard
     // not use the cores (O_DIRECT DMA), so they hide under the forward (the
     // optimizer's) or the compute (parameter reads) like on a GPU machine.
     const double opt_nvme_ms = opt_read_ms + opt_write_ms;
+    // (Stage 3: the forward runs behind the updates; it waits at least for
+    // the first layer's share of the NVMe phase.)
     r.exposed_optimizer_ms = (r.optimizer_ms - opt_nvme_ms) + r.update_ms +
-                             (in.stage == 3 ? opt_nvme_ms : std::max(0.0, opt_nvme_ms - r.forward_ms));
+                             std::max(in.stage == 3 ? opt_nvme_ms / L : 0.0, opt_nvme_ms - r.forward_ms);
     r.exposed_reduce_ms = r.grad_ms;
     r.exposed_gather_ms = (r.param_ms - param_nvme_ms) + std::max(0.0, param_nvme_ms - r.compute_ms);
   } else {
-    // Stage 3 with the optimizer state on NVMe: measured (docs/performance.md,
-    // issue 14) the forward's gathers wait for the whole NVMe phase, not only
-    // its part beyond the forward, so it is charged whole.
-    const double unhidden_nvme = in.stage == 3 ? opt_read_ms + opt_write_ms : 0.0;
+    // Stage 3 with the optimizer state on NVMe: the forward gathers each
+    // layer after its update, so it starts after the first layer's share of
+    // the NVMe phase and then runs behind the rest.
+    const double unhidden_nvme = in.stage == 3 ? (opt_read_ms + opt_write_ms) / L : 0.0;
     // The CPU step hides under the next forward, and with early updates
     // under the backward too; its copies to the device follow the step's end.
     const double cpu_window = r.forward_ms + (in.early_updates ? r.backward_ms : 0.0);

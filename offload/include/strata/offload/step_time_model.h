@@ -16,9 +16,12 @@
 //     the optimizer's callback, stages 1-2 all-gather the updated shards; only
 //     the part longer than the forward is exposed (exposed optimizer).
 //     NVMe optimizer state is read and written around each sub-group's step
-//     (serially with the default pipeline_read/pipeline_write off); at
-//     stage 3 the forward's gathers were measured to wait for the whole NVMe
-//     phase, so there it is charged whole (docs/performance.md, issue 14).
+//     (serially with the default pipeline_read/pipeline_write off). At
+//     stage 3 the forward gathers each layer after its update, so it starts
+//     after the first layer's share of the NVMe phase and runs behind the
+//     rest (measured 2026-12-02 on 8- and 16-block GPTs: the step was
+//     over-predicted by +14 % and +60 % when the phase was charged whole, as
+//     an earlier measurement had suggested; docs/offload-bench.md).
 //   - stage 3 gathers each layer ahead of use (prefetch from the recorded
 //     order; parameter offload adds the shard's H2D, and NVMe reads beyond
 //     max_in_cpu); only the part longer than the compute, plus the first
