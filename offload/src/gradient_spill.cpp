@@ -129,8 +129,17 @@ Result<GradientSpill::Read> GradientSpill::read(const StateId& id, bool wait) {
   const uint64_t bytes = ctx_.part.layer(id.layer).groups[id.group].piece * ctx_.grad_bytes();
   Result<nvme::SwapHandle> h = store_->read(key_of(id), slot->data(), bytes);
   if (!h.ok()) return h.status().with_context(holder);
-  bytes_read_ += bytes;
-  return Read{std::move(slot).value(), h->completion()};
+  return Read{std::move(slot).value(), h->completion(), bytes};
+}
+
+Status GradientSpill::arrived(Read& read, const StateId& id) {
+  const Status st = ctx_.wait_status(read.done, "reading the gradient of " + ctx_.part.describe(id));
+  if (!st.ok()) {
+    read.slot.release_after(read.done);
+    return st;
+  }
+  bytes_read_ += read.bytes;
+  return Status::Ok();
 }
 
 }  // namespace strata::offload::engine_detail

@@ -63,11 +63,16 @@ class GradientSpill {
   struct Read {
     Slot slot;
     Completion done;
+    uint64_t bytes = 0;
   };
   // Starts reading piece `id`'s gradient into a slot. `wait`: blocks for a
   // free slot (bounded by the pool's timeout); otherwise returns an empty
   // Read when none is free.
   Result<Read> read(const StateId& id, bool wait);
+  // Waits (bounded) for `read` of piece `id`; counts its bytes once there,
+  // as the optimizer-state tier counts a read when the step consumes it. A
+  // read that failed or did not end keeps its slot until it ends.
+  Status arrived(Read& read, const StateId& id);
 
   // Bytes written and read back since the engine began (the step's nvme bytes).
   uint64_t bytes_written() const { return bytes_written_; }

@@ -426,11 +426,7 @@ Status UpdateScheduler::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimize
         }
         break;
       }
-      const Status arrived = ctx_.wait_status(grads_read.done, grads_read.done.label());
-      if (!arrived.ok()) {
-        grads_read.slot.release_after(grads_read.done);  // (a read that did not end keeps its slot)
-        return arrived.with_context("reading the gradient of " + ctx_.part.describe(j.id));
-      }
+      STRATA_RETURN_IF_ERROR(ctx_.gradient_spill->arrived(grads_read, j.id));
       piece_grads = grads_read.slot.as<std::byte>();
     }
     Result<PieceState> opened = t.open(j.id);
