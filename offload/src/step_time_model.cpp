@@ -89,8 +89,10 @@ Result<StepTimePrediction> predict_step_time(const StepTimeInput& in, const Hard
   r.optimizer_ms = hw.shared_cores ? host_ms + dev_ms : std::max(host_ms, dev_ms);
 
   const double coll = in.world > 1 ? static_cast<double>(in.world - 1) / in.world : 0.0;
-  // With shared cores a world-1 "collective" is still a copy on the same cores.
-  const double coll_share = hw.shared_cores ? 1.0 : coll;
+  // With shared cores a local collective copies on the same cores, whole;
+  // at world size 1 the engine queues none (the sum over one rank is the
+  // gradient itself, a gather of one shard is the shard), so nothing moves.
+  const double coll_share = hw.shared_cores && in.world > 1 ? 1.0 : coll;
   const double gather_ms = ms(static_cast<double>(b.gather) * coll_share, hw.collective_bus_gb_per_s, device_share);
   const double reduce_ms = ms(static_cast<double>(b.reduce) * coll_share, hw.collective_bus_gb_per_s, device_share);
   const double h2d_ms = ms(static_cast<double>(b.h2d), hw.h2d_gb_per_s, device_share);

@@ -175,6 +175,24 @@ TEST(StepTimeModel, SharedCoresHideNothingButNvme) {
   EXPECT_NEAR(r2->compute_ms, 2 * r->compute_ms, 1e-9);
 }
 
+TEST(StepTimeModel, SharedCoresAtWorldOneQueueNoCollective) {
+  // The engine queues no collective for one rank (the sum over one rank is
+  // the gradient itself): nothing to charge; two local ranks copy whole.
+  HardwareProfile hw = gpu_profile();
+  hw.shared_cores = true;
+  hw.gpus_per_node = 1;
+  Result<StepTimePrediction> one = predict_step_time(input(100'000'000, 0, OffloadDevice::kNone), hw);
+  ASSERT_TRUE(one.ok());
+  EXPECT_GT(one->bytes.reduce, 0u);  // the bytes are counted as the collectives would move them
+  EXPECT_NEAR(one->grad_ms, 0, 1e-9);
+  StepTimeInput two = input(100'000'000, 0, OffloadDevice::kNone);
+  two.world = 2;
+  Result<StepTimePrediction> both = predict_step_time(two, hw);
+  ASSERT_TRUE(both.ok());
+  EXPECT_NEAR(both->grad_ms, static_cast<double>(both->bytes.reduce) / (hw.collective_bus_gb_per_s * 1e9 / 2) * 1e3,
+              1e-9);
+}
+
 TEST(StepTimeModel, OutOfRangeInputsNameTheField) {
   const HardwareProfile hw = gpu_profile();
   StepTimeInput in = input(1000, 1, OffloadDevice::kCpu);
