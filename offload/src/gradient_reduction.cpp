@@ -194,8 +194,7 @@ Status GradientReduction::launch_reduction(size_t li) {
     bytes.d2h_bytes += ctx_.owned_elements(layer_part) * e;
     l.norm_partials_ready = ctx_.gradient_spill->spill(
         li, full, reduced, [this, li](size_t block_offset, const std::byte* piece, size_t elements) {
-          block_sums_of_squares(piece, ctx_.opt.grad_dtype, elements, kShardAlign,
-                                std::span<double>(layers_[li].block_sums.data() + block_offset, elements / kShardAlign));
+          sum_piece_blocks(li, block_offset, piece, elements);
         });
     l.reduced_gradient_moved = l.norm_partials_ready;
     if (opt.stage >= 2) {
@@ -280,15 +279,18 @@ Status GradientReduction::launch_reduction(size_t li) {
   return reduced_listener_ ? reduced_listener_(li) : Status::Ok();
 }
 
+void GradientReduction::sum_piece_blocks(size_t li, size_t block_offset, const std::byte* piece, size_t elements) {
+  block_sums_of_squares(piece, ctx_.opt.grad_dtype, elements, kShardAlign,
+                        std::span<double>(layers_[li].block_sums.data() + block_offset, elements / kShardAlign));
+}
+
 void GradientReduction::sum_blocks(size_t li, const std::byte* src, bool in_padded_layout) {
-  LayerGradients& l = layers_[li];
   const LayerPartition& p = ctx_.part.layer(li);
   size_t out = 0;
   for (const SubGroup& g : p.groups)
     for (int r = ctx_.owned_rank_begin(); r < ctx_.owned_rank_end(); ++r) {
       const size_t at = in_padded_layout ? p.piece_begin(g, r) : g.shard_offset;
-      block_sums_of_squares(src + at * ctx_.grad_bytes(), ctx_.opt.grad_dtype, g.piece, kShardAlign,
-                            std::span<double>(l.block_sums.data() + out, g.piece / kShardAlign));
+      sum_piece_blocks(li, out, src + at * ctx_.grad_bytes(), g.piece);
       out += g.piece / kShardAlign;
     }
 }

@@ -112,6 +112,8 @@ class GradientReduction {
   Status launch_reduction(size_t li);
   // The block sums of squares of the layer's owned pieces at `src`, into its block_sums.
   void sum_blocks(size_t li, const std::byte* src, bool in_padded_layout);
+  // One owned piece's (`elements`, padded) block sums, into block_sums from `block_offset`.
+  void sum_piece_blocks(size_t li, size_t block_offset, const std::byte* piece, size_t elements);
   Status zero(LayerGradients& l, size_t li);
   // Owned elements up to which a layer's block sums run on the driving
   // thread when its gradient is already in place: summing them takes about

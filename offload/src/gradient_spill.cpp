@@ -4,7 +4,6 @@
 #include <fmt/format.h>
 
 #include "nvme_streaming.h"
-#include "strata/core/units.h"
 
 namespace strata::offload::engine_detail {
 

@@ -64,7 +64,7 @@ void decide_update_staging(const Partition& partition, StatePlacement& p) {
 // shard goes to NVMe, through the gradient slots.
 void put_gradient_shards_on_nvme(const EngineOptions& opt, const Partition& partition, StatePlacement& p) {
   const size_t grad_bytes = dtype_size(opt.grad_dtype);
-  uint64_t largest = 0;
+  uint64_t largest = 0, total = 0;
   for (size_t li = 0; li < p.layers.size(); ++li) {
     LayerPlacement& l = p.layers[li];
     if (l.frozen) continue;
@@ -73,9 +73,10 @@ void put_gradient_shards_on_nvme(const EngineOptions& opt, const Partition& part
     for (const SubGroup& g : partition.layer(li).groups)
       for (int r = p.owned_rank_begin(); r < p.owned_rank_end(); ++r) {
         largest = std::max<uint64_t>(largest, g.piece * grad_bytes);
-        p.gradient_nvme_bytes += g.piece * grad_bytes;
+        total += g.piece * grad_bytes;
       }
   }
+  p.gradient_nvme_bytes = total;
   p.gradient_slot_count = static_cast<size_t>(std::max<int64_t>(2, opt.nvme.buffer_count));
   p.gradient_slot_bytes = (std::max<uint64_t>(largest, 1) + 4095) / 4096 * 4096;
 }
@@ -98,39 +99,38 @@ Status decide_gradient_shards(const EngineOptions& opt, const Partition& partiti
     p.gradient_shards_why = std::move(blocker);
     return Status::Ok();
   }
-  if (opt.gradient_shards == GradientShardsMode::kAuto) {
-    // auto: NVMe only where pinned shards do not fit the budget (the NVMe
-    // way costs a write and a read of every gradient byte per step).
-    if (opt.host_memory_budget == 0) {
-      p.gradient_shards_why = "no strata.host_memory_budget to fit (auto keeps them pinned, saving their NVMe write and read)";
-      return Status::Ok();
-    }
-    const uint64_t planned = plan_engine_memory(opt, partition, p).pinned;
-    if (planned <= opt.host_memory_budget) {
-      p.gradient_shards_why = fmt::format("pinned shards fit strata.host_memory_budget ({} of {})",
-                                          format_bytes(planned, true), format_bytes(opt.host_memory_budget, true));
-      return Status::Ok();
-    }
-    StatePlacement on_nvme = p;
-    put_gradient_shards_on_nvme(opt, partition, on_nvme);
-    const uint64_t spilled = plan_engine_memory(opt, partition, on_nvme).pinned;
-    if (spilled >= planned) {
-      p.gradient_shards_why = fmt::format(
-          "the pinned plan ({}) does not fit strata.host_memory_budget ({}), but the gradient slots would hold more "
-          "than the shards (lower zero_optimization.sub_group_size: a slot holds one piece)",
-          format_bytes(planned, true), format_bytes(opt.host_memory_budget, true));
-      return Status::Ok();
-    }
-    on_nvme.gradient_shards_why =
-        fmt::format("the plan with pinned shards ({}) does not fit strata.host_memory_budget ({}); on NVMe: {}",
-                    format_bytes(planned, true), format_bytes(opt.host_memory_budget, true),
-                    format_bytes(spilled, true));
-    p = std::move(on_nvme);
-    return Status::Ok();
-  } else {
+  if (opt.gradient_shards == GradientShardsMode::kNvme) {
     p.gradient_shards_why = "strata.gradient_shards nvme";
+    put_gradient_shards_on_nvme(opt, partition, p);
+    return Status::Ok();
   }
-  put_gradient_shards_on_nvme(opt, partition, p);
+  // auto: NVMe only where pinned shards do not fit the budget (the NVMe way
+  // costs a write and a read of every gradient byte per step).
+  if (opt.host_memory_budget == 0) {
+    p.gradient_shards_why = "no strata.host_memory_budget to fit (auto keeps them pinned, saving their NVMe write and read)";
+    return Status::Ok();
+  }
+  const uint64_t planned = plan_engine_memory(opt, partition, p).pinned;
+  if (planned <= opt.host_memory_budget) {
+    p.gradient_shards_why = fmt::format("pinned shards fit strata.host_memory_budget ({} of {})",
+                                        format_bytes(planned, true), format_bytes(opt.host_memory_budget, true));
+    return Status::Ok();
+  }
+  StatePlacement on_nvme = p;
+  put_gradient_shards_on_nvme(opt, partition, on_nvme);
+  const uint64_t spilled = plan_engine_memory(opt, partition, on_nvme).pinned;
+  if (spilled >= planned) {
+    p.gradient_shards_why = fmt::format(
+        "the pinned plan ({}) does not fit strata.host_memory_budget ({}), but the gradient slots would hold more "
+        "than the shards (lower zero_optimization.sub_group_size: a slot holds one piece)",
+        format_bytes(planned, true), format_bytes(opt.host_memory_budget, true));
+    return Status::Ok();
+  }
+  on_nvme.gradient_shards_why =
+      fmt::format("the plan with pinned shards ({}) does not fit strata.host_memory_budget ({}); on NVMe: {}",
+                  format_bytes(planned, true), format_bytes(opt.host_memory_budget, true),
+                  format_bytes(spilled, true));
+  p = std::move(on_nvme);
   return Status::Ok();
 }
 

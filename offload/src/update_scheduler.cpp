@@ -415,16 +415,14 @@ Status UpdateScheduler::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimize
         if (!r.ok()) return r.status();
         grads_read = std::move(r).value();
       }
-      for (size_t n = k + 1; n < jobs.size() && !next_grads; ++n) {
-        if (jobs[n].count == 0) continue;
-        if (jobs[n].grads == nullptr) {
-          Result<GradientSpill::Read> r = ctx_.gradient_spill->read(jobs[n].id, /*wait=*/false);
-          if (r.ok() && r->slot) {
-            next_grads = std::move(r).value();
-            next_grads_of = &jobs[n];
-          }
+      const auto next = std::find_if(jobs.begin() + static_cast<std::ptrdiff_t>(k) + 1, jobs.end(),
+                                     [](const PieceJob& n) { return n.count != 0; });
+      if (!next_grads && next != jobs.end() && next->grads == nullptr) {
+        Result<GradientSpill::Read> r = ctx_.gradient_spill->read(next->id, /*wait=*/false);
+        if (r.ok() && r->slot) {
+          next_grads = std::move(r).value();
+          next_grads_of = &*next;
         }
-        break;
       }
       STRATA_RETURN_IF_ERROR(ctx_.gradient_spill->arrived(grads_read, j.id));
       piece_grads = grads_read.slot.as<std::byte>();

@@ -13,21 +13,29 @@
 namespace strata::offload {
 namespace {
 
-TEST(EngineTeardown, AParameterWriteBackFailingDuringDestructionFindsTheEngineAlive) {
-  // The shards' I/O in 4 KiB pieces, each completing up to 50 ms late; once
-  // armed, one write piece fails with EIO at once. Its write (a shard is
-  // several pieces) fails when its last piece comes back: late.
-  nvme::FaultPlan plan;
-  plan.eio_probability = 1.0;
-  plan.fault_reads = false;
-  plan.fault_writes = true;
-  plan.latency_probability = 1.0;
-  plan.latency_us_max = 50'000;
+// I/O in 4 KiB pieces, each completing up to 50 ms late; once armed, one
+// read or write piece (`reads`) fails with EIO at once. A tensor's I/O is
+// several pieces, so it fails when its last piece comes back: late.
+struct LateFaults {
   std::shared_ptr<nvme::FaultCounters> counters;
-  nvme::IoEngineConfig ec = nvme::io_engine_config(AioConfig{}).value();
-  ec.options.block_size = 4096;
-  std::unique_ptr<nvme::IoEngine> io = nvme::make_fault_injecting_engine(ec.options, plan, &counters).value();
-  counters->disarm();
+  std::unique_ptr<nvme::IoEngine> io;
+  explicit LateFaults(bool reads) {
+    nvme::FaultPlan plan;
+    plan.eio_probability = 1.0;
+    plan.fault_reads = reads;
+    plan.fault_writes = !reads;
+    plan.latency_probability = 1.0;
+    plan.latency_us_max = 50'000;
+    nvme::IoEngineConfig ec = nvme::io_engine_config(AioConfig{}).value();
+    ec.options.block_size = 4096;
+    io = nvme::make_fault_injecting_engine(ec.options, plan, &counters).value();
+    counters->disarm();
+  }
+};
+
+TEST(EngineTeardown, AParameterWriteBackFailingDuringDestructionFindsTheEngineAlive) {
+  LateFaults faults(/*reads=*/false);
+  std::shared_ptr<nvme::FaultCounters>& counters = faults.counters;
 
   TrainRun r;
   r.world = 1;
@@ -35,7 +43,7 @@ TEST(EngineTeardown, AParameterWriteBackFailingDuringDestructionFindsTheEngineAl
   // Stage 3, every layer's shard on NVMe, updates overlapped with the next step.
   apply_placement(r, Placement{3, OffloadDevice::kCpu, OffloadDevice::kNvme, true, 1'000'000'000, 1'000'000'000,
                                1'000'000'000, 0});
-  r.param_engine_for_rank = [&](int) { return io.get(); };
+  r.param_engine_for_rank = [&](int) { return faults.io.get(); };
   r.on_step = [&](Engine& e, int, int64_t step) -> Status {
     if (step == r.steps - 1) {
       // Everything so far written and committed: the next writes are the
@@ -63,24 +71,15 @@ TEST(EngineTeardown, AParameterWriteBackFailingDuringDestructionFindsTheEngineAl
 // before the gradient store and its slots are destroyed (an update's read
 // slot is returned only once its read ended).
 TEST(EngineTeardown, GradientReadBacksFailingDuringDestructionFindTheStoreAlive) {
-  nvme::FaultPlan plan;
-  plan.eio_probability = 1.0;
-  plan.fault_reads = true;
-  plan.fault_writes = false;
-  plan.latency_probability = 1.0;
-  plan.latency_us_max = 50'000;
-  std::shared_ptr<nvme::FaultCounters> counters;
-  nvme::IoEngineConfig ec = nvme::io_engine_config(AioConfig{}).value();
-  ec.options.block_size = 4096;
-  std::unique_ptr<nvme::IoEngine> io = nvme::make_fault_injecting_engine(ec.options, plan, &counters).value();
-  counters->disarm();
+  LateFaults faults(/*reads=*/true);
+  std::shared_ptr<nvme::FaultCounters>& counters = faults.counters;
 
   TrainRun r;
   r.world = 1;
   r.steps = 3;
   apply_placement(r, Placement{2, OffloadDevice::kNvme, OffloadDevice::kNone, true, 8192});
   r.opt.gradient_shards = GradientShardsMode::kNvme;
-  r.gradient_engine_for_rank = [&](int) { return io.get(); };
+  r.gradient_engine_for_rank = [&](int) { return faults.io.get(); };
   r.on_step = [&](Engine& e, int, int64_t step) -> Status {
     if (step == r.steps - 1) {
       STRATA_RETURN_IF_ERROR(e.synchronize());
