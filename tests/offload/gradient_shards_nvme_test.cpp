@@ -63,19 +63,30 @@ TEST_P(GradientShardsOnNvme, SameLossesAsPinnedAndThePlanIsWhatTheEngineHolds) {
     // ... but on NVMe beside the state.
     EXPECT_GT(want.nvme, pinned.predicted[r].nvme);
   }
-  // Each step writes every owned gradient byte under its backward (done by
-  // the step's end) and reads it back in the update (which may run on into
-  // the next step: only the total is bounded).
+  // Each step writes every owned gradient byte under its backward and reads
+  // it back in its update. Compared per step against the pinned run, that is
+  // exact only where the updates end within their step (overlap off): with
+  // overlap on, the state's own I/O of the last updates lands in one step or
+  // the next depending on the threads' timing, in either run.
   ASSERT_EQ(on_nvme.metrics.size(), pinned.metrics.size());
   const uint64_t gradient_bytes = on_nvme.predicted[0].nvme - pinned.predicted[0].nvme;
-  uint64_t written = 0, read = 0;
+  int64_t written = 0, read = 0;
   for (size_t s = 0; s < on_nvme.metrics.size(); ++s) {
-    written += on_nvme.metrics[s].nvme_write_bytes - pinned.metrics[s].nvme_write_bytes;
-    read += on_nvme.metrics[s].nvme_read_bytes - pinned.metrics[s].nvme_read_bytes;
+    written += static_cast<int64_t>(on_nvme.metrics[s].nvme_write_bytes - pinned.metrics[s].nvme_write_bytes);
+    read += static_cast<int64_t>(on_nvme.metrics[s].nvme_read_bytes - pinned.metrics[s].nvme_read_bytes);
   }
-  EXPECT_EQ(written, on_nvme.metrics.size() * gradient_bytes);
-  EXPECT_GT(read, 0u);
-  EXPECT_LE(read, written);
+  if (!c.placement.overlap) {
+    EXPECT_EQ(written, static_cast<int64_t>(on_nvme.metrics.size() * gradient_bytes));
+    EXPECT_EQ(read, written);
+  } else {
+    uint64_t on_nvme_written = 0, on_nvme_read = 0;
+    for (const StepMetrics& m : on_nvme.metrics) {
+      on_nvme_written += m.nvme_write_bytes;
+      on_nvme_read += m.nvme_read_bytes;
+    }
+    EXPECT_GE(on_nvme_written, on_nvme.metrics.size() * gradient_bytes);  // at least the gradients, each step
+    EXPECT_GT(on_nvme_read, 0u);
+  }
 }
 
 std::vector<Case> cases() {
