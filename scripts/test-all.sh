@@ -40,10 +40,12 @@ phase "python package on torch 2.x (PyPI venv + pytest)"
 STRATA_PYTHON_ENV=torch2 STRATA_PYTHON_BUILD_DIR=build python/test.sh
 
 if [[ "${STRATA_SKIP_SANITIZE:-0}" != "1" ]]; then
-  # The sanitizer builds skip CUDA and benchmarks to keep CI quick.
+  # The sanitizer builds skip CUDA, benchmarks and the test folders whose labels
+  # they do not run (STRATA_TEST_DIRS) to keep CI quick.
   phase "ASan+UBSan build"
   STRATA_BUILD_DIR=build-asan STRATA_BUILD_TYPE=Debug scripts/build.sh \
-    -DSTRATA_SANITIZE=address -DSTRATA_ENABLE_CUDA=OFF -DSTRATA_BUILD_BENCH=OFF -DSTRATA_REQUIRE_TORCH=ON
+    -DSTRATA_SANITIZE=address -DSTRATA_ENABLE_CUDA=OFF -DSTRATA_BUILD_BENCH=OFF -DSTRATA_REQUIRE_TORCH=ON \
+    "-DSTRATA_TEST_DIRS=core;config;nvme;cpu_adam;offload;fuzz"
   phase "ASan+UBSan ctest"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build-asan -j "$jobs" --output-on-failure -L "core|config|nvme|cpu_adam|offload" \
@@ -67,7 +69,8 @@ if [[ "${STRATA_SKIP_SANITIZE:-0}" != "1" ]]; then
     # threads are those of every other engine test).
     phase "TSan build"
     STRATA_BUILD_DIR=build-tsan scripts/build.sh \
-      -DSTRATA_SANITIZE=thread -DSTRATA_ENABLE_CUDA=OFF -DSTRATA_BUILD_BENCH=OFF -DSTRATA_REQUIRE_TORCH=ON
+      -DSTRATA_SANITIZE=thread -DSTRATA_ENABLE_CUDA=OFF -DSTRATA_BUILD_BENCH=OFF -DSTRATA_REQUIRE_TORCH=ON \
+      "-DSTRATA_TEST_DIRS=core;comm;nvme;offload;fuzz"
     phase "TSan ctest"
     # history_size=7: without the earlier access's stack a third-party race
     # cannot be matched by scripts/tsan.supp (OpenMPI and liburing only, never our code).
