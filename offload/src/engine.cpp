@@ -170,19 +170,28 @@ Status Engine::Impl::put_initial_layer(size_t li, std::span<const std::byte> val
                                .with_context("writing the initial parameter shard of " + lname));
   }
   if (!layer_where.frozen) {
-    // The master weights: the fp32 values given, else the parameters widened.
-    std::vector<float> master(layer_part.padded_elements, 0.0f);
-    if (!fp32.empty()) std::copy(fp32.begin(), fp32.end(), master.begin());
-    else params_to_fp32(layer_where.param_dtype, values.data(), master.data(), spec.param_count);
+    // The master weights, a piece at a time (a whole layer's fp32 copy would
+    // be one more transient the size of the largest layer): the fp32 values
+    // given, else the parameters widened; zero past the real elements.
+    std::vector<float> master;
     std::vector<float> zeros;
+    const size_t element_bytes = layer_where.param_element_bytes;
     for (size_t gi = 0; gi < layer_part.groups.size(); ++gi) {
       const SubGroup& g = layer_part.groups[gi];
       for (int r = owned_rank_begin(); r < owned_rank_end(); ++r) {
         const size_t n = layer_part.piece_real(g, r);
         if (n == 0) continue;
+        const size_t begin = layer_part.piece_begin(g, r);
+        const size_t real = begin < spec.param_count ? std::min(n, spec.param_count - begin) : 0;
+        master.assign(n, 0.0f);
+        if (!fp32.empty()) {
+          const size_t given = fp32.size() > begin ? std::min(real, fp32.size() - begin) : 0;
+          std::copy_n(fp32.begin() + static_cast<std::ptrdiff_t>(begin), given, master.begin());
+        } else {
+          params_to_fp32(layer_where.param_dtype, values.data() + begin * element_bytes, master.data(), real);
+        }
         zeros.assign(n, 0.0f);
-        STRATA_RETURN_IF_ERROR(updates.write_piece_state(li, gi, r, master.data() + layer_part.piece_begin(g, r),
-                                                         zeros.data(), zeros.data())
+        STRATA_RETURN_IF_ERROR(updates.write_piece_state(li, gi, r, master.data(), zeros.data(), zeros.data())
                                    .with_context("writing the initial optimizer state of " + lname));
       }
     }

@@ -121,7 +121,10 @@ class Engine:
             nbytes = max(nbytes, offset_bytes + count * _itemsize(dtype))
             numel = max(numel, offset_elements + count)
         packed = torch.zeros(nbytes, dtype=torch.uint8)
-        values = torch.zeros(numel, dtype=torch.float32)
+        # An all-fp32 layer's packed bytes are its fp32 values: no second copy (the largest layer's
+        # size in transient memory).
+        values = None if all(dtype == "float32" for _, _, dtype, _, _ in layout) else \
+            torch.zeros(numel, dtype=torch.float32)
         for (name, shape, dtype, offset_bytes, offset_elements), value in zip(layout, tensors):
             value = value.detach().to("cpu")
             if list(value.shape) != list(shape):
@@ -130,8 +133,9 @@ class Engine:
             count = flat.numel()
             typed = flat.to(getattr(torch, dtype)).contiguous()
             packed[offset_bytes:offset_bytes + count * _itemsize(dtype)] = typed.view(torch.uint8)
-            values[offset_elements:offset_elements + count] = flat.to(torch.float32)
-        self._native.put_initial_layer(layer, packed.numpy(), values.numpy(), int(root))
+            if values is not None:
+                values[offset_elements:offset_elements + count] = flat.to(torch.float32)
+        self._native.put_initial_layer(layer, packed.numpy(), None if values is None else values.numpy(), int(root))
 
     # -- the step's brackets (Note [Driving the engine]) ------------------------------------------
     def begin_step(self):

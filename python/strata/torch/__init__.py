@@ -37,14 +37,16 @@ except ImportError as e:  # what to install, not a traceback from deep inside an
 from .. import config as strata_config
 from .._torch_engine import StrataEngine
 from .._torch_gathered import GatheredParameters, register_engine
+from .._torch_init import (first_holders, give_back_freed_memory, has_meta_parameters, init, materialize_unit,
+                           swap_meta_parameters)
 from .._torch_optimizer import StrataOptimizer, optimizer_section_from_client
 from .._torch_units import plan_layers, split_into_units
 from .. import _native
 from .._sizes import parse_size
 from ..engine import Engine, describe_layers
-from ..errors import ResourceExhausted, Unsupported
+from ..errors import InvalidArgument, ResourceExhausted, Unsupported
 
-__all__ = ["initialize", "GatheredParameters", "StrataEngine", "StrataOptimizer", "split_into_units"]
+__all__ = ["initialize", "init", "GatheredParameters", "StrataEngine", "StrataOptimizer", "split_into_units"]
 
 _PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -87,9 +89,15 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         raise Unsupported("mpu (model parallelism) is not supported: strata.torch is data-parallel ZeRO only")
     config = _config_argument(args, config, config_params)
     for name, p in model.named_parameters():
-        if p.device.type != "cpu":
+        if p.device.type not in ("cpu", "meta"):  # meta: built under st.init (Note [Construction on meta])
             raise Unsupported(f"parameter '{name}' is on {p.device}: this build trains on the cpu device; build "
-                              f"the model on the CPU (the engine places the state as the config says)")
+                              f"the model on the CPU or under st.init (the engine places the state as the config "
+                              f"says)")
+    for name, b in model.named_buffers():
+        if b.device.type == "meta":  # torch.device("meta") loses buffer values no rule can give back
+            raise InvalidArgument(f"buffer '{name}' is on the meta device: its value (computed by its module's "
+                                  f"constructor) is lost there. Build the model under st.init instead of "
+                                  f"torch.device('meta'): st.init puts only the parameters on meta")
     raw = _raw_config(config)
     engine_config = config
     if optimizer is not None:
@@ -132,12 +140,28 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         resolved = strata_config.load(engine_config, world_size=world)
         device_memory = device_memory or fitted["device_bytes"]
     native = Engine(engine_config, layers, device_memory=device_memory)
+    # A model built under st.init has its parameters on meta: CPU ones take
+    # their places (no pages yet), and each unit's values are made just
+    # before they are handed in (Note [Construction on meta]).
+    built_on_meta = has_meta_parameters(model)
+    if built_on_meta:
+        mapping, shapes = swap_meta_parameters(model)
+        _follow_swap(mapping, facade, plans)
+        names = {p: n for n, p in model.named_parameters()}
+        holders = first_holders(model)
     # Initial values unit by unit, then the module's own copy dropped: its
     # parameters are bound to the engine's memory when their unit runs.
-    for plan in plans:
-        native.put_initial_layer(plan.index, [p.detach() for _, p in plan.params])
-        for _, p in plan.params:
-            p.data = torch.empty(0, dtype=plan.dtype)
+    for unit in units_found:
+        unit_plans = [plans[index] for index in unit.layers]
+        if built_on_meta:
+            materialize_unit(model, unit, units_found, [p for plan in unit_plans for _, p in plan.params], shapes,
+                             names, holders)
+        for plan in unit_plans:
+            native.put_initial_layer(plan.index, [p.detach() for _, p in plan.params])
+            for _, p in plan.params:
+                p.data = torch.empty(0, dtype=plan.dtype)
+        if built_on_meta:
+            give_back_freed_memory()
 
     engine = StrataEngine(model, units_found, plans, native, facade, scheduler, resolved)
     engine.fit = fitted
@@ -155,6 +179,15 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         loader = torch.utils.data.DataLoader(training_data, batch_size=resolved["train_micro_batch_size_per_gpu"],
                                              collate_fn=collate_fn, sampler=sampler)
     return engine, facade, loader, scheduler
+
+
+def _follow_swap(mapping, facade, plans):
+    """Points the optimizer's groups (a client's shared ones included) and
+    the layer plans at the CPU parameters that replaced the meta ones."""
+    for group in facade.param_groups:
+        group["params"] = [mapping.get(id(p), p) for p in group["params"]]
+    for plan in plans:
+        plan.params = [(name, mapping.get(id(p), p)) for name, p in plan.params]
 
 
 def _config_argument(args, config, config_params):

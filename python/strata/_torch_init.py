@@ -1,0 +1,202 @@
+"""strata.torch.init: build a model whose parameters never exist whole.
+
+Note [Construction on meta]
+Under ``with st.init():`` every parameter a module registers is replaced by
+a parameter of the same shape, dtype and requires_grad on torch's meta
+device (torch's global parameter-registration hook, torch >= 2.0; nothing of
+torch, transformers or accelerate is patched). Buffers stay real: they are
+small and their values (causal masks, position ids, rotary frequencies) can
+be computed only where the module computes them. The initializers that
+constructors run on those parameters cost nothing on meta.
+
+``initialize`` then materializes the model one unit at a time
+(materialize_unit): the unit's parameters get CPU memory, are filled with
+NaN and re-initialized by the modules' own rules: ``reset_parameters()``
+of every module that has one (what their constructors ran), then, for a
+Hugging Face model, its ``_init_weights`` over the unit's modules in
+``Module.apply``'s order (children first; what ``post_init`` runs). The
+values are handed to the engine and the unit's memory is dropped before the
+next unit is made, so the host holds one unit's values at a time, not the
+model. A parameter still NaN afterwards had a value no rule reproduces (a
+module that fills its parameter in its constructor and has no
+``reset_parameters``): refused, naming it.
+
+The values come from the same rules as an eager construction but in another
+order of the random stream, so they are not the eager values; they are the
+same at every stage and placement (the engine takes rank 0's), which is what
+the engine's determinism is about.
+
+Identity: a meta parameter cannot take CPU memory in place (torch refuses
+``set_data`` across devices), so ``swap_meta_parameters`` puts a new CPU
+parameter (of no elements until its unit is made) in every module slot
+that held the meta one, and returns the mapping that ``initialize``
+applies to the parameters and groups it was given. (Memory for every
+parameter at once, even untouched, would not do: the allocator serves the
+units' tensors from one heap, and what a freed unit leaves in it is not
+given back, so the process would grow to the model's size anyway; for
+the same reason each made unit's freed pages are given back,
+give_back_freed_memory.)
+"""
+
+import contextlib
+import ctypes
+import ctypes.util
+import warnings
+
+import torch
+
+from .errors import InvalidArgument
+
+__all__ = ["init", "has_meta_parameters", "swap_meta_parameters", "first_holders", "materialize_unit",
+           "give_back_freed_memory"]
+
+
+def _registration_hook_api():
+    module = torch.nn.modules.module
+    return getattr(module, "register_module_parameter_registration_hook", None)
+
+
+@contextlib.contextmanager
+def init(config=None, enabled=True, config_dict_or_path=None, **ignored):
+    """deepspeed.zero.Init's role: modules built inside have their
+    parameters on the meta device (Note [Construction on meta]);
+    st.initialize materializes them one unit at a time. `config` (or
+    `config_dict_or_path`) is accepted for DeepSpeed's signature (the engine
+    reads it in initialize); enabled=False builds normally. On torch < 2.0
+    (no parameter-registration hook) the model is built normally, with a
+    warning: initialize then copies it in unit by unit as without init."""
+    del config, config_dict_or_path, ignored  # initialize reads the config; DeepSpeed's other knobs do not apply
+    if not enabled:
+        yield
+        return
+    register = _registration_hook_api()
+    if register is None:
+        warnings.warn(f"strata.torch.init: torch {torch.__version__} has no parameter-registration hook (torch >= 2.0 "
+                      f"has): the model is built in full on the CPU here; initialize copies it in unit by unit and "
+                      f"drops it", RuntimeWarning, stacklevel=3)
+        yield
+        return
+
+    def to_meta(module, name, param):
+        if param is None or param.device.type == "meta":
+            return None
+        return torch.nn.Parameter(torch.empty(param.shape, dtype=param.dtype, device="meta"),
+                                  requires_grad=param.requires_grad)
+
+    handle = register(to_meta)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def has_meta_parameters(model):
+    return any(p.device.type == "meta" for p in model.parameters())
+
+
+def swap_meta_parameters(model):
+    """Every meta parameter of `model` replaced by an empty CPU parameter
+    (no memory until materialize_unit gives it its shape's), tied parameters
+    kept tied. Returns ({id(meta parameter): new parameter},
+    {id(new parameter): its shape})."""
+    mapping, shapes = {}, {}
+    for module in model.modules():
+        for name, param in list(module._parameters.items()):
+            if param is None or param.device.type != "meta":
+                continue
+            new = mapping.get(id(param))
+            if new is None:
+                new = torch.nn.Parameter(torch.empty(0, dtype=param.dtype), requires_grad=param.requires_grad)
+                mapping[id(param)] = new
+                shapes[id(new)] = param.shape
+            module._parameters[name] = new
+    return mapping, shapes
+
+
+def _modules_post_order(module, skip):
+    """module's submodules (itself last) in Module.apply's order, leaving
+    out the subtrees in `skip` (other units')."""
+    out = []
+
+    def visit(m):
+        for child in m.children():
+            if id(child) not in skip:
+                visit(child)
+        out.append(m)
+
+    visit(module)
+    return out
+
+
+def first_holders(model):
+    """{id(parameter): the first module (model.modules() order) holding it}:
+    for a tied weight, the module that made it (a head tied to the embedding
+    holds the embedding's weight; its constructor's values were replaced)."""
+    holders = {}
+    for module in model.modules():
+        for param in module.parameters(recurse=False):
+            holders.setdefault(id(param), module)
+    return holders
+
+
+def materialize_unit(root, unit, units, params, shapes, names, holders):
+    """Gives `params` (the unit's own, swapped by swap_meta_parameters) their
+    memory (`shapes`) and the values the modules' own rules give (Note
+    [Construction on meta]). `names` maps each to its name for the refusal;
+    `holders` is first_holders(root)."""
+    skip = {id(u.module) for u in units if u is not unit}
+    mine = {id(p) for p in params}
+    # A module holding a weight another unit owns (tied, made already or
+    # later) is left alone: its rules would write into that unit's values.
+    modules = [m for m in _modules_post_order(unit.module, skip)
+               if all(id(q) in mine for q in m.parameters(recurse=False))]
+    with torch.no_grad():
+        for p in params:
+            p.data = torch.full(shapes[id(p)], float("nan"), dtype=p.dtype)
+        for m in modules:
+            reset = getattr(m, "reset_parameters", None)
+            own = list(m.parameters(recurse=False))
+            # Only the module that made every weight it holds: a tied head's
+            # reset would overwrite the embedding's values (not so eagerly).
+            if callable(reset) and own and all(holders[id(q)] is m for q in own):
+                reset()
+        hf_init = getattr(root, "_init_weights", None)
+        if callable(hf_init) and _is_hugging_face_model(root):
+            for m in modules:
+                hf_init(m)
+    for p in params:
+        if torch.isnan(p).any():
+            owner = names[p]
+            raise InvalidArgument(f"parameter '{owner}' was built on the meta device (st.init) and no rule re-creates its "
+                             f"value: its module has no reset_parameters() and the model is not a Hugging Face "
+                             f"PreTrainedModel whose _init_weights covers it. Give the module a reset_parameters() "
+                             f"that sets it, or build the model outside st.init")
+
+
+def _is_hugging_face_model(model):
+    try:
+        import transformers
+    except ImportError:
+        return False
+    return isinstance(model, transformers.PreTrainedModel)
+
+
+_libc = None
+
+
+def give_back_freed_memory():
+    """Returns the heap pages a made-and-dropped unit left free to the
+    system (glibc's malloc_trim; nothing elsewhere). Without it glibc keeps
+    them: units' tensors under its mmap threshold come from the heap, which
+    shrinks only from its top, so the process would still grow to the
+    model's size."""
+    global _libc
+    if _libc is None:
+        name = ctypes.util.find_library("c")
+        try:
+            _libc = ctypes.CDLL(name) if name else False
+        except OSError:
+            _libc = False
+    trim = getattr(_libc, "malloc_trim", None) if _libc else None
+    if trim is not None:
+        trim(0)

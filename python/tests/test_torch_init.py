@@ -1,0 +1,241 @@
+"""strata.torch.init (Note [Construction on meta]): a model built under it
+has its parameters on the meta device and never whole in memory;
+initialize makes each unit's values by the modules' own rules just before
+handing them to the engine. On torch < 2.0 (no parameter-registration
+hook) init builds normally and says so."""
+import math
+import os
+import warnings
+
+import pytest
+import torch
+
+import strata.torch as st
+from strata.torch import GatheredParameters
+
+HAS_HOOK = hasattr(torch.nn.modules.module, "register_module_parameter_registration_hook")
+needs_hook = pytest.mark.skipif(not HAS_HOOK, reason="torch < 2.0 has no parameter-registration hook "
+                                "(test_init_on_old_torch_builds_normally_and_says_so covers it)")
+
+VOCAB = 64
+SEQ = 12
+MICRO = 4
+
+
+class Block(torch.nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.ln = torch.nn.LayerNorm(d)
+        self.fc = torch.nn.Linear(d, 4 * d)
+        self.out = torch.nn.Linear(4 * d, d)
+        self.register_buffer("scale", torch.arange(1, d + 1, dtype=torch.float32) / d)
+
+    def forward(self, x):
+        return x + self.out(torch.nn.functional.gelu(self.fc(self.ln(x)))) * self.scale
+
+
+class TiedLM(torch.nn.Module):
+    _no_split_modules = ["Block"]
+
+    def __init__(self, d=32, layers=3):
+        super().__init__()
+        self.wte = torch.nn.Embedding(VOCAB, d)
+        self.blocks = torch.nn.ModuleList(Block(d) for _ in range(layers))
+        self.ln_f = torch.nn.LayerNorm(d)
+        self.head = torch.nn.Linear(d, VOCAB, bias=False)
+        self.head.weight = self.wte.weight  # tied: the embedding made it
+
+    def forward(self, ids):
+        x = self.wte(ids)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+
+def lm_loss(model, index):
+    g = torch.Generator().manual_seed(4000 + index)
+    ids = torch.randint(0, VOCAB, (MICRO, SEQ + 1), generator=g)
+    return torch.nn.functional.cross_entropy(model(ids[:, :-1]).reshape(-1, VOCAB), ids[:, 1:].reshape(-1))
+
+
+def config(stage=0, optimizer="none", params="none", nvme_dir=None, with_optimizer=True):
+    zero = {"stage": stage, "offload_optimizer": {"device": optimizer}, "offload_param": {"device": params},
+            "stage3_param_persistence_threshold": 0, "reduce_bucket_size": 100000}
+    for section, device in (("offload_optimizer", optimizer), ("offload_param", params)):
+        if device == "nvme":
+            zero[section]["nvme_path"] = str(nvme_dir)
+    cfg = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": 1, "zero_optimization": zero,
+           "strata": {"device": "cpu", "device_memory": "64MiB"}}
+    if with_optimizer:
+        cfg["optimizer"] = {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}}
+    return cfg
+
+
+def build_under_init(cls=TiedLM, seed=7, cfg=None):
+    torch.manual_seed(seed)
+    with st.init(config=cfg):
+        return cls()
+
+
+def train(engine, steps=4):
+    losses = []
+    for index in range(steps):
+        loss = lm_loss(engine, index)
+        engine.backward(loss)
+        engine.step()
+        losses.append(engine.metrics["loss"])
+    return losses
+
+
+def values_after_initialize(model, cfg):
+    engine, _, _, _ = st.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    with GatheredParameters(list(model.parameters())):
+        values = {n: p.detach().clone() for n, p in model.named_parameters()}
+    return engine, values
+
+
+@needs_hook
+def test_parameters_are_built_on_meta_and_buffers_stay_real():
+    model = build_under_init()
+    assert {p.device.type for p in model.parameters()} == {"meta"}
+    assert model.head.weight is model.wte.weight
+    for block in model.blocks:  # a buffer's value is computed by its constructor and kept
+        assert block.scale.device.type == "cpu"
+        assert torch.equal(block.scale, torch.arange(1, 33, dtype=torch.float32) / 32)
+    # outside the context, modules are built as usual
+    assert torch.nn.Linear(3, 3).weight.device.type == "cpu"
+
+
+@needs_hook
+def test_initialize_makes_values_by_the_modules_own_rules():
+    model = build_under_init()
+    engine, values = values_after_initialize(model, config())
+    assert model.head.weight is model.wte.weight
+    for name, value in values.items():
+        assert torch.isfinite(value).all(), name
+    for i in range(3):  # LayerNorm.reset_parameters: ones and zeros
+        assert torch.equal(values[f"blocks.{i}.ln.weight"], torch.ones(32))
+        assert torch.equal(values[f"blocks.{i}.ln.bias"], torch.zeros(32))
+        # Linear.reset_parameters: kaiming-uniform, every value within 1/sqrt(fan_in)
+        for layer, fan_in in (("fc", 32), ("out", 128)):
+            weight = values[f"blocks.{i}.{layer}.weight"]
+            assert weight.abs().max() <= 1 / math.sqrt(fan_in)
+            assert weight.std() > 0.4 / math.sqrt(fan_in)
+    # The tied weight keeps the embedding's N(0, 1), not the head's kaiming bound (1/sqrt(32) = 0.18): as eagerly.
+    assert 0.8 < float(values["wte.weight"].std()) < 1.2
+    # The units' values differ from each other (the random stream moves on between units).
+    assert not torch.equal(values["blocks.0.fc.weight"], values["blocks.1.fc.weight"])
+    assert train(engine, 2)[0] > 0
+
+
+@needs_hook
+def test_losses_bit_identical_across_stages_and_placements(tmp_path):
+    runs = {}
+    for key, cfg in (("stage 0", config()), ("stage 2 optimizer cpu", config(2, "cpu")),
+                     ("stage 3 optimizer and parameters on nvme", config(3, "nvme", "nvme", tmp_path))):
+        model = build_under_init()
+        engine, _, _, _ = st.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+        runs[key] = train(engine)
+    assert runs["stage 2 optimizer cpu"] == runs["stage 0"]
+    assert runs["stage 3 optimizer and parameters on nvme"] == runs["stage 0"]
+    assert runs["stage 0"][-1] < runs["stage 0"][0]
+
+
+@needs_hook
+def test_a_client_optimizer_over_the_meta_parameters_follows_them():
+    model = build_under_init()
+    no_decay = [p for n, p in model.named_parameters() if n.endswith(".bias") or ".ln" in n]
+    decay = [p for n, p in model.named_parameters() if not (n.endswith(".bias") or ".ln" in n)]
+    client = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+                               lr=1e-2)
+    engine, optimizer, _, _ = st.initialize(model=model, optimizer=client, config=config(with_optimizer=False))
+    for group in optimizer.param_groups:
+        assert all(p.device.type == "cpu" for p in group["params"])
+    ids = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    assert ids == {id(p) for p in model.parameters()}
+    losses = train(engine, 3)
+    assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
+
+
+class Unreproducible(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+        self.gain = torch.nn.Parameter(torch.randn(8))  # made here; no reset_parameters makes it again
+
+    def forward(self, x):
+        return self.proj(x) * self.gain
+
+
+@needs_hook
+def test_a_parameter_no_rule_remakes_is_refused_by_name():
+    model = build_under_init(Unreproducible)
+    with pytest.raises(ValueError, match=r"parameter 'gain' was built on the meta device .*reset_parameters"):
+        st.initialize(model=model, config=config())
+
+
+def test_a_model_built_under_torch_device_meta_is_refused_naming_the_buffer():
+    if not hasattr(torch, "device") or not hasattr(torch.device("meta"), "__enter__"):
+        pytest.skip("torch < 2.0 has no device context manager")
+    with torch.device("meta"):
+        model = TiedLM()
+    with pytest.raises(ValueError, match=r"buffer 'blocks.0.scale' is on the meta device.*st.init"):
+        st.initialize(model=model, config=config())
+
+
+def test_init_disabled_builds_normally():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with st.init(enabled=False):
+            model = TiedLM()
+    assert {p.device.type for p in model.parameters()} == {"cpu"}
+
+
+def test_init_on_old_torch_builds_normally_and_says_so():
+    if HAS_HOOK:
+        pytest.skip("this torch has the parameter-registration hook")
+    with pytest.warns(RuntimeWarning, match="no parameter-registration hook"):
+        model = build_under_init()
+    assert {p.device.type for p in model.parameters()} == {"cpu"}
+    engine, _, _, _ = st.initialize(model=model, model_parameters=model.parameters(), config=config())
+    assert train(engine, 2)[0] > 0
+
+
+transformers = None
+if os.environ.get("STRATA_REQUIRE_TRANSFORMERS") == "1":
+    import transformers
+else:
+    try:
+        import transformers
+    except ImportError:
+        pass
+
+
+@needs_hook
+@pytest.mark.skipif(transformers is None, reason="transformers is not installed")
+def test_a_hugging_face_model_gets_its_own_initialization():
+    cfg = transformers.GPT2Config(vocab_size=96, n_positions=32, n_embd=48, n_layer=3, n_head=4, resid_pdrop=0.0,
+                                  embd_pdrop=0.0, attn_pdrop=0.0)
+    torch.manual_seed(0)
+    eager = transformers.GPT2LMHeadModel(cfg)
+    torch.manual_seed(0)
+    with st.init(config="ds.json"):  # DeepSpeed's signature: the engine reads the config in initialize
+        model = transformers.GPT2LMHeadModel(cfg)
+    assert {p.device.type for p in model.parameters()} == {"meta"}
+    engine, values = values_after_initialize(model, config(3, "cpu", "cpu"))
+    assert model.lm_head.weight is model.transformer.wte.weight
+    for name, reference in eager.named_parameters():
+        got, reference = values[name], reference.detach()
+        if reference.std() == 0:  # LayerNorm ones, zero biases: exactly
+            assert torch.equal(got, reference), name
+        else:  # N(0, 0.02); the projections N(0, 0.02 / sqrt(2 n_layer)): the same rule, other draws
+            assert abs(float(got.std()) / float(reference.std()) - 1) < 0.15, name
+    assert abs(float(values["transformer.h.1.mlp.c_proj.weight"].std()) - 0.02 / math.sqrt(6)) < 0.002
+    ids = torch.randint(0, 96, (2, 16), generator=torch.Generator().manual_seed(1))
+    losses = []
+    for _ in range(4):
+        loss = engine(input_ids=ids, labels=ids).loss
+        engine.backward(loss)
+        engine.step()
+        losses.append(engine.metrics["loss"])
+    assert losses[-1] < losses[0]
