@@ -11,6 +11,7 @@ largest unit's fp32 bytes (what init must hold at once) over the process's
 RSS before the model is built.
 
     build/python/venv-torch2/bin/python python/bench/bench_torch_init.py --nvme DIR [--layers 12 --hidden 768]
+        [--weights PRETRAINED_DIR]   # from_pretrained vs st.init + initial_weights
 """
 import argparse
 import json
@@ -48,16 +49,21 @@ def child(args):
                      "host_memory_budget": args.host_budget}}
     before = rss_mib()
     torch.manual_seed(0)
+    extra = {}
     if args.variant == "init":
         with st.init(config=ds):
             model = transformers.GPT2LMHeadModel(cfg)
+        if args.weights:
+            extra["initial_weights"] = args.weights
+    elif args.weights:
+        model = transformers.GPT2LMHeadModel.from_pretrained(args.weights)
     else:
         model = transformers.GPT2LMHeadModel(cfg)
     built = rss_mib()
     params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
     sizes = [sum(p.numel() for p in u.module.parameters()) for u in split_into_units(model) if not u.is_root]
     largest_unit = max(sizes + [params - sum(sizes)])  # the root unit: what no other unit holds
-    engine, _, _, _ = st.initialize(model=model, model_parameters=model.parameters(), config=ds)
+    engine, _, _, _ = st.initialize(model=model, model_parameters=model.parameters(), config=ds, **extra)
     after = rss_mib()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps({"variant": args.variant, "params": params, "rss_before_mib": before, "rss_built_mib": built,
@@ -73,6 +79,8 @@ def main():
     parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--host-budget", default="2GiB")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--weights", help="a pretrained folder (save_pretrained's) of this shape: eager = "
+                        "from_pretrained, init = st.init + initial_weights (written there first if absent)")
     parser.add_argument("--variant", choices=["eager", "init"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.variant:
@@ -80,13 +88,21 @@ def main():
         return
     if not os.path.isdir(args.nvme):
         sys.exit(f"--nvme '{args.nvme}' is not a folder")
+    if args.weights and not os.path.exists(os.path.join(args.weights, "config.json")):
+        import torch
+        import transformers
+        cfg = transformers.GPT2Config(n_layer=args.layers, n_embd=args.hidden, n_head=args.hidden // 64,
+                                      vocab_size=args.vocab, n_positions=args.seq)
+        torch.manual_seed(1)
+        transformers.GPT2LMHeadModel(cfg).save_pretrained(args.weights)
+        del cfg
     rows = []
     for _ in range(args.rounds):
         for variant in ("eager", "init", "init", "eager"):
             with tempfile.TemporaryDirectory(dir=args.nvme) as scratch:
                 cmd = [sys.executable, __file__, "--variant", variant, "--nvme", scratch, "--layers", str(args.layers),
                        "--hidden", str(args.hidden), "--vocab", str(args.vocab), "--seq", str(args.seq),
-                       "--host-budget", args.host_budget]
+                       "--host-budget", args.host_budget] + (["--weights", args.weights] if args.weights else [])
                 done = subprocess.run(cmd, capture_output=True, text=True)
                 if done.returncode != 0:
                     sys.exit(f"the {variant} run failed (exit {done.returncode}):\n{done.stderr[-3000:]}")

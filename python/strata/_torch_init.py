@@ -48,7 +48,7 @@ import torch
 from .errors import InvalidArgument
 
 __all__ = ["init", "has_meta_parameters", "swap_meta_parameters", "first_holders", "materialize_unit",
-           "give_back_freed_memory"]
+           "checkpoint_keys", "load_unit", "give_back_freed_memory"]
 
 
 def _registration_hook_api():
@@ -200,3 +200,52 @@ def give_back_freed_memory():
     trim = getattr(_libc, "malloc_trim", None) if _libc else None
     if trim is not None:
         trim(0)
+
+
+def checkpoint_keys(model, checkpoint):
+    """{id(parameter): its key in `checkpoint`} for every parameter of
+    `model`, checked before anything is made: a tied weight may be stored
+    under any of its names; a Hugging Face model's keys with or without its
+    base_model_prefix ("transformer." for GPT-2). A missing key or another
+    shape is refused, naming the parameter (the first few of them)."""
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    names = {}
+    for module_name, module in model.named_modules():  # every name of a tied weight (torch 1.13 has no
+        for local, p in module._parameters.items():     # named_parameters(remove_duplicate=False))
+            if p is not None:
+                names.setdefault(id(p), (p, []))[1].append(f"{module_name}.{local}" if module_name else local)
+    available = set(checkpoint.keys())
+    keys, missing = {}, []
+    for p, aliases in names.values():
+        candidates = []
+        for name in aliases:
+            candidates.append(name)
+            if prefix and name.startswith(prefix + "."):
+                candidates.append(name[len(prefix) + 1:])
+            elif prefix:
+                candidates.append(f"{prefix}.{name}")
+        key = next((c for c in candidates if c in available), None)
+        if key is None:
+            missing.append(aliases[0])
+            continue
+        shape = tuple(checkpoint.shape(key))
+        want = tuple(p.shape)
+        if shape != want:
+            raise InvalidArgument(f"initial_weights '{checkpoint.location}': tensor '{key}' has shape {list(shape)}, "
+                                  f"parameter '{aliases[0]}' has {list(want)}: a checkpoint of another model?")
+        keys[id(p)] = key
+    if missing:
+        shown = ", ".join(f"'{n}'" for n in missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise InvalidArgument(f"initial_weights '{checkpoint.location}' has no tensor for parameter(s) {shown} (looked "
+                              f"up by name{f', with and without the prefix {prefix!r}' if prefix else ''}): a checkpoint "
+                              f"of another model, or a model built with other options?")
+    return keys
+
+
+def load_unit(params, keys, checkpoint):
+    """Gives `params` (one unit's) their values from `checkpoint`, a tensor
+    at a time, in their own dtype."""
+    with torch.no_grad():
+        for p in params:
+            value = checkpoint.read(keys[id(p)])
+            p.data = value if value.dtype == p.dtype else value.to(p.dtype)

@@ -10,8 +10,13 @@ import warnings
 import pytest
 import torch
 
+import strata
+import strata.errors
 import strata.torch as st
 from strata.torch import GatheredParameters
+
+# Torch 1.13's st.init warns that it builds in full (test_init_on_old_torch_builds_normally_and_says_so checks it).
+pytestmark = pytest.mark.filterwarnings("ignore:strata.torch.init:RuntimeWarning")
 
 HAS_HOOK = hasattr(torch.nn.modules.module, "register_module_parameter_registration_hook")
 needs_hook = pytest.mark.skipif(not HAS_HOOK, reason="torch < 2.0 has no parameter-registration hook "
@@ -239,3 +244,173 @@ def test_a_hugging_face_model_gets_its_own_initialization():
         engine.step()
         losses.append(engine.metrics["loss"])
     assert losses[-1] < losses[0]
+
+
+# -- initial_weights: a safetensors checkpoint read a tensor at a time ---------------------------------------------
+def tiny_gpt2_config():
+    return transformers.GPT2Config(vocab_size=96, n_positions=32, n_embd=32, n_layer=2, n_head=4, resid_pdrop=0.0,
+                                   embd_pdrop=0.0, attn_pdrop=0.0)
+
+
+def gpt2_losses(engine, steps=3):
+    ids = torch.randint(0, 96, (2, 16), generator=torch.Generator().manual_seed(5))
+    losses = []
+    for _ in range(steps):
+        loss = engine(input_ids=ids, labels=ids).loss
+        engine.backward(loss)
+        engine.step()
+        losses.append(engine.metrics["loss"])
+    return losses
+
+
+def gathered(model):
+    with GatheredParameters(list(model.parameters())):
+        return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+@pytest.fixture
+def trained_export(tmp_path):
+    """A GPT-2 trained 2 steps through the engine, exported in fp32 (its master weights), sharded small."""
+    torch.manual_seed(3)
+    model = transformers.GPT2LMHeadModel(tiny_gpt2_config())
+    engine, _, _, _ = st.initialize(model=model, model_parameters=model.parameters(), config=config(2, "cpu"))
+    gpt2_losses(engine, 2)
+    out = tmp_path / "export"
+    engine.export_hf(str(out), dtype=torch.float32, max_shard_size="40KB")
+    assert (out / "model.safetensors.index.json").exists()
+    return out
+
+
+@pytest.mark.skipif(transformers is None, reason="transformers is not installed")
+def test_initial_weights_from_a_sharded_export_equal_from_pretrained(trained_export, tmp_path):
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+    reference = transformers.GPT2LMHeadModel.from_pretrained(str(trained_export))
+    expected = {n: p.detach().clone() for n, p in reference.named_parameters()}
+    engine, _, _, _ = st.initialize(model=reference, model_parameters=reference.parameters(),
+                                    config=config(3, "nvme", "nvme", tmp_path / "a"))
+    reference_losses = gpt2_losses(engine)
+
+    with st.init():
+        model = transformers.GPT2LMHeadModel(tiny_gpt2_config())
+    engine, _, _, _ = st.initialize(model=model, model_parameters=model.parameters(),
+                                    config=config(3, "nvme", "nvme", tmp_path / "b"), initial_weights=trained_export)
+    assert model.lm_head.weight is model.transformer.wte.weight
+    values = gathered(model)
+    for name, value in expected.items():
+        assert torch.equal(values[name], value), name
+    assert gpt2_losses(engine) == reference_losses
+
+
+@pytest.mark.skipif(transformers is None, reason="transformers is not installed")
+def test_initial_weights_of_the_base_model_fill_the_head_model_and_an_eager_model(tmp_path):
+    torch.manual_seed(4)
+    base = transformers.GPT2Model(tiny_gpt2_config())  # keys without "transformer."
+    base.save_pretrained(str(tmp_path / "base"))
+    for build_on_meta in (True, False):
+        if build_on_meta:
+            with st.init():
+                model = transformers.GPT2LMHeadModel(tiny_gpt2_config())
+        else:
+            model = transformers.GPT2LMHeadModel(tiny_gpt2_config())
+        st.initialize(model=model, model_parameters=model.parameters(), config=config(),
+                      initial_weights=tmp_path / "base" / "model.safetensors")
+        values = gathered(model)
+        for name, p in base.named_parameters():
+            assert torch.equal(values["transformer." + name], p.detach()), (build_on_meta, name)
+        assert model.lm_head.weight is model.transformer.wte.weight
+
+
+def write_safetensors(path, tensors, header_edit=None, cut=0):
+    """A safetensors file by hand (the tests' bad files)."""
+    import json
+    import struct
+    header, blobs, offset = {}, [], 0
+    for key, t in tensors.items():
+        raw = t.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+        header[key] = {"dtype": {torch.float32: "F32", torch.int32: "I32"}[t.dtype], "shape": list(t.shape),
+                       "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    if header_edit:
+        header_edit(header)
+    text = json.dumps(header).encode()
+    data = struct.pack("<Q", len(text)) + text + b"".join(blobs)
+    path.write_bytes(data[:len(data) - cut] if cut else data)
+
+
+def mlp():
+    torch.manual_seed(1)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+
+
+def mlp_tensors():
+    return {n: p.detach().clone() + 1 for n, p in mlp().named_parameters()}
+
+
+def test_initial_weights_of_a_plain_torch_model(tmp_path):
+    write_safetensors(tmp_path / "w.safetensors", mlp_tensors())
+    model = mlp()
+    st.initialize(model=model, config=config(), initial_weights=tmp_path / "w.safetensors")
+    values = gathered(model)
+    for name, value in mlp_tensors().items():
+        assert torch.equal(values[name], value), name
+
+
+@pytest.mark.parametrize("case, match", [
+    ("missing", r"has no tensor for parameter\(s\) '1.bias'"),
+    ("shape", r"tensor '0.weight' has shape \[4, 8\], parameter '0.weight' has \[8, 4\]"),
+    ("int", r"tensor '0.bias'.*dtype I32 is not one of"),
+    ("offsets", r"tensor '0.weight'.*data_offsets .* span 4 bytes, its shape \[8, 4\] in F32 needs 128"),
+    ("truncated", r"tensor '1.bias'.*lie past the end of the file"),
+    ("header", r"header length 1000 at offset 0 runs past the end of the file \(10 bytes\)"),
+    ("huge header", r"header length 1099511627776 at offset 0 is over safetensors' 100 MiB limit"),
+    ("not json", r"the header .* is not JSON"),
+])
+def test_bad_initial_weights_are_refused_by_name(tmp_path, case, match):
+    path = tmp_path / "w.safetensors"
+    tensors = mlp_tensors()
+    if case == "missing":
+        del tensors["1.bias"]
+        write_safetensors(path, tensors)
+    elif case == "shape":
+        tensors["0.weight"] = tensors["0.weight"].t().contiguous()
+        write_safetensors(path, tensors)
+    elif case == "int":
+        tensors["0.bias"] = torch.zeros(8, dtype=torch.int32)
+        write_safetensors(path, tensors)
+    elif case == "offsets":
+        write_safetensors(path, tensors, header_edit=lambda h: h["0.weight"].update(data_offsets=[0, 4]))
+    elif case == "truncated":
+        write_safetensors(path, tensors, cut=3)
+    elif case == "header":
+        path.write_bytes((1000).to_bytes(8, "little") + b"{}")
+    elif case == "huge header":
+        path.write_bytes((1 << 40).to_bytes(8, "little") + b"{}")
+    elif case == "not json":
+        path.write_bytes((4).to_bytes(8, "little") + b"{{{{")
+    model = mlp()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with pytest.raises(strata.errors.StrataError, match=match):
+        st.initialize(model=model, config=config(), initial_weights=path)
+    for name, p in model.named_parameters():  # refused before anything was made: the model is as it was
+        assert torch.equal(p.detach(), before[name])
+
+
+def test_initial_weights_folders_are_checked(tmp_path):
+    import json
+    with pytest.raises(strata.errors.NotFound, match="holds neither model.safetensors nor"):
+        st.initialize(model=mlp(), config=config(), initial_weights=tmp_path)
+    with pytest.raises(strata.errors.NotFound, match="is neither a safetensors file nor a folder"):
+        st.initialize(model=mlp(), config=config(), initial_weights=tmp_path / "absent")
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    outside = tmp_path / "outside.safetensors"
+    write_safetensors(outside, mlp_tensors())
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"0.weight": "../outside.safetensors"}}))
+    with pytest.raises(strata.errors.InvalidArgument, match="not a plain file name in the folder"):
+        st.initialize(model=mlp(), config=config(), initial_weights=folder)
+    os.symlink(outside, folder / "link.safetensors")
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"0.weight": "link.safetensors"}}))
+    with pytest.raises(strata.errors.InvalidArgument, match="is a link leading out of"):
+        st.initialize(model=mlp(), config=config(), initial_weights=folder)

@@ -37,8 +37,9 @@ except ImportError as e:  # what to install, not a traceback from deep inside an
 from .. import config as strata_config
 from .._torch_engine import StrataEngine
 from .._torch_gathered import GatheredParameters, register_engine
-from .._torch_init import (first_holders, give_back_freed_memory, has_meta_parameters, init, materialize_unit,
-                           swap_meta_parameters)
+from .._safetensors import Checkpoint as SafetensorsCheckpoint
+from .._torch_init import (checkpoint_keys, first_holders, give_back_freed_memory, has_meta_parameters, init,
+                           load_unit, materialize_unit, swap_meta_parameters)
 from .._torch_optimizer import StrataOptimizer, optimizer_section_from_client
 from .._torch_units import plan_layers, split_into_units
 from .. import _native
@@ -53,7 +54,7 @@ _PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None, lr_scheduler=None,
                mpu=None, dist_init_required=None, collate_fn=None, config=None, config_params=None, units="auto",
-               device_memory=0, auto_values=None, fit=None):
+               device_memory=0, auto_values=None, fit=None, initial_weights=None):
     """deepspeed.initialize's signature and 4-tuple: (engine, optimizer,
     dataloader or None, lr_scheduler or None).
 
@@ -82,7 +83,16 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     those caps before the engine is made (Note [Config fit]: `strata plan
     --fit`'s search): the fastest placement and knobs whose memory plan fits,
     each changed key printed with its reason (engine.fit has them); no fit
-    is ResourceExhausted saying what is missing and the smallest change."""
+    is ResourceExhausted saying what is missing and the smallest change.
+
+    initial_weights: a safetensors checkpoint (a folder with
+    model.safetensors or model.safetensors.index.json, as export_hf and
+    save_pretrained write, or one .safetensors file) whose tensors become the
+    initial values, read a tensor at a time as each unit is handed in; with
+    a model built under st.init, the model never exists whole (Note
+    [Construction on meta]). Every parameter needs a tensor of its shape
+    (a tied weight under any of its names; a Hugging Face model's keys with
+    or without its base_model_prefix)."""
     if model is None or not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
     if mpu is not None:
@@ -99,6 +109,10 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
                                   f"constructor) is lost there. Build the model under st.init instead of "
                                   f"torch.device('meta'): st.init puts only the parameters on meta")
     raw = _raw_config(config)
+    checkpoint = keys = None
+    if initial_weights is not None:  # every key and shape checked before anything is made
+        checkpoint = SafetensorsCheckpoint(initial_weights)
+        keys = checkpoint_keys(model, checkpoint)
     engine_config = config
     if optimizer is not None:
         if raw.get("optimizer") is not None:
@@ -147,20 +161,24 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     if built_on_meta:
         mapping, shapes = swap_meta_parameters(model)
         _follow_swap(mapping, facade, plans)
+        if keys is not None:  # keyed by the parameters that replaced the meta ones
+            keys = {(id(mapping[old]) if old in mapping else old): key for old, key in keys.items()}
         names = {p: n for n, p in model.named_parameters()}
         holders = first_holders(model)
     # Initial values unit by unit, then the module's own copy dropped: its
     # parameters are bound to the engine's memory when their unit runs.
     for unit in units_found:
         unit_plans = [plans[index] for index in unit.layers]
-        if built_on_meta:
-            materialize_unit(model, unit, units_found, [p for plan in unit_plans for _, p in plan.params], shapes,
-                             names, holders)
+        unit_params = [p for plan in unit_plans for _, p in plan.params]
+        if checkpoint is not None:
+            load_unit(unit_params, keys, checkpoint)
+        elif built_on_meta:
+            materialize_unit(model, unit, units_found, unit_params, shapes, names, holders)
         for plan in unit_plans:
             native.put_initial_layer(plan.index, [p.detach() for _, p in plan.params])
             for _, p in plan.params:
                 p.data = torch.empty(0, dtype=plan.dtype)
-        if built_on_meta:
+        if built_on_meta or checkpoint is not None:
             give_back_freed_memory()
 
     engine = StrataEngine(model, units_found, plans, native, facade, scheduler, resolved)
