@@ -130,3 +130,19 @@ def test_strata_fit_fits_the_trainers_config_to_the_caps(tmp_path):
     assert engine.config["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
     assert engine.memory()["measured"]["device"] <= 400 * 1024
     assert engine.global_steps == 2
+
+
+@pytest.mark.filterwarnings("ignore:strata.torch.init:RuntimeWarning")  # torch 1.13: st.init builds in full
+def test_a_model_built_under_init_trains_from_pretrained_weights_as_from_pretrained(tmp_path):
+    import strata.torch as st
+    tiny_gpt2(seed=21).save_pretrained(str(tmp_path / "pretrained"))
+    reference = StrataTrainer(model=transformers.GPT2LMHeadModel.from_pretrained(str(tmp_path / "pretrained")),
+                              args=arguments(tmp_path / "a"), train_dataset=ToyDataset(), strata_config=STAGE3_CPU)
+    reference.train()
+    with st.init():  # on meta: the Trainer must not move it, the engine places it
+        model = transformers.GPT2LMHeadModel(tiny_gpt2().config)
+    trainer = StrataTrainer(model=model, args=arguments(tmp_path / "b"), train_dataset=ToyDataset(),
+                            strata_config=STAGE3_CPU, strata_initial_weights=str(tmp_path / "pretrained"))
+    trainer.train()
+    assert logged_losses(trainer) == logged_losses(reference)
+    assert len(logged_losses(trainer)) == 6

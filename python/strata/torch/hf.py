@@ -62,9 +62,13 @@ class StrataTrainer(transformers.Trainer):
     JSON config (path or dict) as for strata.torch.initialize; its "auto"
     values come from the TrainingArguments. strata_units: initialize's units.
     strata_fit: initialize's fit ({"device_memory", "host_memory",
-    "nvme_path"}): the config fitted to those caps first."""
+    "nvme_path"}): the config fitted to those caps first.
+    strata_initial_weights: initialize's initial_weights (a safetensors
+    checkpoint read a tensor at a time; with a model built under st.init
+    the model never exists whole)."""
 
-    def __init__(self, *args, strata_config=None, strata_units="auto", strata_fit=None, **kwargs):
+    def __init__(self, *args, strata_config=None, strata_units="auto", strata_fit=None, strata_initial_weights=None,
+                 **kwargs):
         if strata_config is None:
             raise ValueError("StrataTrainer needs strata_config=: the DeepSpeed JSON config (a path or a dict) the "
                              "engine trains with")
@@ -75,6 +79,7 @@ class StrataTrainer(transformers.Trainer):
         self._strata_config = strata_config
         self._strata_units = strata_units
         self._strata_fit = strata_fit
+        self._strata_initial_weights = strata_initial_weights
         self._strata_engine = None
         # The engine clips (Note [The Trainer through the engine]): the Trainer's clipping is off, on a copy of
         # the caller's arguments.
@@ -88,6 +93,10 @@ class StrataTrainer(transformers.Trainer):
         return self._strata_engine
 
     # -- the engine --------------------------------------------------------------------------------
+    def _move_model_to_device(self, model, device):
+        """Nothing: the engine places the parameters (a model built under
+        st.init has them on meta, which torch cannot move)."""
+
     def create_optimizer(self, *args, **kwargs):
         if self._strata_engine is None:
             self._strata_initialize()
@@ -108,7 +117,8 @@ class StrataTrainer(transformers.Trainer):
         engine, optimizer, _, _ = st.initialize(model=self.model, optimizer=client,
                                                 model_parameters=None if client is not None else self._decay_groups(),
                                                 config=raw, units=self._strata_units,
-                                                auto_values=self._auto_values(raw), fit=self._strata_fit)
+                                                auto_values=self._auto_values(raw), fit=self._strata_fit,
+                                                initial_weights=self._strata_initial_weights)
         self._strata_engine = engine
         self.optimizer = optimizer
         optimizer._hyper_parameters_only_state = True  # accelerate moves optimizers by a state_dict round trip
