@@ -81,3 +81,13 @@ def test_export_and_gathered_parameters_across_two_ranks(tmp_path):
     tensors = read_safetensors(tmp_path / "model" / "model.safetensors")
     for name, total in two["masters"].items():
         assert abs(float(tensors[name].double().sum()) - total) <= 1e-6 * max(1.0, abs(total)), name
+
+
+@pytest.mark.filterwarnings("ignore:strata.torch.init:RuntimeWarning")
+def test_a_model_built_under_init_on_two_ranks_trains_what_one_rank_trains(tmp_path):
+    # Each rank makes its units' values from its own seed; rank 0's are taken, as one rank seeded as rank 0 makes.
+    flags = ["--stage", "3", "--optimizer", "cpu", "--params", "cpu", "--init"]
+    one = run(tmp_path, "one", 1, *flags)
+    two = run(tmp_path, "two", 2, *flags)
+    assert_close(two["losses"], one["losses"])
+    assert two["losses"][-1] < two["losses"][0]

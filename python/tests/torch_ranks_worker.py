@@ -4,7 +4,7 @@ GLOBAL_MICRO samples split evenly over the ranks, and writes the step losses
 and (rank 0) the master weights' sums to a JSON file.
 
     python torch_ranks_worker.py OUT.json --stage S [--optimizer cpu] [--params cpu] [--nvme DIR]
-        [--steps N] [--first-step K] [--save DIR] [--load DIR]
+        [--steps N] [--first-step K] [--save DIR] [--load DIR] [--init]
 """
 import argparse
 import json
@@ -32,13 +32,18 @@ def main():
     parser.add_argument("--modify-rank", type=int, default=None,
                         help="before training, GatheredParameters(blocks.1.fc.weight, modifier_rank=R): rank R halves "
                              "it, the other ranks zero it (R's values must win)")
+    parser.add_argument("--init", action="store_true", help="build the model under st.init (on meta)")
     args = parser.parse_args()
 
     world = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
     rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
     # Each rank builds the model from its own seed: rank 0's values are broadcast at initialize.
     torch.manual_seed(5 + 1000 * rank)
-    model = TinyLM()
+    if args.init:
+        with st.init():
+            model = TinyLM()
+    else:
+        model = TinyLM()
     zero = {"stage": args.stage, "offload_optimizer": {"device": args.optimizer},
             "offload_param": {"device": args.params}, "stage3_param_persistence_threshold": 0,
             "reduce_bucket_size": 100000}
