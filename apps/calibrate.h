@@ -15,7 +15,7 @@ struct CalibrateOptions {
   int batch = 4, seq = 64, steps = 5;
   int ranks = 1;  // local ranks sharing this machine during the compute measurement
   std::string config;  // a DeepSpeed config whose aio section the NVMe measurement uses ("": the defaults)
-  std::string dtype = "bf16";
+  std::string dtype = "bf16";  // --calibrate-dtype: the parameter dtype the compute is timed in
 };
 
 // Returns the process exit code; errors go to stderr naming the culprit.

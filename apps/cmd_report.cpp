@@ -133,6 +133,10 @@ CommandRegistration report_command("report", [](CLI::App& root) {
   cmd->add_option("--calibrate-ranks", cal->ranks, "With --calibrate: local ranks sharing the machine")
       ->capture_default_str()->check(CLI::Range(1, 64));
   cmd->add_option("--calibrate-config", cal->config, "With --calibrate: measure NVMe with this DeepSpeed config's aio section");
+  cmd->add_option("--calibrate-dtype", cal->dtype,
+                  "With --calibrate: the parameter dtype the compute is timed in (fp32, bf16, fp16): the one the rows "
+                  "or the fit you plan use (on a CPU, fp32 and bf16 matmuls run at different rates)")
+      ->capture_default_str();
   cmd->callback([opts, cal] {
     if (cal->requested) {
       cal->path = opts->path;

@@ -221,7 +221,7 @@ int run_calibrate(const CalibrateOptions& o) {
   if (o.embd) g.n_embd = o.embd;
   Result<DType> dt = parse_dtype(o.dtype);
   if (!dt.ok() || !is_state_float(*dt))
-    return fail(InvalidArgument(fmt::format("--dtype '{}' is not a parameter dtype; use fp32, bf16 or fp16",
+    return fail(InvalidArgument(fmt::format("--calibrate-dtype '{}' is not a parameter dtype; use fp32, bf16 or fp16",
                                             printable(o.dtype, 64))));
   g.param_dtype = *dt;
   if (Status v = g.validate(); !v.ok()) return fail(v);
@@ -325,6 +325,7 @@ int run_calibrate(const CalibrateOptions& o) {
   // each rank's compute ran at a world-th of it.
   p.compute_gflops = o.ranks * in.tokens_per_rank * in.flops_per_token / (compute_ms / 1e3) / 1e9;
   cal["compute"] = {{"model", g.describe()},
+                    {"dtype", dtype_name(*dt)},
                     {"ranks", o.ranks},
                     {"batch", o.batch},
                     {"seq", o.seq},

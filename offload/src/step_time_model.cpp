@@ -88,13 +88,15 @@ Result<StepTimePrediction> predict_step_time(const StepTimeInput& in, const Hard
   host_ms = in.nvme_pipeline ? std::max({host_ms, opt_read_ms, opt_write_ms}) : host_ms + opt_read_ms + opt_write_ms;
   r.optimizer_ms = hw.shared_cores ? host_ms + dev_ms : std::max(host_ms, dev_ms);
 
+  // A collective of B bytes per rank takes (N-1)/N x B / busbw, the busbw
+  // measured with every rank of the group running (nccl-tests' convention;
+  // on shared cores `strata report --calibrate` times its local ranks
+  // together, so the sharing is in the rate already). At world size 1 the
+  // engine queues none (the sum over one rank is the gradient itself, a
+  // gather of one shard is the shard), so nothing moves.
   const double coll = in.world > 1 ? static_cast<double>(in.world - 1) / in.world : 0.0;
-  // With shared cores a local collective copies on the same cores, whole;
-  // at world size 1 the engine queues none (the sum over one rank is the
-  // gradient itself, a gather of one shard is the shard), so nothing moves.
-  const double coll_share = hw.shared_cores && in.world > 1 ? 1.0 : coll;
-  const double gather_ms = ms(static_cast<double>(b.gather) * coll_share, hw.collective_bus_gb_per_s, device_share);
-  const double reduce_ms = ms(static_cast<double>(b.reduce) * coll_share, hw.collective_bus_gb_per_s, device_share);
+  const double gather_ms = ms(static_cast<double>(b.gather) * coll, hw.collective_bus_gb_per_s, 1.0);
+  const double reduce_ms = ms(static_cast<double>(b.reduce) * coll, hw.collective_bus_gb_per_s, 1.0);
   const double h2d_ms = ms(static_cast<double>(b.h2d), hw.h2d_gb_per_s, device_share);
   const double d2h_ms = ms(static_cast<double>(b.d2h), hw.d2h_gb_per_s, device_share);
   const double param_nvme_bytes = static_cast<double>(b.nvme_read) - opt_nvme_bytes - grad_nvme_bytes;

@@ -112,7 +112,7 @@ strata_bad_profile(gpus_per_node_range "\"gpus_per_node\": 1" "\"gpus_per_node\"
 # strata report --calibrate writes a profile that strata plan loads.
 file(MAKE_DIRECTORY ${STRATA_OFFLOAD_WORK}/calibrate)
 add_test(NAME apps.report_calibrate_profile
-  COMMAND sh -c "$<TARGET_FILE:strata_cli> report --calibrate --calibrate-model tiny --path ${STRATA_OFFLOAD_WORK}/calibrate --out ${STRATA_OFFLOAD_WORK}/calibrate/here.json && ! ls ${STRATA_OFFLOAD_WORK}/calibrate | grep -q strata-calibrate && $<TARGET_FILE:strata_cli> plan --model tiny --profile ${STRATA_OFFLOAD_WORK}/calibrate/here.json")
+  COMMAND sh -c "$<TARGET_FILE:strata_cli> report --calibrate --calibrate-model tiny --calibrate-dtype fp32 --path ${STRATA_OFFLOAD_WORK}/calibrate --out ${STRATA_OFFLOAD_WORK}/calibrate/here.json && ! ls ${STRATA_OFFLOAD_WORK}/calibrate | grep -q strata-calibrate && grep -q '\"dtype\": \"fp32\"' ${STRATA_OFFLOAD_WORK}/calibrate/here.json && $<TARGET_FILE:strata_cli> plan --model tiny --profile ${STRATA_OFFLOAD_WORK}/calibrate/here.json")
 set_tests_properties(apps.report_calibrate_profile PROPERTIES LABELS apps TIMEOUT 300
   PASS_REGULAR_EXPRESSION "profile  .*here.json.*plan: tiny.*<- fastest that fits")
 strata_offload_error_test(report_calibrate_bad_path "--path '.*no_such_dir' is not a directory"
@@ -121,6 +121,8 @@ strata_offload_error_test(report_calibrate_bad_model "--calibrate-model.*huge"
   report --calibrate --calibrate-model huge)
 strata_offload_error_test(report_calibrate_bad_ranks "--calibrate-ranks: Value 0 not in range 1 to 64"
   report --calibrate --calibrate-ranks 0)
+strata_offload_error_test(report_calibrate_bad_dtype "--calibrate-dtype 'int8' is not a parameter dtype"
+  report --calibrate --calibrate-model tiny --calibrate-dtype int8)
 
 # The step-time model and hardware profiles on their own (no model, no device).
 strata_add_test(strata_step_time_model_tests SOURCES step_time_model_test.cpp LIBS strata_offload LABELS apps)
