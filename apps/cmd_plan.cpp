@@ -393,6 +393,8 @@ int run_plan(const PlanOptions& o) {
   }
   fmt::print("plan: {} on {} rank(s) ({} per node), batch {} x seq {} x accum {} per rank; profile {}\n", describe,
              world, gpn, o.batch, o.seq, o.grad_accum, hw->name);
+  for (DType dt : *dtypes)
+    if (std::string note = offload::compute_dtype_note(*hw, dt); !note.empty()) fmt::print("{}\n", note);
   fmt::print("memory: {}\n", doc["memory_source"].get<std::string>());
   auto bytes = [&](const nlohmann::ordered_json& v) { return format_bytes(v.get<uint64_t>(), o.binary); };
   fmt::print("{:<45} {:>5} {:>11} {:>11} {:>11} | {:>10} {:>12} {:>9} {:>9} {:>9} | {:<24}{}\n", "row", "fits",

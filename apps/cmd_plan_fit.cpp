@@ -160,6 +160,8 @@ int run_plan_fit(const PlanFitArgs& a) {
                                               printable(caps->nvme_path, 256))
                                 : std::string("none"),
                printable(profile.name, 200));
+    for (DType dt : req->dtypes)
+      if (std::string note = offload::compute_dtype_note(profile, dt); !note.empty()) fmt::print("{}\n", note);
     fmt::print("{}", format_fit(*r));
   }
   if (!r->ok()) {

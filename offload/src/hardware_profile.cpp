@@ -157,4 +157,17 @@ nlohmann::ordered_json hardware_profile_to_json(const HardwareProfile& p) {
   return j;
 }
 
+std::string compute_dtype_note(const HardwareProfile& profile, DType rows) {
+  const auto& cal = profile.calibration;
+  if (!cal.is_object() || !cal.contains("compute") || !cal["compute"].is_object()) return "";
+  const auto& compute = cal["compute"];
+  if (!compute.contains("dtype") || !compute["dtype"].is_string()) return "";
+  const std::string timed = compute["dtype"].get<std::string>();
+  const std::string wanted(dtype_name(rows));
+  if (timed == wanted) return "";
+  return fmt::format("note: profile '{}' timed its compute in {}, these rows train in {}: recalibrate with strata "
+                     "report --calibrate --calibrate-dtype {} for their compute rate",
+                     printable(profile.name, 64), printable(timed, 16), wanted, wanted);
+}
+
 }  // namespace strata::offload

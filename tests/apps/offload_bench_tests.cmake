@@ -114,7 +114,7 @@ file(MAKE_DIRECTORY ${STRATA_OFFLOAD_WORK}/calibrate)
 add_test(NAME apps.report_calibrate_profile
   COMMAND sh -c "$<TARGET_FILE:strata_cli> report --calibrate --calibrate-model tiny --calibrate-dtype fp32 --path ${STRATA_OFFLOAD_WORK}/calibrate --out ${STRATA_OFFLOAD_WORK}/calibrate/here.json && ! ls ${STRATA_OFFLOAD_WORK}/calibrate | grep -q strata-calibrate && grep -q '\"dtype\": \"fp32\"' ${STRATA_OFFLOAD_WORK}/calibrate/here.json && $<TARGET_FILE:strata_cli> plan --model tiny --profile ${STRATA_OFFLOAD_WORK}/calibrate/here.json")
 set_tests_properties(apps.report_calibrate_profile PROPERTIES LABELS apps TIMEOUT 300
-  PASS_REGULAR_EXPRESSION "profile  .*here.json.*plan: tiny.*<- fastest that fits")
+  PASS_REGULAR_EXPRESSION "profile  .*here.json.*plan: tiny.*note: profile .* timed its compute in fp32, these rows train in bf16: recalibrate with .*--calibrate-dtype bf16.*<- fastest that fits")
 strata_offload_error_test(report_calibrate_bad_path "--path '.*no_such_dir' is not a directory"
   report --calibrate --path ${STRATA_OFFLOAD_WORK}/no_such_dir)
 strata_offload_error_test(report_calibrate_bad_model "--calibrate-model.*huge"

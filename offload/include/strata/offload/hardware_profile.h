@@ -64,6 +64,11 @@ struct HardwareProfile {
 // predicting a step's seconds (`strata plan --fit` without --profile,
 // strata.torch's fit).
 HardwareProfile builtin_cpu_profile();
+// "" or a note when the profile's compute rate was timed in another parameter
+// dtype than `rows` (calibration.compute.dtype, which `strata report
+// --calibrate --calibrate-dtype` writes): on a CPU fp32 and bf16 matmuls run
+// at different rates, so the prediction's compute would be off.
+std::string compute_dtype_note(const HardwareProfile& profile, DType rows);
 Result<HardwareProfile> parse_hardware_profile(const nlohmann::json& json, const std::string& source);
 Result<HardwareProfile> load_hardware_profile(const std::string& path);
 nlohmann::ordered_json hardware_profile_to_json(const HardwareProfile& profile);
