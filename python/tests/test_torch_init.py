@@ -414,3 +414,16 @@ def test_initial_weights_folders_are_checked(tmp_path):
     (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"0.weight": "link.safetensors"}}))
     with pytest.raises(strata.errors.InvalidArgument, match="is a link leading out of"):
         st.initialize(model=mlp(), config=config(), initial_weights=folder)
+
+
+@needs_hook
+def test_init_with_a_fit_plans_from_the_meta_shapes(tmp_path):
+    # The fit reads only shapes: it runs on the meta model before any unit is made.
+    model = build_under_init()
+    cfg = config()
+    cfg["zero_optimization"] = {"stage": 0}
+    engine, _, _, _ = st.initialize(model=model, model_parameters=model.parameters(), config=cfg,
+                                    fit={"device_memory": "2MiB", "host_memory": "64MiB", "nvme_path": str(tmp_path)})
+    assert engine.fit is not None and engine.fit["best"]["label"].startswith("s")
+    losses = train(engine, 3)
+    assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
