@@ -97,17 +97,18 @@ def has_meta_parameters(model):
 def swap_meta_parameters(model):
     """Every meta parameter of `model` replaced by an empty CPU parameter
     (no memory until materialize_unit gives it its shape's), tied parameters
-    kept tied. Returns ({id(meta parameter): new parameter},
-    {id(new parameter): its shape})."""
+    kept tied. Returns ({meta parameter: new parameter}, {id(new
+    parameter): its shape}); the mapping's keys keep the meta parameters
+    alive, so no id is reused while it is followed."""
     mapping, shapes = {}, {}
     for module in model.modules():
         for name, param in list(module._parameters.items()):
             if param is None or param.device.type != "meta":
                 continue
-            new = mapping.get(id(param))
+            new = mapping.get(param)
             if new is None:
                 new = torch.nn.Parameter(torch.empty(0, dtype=param.dtype), requires_grad=param.requires_grad)
-                mapping[id(param)] = new
+                mapping[param] = new
                 shapes[id(new)] = param.shape
             module._parameters[name] = new
     return mapping, shapes

@@ -162,7 +162,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         mapping, shapes = swap_meta_parameters(model)
         _follow_swap(mapping, facade, plans)
         if keys is not None:  # keyed by the parameters that replaced the meta ones
-            keys = {(id(mapping[old]) if old in mapping else old): key for old, key in keys.items()}
+            keys.update({id(new): keys[id(old)] for old, new in mapping.items()})
         names = {p: n for n, p in model.named_parameters()}
         holders = first_holders(model)
     # Initial values unit by unit, then the module's own copy dropped: its
@@ -203,9 +203,9 @@ def _follow_swap(mapping, facade, plans):
     """Points the optimizer's groups (a client's shared ones included) and
     the layer plans at the CPU parameters that replaced the meta ones."""
     for group in facade.param_groups:
-        group["params"] = [mapping.get(id(p), p) for p in group["params"]]
+        group["params"] = [mapping.get(p, p) for p in group["params"]]
     for plan in plans:
-        plan.params = [(name, mapping.get(id(p), p)) for name, p in plan.params]
+        plan.params = [(name, mapping.get(p, p)) for name, p in plan.params]
 
 
 def _config_argument(args, config, config_params):
