@@ -156,3 +156,49 @@ def test_an_output_without_a_loss_asks_for_loss_fn_and_mid_step_is_refused():
     engine.step()
     with pytest.raises(strata.FailedPrecondition, match="in the middle of a step"):
         engine.train_batch([(lm_ids(0),), (lm_ids(1),)])
+
+
+@pytest.fixture
+def file_size_limit():
+    """set(n): the kernel fails this process's writes at offsets >= n bytes with EFBIG (RLIMIT_FSIZE;
+    SIGXFSZ ignored so that the write returns the error instead of ending the process): a real I/O
+    error under the engine, no test seam. Lifted (and the signal restored) after the test."""
+    import resource
+    import signal
+    previous_signal = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    previous_limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+
+    def set_limit(n):  # None: lifted again
+        resource.setrlimit(resource.RLIMIT_FSIZE, (previous_limit[0] if n is None else n, previous_limit[1]))
+
+    yield set_limit
+    resource.setrlimit(resource.RLIMIT_FSIZE, previous_limit)
+    signal.signal(signal.SIGXFSZ, previous_signal)
+
+
+def test_a_real_nvme_write_failure_rolls_the_step_back_and_its_repeat_gives_the_clean_losses(tmp_path,
+                                                                                             file_size_limit):
+    # Stage 3 with optimizer state and parameters on NVMe, updates inside the step (overlap off: the failing
+    # writes are the step's own). The swap files are preallocated: with the limit at 4 KiB every write-back
+    # past the first 4 KiB fails with EFBIG.
+    for name in ("clean", "faulty"):
+        (tmp_path / name).mkdir()
+    clean, _, _, _ = st.initialize(model=InputsOf(make_lm()),
+                                   config=config(3, "nvme", "nvme", tmp_path / "clean", overlap=False))
+    reference = train_with_train_batch(clean, 4)
+    engine, _, _, _ = st.initialize(model=InputsOf(make_lm()),
+                                    config=config(3, "nvme", "nvme", tmp_path / "faulty", overlap=False))
+    loss_fn = lambda logits, mb: next_token_loss(logits, mb.ids)  # noqa: E731
+    losses = []
+    for step in range(4):
+        micro = [MicroBatch(lm_ids(step * 2 + k)) for k in range(2)]
+        if step == 2:
+            file_size_limit(4096)
+            with pytest.raises(strata.Unavailable, match=r"rolled back.*(NVMe|swap write).*"):
+                engine.train_batch(micro, loss_fn=loss_fn, retries=0)
+            file_size_limit(None)
+            assert engine.global_steps == 2  # dropped: the step runs again from its first micro-batch
+        engine.train_batch(micro, loss_fn=loss_fn, retries=0)
+        losses.append(engine.metrics["loss"])
+    assert losses == reference
+    assert engine.global_steps == 4
