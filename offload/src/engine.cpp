@@ -161,12 +161,13 @@ Status Engine::Impl::put_initial_layer(size_t li, std::span<const std::byte> val
   const LayerPartition& layer_part = part.layer(li);
   const LayerPlacement& layer_where = where(li);
   const std::string lname = layer_label(li);
-  std::vector<std::byte> init(layer_part.padded_elements * layer_where.param_element_bytes, std::byte{0});
-  std::memcpy(init.data(), values.data(), spec.param_bytes);
   if (layer_where.persistent()) {
-    STRATA_RETURN_IF_ERROR(params.write_whole(li, init).with_context("writing the initial parameters of " + lname));
+    std::vector<std::byte> padded(layer_part.padded_elements * layer_where.param_element_bytes, std::byte{0});
+    std::memcpy(padded.data(), values.data(), spec.param_bytes);
+    STRATA_RETURN_IF_ERROR(params.write_whole(li, padded).with_context("writing the initial parameters of " + lname));
   } else {
-    STRATA_RETURN_IF_ERROR(params.replace_shard(li, params.own_shard(li, init.data()))
+    // This rank's shard straight from the values (no padded copy of the whole layer first).
+    STRATA_RETURN_IF_ERROR(params.replace_shard(li, params.own_shard(li, values.first(spec.param_bytes)))
                                .with_context("writing the initial parameter shard of " + lname));
   }
   if (!layer_where.frozen) {

@@ -83,7 +83,8 @@ Status ParameterGathering::init_layer(size_t li, const std::byte* padded) {
     STRATA_ASSIGN_OR_RETURN(l.full_params, ctx_.alloc_device(bytes, "parameters of " + lname));
     return ctx_.device.copy(l.full_params.data(), padded, bytes, CopyKind::kHostToDevice);
   }
-  const std::vector<std::byte> shard = own_shard(li, padded);
+  const std::vector<std::byte> shard =
+      own_shard(li, std::span<const std::byte>(padded, layer_part.padded_elements * where.param_element_bytes));
   if (where.shard_on_nvme())
     return swap_->put(static_cast<uint32_t>(li), shard.data(), shard.size(), "parameter shard of " + lname);
   if (where.shard_in_host()) {
@@ -463,12 +464,15 @@ Status ParameterGathering::put_shard(size_t li, std::span<const std::byte> value
   return ctx_.device.copy(l.dev_shard.data(), values.data(), values.size(), CopyKind::kHostToDevice);
 }
 
-std::vector<std::byte> ParameterGathering::own_shard(size_t li, const std::byte* padded) const {
+std::vector<std::byte> ParameterGathering::own_shard(size_t li, std::span<const std::byte> values) const {
   const LayerPartition& layer_part = ctx_.part.layer(li);
   const size_t eb = element_bytes(li);
   std::vector<std::byte> shard(layer_part.shard_elements * eb, std::byte{0});
-  for (const SubGroup& g : layer_part.groups)
-    std::memcpy(shard.data() + g.shard_offset * eb, padded + layer_part.piece_begin(g, ctx_.rank) * eb, g.piece * eb);
+  for (const SubGroup& g : layer_part.groups) {
+    const size_t begin = layer_part.piece_begin(g, ctx_.rank) * eb;
+    const size_t given = begin < values.size() ? std::min(g.piece * eb, values.size() - begin) : 0;
+    if (given > 0) std::memcpy(shard.data() + g.shard_offset * eb, values.data() + begin, given);
+  }
   return shard;
 }
 

@@ -126,8 +126,9 @@ class ParameterGathering {
   // A whole layer's owned pieces, rewritten by write_whole_piece, gathered
   // back on every rank (stages 1-3, world > 1) and waited for.
   Status regather_whole(size_t li);
-  // This rank's pieces of layer li, shard layout, from the padded layer.
-  std::vector<std::byte> own_shard(size_t li, const std::byte* padded) const;
+  // This rank's pieces of layer li, shard layout, from the layer's values
+  // (padded or not: bytes past `values` are the padding's zeros).
+  std::vector<std::byte> own_shard(size_t li, std::span<const std::byte> values) const;
   // This rank's shard of layer li as fp32 (a whole layer's own pieces).
   Result<std::vector<float>> shard_fp32(size_t li);
 

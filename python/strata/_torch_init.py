@@ -153,7 +153,9 @@ def materialize_unit(root, unit, units, params, shapes, names, holders):
                if all(id(q) in mine for q in m.parameters(recurse=False))]
     with torch.no_grad():
         for p in params:
-            p.data = torch.full(shapes[id(p)], float("nan"), dtype=p.dtype)
+            if tuple(p.shape) != tuple(shapes[id(p)]):  # no home given yet (initialize gives fp32 layers theirs)
+                p.data = torch.empty(shapes[id(p)], dtype=p.dtype)
+            p.fill_(float("nan"))
         for m in modules:
             reset = getattr(m, "reset_parameters", None)
             own = list(m.parameters(recurse=False))
@@ -249,4 +251,7 @@ def load_unit(params, keys, checkpoint):
     with torch.no_grad():
         for p in params:
             value = checkpoint.read(keys[id(p)])
-            p.data = value if value.dtype == p.dtype else value.to(p.dtype)
+            if tuple(p.shape) == tuple(value.shape) and p.numel() > 0:
+                p.copy_(value)  # into the memory it has (its home in the engine's packed layout)
+            else:
+                p.data = value if value.dtype == p.dtype else value.to(p.dtype)

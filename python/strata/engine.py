@@ -137,6 +137,26 @@ class Engine:
                 values[offset_elements:offset_elements + count] = flat.to(torch.float32)
         self._native.put_initial_layer(layer, packed.numpy(), None if values is None else values.numpy(), int(root))
 
+    def packed_views(self, layer):
+        """For an all-fp32 layer: a zeroed uint8 tensor of its bytes as the
+        engine lays them out and {name: an fp32 view of it with that
+        tensor's shape}; values written into the views are handed in by
+        put_initial_packed without a copy. None for other layers."""
+        torch = _torch()
+        layout = self._layout[layer]
+        if any(dtype != "float32" for _, _, dtype, _, _ in layout):
+            return None
+        nbytes = max(offset + _numel(shape) * 4 for _, shape, _, offset, _ in layout)
+        packed = torch.zeros(nbytes, dtype=torch.uint8)
+        views = {name: packed[offset:offset + _numel(shape) * 4].view(torch.float32).view(shape)
+                 for name, shape, _, offset, _ in layout}
+        return packed, views
+
+    def put_initial_packed(self, layer, packed, root=0):
+        """put_initial_layer for packed_views' buffer, without a copy (the
+        fp32 master weights are its values)."""
+        self._native.put_initial_layer(layer, packed.numpy(), None, int(root))
+
     # -- the step's brackets (Note [Driving the engine]) ------------------------------------------
     def begin_step(self):
         self._native.begin_step()

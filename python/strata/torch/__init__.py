@@ -167,18 +167,25 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         holders = first_holders(model)
     # Initial values unit by unit, then the module's own copy dropped: its
     # parameters are bound to the engine's memory when their unit runs.
+    made_here = built_on_meta or checkpoint is not None
     for unit in units_found:
         unit_plans = [plans[index] for index in unit.layers]
         unit_params = [p for plan in unit_plans for _, p in plan.params]
+        # Values made (or read) here go straight into the engine's packed layout where the layer is fp32
+        # like the module: handed in without a packing copy.
+        packs = _packed_homes(native, unit_plans) if made_here else {}
         if checkpoint is not None:
             load_unit(unit_params, keys, checkpoint)
         elif built_on_meta:
             materialize_unit(model, unit, units_found, unit_params, shapes, names, holders)
         for plan in unit_plans:
-            native.put_initial_layer(plan.index, [p.detach() for _, p in plan.params])
+            if plan.index in packs:
+                native.put_initial_packed(plan.index, _packed_values(plan, *packs.pop(plan.index)))
+            else:
+                native.put_initial_layer(plan.index, [p.detach() for _, p in plan.params])
             for _, p in plan.params:
                 p.data = torch.empty(0, dtype=plan.dtype)
-        if built_on_meta or checkpoint is not None:
+        if made_here:
             give_back_freed_memory()
 
     engine = StrataEngine(model, units_found, plans, native, facade, scheduler, resolved)
@@ -197,6 +204,36 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         loader = torch.utils.data.DataLoader(training_data, batch_size=resolved["train_micro_batch_size_per_gpu"],
                                              collate_fn=collate_fn, sampler=sampler)
     return engine, facade, loader, scheduler
+
+
+def _packed_homes(native, unit_plans):
+    """{layer: (packed buffer, views)} for the unit's all-fp32 layers whose
+    parameters are fp32: each parameter's memory becomes its view of the
+    buffer the engine takes as is (Engine.packed_views)."""
+    homes = {}
+    for plan in unit_plans:
+        if any(p.dtype != torch.float32 for _, p in plan.params):
+            continue
+        found = native.packed_views(plan.index)
+        if found is None:
+            continue
+        packed, views = found
+        with torch.no_grad():
+            for name, p in plan.params:
+                p.data = views[name]
+        homes[plan.index] = (packed, views)
+    return homes
+
+
+def _packed_values(plan, packed, views):
+    """The packed buffer with the plan's current values: a rule that
+    replaced a parameter's memory instead of writing into it is copied in."""
+    with torch.no_grad():
+        for name, p in plan.params:
+            view = views[name]
+            if p.data_ptr() != view.data_ptr() or p.shape != view.shape:
+                view.copy_(p.detach())
+    return packed
 
 
 def _follow_swap(mapping, facade, plans):
