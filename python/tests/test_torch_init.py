@@ -427,3 +427,26 @@ def test_init_with_a_fit_plans_from_the_meta_shapes(tmp_path):
     assert engine.fit is not None and engine.fit["best"]["label"].startswith("s")
     losses = train(engine, 3)
     assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
+
+
+class Reassigning(torch.nn.Module):
+    """reset_parameters gives the weight new memory instead of writing into it."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.empty(4, 4))
+        torch.nn.init.zeros_(self.weight)  # (in place: a meta tensor takes no new memory)
+
+    def reset_parameters(self):
+        self.weight.data = torch.arange(16, dtype=torch.float32).reshape(4, 4) / 16
+
+    def forward(self, x):
+        return x @ self.weight
+
+
+@needs_hook
+def test_a_rule_that_replaces_a_parameters_memory_still_hands_its_values_in():
+    model = build_under_init(lambda: torch.nn.Sequential(Reassigning(), torch.nn.Linear(4, 2)))
+    st.initialize(model=model, model_parameters=model.parameters(), config=config())
+    values = gathered(model)
+    assert torch.equal(values["0.weight"], torch.arange(16, dtype=torch.float32).reshape(4, 4) / 16)
