@@ -12,7 +12,7 @@ struct CalibrateOptions {
   std::string out;      // profile file ("" : print it)
   std::string preset = "small";  // the model whose shapes the compute rate is measured on
   int layers = 0, heads = 0, embd = 0;
-  int batch = 4, seq = 64, steps = 5;
+  int batch = 4, seq = 64, steps = 9;  // compute: the median of `steps` steps after one warm-up
   int ranks = 1;  // local ranks sharing this machine during the compute measurement
   std::string config;  // a DeepSpeed config whose aio section the NVMe measurement uses ("": the defaults)
   std::string dtype = "bf16";  // --calibrate-dtype: the parameter dtype the compute is timed in
