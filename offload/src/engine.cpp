@@ -173,24 +173,22 @@ Status Engine::Impl::put_initial_layer(size_t li, std::span<const std::byte> val
   if (!layer_where.frozen) {
     // The master weights, a piece at a time (a whole layer's fp32 copy would
     // be one more transient the size of the largest layer): the fp32 values
-    // given, else the parameters widened; zero past the real elements.
+    // given, else the parameters widened. A piece's real elements lie within
+    // the layer's (piece_real), and Engine::put_initial_layer checked the sizes.
     std::vector<float> master;
     std::vector<float> zeros;
-    const size_t element_bytes = layer_where.param_element_bytes;
     for (size_t gi = 0; gi < layer_part.groups.size(); ++gi) {
       const SubGroup& g = layer_part.groups[gi];
       for (int r = owned_rank_begin(); r < owned_rank_end(); ++r) {
         const size_t n = layer_part.piece_real(g, r);
         if (n == 0) continue;
         const size_t begin = layer_part.piece_begin(g, r);
-        const size_t real = begin < spec.param_count ? std::min(n, spec.param_count - begin) : 0;
-        master.assign(n, 0.0f);
-        if (!fp32.empty()) {
-          const size_t given = fp32.size() > begin ? std::min(real, fp32.size() - begin) : 0;
-          std::copy_n(fp32.begin() + static_cast<std::ptrdiff_t>(begin), given, master.begin());
-        } else {
-          params_to_fp32(layer_where.param_dtype, values.data() + begin * element_bytes, master.data(), real);
-        }
+        master.resize(n);
+        if (!fp32.empty())
+          std::copy_n(fp32.begin() + static_cast<std::ptrdiff_t>(begin), n, master.begin());
+        else
+          params_to_fp32(layer_where.param_dtype, values.data() + begin * layer_where.param_element_bytes,
+                         master.data(), n);
         zeros.assign(n, 0.0f);
         STRATA_RETURN_IF_ERROR(updates.write_piece_state(li, gi, r, master.data(), zeros.data(), zeros.data())
                                    .with_context("writing the initial optimizer state of " + lname));

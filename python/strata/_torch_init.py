@@ -170,10 +170,10 @@ def materialize_unit(root, unit, units, params, shapes, names, holders):
     for p in params:
         if torch.isnan(p).any():
             owner = names[p]
-            raise InvalidArgument(f"parameter '{owner}' was built on the meta device (st.init) and no rule re-creates its "
-                             f"value: its module has no reset_parameters() and the model is not a Hugging Face "
-                             f"PreTrainedModel whose _init_weights covers it. Give the module a reset_parameters() "
-                             f"that sets it, or build the model outside st.init")
+            raise InvalidArgument(f"parameter '{owner}' was built on the meta device (st.init) and no rule "
+                                  f"re-creates its value: its module has no reset_parameters() and the model is not "
+                                  f"a Hugging Face PreTrainedModel whose _init_weights covers it. Give the module a "
+                                  f"reset_parameters() that sets it, or build the model outside st.init")
 
 
 def _is_hugging_face_model(model):
