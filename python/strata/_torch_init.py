@@ -170,10 +170,11 @@ def materialize_unit(root, unit, units, params, shapes, names, holders):
     for p in params:
         if torch.isnan(p).any():
             owner = names[p]
+            module = type(holders[id(p)]).__name__
             raise InvalidArgument(f"parameter '{owner}' was built on the meta device (st.init) and no rule "
-                                  f"re-creates its value: its module has no reset_parameters() and the model is not "
-                                  f"a Hugging Face PreTrainedModel whose _init_weights covers it. Give the module a "
-                                  f"reset_parameters() that sets it, or build the model outside st.init")
+                                  f"re-creates its value: its module ({module}) has no reset_parameters() and the "
+                                  f"model is not a Hugging Face PreTrainedModel whose _init_weights covers it. Give "
+                                  f"the module a reset_parameters() that sets it, or build the model outside st.init")
 
 
 def _is_hugging_face_model(model):

@@ -175,7 +175,7 @@ class Unreproducible(torch.nn.Module):
 @needs_hook
 def test_a_parameter_no_rule_remakes_is_refused_by_name():
     model = build_under_init(Unreproducible)
-    with pytest.raises(ValueError, match=r"parameter 'gain' was built on the meta device .*reset_parameters"):
+    with pytest.raises(ValueError, match=r"parameter 'gain' was built on the meta device .*its module \(Unreproducible\) has no reset_parameters"):
         st.initialize(model=model, config=config())
 
 
