@@ -175,6 +175,45 @@ TEST_P(SimdVsScalar, SpecialGradientValues) {
   }
 }
 
+TEST_P(SimdVsScalar, EveryInt8CodeDecodesLikeTheReference) {
+  // The SIMD paths decode codes through the fp16 conversion (Note [Codes
+  // through fp16]); every one of the 256 codes of each moment (subnormal
+  // codes, signed zero, codes above 1.0 that no step writes) is read by the
+  // conversion probe (decode, add, encode) and by a step, both compared with
+  // the reference's integer decode bit for bit.
+  const KernelPath path = GetParam();
+  for (const Mix& mix : all_mixes()) {
+    if (!mix.int8) continue;
+    constexpr size_t kCount = 4 * 256 + 7;  // a partial last block too
+    for (int pass = 0; pass < 2; ++pass) {
+      CpuOptimizer scalar = make_optimizer(mix.kind, KernelPath::kScalar);
+      CpuOptimizer simd = make_optimizer(mix.kind, path);
+      TestState ref(mix, kCount, 3), got(mix, kCount, 3);
+      ref.fill(11);
+      got.fill(11);
+      for (TestState* s : {&ref, &got}) {
+        for (size_t i = 0; i < kCount; ++i) {
+          static_cast<uint8_t*>(s->m())[i] = static_cast<uint8_t>(i % 256);
+          static_cast<uint8_t*>(s->v())[i] = static_cast<uint8_t>((i * 37 + i / 256) % 256);
+        }
+        for (size_t b = 0; b < moment_block_count(kCount, mix.block); ++b) {
+          s->m_scales()[b] = 0.03f * static_cast<float>(b + 1);
+          s->v_scales()[b] = 0.002f / static_cast<float>(b + 1);
+        }
+      }
+      if (pass == 0) {
+        ASSERT_TRUE(scalar.stream_probe(ref.spans(), false, ProbeKind::kConversion).ok());
+        ASSERT_TRUE(simd.stream_probe(got.spans(), false, ProbeKind::kConversion).ok());
+      } else {
+        ASSERT_TRUE(scalar.step(args_for(3), ref.spans()).ok());
+        ASSERT_TRUE(simd.step(args_for(3), got.spans()).ok());
+      }
+      expect_same_state(ref, got, path, pass == 0 ? "every code, conversion probe" : "every code, step");
+      if (HasFailure()) return;
+    }
+  }
+}
+
 TEST_P(SimdVsScalar, GradStatsMatchReference) {
   const KernelPath path = GetParam();
   for (DType g : {DType::kF32, DType::kBF16, DType::kF16}) {

@@ -132,10 +132,11 @@ struct CountingIsa {
   static VI select_lt(VI a, VI bound, VI if_less, VI otherwise) {
     return static_cast<int32_t>(a) < static_cast<int32_t>(bound) ? if_less : otherwise;
   }
-  static V cvt_i32(VI a) { return static_cast<float>(static_cast<int32_t>(a)); }
-  static VI load_u8(const uint8_t* p) {
+  template <class Code, bool kSigned>
+  static V load_codes(const uint8_t* p) {  // the reference's decode (int8_format.h)
     record(p, 1, false);
-    return *p;
+    const float magnitude = Code::decode(kSigned ? *p & 0x7fu : *p);
+    return kSigned && (*p & 0x80u) != 0 ? -magnitude : magnitude;
   }
   static void store_u8(uint8_t* p, VI x) {
     record(p, 1, true);

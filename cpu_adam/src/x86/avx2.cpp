@@ -93,13 +93,19 @@ struct Avx2 {
   static VI select_lt(VI a, VI bound, VI if_less, VI otherwise) {
     return _mm256_blendv_epi8(otherwise, if_less, _mm256_cmpgt_epi32(bound, a));
   }
-  static V cvt_i32(VI a) { return _mm256_cvtepi32_ps(a); }
-  static VI load_u8(const uint8_t* p) {
-    return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-  }
   static void store_u8(uint8_t* p, VI x) {  // lanes hold 0..255
     const __m128i words = _mm_packus_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
     _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packus_epi16(words, words));
+  }
+  // 8 codes -> 8 values (Note [Codes through fp16], kernel_body_int8.h).
+  template <class Code, bool kSigned>
+  static V load_codes(const uint8_t* p) {
+    const __m128i code = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    __m128i half = _mm_slli_epi16(code, 10 - Code::M);  // the magnitude's fp16 bits
+    if constexpr (kSigned) {  // the sign (code bit 7, now bit 17 - M = 14) moves to bit 15
+      half = _mm_add_epi16(half, _mm_and_si128(half, _mm_set1_epi16(0x4000)));
+    }
+    return _mm256_cvtph_ps(half);
   }
   static uint32_t hmax_u32(VI x) {
     __m128i m = _mm_max_epu32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));

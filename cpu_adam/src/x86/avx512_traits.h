@@ -90,22 +90,19 @@ struct Avx512 {
   static VI select_lt(VI a, VI bound, VI if_less, VI otherwise) {
     return _mm512_mask_blend_epi32(_mm512_cmplt_epi32_mask(a, bound), otherwise, if_less);
   }
-  static V cvt_i32(VI a) { return _mm512_cvtepi32_ps(a); }
-  static VI load_u8(const uint8_t* p) {
-    return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  }
   static void store_u8(uint8_t* p, VI x) {  // vpmovdb: lanes hold 0..255
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(x));
   }
   static uint32_t hmax_u32(VI x) { return _mm512_reduce_max_epu32(x); }
-  // q < 2^M ? q * 2^(-14-M) : normal, as one masked permute of a table of
-  // the 16 values i * 2^(-14-M) (exact, like the reference's multiply).
-  template <class Code>
-  static V decode_subnormal(VI q, V normal) {
-    const V table = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13,
-                                                                       14, 15)),
-                                  _mm512_set1_ps(Code::kSubnormalUnit));
-    return _mm512_mask_permutexvar_ps(normal, _mm512_cmplt_epu32_mask(q, _mm512_set1_epi32(1 << Code::M)), q, table);
+  // 16 codes -> 16 values (Note [Codes through fp16], kernel_body_int8.h).
+  template <class Code, bool kSigned>
+  static V load_codes(const uint8_t* p) {
+    const __m256i code = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    __m256i half = _mm256_slli_epi16(code, 10 - Code::M);  // the magnitude's fp16 bits
+    if constexpr (kSigned) {  // the sign (code bit 7, now bit 17 - M = 14) moves to bit 15
+      half = _mm256_add_epi16(half, _mm256_and_si256(half, _mm256_set1_epi16(0x4000)));
+    }
+    return _mm512_cvtph_ps(half);
   }
   using R8 = __m128i;  // 16 x 8 bits
   static R8 load_raw8(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }

@@ -13,10 +13,10 @@
 //
 // Extra traits used here: VI (32-bit integer lanes), set1i, as_int,
 // as_float, and_i, or_i, add_i, sub_i, srli<S>, slli<S>, min_u32, max_u32,
-// select_lt (a < bound, signed), cvt_i32, load_u8 / store_u8 (one byte per
-// lane, zero-extended / truncated), hmax_u32, load_scale / store_scale; for
-// the streaming probe R8 with load_raw8 / store_raw8. Optional:
-// decode_subnormal<Code>(q, normal) (q < 2^M ? q * 2^(-14-M) : normal).
+// select_lt (a < bound, signed), store_u8 (one byte per lane, truncated),
+// load_codes<Code, signed> (one vector of codes decoded, Note [Codes through
+// fp16]), hmax_u32, load_scale / store_scale; for the streaming probe R8
+// with load_raw8 / store_raw8.
 #include <algorithm>
 #include <bit>
 
@@ -48,26 +48,30 @@ struct Int8Kernels {
     const VI q = I::select_lt(a, I::set1i(Code::kNormalMinBits), q_sub, q_normal);
     return I::min_u32(q, I::set1i(Code::kMaxCode));
   }
-  template <class Code>
-  static V decode(VI q) {
-    constexpr int M = Code::M;
-    const VI normal = I::template slli<23 - M>(I::add_i(q, I::set1i(Code::kRebias)));
-    if constexpr (requires { I::template decode_subnormal<Code>(q, I::as_float(normal)); }) {
-      return I::template decode_subnormal<Code>(q, I::as_float(normal));  // a 16-entry table lookup
-    } else {
-      const VI subnormal = I::as_int(I::mul(I::cvt_i32(q), I::set1(Code::kSubnormalUnit)));
-      return I::as_float(I::select_lt(q, I::set1i(1u << M), subnormal, normal));
-    }
+  // One vector of codes <-> values (unscaled: m / scale, sqrt(v) / scale).
+  // Decoding goes through the fp16 conversion (Note [Codes through fp16]);
+  // encoding performs the integer and float operations of int8_format.h.
+  static V load_m(const uint8_t* codes) { return I::template load_codes<ExpAvgCode, true>(codes); }
+  static V load_u(const uint8_t* codes) { return I::template load_codes<ExpAvgSqCode, false>(codes); }
+  // r = m / scale; its sign is m's (1 / scale is +0 or positive).
+  static void store_m(uint8_t* codes, V r) {
+    const VI sign = I::and_i(I::template srli<24>(I::as_int(r)), I::set1i(0x80));
+    I::store_u8(codes, I::or_i(sign, encode<ExpAvgCode>(r)));
   }
-  static V decode_m(VI code, V scale) {
-    const V magnitude = decode<ExpAvgCode>(I::and_i(code, I::set1i(0x7f)));
-    const VI sign = I::and_i(I::template slli<24>(code), I::set1i(0x80000000u));  // and + or: one vpternlogd
-    return I::mul(I::as_float(I::or_i(I::as_int(magnitude), sign)), scale);
-  }
-  static VI encode_m(V m, V inv) {
-    const VI sign = I::and_i(I::template srli<24>(I::as_int(m)), I::set1i(0x80));
-    return I::or_i(sign, encode<ExpAvgCode>(I::mul(m, inv)));
-  }
+  static void store_u(uint8_t* codes, V r) { I::store_u8(codes, encode<ExpAvgSqCode>(r)); }
+
+  // Note [Codes through fp16]: a code's magnitude bits, shifted left by
+  // 10 - M, are the fp16 bits of code-value / 1.0 exactly: 4 exponent bits
+  // with bias 15 and M mantissa bits are the low end of fp16's 5-bit
+  // exponent (the largest code, 15 << M, is fp16 1.0), and the code's
+  // subnormals (q < 2^M, q * 2^(-14-M)) are fp16's subnormals. So one
+  // vcvtph2ps decodes 16 codes, subnormals included, to the same floats as
+  // the reference's integer formula (int8_format.h): a shift and, for the
+  // signed first moment, moving bit 7 to fp16's sign bit, on 16-bit lanes.
+  // Encoding the same way (vcvtps2ph, then rounding to M bits) rounds
+  // twice; made exact by rounding to odd first it was slower than the
+  // integer path on Zen 4 (measured, docs/cpu_adam.md), so encoding stays
+  // on 32-bit lanes.
 
   // Pointers for one vector at index i of the tile (or of a padded copy);
   // the update reads the *_in ones (Kernels::Block), the probes run in place.
@@ -94,8 +98,8 @@ struct Int8Kernels {
   static inline void update_vec(const Consts& c, const Vec& b, size_t i, BlockState& s, size_t j) {
     V p = I::load_f32(b.params_in + i);
     V g = I::mul(K::template load<G>(b.grads, i), c.grad_multiplier);
-    V m = decode_m(I::load_u8(b.m_codes_in + i), s.m_scale);
-    const V u_old = I::mul(decode<ExpAvgSqCode>(I::load_u8(b.v_codes_in + i)), s.u_scale);
+    V m = I::mul(load_m(b.m_codes_in + i), s.m_scale);
+    const V u_old = I::mul(load_u(b.v_codes_in + i), s.u_scale);
     V v = I::mul(u_old, u_old);
     if (c.l2_decay) g = I::fmadd(c.weight_decay, p, g);
     m = I::fmadd(c.one_minus_beta1, I::sub(g, m), m);
@@ -118,9 +122,10 @@ struct Int8Kernels {
     const V g = K::template load<G>(b.grads, i);
     const V p = I::add(I::load_f32(b.params_in + i), g);
     I::store_f32(b.params + i, p);
-    I::store_u8(b.m_codes + i, encode_m(I::add(decode_m(I::load_u8(b.m_codes_in + i), s.m_scale), g), s.m_inv));
-    const V u = I::mul(decode<ExpAvgSqCode>(I::load_u8(b.v_codes_in + i)), s.u_scale);
-    I::store_u8(b.v_codes + i, encode<ExpAvgSqCode>(I::mul(I::add(u, g), s.u_inv)));
+    const V m = I::mul(load_m(b.m_codes_in + i), s.m_scale);
+    store_m(b.m_codes + i, I::mul(I::add(m, g), s.m_inv));
+    const V u = I::mul(load_u(b.v_codes_in + i), s.u_scale);
+    store_u(b.v_codes + i, I::mul(I::add(u, g), s.u_inv));
     K::template store_copy<C>(b.param_copy, i, p, b.copy_non_temporal);
   }
 
@@ -261,13 +266,13 @@ struct Int8Kernels {
           K::prefetch(b.v_codes_in, next + j);
         }
       }
-      I::store_u8(b.m_codes + begin + j, encode_m(I::load_f32(m_buf + j), m_inv));
-      I::store_u8(b.v_codes + begin + j, encode<ExpAvgSqCode>(I::mul(I::load_f32(u_buf + j), u_inv)));
+      store_m(b.m_codes + begin + j, I::mul(I::load_f32(m_buf + j), m_inv));
+      store_u(b.v_codes + begin + j, I::mul(I::load_f32(u_buf + j), u_inv));
     }
     if (j == n) return;
     alignas(64) uint8_t m[W], v[W];  // the buffer holds W valid floats past j (n < B, B % W == 0)
-    I::store_u8(m, encode_m(I::load_f32(m_buf + j), m_inv));
-    I::store_u8(v, encode<ExpAvgSqCode>(I::mul(I::load_f32(u_buf + j), u_inv)));
+    store_m(m, I::mul(I::load_f32(m_buf + j), m_inv));
+    store_u(v, I::mul(I::load_f32(u_buf + j), u_inv));
     std::memcpy(b.m_codes + begin + j, m, n - j);
     std::memcpy(b.v_codes + begin + j, v, n - j);
   }
