@@ -141,6 +141,14 @@ Status Engine::Impl::init_layer(size_t li) {
   const LayerSpec& spec = model.layers()[li];
   const LayerPartition& layer_part = part.layer(li);
   const LayerPlacement& layer_where = where(li);
+  if (!model.provides_initial_values()) {
+    // Zeros until put_initial_layer hands the values in: made a piece (or a
+    // shard) at a time, not as layer-sized host copies (measured: two fp32
+    // copies of the largest layer were most of engine creation's peak).
+    STRATA_RETURN_IF_ERROR(params.init_layer(li, nullptr));
+    STRATA_RETURN_IF_ERROR(grads.init_layer(li));
+    return updates.init_layer(li, UpdateScheduler::InitialMaster{.layer = {}, .zeros = layer_where.master});
+  }
   std::vector<std::byte> init(layer_part.padded_elements * layer_where.param_element_bytes, std::byte{0});
   STRATA_RETURN_IF_ERROR(model.init_layer(li, std::span<std::byte>(init.data(), spec.param_bytes)));
   std::vector<float> init32;
@@ -150,7 +158,7 @@ Status Engine::Impl::init_layer(size_t li) {
   }
   STRATA_RETURN_IF_ERROR(params.init_layer(li, init.data()));
   STRATA_RETURN_IF_ERROR(grads.init_layer(li));
-  return updates.init_layer(li, init32);
+  return updates.init_layer(li, UpdateScheduler::InitialMaster{.layer = init32});
 }
 
 // A SpecModel's initial values, handed in layer by layer (engine.h): this

@@ -81,10 +81,13 @@ Status ParameterGathering::init_layer(size_t li, const std::byte* padded) {
   if (where.persistent()) {
     const size_t bytes = layer_part.padded_elements * where.param_element_bytes;
     STRATA_ASSIGN_OR_RETURN(l.full_params, ctx_.alloc_device(bytes, "parameters of " + lname));
+    if (padded == nullptr) return ctx_.device.memset(l.full_params.data(), 0, bytes);
     return ctx_.device.copy(l.full_params.data(), padded, bytes, CopyKind::kHostToDevice);
   }
   const std::vector<std::byte> shard =
-      own_shard(li, std::span<const std::byte>(padded, layer_part.padded_elements * where.param_element_bytes));
+      padded == nullptr
+          ? std::vector<std::byte>(layer_part.shard_elements * element_bytes(li), std::byte{0})
+          : own_shard(li, std::span<const std::byte>(padded, layer_part.padded_elements * where.param_element_bytes));
   if (where.shard_on_nvme())
     return swap_->put(static_cast<uint32_t>(li), shard.data(), shard.size(), "parameter shard of " + lname);
   if (where.shard_in_host()) {

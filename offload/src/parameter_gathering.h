@@ -69,7 +69,8 @@ class ParameterGathering {
   // The live cap, the trace and (offload_param nvme) the swap store and its
   // reader, named for this run.
   Status init(const std::string& job_name);
-  // Layer li's buffers, holding `padded` (the padded layout, its dtype).
+  // Layer li's buffers, holding `padded` (the padded layout, its dtype), or
+  // zeros where `padded` is null (no layer-sized host copy is made then).
   Status init_layer(size_t li, const std::byte* padded);
 
   AcquireTrace& trace() { return *trace_; }

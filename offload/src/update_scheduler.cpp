@@ -106,7 +106,7 @@ Status UpdateScheduler::make_nvme_tier(const std::string& job_name) {
   return Status::Ok();
 }
 
-Status UpdateScheduler::init_layer(size_t li, std::span<const float> master) {
+Status UpdateScheduler::init_layer(size_t li, const InitialMaster& master) {
   const LayerSpec& spec = ctx_.model.layers()[li];
   const LayerPlacement& where = ctx_.where(li);
   LayerUpdate& l = layers_[li];
@@ -132,6 +132,13 @@ Status UpdateScheduler::init_layer(size_t li, std::span<const float> master) {
                                                           ctx_.owned_elements(layer_part) * where.param_element_bytes,
                                                           "parameter staging of " + lname));
   }
+  // A piece's initial master weights: its part of the layer's values, or zeros.
+  std::vector<float> zeros;
+  auto master_of = [&](size_t begin, size_t count) -> std::span<const float> {
+    if (!master.zeros) return master.layer.subspan(begin, count);
+    if (zeros.size() < count) zeros.assign(count, 0.0f);
+    return std::span<const float>(zeros).first(count);
+  };
   // Optimizer state of every owned piece.
   for (size_t gi = 0; gi < layer_part.groups.size(); ++gi) {
     const SubGroup& g = layer_part.groups[gi];
@@ -139,7 +146,7 @@ Status UpdateScheduler::init_layer(size_t li, std::span<const float> master) {
       const size_t count = layer_part.piece_real(g, r), host = ctx_.host_n(count);
       const StateId id{static_cast<uint32_t>(li), static_cast<uint32_t>(gi), r};
       std::span<const float> host_master;
-      if (where.master) host_master = master.subspan(layer_part.piece_begin(g, r), host);
+      if (where.master) host_master = master_of(layer_part.piece_begin(g, r), host);
       STRATA_RETURN_IF_ERROR(tier_->add(id, ctx_.state_name(li, gi, r), host, host_master));
       // Note [Early, exact updates]: where the early update writes.
       if (ctx_.placement.early_updates)
@@ -147,7 +154,7 @@ Status UpdateScheduler::init_layer(size_t li, std::span<const float> master) {
       if (ctx_.split()) {
         // The device part: fp32 parameters are their own master there.
         std::span<const float> dev_master;
-        if (where.param_dtype != DType::kF32) dev_master = master.subspan(layer_part.piece_begin(g, r) + host, count - host);
+        if (where.param_dtype != DType::kF32) dev_master = master_of(layer_part.piece_begin(g, r) + host, count - host);
         STRATA_RETURN_IF_ERROR(
             dev_tier_->add(id, ctx_.state_name(li, gi, r) + " (device part)", count - host, dev_master));
       }

@@ -78,9 +78,16 @@ class UpdateScheduler {
 
   // The tiers, the optimizers, the streams and the optimizer threads.
   Status init(const std::string& job_name);
-  // Layer li's hyper-parameter runs, staging and optimizer state; `master`:
-  // its padded fp32 initial values (empty: the layer has no master).
-  Status init_layer(size_t li, std::span<const float> master);
+  // Where a layer's initial master weights come from: its padded fp32
+  // values, or zeros (a model whose values are handed in later through
+  // Engine::put_initial_layer: then no layer-sized buffer is made, only one
+  // piece of zeros at a time).
+  struct InitialMaster {
+    std::span<const float> layer;  // padded fp32 values; empty with `zeros` or for a layer without master
+    bool zeros = false;
+  };
+  // Layer li's hyper-parameter runs, staging and optimizer state.
+  Status init_layer(size_t li, const InitialMaster& master);
 
   Result<Queued> queue_update(size_t li, const GradientReduction::UpdateInput& input, int64_t step, double clip,
                               double scale, const cpu_adam::HyperParams& hyper);
