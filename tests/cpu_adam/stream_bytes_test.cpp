@@ -133,10 +133,9 @@ struct CountingIsa {
     return static_cast<int32_t>(a) < static_cast<int32_t>(bound) ? if_less : otherwise;
   }
   template <class Code, bool kSigned>
-  static V load_codes(const uint8_t* p) {  // the reference's decode (int8_format.h)
+  static V load_codes(const uint8_t* p) {  // the reference's decode (int8_format.h), unscaled
     record(p, 1, false);
-    const float magnitude = Code::decode(kSigned ? *p & 0x7fu : *p);
-    return kSigned && (*p & 0x80u) != 0 ? -magnitude : magnitude;
+    return kSigned ? detail::decode_exp_avg(*p, 1.0f) : Code::decode(*p);
   }
   static void store_u8(uint8_t* p, VI x) {
     record(p, 1, true);
