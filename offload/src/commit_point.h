@@ -18,6 +18,7 @@
 
 #include "engine_context.h"
 #include "parameter_gathering.h"
+#include "step_nvme_bytes.h"
 #include "strata/offload/loss_scaler.h"
 #include "update_scheduler.h"
 
@@ -33,8 +34,9 @@ struct StepMark {
 class CommitPoint {
  public:
   using Restore = std::function<Status(const StepMark&)>;
-  CommitPoint(EngineContext& ctx, ParameterGathering& params, UpdateScheduler& updates, Restore restore)
-      : ctx_(ctx), params_(params), updates_(updates), restore_(std::move(restore)) {}
+  CommitPoint(EngineContext& ctx, ParameterGathering& params, UpdateScheduler& updates, StepNvmeBytes& nvme_bytes,
+              Restore restore)
+      : ctx_(ctx), params_(params), updates_(updates), nvme_bytes_(nvme_bytes), restore_(std::move(restore)) {}
 
   // A step's updates are about to be queued; `before`: the counters before it.
   void begin_pending(const StepMark& before) {
@@ -63,6 +65,7 @@ class CommitPoint {
   EngineContext& ctx_;
   ParameterGathering& params_;
   UpdateScheduler& updates_;
+  StepNvmeBytes& nvme_bytes_;
   Restore restore_;
   bool pending_ = false;           // a step's updates are queued and not committed yet
   bool pending_complete_ = false;  // every layer's update of that step was queued

@@ -7,6 +7,7 @@
 //                                             prefetch along the recorded trace, live and reuse caps
 //   GradientReduction (gradient_reduction.h)  gradient buffers, reductions in canonical order, the norm
 //   UpdateScheduler (update_scheduler.h)      optimizer state tiers, optimizer threads, per-layer updates
+//   StepNvmeBytes (step_nvme_bytes.h)         a step's NVMe bytes, counted where that I/O is complete
 //   CommitPoint (commit_point.h)              the vote, commit or rollback of the pending step
 //   CheckpointIO (checkpoint_io.h)            asynchronous snapshots, atomic saves, loads
 // Impl itself holds what the step's calls share: where the driving thread
@@ -41,6 +42,7 @@
 #include "gradient_spill.h"
 #include "parameter_gathering.h"
 #include "serial_worker.h"
+#include "step_nvme_bytes.h"
 #include "update_scheduler.h"
 #include "strata/comm/host_collective.h"
 #include "strata/offload/checkpoint.h"
@@ -81,7 +83,8 @@ struct Engine::Impl : EngineContext {
   ParameterGathering params{*this};
   GradientReduction grads{*this};
   UpdateScheduler updates{*this, params};
-  CommitPoint commit{*this, params, updates, [this](const StepMark& m) { return restore(m); }};
+  StepNvmeBytes nvme_bytes{*this, updates};
+  CommitPoint commit{*this, params, updates, nvme_bytes, [this](const StepMark& m) { return restore(m); }};
 
   std::optional<double> caller_lr;  // set_step_lr(): the lr of every step from then on
   int64_t optimizer_steps = 0;  // applied updates (steps_begun, in the context, counts steps begun)
@@ -116,8 +119,7 @@ struct Engine::Impl : EngineContext {
     uint64_t tokens = 0;
   } progress;
   std::vector<std::shared_ptr<WaitProbe>> probes;  // this step's exposed-wait probes
-  StateTierIoStats io_before;  // the tier's counters at the start of the step
-  uint64_t gradient_nvme_read_before = 0, gradient_nvme_written_before = 0;  // GradientSpill's, likewise
+  StateTierIoStats io_before;  // the tier's counters at the start of the step (its wait times)
 
   EngineMemory plan() const;
   Status init();

@@ -42,10 +42,7 @@ Status Engine::Impl::begin_step() {
   // gathers do not stack on them (the memory plan counts one set).
   STRATA_RETURN_IF_ERROR(params.drain());
   io_before = updates.tier().io_stats();
-  if (gradient_spill != nullptr) {
-    gradient_nvme_read_before = gradient_spill->bytes_read();
-    gradient_nvme_written_before = gradient_spill->bytes_written();
-  }
+  nvme_bytes.step_begins(commit.pending());
   step_start = mark();
   failures.take(FailureOf::kCall).ignore();  // a late read of the previous call's dropped copies
   ++steps_begun;
@@ -160,6 +157,7 @@ Result<StepMetrics> Engine::Impl::finish_applied_step() {
   // in forward order), so the norm's block sums wait for one update at most.
   STRATA_RETURN_IF_ERROR(updates.close_early_updates());
   STRATA_ASSIGN_OR_RETURN(double sum_squares, grads.global_norm_squared());
+  nvme_bytes.backward_done();
   // The commit point of the previous step's updates (every rank got here,
   // so all of them ran): committed, or every rank rolls back and this step
   // is dropped with it. Its vote also carries each rank's loss: the loss of
@@ -232,17 +230,12 @@ Result<StepMetrics> Engine::Impl::finish_applied_step() {
   m.peak_pinned_bytes = stats.get(Tier::kPinnedHost).peak_bytes;
   m.peak_host_bytes = stats.get(Tier::kPageableHost).peak_bytes;
   m.peak_nvme_bytes = stats.get(Tier::kNvme).peak_bytes;
+  const StepNvmeBytes::Bytes nvme = nvme_bytes.take();  // Note [A step's NVMe bytes]
+  m.nvme_read_bytes = nvme.read;
+  m.nvme_write_bytes = nvme.written;
   if (opt_on_nvme()) {
-    // The state of this step's updates is read and written by the optimizer
-    // thread; with overlap the last layers may still be in flight here, so
-    // these count what completed since the previous step began.
+    // Between two moments of this thread, like the step's other times.
     const StateTierIoStats now = updates.tier().io_stats();
-    m.nvme_read_bytes = now.bytes_read - io_before.bytes_read;
-    m.nvme_write_bytes = now.bytes_written - io_before.bytes_written;
-    if (gradient_spill != nullptr) {  // Note [Gradient shards on NVMe]: the gradients' write and read back
-      m.nvme_read_bytes += gradient_spill->bytes_read() - gradient_nvme_read_before;
-      m.nvme_write_bytes += gradient_spill->bytes_written() - gradient_nvme_written_before;
-    }
     m.wait_nvme_ms = static_cast<double>((now.read_wait_ns - io_before.read_wait_ns) +
                                          (now.write_wait_ns - io_before.write_wait_ns)) / 1e6;
   }

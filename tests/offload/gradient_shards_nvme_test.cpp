@@ -64,28 +64,23 @@ TEST_P(GradientShardsOnNvme, SameLossesAsPinnedAndThePlanIsWhatTheEngineHolds) {
     EXPECT_GT(want.nvme, pinned.predicted[r].nvme);
   }
   // Each step writes every owned gradient byte under its backward and reads
-  // it back in its update. Compared per step against the pinned run, that is
-  // exact only where the updates end within their step (overlap off): with
-  // overlap on, the state's own I/O of the last updates lands in one step or
-  // the next depending on the threads' timing, in either run.
+  // it back in its update. A step's report carries its backward's writes and
+  // the reads of the updates committed during it (Note [A step's NVMe bytes]):
+  // with overlap on those of the previous step, none in the first report.
+  // Exact per step, against the pinned run's state I/O of the same steps.
   ASSERT_EQ(on_nvme.metrics.size(), pinned.metrics.size());
   const uint64_t gradient_bytes = on_nvme.predicted[0].nvme - pinned.predicted[0].nvme;
-  int64_t written = 0, read = 0;
+  ASSERT_GT(gradient_bytes, 0u);
   for (size_t s = 0; s < on_nvme.metrics.size(); ++s) {
-    written += static_cast<int64_t>(on_nvme.metrics[s].nvme_write_bytes - pinned.metrics[s].nvme_write_bytes);
-    read += static_cast<int64_t>(on_nvme.metrics[s].nvme_read_bytes - pinned.metrics[s].nvme_read_bytes);
-  }
-  if (!c.placement.overlap) {
-    EXPECT_EQ(written, static_cast<int64_t>(on_nvme.metrics.size() * gradient_bytes));
-    EXPECT_EQ(read, written);
-  } else {
-    uint64_t on_nvme_written = 0, on_nvme_read = 0;
-    for (const StepMetrics& m : on_nvme.metrics) {
-      on_nvme_written += m.nvme_write_bytes;
-      on_nvme_read += m.nvme_read_bytes;
-    }
-    EXPECT_GE(on_nvme_written, on_nvme.metrics.size() * gradient_bytes);  // at least the gradients, each step
-    EXPECT_GT(on_nvme_read, 0u);
+    SCOPED_TRACE(fmt::format("step {}", s + 1));
+    const int64_t written = static_cast<int64_t>(on_nvme.metrics[s].nvme_write_bytes) -
+                            static_cast<int64_t>(pinned.metrics[s].nvme_write_bytes);
+    const int64_t read = static_cast<int64_t>(on_nvme.metrics[s].nvme_read_bytes) -
+                         static_cast<int64_t>(pinned.metrics[s].nvme_read_bytes);
+    EXPECT_EQ(written, static_cast<int64_t>(gradient_bytes));
+    EXPECT_EQ(read, c.placement.overlap && s == 0 ? 0 : static_cast<int64_t>(gradient_bytes));
+    // The state's own write-backs: none reported before the first commit point.
+    EXPECT_EQ(pinned.metrics[s].nvme_write_bytes > 0, !(c.placement.overlap && s == 0));
   }
 }
 

@@ -74,8 +74,8 @@ TEST(EngineInt8Moments, TracksFp32AndMovesHalfTheNvmeBytes) {
   EXPECT_LE(std::abs(b.val[0] - a.val[0]), 0.01 * a.val[0]);
   // Master 4 B + moments 2 x (1 B + 4 B per 256) against 12 B, per element
   // (each moment part 4 KiB-aligned on NVMe: a little more for small pieces).
-  // Summed over the run: a read started ahead for the next step may complete
-  // on either side of a step's end, so one step's count varies with timing.
+  // Summed over the run (the first report of an overlapped run has no
+  // committed updates yet: Note [A step's NVMe bytes]).
   auto total = [](const Outcome& o, uint64_t StepMetrics::*bytes) {
     uint64_t sum = 0;
     for (const StepMetrics& m : o.metrics) sum += m.*bytes;

@@ -275,7 +275,12 @@ struct StepMetrics {
   double wait_gather_backward_ms = 0;
   // Bytes moved this step, per link, by this rank.
   uint64_t h2d_bytes = 0, d2h_bytes = 0, gather_bytes = 0, reduce_bytes = 0;
-  uint64_t nvme_read_bytes = 0, nvme_write_bytes = 0;  // optimizer state (offload_optimizer nvme)
+  // NVMe (offload_optimizer nvme), exact (Note [A step's NVMe bytes] in
+  // offload/src/step_nvme_bytes.h): the optimizer state the updates read and
+  // wrote back and the gradient shards they read back, of the same step as
+  // optimizer_ms (overlap on: the previous step's, 0 on the first), plus the
+  // gradient shards this step's backward wrote (strata.gradient_shards nvme).
+  uint64_t nvme_read_bytes = 0, nvme_write_bytes = 0;
   double wait_nvme_ms = 0;  // the optimizer thread waited for NVMe reads and write-backs
   // Peaks since the start, per tier, for this rank.
   uint64_t peak_device_bytes = 0, peak_pinned_bytes = 0, peak_host_bytes = 0, peak_nvme_bytes = 0;

@@ -1,0 +1,63 @@
+#pragma once
+// StepNvmeBytes: the NVMe bytes a step's report carries, counted exactly.
+// Private to offload/src.
+//
+// Note [A step's NVMe bytes]
+// The NVMe state tier counts a read when an update consumes it (open()) and
+// a write-back when it ends; the gradient spill (Note [Gradient shards on
+// NVMe]) counts a write when it is issued and a read back when the update
+// consumes it. With overlap a step's updates run on while the next step
+// computes, so counting between two moments of the driving thread (as the
+// step's times are counted) put the last updates' bytes in one step or the
+// next as the threads' timing went, and a one-step bench row could miss a
+// piece. Each kind is counted instead between two points where it is known
+// to be complete:
+//  - the updates' bytes (state read and written back, gradients read back):
+//    from the previous step's commit point (or begin_step() when no update
+//    was pending: I/O between steps, a checkpoint's reads, is not a step's)
+//    to this step's commit point, after the tier's flush() (every write-back
+//    ended);
+//  - the gradients written under the backward: from begin_step() to the
+//    point where the norm has every layer's block sums (a spill completes
+//    after its writes).
+// A step's report carries its backward's writes and the updates committed
+// since the previous report: with overlap on those of the previous step (as
+// StepMetrics::optimizer_ms does), with it off its own.
+#include <cstdint>
+
+#include "engine_context.h"
+#include "update_scheduler.h"
+
+namespace strata::offload::engine_detail {
+
+class StepNvmeBytes {
+ public:
+  StepNvmeBytes(EngineContext& ctx, UpdateScheduler& updates) : ctx_(ctx), updates_(updates) {}
+
+  struct Bytes {
+    uint64_t read = 0, written = 0;
+  };
+  // begin_step(): `updates_pending` says whether a step's updates still run.
+  void step_begins(bool updates_pending);
+  // Every layer's block sums are in (GradientReduction::global_norm_squared).
+  void backward_done();
+  // The pending step's updates and write-backs are done (CommitPoint::settle,
+  // before its vote; also when the step is then rolled back).
+  void updates_settled();
+  // This step's report: its backward's writes and the updates settled since
+  // the last take().
+  Bytes take();
+
+ private:
+  Bytes updates_now() const;  // the counters the updates move, since the engine began
+  uint64_t spill_written_now() const;
+
+  EngineContext& ctx_;
+  UpdateScheduler& updates_;
+  Bytes updates_from_;           // updates_now() where the current update window began
+  Bytes settled_;                // settled updates not reported yet
+  uint64_t backward_from_ = 0;   // spill_written_now() at begin_step()
+  uint64_t backward_written_ = 0;
+};
+
+}  // namespace strata::offload::engine_detail
