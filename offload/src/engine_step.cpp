@@ -266,7 +266,7 @@ Status Engine::Impl::queue_step_updates(const StepMark& call, double clip, doubl
       // arguments (the same bits as queuing it now), else redone from the
       // state it left untouched.
       ++m.speculated_layers;
-      if (updates.early_matches(li, optimizer_steps, clip, scale, hyper)) {
+      if (updates.early_matches(li, optimizer_steps, clip, scale, hyper) && updates.early_written(li)) {
         STRATA_ASSIGN_OR_RETURN(queued, updates.keep_early(li));
       } else {
         ++m.redone_layers;

@@ -71,7 +71,9 @@ EngineMemory plan_engine_memory(const EngineOptions& opt, const Partition& part,
         switch (placement.optimizer_state) {
           case StateHome::kNvme: {
             const uint64_t b = nvme_piece_bytes(host, true, opt.moments);
-            m.nvme += 2 * b;  // the committed and the pending version (Note [Piece versions])
+            // The committed and the newest version, and an early update's
+            // pending one (Note [Piece versions]).
+            m.nvme += (placement.early_updates ? 3 : 2) * b;
             nvme_largest_piece = std::max(nvme_largest_piece, b);
             break;
           }

@@ -64,6 +64,11 @@ class NvmeStateTier final : public OptimizerStateTier {
   Status committable() const override;
   Status rollback() override;
   uint64_t rollbacks() const override { return rollbacks_.load(std::memory_order_acquire); }
+  Status add_pending(const StateId& id) override;
+  Status close_pending(const StateId& id) override;
+  Status pending_written(const StateId& id) override;
+  Status keep_pending(const StateId& id) override;
+  Status drop_pending(const StateId& id) override;
 
  private:
   enum class Where : uint8_t { kDisk, kReading, kOpen, kWriting };
@@ -80,14 +85,28 @@ class NvmeStateTier final : public OptimizerStateTier {
     bool initial = false;  // the write in flight is the first (add): a failure leaves no state
     bool prefetched = false;
     Status lost;         // the initial write failed: open() returns this
-    // Note [Piece versions]: two SwapStore tensors per piece. `committed`
-    // holds the last committed step's state, `latest` what open() reads
-    // (the same until close(modified) writes the other one).
-    uint8_t committed = 0, latest = 0;
+    // Note [Piece versions]: up to three SwapStore tensors per piece.
+    // `committed` holds the last committed step's state, `latest` what
+    // open() reads (the same until close(modified) writes another one),
+    // `pending` an early update's state (close_pending) until it is kept
+    // or forgotten.
+    uint8_t committed = 0, latest = 0, pending = kNoVersion;
     uint8_t latest_before_write = 0;  // kWriting: `latest` to go back to if the write fails
-    bool second_version = false;      // version 1 written once (its extent counted)
+    bool writing_pending = false;     // kWriting: the write is close_pending()'s
+    Status pending_lost;              // close_pending()'s write failed
+    uint8_t versions_written = 1;     // bit v: version v has been written once (its extent counted)
   };
-  static nvme::TensorId tensor(size_t index, uint8_t version) { return static_cast<nvme::TensorId>(index) * 2 + version; }
+  static constexpr uint8_t kNoVersion = 0xff;
+  static constexpr uint8_t kVersions = 3;
+  static nvme::TensorId tensor(size_t index, uint8_t version) {
+    return static_cast<nvme::TensorId>(index) * kVersions + version;
+  }
+  // A version of p other than `a` and `b` (kNoVersion counts as none).
+  static uint8_t version_other_than(uint8_t a, uint8_t b);
+  // Counts p's version v on NVMe the first time it is written.
+  void count_version(Piece& p, uint8_t version);
+  // Waits for the pending version's write of p, if in flight (mu_ held).
+  Status wait_pending_write(Piece& p);
   // Waits for every write in flight (each slot comes back); returns harvest().
   Status wait_writes();
   // options_.wait_timeout_s for the writes in flight (together); harvests nothing.
@@ -191,7 +210,8 @@ Status NvmeStateTier::init() {
   // buffer_count fresh extents exist beside the versions (one slot more for
   // uneven sizes).
   capacity_bytes_ = o.capacity_bytes;
-  so.capacity_bytes = 3 * o.capacity_bytes + (o.buffer_count + 1) * options_.slot_bytes;
+  // A third version per piece with pending_versions.
+  so.capacity_bytes = (o.pending_versions ? 4 : 3) * o.capacity_bytes + (o.buffer_count + 1) * options_.slot_bytes;
   so.verify_checksums = o.verify_checksums;
   so.verify_writes = o.verify_writes;
   Result<std::unique_ptr<nvme::SwapStore>> store = nvme::SwapStore::open(so, *engine_);
@@ -263,9 +283,15 @@ Status NvmeStateTier::harvest() {
     Status st = p.io.wait();
     p.io = {};
     p.where = Where::kDisk;
+    const bool was_pending = p.writing_pending;
+    p.writing_pending = false;
     if (st.ok()) {
       io_.bytes_written += p.bytes;
       ++io_.writes;
+    } else if (was_pending) {
+      // No step's state is lost: the update is redone (pending_written()).
+      p.pending_lost = std::move(st).with_context(
+          fmt::format("{}: the write of its pending version (an early update) to NVMe failed", piece_name(p)));
     } else {
       Status named = std::move(st).with_context(
           fmt::format("{}: {}", piece_name(p),
@@ -522,16 +548,15 @@ Status NvmeStateTier::close(const StateId& id, bool modified) {
     const size_t index = static_cast<size_t>(&p - pieces_.data());
     // Never over the committed version: the pending one if this step wrote
     // the piece already, else the other one (Note [Piece versions]).
-    const uint8_t version = p.latest != p.committed ? p.latest : static_cast<uint8_t>(1 - p.committed);
+    // A pending version it had is superseded (its update was redone).
+    p.pending = kNoVersion;
+    p.pending_lost = Status::Ok();
+    const uint8_t version = p.latest != p.committed ? p.latest : version_other_than(p.committed, kNoVersion);
     Result<nvme::SwapHandle> w = store_->write(tensor(index, version), p.slot.data(), p.bytes);
     if (w.ok()) {
       p.latest_before_write = p.latest;
       p.latest = version;
-      if (version == 1 && !p.second_version) {
-        p.second_version = true;
-        stats_.on_allocate(Tier::kNvme, p.bytes);
-        state_bytes_ += p.bytes;
-      }
+      count_version(p, version);
     }
     if (!w.ok()) {
       p.slot.reset();
@@ -575,6 +600,19 @@ void NvmeStateTier::set_order(std::span<const StateId> order) {
     order_.push_back(index);
   }
   cursor_ = order_.empty() ? 0 : order_.size() - 1;
+  // Read-ahead outside the new order's first window gives its slot back (at
+  // most buffer_count reads are waited for), then reading starts there.
+  Publisher publisher{this};
+  for (size_t i = 0; i < pieces_.size(); ++i) {
+    Piece& q = pieces_[i];
+    if (q.where != Where::kReading) continue;
+    if (order_pos_[i] != kNotInOrder && order_pos_[i] < options_.buffer_count) continue;
+    wait_read(q).ignore();  // a failed read is read again (and reported) on demand
+    q.slot.reset();
+    q.where = Where::kDisk;
+    q.prefetched = false;
+  }
+  pump();
 }
 
 void NvmeStateTier::prefetch(const StateId& id) {
@@ -691,9 +729,138 @@ Status NvmeStateTier::rollback() {
       p.prefetched = false;
     }
     p.latest = p.committed;
+    p.pending = kNoVersion;
+    p.pending_lost = Status::Ok();
   }
   lost_write_ = Status::Ok();
   pump();
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------- pending versions (Note [Piece versions])
+
+uint8_t NvmeStateTier::version_other_than(uint8_t a, uint8_t b) {
+  for (uint8_t v = 0; v < kVersions; ++v)
+    if (v != a && v != b) return v;
+  return kNoVersion;  // unreachable: three versions, two excluded at most
+}
+
+void NvmeStateTier::count_version(Piece& p, uint8_t version) {
+  const uint8_t bit = static_cast<uint8_t>(1u << version);
+  if ((p.versions_written & bit) != 0) return;
+  p.versions_written |= bit;
+  stats_.on_allocate(Tier::kNvme, p.bytes);
+  state_bytes_ += p.bytes;
+}
+
+Status NvmeStateTier::add_pending(const StateId& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  find(id, "add_pending");
+  if (!options_.pending_versions)
+    return Unsupported(describe() + " was created without pending versions (NvmeStateTierOptions::pending_versions)");
+  return Status::Ok();
+}
+
+Status NvmeStateTier::close_pending(const StateId& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Publisher publisher{this};
+  Piece& p = find(id, "close_pending");
+  STRATA_CHECK(options_.pending_versions, "close_pending on an NVMe tier without pending versions");
+  if (p.count == 0) return harvest();
+  STRATA_CHECK(p.where == Where::kOpen, fmt::format("{} closed but not open", piece_name(p)));
+  --open_count_;
+  p.where = Where::kDisk;
+  closed_.notify_all();  // Note [Piece leases]
+  const size_t index = static_cast<size_t>(&p - pieces_.data());
+  // Never over the committed version nor the newest one (the step before
+  // may still be rolled back, and a redo reads the newest).
+  const uint8_t version = version_other_than(p.committed, p.latest);
+  p.pending = kNoVersion;
+  p.pending_lost = Status::Ok();
+  Result<nvme::SwapHandle> w = store_->write(tensor(index, version), p.slot.data(), p.bytes);
+  if (!w.ok()) {
+    p.slot.reset();
+    p.pending_lost = w.status().with_context(fmt::format("writing the pending version of {} to NVMe", piece_name(p)));
+  } else {
+    p.pending = version;
+    count_version(p, version);
+    if (options_.pipeline_write) {
+      p.slot.release_after(w->completion());
+      p.io = *w;
+      p.where = Where::kWriting;
+      p.writing_pending = true;
+      writing_.push_back(index);
+    } else {
+      const uint64_t t0 = now_ns();
+      Status st = w->wait();
+      io_.write_wait_ns += now_ns() - t0;
+      p.slot.reset();
+      if (st.ok()) {
+        io_.bytes_written += p.bytes;
+        ++io_.writes;
+      } else {
+        p.pending_lost = std::move(st).with_context(
+            fmt::format("{}: the write of its pending version (an early update) to NVMe failed", piece_name(p)));
+      }
+    }
+  }
+  Status pending = harvest();
+  pump();
+  return pending;  // (a failed pending write is pending_written()'s to report)
+}
+
+Status NvmeStateTier::wait_pending_write(Piece& p) {
+  if (p.where != Where::kWriting || !p.writing_pending) return Status::Ok();
+  const uint64_t t0 = now_ns();
+  Status st = p.io.wait();  // harvest() takes the same status later
+  io_.write_wait_ns += now_ns() - t0;
+  if (!st.ok() && p.pending_lost.ok())
+    p.pending_lost = std::move(st).with_context(
+        fmt::format("{}: the write of its pending version (an early update) to NVMe failed", piece_name(p)));
+  return Status::Ok();
+}
+
+Status NvmeStateTier::pending_written(const StateId& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Publisher publisher{this};
+  Piece& p = find(id, "pending_written");
+  if (p.count == 0) return Status::Ok();
+  STRATA_RETURN_IF_ERROR(wait_pending_write(p));
+  if (!p.pending_lost.ok()) return p.pending_lost;
+  if (p.pending == kNoVersion)
+    return FailedPrecondition(fmt::format("{} has no pending version (close_pending was not called)", piece_name(p)));
+  return Status::Ok();
+}
+
+Status NvmeStateTier::keep_pending(const StateId& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Publisher publisher{this};
+  Piece& p = find(id, "keep_pending");
+  if (p.count == 0) return Status::Ok();
+  STRATA_CHECK(p.where != Where::kOpen, fmt::format("{}: keep_pending while it is open", piece_name(p)));
+  STRATA_RETURN_IF_ERROR(wait_pending_write(p));
+  if (!p.pending_lost.ok()) return p.pending_lost;
+  if (p.pending == kNoVersion)
+    return FailedPrecondition(fmt::format("{} has no pending version to keep", piece_name(p)));
+  if (p.where == Where::kReading) {  // read-ahead of the version it replaces
+    wait_read(p).ignore();
+    p.slot.reset();
+    p.where = Where::kDisk;
+    p.prefetched = false;
+  }
+  p.latest = p.pending;
+  p.pending = kNoVersion;
+  pump();
+  return Status::Ok();
+}
+
+Status NvmeStateTier::drop_pending(const StateId& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Piece& p = find(id, "drop_pending");
+  // A write of it still in flight ends on its own: the piece's next open()
+  // waits for it before anything writes that version again.
+  p.pending = kNoVersion;
+  p.pending_lost = Status::Ok();
   return Status::Ok();
 }
 

@@ -18,18 +18,15 @@ namespace strata::offload {
 namespace {
 
 // Note [Early, exact updates]: where updates may run under the backward.
-// They hide the CPU step of offloaded state (offload_optimizer cpu), and
-// write out of place into a second buffer per piece of state the host holds
-// in pinned memory (Note [Pending versions in memory]): not state on NVMe
-// (streamed in versions), not a device part (ratio < 1), not parameter
-// shards written back to NVMe.
+// They hide the CPU step of offloaded state (offload_optimizer cpu or
+// nvme), and write out of place: into a second buffer per piece of state
+// the host holds in pinned memory (Note [Pending versions in memory]), or
+// as a third version of a piece on NVMe (Note [Piece versions]); not a
+// device part (ratio < 1), not parameter shards written back to NVMe.
 std::string early_updates_blocker(const EngineOptions& opt, const StatePlacement& p) {
   if (!p.optimizer_on_host())
     return "the optimizer state is on the device (offload_optimizer.device none): early updates hide the CPU step of "
            "offloaded state (offload_optimizer.device cpu)";
-  if (p.optimizer_on_nvme())
-    return "the optimizer state is on NVMe (offload_optimizer.device nvme), where updates under the backward are not "
-           "supported yet";
   if (p.split) return fmt::format("offload_optimizer.ratio {} < 1 keeps part of the state on the device", opt.ratio);
   for (const LayerPlacement& l : p.layers)
     if (l.shard_on_nvme())
@@ -147,8 +144,10 @@ Status decide_early_updates(const EngineOptions& opt, const Partition& partition
   }
   // The pending buffers of a layer: its owned pieces' state as the tier
   // holds it (with a master: the host optimizer keeps one for every dtype).
+  // On NVMe the pending state is a version on NVMe (the plan's nvme bytes),
+  // none in pinned memory.
   uint64_t total = 0;
-  for (size_t li = 0; li < p.layers.size(); ++li) {
+  for (size_t li = 0; li < p.layers.size() && !p.optimizer_on_nvme(); ++li) {
     const LayerPlacement& l = p.layers[li];
     if (l.frozen) continue;
     const LayerPartition& layer = partition.layer(li);

@@ -11,7 +11,7 @@
 namespace strata::offload {
 
 bool early_updates_allowed(SpeculationMode mode, OffloadDevice optimizer, OffloadDevice param, double ratio) {
-  return mode != SpeculationMode::kOff && optimizer == OffloadDevice::kCpu && param != OffloadDevice::kNvme &&
+  return mode != SpeculationMode::kOff && optimizer != OffloadDevice::kNone && param != OffloadDevice::kNvme &&
          ratio >= 1.0;
 }
 

@@ -102,6 +102,7 @@ Status UpdateScheduler::make_nvme_tier(const std::string& job_name) {
   o.verify_checksums = opt.nvme.verify_checksums;
   o.io_engine = ctx_.faults.optimizer_io;  // null unless a test's (Note [Testing seam])
   o.wait_timeout_s = opt.wait_timeout_s;
+  o.pending_versions = ctx_.placement.early_updates;  // Note [Early, exact updates]
   STRATA_ASSIGN_OR_RETURN(tier_, make_nvme_state_tier(o, ctx_.device, ctx_.stats));
   return Status::Ok();
 }
@@ -148,6 +149,7 @@ Status UpdateScheduler::init_layer(size_t li, const InitialMaster& master) {
       std::span<const float> host_master;
       if (where.master) host_master = master_of(layer_part.piece_begin(g, r), host);
       STRATA_RETURN_IF_ERROR(tier_->add(id, ctx_.state_name(li, gi, r), host, host_master));
+      forward_walk_.push_back(id);
       // Note [Early, exact updates]: where the early update writes.
       if (ctx_.placement.early_updates)
         STRATA_RETURN_IF_ERROR(tier_->add_pending(id).with_context(ctx_.state_name(li, gi, r)));
@@ -387,6 +389,11 @@ Status UpdateScheduler::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimize
   // is not: the kernel goes on, so the state holds the whole step and only
   // the parameters are re-derived.
   const bool in_place = !t.versioned() && !out_of_place;
+  // An early update of a memory tier writes into the piece's pending buffer
+  // (the kernel out of place); a versioned tier's piece is a slot read from
+  // NVMe: stepped in place there and written as its pending version
+  // (Note [Piece versions] in nvme_state_tier.h).
+  const bool write_elsewhere = out_of_place && !t.versioned();
   Status copy_failed;
   const PieceJob* last_stepped = nullptr;  // testing::UpdateFault fails after it
   for (const PieceJob& j : jobs)
@@ -440,7 +447,7 @@ Status UpdateScheduler::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimize
     // Where the new state goes: the piece itself, or its pending buffer for
     // an early update (Note [Pending versions in memory]).
     PieceState out = st;
-    if (out_of_place) {
+    if (write_elsewhere) {
       Result<PieceState> pending = t.open_pending(j.id);
       if (!pending.ok()) {
         t.close(j.id, false).ignore();
@@ -468,7 +475,7 @@ Status UpdateScheduler::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimize
         sp.params = reinterpret_cast<float*>(j.param) + first;
       } else {
         sp.params = out.master + first;
-        if (out_of_place) sp.params_source = st.master + first;
+        if (write_elsewhere) sp.params_source = st.master + first;
         if (param_dtype != DType::kF32) {
           sp.param_copy = j.param + first * element_bytes;
           sp.param_copy_dtype = param_dtype;
@@ -514,7 +521,7 @@ Status UpdateScheduler::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimize
     auto in_piece = [&](size_t first) {
       return [&, first](cpu_adam::StateSpans& sp) {
         moments.point(sp, out.exp_avg, out.exp_avg_sq, st.count, first);
-        if (out_of_place) moments.point_source(sp, st.exp_avg, st.exp_avg_sq, st.count, first);
+        if (write_elsewhere) moments.point_source(sp, st.exp_avg, st.exp_avg_sq, st.count, first);
       };
     };
     if (!moments.blocked()) {
@@ -552,7 +559,7 @@ Status UpdateScheduler::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimize
                                               sp.moment_dtype = DType::kF32;
                                               sp.exp_avg = m.data() + at;
                                               sp.exp_avg_sq = v.data() + at;
-                                              if (out_of_place) {  // decoded already: stepped in place in m and v
+                                              if (write_elsewhere) {  // decoded already: stepped in place in m and v
                                                 sp.exp_avg_source = sp.exp_avg;
                                                 sp.exp_avg_sq_source = sp.exp_avg_sq;
                                               }
@@ -566,7 +573,7 @@ Status UpdateScheduler::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimize
     }
     if (!j.param_is_master && param_dtype == DType::kF32 && j.h2d == nullptr)
       std::memcpy(j.param, out.master, j.count * sizeof(float));
-    if (Status closed = t.close(j.id, !out_of_place); !closed.ok()) return torn(closed);
+    if (Status closed = out_of_place ? t.close_pending(j.id) : t.close(j.id, true); !closed.ok()) return torn(closed);
   }
   return copy_failed;
 }
@@ -583,10 +590,22 @@ void UpdateScheduler::open_early_updates(int64_t step, double scale, const cpu_a
   early_.assign(layers_.size(), EarlyUpdate{});
   early_ns_ = std::make_shared<std::atomic<int64_t>>(0);
   early_open_ = true;
+  early_walk_set_ = false;
 }
 
 Status UpdateScheduler::queue_early_update(size_t li, const GradientReduction::UpdateInput& input) {
   if (!early_open_ || ctx_.where(li).frozen) return Status::Ok();
+  if (!early_walk_set_ && tier_->versioned()) {
+    // The step's forward has run, so its late updates are done: read ahead
+    // for the backward's walk now.
+    if (early_walk_.empty()) {
+      early_walk_ = forward_walk_;
+      std::stable_sort(early_walk_.begin(), early_walk_.end(),
+                       [](const StateId& a, const StateId& b) { return a.layer > b.layer; });
+    }
+    tier_->set_order(early_walk_);
+    early_walk_set_ = true;
+  }
   EarlyUpdate& e = early_[li];
   e.claimed = std::make_shared<std::atomic<bool>>(false);
   e.jobs = jobs_of(li, input, early_args_.hyper, nullptr, /*early=*/true);
@@ -619,7 +638,15 @@ Status UpdateScheduler::close_early_updates() {
     if (e.ran)
       STRATA_RETURN_IF_ERROR(ctx_.wait_bounded(e.done, fmt::format("the early update of {}", ctx_.layer_label(li))));
   }
+  if (early_walk_set_) tier_->set_order(forward_walk_);  // the step's own updates walk forward
+  early_walk_set_ = false;
   return Status::Ok();
+}
+
+bool UpdateScheduler::early_written(size_t li) {
+  for (const PieceJob& j : early_[li].jobs)
+    if (j.count != 0 && !tier_->pending_written(j.id).ok()) return false;
+  return true;
 }
 
 bool UpdateScheduler::early_matches(size_t li, int64_t step, double clip, double scale,
@@ -657,6 +684,8 @@ Result<int64_t> UpdateScheduler::undo_every_early() {
     EarlyUpdate& e = early_[li];
     if (!e.ran) continue;
     e.ran = false;
+    for (const PieceJob& j : e.jobs)
+      if (j.count != 0) STRATA_RETURN_IF_ERROR(tier_->drop_pending(j.id));
     // The state is untouched (out of place); the 16-bit values the update
     // wrote (staging, or a stage-3 shard in host memory) are rewritten.
     const std::string what = "rewriting the parameters of " + ctx_.layer_label(li) + " from its state";

@@ -108,6 +108,10 @@ class UpdateScheduler {
   // arguments, so it is the step's update.
   bool ran_early(size_t li) const { return li < early_.size() && early_[li].ran; }
   bool early_matches(size_t li, int64_t step, double clip, double scale, const cpu_adam::HyperParams& hyper) const;
+  // Every piece of layer li's early update is whole in the tier (waits for
+  // a versioned tier's pending writes; false names nothing: the caller
+  // redoes the layer, which rewrites the piece).
+  bool early_written(size_t li);
   // The kept early update of layer li, as queue_update would have returned
   // it: its pending buffers become the state, its staged values are copied
   // to the device now.
@@ -224,6 +228,12 @@ class UpdateScheduler {
   bool early_open_ = false;
   cpu_adam::StepArgs early_args_;
   std::vector<EarlyUpdate> early_;
+  // A versioned tier reads ahead in the order it will be opened: the
+  // pieces in add() order for the step's updates (forward), the layers
+  // in reverse for the early ones (the backward's reductions); set when
+  // the first early update of a step is queued and again at its end.
+  std::vector<StateId> forward_walk_, early_walk_;
+  bool early_walk_set_ = false;
   // Nanoseconds the optimizer threads spent in one step's updates, added by
   // the update tasks themselves.
   std::shared_ptr<std::atomic<int64_t>> update_ns_;

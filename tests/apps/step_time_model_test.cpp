@@ -99,7 +99,8 @@ TEST(StepTimeModel, EarlyUpdatesHideTheCpuStepUnderTheBackwardToo) {
   EXPECT_LT(early.exposed_optimizer_ms, late.exposed_optimizer_ms);
   EXPECT_TRUE(early_updates_allowed(SpeculationMode::kAuto, OffloadDevice::kCpu, OffloadDevice::kCpu, 1.0));
   EXPECT_FALSE(early_updates_allowed(SpeculationMode::kOff, OffloadDevice::kCpu, OffloadDevice::kNone, 1.0));
-  EXPECT_FALSE(early_updates_allowed(SpeculationMode::kOn, OffloadDevice::kNvme, OffloadDevice::kNone, 1.0));
+  EXPECT_TRUE(early_updates_allowed(SpeculationMode::kOn, OffloadDevice::kNvme, OffloadDevice::kNone, 1.0));
+  EXPECT_FALSE(early_updates_allowed(SpeculationMode::kOn, OffloadDevice::kNone, OffloadDevice::kNone, 1.0));
   EXPECT_FALSE(early_updates_allowed(SpeculationMode::kOn, OffloadDevice::kCpu, OffloadDevice::kNvme, 1.0));
   EXPECT_FALSE(early_updates_allowed(SpeculationMode::kOn, OffloadDevice::kCpu, OffloadDevice::kNone, 0.5));
 }

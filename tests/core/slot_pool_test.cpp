@@ -170,7 +170,10 @@ TEST(SlotPool, ReleaseAfterReturnsTheSlotOnlyOnceTheCompletionCompleted) {
     }
     got = true;
   });
-  std::this_thread::sleep_for(30ms);
+  // The waiter is blocked in acquire() (counted as a wait) before the copy ends.
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (pool->stats().waits == 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
+  ASSERT_EQ(pool->stats().waits, 1u);
   EXPECT_FALSE(got.load());
   copy_done.complete(Status::Ok());
   waiter.join();

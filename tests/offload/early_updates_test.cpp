@@ -19,6 +19,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -38,11 +39,12 @@ namespace {
 
 using D = OffloadDevice;
 
-// The placements that allow early updates: state in memory the host steps.
+// The placements that allow early updates: state the host steps, in pinned
+// memory (pending buffers) or on NVMe (pending versions).
 std::vector<Placement> early_placements() {
   std::vector<Placement> out;
   for (const Placement& p : matrix())
-    if (p.ratio >= 1.0 && p.optimizer == D::kCpu && p.param != D::kNvme) out.push_back(p);
+    if (p.ratio >= 1.0 && p.optimizer != D::kNone && p.param != D::kNvme) out.push_back(p);
   return out;
 }
 
@@ -88,10 +90,12 @@ INSTANTIATE_TEST_SUITE_P(Worlds, EarlyParity, ::testing::Values(1, 2),
 // A clip threshold between the run's gradient norms: the steps whose norm
 // is below it keep their early updates, the others redo them; losses match
 // the run without early updates at every step, and so does the state.
-TEST(EarlyUpdates, ClippingOnSomeStepsAndNotOthersStaysExact) {
+class EarlyOnEachTier : public ::testing::TestWithParam<Placement> {};
+
+TEST_P(EarlyOnEachTier, ClippingOnSomeStepsAndNotOthersStaysExact) {
   TrainRun base;
   base.steps = 16;
-  apply_placement(base, Placement{2, D::kCpu, D::kNone});
+  apply_placement(base, GetParam());
   base.opt.grad_clip = 0;  // first, the norms without clipping
   const Outcome probe = train(with_early(base, SpeculationMode::kOff));
   ASSERT_TRUE(probe.status.ok()) << probe.status.to_string();
@@ -115,10 +119,42 @@ TEST(EarlyUpdates, ClippingOnSomeStepsAndNotOthersStaysExact) {
   EXPECT_GT(redone_steps, 0) << "no step redid its early updates";
 }
 
+// A lost write of an early update's pending version (NVMe, Note [Piece
+// versions]) is no lost step: that layer is redone at the step's end, the
+// others kept, and the losses are those of the run without early updates.
+TEST(EarlyUpdates, AFailedPendingWriteOnNvmeRedoesThatLayer) {
+  TrainRun r;
+  r.steps = 6;
+  // Overlap off: every write-back of a step has ended at its end, so the
+  // fault armed under the next backward can only hit an early update's.
+  apply_placement(r, Placement{2, D::kNvme, D::kNone, /*overlap=*/false});
+  r.opt.grad_clip = 0;  // nothing clips: every other early update is kept
+  const Outcome off = train(with_early(r, SpeculationMode::kOff));
+  ASSERT_TRUE(off.status.ok()) << off.status.to_string();
+  FaultyEngines faulty(1, /*reads=*/false, /*writes=*/true);
+  r.engine_for_rank = [&](int rank) { return faulty[rank]; };
+  std::atomic<int> started{0};
+  // The 8th early update's first write fails (nothing else writes under the
+  // backward).
+  r.faults.early_update_started = [&](size_t) {
+    if (++started == 8) faulty.counters[0]->arm(0, 1);
+  };
+  const Outcome on = train(with_early(r, SpeculationMode::kOn));
+  ASSERT_TRUE(on.status.ok()) << on.status.to_string();
+  EXPECT_EQ(faulty.eio(), 1u);
+  expect_same_losses(off, on, "a failed pending write under the backward");
+  EXPECT_EQ(total(on, &StepMetrics::redone_layers), 1);
+  EXPECT_GT(total(on, &StepMetrics::speculated_layers), 8);
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiers, EarlyOnEachTier,
+                         ::testing::Values(Placement{2, D::kCpu, D::kNone}, Placement{2, D::kNvme, D::kNone, true, 4096}),
+                         [](const auto& info) { return std::string(offload_device_name(info.param.optimizer)); });
+
 // An Inf gradient on rank 1 at step 4 (fp16, hysteresis 1): the layers it
 // stepped early are restored; the state after the skipped step equals the
 // state before it, and the run matches one without early updates.
-TEST(EarlyUpdates, AnOverflowRestoresTheLayersSteppedEarly) {
+TEST_P(EarlyOnEachTier, AnOverflowRestoresTheLayersSteppedEarly) {
   TrainRun r;
   r.world = 2;
   r.steps = 6;
@@ -126,7 +162,10 @@ TEST(EarlyUpdates, AnOverflowRestoresTheLayersSteppedEarly) {
   r.opt.grad_dtype = DType::kF16;
   r.opt.fp16.enabled = true;
   r.opt.fp16.hysteresis = 1;
-  apply_placement(r, Placement{3, D::kCpu, D::kCpu});
+  Placement p = GetParam();
+  p.stage = 3;
+  p.param = D::kCpu;
+  apply_placement(r, p);
   r.faults.gradient = testing::GradientFault{.step = 4, .rank = 1, .layer = 1,
                                              .value = std::numeric_limits<float>::infinity()};
   using K = Engine::StateKind;
@@ -243,7 +282,7 @@ TEST(EarlyUpdates, OnIsRefusedWhereThePlacementCannotNamingTheKey) {
     const char* names;
   };
   const Case cases[] = {
-      {Placement{2, D::kNvme, D::kNone}, "NVMe"},
+      {Placement{3, D::kCpu, D::kNvme, true, 1'000'000'000, 1'000'000'000, 1'000'000'000, 0}, "offload_param"},
       {Placement{2, D::kNone, D::kNone}, "offload_optimizer.device none"},
       {Placement{3, D::kCpu, D::kNone, true, 1'000'000'000, 1'000'000'000, 1'000'000'000, 0, 0.5}, "ratio"},
   };

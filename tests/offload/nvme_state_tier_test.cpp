@@ -473,6 +473,8 @@ TEST_F(NvmeStateTierFaultTest, EioOnWriteKeepsThePreviousStateReadable) {
       ASSERT_TRUE(s.ok());
       const std::vector<std::byte> before = snapshot(*s);
       scribble(*s, 9);
+      // Every initial write ended first, so the armed fault hits this write-back.
+      ASSERT_TRUE(tier->flush().ok());
       counters_->arm(1);
       Status st = tier->close({1, 0, 0}, true);
       // Asynchronous: the failure comes from close() when the write already
@@ -878,6 +880,147 @@ TEST_F(NvmeStateTierTest, BadOptionsNameTheField) {
   Status st = tier->add({0, 1, 0}, "b", 1000, m);
   EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.to_string();
   EXPECT_NE(st.message().find("capacity"), std::string::npos);
+}
+
+// --------------------------------------------------------------- pending versions (early updates)
+
+// Note [Piece versions]: with pending_versions a piece keeps an early
+// update's state as a third version beside the committed one and the newest
+// one: open() keeps reading the newest until keep_pending(); drop_pending(),
+// a normal write of the piece (a redo) and rollback() forget it.
+TEST_F(NvmeStateTierTest, PendingVersionsBesideTheCommittedAndTheNewest) {
+  const std::vector<PieceSpec> pieces = {{{0, 0, 0}, 3000, true}, {{0, 1, 0}, 5000, true}, {{1, 0, 0}, 777, false},
+                                         {{1, 1, 0}, 0, true}};
+  for (bool pipeline : {false, true}) {
+    SCOPED_TRACE(pipeline ? "pipeline read/write" : "synchronous");
+    NvmeStateTierOptions o = options(pieces, cpu_adam::MomentStorage::fp32(), pipeline ? "pending-p" : "pending-s");
+    o.pipeline_read = o.pipeline_write = pipeline;
+    o.pending_versions = true;
+    auto tier = make(o);
+    ASSERT_TRUE(tier);
+    ASSERT_NO_FATAL_FAILURE(add_all(*tier, pieces));
+    for (const PieceSpec& p : pieces) ASSERT_TRUE(tier->add_pending(p.id).ok());
+    const uint64_t one_version = tier->bytes();
+    // Every piece opened, scribbled with `salt` and closed as `how` says.
+    enum class Close { kModified, kPending };
+    auto walk = [&](int salt, Close how) {
+      std::vector<std::vector<std::byte>> out;
+      for (const PieceSpec& p : pieces) {
+        auto s = tier->open(p.id);
+        EXPECT_TRUE(s.ok()) << s.status().to_string();
+        if (!s.ok()) return out;
+        scribble(*s, salt);
+        out.push_back(snapshot(*s));
+        const Status closed = how == Close::kPending ? tier->close_pending(p.id) : tier->close(p.id, true);
+        EXPECT_TRUE(closed.ok()) << closed.to_string();
+      }
+      return out;
+    };
+    auto read_all = [&]() {
+      std::vector<std::vector<std::byte>> out;
+      for (const PieceSpec& p : pieces) {
+        auto s = tier->open(p.id);
+        EXPECT_TRUE(s.ok()) << s.status().to_string();
+        if (!s.ok()) return out;
+        out.push_back(snapshot(*s));
+        EXPECT_TRUE(tier->close(p.id, false).ok());
+      }
+      return out;
+    };
+    auto keep_all = [&]() {
+      for (const PieceSpec& p : pieces) {
+        EXPECT_TRUE(tier->pending_written(p.id).ok());
+        const Status kept = tier->keep_pending(p.id);
+        EXPECT_TRUE(kept.ok()) << kept.to_string();
+      }
+    };
+    // Step 1 written, not committed; step 2's early updates beside it.
+    const auto step1 = walk(1, Close::kModified);
+    const auto early2 = walk(2, Close::kPending);
+    EXPECT_EQ(read_all(), step1);  // the newest version, not the pending one
+    EXPECT_EQ(tier->bytes(), 3 * one_version);
+    ASSERT_TRUE(tier->commit().ok());  // step 1: the pending version is no step's yet
+    EXPECT_EQ(read_all(), step1);
+    keep_all();
+    EXPECT_EQ(read_all(), early2);
+    // A rollback now goes back to step 1 (step 2 is not committed).
+    ASSERT_TRUE(tier->rollback().ok());
+    EXPECT_EQ(read_all(), step1);
+    // Dropped: nothing to keep, the state stays.
+    walk(3, Close::kPending);
+    for (const PieceSpec& p : pieces) ASSERT_TRUE(tier->drop_pending(p.id).ok());
+    EXPECT_EQ(read_all(), step1);
+    EXPECT_EQ(tier->keep_pending(pieces[0].id).code(), StatusCode::kFailedPrecondition);
+    // Redone: a normal write of the piece supersedes its pending version.
+    walk(4, Close::kPending);
+    const auto redo = walk(5, Close::kModified);
+    EXPECT_EQ(read_all(), redo);
+    EXPECT_EQ(tier->pending_written(pieces[0].id).code(), StatusCode::kFailedPrecondition);
+    ASSERT_TRUE(tier->commit().ok());
+    // Forgotten by a rollback; the read-ahead of the replaced version is
+    // dropped when a pending one is kept.
+    walk(6, Close::kPending);
+    ASSERT_TRUE(tier->rollback().ok());
+    EXPECT_EQ(tier->keep_pending(pieces[1].id).code(), StatusCode::kFailedPrecondition);
+    EXPECT_EQ(read_all(), redo);
+    const auto early7 = walk(7, Close::kPending);
+    tier->prefetch(pieces[0].id);
+    keep_all();
+    EXPECT_EQ(read_all(), early7);
+    ASSERT_TRUE(tier->commit().ok());
+    EXPECT_EQ(read_all(), early7);
+    EXPECT_EQ(tier->bytes(), 3 * one_version);  // each version counted once per piece
+    EXPECT_EQ(stats_.get(Tier::kNvme).current_bytes, 3 * one_version);
+  }
+}
+
+// A pending version whose write fails is no lost step: pending_written()
+// names the piece, the commit of the step before goes through, the pending
+// version cannot be kept, and a normal write (the redo) succeeds.
+TEST_F(NvmeStateTierFaultTest, AFailedPendingWriteIsRedoneNotALostStep) {
+  nvme::FaultPlan plan;
+  plan.eio_probability = 1;
+  plan.fault_reads = false;
+  ASSERT_NO_FATAL_FAILURE(make_faulty(plan));
+  const std::vector<PieceSpec> pieces = {{{2, 0, 0}, 6000, true}};
+  for (bool pipeline : {false, true}) {
+    SCOPED_TRACE(pipeline ? "pipeline write" : "synchronous write");
+    NvmeStateTierOptions o = options(pieces, cpu_adam::MomentStorage::fp32(), pipeline ? "pending-eio-p" : "pending-eio-s");
+    o.io_engine = engine_.get();
+    o.pipeline_write = pipeline;
+    o.pending_versions = true;
+    auto tier = make(o);
+    ASSERT_TRUE(tier);
+    ASSERT_NO_FATAL_FAILURE(add_all(*tier, pieces));
+    const StateId id = pieces[0].id;
+    ASSERT_TRUE(tier->add_pending(id).ok());
+    auto s = tier->open(id);
+    ASSERT_TRUE(s.ok()) << s.status().to_string();
+    const std::vector<std::byte> before = snapshot(*s);
+    scribble(*s, 1);
+    counters_->arm(0, 1);
+    tier->close_pending(id).ignore();  // the failure is pending_written()'s to report
+    const Status written = tier->pending_written(id);
+    counters_->disarm();
+    EXPECT_EQ(written.code(), StatusCode::kIoError) << written.to_string();
+    EXPECT_NE(written.message().find("layer 2 'l2' group 0 rank 0"), std::string::npos) << written.message();
+    EXPECT_NE(written.message().find("pending version"), std::string::npos) << written.message();
+    EXPECT_FALSE(tier->keep_pending(id).ok());
+    const Status committed = tier->commit();
+    EXPECT_TRUE(committed.ok()) << committed.to_string();
+    auto again = tier->open(id);
+    ASSERT_TRUE(again.ok()) << again.status().to_string();
+    EXPECT_EQ(snapshot(*again), before);
+    scribble(*again, 2);
+    const std::vector<std::byte> redone = snapshot(*again);
+    ASSERT_TRUE(tier->close(id, true).ok());
+    ASSERT_TRUE(tier->commit().ok());
+    auto after = tier->open(id);
+    ASSERT_TRUE(after.ok());
+    EXPECT_EQ(snapshot(*after), redone);
+    ASSERT_TRUE(tier->close(id, false).ok());
+    EXPECT_EQ(counters_->eio.exchange(0), 1u);
+  }
 }
 
 }  // namespace

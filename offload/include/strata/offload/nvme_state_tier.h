@@ -52,6 +52,17 @@
 // when the second is first written; the swap file is preallocated for
 // three (two versions and one for pieces of uneven sizes) plus the slots.
 //
+// With pending_versions (early updates, Note [Early, exact updates] in
+// docs/engine.md) a piece has a third version: the early update of the
+// next step reads the newest version into its slot, steps it there and
+// close_pending() writes it as the piece's *pending* version, beside the
+// committed one (the step before, still needed if that step is rolled back)
+// and the newest (that step's, not committed yet). keep_pending() makes it
+// the newest once the step keeps the update; a redo, a skip or a rollback
+// forgets it. A failed pending write is no lost step: pending_written()
+// reports it and the update is redone. The swap file then holds four
+// versions' worth.
+//
 // Note [NVMe tier errors]
 //  - A read's I/O error names the file, offset and length (IoEngine), the
 //    piece (the name given to add()) and the tensor; a checksum mismatch is
@@ -105,7 +116,7 @@ struct NvmeStateTierOptions {
   std::string job;
   int rank = 0;
   // Bytes of state to be added (the sum of nvme_piece_bytes over the pieces);
-  // the swap file holds three times that (Note [Piece versions]) and
+  // the swap file holds three times that (four with pending_versions; Note [Piece versions]) and
   // (buffer_count + 1) slots of shadow space; free space on the paths is
   // checked up front.
   uint64_t capacity_bytes = 0;
@@ -121,6 +132,9 @@ struct NvmeStateTierOptions {
   // long for each write-back in flight, then fail with DeadlineExceeded
   // naming the piece (the write stays in flight); 0: unbounded.
   double wait_timeout_s = 0;
+  // Pieces may hold a third, pending version (Note [Piece versions]):
+  // add_pending() is accepted and the swap file sized for it.
+  bool pending_versions = false;
   // Optional: do I/O through this engine (must outlive the tier; tests pass a
   // fault-injecting one) instead of building one from `aio`.
   nvme::IoEngine* io_engine = nullptr;

@@ -137,8 +137,14 @@ class OptimizerStateTier {
   // becomes the next pending buffer: a pointer swap, no copy), or nothing is
   // done and the pending values are simply overwritten next time. The
   // pending buffer holds no state until written; the caller keeps a piece
-  // only when its update wrote all of it. The device and NVMe tiers refuse
-  // (the NVMe tier versions its pieces on its own).
+  // only when its update wrote all of it. The device tier refuses.
+  //
+  // A versioned tier (NVMe, with NvmeStateTierOptions::pending_versions)
+  // keeps the pending state as a version of its own (Note [Piece versions]
+  // in nvme_state_tier.h): the update steps open()'s slot in place and
+  // close_pending() writes it as the pending version (open_pending() is
+  // not used); pending_written() says whether that write ended whole, and
+  // drop_pending() forgets it.
   virtual Status add_pending(const StateId& id) {
     (void)id;
     return Unsupported(describe() + " keeps no pending versions of its pieces");
@@ -152,6 +158,23 @@ class OptimizerStateTier {
   virtual Status keep_pending(const StateId& id) {
     (void)id;
     return Unsupported(describe() + " keeps no pending versions of its pieces");
+  }
+  // The update of an open piece written out of place ends: the memory tiers
+  // hold it in the pending buffer already (the piece closes unmodified); a
+  // versioned tier writes the piece as its pending version.
+  virtual Status close_pending(const StateId& id) { return close(id, /*modified=*/false); }
+  // Waits for the pending version's write, if any; an error names a lost
+  // one (the caller redoes the update instead of keeping it). The memory
+  // tiers' pending buffers are written by the kernel itself: always Ok.
+  virtual Status pending_written(const StateId& id) {
+    (void)id;
+    return Status::Ok();
+  }
+  // The pending version is forgotten (its update is redone or undone). The
+  // memory tiers overwrite it next time: nothing to do.
+  virtual Status drop_pending(const StateId& id) {
+    (void)id;
+    return Status::Ok();
   }
 };
 
