@@ -87,6 +87,10 @@ struct Engine::Impl : EngineContext {
   CommitPoint commit{*this, params, updates, nvme_bytes, [this](const StepMark& m) { return restore(m); }};
 
   std::optional<double> caller_lr;  // set_step_lr(): the lr of every step from then on
+  // Note [Early, exact updates]: whether the next step starts its updates
+  // under its backward; not after a step that clipped (gradient norms change
+  // slowly, so its early updates would most likely be redone).
+  bool speculate_next_step = true;
   int64_t optimizer_steps = 0;  // applied updates (steps_begun, in the context, counts steps begun)
   // Every layer's initial values are in place (put_initial_layer, for a model without its own).
   std::vector<bool> initialized;

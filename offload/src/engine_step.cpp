@@ -58,7 +58,7 @@ Status Engine::Impl::begin_micro_batch(bool last) {
   progress.in_backward = false;
   // The last backward reduces every gradient: updates may start under it,
   // assuming the step's likely arguments (Note [Early, exact updates]).
-  if (last && placement.early_updates && !updates.early_updates_open())
+  if (last && placement.early_updates && speculate_next_step && !updates.early_updates_open())
     updates.open_early_updates(optimizer_steps + 1, progress.scale, hyper_of_step(optimizer_steps + 1));
   grads.begin_micro_batch();
   params.trace().begin_micro_batch();
@@ -192,6 +192,7 @@ Result<StepMetrics> Engine::Impl::finish_applied_step() {
   if (finite) {
     ++optimizer_steps;
     const double clip = cpu_adam::clip_coefficient(m.grad_norm, opt.grad_clip);
+    speculate_next_step = clip == 1.0;
     m.beta1 = hyper.beta1;
     STRATA_RETURN_IF_ERROR(queue_step_updates(call, clip, scale, hyper, m));
     // strata.overlap_optimizer false: the comparison mode, the step returns

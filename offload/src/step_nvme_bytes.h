@@ -23,6 +23,10 @@
 // A step's report carries its backward's writes and the updates committed
 // since the previous report: with overlap on those of the previous step (as
 // StepMetrics::optimizer_ms does), with it off its own.
+// Early updates (Note [Early, exact updates] in docs/engine.md) of state on
+// NVMe run under the backward, before the previous step's commit point: their
+// I/O is counted in that step's window. Which layers start early depends on
+// the threads' timing, so then only the sum over the run is exact.
 #include <cstdint>
 
 #include "engine_context.h"
