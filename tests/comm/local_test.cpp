@@ -55,7 +55,7 @@ INSTANTIATE_TEST_SUITE_P(Ranks, LocalConformance, ::testing::Range(1, 9),
                          [](const ::testing::TestParamInfo<int>& info) { return std::to_string(info.param); });
 
 TEST(LocalComm, WatchdogNamesTheRankThatNeverCalls) {
-  auto comms = make_group(3, 200ms);
+  auto comms = make_group(3, 2000ms);  // long enough for a late thread start under TSan on 2 cores
   std::vector<Status> results(3);
   std::vector<float> bufs(3 * 1000, 1.0f);
   run_ranks(comms, [&](int r, Communicator& c) {
@@ -82,7 +82,7 @@ TEST(LocalComm, WatchdogNamesTheRankThatNeverCalls) {
 }
 
 TEST(LocalComm, WatchdogNamesWhatALaggingRankIsDoing) {
-  auto comms = make_group(4, 200ms);
+  auto comms = make_group(4, 2000ms);
   std::vector<Status> results(4);
   std::vector<float> buf(4 * 16, 0.0f);
   run_ranks(comms, [&](int r, Communicator& c) {

@@ -72,12 +72,15 @@ TEST(MpiComm, MismatchedCollectivesFailOnEveryRank) {
 }
 
 TEST(MpiComm, WatchdogNamesTheRankThatNeverCalls) {
-  auto comm = make_comm(300ms);
-  auto sync = make_comm();  // to line the ranks up again afterwards
+  // 2 s: oversubscribed ranks (TSan, 4 processes on 2 cores) that called a
+  // moment late must not be named as missing.
+  auto comm = make_comm(2000ms);
+  auto sync = make_comm();  // lines the ranks up before the call and afterwards
   ASSERT_NE(comm, nullptr);
   ASSERT_NE(sync, nullptr);
   if (comm->world_size() < 2) GTEST_SKIP() << "needs 2 ranks";
   const int missing = comm->world_size() - 1;
+  EXPECT_TRUE(sync->barrier()->wait().ok());
   if (comm->rank() != missing) {
     std::vector<float> buf(1000, 1.0f);
     const auto start = std::chrono::steady_clock::now();
