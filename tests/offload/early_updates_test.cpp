@@ -155,6 +155,66 @@ TEST(EarlyUpdates, AFailedPendingWriteOnNvmeRedoesThatLayer) {
   EXPECT_GT(total(on, &StepMetrics::speculated_layers), 8);
 }
 
+// A failed write-back of a step's (late) updates on NVMe rolls that step
+// back at its commit point, under which the next step's early updates have
+// already written pending versions: they are forgotten with it, the step is
+// repeated, and the losses are those of a run without the fault and without
+// early updates. A step's updates are late when the step before clipped (it
+// then does not start early): the clip threshold makes step T clip and the
+// steps around it not, so step T+1 runs late and step T+2 early.
+TEST(EarlyUpdates, ARollbackFromAFailedNvmeWriteForgetsThePendingVersions) {
+  TrainRun r;
+  r.steps = 6;
+  apply_placement(r, Placement{2, D::kNvme, D::kNone, true, 8192});
+  r.opt.grad_clip = 0;
+  const Outcome probe = train(with_early(r, SpeculationMode::kOff));
+  ASSERT_TRUE(probe.status.ok()) << probe.status.to_string();
+  // The first step T whose norm is above the next one's and every earlier
+  // one's: a threshold between them clips step T only, up to T + 1.
+  int64_t clipped = 0;
+  double threshold = 0;
+  for (size_t t = 0; t + 1 < probe.metrics.size() && clipped == 0; ++t) {
+    const double here = probe.metrics[t].grad_norm, next = probe.metrics[t + 1].grad_norm;
+    double earlier = 0;
+    for (size_t i = 0; i < t; ++i) earlier = std::max(earlier, probe.metrics[i].grad_norm);
+    const double mid = 0.5 * (here + std::max(next, earlier));
+    if (here > next && here > earlier && static_cast<int64_t>(t) + 3 <= r.steps) {
+      clipped = static_cast<int64_t>(t) + 1;
+      threshold = mid;
+    }
+  }
+  ASSERT_GT(clipped, 0) << "no step's gradient norm stands above its neighbours' in this run";
+  r.opt.grad_clip = threshold;
+  const Outcome straight = train(with_early(r, SpeculationMode::kOff));
+  ASSERT_TRUE(straight.status.ok()) << straight.status.to_string();
+  ASSERT_LT(cpu_adam::clip_coefficient(straight.metrics[clipped - 1].grad_norm, threshold), 1.0f);
+  ASSERT_EQ(cpu_adam::clip_coefficient(straight.metrics[clipped].grad_norm, threshold), 1.0f);
+  FaultyEngines faulty(1, /*reads=*/false, /*writes=*/true);
+  r.engine_for_rank = [&](int rank) { return faulty[rank]; };
+  // After step T+1 (late: T clipped) its updates, queued at its end, write
+  // under step T+2's forward; the third of those writes fails. Step T+2's
+  // early updates then start before its commit point rolls T+1 back.
+  std::atomic<bool> armed{false}, early_while_armed{false};
+  r.after_step = [&](Engine&, int64_t step) {
+    if (step == clipped + 1 && faulty.eio() == 0 && !armed) {
+      armed = true;
+      faulty.counters[0]->arm(2, 1);
+    }
+  };
+  r.faults.early_update_started = [&](size_t) {
+    if (armed && faulty.eio() == 1) early_while_armed = true;
+  };
+  r.retries = 1;
+  const Outcome on = train(with_early(r, SpeculationMode::kOn));
+  ASSERT_TRUE(on.status.ok()) << on.status.to_string();
+  EXPECT_EQ(faulty.eio(), 1u);
+  ASSERT_EQ(on.failures.size(), 1u);
+  EXPECT_NE(on.failures[0].message().find("rolled back to the state after step"), std::string::npos)
+      << on.failures[0].to_string();
+  EXPECT_TRUE(early_while_armed) << "no early update ran between the failed write and its step's rollback";
+  expect_same_losses(straight, on, "a rollback under early updates on NVMe");
+}
+
 INSTANTIATE_TEST_SUITE_P(Tiers, EarlyOnEachTier,
                          ::testing::Values(Placement{2, D::kCpu, D::kNone}, Placement{2, D::kNvme, D::kNone, true, 4096}),
                          [](const auto& info) { return std::string(offload_device_name(info.param.optimizer)); });
