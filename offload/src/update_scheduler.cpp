@@ -596,14 +596,15 @@ void UpdateScheduler::open_early_updates(int64_t step, double scale, const cpu_a
 Status UpdateScheduler::queue_early_update(size_t li, const GradientReduction::UpdateInput& input) {
   if (!early_open_ || ctx_.where(li).frozen) return Status::Ok();
   if (!early_walk_set_ && tier_->versioned()) {
-    // The step's forward has run, so its late updates are done: read ahead
-    // for the backward's walk now.
+    // Read ahead for the backward's walk from here, on the optimizer thread
+    // (behind the updates queued before; a read-ahead dropped for the new
+    // order is waited for there, not on this thread).
     if (early_walk_.empty()) {
       early_walk_ = forward_walk_;
       std::stable_sort(early_walk_.begin(), early_walk_.end(),
                        [](const StateId& a, const StateId& b) { return a.layer > b.layer; });
     }
-    tier_->set_order(early_walk_);
+    set_walk(early_walk_, "read-ahead in the early updates' order");
     early_walk_set_ = true;
   }
   EarlyUpdate& e = early_[li];
@@ -638,9 +639,19 @@ Status UpdateScheduler::close_early_updates() {
     if (e.ran)
       STRATA_RETURN_IF_ERROR(ctx_.wait_bounded(e.done, fmt::format("the early update of {}", ctx_.layer_label(li))));
   }
-  if (early_walk_set_) tier_->set_order(forward_walk_);  // the step's own updates walk forward
+  if (early_walk_set_) set_walk(forward_walk_, "read-ahead in the forward order");  // the step's own updates
   early_walk_set_ = false;
   return Status::Ok();
+}
+
+void UpdateScheduler::set_walk(const std::vector<StateId>& walk, const char* label) {
+  // The walks are set up before the first early update and never change.
+  worker_->submit(
+      [this, &walk] {
+        tier_->set_order(walk);
+        return Status::Ok();
+      },
+      {}, label, /*sticky=*/false);
 }
 
 bool UpdateScheduler::early_written(size_t li) {

@@ -234,6 +234,8 @@ class UpdateScheduler {
   // the first early update of a step is queued and again at its end.
   std::vector<StateId> forward_walk_, early_walk_;
   bool early_walk_set_ = false;
+  // Queues tier_->set_order(walk) on the optimizer thread.
+  void set_walk(const std::vector<StateId>& walk, const char* label);
   // Nanoseconds the optimizer threads spent in one step's updates, added by
   // the update tasks themselves.
   std::shared_ptr<std::atomic<int64_t>> update_ns_;
