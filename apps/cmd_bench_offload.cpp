@@ -165,6 +165,9 @@ nlohmann::ordered_json row_json(size_t index, const RowResult& r, double baselin
   // (A row without its own moments runs with the bench's default, fp32.)
   j["optimizer_state_dtype"] = std::string(r.row.moments.value_or(cpu_adam::MomentStorage::fp32()).name());
   j["gradient_shards"] = r.row.gradients_on_nvme() ? "nvme" : "pinned";
+  // The row's own strata.speculative_optimizer, or null (the base options').
+  j["speculative_optimizer"] = r.row.speculation ? nlohmann::ordered_json(offload::speculation_mode_name(*r.row.speculation))
+                                                 : nlohmann::ordered_json(nullptr);
   j["status"] = std::string(status_name(r.status));
   j["reason"] = r.reason.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(r.reason);
   if (r.status != RowStatus::kOk) return j;

@@ -19,6 +19,8 @@ std::string PlacementRow::label() const {
   s += " " + std::string(dtype_name(dtype));
   if (moments && *moments != cpu_adam::MomentStorage::fp32()) s += fmt::format(" m={}", moments->name());
   if (gradients_on_nvme()) s += " grads=nvme";
+  if (speculation && *speculation != offload::SpeculationMode::kAuto)
+    s += fmt::format(" early={}", offload::speculation_mode_name(*speculation));
   return s;
 }
 
@@ -37,6 +39,10 @@ std::string PlacementRow::unsupported_reason() const {
   if (moments && moments->blocked() && ratio < 1.0) return "int8 optimizer states need ratio 1 (no device part)";
   if (gradients_on_nvme() && (optimizer != OffloadDevice::kNvme || ratio < 1.0))
     return "gradient shards on NVMe need the optimizer state on NVMe (offload_optimizer nvme, ratio 1)";
+  if (speculation == offload::SpeculationMode::kOn &&
+      !offload::early_updates_allowed(offload::SpeculationMode::kOn, optimizer, param, ratio))
+    return "speculative_optimizer on needs the optimizer state offloaded (cpu or nvme), ratio 1 and the parameters "
+           "not on NVMe";
   return "";
 }
 
@@ -51,6 +57,7 @@ offload::EngineOptions PlacementRow::apply(offload::EngineOptions o) const {
   if (gradient_shards) o.gradient_shards = *gradient_shards;
   if (o.gradient_shards == offload::GradientShardsMode::kNvme && (optimizer != OffloadDevice::kNvme || ratio < 1.0))
     o.gradient_shards = offload::GradientShardsMode::kAuto;
+  if (speculation) o.speculative_optimizer = *speculation;
   return o;
 }
 
@@ -133,10 +140,13 @@ Result<PlacementRow> parse_row(const nlohmann::json& j, const std::string& where
     } else if (key == "gradient_shards") {
       if (!it->is_string()) return InvalidArgument(fmt::format("{}: {} is not \"auto\", \"pinned\" or \"nvme\"", at, it->dump()));
       STRATA_ASSIGN_OR_RETURN(row.gradient_shards, offload::parse_gradient_shards_mode(it->get<std::string>(), at));
+    } else if (key == "speculative_optimizer") {
+      if (!it->is_string()) return InvalidArgument(fmt::format("{}: {} is not \"auto\", \"on\" or \"off\"", at, it->dump()));
+      STRATA_ASSIGN_OR_RETURN(row.speculation, offload::parse_speculation_mode(it->get<std::string>(), at));
     } else {
       return InvalidArgument(fmt::format(
           "{}: unknown key '{}' (a row has stage, offload_optimizer, offload_param, ratio, dtype, "
-          "optimizer_state_dtype, gradient_shards)", where,
+          "optimizer_state_dtype, gradient_shards, speculative_optimizer)", where,
           printable(key, 64)));
     }
   }
@@ -199,8 +209,8 @@ offload::StepTimeInput gpt_step_input(const model::GptConfig& g, const Placement
   in.ratio = row.ratio;
   in.param_dtype = in.grad_dtype = row.dtype;
   if (row.moments) in.moments = *row.moments;  // else the caller's (StepTimeInput's fp32 unless it sets one)
-  in.early_updates = offload::early_updates_allowed(offload::EngineOptions{}.speculative_optimizer, row.optimizer,
-                                                    row.param, row.ratio);
+  in.early_updates = offload::early_updates_allowed(row.speculation.value_or(offload::EngineOptions{}.speculative_optimizer),
+                                                    row.optimizer, row.param, row.ratio);
   in.gradients_on_nvme = row.gradients_on_nvme();
   return in;
 }

@@ -45,6 +45,12 @@ strata_offload_error_test(bench_offload_rows_bad_moment_name
 strata_offload_error_test(bench_offload_rows_gradient_shards_need_nvme_state
   "rows\\[0\\] \\(s2 opt=cpu param=none bf16 grads=nvme\\): gradient shards on NVMe need the optimizer state on NVMe"
   bench offload --configs ${bad}/offload_rows_bad_gradient_shards.json)
+strata_offload_error_test(bench_offload_rows_speculation_needs_offloaded_state
+  "rows\\[0\\] \\(s2 opt=none param=none bf16 early=on\\): speculative_optimizer on needs the optimizer state offloaded"
+  bench offload --configs ${bad}/offload_rows_bad_speculation.json)
+strata_offload_error_test(bench_offload_rows_bad_speculation_name
+  "rows\\[0\\].speculative_optimizer 'maybe' is not auto, on or off"
+  bench offload --configs ${bad}/offload_rows_bad_speculation_name.json)
 strata_offload_error_test(bench_offload_bad_optimizer_states "--optimizer-states 'fp16' is not a moment storage"
   bench offload --optimizer-states fp32,fp16)
 strata_offload_error_test(bench_offload_nvme_path_not_dir "--nvme-path '.*offload_rows.json' is not a directory"
