@@ -63,6 +63,7 @@ struct BenchOffloadOptions {
   std::string nvme_path;
   int optimizer_threads = 0;
   int device_threads = 0;
+  double clip = offload::EngineOptions{}.grad_clip;  // gradient_clipping of every row
   std::string json_out, csv_out, plot_out, plot_script;
   std::string profile;  // a hardware profile: each row also gets the step-time model's prediction
   bool quiet = false;
@@ -436,6 +437,7 @@ int run_bench_offload(const BenchOffloadOptions& o) {
   base.seq_len = o.seq;
   base.eval_batches = 1;
   base.engine.optimizer_threads = o.optimizer_threads;
+  base.engine.grad_clip = o.clip;
   if (!o.device_memory.empty()) {
     Result<uint64_t> b = parse_bytes(o.device_memory, "--device-memory");
     if (!b.ok()) return fail(b.status());
@@ -563,6 +565,7 @@ int run_bench_offload(const BenchOffloadOptions& o) {
   doc["device_memory_bytes"] = base.device_memory_bytes;
   doc["nvme_path"] = nvme_path.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(nvme_path);
   doc["optimizer_threads"] = o.optimizer_threads;
+  doc["clip"] = o.clip;
   doc["device_threads"] = o.device_threads;
   doc["schedule"] = schedule;
   doc["baseline_row"] = baseline_row ? nlohmann::ordered_json(*baseline_row) : nlohmann::ordered_json(nullptr);
@@ -666,6 +669,11 @@ CommandRegistration bench_offload("bench offload", [](CLI::App& root) {
   cmd->add_option("--device-threads", o->device_threads, "cpu device compute threads (0: all cores)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1024));
+  cmd->add_option("--clip", o->clip,
+                  "Global gradient-norm clipping of every row (gradient_clipping; 0: off, DeepSpeed's default); a step "
+                  "after one that clipped starts no early updates")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1e6));
   cmd->add_option("--profile", o->profile,
                   "Hardware profile (strata report --calibrate): add each row's predicted and ideal step (strata plan)");
   cmd->add_option("--json", o->json_out, "Write the results as JSON to this file");

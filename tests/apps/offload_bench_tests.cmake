@@ -28,6 +28,7 @@ strata_offload_error_test(bench_offload_bad_dtype "--dtype 'fp64' is not a param
   bench offload --dtype bf16,fp64)
 strata_offload_error_test(bench_offload_bad_ranks "--ranks: Value 0 not in range 1 to 64" bench offload --ranks 0)
 strata_offload_error_test(bench_offload_bad_steps "--steps: Value 0 not in range" bench offload --steps 0)
+strata_offload_error_test(bench_offload_bad_clip "--clip: Value -1 not in range" bench offload --clip -1)
 strata_offload_error_test(bench_offload_missing_configs "open row file '.*no_such_rows.json'.*No such file"
   bench offload --configs ${bad}/no_such_rows.json)
 strata_offload_error_test(bench_offload_rows_unknown_key
