@@ -293,13 +293,17 @@ TEST_F(SwapRangeTest, NoRoomForTheShadowSaysWhatIsNeeded) {
 // Writes may not overlap other in-flight operations on the same bytes;
 // disjoint tiles of one tensor and overlapping reads may run together.
 TEST_F(SwapRangeTest, OverlappingWriteInFlightIsRefused) {
-  FaultPlan plan;  // no faults, only slow completions, so operations stay in flight
-  plan.latency_probability = 1.0;
-  plan.latency_us_max = 300000;
+  // No faults: one write piece of w1 is held back (it runs; its completion
+  // comes 2 s late), so w1 is in flight while the clash is tried.
+  FaultPlan plan;
+  plan.hang_ms = 2000;
+  plan.fault_reads = false;
   IoEngineOptions o;
   o.block_size = 64 * 1024;
-  auto slow = make_fault_injecting_engine(o, plan);
+  std::shared_ptr<FaultCounters> counters;
+  auto slow = make_fault_injecting_engine(o, plan, &counters);
   ASSERT_TRUE(slow.ok());
+  counters->disarm();
   auto store = SwapStore::open(options("overlap"), **slow);
   ASSERT_TRUE(store.ok()) << store.status().to_string();
   std::mt19937_64 rng(26);
@@ -307,6 +311,7 @@ TEST_F(SwapRangeTest, OverlappingWriteInFlightIsRefused) {
   ASSERT_TRUE((*store)->write_sync(4, data.data(), data.size()).ok());
   std::vector<std::byte> a = testing::random_bytes(rng, 4 * kBlock), b = testing::random_bytes(rng, 4 * kBlock);
   std::vector<std::byte> r1(4 * kBlock), r2(4 * kBlock);
+  counters->arm(0, 1);  // w1's first piece
   auto w1 = (*store)->write_range(4, 0, a);
   ASSERT_TRUE(w1.ok());
   auto w2 = (*store)->write_range(4, 8 * kBlock, b);  // disjoint: fine
@@ -314,19 +319,15 @@ TEST_F(SwapRangeTest, OverlappingWriteInFlightIsRefused) {
   auto q1 = (*store)->read_range(4, 12 * kBlock, r1);
   auto q2 = (*store)->read_range(4, 12 * kBlock, r2);  // reads of the same bytes: fine
   ASSERT_TRUE(q1.ok() && q2.ok());
-  bool still_in_flight = !w1->done();
+  ASSERT_FALSE(w1->done());
   auto clash = (*store)->write_range(4, 2 * kBlock, a);
-  if (still_in_flight) {
-    ASSERT_FALSE(clash.ok());
-    EXPECT_EQ(clash.status().code(), StatusCode::kFailedPrecondition);
-    EXPECT_NE(clash.status().message().find("in-flight write of [0, +" + std::to_string(4 * kBlock) + ")"),
-              std::string::npos)
-        << clash.status().message();
-    auto whole = (*store)->write(4, data.data(), data.size());
-    EXPECT_EQ(whole.status().code(), StatusCode::kFailedPrecondition);
-  } else if (clash.ok()) {
-    ASSERT_TRUE(clash->wait().ok());
-  }
+  ASSERT_FALSE(clash.ok());
+  EXPECT_EQ(clash.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(clash.status().message().find("in-flight write of [0, +" + std::to_string(4 * kBlock) + ")"),
+            std::string::npos)
+      << clash.status().message();
+  auto whole = (*store)->write(4, data.data(), data.size());
+  EXPECT_EQ(whole.status().code(), StatusCode::kFailedPrecondition);
   ASSERT_TRUE(w1->wait().ok());
   ASSERT_TRUE(w2->wait().ok());
   ASSERT_TRUE(q1->wait().ok() && q2->wait().ok());
