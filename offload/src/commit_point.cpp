@@ -30,7 +30,7 @@ Status CommitPoint::settle(const StepMark* call, double* loss) {
     // A write-back whose failure went to a checkpoint snapshot's read.
     if (update.ok()) update = updates_.tier().committable();
     if (update.ok() && updates_.device_part() != nullptr) update = updates_.device_part()->flush();
-    nvme_bytes_.updates_settled();  // Note [A step's NVMe bytes]
+    nvme_bytes_.updates_settled(pending_mark_.optimizer_steps + 1);  // Note [A step's NVMe bytes]
   }
   if (call != nullptr) read = ctx_.failures.take(FailureOf::kCall);
 

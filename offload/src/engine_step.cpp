@@ -58,8 +58,15 @@ Status Engine::Impl::begin_micro_batch(bool last) {
   progress.in_backward = false;
   // The last backward reduces every gradient: updates may start under it,
   // assuming the step's likely arguments (Note [Early, exact updates]).
-  if (last && placement.early_updates && speculate_next_step && !updates.early_updates_open())
-    updates.open_early_updates(optimizer_steps + 1, progress.scale, hyper_of_step(optimizer_steps + 1));
+  if (last && placement.early_updates && speculate_next_step && !updates.early_updates_open()) {
+    // Note [A step's NVMe bytes]: the previous step's updates, when still
+    // pending, end where this step's early ones begin.
+    std::function<void()> before_first;
+    if (commit.pending() && opt_on_nvme())
+      before_first = [this, pending_step = optimizer_steps] { nvme_bytes.previous_updates_done(pending_step); };
+    updates.open_early_updates(optimizer_steps + 1, progress.scale, hyper_of_step(optimizer_steps + 1),
+                               std::move(before_first));
+  }
   grads.begin_micro_batch();
   params.trace().begin_micro_batch();
   progress.micro_started = Clock::now();

@@ -20,21 +20,43 @@ uint64_t StepNvmeBytes::spill_written_now() const {
 }
 
 void StepNvmeBytes::step_begins(bool updates_pending) {
-  if (!updates_pending) updates_from_ = updates_now();
+  const Bytes now = updates_now();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!updates_pending) {
+      updates_from_ = now;
+      mark_.reset();
+    }
+  }
   backward_from_ = spill_written_now();
   backward_written_ = 0;
 }
 
 void StepNvmeBytes::backward_done() { backward_written_ = spill_written_now() - backward_from_; }
 
-void StepNvmeBytes::updates_settled() {
+void StepNvmeBytes::previous_updates_done(int64_t pending_step) {
+  // A lost write-back is not lost here: the tier keeps it for the commit
+  // point (committable()), which rolls the step back.
+  updates_.tier().flush().ignore();
   const Bytes now = updates_now();
-  settled_.read += now.read - updates_from_.read;
-  settled_.written += now.written - updates_from_.written;
-  updates_from_ = now;
+  std::lock_guard<std::mutex> lock(mu_);
+  mark_ = Mark{pending_step, now};
+}
+
+void StepNvmeBytes::updates_settled(int64_t step) {
+  const Bytes now = updates_now();
+  std::lock_guard<std::mutex> lock(mu_);
+  // The mark of this step, when its next step's early updates began before
+  // this commit point (a mark left from an earlier step is stale).
+  const Bytes end = mark_ && mark_->step == step ? mark_->at : now;
+  settled_.read += end.read - updates_from_.read;
+  settled_.written += end.written - updates_from_.written;
+  updates_from_ = end;
+  mark_.reset();
 }
 
 StepNvmeBytes::Bytes StepNvmeBytes::take() {
+  std::lock_guard<std::mutex> lock(mu_);
   Bytes b = settled_;
   b.written += backward_written_;
   settled_ = Bytes{};

@@ -24,10 +24,14 @@
 // since the previous report: with overlap on those of the previous step (as
 // StepMetrics::optimizer_ms does), with it off its own.
 // Early updates (Note [Early, exact updates] in docs/engine.md) of state on
-// NVMe run under the backward, before the previous step's commit point: their
-// I/O is counted in that step's window. Which layers start early depends on
-// the threads' timing, so then only the sum over the run is exact.
+// NVMe run under the backward, before the previous step's commit point. So
+// the optimizer thread, before the first of them, flushes the tier (the
+// previous step's write-backs end) and marks where the previous step's
+// updates ended (previous_updates_done); that step's commit point counts up
+// to the mark, and the next window starts there.
 #include <cstdint>
+#include <mutex>
+#include <optional>
 
 #include "engine_context.h"
 #include "update_scheduler.h"
@@ -45,9 +49,13 @@ class StepNvmeBytes {
   void step_begins(bool updates_pending);
   // Every layer's block sums are in (GradientReduction::global_norm_squared).
   void backward_done();
-  // The pending step's updates and write-backs are done (CommitPoint::settle,
+  // On the optimizer thread, before step `pending_step + 1`'s first early
+  // update: the updates of step `pending_step` (not committed yet) have run;
+  // their write-backs are waited for here.
+  void previous_updates_done(int64_t pending_step);
+  // Step `step`'s updates and write-backs are done (CommitPoint::settle,
   // before its vote; also when the step is then rolled back).
-  void updates_settled();
+  void updates_settled(int64_t step);
   // This step's report: its backward's writes and the updates settled since
   // the last take().
   Bytes take();
@@ -58,7 +66,13 @@ class StepNvmeBytes {
 
   EngineContext& ctx_;
   UpdateScheduler& updates_;
+  std::mutex mu_;                // the optimizer thread marks, the driving thread counts
   Bytes updates_from_;           // updates_now() where the current update window began
+  struct Mark {
+    int64_t step = 0;
+    Bytes at;
+  };
+  std::optional<Mark> mark_;     // previous_updates_done()'s
   Bytes settled_;                // settled updates not reported yet
   uint64_t backward_from_ = 0;   // spill_written_now() at begin_step()
   uint64_t backward_written_ = 0;

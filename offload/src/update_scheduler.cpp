@@ -580,7 +580,9 @@ Status UpdateScheduler::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimize
 
 // ---------------------------------------------------------------- Note [Early, exact updates]
 
-void UpdateScheduler::open_early_updates(int64_t step, double scale, const cpu_adam::HyperParams& hyper) {
+void UpdateScheduler::open_early_updates(int64_t step, double scale, const cpu_adam::HyperParams& hyper,
+                                         std::function<void()> before_first) {
+  before_first_early_ = std::move(before_first);
   early_args_ = cpu_adam::StepArgs{};
   early_args_.step = step;
   early_args_.hyper = hyper;
@@ -604,9 +606,10 @@ Status UpdateScheduler::queue_early_update(size_t li, const GradientReduction::U
       std::stable_sort(early_walk_.begin(), early_walk_.end(),
                        [](const StateId& a, const StateId& b) { return a.layer > b.layer; });
     }
-    set_walk(early_walk_, "read-ahead in the early updates' order");
+    set_walk(early_walk_, "read-ahead in the early updates' order", std::move(before_first_early_));
     early_walk_set_ = true;
   }
+  before_first_early_ = {};
   EarlyUpdate& e = early_[li];
   e.claimed = std::make_shared<std::atomic<bool>>(false);
   e.jobs = jobs_of(li, input, early_args_.hyper, nullptr, /*early=*/true);
@@ -644,11 +647,12 @@ Status UpdateScheduler::close_early_updates() {
   return Status::Ok();
 }
 
-void UpdateScheduler::set_walk(const std::vector<StateId>& walk, const char* label) {
+void UpdateScheduler::set_walk(const std::vector<StateId>& walk, const char* label, std::function<void()> then) {
   // The walks are set up before the first early update and never change.
   worker_->submit(
-      [this, &walk] {
+      [this, &walk, then = std::move(then)] {
         tier_->set_order(walk);
+        if (then) then();
         return Status::Ok();
       },
       {}, label, /*sticky=*/false);

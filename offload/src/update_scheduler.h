@@ -96,7 +96,10 @@ class UpdateScheduler {
   // updates assume step number `step`, loss scale `scale`, `hyper` (its lr
   // and betas), clip coefficient 1 and finite gradients until
   // close_early_updates().
-  void open_early_updates(int64_t step, double scale, const cpu_adam::HyperParams& hyper);
+  // `before_first`, when given, runs on the optimizer thread before the
+  // step's first early update (the updates queued before it have run).
+  void open_early_updates(int64_t step, double scale, const cpu_adam::HyperParams& hyper,
+                          std::function<void()> before_first = {});
   bool early_updates_open() const { return early_open_; }
   // Layer li's reduced gradient is in: its update is queued now.
   Status queue_early_update(size_t li, const GradientReduction::UpdateInput& input);
@@ -234,8 +237,9 @@ class UpdateScheduler {
   // the first early update of a step is queued and again at its end.
   std::vector<StateId> forward_walk_, early_walk_;
   bool early_walk_set_ = false;
-  // Queues tier_->set_order(walk) on the optimizer thread.
-  void set_walk(const std::vector<StateId>& walk, const char* label);
+  std::function<void()> before_first_early_;  // open_early_updates()'s, run once per step
+  // Queues tier_->set_order(walk), then `then` (when given), on the optimizer thread.
+  void set_walk(const std::vector<StateId>& walk, const char* label, std::function<void()> then = {});
   // Nanoseconds the optimizer threads spent in one step's updates, added by
   // the update tasks themselves.
   std::shared_ptr<std::atomic<int64_t>> update_ns_;

@@ -155,6 +155,29 @@ TEST(EarlyUpdates, AFailedPendingWriteOnNvmeRedoesThatLayer) {
   EXPECT_GT(total(on, &StepMetrics::speculated_layers), 8);
 }
 
+// Note [A step's NVMe bytes]: with early updates on NVMe each report still
+// carries one step's updates: every piece written back once, as without them
+// (the reads can be more: read-ahead dropped when the walk changes order).
+TEST(EarlyUpdates, EachStepsNvmeBytesAreOneStepsUpdates) {
+  TrainRun r;
+  r.steps = 6;
+  apply_placement(r, Placement{2, D::kNvme, D::kNone, true, 8192});
+  r.opt.grad_clip = 0;  // every step starts its updates early
+  const Outcome off = train(with_early(r, SpeculationMode::kOff));
+  const Outcome on = train(with_early(r, SpeculationMode::kOn));
+  ASSERT_TRUE(off.status.ok()) << off.status.to_string();
+  ASSERT_TRUE(on.status.ok()) << on.status.to_string();
+  ASSERT_EQ(on.metrics.size(), off.metrics.size());
+  // (The first report has no committed updates yet, in either run.)
+  for (size_t s = 1; s < on.metrics.size(); ++s) {
+    SCOPED_TRACE(fmt::format("step {}", s + 1));
+    EXPECT_GT(on.metrics[s].speculated_layers, 0);
+    EXPECT_GT(off.metrics[s].nvme_write_bytes, 0u);
+    EXPECT_EQ(on.metrics[s].nvme_write_bytes, off.metrics[s].nvme_write_bytes);
+    EXPECT_GE(on.metrics[s].nvme_read_bytes, off.metrics[s].nvme_read_bytes);
+  }
+}
+
 // A failed write-back of a step's (late) updates on NVMe rolls that step
 // back at its commit point, under which the next step's early updates have
 // already written pending versions: they are forgotten with it, the step is
