@@ -173,8 +173,8 @@ Status decide_early_updates(const EngineOptions& opt, const Partition& partition
     // With the state on NVMe the phase is I/O more than CPU: measured faster
     // at fp32 moments (docs/performance.md), not at int8.
     if (p.optimizer_on_nvme())
-      p.early_updates_off += " (with the state on NVMe and fp32 moments it measured faster on a 2-core VM: 1.09-1.13x "
-                             "the in-memory step against 1.19-1.32x without)";
+      p.early_updates_off += " (with the state on NVMe and fp32 moments it measured faster on a 2-core VM: 1.11-1.14x "
+                             "the in-memory step against 1.21-1.30x without)";
     p.early_pending_bytes.assign(p.layers.size(), 0);
     return Status::Ok();
   }
