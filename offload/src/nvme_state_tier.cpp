@@ -105,8 +105,20 @@ class NvmeStateTier final : public OptimizerStateTier {
   static uint8_t version_other_than(uint8_t a, uint8_t b);
   // Counts p's version v on NVMe the first time it is written.
   void count_version(Piece& p, uint8_t version);
+  // Writes p's slot (its lease just ended) as `version`: pipelined, the
+  // piece is kWriting until harvest() counts it; else waited for here and
+  // counted, the slot returned. `started` false: the write could not start
+  // (the slot is returned). `status`: why it did not start, or the waited
+  // write's result.
+  struct WriteOutcome {
+    bool started = false;
+    Status status;
+  };
+  WriteOutcome write_slot(Piece& p, uint8_t version, bool pending);
+  // A failed write of p's pending version, named.
+  Status pending_write_lost(const Piece& p, Status error) const;
   // Waits for the pending version's write of p, if in flight (mu_ held).
-  Status wait_pending_write(Piece& p);
+  void wait_pending_write(Piece& p);
   // Waits for every write in flight (each slot comes back); returns harvest().
   Status wait_writes();
   // options_.wait_timeout_s for the writes in flight (together); harvests nothing.
@@ -290,8 +302,7 @@ Status NvmeStateTier::harvest() {
       ++io_.writes;
     } else if (was_pending) {
       // No step's state is lost: the update is redone (pending_written()).
-      p.pending_lost = std::move(st).with_context(
-          fmt::format("{}: the write of its pending version (an early update) to NVMe failed", piece_name(p)));
+      p.pending_lost = pending_write_lost(p, std::move(st));
     } else {
       Status named = std::move(st).with_context(
           fmt::format("{}: {}", piece_name(p),
@@ -545,43 +556,26 @@ Status NvmeStateTier::close(const StateId& id, bool modified) {
   if (!modified) {
     p.slot.reset();
   } else {
-    const size_t index = static_cast<size_t>(&p - pieces_.data());
     // Never over the committed version: the pending one if this step wrote
     // the piece already, else the other one (Note [Piece versions]).
     // A pending version it had is superseded (its update was redone).
     p.pending = kNoVersion;
     p.pending_lost = Status::Ok();
     const uint8_t version = p.latest != p.committed ? p.latest : version_other_than(p.committed, kNoVersion);
-    Result<nvme::SwapHandle> w = store_->write(tensor(index, version), p.slot.data(), p.bytes);
-    if (w.ok()) {
-      p.latest_before_write = p.latest;
+    p.latest_before_write = p.latest;
+    WriteOutcome w = write_slot(p, version, /*pending=*/false);
+    if (!w.started) {
+      result = std::move(w.status).with_context(fmt::format("writing {} back to NVMe", piece_name(p)));
+    } else {
       p.latest = version;
       count_version(p, version);
-    }
-    if (!w.ok()) {
-      p.slot.reset();
-      result = w.status().with_context(fmt::format("writing {} back to NVMe", piece_name(p)));
-      if (lost_write_.ok()) lost_write_ = result;
-    } else if (options_.pipeline_write) {
-      p.slot.release_after(w->completion());
-      p.io = *w;
-      p.where = Where::kWriting;
-      writing_.push_back(index);
-    } else {
-      const uint64_t t0 = now_ns();
-      Status st = w->wait();
-      io_.write_wait_ns += now_ns() - t0;
-      p.slot.reset();
-      if (st.ok()) {
-        io_.bytes_written += p.bytes;
-        ++io_.writes;
-      } else {
+      if (!w.status.ok()) {
         p.latest = p.latest_before_write;
-        result = std::move(st).with_context(fmt::format(
+        result = std::move(w.status).with_context(fmt::format(
             "{}: the write-back to NVMe failed (the previous version stays readable)", piece_name(p)));
-        if (lost_write_.ok()) lost_write_ = result;
       }
     }
+    if (!result.ok() && lost_write_.ok()) lost_write_ = result;
   }
   Status pending = harvest();
   if (result.ok()) result = std::move(pending);
@@ -771,53 +765,65 @@ Status NvmeStateTier::close_pending(const StateId& id) {
   --open_count_;
   p.where = Where::kDisk;
   closed_.notify_all();  // Note [Piece leases]
-  const size_t index = static_cast<size_t>(&p - pieces_.data());
   // Never over the committed version nor the newest one (the step before
   // may still be rolled back, and a redo reads the newest).
   const uint8_t version = version_other_than(p.committed, p.latest);
   p.pending = kNoVersion;
   p.pending_lost = Status::Ok();
-  Result<nvme::SwapHandle> w = store_->write(tensor(index, version), p.slot.data(), p.bytes);
-  if (!w.ok()) {
-    p.slot.reset();
-    p.pending_lost = w.status().with_context(fmt::format("writing the pending version of {} to NVMe", piece_name(p)));
+  WriteOutcome w = write_slot(p, version, /*pending=*/true);
+  if (!w.started) {
+    p.pending_lost = std::move(w.status).with_context(
+        fmt::format("writing the pending version of {} to NVMe", piece_name(p)));
   } else {
     p.pending = version;
     count_version(p, version);
-    if (options_.pipeline_write) {
-      p.slot.release_after(w->completion());
-      p.io = *w;
-      p.where = Where::kWriting;
-      p.writing_pending = true;
-      writing_.push_back(index);
-    } else {
-      const uint64_t t0 = now_ns();
-      Status st = w->wait();
-      io_.write_wait_ns += now_ns() - t0;
-      p.slot.reset();
-      if (st.ok()) {
-        io_.bytes_written += p.bytes;
-        ++io_.writes;
-      } else {
-        p.pending_lost = std::move(st).with_context(
-            fmt::format("{}: the write of its pending version (an early update) to NVMe failed", piece_name(p)));
-      }
-    }
+    if (!w.status.ok()) p.pending_lost = pending_write_lost(p, std::move(w.status));
   }
   Status pending = harvest();
   pump();
   return pending;  // (a failed pending write is pending_written()'s to report)
 }
 
-Status NvmeStateTier::wait_pending_write(Piece& p) {
-  if (p.where != Where::kWriting || !p.writing_pending) return Status::Ok();
+NvmeStateTier::WriteOutcome NvmeStateTier::write_slot(Piece& p, uint8_t version, bool pending) {
+  const size_t index = static_cast<size_t>(&p - pieces_.data());
+  Result<nvme::SwapHandle> w = store_->write(tensor(index, version), p.slot.data(), p.bytes);
+  if (!w.ok()) {
+    p.slot.reset();
+    return {false, w.status()};
+  }
+  if (options_.pipeline_write) {
+    p.slot.release_after(w->completion());
+    p.io = *w;
+    p.where = Where::kWriting;
+    p.writing_pending = pending;
+    writing_.push_back(index);
+    return {true, Status::Ok()};
+  }
   const uint64_t t0 = now_ns();
-  Status st = p.io.wait();  // harvest() takes the same status later
+  Status st = w->wait();  // pipeline_write off: each write-back ends before close returns
   io_.write_wait_ns += now_ns() - t0;
-  if (!st.ok() && p.pending_lost.ok())
-    p.pending_lost = std::move(st).with_context(
-        fmt::format("{}: the write of its pending version (an early update) to NVMe failed", piece_name(p)));
-  return Status::Ok();
+  p.slot.reset();
+  if (st.ok()) {
+    io_.bytes_written += p.bytes;
+    ++io_.writes;
+  }
+  return {true, std::move(st)};
+}
+
+Status NvmeStateTier::pending_write_lost(const Piece& p, Status error) const {
+  return std::move(error).with_context(
+      fmt::format("{}: the write of its pending version (an early update) to NVMe failed", piece_name(p)));
+}
+
+void NvmeStateTier::wait_pending_write(Piece& p) {
+  if (p.where != Where::kWriting || !p.writing_pending) return;
+  const uint64_t t0 = now_ns();
+  // Blocks (mu_ held) for this one write: keeping or redoing the early
+  // update depends on whether it ended whole. harvest() takes the same
+  // status later.
+  Status st = p.io.wait();
+  io_.write_wait_ns += now_ns() - t0;
+  if (!st.ok() && p.pending_lost.ok()) p.pending_lost = pending_write_lost(p, std::move(st));
 }
 
 Status NvmeStateTier::pending_written(const StateId& id) {
@@ -825,7 +831,7 @@ Status NvmeStateTier::pending_written(const StateId& id) {
   Publisher publisher{this};
   Piece& p = find(id, "pending_written");
   if (p.count == 0) return Status::Ok();
-  STRATA_RETURN_IF_ERROR(wait_pending_write(p));
+  wait_pending_write(p);
   if (!p.pending_lost.ok()) return p.pending_lost;
   if (p.pending == kNoVersion)
     return FailedPrecondition(fmt::format("{} has no pending version (close_pending was not called)", piece_name(p)));
@@ -838,7 +844,7 @@ Status NvmeStateTier::keep_pending(const StateId& id) {
   Piece& p = find(id, "keep_pending");
   if (p.count == 0) return Status::Ok();
   STRATA_CHECK(p.where != Where::kOpen, fmt::format("{}: keep_pending while it is open", piece_name(p)));
-  STRATA_RETURN_IF_ERROR(wait_pending_write(p));
+  wait_pending_write(p);
   if (!p.pending_lost.ok()) return p.pending_lost;
   if (p.pending == kNoVersion)
     return FailedPrecondition(fmt::format("{} has no pending version to keep", piece_name(p)));
