@@ -35,7 +35,9 @@ void StepNvmeBytes::step_begins(bool updates_pending) {
 void StepNvmeBytes::backward_done() { backward_written_ = spill_written_now() - backward_from_; }
 
 void StepNvmeBytes::previous_updates_done(int64_t pending_step) {
-  // A lost write-back is not lost here: the tier keeps it for the commit
+  // Blocks (the optimizer thread, before the step's first early update) for
+  // the previous step's last write-backs, so they count in that step, not
+  // this one. A lost one is not lost here: the tier keeps it for the commit
   // point (committable()), which rolls the step back.
   updates_.tier().flush().ignore();
   const Bytes now = updates_now();

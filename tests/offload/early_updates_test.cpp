@@ -418,10 +418,12 @@ class WaitBeforeFrozenBackward : public ParameterProvider {
   std::function<bool()> wait_;
 };
 
-TEST(EarlyUpdates, TheyStartWhileTheBackwardStillRuns) {
+// `optimizer`: where the state is (cpu: pinned memory, nvme: streamed).
+void expect_early_updates_under_the_backward(OffloadDevice optimizer) {
   EngineOptions o;
   o.stage = 2;
-  o.offload_optimizer = D::kCpu;
+  o.offload_optimizer = optimizer;
+  if (optimizer == D::kNvme) o.nvme.path = ::testing::TempDir();
   o.speculative_optimizer = SpeculationMode::kOn;
   o.grad_clip = 0;  // nothing to redo: the head's early update is kept
   o.hyper.lr = 1e-2;
@@ -475,6 +477,12 @@ TEST(EarlyUpdates, TheyStartWhileTheBackwardStillRuns) {
     EXPECT_EQ(out->metrics.redone_layers, 0) << "step " << step;  // no clipping: kept
   }
   ASSERT_TRUE(engine.synchronize().ok());
+}
+
+TEST(EarlyUpdates, TheyStartWhileTheBackwardStillRuns) { expect_early_updates_under_the_backward(D::kCpu); }
+
+TEST(EarlyUpdates, TheyStartWhileTheBackwardStillRunsWithTheStateOnNvme) {
+  expect_early_updates_under_the_backward(D::kNvme);
 }
 
 TEST(EarlyUpdates, ParseNamesTheFieldAndTheValue) {
