@@ -275,7 +275,7 @@ Status Engine::Impl::queue_step_updates(const StepMark& call, double clip, doubl
       // state it left untouched.
       ++m.speculated_layers;
       if (updates.early_matches(li, optimizer_steps, clip, scale, hyper) && updates.early_written(li)) {
-        STRATA_ASSIGN_OR_RETURN(queued, updates.keep_early(li));
+        STRATA_ASSIGN_OR_RETURN(queued, updates.keep_early(li, grads.update_input(li)));
       } else {
         ++m.redone_layers;
         STRATA_ASSIGN_OR_RETURN(queued,

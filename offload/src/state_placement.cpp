@@ -27,7 +27,6 @@ std::string early_updates_blocker(const EngineOptions& opt, const StatePlacement
   if (!p.optimizer_on_host())
     return "the optimizer state is on the device (offload_optimizer.device none): early updates hide the CPU step of "
            "offloaded state (offload_optimizer.device cpu)";
-  if (p.split) return fmt::format("offload_optimizer.ratio {} < 1 keeps part of the state on the device", opt.ratio);
   for (const LayerPlacement& l : p.layers)
     if (l.shard_on_nvme())
       return "stage-3 parameter shards on NVMe (offload_param.device nvme) are written back by each update";
@@ -154,7 +153,8 @@ Status decide_early_updates(const EngineOptions& opt, const Partition& partition
     uint64_t bytes = 0;
     for (const SubGroup& g : layer.groups)
       for (int r = p.owned_rank_begin(); r < p.owned_rank_end(); ++r) {
-        const size_t count = layer.piece_real(g, r);
+        // offload_optimizer.ratio < 1: only the host part is stepped early.
+        const size_t count = host_part(p.ratio, layer.piece_real(g, r));
         bytes += memory_piece_bytes(count, l.master, opt.moments);
       }
     p.early_pending_bytes[li] = std::max<uint64_t>(64, bytes);

@@ -10,9 +10,8 @@
 
 namespace strata::offload {
 
-bool early_updates_allowed(SpeculationMode mode, OffloadDevice optimizer, OffloadDevice param, double ratio) {
-  return mode != SpeculationMode::kOff && optimizer != OffloadDevice::kNone && param != OffloadDevice::kNvme &&
-         ratio >= 1.0;
+bool early_updates_allowed(SpeculationMode mode, OffloadDevice optimizer, OffloadDevice param) {
+  return mode != SpeculationMode::kOff && optimizer != OffloadDevice::kNone && param != OffloadDevice::kNvme;
 }
 
 LinkBytes predict_link_bytes(const StepTimeInput& in) {
@@ -130,9 +129,13 @@ Result<StepTimePrediction> predict_step_time(const StepTimeInput& in, const Hard
     const double unhidden_nvme = in.stage == 3 ? (opt_read_ms + opt_write_ms) / L : 0.0;
     // The CPU step hides under the next forward, and with early updates
     // under the backward too; its copies to the device follow the step's end.
+    // With early updates and a ratio < 1 the device part is not stepped
+    // early: it starts at the step's end and hides under the forward only.
     const double cpu_window = r.forward_ms + (in.early_updates ? r.backward_ms : 0.0);
-    r.exposed_optimizer_ms = unhidden_nvme + std::max({0.0, r.optimizer_ms - unhidden_nvme - cpu_window,
-                                                       r.update_ms - r.forward_ms});
+    const double windowed_ms = in.early_updates ? host_ms : r.optimizer_ms;  // what the window hides
+    const double device_part_ms = in.early_updates ? dev_ms : 0.0;
+    r.exposed_optimizer_ms = unhidden_nvme + std::max({0.0, windowed_ms - unhidden_nvme - cpu_window,
+                                                       device_part_ms - r.forward_ms, r.update_ms - r.forward_ms});
     r.exposed_reduce_ms = std::max(0.0, r.grad_ms - r.backward_ms) + r.grad_ms / L;
     r.exposed_gather_ms = std::max(0.0, r.param_ms - r.compute_ms) + r.param_ms / L;
   }

@@ -285,12 +285,7 @@ Result<UpdateScheduler::Queued> UpdateScheduler::queue_update(size_t li, const G
       },
       gate, fmt::format("optimizer step of layer {}", li), /*sticky=*/false);
   if (ctx_.split()) {
-    const Completion dev_done = dev_worker_->submit(
-        [this, jobs = std::move(dev_jobs), args, param_dtype] {
-          return step_pieces(*dev_tier_, *dev_optimizer_, jobs, args, param_dtype);
-        },
-        gate, fmt::format("device optimizer step of layer {}", li), /*sticky=*/false);
-    const Completion both[] = {raw, dev_done};
+    const Completion both[] = {raw, queue_device_part(li, std::move(dev_jobs), args, param_dtype, gate)};
     raw = when_all(both, fmt::format("optimizer step of layer {}", li));
   }
   l.update_ran = ctx_.failures.absorb(raw, fmt::format("optimizer step of layer {}", li));
@@ -307,6 +302,15 @@ Result<UpdateScheduler::Queued> UpdateScheduler::queue_update(size_t li, const G
     l.update_written = written->completion();
   }
   return Queued{l.update_ran, ctx_.failures.absorb(l.update_written, fmt::format("update of layer {}", li))};
+}
+
+Completion UpdateScheduler::queue_device_part(size_t li, std::vector<PieceJob> jobs, const cpu_adam::StepArgs& args,
+                                              DType param_dtype, const Completion& gate) {
+  return dev_worker_->submit(
+      [this, jobs = std::move(jobs), args, param_dtype] {
+        return step_pieces(*dev_tier_, *dev_optimizer_, jobs, args, param_dtype);
+      },
+      gate, fmt::format("device optimizer step of layer {}", li), /*sticky=*/false);
 }
 
 Status UpdateScheduler::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimizer& o, const std::vector<PieceJob>& jobs,
@@ -672,10 +676,23 @@ bool UpdateScheduler::early_matches(size_t li, int64_t step, double clip, double
          a.hyper == hyper;
 }
 
-Result<UpdateScheduler::Queued> UpdateScheduler::keep_early(size_t li) {
+Result<UpdateScheduler::Queued> UpdateScheduler::keep_early(size_t li, const GradientReduction::UpdateInput& input) {
   LayerUpdate& l = layers_[li];
   l.update_ran = early_[li].done;  // ok: early_matches checked it
   l.update_written = l.update_ran;
+  // offload_optimizer.ratio < 1: the device part is not stepped early (its
+  // parameters are the device's own); it is stepped now, with the arguments
+  // the early update assumed (early_matches: the step's own).
+  Completion device_part_done;
+  if (ctx_.split()) {
+    std::vector<PieceJob> dev_jobs;
+    jobs_of(li, input, early_args_.hyper, &dev_jobs, /*early=*/true);
+    device_part_done = queue_device_part(li, std::move(dev_jobs), early_args_, ctx_.where(li).param_dtype,
+                                         params_.writable_after(li, input.reduced));
+    const Completion both[] = {l.update_ran, device_part_done};
+    l.update_ran = when_all(both, fmt::format("optimizer step of layer {}", li));
+    l.update_written = l.update_ran;
+  }
   // Its pending buffers, every element written by the update, become the state.
   for (const PieceJob& j : early_[li].jobs)
     if (j.count != 0) STRATA_RETURN_IF_ERROR(tier_->keep_pending(j.id));
@@ -689,7 +706,13 @@ Result<UpdateScheduler::Queued> UpdateScheduler::keep_early(size_t li) {
     ctx_.transfers.h2d_bytes += j.count * eb;
     copied = true;
   }
-  if (copied) l.update_written = ctx_.xfer->record_completion();
+  if (copied) {
+    l.update_written = ctx_.xfer->record_completion();
+    if (ctx_.split()) {
+      const Completion both[] = {l.update_written, device_part_done};
+      l.update_written = when_all(both, fmt::format("update of layer {}", li));
+    }
+  }
   return Queued{l.update_ran, ctx_.failures.absorb(l.update_written, fmt::format("update of layer {}", li))};
 }
 

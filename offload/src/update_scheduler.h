@@ -117,8 +117,9 @@ class UpdateScheduler {
   bool early_written(size_t li);
   // The kept early update of layer li, as queue_update would have returned
   // it: its pending buffers become the state, its staged values are copied
-  // to the device now.
-  Result<Queued> keep_early(size_t li);
+  // to the device now; with offload_optimizer.ratio < 1 the layer's device
+  // part (never stepped early) is queued now from `input`.
+  Result<Queued> keep_early(size_t li, const GradientReduction::UpdateInput& input);
   // Every layer whose early update started: the parameters it wrote are
   // rewritten from the (untouched) state, on the calling (driving) thread;
   // the early updates are forgotten. For a skipped or dropped step; returns
@@ -205,6 +206,9 @@ class UpdateScheduler {
   Status make_nvme_tier(const std::string& job_name);
   // Layer li's runs intersected with layer elements [begin, begin + count), offsets from begin.
   std::vector<PieceJob::Run> runs_of(size_t li, size_t begin, size_t count, const cpu_adam::HyperParams& hyper) const;
+  // ratio < 1: the device part's update of layer li on its own thread, after `gate`.
+  Completion queue_device_part(size_t li, std::vector<PieceJob> jobs, const cpu_adam::StepArgs& args,
+                               DType param_dtype, const Completion& gate);
   // `out_of_place`: an early update, written into the pieces' pending
   // buffers (the state untouched: a failure is never torn). Otherwise a
   // failure part-way through state kept in place is recorded as torn (kTorn).

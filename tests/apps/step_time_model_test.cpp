@@ -97,12 +97,31 @@ TEST(StepTimeModel, EarlyUpdatesHideTheCpuStepUnderTheBackwardToo) {
   EXPECT_NEAR(early.exposed_optimizer_ms,
               std::max({0.0, early.optimizer_ms - early.compute_ms, early.update_ms - early.forward_ms}), 1e-6);
   EXPECT_LT(early.exposed_optimizer_ms, late.exposed_optimizer_ms);
-  EXPECT_TRUE(early_updates_allowed(SpeculationMode::kAuto, OffloadDevice::kCpu, OffloadDevice::kCpu, 1.0));
-  EXPECT_FALSE(early_updates_allowed(SpeculationMode::kOff, OffloadDevice::kCpu, OffloadDevice::kNone, 1.0));
-  EXPECT_TRUE(early_updates_allowed(SpeculationMode::kOn, OffloadDevice::kNvme, OffloadDevice::kNone, 1.0));
-  EXPECT_FALSE(early_updates_allowed(SpeculationMode::kOn, OffloadDevice::kNone, OffloadDevice::kNone, 1.0));
-  EXPECT_FALSE(early_updates_allowed(SpeculationMode::kOn, OffloadDevice::kCpu, OffloadDevice::kNvme, 1.0));
-  EXPECT_FALSE(early_updates_allowed(SpeculationMode::kOn, OffloadDevice::kCpu, OffloadDevice::kNone, 0.5));
+  EXPECT_TRUE(early_updates_allowed(SpeculationMode::kAuto, OffloadDevice::kCpu, OffloadDevice::kCpu));
+  EXPECT_FALSE(early_updates_allowed(SpeculationMode::kOff, OffloadDevice::kCpu, OffloadDevice::kNone));
+  EXPECT_TRUE(early_updates_allowed(SpeculationMode::kOn, OffloadDevice::kNvme, OffloadDevice::kNone));
+  EXPECT_FALSE(early_updates_allowed(SpeculationMode::kOn, OffloadDevice::kNone, OffloadDevice::kNone));
+  EXPECT_FALSE(early_updates_allowed(SpeculationMode::kOn, OffloadDevice::kCpu, OffloadDevice::kNvme));
+}
+
+// With offload_optimizer.ratio < 1 only the host part is stepped early; the
+// device part starts at the step's end and hides under the forward alone.
+TEST(StepTimeModel, WithARatioTheDevicePartHidesUnderTheForwardOnly) {
+  HardwareProfile hw = gpu_profile();
+  hw.device_adam_params_per_s = 5e9;  // a slow device step, so that its part shows
+  hw.h2d_gb_per_s = 1000;             // and the copies do not
+  StepTimeInput in = input(4'000'000'000, 3, OffloadDevice::kCpu);
+  in.ratio = 0.5;
+  const StepTimePrediction late = predict_step_time(in, hw).value();
+  in.early_updates = true;
+  const StepTimePrediction early = predict_step_time(in, hw).value();
+  const double host_ms = 2e9 / 4e9 * 1e3, device_ms = 2e9 / 5e9 * 1e3;  // 500 and 400 ms
+  EXPECT_NEAR(late.optimizer_ms, std::max(host_ms, device_ms), 1e-6);
+  EXPECT_NEAR(late.exposed_optimizer_ms, host_ms - late.forward_ms, 1e-6);
+  // Early: the host part's 500 ms hide under forward + backward (1 s); the
+  // device part's 400 ms run past the forward's 333 ms.
+  EXPECT_NEAR(early.exposed_optimizer_ms, device_ms - early.forward_ms, 1e-6);
+  EXPECT_LT(early.exposed_optimizer_ms, late.exposed_optimizer_ms);
 }
 
 TEST(StepTimeModel, RanksOfANodeShareItsCpuOptimizerAndDrives) {

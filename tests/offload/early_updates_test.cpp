@@ -43,11 +43,12 @@ namespace {
 using D = OffloadDevice;
 
 // The placements that allow early updates: state the host steps, in pinned
-// memory (pending buffers) or on NVMe (pending versions).
+// memory (pending buffers) or on NVMe (pending versions); with a ratio < 1
+// the host part is stepped early, the device part at the step's end.
 std::vector<Placement> early_placements() {
   std::vector<Placement> out;
   for (const Placement& p : matrix())
-    if (p.ratio >= 1.0 && p.optimizer != D::kNone && p.param != D::kNvme) out.push_back(p);
+    if (p.optimizer != D::kNone && p.param != D::kNvme) out.push_back(p);
   return out;
 }
 
@@ -238,9 +239,16 @@ TEST(EarlyUpdates, ARollbackFromAFailedNvmeWriteForgetsThePendingVersions) {
   expect_same_losses(straight, on, "a rollback under early updates on NVMe");
 }
 
+// (The third: offload_optimizer.ratio 0.5, the host part stepped early, the
+// device part at the step's end.)
 INSTANTIATE_TEST_SUITE_P(Tiers, EarlyOnEachTier,
-                         ::testing::Values(Placement{2, D::kCpu, D::kNone}, Placement{2, D::kNvme, D::kNone, true, 4096}),
-                         [](const auto& info) { return std::string(offload_device_name(info.param.optimizer)); });
+                         ::testing::Values(Placement{2, D::kCpu, D::kNone}, Placement{2, D::kNvme, D::kNone, true, 4096},
+                                           Placement{3, D::kCpu, D::kNone, true, 1'000'000'000, 1'000'000'000,
+                                                     1'000'000'000, 0, 0.5}),
+                         [](const auto& info) {
+                           return std::string(offload_device_name(info.param.optimizer)) +
+                                  (info.param.ratio < 1.0 ? "_ratio_half" : "");
+                         });
 
 // An Inf gradient on rank 1 at step 4 (fp16, hysteresis 1): the layers it
 // stepped early are restored; the state after the skipped step equals the
@@ -255,7 +263,7 @@ TEST_P(EarlyOnEachTier, AnOverflowRestoresTheLayersSteppedEarly) {
   r.opt.fp16.hysteresis = 1;
   Placement p = GetParam();
   p.stage = 3;
-  p.param = D::kCpu;
+  p.param = p.ratio < 1.0 ? D::kNone : D::kCpu;  // (a ratio < 1 keeps the parameters on the device)
   apply_placement(r, p);
   r.opt.grad_clip = 0;  // no step clips, so every step starts its updates early
   r.faults.gradient = testing::GradientFault{.step = 4, .rank = 1, .layer = 1,
@@ -331,6 +339,24 @@ TEST(EarlyUpdates, ThePlanCountsThePendingStateAndTheMeasuredPeakStaysUnderIt) {
   EXPECT_EQ(h2d_on, h2d_off);
 }
 
+// offload_optimizer.ratio < 1: only the host part is stepped early, so only
+// its state has a pending buffer (the plan counts about half of ratio 1's).
+TEST(EarlyUpdates, WithARatioOnlyTheHostPartHasPendingState) {
+  TrainRun r;
+  r.steps = 3;
+  apply_placement(r, Placement{3, D::kCpu, D::kNone, true, 1'000'000'000, 1'000'000'000, 1'000'000'000, 0, 1.0});
+  const Outcome whole = train(with_early(r, SpeculationMode::kOn));
+  r.opt.ratio = 0.5;
+  const Outcome half = train(with_early(r, SpeculationMode::kOn));
+  ASSERT_TRUE(whole.status.ok()) << whole.status.to_string();
+  ASSERT_TRUE(half.status.ok()) << half.status.to_string();
+  const uint64_t pending_whole = whole.predicted[0].pinned_speculation, pending_half = half.predicted[0].pinned_speculation;
+  EXPECT_GT(pending_half, pending_whole * 4 / 10);
+  EXPECT_LT(pending_half, pending_whole * 6 / 10);
+  EXPECT_GE(half.predicted[0].pinned, half.measured[0].pinned);
+  EXPECT_GT(total(half, &StepMetrics::speculated_layers), 0);
+}
+
 // auto: on where the model's compute does not share the host's cores (a
 // GPU) and the plan with the pending state fits the host budget; off on the
 // cpu device (measured no faster there) and under a budget it breaks.
@@ -377,7 +403,6 @@ TEST(EarlyUpdates, OnIsRefusedWhereThePlacementCannotNamingTheKey) {
   const Case cases[] = {
       {Placement{3, D::kCpu, D::kNvme, true, 1'000'000'000, 1'000'000'000, 1'000'000'000, 0}, "offload_param"},
       {Placement{2, D::kNone, D::kNone}, "offload_optimizer.device none"},
-      {Placement{3, D::kCpu, D::kNone, true, 1'000'000'000, 1'000'000'000, 1'000'000'000, 0, 0.5}, "ratio"},
   };
   for (const Case& c : cases) {
     TrainRun r;
