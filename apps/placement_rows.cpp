@@ -40,8 +40,8 @@ std::string PlacementRow::unsupported_reason() const {
   if (gradients_on_nvme() && (optimizer != OffloadDevice::kNvme || ratio < 1.0))
     return "gradient shards on NVMe need the optimizer state on NVMe (offload_optimizer nvme, ratio 1)";
   if (speculation == offload::SpeculationMode::kOn &&
-      !offload::early_updates_allowed(offload::SpeculationMode::kOn, optimizer, param))
-    return "speculative_optimizer on needs the optimizer state offloaded (cpu or nvme) and the parameters not on NVMe";
+      !offload::early_updates_allowed(offload::SpeculationMode::kOn, optimizer))
+    return "speculative_optimizer on needs the optimizer state offloaded (cpu or nvme)";
   return "";
 }
 
@@ -209,7 +209,7 @@ offload::StepTimeInput gpt_step_input(const model::GptConfig& g, const Placement
   in.param_dtype = in.grad_dtype = row.dtype;
   if (row.moments) in.moments = *row.moments;  // else the caller's (StepTimeInput's fp32 unless it sets one)
   in.early_updates = offload::early_updates_allowed(row.speculation.value_or(offload::EngineOptions{}.speculative_optimizer),
-                                                    row.optimizer, row.param);
+                                                    row.optimizer);
   in.gradients_on_nvme = row.gradients_on_nvme();
   return in;
 }

@@ -21,15 +21,14 @@ namespace {
 // They hide the CPU step of offloaded state (offload_optimizer cpu or
 // nvme), and write out of place: into a second buffer per piece of state
 // the host holds in pinned memory (Note [Pending versions in memory]), or
-// as a third version of a piece on NVMe (Note [Piece versions]); not a
-// device part (ratio < 1), not parameter shards written back to NVMe.
-std::string early_updates_blocker(const EngineOptions& opt, const StatePlacement& p) {
+// as a third version of a piece on NVMe (Note [Piece versions]). With a
+// ratio < 1 the host part runs early, the device part at the step's end; a
+// stage-3 shard on NVMe is written back by the early update and rewritten
+// from the untouched master when the step does not keep it.
+std::string early_updates_blocker(const StatePlacement& p) {
   if (!p.optimizer_on_host())
     return "the optimizer state is on the device (offload_optimizer.device none): early updates hide the CPU step of "
            "offloaded state (offload_optimizer.device cpu)";
-  for (const LayerPlacement& l : p.layers)
-    if (l.shard_on_nvme())
-      return "stage-3 parameter shards on NVMe (offload_param.device nvme) are written back by each update";
   return {};
 }
 
@@ -41,10 +40,10 @@ void decide_update_staging(const Partition& partition, StatePlacement& p) {
     LayerPlacement& l = p.layers[li];
     l.staging = UpdateStaging::kNone;
     if (l.frozen || !p.optimizer_on_host() || l.shard_in_host()) continue;
-    if (p.early_updates) {
+    if (l.shard_on_nvme()) {
+      l.staging = UpdateStaging::kParameterSlot;  // an early update's too: written back at once, rewritten on a skip
+    } else if (p.early_updates) {
       l.staging = UpdateStaging::kLayer;
-    } else if (l.shard_on_nvme()) {
-      l.staging = UpdateStaging::kParameterSlot;
     } else {
       l.staging = UpdateStaging::kSharedPiece;
       const LayerPartition& layer = partition.layer(li);
@@ -133,7 +132,7 @@ Status decide_gradient_shards(const EngineOptions& opt, const Partition& partiti
 Status decide_early_updates(const EngineOptions& opt, const Partition& partition, StatePlacement& p) {
   p.early_pending_bytes.assign(p.layers.size(), 0);
   if (opt.speculative_optimizer == SpeculationMode::kOff) return Status::Ok();
-  std::string blocker = early_updates_blocker(opt, p);
+  std::string blocker = early_updates_blocker(p);
   if (!blocker.empty()) {
     if (opt.speculative_optimizer == SpeculationMode::kOn)
       return Unsupported(fmt::format("{}: strata.speculative_optimizer on: {}; set it to auto or off", opt.source,

@@ -10,8 +10,8 @@
 
 namespace strata::offload {
 
-bool early_updates_allowed(SpeculationMode mode, OffloadDevice optimizer, OffloadDevice param) {
-  return mode != SpeculationMode::kOff && optimizer != OffloadDevice::kNone && param != OffloadDevice::kNvme;
+bool early_updates_allowed(SpeculationMode mode, OffloadDevice optimizer) {
+  return mode != SpeculationMode::kOff && optimizer != OffloadDevice::kNone;
 }
 
 LinkBytes predict_link_bytes(const StepTimeInput& in) {

@@ -264,24 +264,7 @@ Result<UpdateScheduler::Queued> UpdateScheduler::queue_update(size_t li, const G
   auto write_back = std::make_shared<Completion>();
   Completion raw = worker_->submit(
       [this, li, in_slot, write_back, jobs = std::move(host_jobs), args, param_dtype, spent = update_ns_]() mutable {
-        Slot slot;
-        if (in_slot) {
-          Result<Slot> borrowed = params_.update_slot(li);
-          if (!borrowed.ok()) return borrowed.status();
-          slot = std::move(borrowed).value();
-          for (PieceJob& j : jobs) j.param = slot.as<std::byte>() + j.slot_offset;
-        }
-        const auto t0 = Clock::now();
-        Status st = step_pieces(*tier_, *optimizer_, jobs, args, param_dtype);
-        spent->fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
-        if (st.ok() && in_slot) {
-          Result<Completion> written = params_.write_back(li, std::move(slot));
-          if (written.ok())
-            *write_back = std::move(written).value();
-          else
-            st = written.status();
-        }
-        return st;  // (a slot not handed to a write returns here: nothing reads it any more)
+        return step_layer(li, jobs, args, param_dtype, in_slot, /*out_of_place=*/false, *spent, *write_back);
       },
       gate, fmt::format("optimizer step of layer {}", li), /*sticky=*/false);
   if (ctx_.split()) {
@@ -302,6 +285,29 @@ Result<UpdateScheduler::Queued> UpdateScheduler::queue_update(size_t li, const G
     l.update_written = written->completion();
   }
   return Queued{l.update_ran, ctx_.failures.absorb(l.update_written, fmt::format("update of layer {}", li))};
+}
+
+Status UpdateScheduler::step_layer(size_t li, std::vector<PieceJob>& jobs, const cpu_adam::StepArgs& args,
+                                   DType param_dtype, bool in_slot, bool out_of_place, std::atomic<int64_t>& spent,
+                                   Completion& write_back) {
+  Slot slot;
+  if (in_slot) {
+    Result<Slot> borrowed = params_.update_slot(li);
+    if (!borrowed.ok()) return borrowed.status();
+    slot = std::move(borrowed).value();
+    for (PieceJob& j : jobs) j.param = slot.as<std::byte>() + j.slot_offset;
+  }
+  const auto t0 = Clock::now();
+  Status st = step_pieces(*tier_, *optimizer_, jobs, args, param_dtype, out_of_place);
+  spent.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+  if (st.ok() && in_slot) {
+    Result<Completion> written = params_.write_back(li, std::move(slot));
+    if (written.ok())
+      write_back = std::move(written).value();
+    else
+      st = written.status();
+  }
+  return st;  // (a slot not handed to a write returns here: nothing reads it any more)
 }
 
 Completion UpdateScheduler::queue_device_part(size_t li, std::vector<PieceJob> jobs, const cpu_adam::StepArgs& args,
@@ -619,16 +625,18 @@ Status UpdateScheduler::queue_early_update(size_t li, const GradientReduction::U
   e.jobs = jobs_of(li, input, early_args_.hyper, nullptr, /*early=*/true);
   e.queued = true;
   const Completion gate = params_.writable_after(li, input.reduced);
+  // A stage-3 shard on NVMe (Note [Update staging]) is stepped into a slot
+  // and written back at once, a shadow write the step's end waits for
+  // (early_written) and a skip rewrites (undo_every_early).
+  const bool in_slot = ctx_.where(li).staging == UpdateStaging::kParameterSlot;
+  e.write_back = std::make_shared<Completion>();
   e.done = worker_->submit(
-      [this, li, jobs = e.jobs, args = early_args_, param_dtype = ctx_.where(li).param_dtype, claimed = e.claimed,
-       spent = early_ns_] {
+      [this, li, in_slot, jobs = e.jobs, args = early_args_, param_dtype = ctx_.where(li).param_dtype,
+       claimed = e.claimed, spent = early_ns_, write_back = e.write_back]() mutable {
         if (claimed->exchange(true)) return Status::Ok();  // the step's end claimed it back
         if (ctx_.faults.early_update_started) ctx_.faults.early_update_started(li);  // a test's observer
-        const auto t0 = Clock::now();
         // Out of place: a failure part-way changed no state (the step's end redoes the layer).
-        const Status st = step_pieces(*tier_, *optimizer_, jobs, args, param_dtype, /*out_of_place=*/true);
-        spent->fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
-        return st;
+        return step_layer(li, jobs, args, param_dtype, in_slot, /*out_of_place=*/true, *spent, *write_back);
       },
       gate, fmt::format("early optimizer step of layer {}", li), /*sticky=*/false);
   return Status::Ok();
@@ -643,8 +651,13 @@ Status UpdateScheduler::close_early_updates() {
     if (ctx_.faults.run_every_early_update)
       STRATA_RETURN_IF_ERROR(ctx_.wait_bounded(e.done, fmt::format("the early update of {}", ctx_.layer_label(li))));
     e.ran = e.claimed->exchange(true);  // false: claimed back before it started (a no-op when it runs)
-    if (e.ran)
-      STRATA_RETURN_IF_ERROR(ctx_.wait_bounded(e.done, fmt::format("the early update of {}", ctx_.layer_label(li))));
+    if (!e.ran) continue;
+    STRATA_RETURN_IF_ERROR(ctx_.wait_bounded(e.done, fmt::format("the early update of {}", ctx_.layer_label(li))));
+    // A stage-3 shard on NVMe: its write ends before anything else touches
+    // the shard (a redo's write, a skip's rewrite, the next forward's read).
+    if (e.write_back)
+      STRATA_RETURN_IF_ERROR(
+          ctx_.wait_bounded(*e.write_back, "the early update's write of the parameter shard of " + ctx_.layer_label(li)));
   }
   if (early_walk_set_) set_walk(forward_walk_, "read-ahead in the forward order");  // the step's own updates
   early_walk_set_ = false;
@@ -663,8 +676,13 @@ void UpdateScheduler::set_walk(const std::vector<StateId>& walk, const char* lab
 }
 
 bool UpdateScheduler::early_written(size_t li) {
-  for (const PieceJob& j : early_[li].jobs)
+  const EarlyUpdate& e = early_[li];
+  for (const PieceJob& j : e.jobs)
     if (j.count != 0 && !tier_->pending_written(j.id).ok()) return false;
+  // A parameter shard on NVMe: its shadow write ended (a failed one leaves
+  // the previous shard; the redo writes it again).
+  if (e.write_back && !ctx_.wait_status(*e.write_back, "the early update's write of " + ctx_.layer_label(li)).ok())
+    return false;
   return true;
 }
 
@@ -706,6 +724,7 @@ Result<UpdateScheduler::Queued> UpdateScheduler::keep_early(size_t li, const Gra
     ctx_.transfers.h2d_bytes += j.count * eb;
     copied = true;
   }
+  if (early_[li].write_back) l.update_written = *early_[li].write_back;  // ended ok: early_written
   if (copied) {
     l.update_written = ctx_.xfer->record_completion();
     if (ctx_.split()) {
@@ -727,21 +746,29 @@ Result<int64_t> UpdateScheduler::undo_every_early() {
     // The state is untouched (out of place); the 16-bit values the update
     // wrote (staging, or a stage-3 shard in host memory) are rewritten.
     const std::string what = "rewriting the parameters of " + ctx_.layer_label(li) + " from its state";
-    STRATA_RETURN_IF_ERROR(rewrite_params(e.jobs, ctx_.where(li).param_dtype).with_context(what));
+    STRATA_RETURN_IF_ERROR(rewrite_params(li, e.jobs).with_context(what));
     ++restored;
   }
   return restored;
 }
 
-Status UpdateScheduler::rewrite_params(const std::vector<PieceJob>& jobs, DType param_dtype) {
+Status UpdateScheduler::rewrite_params(size_t li, const std::vector<PieceJob>& jobs) {
+  const DType param_dtype = ctx_.where(li).param_dtype;
   const size_t eb = dtype_size(param_dtype);
+  // A stage-3 shard on NVMe: rewritten whole through a slot, as an update writes it.
+  const bool in_slot = ctx_.where(li).staging == UpdateStaging::kParameterSlot;
+  Slot slot;
+  if (in_slot) {
+    STRATA_ASSIGN_OR_RETURN(slot, params_.update_slot(li));
+  }
   for (const PieceJob& j : jobs) {
     if (j.count == 0) continue;
+    std::byte* const param = in_slot ? slot.as<std::byte>() + j.slot_offset : j.param;
     STRATA_ASSIGN_OR_RETURN(PieceState st, tier_->open(j.id));
-    // As step_pieces writes them: 16-bit values into j.param (staging or the
-    // host shard), fp32 ones copied from the master; then to the device.
+    // As step_pieces writes them: 16-bit values into the staging, the host
+    // shard or the slot, fp32 ones copied from the master; then to the device.
     if (!j.param_is_master && (param_dtype != DType::kF32 || j.h2d == nullptr))
-      master_to_params(param_dtype, st.master, j.param, j.count);
+      master_to_params(param_dtype, st.master, param, j.count);
     Status copied = Status::Ok();
     if (j.h2d != nullptr) {
       const std::byte* src = !j.param_is_master && param_dtype == DType::kF32
@@ -753,7 +780,9 @@ Status UpdateScheduler::rewrite_params(const std::vector<PieceJob>& jobs, DType 
     STRATA_RETURN_IF_ERROR(copied);
     STRATA_RETURN_IF_ERROR(closed);
   }
-  return Status::Ok();
+  if (!in_slot) return Status::Ok();
+  STRATA_ASSIGN_OR_RETURN(const Completion written, params_.write_back(li, std::move(slot)));
+  return ctx_.wait_status(written, "rewriting the parameter shard of " + ctx_.layer_label(li));
 }
 
 Status UpdateScheduler::read_piece_state(size_t li, size_t gi, int r, float* master, float* ea, float* eas) {

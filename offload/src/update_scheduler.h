@@ -192,6 +192,9 @@ class UpdateScheduler {
     bool queued = false;
     bool ran = false;       // close(): the task started
     Completion done;        // the task (its failure included)
+    // UpdateStaging::kParameterSlot: the shard's write-back the task started
+    // (set by the task; read after `done`).
+    std::shared_ptr<Completion> write_back;
     std::vector<PieceJob> jobs;
   };
   // Layer li's piece jobs (host part) and, split, the device part's.
@@ -200,9 +203,14 @@ class UpdateScheduler {
   std::vector<PieceJob> jobs_of(size_t li, const GradientReduction::UpdateInput& input,
                                 const cpu_adam::HyperParams& hyper, std::vector<PieceJob>* device_jobs,
                                 bool early = false);
-  // The parameters the jobs write, rewritten from the (untouched) state, as
-  // an update writes them.
-  Status rewrite_params(const std::vector<PieceJob>& jobs, DType param_dtype);
+  // The parameters layer li's jobs write, rewritten from the (untouched)
+  // state, as an update writes them (a shard on NVMe: written back, waited for).
+  Status rewrite_params(size_t li, const std::vector<PieceJob>& jobs);
+  // One layer's host update on the optimizer thread: stepped into a borrowed
+  // parameter slot and written back from it when `in_slot` (Note [Update
+  // staging]; `write_back` gets the write), else where the jobs point.
+  Status step_layer(size_t li, std::vector<PieceJob>& jobs, const cpu_adam::StepArgs& args, DType param_dtype,
+                    bool in_slot, bool out_of_place, std::atomic<int64_t>& spent, Completion& write_back);
   Status make_nvme_tier(const std::string& job_name);
   // Layer li's runs intersected with layer elements [begin, begin + count), offsets from begin.
   std::vector<PieceJob::Run> runs_of(size_t li, size_t begin, size_t count, const cpu_adam::HyperParams& hyper) const;

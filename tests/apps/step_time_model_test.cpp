@@ -97,11 +97,10 @@ TEST(StepTimeModel, EarlyUpdatesHideTheCpuStepUnderTheBackwardToo) {
   EXPECT_NEAR(early.exposed_optimizer_ms,
               std::max({0.0, early.optimizer_ms - early.compute_ms, early.update_ms - early.forward_ms}), 1e-6);
   EXPECT_LT(early.exposed_optimizer_ms, late.exposed_optimizer_ms);
-  EXPECT_TRUE(early_updates_allowed(SpeculationMode::kAuto, OffloadDevice::kCpu, OffloadDevice::kCpu));
-  EXPECT_FALSE(early_updates_allowed(SpeculationMode::kOff, OffloadDevice::kCpu, OffloadDevice::kNone));
-  EXPECT_TRUE(early_updates_allowed(SpeculationMode::kOn, OffloadDevice::kNvme, OffloadDevice::kNone));
-  EXPECT_FALSE(early_updates_allowed(SpeculationMode::kOn, OffloadDevice::kNone, OffloadDevice::kNone));
-  EXPECT_FALSE(early_updates_allowed(SpeculationMode::kOn, OffloadDevice::kCpu, OffloadDevice::kNvme));
+  EXPECT_TRUE(early_updates_allowed(SpeculationMode::kAuto, OffloadDevice::kCpu));
+  EXPECT_FALSE(early_updates_allowed(SpeculationMode::kOff, OffloadDevice::kCpu));
+  EXPECT_TRUE(early_updates_allowed(SpeculationMode::kOn, OffloadDevice::kNvme));
+  EXPECT_FALSE(early_updates_allowed(SpeculationMode::kOn, OffloadDevice::kNone));
 }
 
 // With offload_optimizer.ratio < 1 only the host part is stepped early; the

@@ -44,11 +44,12 @@ using D = OffloadDevice;
 
 // The placements that allow early updates: state the host steps, in pinned
 // memory (pending buffers) or on NVMe (pending versions); with a ratio < 1
-// the host part is stepped early, the device part at the step's end.
+// the host part is stepped early, the device part at the step's end; a
+// stage-3 shard on NVMe is written back by the early update.
 std::vector<Placement> early_placements() {
   std::vector<Placement> out;
   for (const Placement& p : matrix())
-    if (p.optimizer != D::kNone && p.param != D::kNvme) out.push_back(p);
+    if (p.optimizer != D::kNone) out.push_back(p);
   return out;
 }
 
@@ -156,6 +157,34 @@ TEST(EarlyUpdates, AFailedPendingWriteOnNvmeRedoesThatLayer) {
   EXPECT_GT(total(on, &StepMetrics::speculated_layers), 8);
 }
 
+// A stage-3 shard on NVMe is written back by its early update (a shadow
+// write): when that write fails, the previous shard stays, the layer is
+// redone at the step's end (its write lands then) and nothing is lost.
+TEST(EarlyUpdates, AFailedShardWriteUnderTheBackwardRedoesThatLayer) {
+  TrainRun r;
+  r.steps = 6;
+  // Overlap off: every write-back of a step has ended at its end, so the
+  // fault armed under the next backward can only hit an early update's.
+  apply_placement(r, Placement{3, D::kCpu, D::kNvme, /*overlap=*/false, 1'000'000'000, 1'000'000'000,
+                               1'000'000'000, 0});
+  r.opt.grad_clip = 0;  // nothing clips: every other early update is kept
+  const Outcome off = train(with_early(r, SpeculationMode::kOff));
+  ASSERT_TRUE(off.status.ok()) << off.status.to_string();
+  FaultyEngines faulty(1, /*reads=*/false, /*writes=*/true);
+  r.param_engine_for_rank = [&](int rank) { return faulty[rank]; };
+  std::atomic<int> started{0};
+  // The 8th early update's shard write fails (the backward only reads).
+  r.faults.early_update_started = [&](size_t) {
+    if (++started == 8) faulty.counters[0]->arm(0, 1);
+  };
+  const Outcome on = train(with_early(r, SpeculationMode::kOn));
+  ASSERT_TRUE(on.status.ok()) << on.status.to_string();
+  EXPECT_EQ(faulty.eio(), 1u);
+  expect_same_losses(off, on, "a failed shard write under the backward");
+  EXPECT_EQ(total(on, &StepMetrics::redone_layers), 1);
+  EXPECT_GT(total(on, &StepMetrics::speculated_layers), 8);
+}
+
 // Note [A step's NVMe bytes]: with early updates on NVMe each report still
 // carries one step's updates: every piece written back once, as without them
 // (the reads can be more: read-ahead dropped when the walk changes order).
@@ -240,14 +269,18 @@ TEST(EarlyUpdates, ARollbackFromAFailedNvmeWriteForgetsThePendingVersions) {
 }
 
 // (The third: offload_optimizer.ratio 0.5, the host part stepped early, the
-// device part at the step's end.)
+// device part at the step's end. The fourth: stage-3 shards on NVMe, written
+// back by the early update, rewritten when it is not kept.)
 INSTANTIATE_TEST_SUITE_P(Tiers, EarlyOnEachTier,
                          ::testing::Values(Placement{2, D::kCpu, D::kNone}, Placement{2, D::kNvme, D::kNone, true, 4096},
                                            Placement{3, D::kCpu, D::kNone, true, 1'000'000'000, 1'000'000'000,
-                                                     1'000'000'000, 0, 0.5}),
+                                                     1'000'000'000, 0, 0.5},
+                                           Placement{3, D::kCpu, D::kNvme, true, 1'000'000'000, 1'000'000'000,
+                                                     1'000'000'000, 0}),
                          [](const auto& info) {
                            return std::string(offload_device_name(info.param.optimizer)) +
-                                  (info.param.ratio < 1.0 ? "_ratio_half" : "");
+                                  (info.param.ratio < 1.0 ? "_ratio_half" : "") +
+                                  (info.param.param == D::kNvme ? "_params_nvme" : "");
                          });
 
 // An Inf gradient on rank 1 at step 4 (fp16, hysteresis 1): the layers it
@@ -263,7 +296,8 @@ TEST_P(EarlyOnEachTier, AnOverflowRestoresTheLayersSteppedEarly) {
   r.opt.fp16.hysteresis = 1;
   Placement p = GetParam();
   p.stage = 3;
-  p.param = p.ratio < 1.0 ? D::kNone : D::kCpu;  // (a ratio < 1 keeps the parameters on the device)
+  // (a ratio < 1 keeps the parameters on the device; shards on NVMe stay there)
+  if (p.param == D::kNone && p.ratio >= 1.0) p.param = D::kCpu;
   apply_placement(r, p);
   r.opt.grad_clip = 0;  // no step clips, so every step starts its updates early
   r.faults.gradient = testing::GradientFault{.step = 4, .rank = 1, .layer = 1,
@@ -401,7 +435,6 @@ TEST(EarlyUpdates, OnIsRefusedWhereThePlacementCannotNamingTheKey) {
     const char* names;
   };
   const Case cases[] = {
-      {Placement{3, D::kCpu, D::kNvme, true, 1'000'000'000, 1'000'000'000, 1'000'000'000, 0}, "offload_param"},
       {Placement{2, D::kNone, D::kNone}, "offload_optimizer.device none"},
   };
   for (const Case& c : cases) {

@@ -77,7 +77,7 @@ struct StepTimeInput {
 
 // Whether these options let the CPU step start under the backward: the
 // placement's rule (StatePlacement::early_updates) without auto's memory check.
-bool early_updates_allowed(SpeculationMode mode, OffloadDevice optimizer, OffloadDevice param);
+bool early_updates_allowed(SpeculationMode mode, OffloadDevice optimizer);
 
 // Bytes one rank moves per step on each link, as the engine's StepMetrics count them.
 struct LinkBytes {
