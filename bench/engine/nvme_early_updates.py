@@ -9,11 +9,18 @@ only) and on ("early": under the backward too). Prints each row's median step
 and its ratio to the baseline (the issue's targets: stages 1-2 <= 1.05x,
 stage 3 <= 1.10x), with the per-run samples in order.
 
-Usage: nvme_early_updates.py STRATA NVME_DIR [fp32|int8] [CLIP] [JSON]
+With --params-nvme the rows are stage 3 with the parameter shards on NVMe
+too (offload_param nvme), the optimizer state on cpu and on NVMe, early
+updates off and on (each early update writes its shard back at once).
+
+Usage: nvme_early_updates.py [--params-nvme] STRATA NVME_DIR [fp32|int8] [CLIP] [JSON]
 """
 import json, os, sys, statistics, tempfile, time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from train_medians import train_medians
+params_nvme = "--params-nvme" in sys.argv
+if params_nvme:
+  sys.argv.remove("--params-nvme")
 if len(sys.argv) < 3:
   sys.exit(__doc__)
 S, nvme_dir = sys.argv[1], sys.argv[2]
@@ -40,6 +47,15 @@ V = {
   "s3 nvme late": ["--stage", "3", *nv, "--speculative-optimizer", "off"],
   "s3 nvme early": ["--stage", "3", *nv, "--speculative-optimizer", "on"],
 }
+if params_nvme:
+  pn = ["--stage", "3", "--offload-param", "nvme", "--nvme-path", nvme_dir]
+  V = {
+    "s2 memory": ["--stage", "2", "--offload-optimizer", "none"],
+    "s3 p+o cpu late": [*pn, "--offload-optimizer", "cpu", "--speculative-optimizer", "off"],
+    "s3 p+o cpu early": [*pn, "--offload-optimizer", "cpu", "--speculative-optimizer", "on"],
+    "s3 p+o nvme late": [*pn, "--offload-optimizer", "nvme", "--speculative-optimizer", "off"],
+    "s3 p+o nvme early": [*pn, "--offload-optimizer", "nvme", "--speculative-optimizer", "on"],
+  }
 if moments != "fp32":
   for k in V:
     if "nvme" in k: V[k] = ["--config", int8_config] + V[k]
@@ -52,11 +68,11 @@ res = {n: [] for n in names}
 for n in order:
   m = train_medians(S, common + V[n], [], 8, F)
   res[n].append(m)
-  print(f"{time.strftime('%H:%M:%S')} {n:14s} step {m['step_ms']:7.1f} exposed {m['exposed']:6.1f} early {m['early']:.0f} redone {m['redone']:.0f}", flush=True)
+  print(f"{time.strftime('%H:%M:%S')} {n:17s} step {m['step_ms']:7.1f} exposed {m['exposed']:6.1f} early {m['early']:.0f} redone {m['redone']:.0f}", flush=True)
 base_ms = statistics.median([r["step_ms"] for r in res["s2 memory"]])
 print(f"moments {moments} clip {clip}; baseline s2 memory {base_ms:.1f} ms")
 for n in names:
   ms = statistics.median([r["step_ms"] for r in res[n]])
-  print(f"{n:14s} median {ms:7.1f} ms  ratio {ms/base_ms:.3f}  pairs {[round(r['step_ms'],1) for r in res[n]]}")
+  print(f"{n:17s} median {ms:7.1f} ms  ratio {ms/base_ms:.3f}  pairs {[round(r['step_ms'],1) for r in res[n]]}")
 if out_json:
   json.dump(res, open(out_json, "w"))
