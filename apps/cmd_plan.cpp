@@ -339,7 +339,7 @@ int run_plan(const PlanOptions& o) {
     if (config) {
       const Result<offload::SpeculationMode> mode =
           offload::parse_speculation_mode(config->strata.speculative_optimizer, "strata.speculative_optimizer");
-      if (mode.ok()) in.early_updates = offload::early_updates_allowed(*mode, row.optimizer);
+      if (mode.ok()) in.speculation = *mode;
       in.max_live_parameters = config->zero_optimization.stage3_max_live_parameters;
       in.max_in_cpu = config->zero_optimization.offload_param.max_in_cpu;
       in.nvme_pipeline = config->zero_optimization.offload_optimizer.pipeline_read &&

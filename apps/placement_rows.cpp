@@ -208,8 +208,7 @@ offload::StepTimeInput gpt_step_input(const model::GptConfig& g, const Placement
   in.ratio = row.ratio;
   in.param_dtype = in.grad_dtype = row.dtype;
   if (row.moments) in.moments = *row.moments;  // else the caller's (StepTimeInput's fp32 unless it sets one)
-  in.early_updates = offload::early_updates_allowed(row.speculation.value_or(offload::EngineOptions{}.speculative_optimizer),
-                                                    row.optimizer);
+  in.speculation = row.speculation.value_or(offload::EngineOptions{}.speculative_optimizer);
   in.gradients_on_nvme = row.gradients_on_nvme();
   return in;
 }

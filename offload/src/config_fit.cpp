@@ -355,7 +355,7 @@ StepTimeInput step_input(const FitRequest& req, const Config& cfg, const EngineO
   in.max_in_cpu = o.nvme_param.max_in_cpu;
   in.nvme_pipeline = cfg.zero_optimization.offload_optimizer.pipeline_read &&
                      cfg.zero_optimization.offload_optimizer.pipeline_write;
-  in.early_updates = early_updates_allowed(o.speculative_optimizer, o.offload_optimizer);
+  in.speculation = o.speculative_optimizer;
   in.gradients_on_nvme = e.gradients_on_nvme;
   return in;
 }

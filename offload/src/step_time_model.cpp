@@ -14,6 +14,11 @@ bool early_updates_allowed(SpeculationMode mode, OffloadDevice optimizer) {
   return mode != SpeculationMode::kOff && optimizer != OffloadDevice::kNone;
 }
 
+bool early_updates_run(const StepTimeInput& in, const HardwareProfile& hw) {
+  return early_updates_allowed(in.speculation, in.optimizer) &&
+         (in.speculation == SpeculationMode::kOn || !hw.shared_cores);
+}
+
 LinkBytes predict_link_bytes(const StepTimeInput& in) {
   const double P = static_cast<double>(in.params);
   const double S = std::ceil(P / in.world);
@@ -58,6 +63,7 @@ Result<StepTimePrediction> predict_step_time(const StepTimeInput& in, const Hard
   const double P = static_cast<double>(in.params);
   const double S = std::ceil(P / in.world);
   const bool off = in.optimizer != OffloadDevice::kNone;
+  const bool early = early_updates_run(in, hw);
   // Ranks that share one node's host (CPU optimizer, NVMe drives); with
   // shared_cores they share every rate, the device's compute included.
   const double per_node = hw.shared_cores ? in.world : std::min(in.world, hw.gpus_per_node);
@@ -116,10 +122,13 @@ Result<StepTimePrediction> predict_step_time(const StepTimeInput& in, const Hard
     // not use the cores (O_DIRECT DMA), so they hide under the forward (the
     // optimizer's) or the compute (parameter reads) like on a GPU machine.
     const double opt_nvme_ms = opt_read_ms + opt_write_ms;
+    // With early updates the state's reads and writes start under the
+    // backward, so they hide under backward + forward.
+    const double nvme_window = r.forward_ms + (early ? r.backward_ms : 0.0);
     // (Stage 3: the forward runs behind the updates; it waits at least for
     // the first layer's share of the NVMe phase.)
     r.exposed_optimizer_ms = (r.optimizer_ms - opt_nvme_ms) + r.update_ms +
-                             std::max(in.stage == 3 ? opt_nvme_ms / L : 0.0, opt_nvme_ms - r.forward_ms);
+                             std::max(in.stage == 3 ? opt_nvme_ms / L : 0.0, opt_nvme_ms - nvme_window);
     r.exposed_reduce_ms = r.grad_ms;
     r.exposed_gather_ms = (r.param_ms - param_nvme_ms) + std::max(0.0, param_nvme_ms - r.compute_ms);
   } else {
@@ -131,9 +140,9 @@ Result<StepTimePrediction> predict_step_time(const StepTimeInput& in, const Hard
     // under the backward too; its copies to the device follow the step's end.
     // With early updates and a ratio < 1 the device part is not stepped
     // early: it starts at the step's end and hides under the forward only.
-    const double cpu_window = r.forward_ms + (in.early_updates ? r.backward_ms : 0.0);
-    const double windowed_ms = in.early_updates ? host_ms : r.optimizer_ms;  // what the window hides
-    const double device_part_ms = in.early_updates ? dev_ms : 0.0;
+    const double cpu_window = r.forward_ms + (early ? r.backward_ms : 0.0);
+    const double windowed_ms = early ? host_ms : r.optimizer_ms;  // what the window hides
+    const double device_part_ms = early ? dev_ms : 0.0;
     r.exposed_optimizer_ms = unhidden_nvme + std::max({0.0, windowed_ms - unhidden_nvme - cpu_window,
                                                        device_part_ms - r.forward_ms, r.update_ms - r.forward_ms});
     r.exposed_reduce_ms = std::max(0.0, r.grad_ms - r.backward_ms) + r.grad_ms / L;

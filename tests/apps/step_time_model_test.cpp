@@ -91,7 +91,7 @@ TEST(StepTimeModel, EarlyUpdatesHideTheCpuStepUnderTheBackwardToo) {
   const HardwareProfile hw = gpu_profile();
   StepTimeInput in = input(2'000'000'000, 1, OffloadDevice::kCpu);
   const StepTimePrediction late = predict_step_time(in, hw).value();
-  in.early_updates = true;
+  in.speculation = SpeculationMode::kOn;
   const StepTimePrediction early = predict_step_time(in, hw).value();
   EXPECT_NEAR(early.optimizer_ms, late.optimizer_ms, 1e-9);
   EXPECT_NEAR(early.exposed_optimizer_ms,
@@ -101,6 +101,16 @@ TEST(StepTimeModel, EarlyUpdatesHideTheCpuStepUnderTheBackwardToo) {
   EXPECT_FALSE(early_updates_allowed(SpeculationMode::kOff, OffloadDevice::kCpu));
   EXPECT_TRUE(early_updates_allowed(SpeculationMode::kOn, OffloadDevice::kNvme));
   EXPECT_FALSE(early_updates_allowed(SpeculationMode::kOn, OffloadDevice::kNone));
+  // auto runs them off the host's cores only (the engine's rule on the cpu device).
+  HardwareProfile shared = hw;
+  shared.shared_cores = true;
+  in.speculation = SpeculationMode::kAuto;
+  EXPECT_TRUE(early_updates_run(in, hw));
+  EXPECT_FALSE(early_updates_run(in, shared));
+  in.speculation = SpeculationMode::kOn;
+  EXPECT_TRUE(early_updates_run(in, shared));
+  in.optimizer = OffloadDevice::kNone;
+  EXPECT_FALSE(early_updates_run(in, hw));
 }
 
 // With offload_optimizer.ratio < 1 only the host part is stepped early; the
@@ -112,7 +122,7 @@ TEST(StepTimeModel, WithARatioTheDevicePartHidesUnderTheForwardOnly) {
   StepTimeInput in = input(4'000'000'000, 3, OffloadDevice::kCpu);
   in.ratio = 0.5;
   const StepTimePrediction late = predict_step_time(in, hw).value();
-  in.early_updates = true;
+  in.speculation = SpeculationMode::kOn;
   const StepTimePrediction early = predict_step_time(in, hw).value();
   const double host_ms = 2e9 / 4e9 * 1e3, device_ms = 2e9 / 5e9 * 1e3;  // 500 and 400 ms
   EXPECT_NEAR(late.optimizer_ms, std::max(host_ms, device_ms), 1e-6);
@@ -174,6 +184,25 @@ TEST(StepTimeModel, Int8MomentsHalveTheNvmeBytesAndUseTheirOwnRate) {
   Result<StepTimePrediction> cpu = predict_step_time(in, hw);
   ASSERT_TRUE(cpu.ok());
   EXPECT_NEAR(cpu->optimizer_ms, 100, 1e-6);
+}
+
+// On shared cores the CPU step adds to the step whatever the schedule; the
+// state's NVMe reads and writes (DMA) hide under the forward, and with early
+// updates under the backward too.
+TEST(StepTimeModel, SharedCoresHideTheStatesNvmePhaseUnderTheBackwardWithEarlyUpdates) {
+  HardwareProfile hw = gpu_profile();
+  hw.shared_cores = true;
+  hw.gpus_per_node = 1;
+  hw.nvme_read_gb_per_s = hw.nvme_write_gb_per_s = 20;  // 16 GB each way: 800 + 800 ms
+  StepTimeInput in = input(1'000'000'000, 2, OffloadDevice::kNvme);
+  const StepTimePrediction late = predict_step_time(in, hw).value();
+  in.speculation = SpeculationMode::kOn;
+  const StepTimePrediction early = predict_step_time(in, hw).value();
+  const double nvme_ms = 2 * 16e9 / 20e9 * 1e3;
+  const double cpu_ms = late.optimizer_ms - nvme_ms;
+  EXPECT_NEAR(late.exposed_optimizer_ms, cpu_ms + late.update_ms + (nvme_ms - late.forward_ms), 1e-6);
+  EXPECT_NEAR(early.exposed_optimizer_ms, cpu_ms + early.update_ms + (nvme_ms - early.compute_ms), 1e-6);
+  EXPECT_LT(early.step_ms, late.step_ms);
 }
 
 TEST(StepTimeModel, SharedCoresHideNothingButNvme) {

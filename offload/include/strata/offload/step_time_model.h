@@ -31,6 +31,11 @@
 // the collectives run on the cores the compute runs on, so they do not hide:
 // step = C + optimizer + every transfer; only NVMe transfers (DMA, no core)
 // still hide under the forward (optimizer state) or the compute (parameters).
+// With early updates (strata.speculative_optimizer, where early_updates_run
+// says the engine runs them) each layer's host step starts under the
+// backward: it hides under forward + backward, and so does the state's NVMe
+// phase on shared cores; with a ratio < 1 the device part still starts at
+// the step's end and hides under the forward only.
 #include <cstdint>
 #include <string>
 
@@ -66,10 +71,12 @@ struct StepTimeInput {
   uint64_t persistent_params = 0;
   int64_t max_in_cpu = 1'000'000'000;          // offload_param.max_in_cpu
   bool nvme_pipeline = false;                  // offload_optimizer.pipeline_read and pipeline_write
-  // Note [Early, exact updates]: the CPU step may start under the backward
-  // (early_updates_allowed below), so on a machine whose compute is not on
-  // the optimizer's cores it hides under forward + backward, not the forward.
-  bool early_updates = false;
+  // Note [Early, exact updates]: strata.speculative_optimizer. Where the
+  // engine runs them (early_updates_run below) the CPU step may start under
+  // the backward, so on a machine whose compute is not on the optimizer's
+  // cores it hides under forward + backward, not the forward; on shared
+  // cores the state's NVMe phase does.
+  SpeculationMode speculation = SpeculationMode::kOff;
   // Note [Gradient shards on NVMe]: each reduced gradient is written under
   // the backward and read back by the step (StatePlacement's decision).
   bool gradients_on_nvme = false;
@@ -78,6 +85,9 @@ struct StepTimeInput {
 // Whether these options let the CPU step start under the backward: the
 // placement's rule (StatePlacement::early_updates) without auto's memory check.
 bool early_updates_allowed(SpeculationMode mode, OffloadDevice optimizer);
+// Whether the engine runs them on this hardware: allowed, and `auto` is off
+// where the model's compute shares the host's cores (the cpu device).
+bool early_updates_run(const StepTimeInput& in, const HardwareProfile& hw);
 
 // Bytes one rank moves per step on each link, as the engine's StepMetrics count them.
 struct LinkBytes {
