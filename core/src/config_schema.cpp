@@ -329,9 +329,10 @@ std::vector<ConfigKey> build_table() {
           .bind(STRATA_BIND(strata.overlap_optimizer)));
   add(Key("strata.speculative_optimizer", E, "\"auto\"",
           "Start each layer's CPU optimizer step under the backward, as soon as its reduced gradient is in, and redo "
-          "it at the step's end when clipping or an overflow says so (exact: same losses as off). auto: on where the "
-          "state is offloaded to pinned host memory, the model computes on a GPU (not the cpu device) and a second "
-          "buffer of the state fits strata.host_memory_budget (without one: half the machine's memory per rank).")
+          "it at the step's end when clipping or an overflow says so (exact: same losses as off). Needs the optimizer "
+          "state offloaded (cpu or nvme; with ratio < 1 the host part runs early). auto: on where the model computes "
+          "on a GPU (not the cpu device) and the pending state fits strata.host_memory_budget (without one: half the "
+          "machine's memory per rank).")
           .one_of("auto|on|off").bind(STRATA_BIND(strata.speculative_optimizer)));
   add(Key("strata.gradient_shards", E, "\"auto\"",
           "Where each layer's reduced gradient shard waits for the optimizer step. pinned: in pinned host memory "
