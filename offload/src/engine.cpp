@@ -175,7 +175,7 @@ Status Engine::Impl::put_initial_layer(size_t li, std::span<const std::byte> val
     STRATA_RETURN_IF_ERROR(params.write_whole(li, padded).with_context("writing the initial parameters of " + lname));
   } else {
     // This rank's shard straight from the values (no padded copy of the whole layer first).
-    STRATA_RETURN_IF_ERROR(params.replace_shard(li, params.own_shard(li, values.first(spec.param_bytes)))
+    STRATA_RETURN_IF_ERROR(params.replace_shard_from_layer(li, values.first(spec.param_bytes))
                                .with_context("writing the initial parameter shard of " + lname));
   }
   if (!layer_where.frozen) {

@@ -45,10 +45,11 @@ ParamSwap::~ParamSwap() {
   if (nvme_bytes_ != 0) stats_.on_free(Tier::kNvme, nvme_bytes_);
 }
 
-Status ParamSwap::put(uint32_t layer, const void* data, uint64_t bytes, const std::string& name) {
+Status ParamSwap::put(uint32_t layer, uint64_t bytes, const std::string& name,
+                      const std::function<void(std::span<std::byte>)>& fill) {
   // Through a slot: the swap store's I/O wants aligned, registered memory.
   STRATA_ASSIGN_OR_RETURN(Slot slot, pool_->acquire("initial " + name));
-  std::memcpy(slot.data(), data, bytes);
+  fill(std::span<std::byte>(slot.as<std::byte>(), bytes));
   STRATA_RETURN_IF_ERROR(store_->write_sync(layer, slot.data(), bytes).with_context("writing " + name));
   stats_.on_allocate(Tier::kNvme, bytes);
   nvme_bytes_ += bytes;

@@ -9,7 +9,9 @@
 // Private to the engine.
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -45,8 +47,9 @@ class ParamSwap {
   ParamSwap(const ParamSwap&) = delete;
   ParamSwap& operator=(const ParamSwap&) = delete;
 
-  // The initial shard, written synchronously (start-up).
-  Status put(uint32_t layer, const void* data, uint64_t bytes, const std::string& name);
+  // The initial shard, `fill`ed into a slot (`bytes` of it) and written
+  // synchronously from there (start-up).
+  Status put(uint32_t layer, uint64_t bytes, const std::string& name, const std::function<void(std::span<std::byte>)>& fill);
   // Starts reading layer's shard into a slot; `done` completes when it is there.
   struct Read {
     Slot slot;

@@ -84,19 +84,22 @@ Status ParameterGathering::init_layer(size_t li, const std::byte* padded) {
     if (padded == nullptr) return ctx_.device.memset(l.full_params.data(), 0, bytes);
     return ctx_.device.copy(l.full_params.data(), padded, bytes, CopyKind::kHostToDevice);
   }
-  const std::vector<std::byte> shard =
-      padded == nullptr
-          ? std::vector<std::byte>(layer_part.shard_elements * element_bytes(li), std::byte{0})
-          : own_shard(li, std::span<const std::byte>(padded, layer_part.padded_elements * where.param_element_bytes));
-  if (where.shard_on_nvme())
-    return swap_->put(static_cast<uint32_t>(li), shard.data(), shard.size(), "parameter shard of " + lname);
+  const size_t bytes = layer_part.shard_elements * element_bytes(li);
+  // The shard is made where it lives (a slot, the host shard), not in a
+  // shard-sized temporary first (Note [Shards made in place]).
+  auto fill = [&](std::span<std::byte> shard) {
+    if (padded == nullptr)
+      std::memset(shard.data(), 0, shard.size());
+    else
+      cut_own_pieces(li, std::span<const std::byte>(padded, layer_part.padded_elements * where.param_element_bytes), shard);
+  };
+  if (where.shard_on_nvme()) return swap_->put(static_cast<uint32_t>(li), bytes, "parameter shard of " + lname, fill);
   if (where.shard_in_host()) {
-    STRATA_ASSIGN_OR_RETURN(l.host_shard,
-                            HostBuffer::create(ctx_.device, ctx_.stats, shard.size(), "parameter shard of " + lname));
+    STRATA_ASSIGN_OR_RETURN(l.host_shard, HostBuffer::create(ctx_.device, ctx_.stats, bytes, "parameter shard of " + lname));
   } else {
-    STRATA_ASSIGN_OR_RETURN(l.dev_shard, ctx_.alloc_device(shard.size(), "parameter shard of " + lname));
+    STRATA_ASSIGN_OR_RETURN(l.dev_shard, ctx_.alloc_device(bytes, "parameter shard of " + lname));
   }
-  return put_shard(li, shard);
+  return fill_shard(li, fill);
 }
 
 Result<ParameterGathering::Lease> ParameterGathering::acquire(size_t li, Pass pass, bool training) {
@@ -440,13 +443,45 @@ Status ParameterGathering::regather_whole(size_t li) {
 }
 
 Status ParameterGathering::replace_shard(size_t li, std::span<const std::byte> values) {
+  return replace_shard_with(li, [&](std::span<std::byte> shard) { std::memcpy(shard.data(), values.data(), shard.size()); });
+}
+
+Status ParameterGathering::replace_shard_from_layer(size_t li, std::span<const std::byte> values) {
+  return replace_shard_with(li, [&](std::span<std::byte> shard) { cut_own_pieces(li, values, shard); });
+}
+
+Status ParameterGathering::replace_shard_with(size_t li, const std::function<void(std::span<std::byte>)>& fill) {
   LayerParams& l = layers_[li];
   // A gathered copy holds the replaced values: dropped (none outlives a
   // step's backward; this is for a failure elsewhere).
   if (l.gathered_valid && l.held == 0) STRATA_RETURN_IF_ERROR(drop_gathered(li, l.last_use));
-  STRATA_RETURN_IF_ERROR(put_shard(li, values));
+  STRATA_RETURN_IF_ERROR(fill_shard(li, fill));
   l.shard_ready = Completion();
   return Status::Ok();
+}
+
+// Note [Shards made in place]: a shard written outside the step (initial
+// values, a load, a rollback) is filled where it is written from: a slot of
+// the swap store for a shard on NVMe, the pinned host shard itself, and only
+// for a device shard a host copy first. (Filling a shard-sized temporary
+// and copying it was a transient the size of the largest layer at world
+// size 1: ~200 MiB at engine creation of a 355M GPT-2, docs/performance.md.)
+Status ParameterGathering::fill_shard(size_t li, const std::function<void(std::span<std::byte>)>& fill) {
+  LayerParams& l = layers_[li];
+  const size_t bytes = ctx_.part.layer(li).shard_elements * element_bytes(li);
+  if (ctx_.where(li).shard_on_nvme()) {
+    const std::string name = "parameter shard of " + ctx_.layer_label(li);
+    STRATA_ASSIGN_OR_RETURN(Slot slot, swap_->staging_slot("writing the " + name));
+    fill(std::span<std::byte>(slot.as<std::byte>(), bytes));
+    return put_shard(li, std::span<const std::byte>(slot.as<std::byte>(), bytes));  // durable on return: the slot is free
+  }
+  if (ctx_.param_on_host()) {
+    fill(std::span<std::byte>(l.host_shard.data(), bytes));
+    return Status::Ok();
+  }
+  std::vector<std::byte> shard(bytes);
+  fill(shard);
+  return put_shard(li, shard);
 }
 
 // Layer li's stage-3 shard (this rank's, shard layout) written where it
@@ -467,16 +502,16 @@ Status ParameterGathering::put_shard(size_t li, std::span<const std::byte> value
   return ctx_.device.copy(l.dev_shard.data(), values.data(), values.size(), CopyKind::kHostToDevice);
 }
 
-std::vector<std::byte> ParameterGathering::own_shard(size_t li, std::span<const std::byte> values) const {
+void ParameterGathering::cut_own_pieces(size_t li, std::span<const std::byte> values, std::span<std::byte> shard) const {
   const LayerPartition& layer_part = ctx_.part.layer(li);
   const size_t eb = element_bytes(li);
-  std::vector<std::byte> shard(layer_part.shard_elements * eb, std::byte{0});
+  STRATA_CHECK(shard.size() == layer_part.shard_elements * eb, "a shard's bytes");
+  std::memset(shard.data(), 0, shard.size());
   for (const SubGroup& g : layer_part.groups) {
     const size_t begin = layer_part.piece_begin(g, ctx_.rank) * eb;
     const size_t given = begin < values.size() ? std::min(g.piece * eb, values.size() - begin) : 0;
     if (given > 0) std::memcpy(shard.data() + g.shard_offset * eb, values.data() + begin, given);
   }
-  return shard;
 }
 
 Result<std::vector<float>> ParameterGathering::shard_fp32(size_t li) {

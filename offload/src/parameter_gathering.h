@@ -19,6 +19,7 @@
 //
 // Threads: the driving thread calls everything; the shard reader reads NVMe
 // shards (recording a failed read in the context's StepFailures as kCall).
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -124,12 +125,16 @@ class ParameterGathering {
   Status write_whole(size_t li, std::span<const std::byte> padded);
   Status write_whole_piece(size_t li, const SubGroup& g, int r, const std::byte* values, size_t count);
   Status replace_shard(size_t li, std::span<const std::byte> values);
+  // The same from the layer's values (padded or not): this rank's pieces
+  // cut straight into where the shard is written from.
+  Status replace_shard_from_layer(size_t li, std::span<const std::byte> values);
   // A whole layer's owned pieces, rewritten by write_whole_piece, gathered
   // back on every rank (stages 1-3, world > 1) and waited for.
   Status regather_whole(size_t li);
-  // This rank's pieces of layer li, shard layout, from the layer's values
-  // (padded or not: bytes past `values` are the padding's zeros).
-  std::vector<std::byte> own_shard(size_t li, std::span<const std::byte> values) const;
+  // This rank's pieces of layer li into `shard` (shard layout, every byte
+  // written), from the layer's values (padded or not: bytes past `values`
+  // are the padding's zeros).
+  void cut_own_pieces(size_t li, std::span<const std::byte> values, std::span<std::byte> shard) const;
   // This rank's shard of layer li as fp32 (a whole layer's own pieces).
   Result<std::vector<float>> shard_fp32(size_t li);
 
@@ -150,6 +155,10 @@ class ParameterGathering {
   // kUpdate, after what that queue waits for); the last gather's completion.
   Result<Completion> gather_persistent(size_t li);
   Status put_shard(size_t li, std::span<const std::byte> values);
+  // Note [Shards made in place]: `fill` writes layer li's shard where it is
+  // written from, then it is written (durable on return).
+  Status fill_shard(size_t li, const std::function<void(std::span<std::byte>)>& fill);
+  Status replace_shard_with(size_t li, const std::function<void(std::span<std::byte>)>& fill);
   size_t element_bytes(size_t li) const { return ctx_.where(li).param_element_bytes; }
 
   EngineContext& ctx_;
