@@ -443,27 +443,31 @@ Status ParameterGathering::regather_whole(size_t li) {
 }
 
 Status ParameterGathering::replace_shard(size_t li, std::span<const std::byte> values) {
-  return replace_shard_with(li, [&](std::span<std::byte> shard) { std::memcpy(shard.data(), values.data(), shard.size()); });
+  // The shard is whole already: written from where it is (no slot copy).
+  return replace_shard_with(li, [&] { return put_shard(li, values); });
 }
 
 Status ParameterGathering::replace_shard_from_layer(size_t li, std::span<const std::byte> values) {
-  return replace_shard_with(li, [&](std::span<std::byte> shard) { cut_own_pieces(li, values, shard); });
+  return replace_shard_with(li, [&] {
+    return fill_shard(li, [&](std::span<std::byte> shard) { cut_own_pieces(li, values, shard); });
+  });
 }
 
-Status ParameterGathering::replace_shard_with(size_t li, const std::function<void(std::span<std::byte>)>& fill) {
+Status ParameterGathering::replace_shard_with(size_t li, const std::function<Status()>& write) {
   LayerParams& l = layers_[li];
   // A gathered copy holds the replaced values: dropped (none outlives a
   // step's backward; this is for a failure elsewhere).
   if (l.gathered_valid && l.held == 0) STRATA_RETURN_IF_ERROR(drop_gathered(li, l.last_use));
-  STRATA_RETURN_IF_ERROR(fill_shard(li, fill));
+  STRATA_RETURN_IF_ERROR(write());
   l.shard_ready = Completion();
   return Status::Ok();
 }
 
-// Note [Shards made in place]: a shard written outside the step (initial
-// values, a load, a rollback) is filled where it is written from: a slot of
-// the swap store for a shard on NVMe, the pinned host shard itself, and only
-// for a device shard a host copy first. (Filling a shard-sized temporary
+// Note [Shards made in place]: a shard made from a layer's values or from
+// nothing (initial values, zeros at creation) is filled where it is written
+// from: a slot of the swap store for a shard on NVMe, the pinned host shard
+// itself, and only for a device shard a host copy first. (A load or a
+// rollback hands in a whole shard: replace_shard writes it as it is.) (Filling a shard-sized temporary
 // and copying it was a transient the size of the largest layer at world
 // size 1: ~200 MiB at engine creation of a 355M GPT-2, docs/performance.md.)
 Status ParameterGathering::fill_shard(size_t li, const std::function<void(std::span<std::byte>)>& fill) {

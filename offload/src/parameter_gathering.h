@@ -158,7 +158,8 @@ class ParameterGathering {
   // Note [Shards made in place]: `fill` writes layer li's shard where it is
   // written from, then it is written (durable on return).
   Status fill_shard(size_t li, const std::function<void(std::span<std::byte>)>& fill);
-  Status replace_shard_with(size_t li, const std::function<void(std::span<std::byte>)>& fill);
+  // Drops a gathered copy, runs `write` (the shard's new values), marks the shard ready.
+  Status replace_shard_with(size_t li, const std::function<Status()>& write);
   size_t element_bytes(size_t li) const { return ctx_.where(li).param_element_bytes; }
 
   EngineContext& ctx_;

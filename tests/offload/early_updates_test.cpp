@@ -129,60 +129,55 @@ TEST_P(EarlyOnEachTier, ClippingOnSomeStepsAndNotOthersStaysExact) {
   EXPECT_GT(redone_steps, 0) << "no step redid its early updates";
 }
 
-// A lost write of an early update's pending version (NVMe, Note [Piece
-// versions]) is no lost step: that layer is redone at the step's end, the
-// others kept, and the losses are those of the run without early updates.
-TEST(EarlyUpdates, AFailedPendingWriteOnNvmeRedoesThatLayer) {
+// Which I/O engine a fault goes into: the optimizer state's or the
+// stage-3 parameter shards'.
+enum class FaultedIo { kOptimizerState, kParameterShards };
+
+// Overlap off, no clipping, 6 steps: the 8th early update's first write
+// fails (nothing else writes under the backward: every write-back of a step
+// has ended at its end). That layer alone is redone at the step's end, the
+// others are kept, and the losses are those of the run without early updates.
+void expect_a_failed_write_under_the_backward_redoes_one_layer(const Placement& placement, FaultedIo io,
+                                                              const std::string& what) {
   TrainRun r;
   r.steps = 6;
-  // Overlap off: every write-back of a step has ended at its end, so the
-  // fault armed under the next backward can only hit an early update's.
-  apply_placement(r, Placement{2, D::kNvme, D::kNone, /*overlap=*/false});
+  apply_placement(r, placement);
   r.opt.grad_clip = 0;  // nothing clips: every other early update is kept
   const Outcome off = train(with_early(r, SpeculationMode::kOff));
   ASSERT_TRUE(off.status.ok()) << off.status.to_string();
   FaultyEngines faulty(1, /*reads=*/false, /*writes=*/true);
-  r.engine_for_rank = [&](int rank) { return faulty[rank]; };
+  auto engine = [&](int rank) { return faulty[rank]; };
+  if (io == FaultedIo::kOptimizerState)
+    r.engine_for_rank = engine;
+  else
+    r.param_engine_for_rank = engine;
   std::atomic<int> started{0};
-  // The 8th early update's first write fails (nothing else writes under the
-  // backward).
   r.faults.early_update_started = [&](size_t) {
     if (++started == 8) faulty.counters[0]->arm(0, 1);
   };
   const Outcome on = train(with_early(r, SpeculationMode::kOn));
   ASSERT_TRUE(on.status.ok()) << on.status.to_string();
   EXPECT_EQ(faulty.eio(), 1u);
-  expect_same_losses(off, on, "a failed pending write under the backward");
+  expect_same_losses(off, on, what);
   EXPECT_EQ(total(on, &StepMetrics::redone_layers), 1);
   EXPECT_GT(total(on, &StepMetrics::speculated_layers), 8);
 }
 
+// A lost write of an early update's pending version (NVMe, Note [Piece
+// versions]) is no lost step.
+TEST(EarlyUpdates, AFailedPendingWriteOnNvmeRedoesThatLayer) {
+  expect_a_failed_write_under_the_backward_redoes_one_layer(Placement{2, D::kNvme, D::kNone, /*overlap=*/false},
+                                                            FaultedIo::kOptimizerState,
+                                                            "a failed pending write under the backward");
+}
+
 // A stage-3 shard on NVMe is written back by its early update (a shadow
-// write): when that write fails, the previous shard stays, the layer is
-// redone at the step's end (its write lands then) and nothing is lost.
+// write): when that write fails, the previous shard stays and the layer's
+// redo writes it at the step's end.
 TEST(EarlyUpdates, AFailedShardWriteUnderTheBackwardRedoesThatLayer) {
-  TrainRun r;
-  r.steps = 6;
-  // Overlap off: every write-back of a step has ended at its end, so the
-  // fault armed under the next backward can only hit an early update's.
-  apply_placement(r, Placement{3, D::kCpu, D::kNvme, /*overlap=*/false, 1'000'000'000, 1'000'000'000,
-                               1'000'000'000, 0});
-  r.opt.grad_clip = 0;  // nothing clips: every other early update is kept
-  const Outcome off = train(with_early(r, SpeculationMode::kOff));
-  ASSERT_TRUE(off.status.ok()) << off.status.to_string();
-  FaultyEngines faulty(1, /*reads=*/false, /*writes=*/true);
-  r.param_engine_for_rank = [&](int rank) { return faulty[rank]; };
-  std::atomic<int> started{0};
-  // The 8th early update's shard write fails (the backward only reads).
-  r.faults.early_update_started = [&](size_t) {
-    if (++started == 8) faulty.counters[0]->arm(0, 1);
-  };
-  const Outcome on = train(with_early(r, SpeculationMode::kOn));
-  ASSERT_TRUE(on.status.ok()) << on.status.to_string();
-  EXPECT_EQ(faulty.eio(), 1u);
-  expect_same_losses(off, on, "a failed shard write under the backward");
-  EXPECT_EQ(total(on, &StepMetrics::redone_layers), 1);
-  EXPECT_GT(total(on, &StepMetrics::speculated_layers), 8);
+  expect_a_failed_write_under_the_backward_redoes_one_layer(
+      Placement{3, D::kCpu, D::kNvme, /*overlap=*/false, 1'000'000'000, 1'000'000'000, 1'000'000'000, 0},
+      FaultedIo::kParameterShards, "a failed shard write under the backward");
 }
 
 // Note [A step's NVMe bytes]: with early updates on NVMe each report still
