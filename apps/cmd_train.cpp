@@ -258,6 +258,7 @@ struct Summary {
   uint64_t model_state = 0;                   // unsharded parameters + gradients + optimizer state
   // strata.gradient_shards: on NVMe, and why (auto's decision).
   bool gradients_on_nvme = false;
+  std::string gradient_folder;  // whose folder they wait in
   std::string gradient_shards_why;
 };
 
@@ -416,6 +417,10 @@ Status train_rank(const TrainCliOptions& o, const TrainSetup& t, const model::Gp
     summary->predicted = rs.engine->predicted_memory();
     summary->gradients_on_nvme = rs.engine->placement().gradient_slot_count != 0;
     summary->gradient_shards_why = rs.engine->placement().gradient_shards_why;
+    summary->gradient_folder =
+        rs.engine->placement().gradient_folder == offload::StatePlacement::GradientFolder::kOptimizerState
+            ? "the optimizer state's folder"
+            : "the parameter shards' folder";
     summary->measured = rs.engine->measured_memory();
     summary->device_peak = rs.device->memory_stats().get(Tier::kDevice).peak_bytes;
     summary->device_capacity = rs.device->caps().memory_bytes;
@@ -743,7 +748,7 @@ int run_train(TrainCliOptions o) {
              bytes_text(summary.measured.pinned), bytes_text(summary.predicted.pinned),
              bytes_text(summary.measured.nvme), bytes_text(summary.predicted.nvme));
   if (summary.gradients_on_nvme)
-    fmt::print("memory   gradient shards on NVMe beside the optimizer state: {}\n", summary.gradient_shards_why);
+    fmt::print("memory   gradient shards on NVMe in {}: {}\n", summary.gradient_folder, summary.gradient_shards_why);
   double median = 0;
   if (!summary.tps.empty()) {
     std::sort(summary.tps.begin(), summary.tps.end());

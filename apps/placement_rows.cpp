@@ -37,8 +37,11 @@ std::string PlacementRow::unsupported_reason() const {
   if (moments && moments->blocked() && optimizer == OffloadDevice::kNone)
     return "int8 optimizer states need the optimizer state offloaded (cpu or nvme)";
   if (moments && moments->blocked() && ratio < 1.0) return "int8 optimizer states need ratio 1 (no device part)";
-  if (gradients_on_nvme() && (optimizer != OffloadDevice::kNvme || ratio < 1.0))
-    return "gradient shards on NVMe need the optimizer state on NVMe (offload_optimizer nvme, ratio 1)";
+  if (gradients_on_nvme() &&
+      (optimizer == OffloadDevice::kNone || ratio < 1.0 ||
+       (optimizer != OffloadDevice::kNvme && param != OffloadDevice::kNvme)))
+    return "gradient shards on NVMe need the optimizer state offloaded at ratio 1 and a folder on NVMe (offload_optimizer "
+           "nvme, or offload_param nvme)";
   if (speculation == offload::SpeculationMode::kOn &&
       !offload::early_updates_allowed(offload::SpeculationMode::kOn, optimizer))
     return "speculative_optimizer on needs the optimizer state offloaded (cpu or nvme)";

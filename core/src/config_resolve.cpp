@@ -467,15 +467,18 @@ void check_precision(Checker& c, Config& config) {
   }
   if (config.strata.gradient_shards == "nvme") {
     // Note [Gradient shards on NVMe] (offload/src/gradient_spill.h): they
-    // wait beside the optimizer state, which must be on NVMe, whole.
+    // wait in the optimizer state's folder, or the parameter shards' with the
+    // state in host memory; the state is stepped on the host, whole.
     const OffloadOptimizerConfig& offload = config.zero_optimization.offload_optimizer;
-    if (offload.device != OffloadDevice::kNvme)
+    const OffloadDevice param = config.zero_optimization.offload_param.device;
+    const bool has_folder = offload.device == OffloadDevice::kNvme || param == OffloadDevice::kNvme;
+    if (offload.device == OffloadDevice::kNone || !has_folder)
       c.error(c.written("strata.gradient_shards"),
-              fmt::format("gradient shards on NVMe wait beside the optimizer state; "
-                          "zero_optimization.offload_optimizer.device is {}",
-                          offload_device_name(offload.device)),
-              "set zero_optimization.offload_optimizer.device to \"nvme\", or strata.gradient_shards to \"auto\" "
-              "or \"pinned\"");
+              fmt::format("gradient shards on NVMe wait in the optimizer state's folder or the parameter shards'; "
+                          "zero_optimization.offload_optimizer.device is {} and offload_param.device is {}",
+                          offload_device_name(offload.device), offload_device_name(param)),
+              "set zero_optimization.offload_optimizer.device to \"nvme\" (or \"cpu\" with offload_param.device "
+              "\"nvme\" at stage 3), or strata.gradient_shards to \"auto\" or \"pinned\"");
     else if (offload.ratio < 1.0)
       c.error(c.written("strata.gradient_shards"),
               fmt::format("gradient shards on NVMe with zero_optimization.offload_optimizer.ratio {}: part of each "

@@ -336,11 +336,13 @@ std::vector<ConfigKey> build_table() {
           .one_of("auto|on|off").bind(STRATA_BIND(strata.speculative_optimizer)));
   add(Key("strata.gradient_shards", E, "\"auto\"",
           "Where each layer's reduced gradient shard waits for the optimizer step. pinned: in pinned host memory "
-          "(2-4 B per parameter). nvme (offload_optimizer nvme only): each piece is written beside the optimizer "
-          "state and read back just before its step, through max(2, offload_optimizer.buffer_count) pinned slots, "
-          "so host memory no longer grows with the model; it costs one more write and read of the gradient per "
-          "step (exact: same losses as pinned). auto: nvme where the optimizer state is on NVMe and the plan with "
-          "pinned shards does not fit strata.host_memory_budget, pinned otherwise.")
+          "(2-4 B per parameter). nvme: each piece is written to NVMe and read back just before its step, through "
+          "max(2, buffer_count) pinned slots, so host memory no longer grows with the model; it costs one more "
+          "write and read of the gradient per step (exact: same losses as pinned). The folder and buffer_count are "
+          "offload_optimizer's when the optimizer state is on NVMe, else offload_param's (stage 3, the state in "
+          "host memory, the parameters on NVMe); refused with neither on NVMe or with offload_optimizer.ratio < 1. "
+          "auto: nvme where one of those folders exists and the plan with pinned shards does not fit "
+          "strata.host_memory_budget, pinned otherwise.")
           .one_of("auto|pinned|nvme").bind(STRATA_BIND(strata.gradient_shards)));
   add(Key("strata.wait_timeout_s", N, "600",
           "Seconds the engine waits for any one thing (an NVMe I/O, a copy, a kernel, a collective, a checkpoint "

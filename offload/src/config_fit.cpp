@@ -512,8 +512,8 @@ FitCandidate fit_one(const FitRequest& req, const FitCaps& caps, const Placement
   if (e.status.ok() && e.gradients_on_nvme && c.strata.gradient_shards == "auto") {
     c.strata.gradient_shards = "nvme";
     why["strata.gradient_shards"] =
-        "the reduced gradient shards do not fit the host cap in pinned memory: they wait on NVMe beside the "
-        "optimizer state (one more write and read of each gradient per step)";
+        "the reduced gradient shards do not fit the host cap in pinned memory: they wait on NVMe, in the optimizer "
+        "state's folder or the parameter shards' (one more write and read of each gradient per step)";
   }
   cand.config = c;
   cand.memory = e.memory;

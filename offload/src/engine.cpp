@@ -95,13 +95,14 @@ Status Engine::Impl::init() {
          opt_on_nvme() ? "optimizer state's NVMe slots: lower zero_optimization.offload_optimizer.buffer_count or "
                          "sub_group_size (a slot holds one sub-group's piece)"
                        : "optimizer state (master weights and moments): set offload_optimizer.device to nvme, or use "
-                         "offload_optimizer.ratio < 1 at stage 3, or strata.optimizer_state_dtype bf16"},
+                         "offload_optimizer.ratio < 1 at stage 3, or strata.optimizer_state_dtype int8 or bf16"},
         {predicted.pinned_grads,
          placement.gradient_slot_count != 0
              ? "gradient shards' NVMe slots: lower zero_optimization.sub_group_size (a slot holds one piece's "
                "gradient) or offload_optimizer.buffer_count"
-             : opt_on_nvme() ? "gradient shards: set strata.gradient_shards nvme (they wait on NVMe beside the "
-                               "optimizer state), use a larger world size or data_types.grad_accum_dtype bf16"
+             : opt_on_nvme() || (opt.offload_param == OffloadDevice::kNvme && !placement.split)
+                 ? "gradient shards: set strata.gradient_shards nvme (they wait on NVMe in the optimizer state's or "
+                   "the parameter shards' folder), use a larger world size or data_types.grad_accum_dtype bf16"
                              : "gradient shards: use a larger world size or data_types.grad_accum_dtype bf16"},
         {predicted.pinned_staging,
          placement.early_updates ? "update staging (one buffer per layer for the early updates): set "

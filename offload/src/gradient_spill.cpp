@@ -28,7 +28,8 @@ Result<std::unique_ptr<GradientSpill>> GradientSpill::create(EngineContext& ctx,
                                                      "zero_optimization.sub_group_size"));
   s->registered_ = true;
   nvme::SwapStoreOptions so;
-  so.paths = {opt.nvme.path};
+  so.paths = {p.gradient_folder == StatePlacement::GradientFolder::kOptimizerState ? opt.nvme.path
+                                                                                   : opt.nvme_param.path};
   so.job = job_name + "-gradients";
   so.rank = ctx.rank;
   // Shadow space: a piece's new copy beside its previous one, and a slot's worth.

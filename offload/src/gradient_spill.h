@@ -1,5 +1,6 @@
 #pragma once
-// GradientSpill: reduced gradient shards on NVMe beside the optimizer state.
+// GradientSpill: reduced gradient shards on NVMe beside the optimizer state
+// (or beside the stage-3 parameter shards when the state is in host memory).
 // Private to offload/src.
 //
 // Note [Gradient shards on NVMe]
@@ -11,9 +12,12 @@
 // layer's reduced gradient stays on the device until this component's
 // thread copies its owned pieces, one at a time, into a pinned gradient
 // slot, takes their block sums for the norm there, and writes each piece as
-// its own tensor of a swap store under offload_optimizer.nvme_path (a
-// shadow write: the previous step's copy stays until the new one is
-// durable); the slot returns once the write ends. The update reads each
+// its own tensor of a swap store: a shadow write, the previous step's copy
+// stays until the new one is durable; the slot returns once the write ends.
+// The store's folder (StatePlacement::gradient_folder) is
+// offload_optimizer.nvme_path, or offload_param.nvme_path when the state is
+// in host memory: its 12 B per parameter (about 6 with 8-bit moments) are
+// then the host's only per-parameter cost. The update reads each
 // piece back into a slot just before stepping it, the next piece's read in
 // flight while it steps.
 //

@@ -72,7 +72,11 @@ void put_gradient_shards_on_nvme(const EngineOptions& opt, const Partition& part
       }
   }
   p.gradient_nvme_bytes = total;
-  p.gradient_slot_count = static_cast<size_t>(std::max<int64_t>(2, opt.nvme.buffer_count));
+  p.gradient_folder = p.optimizer_on_nvme() ? StatePlacement::GradientFolder::kOptimizerState
+                                            : StatePlacement::GradientFolder::kParameterShards;
+  // The slots of the tier whose folder they share.
+  const int64_t buffer_count = p.optimizer_on_nvme() ? opt.nvme.buffer_count : opt.nvme_param.buffer_count;
+  p.gradient_slot_count = static_cast<size_t>(std::max<int64_t>(2, buffer_count));
   p.gradient_slot_bytes = (std::max<uint64_t>(largest, 1) + 4095) / 4096 * 4096;
 }
 
@@ -82,11 +86,13 @@ Status decide_gradient_shards(const EngineOptions& opt, const Partition& partiti
     return Status::Ok();
   }
   std::string blocker;
-  if (!p.optimizer_on_nvme())
-    blocker = "the optimizer state is not on NVMe (offload_optimizer.device nvme): its step reads the gradient where "
-              "the state is";
+  if (!p.optimizer_on_host())
+    blocker = "the optimizer state is on the device (offload_optimizer.device none): the gradient shards wait there";
   else if (p.split)
     blocker = fmt::format("offload_optimizer.ratio {} < 1 steps part of each piece on the device", opt.ratio);
+  else if (!p.optimizer_on_nvme() && opt.offload_param != OffloadDevice::kNvme)
+    blocker = "neither the optimizer state (offload_optimizer.device nvme) nor the parameter shards "
+              "(offload_param.device nvme) are on NVMe: the gradient shards go to one of their folders";
   if (!blocker.empty()) {
     if (opt.gradient_shards == GradientShardsMode::kNvme)
       return Unsupported(fmt::format("{}: strata.gradient_shards nvme: {}; set it to auto or pinned", opt.source,

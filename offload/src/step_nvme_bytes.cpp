@@ -7,10 +7,12 @@ namespace strata::offload::engine_detail {
 
 StepNvmeBytes::Bytes StepNvmeBytes::updates_now() const {
   Bytes b;
-  if (!ctx_.opt_on_nvme()) return b;
-  const StateTierIoStats io = updates_.tier().io_stats();
-  b.read = io.bytes_read;
-  b.written = io.bytes_written;
+  if (ctx_.opt_on_nvme()) {
+    const StateTierIoStats io = updates_.tier().io_stats();
+    b.read = io.bytes_read;
+    b.written = io.bytes_written;
+  }
+  // (With the state in host memory the gradients are the updates' only NVMe bytes.)
   if (ctx_.gradient_spill != nullptr) b.read += ctx_.gradient_spill->bytes_read();
   return b;
 }

@@ -38,11 +38,18 @@ TEST(ConfigBad, Int8OptimizerStatesNeedOffloadedAdamState) {
   EXPECT_NE(check.format().find("int8"), std::string::npos) << check.format();
 }
 
-TEST(ConfigBad, GradientShardsOnNvmeNeedTheOptimizerStateOnNvme) {
+TEST(ConfigBad, GradientShardsOnNvmeNeedAFolderOnNvme) {
   auto check = check_text(R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
     "strata": {"gradient_shards": "nvme"}})");
-  expect_error(check, "strata.gradient_shards", "offload_optimizer.device is cpu",
+  expect_error(check, "strata.gradient_shards", "offload_optimizer.device is cpu and offload_param.device is none",
                "set zero_optimization.offload_optimizer.device to \"nvme\"");
+  // The state in host memory with the parameters on NVMe: their folder holds the shards.
+  EXPECT_TRUE(check_text(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
+    "offload_param": {"device": "nvme", "nvme_path": "/tmp"}}, "strata": {"gradient_shards": "nvme"}})").ok());
+  // The state on the device: refused.
+  check = check_text(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "none"},
+    "offload_param": {"device": "nvme", "nvme_path": "/tmp"}}, "strata": {"gradient_shards": "nvme"}})");
+  expect_error(check, "strata.gradient_shards", "offload_optimizer.device is none", "strata.gradient_shards to");
   check = check_text(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp",
     "ratio": 0.5}}, "strata": {"gradient_shards": "nvme"}})");
   expect_error(check, "strata.gradient_shards", "ratio 0.5", "set offload_optimizer.ratio to 1");

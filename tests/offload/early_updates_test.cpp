@@ -18,6 +18,7 @@
 //  - the plan counts the pending buffers, auto turns them off when they do not fit
 //    strata.host_memory_budget, and "on" where the placement cannot is
 //    refused naming the key.
+#include <functional>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -472,11 +473,13 @@ class WaitBeforeFrozenBackward : public ParameterProvider {
 };
 
 // `optimizer`: where the state is (cpu: pinned memory, nvme: streamed).
-void expect_early_updates_under_the_backward(OffloadDevice optimizer) {
+void expect_early_updates_under_the_backward(OffloadDevice optimizer,
+                                             const std::function<void(EngineOptions&)>& placement = {}) {
   EngineOptions o;
   o.stage = 2;
   o.offload_optimizer = optimizer;
   if (optimizer == D::kNvme) o.nvme.path = ::testing::TempDir();
+  if (placement) placement(o);
   o.speculative_optimizer = SpeculationMode::kOn;
   o.grad_clip = 0;  // nothing to redo: the head's early update is kept
   o.hyper.lr = 1e-2;
@@ -536,6 +539,19 @@ TEST(EarlyUpdates, TheyStartWhileTheBackwardStillRuns) { expect_early_updates_un
 
 TEST(EarlyUpdates, TheyStartWhileTheBackwardStillRunsWithTheStateOnNvme) {
   expect_early_updates_under_the_backward(D::kNvme);
+}
+
+// The state in host memory, stage-3 shards and the reduced gradients on
+// NVMe (the parameters' folder): the head's early update reads its gradient
+// back from NVMe while the backward still runs.
+TEST(EarlyUpdates, TheyStartWhileTheBackwardStillRunsWithTheGradientsOnNvme) {
+  expect_early_updates_under_the_backward(D::kCpu, [](EngineOptions& o) {
+    o.stage = 3;
+    o.offload_param = D::kNvme;
+    o.nvme_param.path = ::testing::TempDir();
+    o.nvme_param.max_in_cpu = 0;
+    o.gradient_shards = GradientShardsMode::kNvme;
+  });
 }
 
 TEST(EarlyUpdates, ParseNamesTheFieldAndTheValue) {

@@ -4,9 +4,11 @@
 //    with the optimizer state (and stage-3 parameters) on NVMe;
 //  - the plan: pinned gradient memory is the slots only, equal to what the
 //    engine holds, and the gradient bytes show up in the step's NVMe bytes;
+//  - with the optimizer state in host memory and stage-3 parameters on NVMe
+//    they use the parameters' folder (the same checks, and early updates);
 //  - strata.gradient_shards auto puts them on NVMe only where the pinned
-//    plan does not fit strata.host_memory_budget; nvme without the optimizer
-//    state on NVMe is refused naming the key;
+//    plan does not fit strata.host_memory_budget; nvme with neither folder
+//    on NVMe (or a ratio < 1) is refused naming the keys;
 //  - a failed gradient write or read-back drops the step on every rank and
 //    the repeated step gives the fault-free losses.
 #include <gtest/gtest.h>
@@ -79,8 +81,14 @@ TEST_P(GradientShardsOnNvme, SameLossesAsPinnedAndThePlanIsWhatTheEngineHolds) {
                          static_cast<int64_t>(pinned.metrics[s].nvme_read_bytes);
     EXPECT_EQ(written, static_cast<int64_t>(gradient_bytes));
     EXPECT_EQ(read, c.placement.overlap && s == 0 ? 0 : static_cast<int64_t>(gradient_bytes));
-    // The state's own write-backs: none reported before the first commit point.
-    EXPECT_EQ(pinned.metrics[s].nvme_write_bytes > 0, !(c.placement.overlap && s == 0));
+    if (c.placement.optimizer == D::kNvme) {
+      // The state's own write-backs: none reported before the first commit point.
+      EXPECT_EQ(pinned.metrics[s].nvme_write_bytes > 0, !(c.placement.overlap && s == 0));
+    } else {
+      // The state in host memory: the gradients are the updates' only NVMe bytes.
+      EXPECT_EQ(pinned.metrics[s].nvme_write_bytes, 0u);
+      EXPECT_EQ(pinned.metrics[s].nvme_read_bytes, 0u);
+    }
   }
 }
 
@@ -91,13 +99,17 @@ std::vector<Case> cases() {
       {{3, D::kNvme, D::kCpu, true, 4096}, 1},
       {{3, D::kNvme, D::kNvme, false, 4096, 20'000, 0, 0}, 2},
       {{3, D::kNvme, D::kNone, true, 4096, 1'000'000'000, 1'000'000'000, 0}, 1},
+      // The state in pinned host memory, the shards in the parameters' folder.
+      {{3, D::kCpu, D::kNvme, true, 4096}, 1},
+      {{3, D::kCpu, D::kNvme, false, 4096, 20'000, 0, 0}, 2},
   };
 }
 
 INSTANTIATE_TEST_SUITE_P(Placements, GradientShardsOnNvme, ::testing::ValuesIn(cases()),
                          [](const ::testing::TestParamInfo<Case>& i) {
                            const Placement& p = i.param.placement;
-                           return fmt::format("stage{}_param_{}_world{}_{}", p.stage, offload_device_name(p.param),
+                           return fmt::format("stage{}_opt_{}_param_{}_world{}_{}", p.stage,
+                                              offload_device_name(p.optimizer), offload_device_name(p.param),
                                               i.param.world, i.index);
                          });
 
@@ -192,7 +204,7 @@ TEST(GradientShardsDecision, AutoGoesToNvmeOnlyWhenThePinnedPlanDoesNotFit) {
   EXPECT_EQ(place(o).value().gradient_slot_count, 0u);
 }
 
-TEST(GradientShardsDecision, NvmeWithoutTheOptimizerStateOnNvmeIsRefusedNamingTheKey) {
+TEST(GradientShardsDecision, NvmeWithoutAFolderOnNvmeIsRefusedNamingTheKeys) {
   EngineOptions o;
   o.stage = 2;
   o.offload_optimizer = D::kCpu;
@@ -202,12 +214,69 @@ TEST(GradientShardsDecision, NvmeWithoutTheOptimizerStateOnNvmeIsRefusedNamingTh
   EXPECT_EQ(p.status().code(), StatusCode::kUnsupported);
   EXPECT_NE(p.status().message().find("strata.gradient_shards nvme"), std::string::npos) << p.status().to_string();
   EXPECT_NE(p.status().message().find("offload_optimizer.device nvme"), std::string::npos) << p.status().to_string();
+  EXPECT_NE(p.status().message().find("offload_param.device nvme"), std::string::npos) << p.status().to_string();
   // auto: quietly pinned, saying why.
   o.gradient_shards = GradientShardsMode::kAuto;
   o.host_memory_budget = 1;
   const StatePlacement q = place(o).value();
   EXPECT_EQ(q.gradient_slot_count, 0u);
-  EXPECT_NE(q.gradient_shards_why.find("not on NVMe"), std::string::npos) << q.gradient_shards_why;
+  EXPECT_NE(q.gradient_shards_why.find("are on NVMe"), std::string::npos) << q.gradient_shards_why;
+  // The state on the device: nothing to spill, refused too.
+  o.offload_optimizer = D::kNone;
+  o.gradient_shards = GradientShardsMode::kNvme;
+  const Result<StatePlacement> d = place(o);
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.status().message().find("offload_optimizer.device none"), std::string::npos) << d.status().to_string();
+}
+
+// With the state in host memory and the parameters on NVMe, the shards use
+// the parameters' folder and slot count (offload_param.buffer_count); a
+// ratio < 1 (a device part stepped from the device's gradient) is refused.
+TEST(GradientShardsDecision, WithTheStateInHostMemoryTheyGoToTheParametersFolder) {
+  EngineOptions o;
+  o.stage = 3;
+  o.offload_optimizer = D::kCpu;
+  o.offload_param = D::kNvme;
+  o.nvme_param.path = "/unused";
+  o.nvme_param.buffer_count = 3;
+  o.nvme.buffer_count = 7;
+  o.sub_group_size = 16 * 1024;
+  o.gradient_shards = GradientShardsMode::kNvme;
+  const StatePlacement p = place(o).value();
+  EXPECT_EQ(p.gradient_folder, StatePlacement::GradientFolder::kParameterShards);
+  EXPECT_EQ(p.gradient_slot_count, 3u);
+  EXPECT_TRUE(p.layers[0].gradient_shard_on_nvme && !p.layers[0].pinned_gradient_shard);
+  // The optimizer state on NVMe too: its folder and slots.
+  o.offload_optimizer = D::kNvme;
+  o.nvme.path = "/unused-too";
+  const StatePlacement q = place(o).value();
+  EXPECT_EQ(q.gradient_folder, StatePlacement::GradientFolder::kOptimizerState);
+  EXPECT_EQ(q.gradient_slot_count, 7u);
+  // ratio < 1: refused, naming it.
+  o.offload_optimizer = D::kCpu;
+  o.offload_param = D::kNone;
+  o.ratio = 0.5;
+  const Result<StatePlacement> r = place(o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("ratio"), std::string::npos) << r.status().to_string();
+}
+
+// Early updates read each layer's gradient back from NVMe before stepping
+// it under the backward; with the state in host memory the losses equal
+// the pinned-shard run without early updates, clipping included.
+TEST(GradientShardsOnNvmeEarly, StateInHostMemoryParametersOnNvmeSameLosses) {
+  const Placement p{3, D::kCpu, D::kNvme, true, 4096};
+  TrainRun base = run_of(p, 1, GradientShardsMode::kPinned);
+  base.opt.speculative_optimizer = SpeculationMode::kOff;
+  const Outcome want = train(base);
+  ASSERT_TRUE(want.status.ok()) << want.status.to_string();
+  TrainRun early = run_of(p, 1, GradientShardsMode::kNvme);
+  early.opt.speculative_optimizer = SpeculationMode::kOn;
+  const Outcome got = train(early);
+  ASSERT_NO_FATAL_FAILURE(expect_bit_identical(got, want, "early updates, gradient shards on NVMe"));
+  // (How many layers ran early depends on the threads' timing here;
+  // EarlyUpdates.TheyStartWhileTheBackwardStillRunsWithTheGradientsOnNvme
+  // holds the backward until one has started.)
 }
 
 }  // namespace

@@ -93,7 +93,7 @@ struct LayerPlacement {
   bool master = false;
   // The reduced gradient the optimizer reads, in the owned layout:
   bool pinned_gradient_shard = false;  // in pinned host memory (the optimizer runs on the host)
-  // on NVMe beside the optimizer state, piece by piece through the gradient
+  // on NVMe (the optimizer state's folder, or the parameter shards'), piece by piece through the gradient
   // slots (Note [Gradient shards on NVMe] in offload/src/gradient_spill.h)
   bool gradient_shard_on_nvme = false;
   bool device_gradient_shard = false;  // on the device (a device optimizer not reading in place, or the ratio's device part)
@@ -157,6 +157,11 @@ struct StatePlacement {
   uint64_t gradient_slot_bytes = 0;
   uint64_t gradient_nvme_bytes = 0;
   std::string gradient_shards_why;
+  // Whose folder holds them: the optimizer state's (offload_optimizer
+  // nvme_path) when the state is on NVMe, else the parameter shards'
+  // (offload_param nvme_path; the state in host memory).
+  enum class GradientFolder : uint8_t { kOptimizerState, kParameterShards };
+  GradientFolder gradient_folder = GradientFolder::kOptimizerState;
   // Note [Update staging]: the one buffer every kSharedPiece layer stages
   // its pieces in (bytes of the largest such piece's host part; 0: none).
   uint64_t shared_staging_bytes = 0;
