@@ -140,17 +140,22 @@ def test_losses_bit_identical_across_stages_and_placements(stage, optimizer, par
 
 
 def test_gradient_shards_on_nvme_give_the_same_losses(tmp_path):
-    # strata.gradient_shards nvme (docs/engine.md): the reduced gradients wait on NVMe beside the optimizer state.
-    (tmp_path / "pinned").mkdir()
-    (tmp_path / "nvme").mkdir()
-    pinned, pinned_masters, _ = train_with_engine(config(3, "nvme", "nvme", tmp_path / "pinned"))
-    cfg = config(3, "nvme", "nvme", tmp_path / "nvme")
+    # strata.gradient_shards nvme (docs/engine.md): the reduced gradients wait on NVMe beside the optimizer
+    # state, or beside the parameter shards when the state is in host memory.
+    for optimizer in ("nvme", "cpu"):
+        (tmp_path / optimizer / "pinned").mkdir(parents=True)
+        (tmp_path / optimizer / "nvme").mkdir()
+        pinned, pinned_masters, _ = train_with_engine(config(3, optimizer, "nvme", tmp_path / optimizer / "pinned"))
+        cfg = config(3, optimizer, "nvme", tmp_path / optimizer / "nvme")
+        cfg["strata"]["gradient_shards"] = "nvme"
+        losses, masters, _ = train_with_engine(cfg)
+        assert losses == pinned, optimizer
+        for a, b in zip(masters, pinned_masters):
+            assert torch.equal(a, b)
+    # Neither the state nor the parameters on NVMe: no folder for them, refused naming the key.
+    (tmp_path / "none").mkdir()
+    cfg = config(3, "cpu", "cpu", tmp_path / "none")
     cfg["strata"]["gradient_shards"] = "nvme"
-    losses, masters, _ = train_with_engine(cfg)
-    assert losses == pinned
-    for a, b in zip(masters, pinned_masters):
-        assert torch.equal(a, b)
-    cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
     with pytest.raises(Exception, match="strata.gradient_shards"):
         train_with_engine(cfg)
 
