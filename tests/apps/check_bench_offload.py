@@ -114,7 +114,8 @@ def mode_schema(strata, rows_file, work):
     want = {"s0 opt=none param=none bf16": "ok", "s1 opt=cpu param=none bf16": "ok",
             "s3 opt=cpu param=cpu bf16": "ok", "s3 opt=cpu param=none r=0.50 bf16": "ok",
             "s1 opt=nvme param=none bf16": "ok", "s2 opt=cpu param=none fp32": "ok",
-            "s1 opt=nvme param=none bf16 m=int8": "ok", "s1 opt=nvme param=none bf16 grads=nvme": "ok"}
+            "s1 opt=nvme param=none bf16 m=int8": "ok", "s1 opt=nvme param=none bf16 grads=nvme": "ok",
+            "s3 opt=cpu param=nvme bf16 grads=nvme": "ok"}
     if status != want:
         fail(f"statuses {status}, expected {want}")
     # No --nvme-path: the NVMe row runs where strata train's swap files go by default, and says where.
@@ -140,6 +141,13 @@ def mode_schema(strata, rows_file, work):
         fail(f"gradient_shards {grads_row['gradient_shards']} / {nvme_row['gradient_shards']}")
     if not grads_row["peak_bytes"]["nvme"] > nvme_row["peak_bytes"]["nvme"]:
         fail(f"the gradient-shards row holds no more on NVMe: {grads_row['peak_bytes']} vs {nvme_row['peak_bytes']}")
+    # The state in host memory, the parameters' folder on NVMe: the gradients go there (the row's only
+    # per-step NVMe bytes: each gradient byte written under the backward and read back by the update).
+    host_state_row = doc["rows"][8]
+    if host_state_row["gradient_shards"] != "nvme" or host_state_row["peak_bytes"]["nvme"] == 0:
+        fail(f"the state-in-host-memory row kept its gradients off NVMe: {host_state_row['peak_bytes']}")
+    if host_state_row["bytes_per_step"]["nvme_write"] == 0:
+        fail(f"the state-in-host-memory row wrote no gradient bytes: {host_state_row['bytes_per_step']}")
     if os.listdir(nvme_dir):
         fail(f"the bench left {os.listdir(nvme_dir)} in {nvme_dir}")
     if doc["baseline_row"] != 0 or doc["rows"][0]["penalty"] != 1.0:
