@@ -97,13 +97,16 @@ Status Engine::Impl::init() {
                        : "optimizer state (master weights and moments): set offload_optimizer.device to nvme, or use "
                          "offload_optimizer.ratio < 1 at stage 3, or strata.optimizer_state_dtype int8 or bf16"},
         {predicted.pinned_grads,
-         placement.gradient_slot_count != 0
+         placement.gradient_slot_count == 0
+             ? (opt_on_nvme() || (opt.offload_param == OffloadDevice::kNvme && !placement.split)
+                    ? "gradient shards: set strata.gradient_shards nvme (they wait on NVMe in the optimizer state's "
+                      "or the parameter shards' folder), use a larger world size or data_types.grad_accum_dtype bf16"
+                    : "gradient shards: use a larger world size or data_types.grad_accum_dtype bf16")
+         : placement.gradient_folder == StatePlacement::GradientFolder::kOptimizerState
              ? "gradient shards' NVMe slots: lower zero_optimization.sub_group_size (a slot holds one piece's "
                "gradient) or offload_optimizer.buffer_count"
-             : opt_on_nvme() || (opt.offload_param == OffloadDevice::kNvme && !placement.split)
-                 ? "gradient shards: set strata.gradient_shards nvme (they wait on NVMe in the optimizer state's or "
-                   "the parameter shards' folder), use a larger world size or data_types.grad_accum_dtype bf16"
-                             : "gradient shards: use a larger world size or data_types.grad_accum_dtype bf16"},
+             : "gradient shards' NVMe slots: lower zero_optimization.sub_group_size (a slot holds one piece's "
+               "gradient) or offload_param.buffer_count"},
         {predicted.pinned_staging,
          placement.early_updates ? "update staging (one buffer per layer for the early updates): set "
                                    "strata.speculative_optimizer off or auto"
