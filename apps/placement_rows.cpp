@@ -37,9 +37,10 @@ std::string PlacementRow::unsupported_reason() const {
   if (moments && moments->blocked() && optimizer == OffloadDevice::kNone)
     return "int8 optimizer states need the optimizer state offloaded (cpu or nvme)";
   if (moments && moments->blocked() && ratio < 1.0) return "int8 optimizer states need ratio 1 (no device part)";
-  if (gradients_on_nvme() && !gradient_shards_may_go_to_nvme())
-    return "gradient shards on NVMe need the optimizer state offloaded at ratio 1 and a folder on NVMe (offload_optimizer "
-           "nvme, or offload_param nvme)";
+  if (gradients_on_nvme()) {
+    const std::string blocker = offload::gradient_shards_nvme_blocker(optimizer, param, ratio);
+    if (!blocker.empty()) return "gradient shards on NVMe: " + blocker;
+  }
   if (speculation == offload::SpeculationMode::kOn &&
       !offload::early_updates_allowed(offload::SpeculationMode::kOn, optimizer))
     return "speculative_optimizer on needs the optimizer state offloaded (cpu or nvme)";
@@ -55,7 +56,8 @@ offload::EngineOptions PlacementRow::apply(offload::EngineOptions o) const {
   o.fp16.enabled = dtype == DType::kF16;
   if (moments) o.moments = *moments;
   if (gradient_shards) o.gradient_shards = *gradient_shards;
-  if (o.gradient_shards == offload::GradientShardsMode::kNvme && !gradient_shards_may_go_to_nvme())
+  if (o.gradient_shards == offload::GradientShardsMode::kNvme &&
+      !offload::gradient_shards_nvme_blocker(optimizer, param, ratio).empty())
     o.gradient_shards = offload::GradientShardsMode::kAuto;
   if (speculation) o.speculative_optimizer = *speculation;
   return o;

@@ -29,12 +29,6 @@ struct PlacementRow {
   // strata.gradient_shards (Note [Gradient shards on NVMe]); unset: the base options' (auto).
   std::optional<offload::GradientShardsMode> gradient_shards;
   bool gradients_on_nvme() const { return gradient_shards == offload::GradientShardsMode::kNvme; }
-  // The engine's rule (Note [Gradient shards on NVMe]): the state stepped on
-  // the host, whole, and a folder on NVMe (the state's or the parameters').
-  bool gradient_shards_may_go_to_nvme() const {
-    return optimizer != OffloadDevice::kNone && ratio >= 1.0 &&
-           (optimizer == OffloadDevice::kNvme || param == OffloadDevice::kNvme);
-  }
   // strata.speculative_optimizer (Note [Early, exact updates]); unset: the base options' (auto).
   std::optional<offload::SpeculationMode> speculation;
 

@@ -31,6 +31,17 @@ Result<GradientShardsMode> parse_gradient_shards_mode(std::string_view text, std
   return InvalidArgument(fmt::format("{} '{}' is not auto, pinned or nvme", field, printable(text, 32)));
 }
 
+std::string gradient_shards_nvme_blocker(OffloadDevice optimizer, OffloadDevice param, double ratio) {
+  if (optimizer == OffloadDevice::kNone)
+    return "the optimizer state is on the device (offload_optimizer.device none): the gradient shards wait there";
+  if (ratio < 1.0)
+    return fmt::format("offload_optimizer.ratio {} < 1 steps part of each piece on the device", ratio);
+  if (optimizer != OffloadDevice::kNvme && param != OffloadDevice::kNvme)
+    return "neither the optimizer state (offload_optimizer.device nvme) nor the parameter shards "
+           "(offload_param.device nvme) are on NVMe: the gradient shards go to one of their folders";
+  return {};
+}
+
 Result<EngineOptions> engine_options_from_config(const Config& cfg) {
   EngineOptions o;
   const ZeroConfig& z = cfg.zero_optimization;

@@ -466,10 +466,11 @@ Status ParameterGathering::replace_shard_with(size_t li, const std::function<Sta
 // Note [Shards made in place]: a shard made from a layer's values or from
 // nothing (initial values, zeros at creation) is filled where it is written
 // from: a slot of the swap store for a shard on NVMe, the pinned host shard
-// itself, and only for a device shard a host copy first. (A load or a
-// rollback hands in a whole shard: replace_shard writes it as it is.) (Filling a shard-sized temporary
-// and copying it was a transient the size of the largest layer at world
-// size 1: ~200 MiB at engine creation of a 355M GPT-2, docs/performance.md.)
+// itself, and only for a device shard a host copy first. Filling a
+// shard-sized temporary and copying it was a transient the size of the
+// largest layer at world size 1: ~200 MiB at engine creation of a 355M
+// GPT-2 (docs/performance.md). A load or a rollback hands in a whole shard:
+// replace_shard writes it as it is.
 Status ParameterGathering::fill_shard(size_t li, const std::function<void(std::span<std::byte>)>& fill) {
   LayerParams& l = layers_[li];
   const size_t bytes = ctx_.part.layer(li).shard_elements * element_bytes(li);

@@ -85,14 +85,7 @@ Status decide_gradient_shards(const EngineOptions& opt, const Partition& partiti
     p.gradient_shards_why = "strata.gradient_shards pinned";
     return Status::Ok();
   }
-  std::string blocker;
-  if (!p.optimizer_on_host())
-    blocker = "the optimizer state is on the device (offload_optimizer.device none): the gradient shards wait there";
-  else if (p.split)
-    blocker = fmt::format("offload_optimizer.ratio {} < 1 steps part of each piece on the device", opt.ratio);
-  else if (!p.optimizer_on_nvme() && opt.offload_param != OffloadDevice::kNvme)
-    blocker = "neither the optimizer state (offload_optimizer.device nvme) nor the parameter shards "
-              "(offload_param.device nvme) are on NVMe: the gradient shards go to one of their folders";
+  std::string blocker = gradient_shards_nvme_blocker(opt.offload_optimizer, opt.offload_param, opt.ratio);
   if (!blocker.empty()) {
     if (opt.gradient_shards == GradientShardsMode::kNvme)
       return Unsupported(fmt::format("{}: strata.gradient_shards nvme: {}; set it to auto or pinned", opt.source,

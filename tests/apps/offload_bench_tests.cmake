@@ -44,7 +44,7 @@ strata_offload_error_test(bench_offload_rows_bad_moment_name
   "rows\\[0\\].optimizer_state_dtype 'int4' is not a moment storage; use fp32, bf16 or int8"
   bench offload --configs ${bad}/offload_rows_bad_moment_name.json)
 strata_offload_error_test(bench_offload_rows_gradient_shards_need_nvme_state
-  "rows\\[0\\] \\(s2 opt=cpu param=none bf16 grads=nvme\\): gradient shards on NVMe need the optimizer state offloaded at ratio 1 and a folder on NVMe"
+  "rows\\[0\\] \\(s2 opt=cpu param=none bf16 grads=nvme\\): gradient shards on NVMe: neither the optimizer state \\(offload_optimizer.device nvme\\) nor the parameter shards"
   bench offload --configs ${bad}/offload_rows_bad_gradient_shards.json)
 strata_offload_error_test(bench_offload_rows_speculation_needs_offloaded_state
   "rows\\[0\\] \\(s2 opt=none param=none bf16 early=on\\): speculative_optimizer on needs the optimizer state offloaded"

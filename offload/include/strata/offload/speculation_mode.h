@@ -6,8 +6,10 @@
 // state fits
 // strata.host_memory_budget (without one: half the machine's memory per rank).
 #include <cstdint>
+#include <string>
 #include <string_view>
 
+#include "strata/core/config.h"
 #include "strata/core/status.h"
 
 namespace strata::offload {
@@ -24,5 +26,10 @@ const char* speculation_mode_name(SpeculationMode mode);
 enum class GradientShardsMode : uint8_t { kAuto, kPinned, kNvme };
 // "auto" | "pinned" | "nvme"; anything else is an InvalidArgument naming `field`.
 Result<GradientShardsMode> parse_gradient_shards_mode(std::string_view text, std::string_view field);
+// Why reduced gradient shards cannot wait on NVMe with this placement (empty:
+// they can): the state must be stepped on the host, whole (ratio 1), and a
+// folder must be on NVMe, the optimizer state's or the parameter shards'.
+// The one rule behind StatePlacement's decision and strata plan's rows.
+std::string gradient_shards_nvme_blocker(OffloadDevice optimizer, OffloadDevice param, double ratio);
 
 }  // namespace strata::offload
