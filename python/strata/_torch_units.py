@@ -166,13 +166,34 @@ def plan_layers(model, units, layer_dtype=None):
             plans.append(plan)
             unit.layers.append(plan.index)
     for unit in units:
-        if unit.is_root:
-            unit.uses = list(unit.layers)
-            continue
         used = list(unit.layers)
-        for p in unit.module.parameters():  # shared weights this unit uses but does not own
+        # Shared weights this unit uses but does not own. The root unit uses the parameters of the modules no
+        # other unit holds: e.g. a masked-LM head (root) tied to a word embedding inside an embeddings unit.
+        for p in (_root_held_parameters(model, units) if unit.is_root else unit.module.parameters()):
             index = owner[p].index
             if index not in used:
                 used.append(index)
         unit.uses = used
     return plans, owner
+
+
+def _root_held_parameters(model, units):
+    """The parameters of every module outside the non-root units (each
+    module once, by identity; a tied parameter appears under each of its
+    modules)."""
+    unit_modules = {id(unit.module) for unit in units if not unit.is_root}
+    seen, found = set(), []
+
+    def visit(module):
+        if id(module) in seen or id(module) in unit_modules:
+            return
+        seen.add(id(module))
+        for p in module._parameters.values():
+            if p is not None:
+                found.append(p)
+        for child in module._modules.values():
+            if child is not None:
+                visit(child)
+
+    visit(model)
+    return found

@@ -1,0 +1,141 @@
+"""Hugging Face architectures beyond GPT-2 through strata.torch: each tiny
+model trains through the engine with the losses of plain torch AdamW
+training (fp32, within rounding), and bit for bit the same at stage 0 and at
+stage 3 with the optimizer state and parameters offloaded. The architectures
+differ where a front end can break: rotary and ALiBi buffers, untied heads,
+biases only on some projections, an encoder-decoder whose shared embedding
+is used by three units, a masked-LM head tied to the word embedding, a
+relative position bias computed by the first block and passed to the others."""
+import os
+
+import pytest
+import torch
+
+if os.environ.get("STRATA_REQUIRE_TRANSFORMERS") != "1":
+    pytest.importorskip("transformers")
+import transformers  # noqa: E402
+
+import strata.torch as st  # noqa: E402
+
+VOCAB = 64
+MICRO = 2
+SEQ = 10
+STEPS = 4
+ACCUM = 2
+
+
+def _llama():
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False))
+
+
+def _qwen2():
+    return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True))
+
+
+def _gpt_neox():
+    return transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=64, rotary_pct=0.5, hidden_dropout=0.0, attention_dropout=0.0))
+
+
+def _opt():
+    return transformers.OPTForCausalLM(transformers.OPTConfig(
+        vocab_size=VOCAB, hidden_size=32, ffn_dim=64, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=64, word_embed_proj_dim=32, dropout=0.0, attention_dropout=0.0,
+        activation_dropout=0.0, layerdrop=0.0))
+
+
+def _bloom():
+    return transformers.BloomForCausalLM(transformers.BloomConfig(
+        vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=4, hidden_dropout=0.0, attention_dropout=0.0))
+
+
+def _bert():
+    return transformers.BertForMaskedLM(transformers.BertConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+
+
+def _t5():
+    return transformers.T5ForConditionalGeneration(transformers.T5Config(
+        vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,
+        relative_attention_num_buckets=8, dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0))
+
+
+MODELS = {"llama": _llama, "qwen2": _qwen2, "gpt_neox": _gpt_neox, "opt": _opt, "bloom": _bloom, "bert": _bert,
+          "t5": _t5}
+
+
+def make(arch, seed=7):
+    torch.manual_seed(seed)
+    return MODELS[arch]()
+
+
+def batch(arch, index):
+    g = torch.Generator().manual_seed(500 + index)
+    ids = torch.randint(1, VOCAB, (MICRO, SEQ), generator=g)
+    if arch == "t5":
+        return {"input_ids": ids, "labels": torch.randint(1, VOCAB, (MICRO, SEQ // 2), generator=g)}
+    if arch == "bert":
+        labels = torch.full_like(ids, -100)
+        labels[:, ::3] = ids[:, ::3]
+        return {"input_ids": ids, "labels": labels}
+    return {"input_ids": ids, "labels": ids}
+
+
+def config(stage=0, optimizer="none", params="none"):
+    return {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": ACCUM, "gradient_clipping": 1.0,
+            "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "betas": [0.9, 0.999], "eps": 1e-8,
+                                                      "weight_decay": 0.01}},
+            "zero_optimization": {"stage": stage, "offload_optimizer": {"device": optimizer},
+                                  "offload_param": {"device": params}, "stage3_param_persistence_threshold": 0},
+            "strata": {"device": "cpu", "device_memory": "64MiB"}}
+
+
+def train_torch(arch):
+    model = make(arch)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+    losses, index = [], 0
+    for _ in range(STEPS):
+        optimizer.zero_grad(set_to_none=False)
+        total = 0.0
+        for _ in range(ACCUM):
+            loss = model(**batch(arch, index)).loss
+            index += 1
+            (loss / ACCUM).backward()
+            total += float(loss.detach())
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        losses.append(total / ACCUM)
+    return losses
+
+
+def train_strata(arch, cfg):
+    model = make(arch)
+    engine, _, _, _ = st.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    losses, index = [], 0
+    for _ in range(STEPS * ACCUM):
+        loss = engine(**batch(arch, index)).loss
+        index += 1
+        engine.backward(loss)
+        boundary = engine.is_gradient_accumulation_boundary()
+        engine.step()
+        if boundary:
+            losses.append(engine.metrics["loss"])
+    return losses, engine
+
+
+@pytest.mark.parametrize("arch", sorted(MODELS))
+def test_architecture_trains_as_torch_and_the_same_at_every_stage(arch):
+    expected = train_torch(arch)
+    base, engine = train_strata(arch, config(0))
+    assert len(base) == STEPS
+    for ours, theirs in zip(base, expected):
+        assert abs(ours - theirs) <= 1e-5 * abs(theirs), (arch, base, expected)
+    offloaded, engine3 = train_strata(arch, config(3, "cpu", "cpu"))
+    assert offloaded == base, arch  # exact: stages and placements do not change the arithmetic
+    assert engine3.metrics["loss"] == base[-1]
