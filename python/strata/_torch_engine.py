@@ -80,6 +80,29 @@ else:
     _ParameterUseCheck = None
 
 
+# Tensor attributes an unacquired parameter answers truly (its stage-3 placeholder keeps them), so a model may
+# read them anywhere: Hugging Face models read `weight.dtype` to cast their inputs and `self.dtype` / `self.device`
+# (the first parameter's) outside every unit. The shape is not among them: the placeholder is empty.
+_PLACEHOLDER_SAFE_ATTRIBUTES = frozenset({"dtype", "device", "requires_grad", "is_cuda", "is_cpu", "is_meta",
+                                          "layout", "is_sparse", "is_quantized", "is_leaf"})
+_PLACEHOLDER_SAFE_METHODS = frozenset({"is_floating_point", "is_complex", "is_signed", "element_size",
+                                       "get_device"})
+
+
+def _reads_placeholder_safe_attribute(func):
+    name = getattr(func, "__name__", None)
+    if name == "__get__":  # a property's getter: the getset descriptor's __get__
+        return getattr(getattr(func, "__self__", None), "__name__", None) in _PLACEHOLDER_SAFE_ATTRIBUTES
+    return name in _PLACEHOLDER_SAFE_METHODS
+
+
+def _call_name(func):
+    name = getattr(func, "__name__", None)
+    if name == "__get__":
+        return f"reading .{getattr(getattr(func, '__self__', None), '__name__', '?')}"
+    return name or str(func)
+
+
 class _Flag:
     """A flag the hooks set per event. Not an attribute of the engine itself: setting one on an
     nn.Module (Module.__setattr__) costs microseconds."""
@@ -159,6 +182,7 @@ class StrataEngine(torch.nn.Module):
         self._samples = 0          # the micro-batch's samples (its first tensor argument's first dimension)
         self._samples_hint = 0     # the same, seen by forward() (kwargs included)
         self._open_calls = []      # unit calls between pre- and post-backward
+        self._root_calls = []      # the root unit's forward calls of this micro-batch (held for all of backward)
         self._in_backward = False  # inside engine.backward's autograd run
         self._stacks = {id(u): [] for u in units}
         self.metrics = None        # the last applied step's metrics (the engine's StepMetrics)
@@ -250,6 +274,11 @@ class StrataEngine(torch.nn.Module):
         scale = self._engine.gradient_scale()
         self._in_backward = True
         try:
+            # The root unit is held for the whole backward. Acquired here, not only by a hook on the forward's
+            # outputs: a model may return its loss in an object the hooks cannot look into.
+            root_calls, self._root_calls = self._root_calls, []
+            for call in root_calls:
+                self._pre_backward(call)
             (loss * scale if scale != 1.0 else loss).backward(retain_graph=retain_graph)
             self._in_backward = False
             self._flush_backward()
@@ -420,6 +449,8 @@ class StrataEngine(torch.nn.Module):
             self._engine._native.abandon_step()  # releases what the engine lent; nothing to hand back one by one
         self._step_open = self._micro_open = False
         self._pass = None
+        self._open_calls = []
+        self._root_calls = []
         self._micro_steps -= self._micro_steps % self._gas
         for layer in self._layers:
             layer.holds = 0
@@ -645,6 +676,8 @@ class StrataEngine(torch.nn.Module):
         if pass_name == "forward":
             for t in _tensors_in(output, []):
                 t.register_hook(lambda grad, c=call: self._pre_backward(c))
+            if unit.is_root:
+                self._root_calls.append(call)
         return None
 
     def _pre_backward(self, call):
@@ -701,6 +734,8 @@ class StrataEngine(torch.nn.Module):
 
     def check_parameters_used(self, func, args, kwargs):
         """Raises naming a parameter `func` was given while its layer is not acquired."""
+        if _reads_placeholder_safe_attribute(func):
+            return
         for value in list(args) + list(kwargs.values()):
             for t in (value if isinstance(value, (list, tuple)) else (value,)):
                 if isinstance(t, torch.nn.Parameter) and t in self._layer_of:
@@ -710,7 +745,7 @@ class StrataEngine(torch.nn.Module):
                                  else "no unit")
                         raise Unsupported(
                             f"parameter '{self._names[t]}' (unit '{layer.plan.unit.name or '<root>'}') was used by "
-                            f"{getattr(func, '__name__', func)} in {where}, while its unit was not acquired: make "
+                            f"{_call_name(func)} in {where}, while its unit was not acquired: make "
                             f"the module that uses it part of its unit (initialize(units=...)) or leave it to the "
                             f"root unit")
 

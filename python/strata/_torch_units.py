@@ -4,8 +4,10 @@ packed into engine layers.
 A unit is a submodule whose parameters are acquired together (one engine
 call per layer per hook, never one per parameter): by default the classes
 Hugging Face names in ``model._no_split_modules``, else the model's large
-children (containers such as nn.ModuleList are looked into); parameters no
-unit holds form the root unit, held for the whole forward and backward.
+children (containers such as nn.ModuleList, and a child holding most of the
+model in repeated blocks, such as a backbone under a head, are looked
+into); parameters no unit holds form the root unit, held for the
+whole forward and backward.
 
 A unit owns the parameters whose first name (``named_parameters()`` order,
 which drops duplicates) lies inside it, one engine layer per (dtype,
@@ -25,6 +27,10 @@ __all__ = ["Unit", "LayerPlan", "split_into_units", "plan_layers"]
 # A fraction of the model's parameters below which a child is not worth a unit of its own (its hooks
 # would cost more than holding it for the whole pass): it joins the root unit.
 _SMALL_CHILD_FRACTION = 0.01
+
+# A child without parameters of its own that holds more than this fraction of the model and repeated blocks
+# (a container somewhere inside) is looked into.
+_LOOK_INTO_FRACTION = 0.5
 
 _CONTAINERS = (torch.nn.ModuleList, torch.nn.ModuleDict, torch.nn.Sequential)
 
@@ -70,6 +76,10 @@ def _param_count(module):
     return sum(p.numel() for p in module.parameters())
 
 
+def _holds_a_container(module):
+    return any(isinstance(m, _CONTAINERS) for m in module.modules())
+
+
 def _auto_unit_modules(model):
     """[(name, module)] of the units `units="auto"` picks."""
     classes = set(getattr(model, "_no_split_modules", None) or [])
@@ -89,7 +99,12 @@ def _auto_unit_modules(model):
             count = _param_count(child)
             if count == 0:
                 continue
-            if isinstance(child, _CONTAINERS) and not list(child.parameters(recurse=False)):
+            owns_none = not list(child.parameters(recurse=False))
+            # A container, or a wrapper of repeated blocks holding most of the model (a backbone such as
+            # BertModel under a head): looked into, so that its blocks become units rather than one unit
+            # holding most of the model. A module of a few leaves (a LoRA linear) stays one unit.
+            if owns_none and (isinstance(child, _CONTAINERS) or
+                              (count > _LOOK_INTO_FRACTION * total and _holds_a_container(child))):
                 visit(full + ".", child)
             elif count >= _SMALL_CHILD_FRACTION * total:
                 chosen.append((full, child))

@@ -695,6 +695,32 @@ def test_parameter_used_outside_its_unit_is_named(stage):
     assert len(train_engine(engine, mlp_loss, 2)) == 2
 
 
+class ReadsWeightMetadataOutsideItsUnit(WeightUsedOutsideItsUnit):
+    """Casts its input to fc1's dtype outside fc1, as Hugging Face models do (ViT's `weight.dtype`)."""
+
+    def __init__(self, read="dtype"):
+        super().__init__()
+        self.read = read
+
+    def forward(self, x):
+        if self.read == "dtype":
+            x = x.to(self.fc1.weight.dtype) if self.fc1.weight.is_floating_point() else x
+        else:
+            x = x.reshape(-1, self.fc1.weight.shape[1])  # the shape is not kept by a stage-3 placeholder
+        return self.fc2(torch.tanh(self.fc1(x)))
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_reading_a_parameters_dtype_outside_its_unit_is_allowed_its_shape_is_not(stage):
+    torch.manual_seed(1)
+    engine, _, _, _ = st.initialize(model=ReadsWeightMetadataOutsideItsUnit("dtype"), config=config(stage))
+    assert len(train_engine(engine, mlp_loss, 2)) == 2
+    torch.manual_seed(1)
+    engine, _, _, _ = st.initialize(model=ReadsWeightMetadataOutsideItsUnit("shape"), config=config(stage))
+    with pytest.raises(strata.Unsupported, match=r"parameter 'fc1.weight' \(unit 'fc1'\) was used by reading .shape in no unit"):
+        engine(mlp_batch(0)[0])
+
+
 # -- a pass that raises ------------------------------------------------------------------------
 class Flaky(torch.nn.Module):
     """An MLP whose forward raises when told to, after its first unit ran (held at stage 3)."""

@@ -66,8 +66,55 @@ def _t5():
         relative_attention_num_buckets=8, dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0))
 
 
-MODELS = {"llama": _llama, "qwen2": _qwen2, "gpt_neox": _gpt_neox, "opt": _opt, "bloom": _bloom, "bert": _bert,
-          "t5": _t5}
+def _mistral():
+    return transformers.MistralForCausalLM(transformers.MistralConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, sliding_window=4))
+
+
+def _gemma():
+    return transformers.GemmaForCausalLM(transformers.GemmaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=8, max_position_embeddings=64))
+
+
+def _phi():
+    return transformers.PhiForCausalLM(transformers.PhiConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=64, partial_rotary_factor=0.5, resid_pdrop=0.0, embd_pdrop=0.0,
+        attention_dropout=0.0))
+
+
+def _falcon():
+    return transformers.FalconForCausalLM(transformers.FalconConfig(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, hidden_dropout=0.0,
+        attention_dropout=0.0))
+
+
+def _bart():
+    return transformers.BartForConditionalGeneration(transformers.BartConfig(
+        vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
+        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, pad_token_id=0, bos_token_id=1,
+        eos_token_id=2, decoder_start_token_id=2, forced_eos_token_id=None))
+
+
+def _roberta_classifier():
+    return transformers.RobertaForSequenceClassification(transformers.RobertaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_labels=3,
+        pad_token_id=0))
+
+
+def _vit():
+    return transformers.ViTForImageClassification(transformers.ViTConfig(
+        image_size=16, patch_size=4, num_channels=3, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_labels=5))
+
+
+MODELS = {"llama": _llama, "qwen2": _qwen2, "mistral": _mistral, "gemma": _gemma, "phi": _phi, "falcon": _falcon,
+          "gpt_neox": _gpt_neox, "opt": _opt, "bloom": _bloom, "bert": _bert, "roberta_classifier": _roberta_classifier,
+          "t5": _t5, "bart": _bart, "vit": _vit}
 
 
 def make(arch, seed=7):
@@ -78,7 +125,12 @@ def make(arch, seed=7):
 def batch(arch, index):
     g = torch.Generator().manual_seed(500 + index)
     ids = torch.randint(1, VOCAB, (MICRO, SEQ), generator=g)
-    if arch == "t5":
+    if arch == "vit":
+        return {"pixel_values": torch.randn(MICRO, 3, 16, 16, generator=g),
+                "labels": torch.randint(0, 5, (MICRO,), generator=g)}
+    if arch == "roberta_classifier":
+        return {"input_ids": ids, "labels": torch.randint(0, 3, (MICRO,), generator=g)}
+    if arch in ("t5", "bart"):
         return {"input_ids": ids, "labels": torch.randint(1, VOCAB, (MICRO, SEQ // 2), generator=g)}
     if arch == "bert":
         labels = torch.full_like(ids, -100)
@@ -127,6 +179,18 @@ def train_strata(arch, cfg):
         if boundary:
             losses.append(engine.metrics["loss"])
     return losses, engine
+
+
+@pytest.mark.parametrize("arch", sorted(MODELS))
+def test_units_are_blocks_not_most_of_the_model(arch):
+    """units="auto" splits each model into pieces that let stage 3 hold a
+    fraction of it: no unit holds more than half of the parameters."""
+    model = make(arch)
+    total = sum(p.numel() for p in model.parameters())
+    units = st.split_into_units(model)
+    assert len(units) >= 3, units
+    for unit in units[:-1]:
+        assert sum(p.numel() for p in unit.module.parameters()) <= total / 2, (arch, unit)
 
 
 @pytest.mark.parametrize("arch", sorted(MODELS))

@@ -202,3 +202,28 @@ def test_a_real_nvme_write_failure_rolls_the_step_back_and_its_repeat_gives_the_
         losses.append(engine.metrics["loss"])
     assert losses == reference
     assert engine.global_steps == 4
+
+
+class NormOverLossOut(LossOut):
+    """Parameters of the root unit itself (a final norm) under an output object the hooks cannot look into."""
+
+    def __init__(self, lm):
+        super().__init__(lm)
+        self.norm = torch.nn.LayerNorm(VOCAB)
+
+    def forward(self, ids):
+        out = super().forward(ids)
+        out.loss = out.loss + self.norm(self.lm(ids[:, :-1])).square().mean() * 1e-3
+        return out
+
+
+@pytest.mark.parametrize("stage,placement", [(0, "none"), (3, "cpu")])
+def test_root_unit_is_held_for_backward_when_the_loss_comes_in_an_object(stage, placement):
+    """The root unit is acquired for backward by engine.backward itself: no hook on the output is needed."""
+    losses = []
+    for cfg in (config(0), config(stage, placement, placement if stage == 3 else "none")):
+        engine, _, _, _ = st.initialize(model=NormOverLossOut(make_lm()), config=cfg,
+                                        units=lambda name, module: name.startswith("lm.blocks."))
+        assert engine._units[-1].layers  # the root unit owns layers (wte, wpe, ln_f, norm)
+        losses.append(train_engine(engine, lambda m, i: m(lm_ids(i)).loss, 2))
+    assert losses[0] == losses[1]
