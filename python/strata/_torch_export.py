@@ -48,10 +48,11 @@ def parse_shard_size(value):
 
 class _Entry:
     """One tensor of the export: where its values come from and where they go."""
-    __slots__ = ("name", "shape", "dtype", "nbytes", "layer", "offset", "source", "shard", "begin")
+    __slots__ = ("name", "saved_name", "shape", "dtype", "nbytes", "layer", "offset", "source", "shard", "begin")
 
     def __init__(self, name, shape, dtype, layer, source, offset=0):
         self.name, self.shape, self.dtype = name, list(shape), dtype
+        self.saved_name = name  # the key in the file (_name_as_save_pretrained)
         self.nbytes = _numel(shape) * torch.empty(0, dtype=dtype).element_size()
         self.layer, self.source = layer, source  # layer index (or None: a buffer), the parameter or buffer
         self.offset = offset  # elements into the layer's flat master weights
@@ -76,6 +77,7 @@ def export_hf(engine, out_dir, dtype=None, max_shard_size="5GB", safe_serializat
         _prepare_folder(out_dir)
 
     entries = _entries(engine, masters=dtype == torch.float32)
+    _name_as_save_pretrained(engine.module, entries)
     shards = _assign_shards(entries, shard_bytes)
     names = _shard_file_names(len(shards))
     files = []
@@ -93,7 +95,7 @@ def export_hf(engine, out_dir, dtype=None, max_shard_size="5GB", safe_serializat
         return []
     if len(shards) > 1:
         index = {"metadata": {"total_size": sum(e.nbytes for e in entries)},
-                 "weight_map": {e.name: names[e.shard] for e in sorted(entries, key=lambda e: e.name)}}
+                 "weight_map": {e.saved_name: names[e.shard] for e in sorted(entries, key=lambda e: e.saved_name)}}
         written.append(_write_file(out_dir, "model.safetensors.index.json",
                                    json.dumps(index, indent=2, sort_keys=True).encode() + b"\n"))
     written += _write_model_config(engine.module, out_dir)
@@ -120,16 +122,46 @@ def _entries(engine, masters):
         for name, p in plan.params:
             shape, offset = layout[name]
             entries.append(_Entry(name, shape, out_dtype, index, p, offset))
-    # Every name a parameter has, tied ones included (named_parameters lists a shared one once).
-    parameter_names = {f"{prefix}.{name}" if prefix else name
-                       for prefix, module in engine.module.named_modules() for name in module._parameters}
+    # state_dict lists every name of a parameter, tied ones included (named_parameters and named_modules list a
+    # shared one once: T5's encoder.embed_tokens is the module `shared`); keep_vars gives the Parameter itself.
     for name, value in engine.module.state_dict(keep_vars=True).items():
-        if name in parameter_names or not isinstance(value, torch.Tensor):
+        if isinstance(value, torch.nn.Parameter) or not isinstance(value, torch.Tensor):
             continue
         if value.dtype not in _SAFETENSORS_DTYPES:
             raise ValueError(f"buffer '{name}' has dtype {value.dtype}, which safetensors cannot store")
         entries.append(_Entry(name, value.shape, value.dtype, None, value))
     return entries
+
+
+def _name_as_save_pretrained(model, entries):
+    """Writes the keys save_pretrained writes. transformers >= 5 renames
+    some architectures' tensors when it loads a checkpoint (ViT's
+    attention.query -> q_proj, GPT-NeoX's embed_out -> lm_head) and writes
+    the old names back when it saves, so that older releases and other tools
+    read the files; the export does the same for a model whose mapping only
+    renames. Where it also merges or splits tensors (a converter), the
+    export keeps the module's names, which the transformers that built the
+    model loads."""
+    try:
+        import transformers
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import PrefixChange, WeightConverter, apply_converters, apply_renamings
+    except ImportError:
+        return
+    if not isinstance(model, transformers.PreTrainedModel):
+        return
+    # As save_pretrained does for a model not loaded by from_pretrained (revert_weight_conversion).
+    forward = [t for t in get_model_conversion_mapping(model, add_legacy=False) if not isinstance(t, PrefixChange)]
+    reverse = [t.reverse_transform() for t in forward[::-1]]
+    renamings = [t for t in reverse if not isinstance(t, WeightConverter)]
+    converters = [t for t in reverse if isinstance(t, WeightConverter)]
+    if not renamings or any(apply_converters(e.name, converters)[1] is not None for e in entries):
+        return
+    saved = [apply_renamings(e.name, renamings) for e in entries]
+    if len(set(saved)) != len(saved):  # two tensors under one name: not a plain renaming; keep the module's names
+        return
+    for e, name in zip(entries, saved):
+        e.saved_name = name
 
 
 def _assign_shards(entries, shard_bytes):
@@ -185,7 +217,7 @@ class _ShardFile:
         self.temporary = self.path + ".tmp"
         header = {"__metadata__": {"format": "pt"}}
         for e in entries:
-            header[e.name] = {"dtype": _SAFETENSORS_DTYPES[e.dtype], "shape": e.shape,
+            header[e.saved_name] = {"dtype": _SAFETENSORS_DTYPES[e.dtype], "shape": e.shape,
                               "data_offsets": [e.begin, e.begin + e.nbytes]}
         text = json.dumps(header, separators=(",", ":")).encode()
         text += b" " * (-len(text) % 8)

@@ -219,6 +219,9 @@ def checkpoint_keys(model, checkpoint):
             if p is not None:
                 names.setdefault(id(p), (p, []))[1].append(f"{module_name}.{local}" if module_name else local)
     available = set(checkpoint.keys())
+    # A checkpoint saved in a model's older layout (transformers >= 5 renames keys when it loads them, and
+    # save_pretrained writes the old names back): the key each current name was renamed from.
+    renamed_from, converted = _hugging_face_renamings(model, available)
     keys, missing = {}, []
     for p, aliases in names.values():
         candidates = []
@@ -230,6 +233,8 @@ def checkpoint_keys(model, checkpoint):
                 candidates.append(f"{prefix}.{name}")
         key = next((c for c in candidates if c in available), None)
         if key is None:
+            key = next((renamed_from[c] for c in candidates if c in renamed_from), None)
+        if key is None:
             missing.append(aliases[0])
             continue
         shape = tuple(checkpoint.shape(key))
@@ -240,10 +245,40 @@ def checkpoint_keys(model, checkpoint):
         keys[id(p)] = key
     if missing:
         shown = ", ".join(f"'{n}'" for n in missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        if converted:
+            raise InvalidArgument(f"initial_weights '{checkpoint.location}' has no tensor for parameter(s) {shown}: "
+                                  f"transformers makes them by converting tensors such as '{sorted(converted)[0]}' "
+                                  f"(merged or split when loaded), which initial_weights does not do; build the model "
+                                  f"with from_pretrained and pass it to initialize without initial_weights")
         raise InvalidArgument(f"initial_weights '{checkpoint.location}' has no tensor for parameter(s) {shown} (looked "
                               f"up by name{f', with and without the prefix {prefix!r}' if prefix else ''}): a checkpoint "
                               f"of another model, or a model built with other options?")
     return keys
+
+
+def _hugging_face_renamings(model, available):
+    """({current name: checkpoint key} for the checkpoint keys transformers
+    renames when it loads them into `model`, {checkpoint keys it converts}).
+    Empty for other models and for transformers < 5 (no conversion mapping;
+    4.x renames nothing these architectures save)."""
+    if not _is_hugging_face_model(model):
+        return {}, set()
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightConverter, rename_source_key
+    except ImportError:
+        return {}, set()
+    transforms = get_model_conversion_mapping(model)
+    renamings = [t for t in transforms if not isinstance(t, WeightConverter)]
+    converters = [t for t in transforms if isinstance(t, WeightConverter)]
+    renamed_from, converted = {}, set()
+    for key in sorted(available):
+        new, converter_pattern = rename_source_key(key, renamings, converters)
+        if converter_pattern is not None:
+            converted.add(key)
+        elif new != key and new not in available:
+            renamed_from[new] = key
+    return renamed_from, converted
 
 
 def load_unit(params, keys, checkpoint):

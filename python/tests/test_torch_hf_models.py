@@ -203,3 +203,83 @@ def test_architecture_trains_as_torch_and_the_same_at_every_stage(arch):
     offloaded, engine3 = train_strata(arch, config(3, "cpu", "cpu"))
     assert offloaded == base, arch  # exact: stages and placements do not change the arithmetic
     assert engine3.metrics["loss"] == base[-1]
+
+
+# -- export, pretrained weights and building on meta, per architecture --------------------------------------------
+def _outputs(model, arch, index=99):
+    inputs = batch(arch, index)
+    out = model(**inputs)
+    return out.logits.detach()
+
+
+def _values(engine):
+    with st.GatheredParameters(list(engine.module.parameters())):
+        return {n: p.detach().clone() for n, p in engine.module.named_parameters()}
+
+
+@pytest.mark.parametrize("arch", sorted(MODELS))
+def test_export_loads_with_from_pretrained_and_gives_the_engines_outputs(arch, tmp_path):
+    """export_hf writes what from_pretrained reads for every architecture: its tied weights under the names the
+    model saves them by, its config; the loaded model computes what the engine's does."""
+    _, engine = train_strata(arch, config(3, "cpu", "cpu"))
+    engine.export_hf(str(tmp_path / "out"), dtype=torch.float32)
+    loaded = type(engine.module).from_pretrained(str(tmp_path / "out")).eval()
+    engine.eval()
+    with torch.no_grad():
+        assert torch.equal(_outputs(loaded, arch), _outputs(engine, arch)), arch
+
+
+@pytest.mark.parametrize("arch", sorted(MODELS))
+def test_initial_weights_from_save_pretrained_equal_the_saved_model(arch, tmp_path):
+    saved = make(arch, seed=21)
+    saved.save_pretrained(str(tmp_path / "pretrained"))
+    engine, _, _, _ = st.initialize(model=make(arch), config=config(3, "cpu", "cpu"),
+                                    initial_weights=str(tmp_path / "pretrained"))
+    values = _values(engine)
+    for name, p in saved.named_parameters():
+        assert torch.equal(values[name], p.detach()), (arch, name)
+
+
+HAS_HOOK = hasattr(torch.nn.modules.module, "register_module_parameter_registration_hook")
+
+
+@pytest.mark.skipif(not HAS_HOOK, reason="torch < 2.0 has no parameter-registration hook (st.init builds eagerly)")
+@pytest.mark.parametrize("arch", sorted(MODELS))
+def test_built_on_meta_gets_the_architectures_own_initialization_and_trains(arch):
+    eager = make(arch)
+    torch.manual_seed(7)
+    with st.init():
+        model = MODELS[arch]()
+    assert {p.device.type for p in model.parameters()} == {"meta"}
+    engine, _, _, _ = st.initialize(model=model, model_parameters=model.parameters(), config=config(3, "cpu", "cpu"))
+    values = _values(engine)
+    for name, reference in eager.named_parameters():
+        got, reference = values[name], reference.detach()
+        if float(reference.std()) == 0 or reference.numel() < 2:  # ones, zeros: exactly
+            assert torch.equal(got, reference), (arch, name)
+        else:  # the same rule, other draws
+            assert abs(float(got.std()) / float(reference.std()) - 1) < 0.25, (arch, name)
+    losses = []
+    for _ in range(STEPS * ACCUM):
+        engine.backward(engine(**batch(arch, 0)).loss)
+        boundary = engine.is_gradient_accumulation_boundary()
+        engine.step()
+        if boundary:
+            losses.append(engine.metrics["loss"])
+    assert losses[-1] < losses[0], (arch, losses)
+
+
+def _safetensors_keys(folder):
+    from safetensors import safe_open
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        return set(f.keys())
+
+
+@pytest.mark.parametrize("arch", sorted(MODELS))
+def test_export_writes_the_keys_save_pretrained_writes(arch, tmp_path):
+    """transformers >= 5 saves some architectures under their older names (ViT, GPT-NeoX); export_hf too, so the
+    files read as save_pretrained's do, in older releases and other tools."""
+    make(arch).save_pretrained(str(tmp_path / "saved"))
+    engine, _, _, _ = st.initialize(model=make(arch), config=config(0))
+    engine.export_hf(str(tmp_path / "exported"))
+    assert _safetensors_keys(tmp_path / "exported") == _safetensors_keys(tmp_path / "saved"), arch
