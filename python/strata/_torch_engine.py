@@ -189,6 +189,10 @@ class StrataEngine(torch.nn.Module):
         self.gradient_copies = 0   # gradients handed over by an add (not accumulated in place by torch)
         self.last_outcome = None
         self._handles = []
+        # Modules that run blocks under Hugging Face's gradient checkpointing (`gradient_checkpointing` attribute;
+        # Note [Checkpointed forwards through the hooks]).
+        self._checkpointing_modules = [m for m in model.modules() if hasattr(m, "gradient_checkpointing")]
+        self._unit_module_ids = {id(u.module) for u in units if not u.is_root}
         self._install_hooks()
         self._layer_of = {p: index for index, plan in enumerate(plans) for _, p in plan.params}
         self._names = {p: name for plan in plans for name, p in plan.params}
@@ -606,10 +610,37 @@ class StrataEngine(torch.nn.Module):
             self._engine.begin_micro_batch(last=self.is_gradient_accumulation_boundary())
             self._micro_open = True
             self._pass = "forward"
+            self._route_checkpointed_forwards_through_hooks()
         else:
             self._engine.begin_evaluation()
             self._pass = "eval"
         return None
+
+    def _route_checkpointed_forwards_through_hooks(self):
+        """Note [Checkpointed forwards through the hooks]
+        transformers 4.x runs some models' checkpointed blocks as
+        `self._gradient_checkpointing_func(layer_module.forward, ...)` (T5,
+        BART, ...): the bound `forward` bypasses the module's hooks, so the
+        unit would be neither acquired in forward nor in its recompute. Where
+        a module has such a function (set by gradient_checkpointing_enable(),
+        before or after initialize), it is wrapped once so that a unit's own
+        `forward` is called through the module (`__call__`: its hooks run);
+        anything else passes through unchanged. transformers 5 calls the
+        module itself (GradientCheckpointingLayer)."""
+        for module in self._checkpointing_modules:
+            func = module.__dict__.get("_gradient_checkpointing_func")
+            if func is None or getattr(func, "_strata_routes_units", False):
+                continue
+            unit_ids = self._unit_module_ids
+
+            def through_the_hooks(function, *args, _original=func, **kwargs):
+                owner = getattr(function, "__self__", None)
+                if owner is not None and id(owner) in unit_ids and getattr(function, "__name__", "") == "forward":
+                    function = owner
+                return _original(function, *args, **kwargs)
+
+            through_the_hooks._strata_routes_units = True
+            module._gradient_checkpointing_func = through_the_hooks
 
     def _root_post_forward(self, module, args, output):
         finished = self._pass

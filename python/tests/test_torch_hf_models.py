@@ -310,3 +310,61 @@ def test_export_writes_the_keys_save_pretrained_writes(arch, tmp_path):
         assert _safetensors_keys(tmp_path / "exported") == own
         return
     assert _safetensors_keys(tmp_path / "exported") == _safetensors_keys(tmp_path / "saved"), arch
+
+
+# -- Hugging Face's gradient checkpointing and bf16, per architecture --------------------------------------------
+@pytest.mark.parametrize("arch", ["llama", "gpt_neox", "bert", "t5", "bart"])
+def test_gradient_checkpointing_enable_gives_the_same_losses_at_stage_3(arch):
+    """model.gradient_checkpointing_enable() (each block's forward run again inside backward, Hugging Face's way;
+    transformers 4.40's T5 passes the block's bound forward, which bypasses module hooks) with the parameters
+    offloaded: the recompute is folded into the unit's backward hold; the losses equal stage 0's with
+    checkpointing bit for bit, and those without it within rounding (the model may take another code path)."""
+    def run(cfg, checkpointing):
+        model = make(arch)
+        if checkpointing:
+            model.gradient_checkpointing_enable()
+        model.train()
+        engine, _, _, _ = st.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+        losses, index = [], 0
+        for _ in range(STEPS * ACCUM):
+            engine.backward(engine(**batch(arch, index)).loss)
+            index += 1
+            boundary = engine.is_gradient_accumulation_boundary()
+            engine.step()
+            if boundary:
+                losses.append(engine.metrics["loss"])
+        return losses
+
+    plain = run(config(0), False)
+    checkpointed = run(config(0), True)
+    assert run(config(3, "cpu", "cpu"), True) == checkpointed, arch
+    for ours, theirs in zip(checkpointed, plain):
+        assert abs(ours - theirs) <= 1e-5 * abs(theirs), (arch, checkpointed, plain)
+
+
+@pytest.mark.parametrize("arch", ["llama", "bart"])
+def test_bf16_same_losses_at_stage_0_and_stage_3_on_nvme(arch, tmp_path):
+    def bf16(stage, placement):
+        cfg = config(stage, placement, placement if stage == 3 else "none")
+        cfg["bf16"] = {"enabled": True}
+        for key in ("offload_optimizer", "offload_param"):
+            if cfg["zero_optimization"][key]["device"] == "nvme":
+                cfg["zero_optimization"][key]["nvme_path"] = str(tmp_path)
+        return cfg
+
+    def run(cfg):
+        model = make(arch).to(torch.bfloat16)
+        engine, _, _, _ = st.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+        losses, index = [], 0
+        for _ in range(STEPS * ACCUM):
+            engine.backward(engine(**batch(arch, index)).loss)
+            index += 1
+            boundary = engine.is_gradient_accumulation_boundary()
+            engine.step()
+            if boundary:
+                losses.append(engine.metrics["loss"])
+        return losses
+
+    base = run(bf16(0, "none"))
+    assert all(x == x for x in base) and len(base) == STEPS  # finite, one per step
+    assert run(bf16(3, "nvme")) == base, arch
