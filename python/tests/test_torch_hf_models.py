@@ -368,3 +368,35 @@ def test_bf16_same_losses_at_stage_0_and_stage_3_on_nvme(arch, tmp_path):
     base = run(bf16(0, "none"))
     assert all(x == x for x in base) and len(base) == STEPS  # finite, one per step
     assert run(bf16(3, "nvme")) == base, arch
+
+
+# -- the Trainer -------------------------------------------------------------------------------------------------
+class _Examples(torch.utils.data.Dataset):
+    """Single examples (the Trainer batches them) of an architecture's batches."""
+
+    def __init__(self, arch, n=16):
+        self.items = [{k: v[0] for k, v in batch(arch, i).items()} for i in range(n)]
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        return self.items[i]
+
+
+@pytest.mark.parametrize("arch", ["roberta_classifier", "t5"])
+def test_strata_trainer_trains_the_architecture_as_the_stock_trainer(arch, tmp_path):
+    pytest.importorskip("accelerate")
+    from strata.torch.hf import StrataTrainer
+    from test_torch_hf import STAGE3_CPU, arguments, logged_losses
+
+    stock = transformers.Trainer(model=make(arch), args=arguments(tmp_path), train_dataset=_Examples(arch))
+    stock.model_accepts_loss_kwargs = False  # the mean loss per micro-batch, as StrataTrainer (test_torch_hf.py)
+    stock.train()
+    ours = StrataTrainer(model=make(arch), args=arguments(tmp_path), train_dataset=_Examples(arch),
+                         strata_config=STAGE3_CPU)
+    ours.train()
+    expected, got = logged_losses(stock), logged_losses(ours)
+    assert len(got) == len(expected) == 6
+    for a, b in zip(got, expected):
+        assert abs(a - b) <= 1e-5 * abs(b), (arch, got, expected)

@@ -91,3 +91,16 @@ def test_a_model_built_under_init_on_two_ranks_trains_what_one_rank_trains(tmp_p
     two = run(tmp_path, "two", 2, *flags)
     assert_close(two["losses"], one["losses"])
     assert two["losses"][-1] < two["losses"][0]
+
+
+@pytest.mark.parametrize("arch", ["llama", "t5"])
+def test_two_ranks_train_a_hugging_face_architecture_as_one_rank(tmp_path, arch):
+    """Rotary buffers and grouped-query attention (Llama); an encoder-decoder with one embedding in three places
+    (T5): stage 3 with offload, two ranks with half of each global micro-batch each equal one rank with all of it."""
+    flags = ["--arch", arch, "--stage", "3", "--optimizer", "cpu", "--params", "cpu"]
+    one = run(tmp_path, "one", 1, *flags)
+    two = run(tmp_path, "two", 2, *flags)
+    assert two["world"] == 2 and one["world"] == 1
+    assert_close(two["losses"], one["losses"])
+    for name, total in one["masters"].items():
+        assert abs(two["masters"][name] - total) <= 1e-4 * max(1.0, abs(total)), (arch, name)

@@ -4,7 +4,7 @@ GLOBAL_MICRO samples split evenly over the ranks, and writes the step losses
 and (rank 0) the master weights' sums to a JSON file.
 
     python torch_ranks_worker.py OUT.json --stage S [--optimizer cpu] [--params cpu] [--nvme DIR]
-        [--steps N] [--first-step K] [--save DIR] [--load DIR] [--init]
+        [--steps N] [--first-step K] [--save DIR] [--load DIR] [--init] [--arch NAME]
 """
 import argparse
 import json
@@ -33,13 +33,18 @@ def main():
                         help="before training, GatheredParameters(blocks.1.fc.weight, modifier_rank=R): rank R halves "
                              "it, the other ranks zero it (R's values must win)")
     parser.add_argument("--init", action="store_true", help="build the model under st.init (on meta)")
+    parser.add_argument("--arch", default=None,
+                        help="a Hugging Face architecture of test_torch_hf_models.MODELS instead of TinyLM")
     args = parser.parse_args()
 
     world = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
     rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
     # Each rank builds the model from its own seed: rank 0's values are broadcast at initialize.
     torch.manual_seed(5 + 1000 * rank)
-    if args.init:
+    if args.arch:
+        import test_torch_hf_models as hf
+        model = hf.make(args.arch, seed=5 + 1000 * rank)
+    elif args.init:
         with st.init():
             model = TinyLM()
     else:
@@ -71,11 +76,18 @@ def main():
     index = first
     per_rank = GLOBAL_MICRO // world
     for _ in range(args.steps * 2):
-        g = torch.Generator().manual_seed(2000 + index)
-        ids = torch.randint(0, VOCAB, (GLOBAL_MICRO, SEQ + 1), generator=g)[rank * per_rank:(rank + 1) * per_rank]
-        index += 1
-        logits = engine(ids[:, :-1])
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), ids[:, 1:].reshape(-1))
+        if args.arch:  # the global micro-batch: GLOBAL_MICRO samples of the architecture's batches
+            pieces = [hf.batch(args.arch, index * 16 + k) for k in range(GLOBAL_MICRO // hf.MICRO)]
+            inputs = {key: torch.cat([p[key] for p in pieces])[rank * per_rank:(rank + 1) * per_rank]
+                      for key in pieces[0]}
+            index += 1
+            loss = engine(**inputs).loss
+        else:
+            g = torch.Generator().manual_seed(2000 + index)
+            ids = torch.randint(0, VOCAB, (GLOBAL_MICRO, SEQ + 1), generator=g)[rank * per_rank:(rank + 1) * per_rank]
+            index += 1
+            logits = engine(ids[:, :-1])
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), ids[:, 1:].reshape(-1))
         engine.backward(loss)
         boundary = engine.is_gradient_accumulation_boundary()
         engine.step()
