@@ -18,6 +18,7 @@ import transformers  # noqa: E402
 import strata.torch as st  # noqa: E402
 from strata.errors import InvalidArgument  # noqa: E402
 
+HAS_HOOK = hasattr(torch.nn.modules.module, "register_module_parameter_registration_hook")
 VOCAB = 64
 MICRO = 2
 SEQ = 10
@@ -243,8 +244,12 @@ TRANSFORMERS_5 = int(transformers.__version__.split(".")[0]) >= 5
 CONVERTED_ON_LOAD = {"mixtral"} if TRANSFORMERS_5 else set()
 
 
+@pytest.mark.parametrize("on_meta", [False, True], ids=["eager", "st.init"])
 @pytest.mark.parametrize("arch", sorted(MODELS))
-def test_initial_weights_from_save_pretrained_equal_the_saved_model(arch, tmp_path):
+def test_initial_weights_from_save_pretrained_equal_the_saved_model(arch, on_meta, tmp_path):
+    """Eagerly built, or built under st.init (torch 2) so that the model never exists whole: the saved values."""
+    if on_meta and not HAS_HOOK:
+        pytest.skip("torch < 2.0 has no parameter-registration hook (st.init builds eagerly)")
     saved = make(arch, seed=21)
     saved.save_pretrained(str(tmp_path / "pretrained"))
     folder = tmp_path / "pretrained"
@@ -257,13 +262,16 @@ def test_initial_weights_from_save_pretrained_equal_the_saved_model(arch, tmp_pa
         exporter, _, _, _ = st.initialize(model=make(arch, seed=21), config=config(0))
         exporter.export_hf(str(tmp_path / "exported"), dtype=torch.float32)
         folder = tmp_path / "exported"
-    engine, _, _, _ = st.initialize(model=make(arch), config=config(3, "cpu", "cpu"), initial_weights=str(folder))
+    if on_meta:
+        with st.init():
+            model = MODELS[arch]()
+        assert {p.device.type for p in model.parameters()} == {"meta"}
+    else:
+        model = make(arch)
+    engine, _, _, _ = st.initialize(model=model, config=config(3, "cpu", "cpu"), initial_weights=str(folder))
     values = _values(engine)
     for name, p in saved.named_parameters():
         assert torch.equal(values[name], p.detach()), (arch, name)
-
-
-HAS_HOOK = hasattr(torch.nn.modules.module, "register_module_parameter_registration_hook")
 
 
 @pytest.mark.skipif(not HAS_HOOK, reason="torch < 2.0 has no parameter-registration hook (st.init builds eagerly)")
