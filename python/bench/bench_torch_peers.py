@@ -3,7 +3,7 @@
 (issue 23's performance section; docs/performance.md, "strata.torch against
 plain torch and DeepSpeed").
 
-One process trains one GPT2LMHeadModel per contender, every copy from the
+One process trains one GPT2LMHeadModel (or, --model llama, a LlamaForCausalLM) per contender, every copy from the
 same seed and initial weights, on the same pre-generated batches, with the
 same torch thread count:
 
@@ -65,6 +65,8 @@ def parse_args():
                    help=f"comma-separated subset of {','.join(ALL_CONTENDERS)}")
     p.add_argument("--nvme-dir", default=None, help="folder for strata's NVMe swap files (default: a temporary "
                                                     "folder under /tmp, removed at exit)")
+    p.add_argument("--model", choices=["gpt2", "llama"], default="gpt2",
+                   help="GPT2LMHeadModel (default) or LlamaForCausalLM of the same dimensions")
     p.add_argument("--layers", type=int, default=6)
     p.add_argument("--embd", type=int, default=384)
     p.add_argument("--heads", type=int, default=6)
@@ -101,19 +103,26 @@ def set_environment(args):
 
 
 # -- the model and the data -------------------------------------------------------------------------
-def model_config(args):
-    from transformers import GPT2Config
+def build_model(args):
+    """The benchmark's model: GPT2LMHeadModel (the issue's) or LlamaForCausalLM of the same width and depth
+    (rotary, RMSNorm, SwiGLU with a 8/3 x width MLP rounded to 64, an untied head)."""
+    import transformers
     # Dropout off: every contender must compute the same function for the losses to be comparable
     # (each engine would draw its dropout masks from the RNG in a different order).
-    return GPT2Config(vocab_size=args.vocab, n_positions=args.seq, n_embd=args.embd, n_layer=args.layers,
-                      n_head=args.heads, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    if args.model == "llama":
+        return transformers.LlamaForCausalLM(transformers.LlamaConfig(
+            vocab_size=args.vocab, hidden_size=args.embd, intermediate_size=(8 * args.embd // 3 + 63) // 64 * 64,
+            num_hidden_layers=args.layers, num_attention_heads=args.heads, max_position_embeddings=args.seq,
+            tie_word_embeddings=False))
+    return transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=args.vocab, n_positions=args.seq, n_embd=args.embd, n_layer=args.layers, n_head=args.heads,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
 
 
 def make_model(args, initial_state):
     import torch
-    from transformers import GPT2LMHeadModel
     torch.manual_seed(args.seed)
-    model = GPT2LMHeadModel(model_config(args))
+    model = build_model(args)
     model.load_state_dict(initial_state)
     model.train()
     return model
@@ -327,14 +336,13 @@ def main():
     print(f"threads {args.threads} (torch.get_num_threads {torch.get_num_threads()}), "
           f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}, DS_ACCELERATOR={os.environ.get('DS_ACCELERATOR')}")
 
-    from transformers import GPT2LMHeadModel
     torch.manual_seed(args.seed)
-    reference = GPT2LMHeadModel(model_config(args))
+    reference = build_model(args)
     initial_state = {k: v.clone() for k, v in reference.state_dict().items()}
     n_params = sum(p.numel() for p in reference.parameters())
     del reference
     batches = make_batches(args)
-    print(f"GPT2LMHeadModel {args.layers} layers x {args.embd}, {args.heads} heads, vocab {args.vocab}, "
+    print(f"{type(reference).__name__} {args.layers} layers x {args.embd}, {args.heads} heads, vocab {args.vocab}, "
           f"seq {args.seq}, micro batch {args.micro_batch}: {n_params / 1e6:.2f}M parameters, fp32, AdamW "
           f"lr {LR} wd {WEIGHT_DECAY}, clip {CLIP}, dropout 0")
 

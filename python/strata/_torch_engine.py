@@ -593,6 +593,7 @@ class StrataEngine(torch.nn.Module):
     def _root_pre_forward(self, module, args):
         if self._pass is not None:
             return None  # the root module called from inside its own forward
+        self._route_checkpointed_forwards_through_hooks()
         first = _first_tensor(args, {})
         self._samples = first.shape[0] if first is not None and first.dim() > 0 else self._samples_hint
         self._samples_hint = 0
@@ -610,7 +611,6 @@ class StrataEngine(torch.nn.Module):
             self._engine.begin_micro_batch(last=self.is_gradient_accumulation_boundary())
             self._micro_open = True
             self._pass = "forward"
-            self._route_checkpointed_forwards_through_hooks()
         else:
             self._engine.begin_evaluation()
             self._pass = "eval"
@@ -625,8 +625,13 @@ class StrataEngine(torch.nn.Module):
         a module has such a function (set by gradient_checkpointing_enable(),
         before or after initialize), it is wrapped once so that a unit's own
         `forward` is called through the module (`__call__`: its hooks run);
-        anything else passes through unchanged. transformers 5 calls the
-        module itself (GradientCheckpointingLayer)."""
+        anything else passes through unchanged. Routed at every forward,
+        evaluation included (4.x checkpoints whenever the model is in
+        training mode, under torch.no_grad() too). transformers 5
+        (GradientCheckpointingLayer) checkpoints inside the module's call,
+        so the hooks run around the checkpoint and not in the recompute:
+        there the unit's backward hold, taken by the hook on its outputs
+        before autograd reaches the recompute, keeps its parameters bound."""
         for module in self._checkpointing_modules:
             func = module.__dict__.get("_gradient_checkpointing_func")
             if func is None or getattr(func, "_strata_routes_units", False):

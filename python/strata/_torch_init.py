@@ -219,10 +219,7 @@ def checkpoint_keys(model, checkpoint):
             if p is not None:
                 names.setdefault(id(p), (p, []))[1].append(f"{module_name}.{local}" if module_name else local)
     available = set(checkpoint.keys())
-    # A checkpoint saved in a model's older layout (transformers >= 5 renames keys when it loads them, and
-    # save_pretrained writes the old names back): the key each current name was renamed from.
-    renamed_from, converted = _hugging_face_renamings(model, available)
-    keys, missing = {}, []
+    candidates_of = {}
     for p, aliases in names.values():
         candidates = []
         for name in aliases:
@@ -231,9 +228,19 @@ def checkpoint_keys(model, checkpoint):
                 candidates.append(name[len(prefix) + 1:])
             elif prefix:
                 candidates.append(f"{prefix}.{name}")
-        key = next((c for c in candidates if c in available), None)
+        candidates_of[id(p)] = candidates
+    # A checkpoint saved in a model's older layout (transformers >= 5 renames keys when it loads them, and
+    # save_pretrained writes the old names back): the key each current name was renamed from, and the keys that
+    # were renamed away (as transformers does, a key renamed onto one of the model's names is not also read under
+    # its own name).
+    model_names = {c for candidates in candidates_of.values() for c in candidates}
+    renamed_from, renamed_away, converted = _hugging_face_renamings(model, available, model_names)
+    keys, missing = {}, []
+    for p, aliases in names.values():
+        candidates = candidates_of[id(p)]
+        key = next((renamed_from[c] for c in candidates if c in renamed_from), None)
         if key is None:
-            key = next((renamed_from[c] for c in candidates if c in renamed_from), None)
+            key = next((c for c in candidates if c in available and c not in renamed_away), None)
         if key is None:
             missing.append(aliases[0])
             continue
@@ -256,29 +263,32 @@ def checkpoint_keys(model, checkpoint):
     return keys
 
 
-def _hugging_face_renamings(model, available):
+def _hugging_face_renamings(model, available, model_names):
     """({current name: checkpoint key} for the checkpoint keys transformers
-    renames when it loads them into `model`, {checkpoint keys it converts}).
-    Empty for other models and for transformers < 5 (no conversion mapping;
-    4.x renames nothing these architectures save)."""
+    renames onto `model_names` when it loads them into `model`, {those
+    keys}, {checkpoint keys it converts}). Keys are taken in sorted order and
+    the first one renamed onto a name wins, as transformers does. Empty for
+    other models and for transformers < 5 (no conversion mapping; 4.x
+    renames nothing these architectures save)."""
     if not _is_hugging_face_model(model):
-        return {}, set()
+        return {}, set(), set()
     try:
         from transformers.conversion_mapping import get_model_conversion_mapping
         from transformers.core_model_loading import WeightConverter, rename_source_key
     except ImportError:
-        return {}, set()
-    transforms = get_model_conversion_mapping(model)
+        return {}, set(), set()
+    transforms = get_model_conversion_mapping(model)  # fresh copies: the transforms keep state across keys
     renamings = [t for t in transforms if not isinstance(t, WeightConverter)]
     converters = [t for t in transforms if isinstance(t, WeightConverter)]
-    renamed_from, converted = {}, set()
+    renamed_from, renamed_away, converted = {}, set(), set()
     for key in sorted(available):
         new, converter_pattern = rename_source_key(key, renamings, converters)
         if converter_pattern is not None:
             converted.add(key)
-        elif new != key and new not in available:
-            renamed_from[new] = key
-    return renamed_from, converted
+        elif new != key and new in model_names:
+            renamed_from.setdefault(new, key)
+            renamed_away.add(key)
+    return renamed_from, renamed_away, converted
 
 
 def load_unit(params, keys, checkpoint):

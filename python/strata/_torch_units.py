@@ -4,16 +4,30 @@ packed into engine layers.
 A unit is a submodule whose parameters are acquired together (one engine
 call per layer per hook, never one per parameter): by default the classes
 Hugging Face names in ``model._no_split_modules``, else the model's large
-children (containers such as nn.ModuleList, and a child holding most of the
-model in repeated blocks, such as a backbone under a head, are looked
-into); parameters no unit holds form the root unit, held for the
-whole forward and backward.
+children (Note [Units of a model without _no_split_modules]); parameters no
+unit holds form the root unit, held for the whole forward and backward.
 
 A unit owns the parameters whose first name (``named_parameters()`` order,
 which drops duplicates) lies inside it, one engine layer per (dtype,
 trainable) kind it holds. A tied weight therefore belongs to one layer; a
 unit that uses a weight owned elsewhere (a head tied to the embedding)
 acquires that layer too, nested, where it is used.
+
+Note [Units of a model without _no_split_modules]
+The model's children holding at least 1 % of its parameters become units;
+a container (nn.ModuleList, ModuleDict, Sequential) is looked into. A
+backbone, a child that holds more than half of the model in repeated blocks
+(a container with two or more children of one class) and at most 1 % in
+parameters of its own, such as BertModel under a masked-LM head, is looked
+into too, or one unit would hold most of the model and stage 3 would
+gather all of it at once: inside it only the blocks of its containers
+become units, and its other parts (embeddings, a relative-position table,
+final norms) join the root unit. Those parts are often read by a parent or
+a sibling without being called (DeBERTa's encoder hands
+`rel_embeddings.weight` to its layers; ProphetNet calls
+`position_embeddings._forward`), which a unit of their own would refuse; the
+root is held for the whole pass. A module of a few leaves (a LoRA linear,
+whose ModuleDicts hold one adapter each) stays one unit.
 """
 
 from collections import namedtuple
@@ -28,8 +42,8 @@ __all__ = ["Unit", "LayerPlan", "split_into_units", "plan_layers"]
 # would cost more than holding it for the whole pass): it joins the root unit.
 _SMALL_CHILD_FRACTION = 0.01
 
-# A child without parameters of its own that holds more than this fraction of the model and repeated blocks
-# (a container somewhere inside) is looked into.
+# A backbone: a child that holds more than this fraction of the model in repeated blocks (Note [Units of a
+# model without _no_split_modules]).
 _LOOK_INTO_FRACTION = 0.5
 
 _CONTAINERS = (torch.nn.ModuleList, torch.nn.ModuleDict, torch.nn.Sequential)
@@ -76,12 +90,19 @@ def _param_count(module):
     return sum(p.numel() for p in module.parameters())
 
 
-def _holds_a_container(module):
-    return any(isinstance(m, _CONTAINERS) for m in module.modules())
+def _holds_repeated_blocks(module):
+    """A container somewhere inside holding at least two children of one class (a model's layers)."""
+    for m in module.modules():
+        if isinstance(m, _CONTAINERS):
+            kinds = [type(child) for child in m.children()]
+            if any(kinds.count(kind) >= 2 for kind in set(kinds)):
+                return True
+    return False
 
 
 def _auto_unit_modules(model):
-    """[(name, module)] of the units `units="auto"` picks."""
+    """[(name, module)] of the units `units="auto"` picks (Note [Units of a
+    model without _no_split_modules])."""
     classes = set(getattr(model, "_no_split_modules", None) or [])
     if classes:
         chosen = []
@@ -93,23 +114,26 @@ def _auto_unit_modules(model):
     total = max(_param_count(model), 1)
     chosen = []
 
-    def visit(prefix, module):
+    def is_backbone(child, count):
+        own = sum(p.numel() for p in child.parameters(recurse=False))
+        return (not isinstance(child, _CONTAINERS) and count > _LOOK_INTO_FRACTION * total
+                and own < _SMALL_CHILD_FRACTION * total and _holds_repeated_blocks(child))
+
+    def visit(prefix, module, inside_backbone):
         for name, child in module.named_children():
             full = f"{prefix}{name}"
             count = _param_count(child)
             if count == 0:
                 continue
-            owns_none = not list(child.parameters(recurse=False))
-            # A container, or a wrapper of repeated blocks holding most of the model (a backbone such as
-            # BertModel under a head): looked into, so that its blocks become units rather than one unit
-            # holding most of the model. A module of a few leaves (a LoRA linear) stays one unit.
-            if owns_none and (isinstance(child, _CONTAINERS) or
-                              (count > _LOOK_INTO_FRACTION * total and _holds_a_container(child))):
-                visit(full + ".", child)
-            elif count >= _SMALL_CHILD_FRACTION * total:
+            if isinstance(child, _CONTAINERS) and not list(child.parameters(recurse=False)):
+                visit(full + ".", child, inside_backbone=False)
+            elif is_backbone(child, count):
+                visit(full + ".", child, inside_backbone=True)
+            elif not inside_backbone and count >= _SMALL_CHILD_FRACTION * total:
                 chosen.append((full, child))
+            # else: the root unit holds it (a small child; or, inside a backbone, a part beside its blocks)
 
-    visit("", model)
+    visit("", model, inside_backbone=False)
     return chosen
 
 

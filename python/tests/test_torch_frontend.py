@@ -216,6 +216,64 @@ def test_units_tied_weight_has_one_layer_used_where_needed():
         st.split_into_units(make_lm(), ["Blok"])
 
 
+class PeftStyleLora(torch.nn.Module):
+    """peft's layout: the base layer and one adapter per name in ModuleDicts."""
+
+    def __init__(self, d, rank=2):
+        super().__init__()
+        self.base_layer = torch.nn.Linear(d, d)
+        self.lora_A = torch.nn.ModuleDict({"default": torch.nn.Linear(d, rank, bias=False)})
+        self.lora_B = torch.nn.ModuleDict({"default": torch.nn.Linear(rank, d, bias=False)})
+
+    def forward(self, x):
+        return self.base_layer(x) + self.lora_B["default"](self.lora_A["default"](x))
+
+
+class Backbone(torch.nn.Module):
+    """Embeddings, repeated blocks, a relative-position table its blocks read without calling it, and one small
+    parameter of its own (XLNet's mask_emb)."""
+
+    def __init__(self, d=32, layers=3):
+        super().__init__()
+        self.mask_emb = torch.nn.Parameter(torch.zeros(d))
+        self.embed = torch.nn.Embedding(VOCAB, d)
+        self.rel = torch.nn.Embedding(SEQ, d)
+        self.blocks = torch.nn.ModuleList(Block(d) for _ in range(layers))
+
+    def forward(self, ids):
+        x = self.embed(ids) + self.rel.weight[:ids.shape[1]] + self.mask_emb
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+class HeadOverBackbone(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.backbone = Backbone()
+        self.head = torch.nn.Linear(32, VOCAB)
+
+    def forward(self, ids):
+        return self.head(self.backbone(ids))
+
+
+def test_units_of_a_backbone_are_its_blocks_and_a_lora_linear_stays_one():
+    """Note [Units of a model without _no_split_modules]: a backbone holding most of the model is looked into,
+    only its blocks become units (the table its blocks read uncalled joins the root, which is held throughout);
+    a LoRA linear in peft's layout (ModuleDicts of one adapter) is not a backbone."""
+    model = HeadOverBackbone()
+    assert [u.name for u in st.split_into_units(model)] == \
+        ["backbone.blocks.0", "backbone.blocks.1", "backbone.blocks.2", "head", ""]
+    torch.manual_seed(1)
+    base = train_engine(st.initialize(model=HeadOverBackbone(), config=config(0))[0], lm_loss, 2)
+    torch.manual_seed(1)
+    assert train_engine(st.initialize(model=HeadOverBackbone(), config=config(3, "cpu", "cpu"))[0], lm_loss, 2) \
+        == base
+    torch.manual_seed(1)
+    lora = torch.nn.Sequential(torch.nn.Linear(16, 16), PeftStyleLora(64 * 2), torch.nn.Linear(16, 16))
+    assert [u.name for u in st.split_into_units(lora)] == ["0", "1", "2", ""]
+
+
 # -- bit-identical across stages and placements -------------------------------------------------
 PLACEMENTS = [(1, "none", "none", True), (2, "none", "none", True), (2, "cpu", "none", True),
               (3, "none", "none", True), (3, "cpu", "cpu", True), (2, "nvme", "none", True),

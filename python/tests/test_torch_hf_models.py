@@ -108,6 +108,20 @@ def _bart():
         eos_token_id=2, decoder_start_token_id=2, forced_eos_token_id=None))
 
 
+def _deberta_v2():
+    return transformers.DebertaV2ForMaskedLM(transformers.DebertaV2Config(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+        relative_attention=True, position_buckets=8, pos_att_type=["p2c", "c2p"]))
+
+
+def _prophetnet():
+    return transformers.ProphetNetForConditionalGeneration(transformers.ProphetNetConfig(
+        vocab_size=VOCAB, hidden_size=32, encoder_ffn_dim=64, decoder_ffn_dim=64, num_encoder_layers=2,
+        num_decoder_layers=2, num_encoder_attention_heads=4, num_decoder_attention_heads=4, max_position_embeddings=64,
+        ngram=2, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, pad_token_id=0, decoder_start_token_id=0))
+
+
 def _roberta_classifier():
     return transformers.RobertaForSequenceClassification(transformers.RobertaConfig(
         vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -122,8 +136,8 @@ def _vit():
 
 
 MODELS = {"llama": _llama, "qwen2": _qwen2, "mistral": _mistral, "mixtral": _mixtral, "gemma": _gemma, "phi": _phi, "falcon": _falcon,
-          "gpt_neox": _gpt_neox, "opt": _opt, "bloom": _bloom, "bert": _bert, "roberta_classifier": _roberta_classifier,
-          "t5": _t5, "bart": _bart, "vit": _vit}
+          "gpt_neox": _gpt_neox, "opt": _opt, "bloom": _bloom, "bert": _bert, "deberta_v2": _deberta_v2, "roberta_classifier": _roberta_classifier,
+          "t5": _t5, "bart": _bart, "prophetnet": _prophetnet, "vit": _vit}
 
 
 def make(arch, seed=7):
@@ -139,9 +153,9 @@ def batch(arch, index):
                 "labels": torch.randint(0, 5, (MICRO,), generator=g)}
     if arch == "roberta_classifier":
         return {"input_ids": ids, "labels": torch.randint(0, 3, (MICRO,), generator=g)}
-    if arch in ("t5", "bart"):
+    if arch in ("t5", "bart", "prophetnet"):
         return {"input_ids": ids, "labels": torch.randint(1, VOCAB, (MICRO, SEQ // 2), generator=g)}
-    if arch == "bert":
+    if arch in ("bert", "deberta_v2"):
         labels = torch.full_like(ids, -100)
         labels[:, ::3] = ids[:, ::3]
         return {"input_ids": ids, "labels": labels}
@@ -333,6 +347,9 @@ def test_gradient_checkpointing_enable_gives_the_same_losses_at_stage_3(arch):
             model.gradient_checkpointing_enable()
         model.train()
         engine, _, _, _ = st.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+        if checkpointing:  # an evaluation in training mode first: transformers 4.x checkpoints under no_grad too
+            with torch.no_grad():
+                assert torch.isfinite(engine(**batch(arch, 99)).loss)
         losses, index = [], 0
         for _ in range(STEPS * ACCUM):
             engine.backward(engine(**batch(arch, index)).loss)
