@@ -340,9 +340,10 @@ def main():
     reference = build_model(args)
     initial_state = {k: v.clone() for k, v in reference.state_dict().items()}
     n_params = sum(p.numel() for p in reference.parameters())
+    model_name = type(reference).__name__
     del reference
     batches = make_batches(args)
-    print(f"{type(reference).__name__} {args.layers} layers x {args.embd}, {args.heads} heads, vocab {args.vocab}, "
+    print(f"{model_name} {args.layers} layers x {args.embd}, {args.heads} heads, vocab {args.vocab}, "
           f"seq {args.seq}, micro batch {args.micro_batch}: {n_params / 1e6:.2f}M parameters, fp32, AdamW "
           f"lr {LR} wd {WEIGHT_DECAY}, clip {CLIP}, dropout 0")
 
