@@ -83,8 +83,9 @@ else:
 # Tensor attributes an unacquired parameter answers truly (its stage-3 placeholder keeps them), so a model may
 # read them anywhere: Hugging Face models read `weight.dtype` to cast their inputs and `self.dtype` / `self.device`
 # (the first parameter's) outside every unit. The shape is not among them: the placeholder is empty.
+# (The placeholder lives where the parameter does between acquires: the host, on the cpu device.)
 _PLACEHOLDER_SAFE_ATTRIBUTES = frozenset({"dtype", "device", "requires_grad", "is_cuda", "is_cpu", "is_meta",
-                                          "layout", "is_sparse", "is_quantized", "is_leaf"})
+                                          "layout", "is_sparse", "is_quantized", "is_leaf", "itemsize"})
 _PLACEHOLDER_SAFE_METHODS = frozenset({"is_floating_point", "is_complex", "is_signed", "element_size",
                                        "get_device"})
 
