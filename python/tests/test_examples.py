@@ -1,4 +1,4 @@
-"""examples/torch/train_gpt2.py (docs/torch.md) runs: trains, checkpoints,
+"""examples/torch/train_gpt2.py and finetune_causal_lm.py (docs/torch.md) run: train, checkpoint,
 exports, and from_pretrained gives the engine's logits."""
 import os
 import pathlib
@@ -20,3 +20,24 @@ def test_gpt2_example_trains_and_exports(tmp_path):
     assert "step 5: loss" in done.stdout
     assert "from_pretrained gives the engine's logits: True" in done.stdout
     assert (tmp_path / "model" / "model.safetensors").exists() and (tmp_path / "ckpt" / "latest").exists()
+
+
+FINETUNE = EXAMPLE.parent / "finetune_causal_lm.py"
+
+
+def test_finetune_example_reads_a_pretrained_folder_and_nvme_gives_the_same_losses(tmp_path):
+    """The first run saves a tiny random Llama and fine-tunes it with the state in host memory; the second names
+    that folder with --pretrained and puts the state on NVMe: the same losses, and both exports load."""
+    def run(*flags):
+        done = subprocess.run([sys.executable, str(FINETUNE), "--steps", "3", *flags], capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "from_pretrained gives the engine's logits: True" in done.stdout, done.stdout
+        return [line for line in done.stdout.splitlines() if line.startswith("step ")]
+
+    first = run("--out", str(tmp_path / "a"))
+    assert len(first) == 3
+    (tmp_path / "nvme").mkdir()
+    second = run("--out", str(tmp_path / "b"), "--pretrained", str(tmp_path / "a" / "pretrained"),
+                 "--nvme", str(tmp_path / "nvme"))
+    assert second == first
