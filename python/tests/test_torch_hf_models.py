@@ -409,11 +409,17 @@ class _Examples(torch.utils.data.Dataset):
         return self.items[i]
 
 
-@pytest.mark.parametrize("arch", ["roberta_classifier", "t5"])
-def test_strata_trainer_trains_the_architecture_as_the_stock_trainer(arch, tmp_path):
+@pytest.mark.parametrize("arch,checkpointing", [("roberta_classifier", False), ("t5", False), ("t5", True)],
+                         ids=["roberta_classifier", "t5", "t5-gradient-checkpointing"])
+def test_strata_trainer_trains_the_architecture_as_the_stock_trainer(arch, checkpointing, tmp_path):
+    """With TrainingArguments(gradient_checkpointing=True) the Trainer enables the model's checkpointing itself
+    (on transformers 4.40's T5 a bound forward, routed through the unit's hooks)."""
     pytest.importorskip("accelerate")
     from strata.torch.hf import StrataTrainer
     from test_torch_hf import STAGE3_CPU, arguments, logged_losses
+
+    def arguments(path, _arguments=arguments):
+        return _arguments(path, gradient_checkpointing=checkpointing)
 
     stock = transformers.Trainer(model=make(arch), args=arguments(tmp_path), train_dataset=_Examples(arch))
     stock.model_accepts_loss_kwargs = False  # the mean loss per micro-batch, as StrataTrainer (test_torch_hf.py)
