@@ -19,7 +19,23 @@ values are handed to the engine and the unit's memory is dropped before the
 next unit is made, so the host holds one unit's values at a time, not the
 model. A parameter still NaN afterwards had a value no rule reproduces (a
 module that fills its parameter in its constructor and has no
-``reset_parameters``): refused, naming it.
+``reset_parameters``): refused, naming it, unless its constructor's value
+was kept (Note [Values constructors give]).
+
+Note [Values constructors give]
+Some parameters get their value only from the constructor's expression and
+no rule re-creates it: CLIP's ``logit_scale = nn.Parameter(torch.tensor(
+config.logit_scale_init_value))``, layer-scale vectors ``value *
+torch.ones(dim)``. At registration the value is already there, so a
+parameter of at most 64 Ki elements keeps a copy of it beside its meta
+stand-in. While ``st.init`` runs, a ``TorchFunctionMode`` watches the meta
+parameters that keep one: any in-place operation on such a parameter (an
+initializer: ``uniform_``, ``normal_``, ``fill_``, ``copy_``, ...) or any
+use of its ``.data`` means the constructor meant another value, which
+only a rule can give, so the copy is dropped then (nn.Linear registers
+``torch.empty`` and runs ``reset_parameters``: its copy goes at once). At
+materialization a parameter no rule touched (every element still NaN)
+takes its kept value; one without a kept value is refused as above.
 
 The values come from the same rules as an eager construction but in another
 order of the random stream, so they are not the eager values; they are the
@@ -46,6 +62,11 @@ import warnings
 import torch
 
 from .errors import InvalidArgument
+
+try:
+    from torch.overrides import TorchFunctionMode
+except ImportError:  # torch < 1.13; st.init builds eagerly there anyway (no registration hook before 2.0)
+    TorchFunctionMode = None
 
 __all__ = ["init", "has_meta_parameters", "swap_meta_parameters", "first_holders", "materialize_unit",
            "checkpoint_keys", "load_unit", "give_back_freed_memory"]
@@ -80,14 +101,41 @@ def init(config=None, enabled=True, config_dict_or_path=None, **ignored):
     def to_meta(module, name, param):
         if param is None or param.device.type == "meta":
             return None
-        return torch.nn.Parameter(torch.empty(param.shape, dtype=param.dtype, device="meta"),
+        meta = torch.nn.Parameter(torch.empty(param.shape, dtype=param.dtype, device="meta"),
                                   requires_grad=param.requires_grad)
+        if param.numel() <= _KEPT_VALUE_ELEMENTS:  # Note [Values constructors give]
+            meta._strata_constructed_value = param.detach().clone()
+        return meta
 
     handle = register(to_meta)
     try:
-        yield
+        with _ConstructorWrites():
+            yield
     finally:
         handle.remove()
+
+
+# The largest parameter whose constructor's value st.init keeps (Note [Values constructors give]).
+_KEPT_VALUE_ELEMENTS = 64 * 1024
+
+
+class _ConstructorWrites(TorchFunctionMode if TorchFunctionMode is not None else object):
+    """Drops the kept constructor value of a meta parameter that an in-place
+    operation writes, or whose .data is used (Note [Values constructors give])."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if args:
+            target = args[0]
+            if getattr(target, "_strata_constructed_value", None) is not None and _writes_or_exposes(func):
+                del target._strata_constructed_value
+        return func(*args, **(kwargs or {}))
+
+
+def _writes_or_exposes(func):
+    name = getattr(func, "__name__", "")
+    if name in ("__get__", "__set__"):  # a property: .data hands out (or replaces) the storage
+        return getattr(getattr(func, "__self__", None), "__name__", "") == "data"
+    return name.endswith("_") and not name.endswith("__")  # in-place: uniform_, fill_, copy_, ...
 
 
 def has_meta_parameters(model):
@@ -108,6 +156,9 @@ def swap_meta_parameters(model):
             new = mapping.get(param)
             if new is None:
                 new = torch.nn.Parameter(torch.empty(0, dtype=param.dtype), requires_grad=param.requires_grad)
+                kept = getattr(param, "_strata_constructed_value", None)
+                if kept is not None:
+                    new._strata_constructed_value = kept
                 mapping[param] = new
                 shapes[id(new)] = param.shape
             module._parameters[name] = new
@@ -168,6 +219,12 @@ def materialize_unit(root, unit, units, params, shapes, names, holders):
             for m in modules:
                 hf_init(m)
     for p in params:
+        kept = getattr(p, "_strata_constructed_value", None)
+        if kept is not None:
+            del p._strata_constructed_value
+            if torch.isnan(p).all() and tuple(kept.shape) == tuple(p.shape):  # no rule touched it
+                with torch.no_grad():
+                    p.copy_(kept)
         if torch.isnan(p).any():
             owner = names[p]
             module = type(holders[id(p)]).__name__

@@ -122,6 +122,24 @@ def _prophetnet():
         ngram=2, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, pad_token_id=0, decoder_start_token_id=0))
 
 
+def _whisper():
+    return transformers.WhisperForConditionalGeneration(transformers.WhisperConfig(
+        vocab_size=VOCAB, num_mel_bins=8, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_source_positions=16,
+        max_target_positions=16, pad_token_id=0, decoder_start_token_id=1, eos_token_id=2, bos_token_id=1,
+        suppress_tokens=None, begin_suppress_tokens=None, dropout=0.0, attention_dropout=0.0,
+        activation_dropout=0.0))
+
+
+def _clip():
+    return transformers.CLIPModel(transformers.CLIPConfig(
+        text_config=dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, max_position_embeddings=16),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                           image_size=16, patch_size=4),
+        projection_dim=16))
+
+
 def _roberta_classifier():
     return transformers.RobertaForSequenceClassification(transformers.RobertaConfig(
         vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -137,7 +155,7 @@ def _vit():
 
 MODELS = {"llama": _llama, "qwen2": _qwen2, "mistral": _mistral, "mixtral": _mixtral, "gemma": _gemma, "phi": _phi, "falcon": _falcon,
           "gpt_neox": _gpt_neox, "opt": _opt, "bloom": _bloom, "bert": _bert, "deberta_v2": _deberta_v2, "roberta_classifier": _roberta_classifier,
-          "t5": _t5, "bart": _bart, "prophetnet": _prophetnet, "vit": _vit}
+          "t5": _t5, "bart": _bart, "prophetnet": _prophetnet, "whisper": _whisper, "vit": _vit, "clip": _clip}
 
 
 def make(arch, seed=7):
@@ -148,6 +166,10 @@ def make(arch, seed=7):
 def batch(arch, index):
     g = torch.Generator().manual_seed(500 + index)
     ids = torch.randint(1, VOCAB, (MICRO, SEQ), generator=g)
+    if arch == "whisper":  # 2 x 8 mel bins x 32 frames (twice max_source_positions: the conv stride)
+        return {"input_features": torch.randn(MICRO, 8, 32, generator=g), "labels": ids[:, :SEQ // 2]}
+    if arch == "clip":  # image-text pairs: the contrastive loss
+        return {"input_ids": ids, "pixel_values": torch.randn(MICRO, 3, 16, 16, generator=g), "return_loss": True}
     if arch == "vit":
         return {"pixel_values": torch.randn(MICRO, 3, 16, 16, generator=g),
                 "labels": torch.randint(0, 5, (MICRO,), generator=g)}
@@ -218,6 +240,8 @@ def test_units_are_blocks_not_most_of_the_model(arch):
 
 @pytest.mark.parametrize("arch", sorted(MODELS))
 def test_architecture_trains_as_torch_and_the_same_at_every_stage(arch):
+    if arch in NONDETERMINISTIC_IN_TORCH:
+        pytest.skip(NONDETERMINISTIC_IN_TORCH[arch])
     expected = train_torch(arch)
     base, engine = train_strata(arch, config(0))
     assert len(base) == STEPS
@@ -232,7 +256,7 @@ def test_architecture_trains_as_torch_and_the_same_at_every_stage(arch):
 def _outputs(model, arch, index=99):
     inputs = batch(arch, index)
     out = model(**inputs)
-    return out.logits.detach()
+    return (out.logits_per_image if arch == "clip" else out.logits).detach()
 
 
 def _values(engine):
@@ -251,6 +275,11 @@ def test_export_loads_with_from_pretrained_and_gives_the_engines_outputs(arch, t
     with torch.no_grad():
         assert torch.equal(_outputs(loaded, arch), _outputs(engine, arch)), arch
 
+
+# Debian's torch 1.13 computes Whisper's Conv1d backward differently from one call to the next (plain torch, the
+# same model and batch, one thread), so no two runs agree bit for bit; torch 2.x is deterministic there.
+NONDETERMINISTIC_IN_TORCH = {"whisper": "torch 1.13's Conv1d backward is not deterministic on the CPU"} \
+    if not HAS_HOOK else {}
 
 # transformers >= 5 stores Mixtral's experts fused (one 3-D tensor per layer) and converts the per-expert tensors
 # of its older layout, which save_pretrained writes, when it loads them: initial_weights reads tensors by name only.

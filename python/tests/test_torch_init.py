@@ -163,20 +163,55 @@ def test_a_client_optimizer_over_the_meta_parameters_follows_them():
 
 
 class Unreproducible(torch.nn.Module):
-    def __init__(self):
+    """A gain the constructor fills in place after registering it: no rule makes that value again."""
+
+    def __init__(self, how="fill", size=8):
         super().__init__()
         self.proj = torch.nn.Linear(8, 8)
-        self.gain = torch.nn.Parameter(torch.randn(8))  # made here; no reset_parameters makes it again
+        if how == "fill":
+            self.gain = torch.nn.Parameter(torch.empty(size))
+            with torch.no_grad():
+                self.gain.fill_(0.5)
+        elif how == "data":
+            self.gain = torch.nn.Parameter(torch.empty(size))
+            self.gain.data.normal_()
+        else:  # "large": the value is the constructor's expression, but too large to keep beside the meta stand-in
+            self.gain = torch.nn.Parameter(torch.randn(size))
 
     def forward(self, x):
-        return self.proj(x) * self.gain
+        return self.proj(x) * self.gain[:8]
 
 
 @needs_hook
-def test_a_parameter_no_rule_remakes_is_refused_by_name():
-    model = build_under_init(Unreproducible)
+@pytest.mark.parametrize("how,size", [("fill", 8), ("data", 8), ("large", 64 * 1024 + 1)])
+def test_a_parameter_no_rule_remakes_is_refused_by_name(how, size):
+    model = build_under_init(lambda: Unreproducible(how, size))
     with pytest.raises(ValueError, match=r"parameter 'gain' was built on the meta device .*its module \(Unreproducible\) has no reset_parameters"):
         st.initialize(model=model, config=config())
+
+
+class ConstructorValues(torch.nn.Module):
+    """Values that exist only in the constructor's expressions (CLIP's logit_scale, a layer scale)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+        self.logit_scale = torch.nn.Parameter(torch.tensor(2.6592))
+        self.layer_scale = torch.nn.Parameter(1e-6 * torch.ones(8))
+
+    def forward(self, x):
+        return self.proj(x) * self.layer_scale * self.logit_scale.exp()
+
+
+@needs_hook
+def test_a_value_only_the_constructor_gives_is_kept():
+    """Note [Values constructors give]: a small parameter that no initializer wrote keeps its constructor's value."""
+    model = build_under_init(ConstructorValues)
+    assert {p.device.type for p in model.parameters()} == {"meta"}
+    engine, values = values_after_initialize(model, config())
+    assert torch.equal(values["logit_scale"], torch.tensor(2.6592))
+    assert torch.equal(values["layer_scale"], 1e-6 * torch.ones(8))
+    assert not torch.isnan(values["proj.weight"]).any()  # its rule (reset_parameters) made it, not a kept value
 
 
 def test_a_model_built_under_torch_device_meta_is_refused_naming_the_buffer():
