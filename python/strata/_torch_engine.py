@@ -190,6 +190,8 @@ class StrataEngine(torch.nn.Module):
         self.gradient_copies = 0   # gradients handed over by an add (not accumulated in place by torch)
         self.last_outcome = None
         self._handles = []
+        self._entry_open = None    # the entry module whose own evaluation runs (Note [Evaluations that start inside
+                                   # the model])
         # Modules that run blocks under Hugging Face's gradient checkpointing (`gradient_checkpointing` attribute;
         # Note [Checkpointed forwards through the hooks]).
         self._checkpointing_modules = [m for m in model.modules() if hasattr(m, "gradient_checkpointing")]
@@ -578,6 +580,10 @@ class StrataEngine(torch.nn.Module):
         kwargs_hooks = "with_kwargs" in torch.nn.Module.register_forward_pre_hook.__code__.co_varnames
         root = self.module
         self._handles.append(root.register_forward_pre_hook(self._root_pre_forward))
+        entries = self._entry_modules()
+        for entry in entries:
+            self._handles.append(entry.register_forward_pre_hook(
+                lambda m, a, e=entry: self._entry_pre_forward(e, a)))
         for unit in self._units:
             if not unit.uses:
                 continue
@@ -589,9 +595,72 @@ class StrataEngine(torch.nn.Module):
             self._handles.append(pre)
             post = unit.module.register_forward_hook(lambda m, a, out, u=unit: self._post_forward(u, out))
             self._handles.append(post)
+        for entry in entries:
+            self._handles.append(entry.register_forward_hook(lambda m, a, out, e=entry: self._entry_post_forward(e, out)))
         self._handles.append(root.register_forward_hook(self._root_post_forward))
 
+    def _entry_modules(self):
+        """Submodules a caller may run on their own, outside the model's
+        forward: a Hugging Face encoder-decoder's encoder, which generate()
+        calls once before the decoding steps (Note [Evaluations that start
+        inside the model])."""
+        get_encoder = getattr(self.module, "get_encoder", None)
+        if not callable(get_encoder):
+            return []
+        try:
+            encoder = get_encoder()
+        except (AttributeError, NotImplementedError, TypeError):
+            return []
+        if not isinstance(encoder, torch.nn.Module) or encoder is self.module:
+            return []
+        return [encoder]
+
+    def _entry_pre_forward(self, entry, args):
+        """Note [Evaluations that start inside the model]
+        An entry module (_entry_modules) called while no pass runs opens an
+        evaluation of its own: the root unit's layers (the shared embedding
+        the encoder reads) are acquired as the root's forward would, and its
+        blocks' units acquire theirs as they run; everything is released and
+        the evaluation closed when it returns. Called inside the model's
+        forward or backward it is an ordinary submodule. Only without
+        gradients: a training forward must run the whole model, so that the
+        engine sees one forward and one backward per micro-batch."""
+        if self._entry_open is not None:  # an earlier one raised before its end: hand back what it held
+            self._close_stale_entry()
+        if self._pass is not None or self._in_backward:
+            return None
+        if torch.is_grad_enabled():
+            raise FailedPrecondition(f"{type(entry).__name__} ran on its own with gradients enabled: a training forward "
+                                     f"runs the whole model (call the engine or engine.module); run it alone only "
+                                     f"under torch.no_grad() (an evaluation, as generate() does)")
+        self._route_checkpointed_forwards_through_hooks()
+        self._engine.begin_evaluation()
+        self._pass = "eval"
+        self._entry_open = entry
+        try:
+            self._pre_forward(self._units[-1], args, None)
+        except BaseException:
+            self._abandon_pass()
+            self._entry_open = None
+            raise
+        return None
+
+    def _close_stale_entry(self):
+        self._entry_open = None
+        self._abandon_pass()
+
+    def _entry_post_forward(self, entry, output):
+        if self._entry_open is not entry:
+            return None
+        self._entry_open = None
+        self._post_forward(self._units[-1], output)
+        self._pass = None
+        self._engine.finish_evaluation(0.0, 1)
+        return None
+
     def _root_pre_forward(self, module, args):
+        if self._entry_open is not None:  # an entry module's evaluation raised before its end
+            self._close_stale_entry()
         if self._pass is not None:
             return None  # the root module called from inside its own forward
         self._route_checkpointed_forwards_through_hooks()

@@ -16,7 +16,7 @@ if os.environ.get("STRATA_REQUIRE_TRANSFORMERS") != "1":
 import transformers  # noqa: E402
 
 import strata.torch as st  # noqa: E402
-from strata.errors import InvalidArgument  # noqa: E402
+from strata.errors import FailedPrecondition, InvalidArgument  # noqa: E402
 
 HAS_HOOK = hasattr(torch.nn.modules.module, "register_module_parameter_registration_hook")
 VOCAB = 64
@@ -488,3 +488,35 @@ def test_checkpoint_resumed_at_another_stage_gives_the_unbroken_runs_losses(arch
     assert steps(resumed, client["next"], STEPS - 2) == whole[2:], arch
     after, expected = resumed.master_parameters(), whole_engine.master_parameters()
     assert sorted(after) == sorted(expected) and all(torch.equal(after[n], expected[n]) for n in after), arch
+
+
+# -- generation ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("arch", ["llama", "gpt_neox", "t5", "bart"])
+def test_generate_through_the_engine_equals_the_exported_model(arch, tmp_path):
+    """model.generate() at stage 3 with offload: each decoding step is an evaluation through the hooks; an
+    encoder-decoder's generate() runs its encoder on its own first, which opens an evaluation of its own (Note
+    [Evaluations that start inside the model]). Greedy tokens equal those of the exported model's generate()."""
+    _, engine = train_strata(arch, config(3, "cpu", "cpu"))
+    engine.export_hf(str(tmp_path / "out"), dtype=torch.float32)
+    exported = type(engine.module).from_pretrained(str(tmp_path / "out")).eval()
+    ids = batch(arch, 7)["input_ids"]
+    engine.eval()
+    with torch.no_grad():
+        ours = engine.module.generate(input_ids=ids, max_new_tokens=5, do_sample=False)
+        theirs = exported.generate(input_ids=ids, max_new_tokens=5, do_sample=False)
+    assert torch.equal(ours, theirs), arch
+    engine.train()  # and training goes on after it
+    for index in range(ACCUM):
+        engine.backward(engine(**batch(arch, index)).loss)
+        engine.step()
+    assert engine.global_steps == STEPS + 1
+
+
+def test_an_encoder_run_on_its_own_with_gradients_is_refused():
+    _, engine = train_strata("t5", config(3, "cpu", "cpu"))
+    with pytest.raises(FailedPrecondition, match=r"T5Stack ran on its own with gradients enabled.*torch.no_grad"):
+        engine.module.get_encoder()(input_ids=batch("t5", 0)["input_ids"])
+    for index in range(ACCUM):  # the engine is usable after the refusal
+        engine.backward(engine(**batch("t5", index)).loss)
+        engine.step()
+    assert engine.global_steps == STEPS + 1
