@@ -90,18 +90,26 @@ _PLACEHOLDER_SAFE_METHODS = frozenset({"is_floating_point", "is_complex", "is_si
                                        "get_device"})
 
 
+def _property_read(func):
+    """The attribute a torch-function call reads (a property's getter is its getset descriptor's __get__), or
+    None for any other call."""
+    if getattr(func, "__name__", None) != "__get__":
+        return None
+    return getattr(getattr(func, "__self__", None), "__name__", "?")
+
+
 def _reads_placeholder_safe_attribute(func):
-    name = getattr(func, "__name__", None)
-    if name == "__get__":  # a property's getter: the getset descriptor's __get__
-        return getattr(getattr(func, "__self__", None), "__name__", None) in _PLACEHOLDER_SAFE_ATTRIBUTES
-    return name in _PLACEHOLDER_SAFE_METHODS
+    attribute = _property_read(func)
+    if attribute is not None:
+        return attribute in _PLACEHOLDER_SAFE_ATTRIBUTES
+    return getattr(func, "__name__", None) in _PLACEHOLDER_SAFE_METHODS
 
 
 def _call_name(func):
-    name = getattr(func, "__name__", None)
-    if name == "__get__":
-        return f"reading .{getattr(getattr(func, '__self__', None), '__name__', '?')}"
-    return name or str(func)
+    attribute = _property_read(func)
+    if attribute is not None:
+        return f"reading .{attribute}"
+    return getattr(func, "__name__", None) or str(func)
 
 
 class _Flag:
