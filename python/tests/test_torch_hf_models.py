@@ -16,6 +16,7 @@ if os.environ.get("STRATA_REQUIRE_TRANSFORMERS") != "1":
 import transformers  # noqa: E402
 
 import strata.torch as st  # noqa: E402
+import test_torch_frontend as frontend  # noqa: E402  (the DeepSpeed loop and plain torch's, shared)
 from strata.errors import FailedPrecondition, InvalidArgument  # noqa: E402
 
 HAS_HOOK = hasattr(torch.nn.modules.module, "register_module_parameter_registration_hook")
@@ -193,37 +194,21 @@ def config(stage=0, optimizer="none", params="none"):
             "strata": {"device": "cpu", "device_memory": "64MiB"}}
 
 
+def loss_of(arch, fixed_batch=None):
+    """The loss function of test_torch_frontend's loops: the model's own loss on the arch's batch `index`."""
+    return lambda model, index: model(**batch(arch, index if fixed_batch is None else fixed_batch)).loss
+
+
 def train_torch(arch):
     model = make(arch)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
-    losses, index = [], 0
-    for _ in range(STEPS):
-        optimizer.zero_grad(set_to_none=False)
-        total = 0.0
-        for _ in range(ACCUM):
-            loss = model(**batch(arch, index)).loss
-            index += 1
-            (loss / ACCUM).backward()
-            total += float(loss.detach())
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        losses.append(total / ACCUM)
-    return losses
+    return frontend.train_torch(model, optimizer, loss_of(arch), STEPS, accum=ACCUM, clip=1.0)
 
 
 def train_strata(arch, cfg):
     model = make(arch)
     engine, _, _, _ = st.initialize(model=model, model_parameters=model.parameters(), config=cfg)
-    losses, index = [], 0
-    for _ in range(STEPS * ACCUM):
-        loss = engine(**batch(arch, index)).loss
-        index += 1
-        engine.backward(loss)
-        boundary = engine.is_gradient_accumulation_boundary()
-        engine.step()
-        if boundary:
-            losses.append(engine.metrics["loss"])
-    return losses, engine
+    return frontend.train_engine(engine, loss_of(arch), STEPS), engine
 
 
 @pytest.mark.parametrize("arch", sorted(MODELS))
@@ -333,13 +318,7 @@ def test_built_on_meta_gets_the_architectures_own_initialization_and_trains(arch
             assert torch.equal(got, reference), (arch, name)
         else:  # the same rule, other draws
             assert abs(float(got.std()) / float(reference.std()) - 1) < 0.25, (arch, name)
-    losses = []
-    for _ in range(STEPS * ACCUM):
-        engine.backward(engine(**batch(arch, 0)).loss)
-        boundary = engine.is_gradient_accumulation_boundary()
-        engine.step()
-        if boundary:
-            losses.append(engine.metrics["loss"])
+    losses = frontend.train_engine(engine, loss_of(arch, fixed_batch=0), STEPS)
     assert losses[-1] < losses[0], (arch, losses)
 
 
@@ -379,15 +358,7 @@ def test_gradient_checkpointing_enable_gives_the_same_losses_at_stage_3(arch):
         if checkpointing:  # an evaluation in training mode first: transformers 4.x checkpoints under no_grad too
             with torch.no_grad():
                 assert torch.isfinite(engine(**batch(arch, 99)).loss)
-        losses, index = [], 0
-        for _ in range(STEPS * ACCUM):
-            engine.backward(engine(**batch(arch, index)).loss)
-            index += 1
-            boundary = engine.is_gradient_accumulation_boundary()
-            engine.step()
-            if boundary:
-                losses.append(engine.metrics["loss"])
-        return losses
+        return frontend.train_engine(engine, loss_of(arch), STEPS)
 
     plain = run(config(0), False)
     checkpointed = run(config(0), True)
@@ -409,15 +380,7 @@ def test_bf16_same_losses_at_stage_0_and_stage_3_on_nvme(arch, tmp_path):
     def run(cfg):
         model = make(arch).to(torch.bfloat16)
         engine, _, _, _ = st.initialize(model=model, model_parameters=model.parameters(), config=cfg)
-        losses, index = [], 0
-        for _ in range(STEPS * ACCUM):
-            engine.backward(engine(**batch(arch, index)).loss)
-            index += 1
-            boundary = engine.is_gradient_accumulation_boundary()
-            engine.step()
-            if boundary:
-                losses.append(engine.metrics["loss"])
-        return losses
+        return frontend.train_engine(engine, loss_of(arch), STEPS)
 
     base = run(bf16(0, "none"))
     assert all(x == x for x in base) and len(base) == STEPS  # finite, one per step
@@ -469,23 +432,12 @@ def test_checkpoint_resumed_at_another_stage_gives_the_unbroken_runs_losses(arch
     remaining losses and the master weights equal those of the run that never stopped, bit for bit."""
     whole, whole_engine = train_strata(arch, config(3, "cpu", "cpu"))
 
-    def steps(engine, first, count):
-        losses, index = [], first
-        for _ in range(count * ACCUM):
-            engine.backward(engine(**batch(arch, index)).loss)
-            index += 1
-            boundary = engine.is_gradient_accumulation_boundary()
-            engine.step()
-            if boundary:
-                losses.append(engine.metrics["loss"])
-        return losses
-
     first, _, _, _ = st.initialize(model=make(arch), config=config(3, "cpu", "cpu"))
-    assert steps(first, 0, 2) == whole[:2]
+    assert frontend.train_engine(first, loss_of(arch), 2) == whole[:2]
     first.save_checkpoint(str(tmp_path / "ckpt"), client_state={"next": 2 * ACCUM}, sync=True)
     resumed, _, _, _ = st.initialize(model=make(arch, seed=99), config=config(2, "cpu"))
     _, client = resumed.load_checkpoint(str(tmp_path / "ckpt"))
-    assert steps(resumed, client["next"], STEPS - 2) == whole[2:], arch
+    assert frontend.train_engine(resumed, loss_of(arch), STEPS - 2, first_batch=client["next"]) == whole[2:], arch
     after, expected = resumed.master_parameters(), whole_engine.master_parameters()
     assert sorted(after) == sorted(expected) and all(torch.equal(after[n], expected[n]) for n in after), arch
 
