@@ -200,10 +200,12 @@ class StrataEngine(torch.nn.Module):
         self._handles = []
         self._entry_open = None    # the entry module whose own evaluation runs (Note [Evaluations that start inside
                                    # the model])
-        # Modules that run blocks under Hugging Face's gradient checkpointing (`gradient_checkpointing` attribute;
-        # Note [Checkpointed forwards through the hooks]).
-        self._checkpointing_modules = [m for m in model.modules() if hasattr(m, "gradient_checkpointing")]
+        # Modules that run other modules' blocks under Hugging Face's gradient checkpointing (a
+        # `gradient_checkpointing` attribute, not a unit itself: a unit that checkpoints its own forward, as
+        # transformers 5's layers do, runs inside its hooks; Note [Checkpointed forwards through the hooks]).
         self._unit_module_ids = {id(u.module) for u in units if not u.is_root}
+        self._checkpointing_modules = [m for m in model.modules()
+                                       if hasattr(m, "gradient_checkpointing") and id(m) not in self._unit_module_ids]
         self._install_hooks()
         self._layer_of = {p: index for index, plan in enumerate(plans) for _, p in plan.params}
         self._names = {p: name for plan in plans for name, p in plan.params}
@@ -662,8 +664,7 @@ class StrataEngine(torch.nn.Module):
             return None
         self._entry_open = None
         self._post_forward(self._units[-1], output)
-        self._pass = None
-        self._engine.finish_evaluation(0.0, 1)
+        self._end_pass()
         return None
 
     def _root_pre_forward(self, module, args):
@@ -726,11 +727,14 @@ class StrataEngine(torch.nn.Module):
             module._gradient_checkpointing_func = through_the_hooks
 
     def _root_post_forward(self, module, args, output):
+        self._end_pass()
+        return None
+
+    def _end_pass(self):
         finished = self._pass
         self._pass = None
         if finished == "eval":
             self._engine.finish_evaluation(0.0, 1)  # the engine's bracket; the caller computes its own loss
-        return None
 
     def _pre_forward(self, unit, args, kwargs):
         pass_name = self._pass
