@@ -133,6 +133,16 @@ Completion when_all(std::span<const Completion> inputs, std::string label) {
       if (Status s = c.status(); !s.ok()) return Completion::ready(std::move(s), std::move(label));
     return Completion::ready(Status::Ok(), std::move(label));
   }
+  // Inputs complete and ok change nothing: one input left pending is then the
+  // join itself (same moment, same status); no join or label is built.
+  const Completion* open = nullptr;
+  size_t open_count = 0;
+  bool failed = false;
+  for (const Completion& c : pending) {
+    if (!c.done()) open = &c, ++open_count;
+    else if (!c.status().ok()) failed = true;
+  }
+  if (open_count == 1 && !failed) return *open;
 
   struct Join {
     std::vector<Completion> inputs;

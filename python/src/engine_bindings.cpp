@@ -3,11 +3,11 @@
 // describes the model as layers of tensor descriptions (a SpecModel) and
 // calls the step's brackets, acquire and release; the engine owns every
 // parameter, gradient and optimizer byte and lends a layer's parameters
-// (and, in backward, its gradient buffer) as writable buffers that torch
-// views without a copy (torch.frombuffer).
+// (and, in backward, its gradient buffer) as torch tensors viewing its
+// memory without a copy (Note [Views through DLPack]).
 //
-// This build drives the cpu device: its memory is host memory, so a lent
-// buffer is directly a torch CPU tensor.
+// This build drives the cpu device: its memory is host memory, so lent
+// memory is viewed by torch CPU tensors (Note [Views through DLPack]).
 //
 // Note [Ranks of a driven engine]
 // One process is world size 1 (a local group of one). A process started by
@@ -25,9 +25,9 @@
 // the forward's memory, not the Parameter), and a stage-3 layer's gathered
 // copy may be freed and its memory reused once released (the layer was
 // dropped: it departed from the recorded order, or the live cap). So the
-// parameters are lent as LentMemory objects: every torch tensor viewing one
-// holds it (torch.frombuffer keeps its buffer), and when the last is gone
-// the lend is returned. Every release hands the engine the completion of
+// parameters are lent as LentParameters objects: every torch tensor viewing
+// one holds it (Note [Views through DLPack]), and when the last is gone the
+// lend is returned. Every release hands the engine the completion of
 // every lend of the layer still out as its `memory_returned`
 // (Engine::release): a gathered copy is freed only after torch dropped its
 // views (a backward release too: the copy it releases may be the one kept
@@ -51,6 +51,7 @@
 #include "errors.h"
 #include "layer_tuples.h"
 #include "torch_dtypes.h"
+#include "torch_views.h"
 #include "strata/comm/backends.h"
 #include "strata/core/config.h"
 #include "strata/core/host_memory.h"
@@ -138,25 +139,20 @@ py::dict memory_dict(const offload::EngineMemory& m) {
 }
 
 
-// Bytes of engine memory lent to Python for one acquire (Note [Lent memory
-// outlives its release]): `returned` completes when the object is freed,
-// i.e. when no torch tensor views it any more.
-class LentMemory {
+// One acquire's parameters lent to torch (Note [Lent memory outlives its
+// release]): every view holds it (Note [Views through DLPack]), and
+// `returned` completes when the last view is freed, on the thread that
+// frees it.
+class LentParameters {
  public:
-  LentMemory(std::byte* data, size_t bytes, std::string label)
-      : data_(data), bytes_(bytes), returned_(std::make_shared<CompletionSource>(std::move(label))) {}
-  ~LentMemory() { returned_->complete(Status::Ok()); }
-  LentMemory(const LentMemory&) = delete;
-  LentMemory& operator=(const LentMemory&) = delete;
-  Completion returned() const { return returned_->completion(); }
-  py::buffer_info buffer() {
-    return py::buffer_info(data_, 1, py::format_descriptor<uint8_t>::format(), 1, {static_cast<ssize_t>(bytes_)}, {1});
-  }
+  explicit LentParameters(std::string label) : returned_(std::move(label)) {}
+  ~LentParameters() { returned_.complete(Status::Ok()); }
+  LentParameters(const LentParameters&) = delete;
+  LentParameters& operator=(const LentParameters&) = delete;
+  Completion returned() const { return returned_.completion(); }
 
  private:
-  std::byte* data_;
-  size_t bytes_;
-  std::shared_ptr<CompletionSource> returned_;
+  CompletionSource returned_;
 };
 
 class DrivenEngine {
@@ -285,14 +281,15 @@ class DrivenEngine {
     return value_or_raise(std::move(r));
   }
 
-  // The layer's parameters (and in backward its gradient buffer) as
-  // writable byte buffers, once everything they wait for is done: (params,
-  // grads or None, grad dtype, params address, grads address, permanent).
-  // `params` is a LentMemory (Note [Lent memory outlives its release]), or
-  // a plain memoryview when `permanent`: the parameters are the layer's
-  // whole copy on the device, the same memory at every acquire (views of it
-  // may be kept).
-  py::tuple acquire(size_t li, const std::string& pass_name) {
+  // The layer's parameters (and in backward its gradient buffer) as torch
+  // tensors viewing engine memory, once everything they wait for is done:
+  // ({name: tensor}, {name: tensor} or None). `from_dlpack` is torch's
+  // (Note [Views through DLPack]). Memory the layer keeps for good (its
+  // whole copy on the device, stages 0-2; a gradient buffer) is viewed by
+  // the same dict of tensors as long as it stays at one address, so a
+  // caller may keep them; other parameters (stage 3) get new views that
+  // hold their lend (Note [Lent memory outlives its release]).
+  py::tuple acquire(size_t li, const std::string& pass_name, const py::object& from_dlpack) {
     check_layer(li);
     const Pass pass = value_or_raise(pass_named(pass_name));
     Result<LayerMemory> memory = [&]() -> Result<LayerMemory> {
@@ -306,24 +303,19 @@ class DrivenEngine {
       return m;
     }();
     const LayerMemory m = value_or_raise(std::move(memory));
-    const LayerSpec& spec = model_->layers()[li];
-    const bool permanent = engine_->placement().layers[li].persistent();
-    // The layer's whole copy is its memory for good: nothing to track (a plain view of it).
+    const std::vector<ParamTensorSpec>& tensors = model_->layers()[li].params;
     py::object params;
-    if (permanent) {
-      params = py::memoryview::from_memory(m.params, static_cast<ssize_t>(spec.param_bytes), false);
+    if (engine_->placement().layers[li].persistent()) {
+      params = cached_views(permanent_views_, li, m.params, ViewLayout{}, from_dlpack);
     } else {
-      auto lent = std::make_unique<LentMemory>(m.params, spec.param_bytes, fmt::format("layer {} lent to torch", li));
+      auto lent = std::make_shared<LentParameters>(fmt::format("layer {} lent to torch", li));
       lent_[li].push_back(lent->returned());  // a later release of the layer may free this memory
-      params = py::cast(std::move(lent));
+      params = torch_views(from_dlpack, m.params, tensors, ViewLayout{}, lent);
     }
     py::object grads = py::none();
     if (m.grads != nullptr)
-      grads = py::memoryview::from_memory(m.grads, static_cast<ssize_t>(spec.param_count * dtype_size(m.grad_dtype)),
-                                          false);
-    // The addresses let the Python side reuse the tensors it built over permanent memory last time.
-    return py::make_tuple(params, grads, torch_dtype_name(m.grad_dtype),
-                          reinterpret_cast<uintptr_t>(m.params), reinterpret_cast<uintptr_t>(m.grads), permanent);
+      grads = cached_views(grad_views_, li, static_cast<std::byte*>(m.grads), ViewLayout{true, m.grad_dtype}, from_dlpack);
+    return py::make_tuple(params, grads);
   }
   void release(size_t li, const std::string& pass_name) {
     check_layer(li);
@@ -333,7 +325,9 @@ class DrivenEngine {
     // (this release may end the hold of a copy kept since forward).
     std::vector<Completion>& out = lent_[li];
     std::erase_if(out, [](const Completion& c) { return c.done(); });
-    const Completion returned = out.empty() ? Completion() : when_all(out, fmt::format("layer {} returned by torch", li));
+    const Completion returned = out.empty()      ? Completion()
+                                : out.size() == 1 ? out.front()  // the usual case: no join, no label to format
+                                                  : when_all(out, fmt::format("layer {} returned by torch", li));
     call([&] { return engine_->release(li, pass, Completion(), returned); });
   }
 
@@ -459,6 +453,24 @@ class DrivenEngine {
     throw_if_error(s);
   }
 
+  // Views of memory that stays put (Note [Views through DLPack]), per layer:
+  // rebuilt only when the layer's memory moved or changed dtype.
+  struct CachedViews {
+    const std::byte* address = nullptr;
+    ViewLayout layout;
+    py::object views;
+  };
+  py::object cached_views(std::vector<CachedViews>& cache, size_t li, std::byte* address, ViewLayout layout,
+                          const py::object& from_dlpack) {
+    if (cache.size() <= li) cache.resize(model_->layers().size());
+    CachedViews& cached = cache[li];
+    if (cached.views && cached.address == address && cached.layout.gradients == layout.gradients &&
+        cached.layout.grad_dtype == layout.grad_dtype)
+      return cached.views;
+    cached = CachedViews{address, layout, torch_views(from_dlpack, address, model_->layers()[li].params, layout, {})};
+    return cached.views;
+  }
+
   // Declaration order is destruction order reversed: the engine goes first.
   std::unique_ptr<SpecModel> model_;
   std::unique_ptr<Device> device_;
@@ -467,13 +479,13 @@ class DrivenEngine {
   int64_t grad_accum_ = 1;
   // Per layer: the lends of its (non-permanent) parameters torch may still hold.
   std::map<size_t, std::vector<Completion>> lent_;
+  std::vector<CachedViews> permanent_views_, grad_views_;
 };
 
 }  // namespace
 
 void bind_engine(py::module_& m) {
   py::class_<DrivenEngine> driven(m, "DrivenEngine");
-  py::class_<LentMemory>(m, "LentMemory", py::buffer_protocol()).def_buffer(&LentMemory::buffer);
   driven.def("set_step_lr", &DrivenEngine::set_step_lr, py::arg("lr"));
   driven
       .def_static("create", &DrivenEngine::create, py::arg("config_path"), py::arg("config_text"), py::arg("layers"),
@@ -494,7 +506,7 @@ void bind_engine(py::module_& m) {
       .def("begin_evaluation", &DrivenEngine::begin_evaluation)
       .def("finish_evaluation", &DrivenEngine::finish_evaluation, py::arg("loss_sum"), py::arg("batches"))
       .def("abandon_step", &DrivenEngine::abandon_step)
-      .def("acquire", &DrivenEngine::acquire, py::arg("layer"), py::arg("pass_name"))
+      .def("acquire", &DrivenEngine::acquire, py::arg("layer"), py::arg("pass_name"), py::arg("from_dlpack"))
       .def("release", &DrivenEngine::release, py::arg("layer"), py::arg("pass_name"))
       .def("gather_state", &DrivenEngine::gather_state, py::arg("layer"), py::arg("kind") = "master")
       .def("synchronize", &DrivenEngine::synchronize)

@@ -56,6 +56,14 @@ def _torch():
     return torch
 
 
+def _from_dlpack_function():
+    """torch's tensor-from-DLPack-capsule call (the native module makes the capsules: Note [Views through
+    DLPack] in python/src/torch_views.h)."""
+    torch = _torch()
+    import torch.utils.dlpack
+    return getattr(torch._C, "_from_dlpack", None) or torch.utils.dlpack.from_dlpack
+
+
 class Engine:
     """One rank's engine over a model described by layers of TensorSpec."""
 
@@ -71,9 +79,7 @@ class Engine:
         # process), "local" (one process) or "mpi" (Note [Ranks of a driven engine]).
         self._native = _native.DrivenEngine.create(path, text, described, int(device_memory), str(backend))
         self._layout = [self._native.layer_tensors(i) for i in range(self._native.layer_count)]
-        self._counted_layout = [None] * len(self._layout)
-        # layer -> (address, {name: tensor}): the views last built over its parameters / gradient buffer
-        self._param_views, self._grad_views = {}, {}
+        self._from_dlpack = None  # torch's, looked up at the first acquire
 
     @property
     def layer_count(self):
@@ -196,47 +202,10 @@ class Engine:
         [Lent memory outlives its release] in engine_bindings.cpp): a view
         autograd saved in forward stays valid after release; drop views you
         do not need, since a kept one keeps its memory."""
-        params, grads, grad_dtype, params_address, grads_address, permanent = self._native.acquire(
-            int(layer), pass_name)
-        if permanent:
-            # The layer's whole copy, the same memory every time (stages 0-2): the same tensors, not built again.
-            param_views = self._param_views.get(layer)
-            if param_views is None or param_views[0] != params_address:
-                param_views = (params_address, self._param_views_of(layer, params))
-                self._param_views[layer] = param_views
-            param_views = param_views[1]
-        else:
-            param_views = self._param_views_of(layer, params)  # never cached: that would keep the memory lent
-        if grads is None:
-            return LayerView(param_views, None)
-        grad_views = self._grad_views.get(layer)
-        if grad_views is None or grad_views[0] != (grads_address, grad_dtype):
-            grad_views = ((grads_address, grad_dtype), self._grad_views_of(layer, grads, grad_dtype))
-            self._grad_views[layer] = grad_views
-        return LayerView(param_views, grad_views[1])
-
-    # A tensor per name, each one frombuffer of its own bytes (reshaped unless 1-D): the fewest torch
-    # calls, as stage 3 builds the parameters' views at every acquire.
-    def _param_views_of(self, layer, params):
-        torch = _torch()
-        return {name: _shaped(torch.frombuffer(params, dtype=getattr(torch, dtype), count=count, offset=offset_bytes)
-                              if count else torch.empty(0, dtype=getattr(torch, dtype)), shape)
-                for name, shape, dtype, offset_bytes, _, count in self._tensors_of(layer)}
-
-    def _grad_views_of(self, layer, grads, grad_dtype):
-        torch = _torch()
-        dtype, size = getattr(torch, grad_dtype), _itemsize(grad_dtype)
-        return {name: _shaped(torch.frombuffer(grads, dtype=dtype, count=count, offset=offset_elements * size)
-                              if count else torch.empty(0, dtype=dtype), shape)
-                for name, shape, _, _, offset_elements, count in self._tensors_of(layer)}
-
-    def _tensors_of(self, layer):
-        """The layer's layout with each tensor's element count."""
-        tensors = self._counted_layout[layer]
-        if tensors is None:
-            tensors = [t + (_numel(t[1]),) for t in self._layout[layer]]
-            self._counted_layout[layer] = tensors
-        return tensors
+        if self._from_dlpack is None:
+            self._from_dlpack = _from_dlpack_function()
+        params, grads = self._native.acquire(int(layer), pass_name, self._from_dlpack)
+        return LayerView(params, grads)
 
     def release(self, layer, pass_name):
         """Hands the layer back; its views must not be used after this."""
@@ -289,10 +258,6 @@ def describe_layers(layers):
              None if t.weight_decay is None else float(t.weight_decay), float(t.lr_scale))
             for t in (TensorSpec(*t) if not isinstance(t, TensorSpec) else t for t in tensors)]))
     return described
-
-
-def _shaped(flat, shape):
-    return flat if len(shape) == 1 else flat.view(shape)
 
 
 def _numel(shape):

@@ -180,6 +180,62 @@ def test_views_are_the_engines_memory():
     assert eng.gradient_accumulation_steps == ACCUM
 
 
+@pytest.mark.parametrize("stage", [0, 3])
+def test_views_have_the_declared_dtypes_and_shapes(stage):
+    """Note [Views through DLPack]: each view has its tensor's dtype and shape (a scalar, 1-D, 2-D and 3-D; fp32,
+    bf16, fp16), is contiguous, and views the engine's memory: a write through a permanent view (stages 0-2) is
+    what the next acquire sees, in the same tensor objects; at stage 3 a view kept after release still reads
+    its values (its lend is kept), and the gradient views have the gradient dtype."""
+    specs = [TensorSpec("scale", (), torch.float32), TensorSpec("w", (3, 5), torch.float32),
+             TensorSpec("b", (5,), torch.float32), TensorSpec("cube", (2, 3, 4), torch.float32)]
+    values = {"scale": torch.tensor(2.5), "w": torch.arange(15.0).view(3, 5), "b": -torch.arange(5.0),
+              "cube": torch.linspace(-1, 1, 24).view(2, 3, 4)}
+    fp16 = [TensorSpec("h16", (4, 2), torch.float16)]
+    bf16 = [TensorSpec("hb", (7,), torch.bfloat16)]
+    half_values = {"h16": torch.linspace(0, 1, 8).view(4, 2), "hb": torch.linspace(-3, 3, 7)}
+    eng = Engine(config(stage), [("fp32", specs), ("fp16", fp16), ("bf16", bf16)])
+    eng.put_initial_layer(0, values)
+    eng.put_initial_layer(1, {"h16": half_values["h16"]})
+    eng.put_initial_layer(2, {"hb": half_values["hb"]})
+    eng.begin_evaluation()
+    for layer, spec_list, expected in ((0, specs, values), (1, fp16, half_values), (2, bf16, half_values)):
+        view = eng.acquire(layer, "eval")
+        for spec in spec_list:
+            t = view.params[spec.name]
+            assert t.dtype == spec.dtype and tuple(t.shape) == spec.shape and t.is_contiguous(), spec.name
+            assert not t.requires_grad
+            assert torch.equal(t, expected[spec.name].to(spec.dtype)), spec.name
+        eng.release(layer, "eval")
+    first = eng.acquire(0, "eval")
+    kept = first.params["cube"]
+    if stage == 0:
+        first.params["w"][1, 2] = 100.0
+    eng.release(0, "eval")
+    again = eng.acquire(0, "eval")
+    if stage == 0:
+        assert again.params["w"] is first.params["w"]  # the same views while the memory stays put
+        assert float(again.params["w"][1, 2]) == 100.0
+        again.params["w"][1, 2] = 7.0  # back to the initial value
+    eng.release(0, "eval")
+    del first, again
+    assert torch.equal(kept, values["cube"])  # a view outlives its release (stage 3: its lend is kept)
+    del kept
+    eng.finish_evaluation(0.0, 1)
+    eng.begin_step()
+    eng.begin_micro_batch(last=False)
+    back = eng.acquire(0, "backward")
+    for spec in specs:
+        g = back.grads[spec.name]
+        assert g.dtype == torch.float32 and tuple(g.shape) == spec.shape and g.is_contiguous(), spec.name
+        assert float(g.abs().sum()) == 0.0  # zeroed at the step's start
+    grads = back.grads
+    eng.release(0, "backward")
+    back = eng.acquire(1, "backward")
+    assert tuple(back.grads["h16"].shape) == (4, 2) and back.grads["h16"].dtype in (torch.float32, torch.float16)
+    eng.release(1, "backward")
+    del grads
+
+
 def test_bad_config_names_the_key():
     model = make_model()
     bad = config(0)

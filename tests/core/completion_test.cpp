@@ -125,6 +125,26 @@ TEST(WhenAll, EmptyAndAlreadyDoneInputs) {
   EXPECT_TRUE(when_all(inputs).wait().ok());
 }
 
+TEST(WhenAll, OnePendingInputIsItself) {
+  CompletionSource pending("nvme read of 'f.swp'");
+  std::vector<Completion> inputs = {Completion(), Completion::ready(Status::Ok(), "x"), pending.completion()};
+  Completion all = when_all(inputs, "layer 3 ready");
+  EXPECT_TRUE(all.same_as(pending.completion()));
+  EXPECT_EQ(all.label(), "nvme read of 'f.swp'");
+  pending.complete(IoError("short read"));
+  EXPECT_EQ(all.wait().code(), StatusCode::kIoError);
+}
+
+TEST(WhenAll, AFailedInputBeforeThePendingOneStillWins) {
+  CompletionSource pending("write");
+  std::vector<Completion> inputs = {Completion::ready(DataLoss("bad checksum"), "read"), pending.completion()};
+  Completion all = when_all(inputs, "layer 3 ready");
+  EXPECT_FALSE(all.same_as(pending.completion()));
+  EXPECT_FALSE(all.done());
+  pending.complete(Status::Ok());
+  EXPECT_EQ(all.wait().code(), StatusCode::kDataLoss);
+}
+
 TEST(WhenAll, ManyProducerThreads) {
   constexpr int kInputs = 64;
   std::vector<CompletionSource> sources;

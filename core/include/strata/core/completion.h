@@ -96,6 +96,8 @@ class CompletionSource {
 
 // Completes when every input has; its Status is the first failure in input
 // order (so the error is deterministic), else ok. Does not block.
+// When the other inputs are complete and ok, the one input still pending is
+// returned itself (with its own label, not `label`): no join is built.
 Completion when_all(std::span<const Completion> inputs, std::string label = {});
 
 }  // namespace strata
