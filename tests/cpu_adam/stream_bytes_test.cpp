@@ -141,6 +141,13 @@ struct CountingIsa {
     record(p, 1, true);
     *p = static_cast<uint8_t>(x);
   }
+  static void store_u8x4(uint8_t* p, VI a, VI b, VI c, VI d) {
+    store_u8(p, a);
+    store_u8(p + 1, b);
+    store_u8(p + 2, c);
+    store_u8(p + 3, d);
+  }
+  static VI or_bit7(VI a, VI b) { return a | (b & 0x80u); }
   static uint32_t hmax_u32(VI x) { return x; }
   static R8 load_raw8(const void* p) {
     record(p, 1, false);

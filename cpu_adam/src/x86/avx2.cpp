@@ -97,6 +97,13 @@ struct Avx2 {
     const __m128i words = _mm_packus_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
     _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packus_epi16(words, words));
   }
+  // Four vectors of codes (0..255) -> 32 bytes in lane order.
+  static void store_u8x4(uint8_t* p, VI a, VI b, VI c, VI d) {
+    const __m256i bytes = _mm256_packus_epi16(_mm256_packus_epi32(a, b), _mm256_packus_epi32(c, d));
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm256_permutevar8x32_epi32(bytes, order));
+  }
+  static VI or_bit7(VI a, VI b) { return _mm256_or_si256(a, _mm256_and_si256(b, _mm256_set1_epi32(0x80))); }
   // 8 codes -> 8 values (Note [Codes through fp16], kernel_body_int8.h).
   template <class Code, bool kSigned>
   static V load_codes(const uint8_t* p) {

@@ -93,6 +93,15 @@ struct Avx512 {
   static void store_u8(uint8_t* p, VI x) {  // vpmovdb: lanes hold 0..255
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(x));
   }
+  // Four vectors of codes: four vpmovdb stores. (A two-pack-and-permute
+  // store, as the AVX2 path does, was not measured on an AVX-512 machine.)
+  static void store_u8x4(uint8_t* p, VI a, VI b, VI c, VI d) {
+    store_u8(p, a);
+    store_u8(p + kWidth, b);
+    store_u8(p + 2 * kWidth, c);
+    store_u8(p + 3 * kWidth, d);
+  }
+  static VI or_bit7(VI a, VI b) { return _mm512_or_si512(a, _mm512_and_si512(b, _mm512_set1_epi32(0x80))); }
   static uint32_t hmax_u32(VI x) { return _mm512_reduce_max_epu32(x); }
   // 16 codes -> 16 values (Note [Codes through fp16], kernel_body_int8.h).
   template <class Code, bool kSigned>

@@ -14,6 +14,8 @@
 // Extra traits used here: VI (32-bit integer lanes), set1i, as_int,
 // as_float, and_i, or_i, add_i, sub_i, srli<S>, slli<S>, min_u32, max_u32,
 // select_lt (a < bound, signed), store_u8 (one byte per lane, truncated),
+// store_u8x4 (four vectors' lanes, 0..255, as 4W consecutive bytes), or_bit7
+// (a | (b & 0x80)),
 // load_codes<Code, signed> (one vector of codes decoded, Note [Codes through
 // fp16]), hmax_u32, load_scale / store_scale; for the streaming probe R8
 // with load_raw8 / store_raw8.
@@ -34,10 +36,14 @@ struct Int8Kernels {
   using Consts = typename K::Consts;
   static constexpr size_t W = I::kWidth;
 
-  template <class Code>
+  // kNonNegative: r is +0, positive or NaN (sqrt(v) / scale): its sign bit
+  // is set only on a NaN, which saturates with or without it (signed below
+  // 2^-14, its subnormal difference is a huge unsigned value, clamped by the
+  // min like the cleared NaN's), so the mask is skipped.
+  template <class Code, bool kNonNegative = false>
   static VI encode(V r) {
     constexpr int M = Code::M;
-    const VI a = I::and_i(I::as_int(r), I::set1i(0x7fffffffu));
+    const VI a = kNonNegative ? I::as_int(r) : I::and_i(I::as_int(r), I::set1i(0x7fffffffu));
     const V sum = I::add(I::as_float(a), I::set1(Code::kSubnormalMagic));
     const VI q_sub = I::sub_i(I::as_int(sum), I::set1i(std::bit_cast<uint32_t>(Code::kSubnormalMagic)));
     // ((a + half + lsb) >> s) - (112 << M) with the rebias folded into the
@@ -54,11 +60,12 @@ struct Int8Kernels {
   static V load_m(const uint8_t* codes) { return I::template load_codes<ExpAvgCode, true>(codes); }
   static V load_u(const uint8_t* codes) { return I::template load_codes<ExpAvgSqCode, false>(codes); }
   // r = m / scale; its sign is m's (1 / scale is +0 or positive).
-  static void store_m(uint8_t* codes, V r) {
-    const VI sign = I::and_i(I::template srli<24>(I::as_int(r)), I::set1i(0x80));
-    I::store_u8(codes, I::or_i(sign, encode<ExpAvgCode>(r)));
-  }
-  static void store_u(uint8_t* codes, V r) { I::store_u8(codes, encode<ExpAvgSqCode>(r)); }
+  static VI m_codes(V r) { return I::or_bit7(encode<ExpAvgCode>(r), I::template srli<24>(I::as_int(r))); }
+  // The update's r = sqrt(v) / scale is never negative; the conversion probe's may be.
+  static VI u_codes(V r) { return encode<ExpAvgSqCode, true>(r); }
+  static void store_m(uint8_t* codes, V r) { I::store_u8(codes, m_codes(r)); }
+  static void store_u(uint8_t* codes, V r) { I::store_u8(codes, u_codes(r)); }
+  static void store_u_any_sign(uint8_t* codes, V r) { I::store_u8(codes, encode<ExpAvgSqCode>(r)); }
 
   // Note [Codes through fp16]: a code's magnitude bits, shifted left by
   // 10 - M, are the fp16 bits of code-value / 1.0 exactly: 4 exponent bits
@@ -125,7 +132,7 @@ struct Int8Kernels {
     const V m = I::mul(load_m(b.m_codes_in + i), s.m_scale);
     store_m(b.m_codes + i, I::mul(I::add(m, g), s.m_inv));
     const V u = I::mul(load_u(b.v_codes_in + i), s.u_scale);
-    store_u(b.v_codes + i, I::mul(I::add(u, g), s.u_inv));
+    store_u_any_sign(b.v_codes + i, I::mul(I::add(u, g), s.u_inv));
     K::template store_copy<C>(b.param_copy, i, p, b.copy_non_temporal);
   }
 
@@ -257,6 +264,27 @@ struct Int8Kernels {
                            const float* u_buf, V m_inv, V u_inv) {
     const size_t next = begin + n, next_end = std::min(count, next + n);
     size_t j = 0;
+    // Four vectors' codes packed into one store per moment (I::store_u8x4).
+    for (; j + 4 * W <= n; j += 4 * W) {
+      for (size_t k = 0; k < 4 * W; k += W) {
+        if (next + j + k < next_end) {
+          K::prefetch(b.params_in, (next + j + k) * 4);
+          K::prefetch(b.grads, (next + j + k) * dtype_size(G));
+        }
+      }
+      if (next + j < next_end) {
+        K::prefetch(b.m_codes_in, next + j);
+        K::prefetch(b.v_codes_in, next + j);
+      }
+      const float* mj = m_buf + j;
+      const float* uj = u_buf + j;
+      I::store_u8x4(b.m_codes + begin + j, m_codes(I::mul(I::load_f32(mj), m_inv)),
+                    m_codes(I::mul(I::load_f32(mj + W), m_inv)), m_codes(I::mul(I::load_f32(mj + 2 * W), m_inv)),
+                    m_codes(I::mul(I::load_f32(mj + 3 * W), m_inv)));
+      I::store_u8x4(b.v_codes + begin + j, u_codes(I::mul(I::load_f32(uj), u_inv)),
+                    u_codes(I::mul(I::load_f32(uj + W), u_inv)), u_codes(I::mul(I::load_f32(uj + 2 * W), u_inv)),
+                    u_codes(I::mul(I::load_f32(uj + 3 * W), u_inv)));
+    }
     for (; j + W <= n; j += W) {
       if (next + j < next_end) {
         K::prefetch(b.params_in, (next + j) * 4);
