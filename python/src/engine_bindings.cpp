@@ -303,19 +303,30 @@ class DrivenEngine {
       return m;
     }();
     const LayerMemory m = value_or_raise(std::move(memory));
-    const std::vector<ParamTensorSpec>& tensors = model_->layers()[li].params;
-    py::object params;
-    if (engine_->placement().layers[li].persistent()) {
-      params = cached_views(permanent_views_, li, m.params, ViewLayout{}, from_dlpack);
-    } else {
-      auto lent = std::make_shared<LentParameters>(fmt::format("layer {} lent to torch", li));
-      lent_[li].push_back(lent->returned());  // a later release of the layer may free this memory
-      params = torch_views(from_dlpack, m.params, tensors, ViewLayout{}, lent);
+    try {
+      const std::vector<ParamTensorSpec>& tensors = model_->layers()[li].params;
+      py::object params;
+      if (engine_->placement().layers[li].persistent()) {
+        params = cached_views(permanent_views_, li, m.params, ViewLayout{}, from_dlpack);
+      } else {
+        auto lent = std::make_shared<LentParameters>(fmt::format("layer {} lent to torch", li));
+        lent_[li].push_back(lent->returned());  // a later release of the layer may free this memory
+        params = torch_views(from_dlpack, m.params, tensors, ViewLayout{}, lent);
+      }
+      py::object grads = py::none();
+      if (m.grads != nullptr)
+        grads = cached_views(grad_views_, li, static_cast<std::byte*>(m.grads), ViewLayout{true, m.grad_dtype},
+                             from_dlpack);
+      return py::make_tuple(params, grads);
+    } catch (...) {
+      // torch refused a view: the caller gets no layer, so the engine does
+      // not keep it held (a stage-3 copy would otherwise never be dropped).
+      try {
+        release(li, pass_name);
+      } catch (...) {  // the refusal is the error to report
+      }
+      throw;
     }
-    py::object grads = py::none();
-    if (m.grads != nullptr)
-      grads = cached_views(grad_views_, li, static_cast<std::byte*>(m.grads), ViewLayout{true, m.grad_dtype}, from_dlpack);
-    return py::make_tuple(params, grads);
   }
   void release(size_t li, const std::string& pass_name) {
     check_layer(li);

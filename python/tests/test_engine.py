@@ -236,6 +236,28 @@ def test_views_have_the_declared_dtypes_and_shapes(stage):
     del grads
 
 
+@pytest.mark.parametrize("stage", [0, 3])
+def test_a_view_torch_refuses_leaves_the_layer_released(stage):
+    """When torch's from-DLPack call raises, acquire raises it and the engine does not keep the layer held."""
+    eng = Engine(config(stage), [("l", [TensorSpec("w", (3, 5), torch.float32)])])
+    eng.put_initial_layer(0, {"w": torch.ones(3, 5)})
+    eng.begin_evaluation()
+
+    def refuse(capsule):
+        raise RuntimeError("no views today")
+
+    eng._from_dlpack = refuse
+    with pytest.raises(RuntimeError, match="no views today"):
+        eng.acquire(0, "eval")
+    eng._from_dlpack = None
+    with pytest.raises(strata.FailedPrecondition, match="not held"):
+        eng.release(0, "eval")
+    view = eng.acquire(0, "eval")
+    assert torch.equal(view.params["w"], torch.ones(3, 5))
+    eng.release(0, "eval")
+    eng.finish_evaluation(0.0, 1)
+
+
 def test_bad_config_names_the_key():
     model = make_model()
     bad = config(0)
