@@ -64,7 +64,6 @@ struct Int8Kernels {
   // The update's r = sqrt(v) / scale is never negative; the conversion probe's may be.
   static VI u_codes(V r) { return encode<ExpAvgSqCode, true>(r); }
   static void store_m(uint8_t* codes, V r) { I::store_u8(codes, m_codes(r)); }
-  static void store_u(uint8_t* codes, V r) { I::store_u8(codes, u_codes(r)); }
   static void store_u_any_sign(uint8_t* codes, V r) { I::store_u8(codes, encode<ExpAvgSqCode>(r)); }
 
   // Note [Codes through fp16]: a code's magnitude bits, shifted left by
@@ -256,6 +255,19 @@ struct Int8Kernels {
     if (C != CopyType::kNone) std::memcpy(static_cast<char*>(b.param_copy) + i * 2, copy, rest * 2);
   }
 
+  // One vector's share of the next block's prefetch (Note [Prefetch while
+  // encoding]): its params and grads, and the codes once per 64 elements.
+  template <DType G>
+  static inline void prefetch_next(const Vec& b, size_t at, size_t next_end) {
+    if (at >= next_end) return;
+    K::prefetch(b.params_in, at * 4);
+    K::prefetch(b.grads, at * dtype_size(G));
+    if (at % 64 == 0) {
+      K::prefetch(b.m_codes_in, at);
+      K::prefetch(b.v_codes_in, at);
+    }
+  }
+
   // Note [Prefetch while encoding]: encoding touches no memory stream, so the
   // next block's params, grads and codes are prefetched meanwhile (the
   // hardware prefetchers alone run only a few lines ahead of the update).
@@ -263,44 +275,24 @@ struct Int8Kernels {
   static void encode_block(const Vec& b, size_t begin, size_t n, size_t count, const float* m_buf,
                            const float* u_buf, V m_inv, V u_inv) {
     const size_t next = begin + n, next_end = std::min(count, next + n);
+    const auto m_at = [&](size_t j) { return m_codes(I::mul(I::load_f32(m_buf + j), m_inv)); };
+    const auto u_at = [&](size_t j) { return u_codes(I::mul(I::load_f32(u_buf + j), u_inv)); };
     size_t j = 0;
     // Four vectors' codes packed into one store per moment (I::store_u8x4).
     for (; j + 4 * W <= n; j += 4 * W) {
-      for (size_t k = 0; k < 4 * W; k += W) {
-        if (next + j + k < next_end) {
-          K::prefetch(b.params_in, (next + j + k) * 4);
-          K::prefetch(b.grads, (next + j + k) * dtype_size(G));
-        }
-      }
-      if (next + j < next_end) {
-        K::prefetch(b.m_codes_in, next + j);
-        K::prefetch(b.v_codes_in, next + j);
-      }
-      const float* mj = m_buf + j;
-      const float* uj = u_buf + j;
-      I::store_u8x4(b.m_codes + begin + j, m_codes(I::mul(I::load_f32(mj), m_inv)),
-                    m_codes(I::mul(I::load_f32(mj + W), m_inv)), m_codes(I::mul(I::load_f32(mj + 2 * W), m_inv)),
-                    m_codes(I::mul(I::load_f32(mj + 3 * W), m_inv)));
-      I::store_u8x4(b.v_codes + begin + j, u_codes(I::mul(I::load_f32(uj), u_inv)),
-                    u_codes(I::mul(I::load_f32(uj + W), u_inv)), u_codes(I::mul(I::load_f32(uj + 2 * W), u_inv)),
-                    u_codes(I::mul(I::load_f32(uj + 3 * W), u_inv)));
+      for (size_t k = 0; k < 4 * W; k += W) prefetch_next<G>(b, next + j + k, next_end);
+      I::store_u8x4(b.m_codes + begin + j, m_at(j), m_at(j + W), m_at(j + 2 * W), m_at(j + 3 * W));
+      I::store_u8x4(b.v_codes + begin + j, u_at(j), u_at(j + W), u_at(j + 2 * W), u_at(j + 3 * W));
     }
     for (; j + W <= n; j += W) {
-      if (next + j < next_end) {
-        K::prefetch(b.params_in, (next + j) * 4);
-        K::prefetch(b.grads, (next + j) * dtype_size(G));
-        if ((next + j) % 64 == 0) {
-          K::prefetch(b.m_codes_in, next + j);
-          K::prefetch(b.v_codes_in, next + j);
-        }
-      }
-      store_m(b.m_codes + begin + j, I::mul(I::load_f32(m_buf + j), m_inv));
-      store_u(b.v_codes + begin + j, I::mul(I::load_f32(u_buf + j), u_inv));
+      prefetch_next<G>(b, next + j, next_end);
+      I::store_u8(b.m_codes + begin + j, m_at(j));
+      I::store_u8(b.v_codes + begin + j, u_at(j));
     }
     if (j == n) return;
     alignas(64) uint8_t m[W], v[W];  // the buffer holds W valid floats past j (n < B, B % W == 0)
-    store_m(m, I::mul(I::load_f32(m_buf + j), m_inv));
-    store_u(v, I::mul(I::load_f32(u_buf + j), u_inv));
+    I::store_u8(m, m_at(j));
+    I::store_u8(v, u_at(j));
     std::memcpy(b.m_codes + begin + j, m, n - j);
     std::memcpy(b.v_codes + begin + j, v, n - j);
   }
