@@ -34,6 +34,7 @@
 #include <fmt/format.h>
 
 #include "command.h"
+#include "sample_stats.h"
 #include "strata/core/dtype.h"
 #include "strata/core/units.h"
 #include "strata/cpu_adam/optimizer.h"
@@ -71,12 +72,6 @@ Result<Buffer> allocate(size_t bytes, const char* what) {
                                    format_bytes(bytes, true), what));
   }
   return Buffer(static_cast<uint8_t*>(p));
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 Status run_bench(const BenchOptions& o) {

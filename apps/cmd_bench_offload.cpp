@@ -34,6 +34,7 @@
 #include <tbb/global_control.h>
 
 #include "command.h"
+#include "sample_stats.h"
 #include "engine_run.h"
 #include "placement_rows.h"
 #include "strata/comm/backends.h"
@@ -91,19 +92,12 @@ struct RowResult {
   std::string engine;                       // Engine::describe()
 };
 
-double median_of(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 template <typename F>
 double median_field(const std::vector<offload::StepMetrics>& steps, F field) {
   std::vector<double> v;
   v.reserve(steps.size());
   for (const auto& m : steps) v.push_back(static_cast<double>(field(m)));
-  return median_of(std::move(v));
+  return median(std::move(v));
 }
 
 // One run of one row: fresh ranks, warm-up steps, measured steps.
@@ -135,7 +129,7 @@ Status run_row_once(const BenchOffloadOptions& o, const RankSetup& base, const m
   if (!st.ok()) return st;
   std::vector<double> ms;
   for (const auto& m : measured) ms.push_back(m.step_ms);
-  result.repeat_median_ms.push_back(median_of(ms));
+  result.repeat_median_ms.push_back(median(ms));
   result.steps.insert(result.steps.end(), measured.begin(), measured.end());
   if (predicted) result.predicted = *predicted;
   result.engine = described;
@@ -174,7 +168,7 @@ nlohmann::ordered_json row_json(size_t index, const RowResult& r, double baselin
   if (r.status != RowStatus::kOk) return j;
   std::vector<double> ms;
   for (const M& m : r.steps) ms.push_back(m.step_ms);
-  const double med = median_of(ms);
+  const double med = median(ms);
   const auto [lo, hi] = std::minmax_element(ms.begin(), ms.end());
   j["engine"] = r.engine;
   j["step_ms"] = {{"median", med}, {"min", *lo}, {"max", *hi}, {"spread", med > 0 ? (*hi - *lo) / med : 0.0}};
@@ -543,7 +537,7 @@ int run_bench_offload(const BenchOffloadOptions& o) {
     if (results[i].status != RowStatus::kOk || !results[i].row.in_memory()) continue;
     std::vector<double> ms;
     for (const auto& m : results[i].steps) ms.push_back(m.step_ms);
-    const double med = median_of(ms);
+    const double med = median(ms);
     if (!baseline_row || med < baseline_ms) baseline_ms = med, baseline_row = i;
   }
   nlohmann::ordered_json doc;

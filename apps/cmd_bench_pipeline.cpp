@@ -52,6 +52,7 @@
 #include <fmt/format.h>
 
 #include "command.h"
+#include "sample_stats.h"
 #include "strata/core/completion.h"
 #include "strata/core/device.h"
 #include "strata/core/device_registry.h"
@@ -110,14 +111,6 @@ float input_value(uint64_t chunk, uint64_t element, uint64_t elements_per_chunk)
   return static_cast<float>((chunk * elements_per_chunk + element) % 1000003u) * 0.125f;
 }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 // Files the bench creates inside --path and removes when it ends (also on
 // errors). Creation is exclusive and does not follow symlinks, so an existing

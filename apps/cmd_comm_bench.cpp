@@ -313,25 +313,25 @@ void print_header(const CommBenchOptions& o, std::string_view backend, int n, bo
   }
 }
 
-int fail(const Status& s) {
+int comm_bench_failed(const Status& s) {
   fmt::print(stderr, "strata comm-bench: {}\n", s.to_string());
   return 2;
 }
 
 int run_comm_bench(const CommBenchOptions& o) {
   Result<comm::Backend> backend = comm::parse_backend(o.backend, "--backend");
-  if (!backend.ok()) return fail(backend.status());
+  if (!backend.ok()) return comm_bench_failed(backend.status());
   Result<Plan> plan = make_plan(o);
-  if (!plan.ok()) return fail(plan.status());
+  if (!plan.ok()) return comm_bench_failed(plan.status());
   Result<comm::CommOptions> opts = comm_options(o);
-  if (!opts.ok()) return fail(opts.status());
+  if (!opts.ok()) return comm_bench_failed(opts.status());
   const std::string_view name = comm::backend_name(*backend);
 
   std::vector<std::unique_ptr<Communicator>> comms;
   if (*backend == comm::Backend::kLocal) {
     const int n = o.ranks > 0 ? o.ranks : 4;
     auto group = comm::create_local_group(n, *opts);
-    if (!group.ok()) return fail(group.status());
+    if (!group.ok()) return comm_bench_failed(group.status());
     comms = std::move(group).value();
   } else {
     Result<std::unique_ptr<Communicator>> c = Status(Internal("unset"));
@@ -342,9 +342,9 @@ int run_comm_bench(const CommBenchOptions& o) {
       nopts.common = *opts;
       c = comm::create_nccl_communicator(nopts);
     }
-    if (!c.ok()) return fail(c.status());
+    if (!c.ok()) return comm_bench_failed(c.status());
     if (o.ranks > 0 && o.ranks != (*c)->world_size()) {
-      return fail(InvalidArgument(fmt::format(
+      return comm_bench_failed(InvalidArgument(fmt::format(
           "--ranks {} but the {} world has {} ranks; start it with mpirun -np {} or drop --ranks", o.ranks, name,
           (*c)->world_size(), o.ranks)));
     }
@@ -365,7 +365,7 @@ int run_comm_bench(const CommBenchOptions& o) {
     for (auto& t : threads) t.join();
   }
   for (auto& r : results) {
-    if (!r.ok()) return fail(r.status());
+    if (!r.ok()) return comm_bench_failed(r.status());
   }
   if (!printer) return 0;
   print_rows(*results[0], *plan, n, o, name);

@@ -41,7 +41,7 @@ struct EstimateOptions {
   int layers = 0, heads = 0, embd = 0, vocab = 0, max_seq = 0;
 };
 
-int fail(const Status& status) {
+int estimate_failed(const Status& status) {
   std::fprintf(stderr, "strata estimate: error: %s\n", status.message().c_str());
   return 1;
 }
@@ -53,7 +53,7 @@ int fail(const Status& status) {
 // reduced gradient to the host for the norm).
 int print_engine_plan(const EstimateOptions& opts, const Config* config, uint32_t world) {
   Result<model::GptConfig> preset = model::preset(opts.model);
-  if (!preset.ok()) return fail(preset.status().with_context("--model"));
+  if (!preset.ok()) return estimate_failed(preset.status().with_context("--model"));
   model::GptConfig g = *preset;
   if (opts.layers) g.n_layer = opts.layers;
   if (opts.heads) g.n_head = opts.heads;
@@ -67,19 +67,19 @@ int print_engine_plan(const EstimateOptions& opts, const Config* config, uint32_
     Config runnable = *config;  // every row is planned whole (ratio 1)
     runnable.zero_optimization.offload_optimizer.ratio = 1.0;
     Result<offload::EngineOptions> o = offload::engine_options_from_config(runnable);
-    if (!o.ok()) return fail(o.status());
+    if (!o.ok()) return estimate_failed(o.status());
     base = *o;
     marked = {config->zero_optimization.stage, config->zero_optimization.offload_optimizer.device,
               config->zero_optimization.offload_param.device};
   } else {
     base.grad_dtype = g.param_dtype;
     Result<cpu_adam::MomentStorage> moments = cpu_adam::MomentStorage::parse(opts.optimizer_states, "--optimizer-states");
-    if (!moments.ok()) return fail(moments.status());
+    if (!moments.ok()) return estimate_failed(moments.status());
     base.moments = *moments;
   }
   STRATA_CHECK(g.validate().ok(), "model flags were checked");
   Result<std::unique_ptr<model::GptModel>> m = model::GptModel::create(g, 1);
-  if (!m.ok()) return fail(m.status());
+  if (!m.ok()) return estimate_failed(m.status());
   const auto layers = (*m)->layers();
   // --gpu-memory (per GPU), --cpu-memory and --nvme-memory (per node): the caps a row's "to fit" is for.
   std::optional<offload::FitRequest> fit_request;
@@ -126,7 +126,7 @@ int print_engine_plan(const EstimateOptions& opts, const Config* config, uint32_
         for (uint32_t r = 0; r < world; ++r) {
           Result<offload::EngineMemory> p = offload::plan_engine_memory(
               o, layers, static_cast<int>(world), static_cast<int>(r), offload::PlannedDevice::gpu());
-          if (!p.ok()) return fail(p.status());
+          if (!p.ok()) return estimate_failed(p.status());
           if (p->device > worst.device) worst = *p;
           worst.pinned = std::max(worst.pinned, p->pinned);
           worst.nvme = std::max(worst.nvme, p->nvme);
@@ -154,14 +154,14 @@ int run_estimate(const EstimateOptions& opts) {
   EstimateInput input;
   std::optional<Config> config_copy;
   if (opts.params.empty() && opts.model.empty())
-    return fail(InvalidArgument("give --params (e.g. 7B) or --model (a preset, for the engine's exact plan)"));
+    return estimate_failed(InvalidArgument("give --params (e.g. 7B) or --model (a preset, for the engine's exact plan)"));
   if (!opts.params.empty()) {
     auto params = parse_count(opts.params, "--params");
-    if (!params.ok()) return fail(params.status());
+    if (!params.ok()) return estimate_failed(params.status());
     input.params = *params;
   } else {
     Result<model::GptConfig> preset = model::preset(opts.model);
-    if (!preset.ok()) return fail(preset.status().with_context("--model"));
+    if (!preset.ok()) return estimate_failed(preset.status().with_context("--model"));
     model::GptConfig g = *preset;
     if (opts.layers) g.n_layer = opts.layers;
     if (opts.heads) g.n_head = opts.heads;
@@ -169,12 +169,12 @@ int run_estimate(const EstimateOptions& opts) {
     if (opts.vocab) g.vocab_size = opts.vocab;
     if (opts.max_seq) g.max_seq_len = opts.max_seq;
     Status valid = g.validate();
-    if (!valid.ok()) return fail(valid);
+    if (!valid.ok()) return estimate_failed(valid);
     input.params = static_cast<uint64_t>(g.param_count());
   }
   if (!opts.largest_layer.empty()) {
     auto layer = parse_count(opts.largest_layer, "--largest-layer");
-    if (!layer.ok()) return fail(layer.status());
+    if (!layer.ok()) return estimate_failed(layer.status());
     input.largest_layer_params = *layer;
   }
   input.gpus_per_node = opts.gpus_per_node;
@@ -184,7 +184,7 @@ int run_estimate(const EstimateOptions& opts) {
                                   std::tuple{&opts.nvme_memory, "--nvme-memory", &input.nvme_memory_bytes}}) {
     if (text->empty()) continue;
     auto bytes = parse_bytes(*text, flag);
-    if (!bytes.ok()) return fail(bytes.status());
+    if (!bytes.ok()) return estimate_failed(bytes.status());
     *slot = *bytes;
   }
   if (!opts.config.empty()) {
@@ -204,11 +204,11 @@ int run_estimate(const EstimateOptions& opts) {
   }
   if (opts.config.empty() || opts.precision_given) {
     auto precision = ledger_precision(opts.precision, opts.grad_dtype, opts.optimizer_states);
-    if (!precision.ok()) return fail(precision.status());
+    if (!precision.ok()) return estimate_failed(precision.status());
     input.precision = *precision;
   }
   auto estimate = estimate_memory(input);
-  if (!estimate.ok()) return fail(estimate.status());
+  if (!estimate.ok()) return estimate_failed(estimate.status());
   if (opts.json) {
     fmt::print("{}\n", estimate_to_json(*estimate).dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
   } else {

@@ -520,55 +520,55 @@ Result<std::string> prepare_test_file(const std::string& dir, const std::string&
   return path;
 }
 
-int fail(const Status& st) {
+int io_bench_failed(const Status& st) {
   fmt::print(stderr, "strata io-bench: {}\n", st.to_string());
   return 1;
 }
 
 int run_io_bench(const IoBenchOptions& opts) {
-  if (opts.path.empty()) return fail(InvalidArgument("--path DIR is required (a directory on the drive to test)"));
+  if (opts.path.empty()) return io_bench_failed(InvalidArgument("--path DIR is required (a directory on the drive to test)"));
   auto size = parse_bytes(opts.size, "--size");
-  if (!size.ok()) return fail(size.status());
+  if (!size.ok()) return io_bench_failed(size.status());
   auto block = parse_block(opts.block_size, "--block-size");
-  if (!block.ok()) return fail(block.status());
+  if (!block.ok()) return io_bench_failed(block.status());
   auto queue_depth = parse_ranged(opts.queue_depth, "--queue-depth", 1, kMaxQueueDepth);
-  if (!queue_depth.ok()) return fail(queue_depth.status());
+  if (!queue_depth.ok()) return io_bench_failed(queue_depth.status());
   auto thread_count = parse_ranged(opts.threads, "--threads", 1, kMaxThreads);
-  if (!thread_count.ok()) return fail(thread_count.status());
+  if (!thread_count.ok()) return io_bench_failed(thread_count.status());
   auto tensor_bytes = parse_bytes(opts.tensor_size, "--tensor-size");
   if (!tensor_bytes.ok() || *tensor_bytes < 4096 || *tensor_bytes > (4ull << 30) || *tensor_bytes % 4096 != 0) {
-    return fail(InvalidArgument(fmt::format("--tensor-size {}: must be a multiple of 4096 bytes between 4KiB and 4GiB",
+    return io_bench_failed(InvalidArgument(fmt::format("--tensor-size {}: must be a multiple of 4096 bytes between 4KiB and 4GiB",
                                             opts.tensor_size.substr(0, 40))));
   }
   auto swap_inflight = parse_ranged(opts.swap_inflight, "--swap-inflight", 1, 64);
-  if (!swap_inflight.ok()) return fail(swap_inflight.status());
+  if (!swap_inflight.ok()) return io_bench_failed(swap_inflight.status());
   if (opts.huge_pages != "on" && opts.huge_pages != "off") {
-    return fail(InvalidArgument(fmt::format("--huge-pages {}: use on or off", opts.huge_pages.substr(0, 40))));
+    return io_bench_failed(InvalidArgument(fmt::format("--huge-pages {}: use on or off", opts.huge_pages.substr(0, 40))));
   }
   const bool huge_pages = opts.huge_pages == "on";
   std::vector<bool> swap_verify_modes;
   if (opts.swap_verify_writes == "on" || opts.swap_verify_writes == "both") swap_verify_modes.push_back(true);
   if (opts.swap_verify_writes == "off" || opts.swap_verify_writes == "both") swap_verify_modes.push_back(false);
   if (swap_verify_modes.empty()) {
-    return fail(InvalidArgument(fmt::format("--swap-verify-writes {}: use on, off or both",
+    return io_bench_failed(InvalidArgument(fmt::format("--swap-verify-writes {}: use on, off or both",
                                             opts.swap_verify_writes.substr(0, 40))));
   }
   if (opts.swap && *size < *tensor_bytes) {
-    return fail(InvalidArgument(fmt::format("--size {} is smaller than --tensor-size {}", opts.size, opts.tensor_size)));
+    return io_bench_failed(InvalidArgument(fmt::format("--size {} is smaller than --tensor-size {}", opts.size, opts.tensor_size)));
   }
-  if (opts.swap && !opts.file.empty()) return fail(InvalidArgument("--file: not used with --swap (it uses swap folders)"));
+  if (opts.swap && !opts.file.empty()) return io_bench_failed(InvalidArgument("--file: not used with --swap (it uses swap folders)"));
   auto engine = nvme::parse_engine_kind(opts.engine, "--engine");
-  if (!engine.ok()) return fail(engine.status());
+  if (!engine.ok()) return io_bench_failed(engine.status());
   if (opts.mode != "read" && opts.mode != "write" && opts.mode != "both") {
-    return fail(InvalidArgument(fmt::format("--mode {}: use read, write or both", opts.mode)));
+    return io_bench_failed(InvalidArgument(fmt::format("--mode {}: use read, write or both", opts.mode)));
   }
   if (*size < *block) {
-    return fail(InvalidArgument(fmt::format("--size {} is smaller than --block-size {}", opts.size, opts.block_size)));
+    return io_bench_failed(InvalidArgument(fmt::format("--size {} is smaller than --block-size {}", opts.size, opts.block_size)));
   }
   auto probe = nvme::probe_path(opts.path);
-  if (!probe.ok()) return fail(probe.status().with_context("--path"));
+  if (!probe.ok()) return io_bench_failed(probe.status().with_context("--path"));
   if (probe->free_bytes < *size) {
-    return fail(ResourceExhausted(fmt::format("--path {}: {} needed for the test file, {} available; lower --size",
+    return io_bench_failed(ResourceExhausted(fmt::format("--path {}: {} needed for the test file, {} available; lower --size",
                                               opts.path, format_bytes(*size, true),
                                               format_bytes(probe->free_bytes, true))));
   }
@@ -585,9 +585,9 @@ int run_io_bench(const IoBenchOptions& opts) {
     auto threads = parse_list<uint32_t>(opts.sweep_threads, "--sweep-threads", [](const std::string& s) {
       return parse_ranged(s, "--sweep-threads", 1, kMaxThreads);
     });
-    if (!blocks.ok()) return fail(blocks.status());
-    if (!depths.ok()) return fail(depths.status());
-    if (!threads.ok()) return fail(threads.status());
+    if (!blocks.ok()) return io_bench_failed(blocks.status());
+    if (!depths.ok()) return io_bench_failed(depths.status());
+    if (!threads.ok()) return io_bench_failed(threads.status());
     std::vector<EngineKind> engines;
     if (*engine == EngineKind::kAuto) {
       for (const nvme::EngineProbe& p : nvme::probe_engines()) {
@@ -611,7 +611,7 @@ int run_io_bench(const IoBenchOptions& opts) {
     o.queue_depth = t.queue_depth;
     o.intra_op_parallelism = t.threads;
     Status st = o.validate();
-    if (!st.ok()) return fail(st);
+    if (!st.ok()) return io_bench_failed(st);
   }
 
   bool created = false;
@@ -620,7 +620,7 @@ int run_io_bench(const IoBenchOptions& opts) {
     auto prepared = prepare_test_file(
         opts.path, opts.file.empty() ? fmt::format("strata-io-bench-{}.dat", getpid()) : opts.file, opts.overwrite,
         &created);
-    if (!prepared.ok()) return fail(prepared.status());
+    if (!prepared.ok()) return io_bench_failed(prepared.status());
     file_path = *prepared;
   }
   bool keep = opts.keep || !opts.file.empty();
@@ -643,7 +643,7 @@ int run_io_bench(const IoBenchOptions& opts) {
   auto take = [&](Result<std::vector<TrialResult>> results) -> bool {
     if (!results.ok()) {
       remove_test_file();
-      fail(results.status());
+      io_bench_failed(results.status());
       return false;
     }
     for (TrialResult& r : *results) {

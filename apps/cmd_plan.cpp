@@ -50,7 +50,7 @@ struct PlanOptions {
   bool given_batch = false, given_accum = false, given_dtype = false, given_optimizer_states = false;
 };
 
-int fail(const Status& st) {
+int plan_failed(const Status& st) {
   fmt::print(stderr, "strata plan: error: {}\n", st.to_string());
   return st.code() == StatusCode::kInvalidArgument ? 2 : 1;
 }
@@ -115,7 +115,7 @@ int run_plan(const PlanOptions& o) {
   if (o.fit) {
     if (!o.configs.empty() || !o.bench.empty() || o.matrix != "default" || o.gpus_per_node != 0 || o.nodes != 1 ||
         o.binary)
-      return fail(InvalidArgument("--configs, --bench, --matrix, --gpus-per-node, --nodes and --binary do not apply "
+      return plan_failed(InvalidArgument("--configs, --bench, --matrix, --gpus-per-node, --nodes and --binary do not apply "
                                   "to --fit (it searches every placement on --ranks ranks of one node)"));
     PlanFitArgs a;
     a.params = o.params, a.model = o.model, a.config = o.config, a.profile = o.profile, a.out = o.out;
@@ -130,16 +130,16 @@ int run_plan(const PlanOptions& o) {
   }
   if (!o.out.empty() || !o.caps.device_memory.empty() || !o.caps.host_memory.empty() || !o.caps.nvme_path.empty() ||
       !o.caps.nvme_size.empty() || !o.caps.grad_dtypes.empty() || o.ranks != 1)
-    return fail(InvalidArgument("--out, --device-memory, --host-memory, --nvme-path, --nvme-size, --grad-dtypes and "
+    return plan_failed(InvalidArgument("--out, --device-memory, --host-memory, --nvme-path, --nvme-size, --grad-dtypes and "
                                 "--ranks belong to --fit (fit a config to these caps); add --fit"));
-  if (o.profile.empty()) return fail(InvalidArgument("give --profile P.json (strata report --calibrate writes one; "
+  if (o.profile.empty()) return plan_failed(InvalidArgument("give --profile P.json (strata report --calibrate writes one; "
                                                      "examples/profiles/ has others)"));
   Result<offload::HardwareProfile> hw = offload::load_hardware_profile(o.profile);
-  if (!hw.ok()) return fail(hw.status().with_context("--profile"));
+  if (!hw.ok()) return plan_failed(hw.status().with_context("--profile"));
   if (o.params.empty() == o.model.empty())
-    return fail(InvalidArgument("give exactly one of --params (e.g. 13B) or --model (a preset, for the engine's plan)"));
+    return plan_failed(InvalidArgument("give exactly one of --params (e.g. 13B) or --model (a preset, for the engine's plan)"));
   Result<std::vector<DType>> dtypes = parse_dtype_list(o.dtypes, "--dtype");
-  if (!dtypes.ok()) return fail(dtypes.status());
+  if (!dtypes.ok()) return plan_failed(dtypes.status());
   const uint32_t gpn = o.gpus_per_node ? o.gpus_per_node : static_cast<uint32_t>(hw->gpus_per_node);
   const int world = static_cast<int>(gpn * o.nodes);
   const int ranks_per_node = static_cast<int>(gpn);
@@ -153,16 +153,16 @@ int run_plan(const PlanOptions& o) {
       if (Result<model::GptConfig> p = model::preset(o.model); p.ok()) copt.hidden_size = o.embd ? o.embd : p->n_embd;
     }
     Result<Config> c = load_config(o.config, copt);
-    if (!c.ok()) return fail(c.status());
+    if (!c.ok()) return plan_failed(c.status());
     config = *c;
   }
   // --optimizer-states: rows per storage; else the rows keep the config's (or fp32).
   Result<std::vector<cpu_adam::MomentStorage>> moments =
       o.given_optimizer_states ? parse_moment_list(o.optimizer_states, "--optimizer-states")
                                : Result<std::vector<cpu_adam::MomentStorage>>(std::vector<cpu_adam::MomentStorage>{});
-  if (!moments.ok()) return fail(moments.status());
+  if (!moments.ok()) return plan_failed(moments.status());
   Result<std::vector<PlacementRow>> selected = select_rows(o.configs, o.matrix, *dtypes, *moments);
-  if (!selected.ok()) return fail(selected.status());
+  if (!selected.ok()) return plan_failed(selected.status());
   std::vector<PlacementRow> rows = std::move(*selected);
 
   // The model: a parameter count (FLOPs 6 per parameter and token) or a preset's exact layers.
@@ -174,8 +174,8 @@ int run_plan(const PlanOptions& o) {
   std::string describe;
   if (!o.params.empty()) {
     Result<uint64_t> n = parse_count(o.params, "--params");
-    if (!n.ok()) return fail(n.status());
-    if (*n == 0) return fail(InvalidArgument("--params must be > 0, e.g. 13B"));
+    if (!n.ok()) return plan_failed(n.status());
+    if (*n == 0) return plan_failed(InvalidArgument("--params must be > 0, e.g. 13B"));
     params = *n;
     flops_per_token = 6.0 * static_cast<double>(params);
     // Blocks of a GPT of this size (about 12 C^2 parameters per block with L ~ C / 128) unless given.
@@ -183,7 +183,7 @@ int run_plan(const PlanOptions& o) {
     describe = fmt::format("{} parameters, {} blocks{}", format_count(params), units, o.blocks ? "" : " (derived)");
   } else {
     Result<model::GptConfig> preset = model::preset(o.model);
-    if (!preset.ok()) return fail(preset.status().with_context("--model"));
+    if (!preset.ok()) return plan_failed(preset.status().with_context("--model"));
     model::GptConfig g = *preset;
     if (o.layers) g.n_layer = o.layers;
     if (o.heads) g.n_head = o.heads;
@@ -191,11 +191,11 @@ int run_plan(const PlanOptions& o) {
     if (o.vocab) g.vocab_size = o.vocab;
     if (o.max_seq) g.max_seq_len = o.max_seq;
     g.param_dtype = dtypes->front();
-    if (Status v = g.validate(); !v.ok()) return fail(v);
+    if (Status v = g.validate(); !v.ok()) return plan_failed(v);
     if (o.seq > g.max_seq_len)
-      return fail(InvalidArgument(fmt::format("--seq {} is longer than the model's max_seq {}", o.seq, g.max_seq_len)));
+      return plan_failed(InvalidArgument(fmt::format("--seq {} is longer than the model's max_seq {}", o.seq, g.max_seq_len)));
     Result<std::unique_ptr<model::GptModel>> m = model::GptModel::create(g, 1);
-    if (!m.ok()) return fail(m.status());
+    if (!m.ok()) return plan_failed(m.status());
     gpt = std::move(*m);
     shape = g;
     params = static_cast<uint64_t>(g.param_count());
@@ -217,7 +217,7 @@ int run_plan(const PlanOptions& o) {
     Config runnable = *config;
     runnable.zero_optimization.offload_optimizer.ratio = 1.0;
     Result<offload::EngineOptions> eo = offload::engine_options_from_config(runnable);
-    if (!eo.ok()) return fail(eo.status());
+    if (!eo.ok()) return plan_failed(eo.status());
     engine_base = *eo;
   }
   // A row without its own moments is planned with the config's (fp32 without
@@ -254,10 +254,10 @@ int run_plan(const PlanOptions& o) {
   std::optional<nlohmann::json> bench;
   if (!o.bench.empty()) {
     std::ifstream in(o.bench);
-    if (!in) return fail(ErrnoStatus(errno, fmt::format("open --bench '{}'", printable(o.bench, 256))));
+    if (!in) return plan_failed(ErrnoStatus(errno, fmt::format("open --bench '{}'", printable(o.bench, 256))));
     nlohmann::json b = nlohmann::json::parse(in, nullptr, false);
     if (b.is_discarded() || !b.contains("rows") || b.value("bench", "") != "offload")
-      return fail(InvalidArgument(fmt::format("--bench '{}' is not the JSON of strata bench offload", printable(o.bench, 256))));
+      return plan_failed(InvalidArgument(fmt::format("--bench '{}' is not the JSON of strata bench offload", printable(o.bench, 256))));
     bench = b;
   }
 
@@ -284,12 +284,12 @@ int run_plan(const PlanOptions& o) {
         model::GptConfig g = *shape;
         g.param_dtype = row.dtype;
         Result<std::unique_ptr<model::GptModel>> m = model::GptModel::create(g, 1);
-        if (!m.ok()) return fail(m.status());
+        if (!m.ok()) return plan_failed(m.status());
         typed = std::move(*m);
       }
       Result<Memory> mem = gpt ? engine_memory(engine_base, row, typed->layers(), world, *hw, ranks_per_node)
                                : estimator_memory(est, row);
-      if (!mem.ok()) return fail(mem.status().with_context(row.label()));
+      if (!mem.ok()) return plan_failed(mem.status().with_context(row.label()));
       j["memory"] = mem->columns;
       j["fits"] = mem->fits;
       if (!mem->fits) j["does_not_fit"] = mem->why_not;
@@ -346,7 +346,7 @@ int run_plan(const PlanOptions& o) {
                          config->zero_optimization.offload_optimizer.pipeline_write;
     }
     Result<offload::StepTimePrediction> pr = offload::predict_step_time(in, *hw);
-    if (!pr.ok()) return fail(pr.status().with_context(row.label()));
+    if (!pr.ok()) return plan_failed(pr.status().with_context(row.label()));
     const auto& b = pr->bytes;
     j["predicted"] = {{"step_ms", pr->step_ms},
                       {"ideal_ms", pr->ideal_ms},

@@ -22,7 +22,7 @@
 namespace strata::cli {
 namespace {
 
-int fail(const Status& st) {
+int plan_fit_failed(const Status& st) {
   fmt::print(stderr, "strata plan --fit: error: {}\n", st.to_string());
   return st.code() == StatusCode::kInvalidArgument ? 2 : 1;
 }
@@ -49,23 +49,23 @@ Result<model::GptConfig> shape_for_params(const PlanFitArgs& a) {
 
 int run_plan_fit(const PlanFitArgs& a) {
   if (a.out.empty() && !a.json)
-    return fail(InvalidArgument("--fit needs --out FILE (where to write the fitted DeepSpeed config), or --json"));
+    return plan_fit_failed(InvalidArgument("--fit needs --out FILE (where to write the fitted DeepSpeed config), or --json"));
   if (a.params.empty() == a.model.empty())
-    return fail(InvalidArgument("--fit needs exactly one of --model (a preset) or --params N (e.g. 113M)"));
+    return plan_fit_failed(InvalidArgument("--fit needs exactly one of --model (a preset) or --params N (e.g. 113M)"));
   if (!a.out.empty()) {
-    if (Status st = check_output_path(a.out, "--out"); !st.ok()) return fail(st);
+    if (Status st = check_output_path(a.out, "--out"); !st.ok()) return plan_fit_failed(st);
   }
-  if (a.ranks < 1 || a.ranks > 65536) return fail(InvalidArgument(fmt::format("--ranks {} is not in 1..65536", a.ranks)));
+  if (a.ranks < 1 || a.ranks > 65536) return plan_fit_failed(InvalidArgument(fmt::format("--ranks {} is not in 1..65536", a.ranks)));
   offload::HardwareProfile profile = offload::builtin_cpu_profile();
   if (!a.profile.empty()) {
     Result<offload::HardwareProfile> hw = offload::load_hardware_profile(a.profile);
-    if (!hw.ok()) return fail(hw.status().with_context("--profile"));
+    if (!hw.ok()) return plan_fit_failed(hw.status().with_context("--profile"));
     profile = *hw;
   }
   model::GptConfig g;
   if (!a.model.empty()) {
     Result<model::GptConfig> preset = model::preset(a.model);
-    if (!preset.ok()) return fail(preset.status().with_context("--model"));
+    if (!preset.ok()) return plan_fit_failed(preset.status().with_context("--model"));
     g = *preset;
     if (a.layers) g.n_layer = a.layers;
     if (a.heads) g.n_head = a.heads;
@@ -74,10 +74,10 @@ int run_plan_fit(const PlanFitArgs& a) {
     if (a.max_seq) g.max_seq_len = a.max_seq;
   } else {
     Result<model::GptConfig> derived = shape_for_params(a);
-    if (!derived.ok()) return fail(derived.status());
+    if (!derived.ok()) return plan_fit_failed(derived.status());
     g = *derived;
   }
-  if (Status v = g.validate(); !v.ok()) return fail(v);
+  if (Status v = g.validate(); !v.ok()) return plan_fit_failed(v);
 
   // The config: the user's (with "auto" resolved from the model as Hugging Face's Trainer does), else DeepSpeed's defaults.
   Config config;
@@ -89,12 +89,12 @@ int run_plan_fit(const PlanFitArgs& a) {
     copt.world_size_origin = fmt::format("--ranks {}", a.ranks);
     copt.hidden_size = g.n_embd;
     Result<Config> c = load_config(a.config, copt);
-    if (!c.ok()) return fail(c.status());
+    if (!c.ok()) return plan_fit_failed(c.status());
     config = *c;
     Result<std::string> text = read_config_file(a.config);
-    if (!text.ok()) return fail(text.status().with_context("--config"));
+    if (!text.ok()) return plan_fit_failed(text.status().with_context("--config"));
     user = nlohmann::ordered_json::parse(*text, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
-    if (user.is_discarded()) return fail(InvalidArgument(fmt::format("--config '{}' is not JSON", printable(a.config, 256))));
+    if (user.is_discarded()) return plan_fit_failed(InvalidArgument(fmt::format("--config '{}' is not JSON", printable(a.config, 256))));
     for (const ConfigIssue& w : config.warnings) fmt::print(stderr, "strata plan --fit: {}\n", format_issue(w, config.source));
   }
   g.param_dtype = config.precision_dtype();
@@ -102,45 +102,45 @@ int run_plan_fit(const PlanFitArgs& a) {
   if (!a.given_batch && config.batch.train_micro_batch_size_per_gpu) {
     const int64_t mb = *config.batch.train_micro_batch_size_per_gpu;
     if (mb < 1 || mb > 65536)
-      return fail(InvalidArgument(fmt::format("{}: train_micro_batch_size_per_gpu {} is out of range (1..65536)",
+      return plan_fit_failed(InvalidArgument(fmt::format("{}: train_micro_batch_size_per_gpu {} is out of range (1..65536)",
                                               config.source, mb)));
     batch = static_cast<int>(mb);
   }
   if (!a.given_accum && config.batch.gradient_accumulation_steps) {
     const int64_t ga = *config.batch.gradient_accumulation_steps;
     if (ga < 1 || ga > 1'000'000)
-      return fail(InvalidArgument(fmt::format("{}: gradient_accumulation_steps {} is out of range (1..1000000)",
+      return plan_fit_failed(InvalidArgument(fmt::format("{}: gradient_accumulation_steps {} is out of range (1..1000000)",
                                               config.source, ga)));
     accum = static_cast<int>(ga);
   }
   if (a.seq > g.max_seq_len)
-    return fail(InvalidArgument(fmt::format("--seq {} is longer than the model's max_seq {}", a.seq, g.max_seq_len)));
+    return plan_fit_failed(InvalidArgument(fmt::format("--seq {} is longer than the model's max_seq {}", a.seq, g.max_seq_len)));
 
   const std::string config_nvme = !config.zero_optimization.offload_optimizer.nvme_path.empty()
                                       ? config.zero_optimization.offload_optimizer.nvme_path
                                       : config.zero_optimization.offload_param.nvme_path;
   Result<offload::FitCaps> caps = fit_caps_from_flags(a.caps, config.strata.device_memory,
                                                       config.strata.host_memory_budget, config_nvme, a.ranks);
-  if (!caps.ok()) return fail(caps.status());
+  if (!caps.ok()) return plan_fit_failed(caps.status());
   Result<offload::FitRequest> req = gpt_fit_request(g, config, a.ranks, batch, a.seq, accum, profile);
-  if (!req.ok()) return fail(req.status());
+  if (!req.ok()) return plan_fit_failed(req.status());
   if (a.given_dtype) {
     Result<std::vector<DType>> dts = parse_dtype_list(a.caps.dtypes, "--dtype");
-    if (!dts.ok()) return fail(dts.status());
+    if (!dts.ok()) return plan_fit_failed(dts.status());
     req->dtypes = *dts;
   }
   if (!a.caps.optimizer_states.empty()) {
     Result<std::vector<cpu_adam::MomentStorage>> ms = parse_moment_list(a.caps.optimizer_states, "--optimizer-states");
-    if (!ms.ok()) return fail(ms.status());
+    if (!ms.ok()) return plan_fit_failed(ms.status());
     req->moment_storages = *ms;
   }
   if (!a.caps.grad_dtypes.empty()) {
     Result<std::vector<DType>> gs = parse_dtype_list(a.caps.grad_dtypes, "--grad-dtypes", "gradient");
-    if (!gs.ok()) return fail(gs.status());
+    if (!gs.ok()) return plan_fit_failed(gs.status());
     req->grad_dtypes = *gs;
   }
   Result<offload::FitResult> r = offload::fit_config(*req, *caps);
-  if (!r.ok()) return fail(r.status());
+  if (!r.ok()) return plan_fit_failed(r.status());
   if (a.json) {
     nlohmann::ordered_json j = fit_to_json(*r);
     j["model"] = g.describe();
@@ -173,7 +173,7 @@ int run_plan_fit(const PlanFitArgs& a) {
                                  .dump(2, ' ', false, nlohmann::json::error_handler_t::replace) +
                              "\n";
     Status w = write_file_atomically(a.out, text, "--out");
-    if (!w.ok()) return fail(w);
+    if (!w.ok()) return plan_fit_failed(w);
     if (!a.json) fmt::print("wrote {}\n", printable(a.out, 256));
   }
   return 0;

@@ -18,6 +18,7 @@
 //     schedule, as a model], step_time_model.h).
 #include "calibrate.h"
 #include "command.h"
+#include "sample_stats.h"
 
 #include <sys/statvfs.h>
 #include <sys/sysinfo.h>
@@ -51,12 +52,6 @@ namespace strata::cli {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
 struct CopyRates {
   double h2d = 0, d2h = 0;
@@ -217,7 +212,7 @@ Result<double> measure_collective(nlohmann::ordered_json& cal) {
   return busbw;
 }
 
-int fail(const Status& st) {
+int calibrate_failed(const Status& st) {
   fmt::print(stderr, "strata report --calibrate: error: {}\n", st.to_string());
   return st.code() == StatusCode::kInvalidArgument ? 2 : 1;
 }
@@ -226,29 +221,29 @@ int fail(const Status& st) {
 
 int run_calibrate(const CalibrateOptions& o) {
   Result<model::GptConfig> preset = model::preset(o.preset);
-  if (!preset.ok()) return fail(preset.status().with_context("--calibrate-model"));
+  if (!preset.ok()) return calibrate_failed(preset.status().with_context("--calibrate-model"));
   model::GptConfig g = *preset;
   if (o.layers) g.n_layer = o.layers;
   if (o.heads) g.n_head = o.heads;
   if (o.embd) g.n_embd = o.embd;
   Result<DType> dt = parse_dtype(o.dtype);
   if (!dt.ok() || !is_state_float(*dt))
-    return fail(InvalidArgument(fmt::format("--calibrate-dtype '{}' is not a parameter dtype; use fp32, bf16 or fp16",
+    return calibrate_failed(InvalidArgument(fmt::format("--calibrate-dtype '{}' is not a parameter dtype; use fp32, bf16 or fp16",
                                             printable(o.dtype, 64))));
   g.param_dtype = *dt;
-  if (Status v = g.validate(); !v.ok()) return fail(v);
+  if (Status v = g.validate(); !v.ok()) return calibrate_failed(v);
   if (o.seq > g.max_seq_len)
-    return fail(InvalidArgument(fmt::format("--calibrate-seq {} is longer than the model's max_seq {}", o.seq, g.max_seq_len)));
+    return calibrate_failed(InvalidArgument(fmt::format("--calibrate-seq {} is longer than the model's max_seq {}", o.seq, g.max_seq_len)));
   std::string dir = o.path;
   std::error_code ec;
   if (dir.empty()) dir = std::filesystem::temp_directory_path(ec).string();
   if (!std::filesystem::is_directory(dir, ec))
-    return fail(InvalidArgument(fmt::format("--path '{}' is not a directory", printable(dir, 256))));
+    return calibrate_failed(InvalidArgument(fmt::format("--path '{}' is not a directory", printable(dir, 256))));
 
   AioConfig aio;  // DeepSpeed's defaults, or the config's aio section
   if (!o.config.empty()) {
     Result<Config> c = load_config(o.config);
-    if (!c.ok()) return fail(c.status().with_context("--calibrate-config"));
+    if (!c.ok()) return calibrate_failed(c.status().with_context("--calibrate-config"));
     aio = c->aio;
   }
 
@@ -268,24 +263,24 @@ int run_calibrate(const CalibrateOptions& o) {
 
   fmt::print(stderr, "calibrate: copies H2D / D2H ...\n");
   Result<CopyRates> copies = measure_copies(cal);
-  if (!copies.ok()) return fail(copies.status());
+  if (!copies.ok()) return calibrate_failed(copies.status());
   p.h2d_gb_per_s = copies->h2d;
   p.d2h_gb_per_s = copies->d2h;
   fmt::print(stderr, "calibrate: CPU Adam ...\n");
   Result<AdamRates> adam = measure_cpu_adam(cal);
-  if (!adam.ok()) return fail(adam.status());
+  if (!adam.ok()) return calibrate_failed(adam.status());
   p.cpu_adam_params_per_s_fp32 = adam->fp32;
   p.cpu_adam_params_per_s_bf16 = adam->bf16;
   p.cpu_adam_params_per_s_int8 = adam->int8;
   p.device_adam_params_per_s = adam->fp32;  // the cpu device steps its state with the same CPU kernels
   fmt::print(stderr, "calibrate: NVMe in {} ...\n", dir);
   Result<NvmeRates> nv = measure_nvme(dir, aio, cal);
-  if (!nv.ok()) return fail(nv.status());
+  if (!nv.ok()) return calibrate_failed(nv.status());
   p.nvme_read_gb_per_s = nv->read;
   p.nvme_write_gb_per_s = nv->write;
   fmt::print(stderr, "calibrate: collectives ...\n");
   Result<double> bus = measure_collective(cal);
-  if (!bus.ok()) return fail(bus.status());
+  if (!bus.ok()) return calibrate_failed(bus.status());
   p.collective_bus_gb_per_s = *bus;
 
   // Compute: the stage-0 in-memory step of the model, less what the
@@ -293,7 +288,7 @@ int run_calibrate(const CalibrateOptions& o) {
   fmt::print(stderr, "calibrate: compute ({}, {} rank(s), batch {} x seq {}) ...\n", g.describe(), o.ranks, o.batch,
              o.seq);
   Result<model::TextDataset> data = model::TextDataset::load(model::default_corpus_path(), o.seq);
-  if (!data.ok()) return fail(data.status());
+  if (!data.ok()) return calibrate_failed(data.status());
   RankSetup setup;
   setup.batch = o.batch;
   setup.seq_len = o.seq;
@@ -301,7 +296,7 @@ int run_calibrate(const CalibrateOptions& o) {
   setup.engine.grad_dtype = *dt;
   setup.engine.fp16.enabled = *dt == DType::kF16;
   Result<std::vector<std::unique_ptr<comm::Communicator>>> comms = comm::create_local_group(o.ranks, {});
-  if (!comms.ok()) return fail(comms.status());
+  if (!comms.ok()) return calibrate_failed(comms.status());
   std::vector<offload::StepMetrics> steps;  // rank 0's
   Status ran = run_rank_threads(*comms, [&](size_t i, comm::Communicator& c) -> Status {
     RankState rs;
@@ -312,7 +307,7 @@ int run_calibrate(const CalibrateOptions& o) {
     }
     return rs.engine->synchronize();
   });
-  if (!ran.ok()) return fail(ran.with_context("calibrating compute (lower --preset or --batch)"));
+  if (!ran.ok()) return calibrate_failed(ran.with_context("calibrating compute (lower --preset or --batch)"));
   std::vector<double> step_ms, fb_ms, opt_ms;
   for (const auto& m : steps) {
     step_ms.push_back(m.step_ms);
@@ -328,7 +323,7 @@ int run_calibrate(const CalibrateOptions& o) {
   in.param_dtype = in.grad_dtype = *dt;
   p.compute_gflops = 1;  // placeholder for the charge below: only the non-compute terms are read
   Result<offload::StepTimePrediction> charge = offload::predict_step_time(in, p);
-  if (!charge.ok()) return fail(charge.status());
+  if (!charge.ok()) return calibrate_failed(charge.status());
   const double overhead_ms = charge->step_ms - charge->compute_ms;
   double compute_ms = median(step_ms) - overhead_ms;
   const bool fallback = compute_ms < 0.5 * median(fb_ms);
@@ -359,7 +354,7 @@ int run_calibrate(const CalibrateOptions& o) {
   // The profile must pass its own checks (a zero rate would be a bug here).
   const nlohmann::ordered_json j = offload::hardware_profile_to_json(p);
   Result<offload::HardwareProfile> check = offload::parse_hardware_profile(j, "the calibrated profile");
-  if (!check.ok()) return fail(check.status());
+  if (!check.ok()) return calibrate_failed(check.status());
   const std::string text = j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   fmt::print(stderr,
              "calibrate: compute {:.1f} GFLOP/s, H2D {:.2f} GB/s, D2H {:.2f} GB/s, CPU Adam {:.0f}M/{:.0f}M/{:.0f}M params/s "
@@ -374,7 +369,7 @@ int run_calibrate(const CalibrateOptions& o) {
   std::ofstream out(o.out, std::ios::trunc);
   out << text;
   out.flush();
-  if (!out) return fail(ErrnoStatus(errno, fmt::format("write --out '{}'", printable(o.out, 256))));
+  if (!out) return calibrate_failed(ErrnoStatus(errno, fmt::format("write --out '{}'", printable(o.out, 256))));
   fmt::print("profile  {}\n", o.out);
   return 0;
 }

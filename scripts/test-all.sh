@@ -24,8 +24,12 @@ export STRATA_REQUIRE_TORCH=1
 started=$SECONDS
 phase() { echo "== test-all: $1 (at $((SECONDS - started)) s)"; }
 
+# Debug information: line tables only (-g1), enough for the stack traces of a
+# failing test or a sanitizer report; full -g made every compile 20-40 % slower
+# (measured on apps/cmd_plan.cpp: -O2 -g 39 s, -O2 -g1 24 s), and the builds
+# are most of this script's time on 2 cores (docs/performance.md, "CI time").
 phase "release build"
-STRATA_BUILD_DIR=build scripts/build.sh -DSTRATA_REQUIRE_TORCH=ON
+STRATA_BUILD_DIR=build scripts/build.sh -DSTRATA_REQUIRE_TORCH=ON "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG"
 phase "release ctest"
 ctest --test-dir build -j "$jobs" --output-on-failure
 
@@ -43,7 +47,7 @@ if [[ "${STRATA_SKIP_SANITIZE:-0}" != "1" ]]; then
   # The sanitizer builds skip CUDA, benchmarks and the test folders whose labels
   # they do not run (STRATA_TEST_DIRS) to keep CI quick.
   phase "ASan+UBSan build"
-  STRATA_BUILD_DIR=build-asan STRATA_BUILD_TYPE=Debug scripts/build.sh \
+  STRATA_BUILD_DIR=build-asan STRATA_BUILD_TYPE=Debug scripts/build.sh "-DCMAKE_CXX_FLAGS_DEBUG=-g1" \
     -DSTRATA_SANITIZE=address -DSTRATA_ENABLE_CUDA=OFF -DSTRATA_BUILD_BENCH=OFF -DSTRATA_REQUIRE_TORCH=ON \
     "-DSTRATA_TEST_DIRS=core;config;nvme;cpu_adam;offload;fuzz"
   phase "ASan+UBSan ctest"
@@ -52,7 +56,8 @@ if [[ "${STRATA_SKIP_SANITIZE:-0}" != "1" ]]; then
           -E "offload_mpi_(parity|resume|step_retry|config_batch)"
 
   if [[ "${STRATA_TSAN:-1}" != "0" ]]; then
-    # RelWithDebInfo: TSan at -O0 runs the thread-heavy tests several times slower.
+    # -O1: TSan at -O0 runs the thread-heavy tests several times slower; -O2
+    # compiled 35 % slower than -O1 for no measurable gain in the tests' time.
     # oneTBB's scheduler lives in an uninstrumented libtbb.so, so TSan would see
     # no ordering between a parallel_for's caller and its workers: under TSan the
     # model's and cpu_adam's loops run inline (STRATA_TSAN_SERIAL_LOOPS) and
@@ -69,7 +74,7 @@ if [[ "${STRATA_SKIP_SANITIZE:-0}" != "1" ]]; then
     # 300-step learning check of the tiny preset (minutes under TSan, its
     # threads are those of every other engine test).
     phase "TSan build"
-    STRATA_BUILD_DIR=build-tsan scripts/build.sh \
+    STRATA_BUILD_DIR=build-tsan scripts/build.sh "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" \
       -DSTRATA_SANITIZE=thread -DSTRATA_ENABLE_CUDA=OFF -DSTRATA_BUILD_BENCH=OFF -DSTRATA_REQUIRE_TORCH=ON \
       "-DSTRATA_TEST_DIRS=core;comm;nvme;offload;fuzz"
     phase "TSan ctest"
