@@ -9,6 +9,23 @@ small and their values (causal masks, position ids, rotary frequencies) can
 be computed only where the module computes them. The initializers that
 constructors run on those parameters cost nothing on meta.
 
+Torch 1.13 has no registration hook; there a dispatch mode (Note [Empty
+on meta]) gives the same result for the parameters that matter.
+
+Note [Empty on meta]
+On torch < 2.0, ``st.init`` runs a ``TorchDispatchMode`` that gives every
+``torch.empty`` on the CPU (uninitialized memory, what nn.Linear,
+nn.Embedding, nn.LayerNorm and Hugging Face's Conv1D register their weights
+with) on the meta device instead, and turns an in-place operation on a meta
+tensor (the initializers that follow) into a no-op. Nothing is lost: the
+memory held no value, and the rules re-create it at materialization. A
+tensor a constructor computes (``torch.zeros``, ``torch.ones(d) * v``,
+``torch.tensor(x)``, the causal masks) stays real, so buffers keep their
+values and such a parameter keeps its constructor's value (``initialize``
+treats it as a kept value, Note [Values constructors give], at any size:
+its memory exists already). A buffer made by ``torch.empty`` and then
+filled ends up on meta and ``initialize`` refuses it by name.
+
 ``initialize`` then materializes the model one unit at a time
 (materialize_unit): the unit's parameters get CPU memory, are filled with
 NaN and re-initialized by the modules' own rules: ``reset_parameters()``
@@ -67,6 +84,10 @@ try:
     from torch.overrides import TorchFunctionMode
 except ImportError:  # torch < 1.13; st.init builds eagerly there anyway (no registration hook before 2.0)
     TorchFunctionMode = None
+try:
+    from torch.utils._python_dispatch import TorchDispatchMode
+except ImportError:  # torch < 1.13: st.init builds eagerly
+    TorchDispatchMode = None
 
 __all__ = ["init", "has_meta_parameters", "swap_meta_parameters", "first_holders", "materialize_unit",
            "checkpoint_keys", "load_unit", "give_back_freed_memory"]
@@ -83,14 +104,19 @@ def init(config=None, enabled=True, config_dict_or_path=None, **ignored):
     parameters on the meta device (Note [Construction on meta]);
     st.initialize materializes them one unit at a time. `config` (or
     `config_dict_or_path`) is accepted for DeepSpeed's signature (the engine
-    reads it in initialize); enabled=False builds normally. On torch < 2.0
-    (no parameter-registration hook) the model is built normally, with a
-    warning: initialize then copies it in unit by unit as without init."""
+    reads it in initialize); enabled=False builds normally. On torch 1.13
+    (no parameter-registration hook) the tensors made by torch.empty are on
+    meta instead (Note [Empty on meta]); before 1.13 the model is built
+    normally, with a warning: initialize then copies it in unit by unit."""
     del config, config_dict_or_path, ignored  # initialize reads the config; DeepSpeed's other knobs do not apply
     if not enabled:
         yield
         return
     register = _registration_hook_api()
+    if register is None and TorchDispatchMode is not None:
+        with _EmptyOnMeta():
+            yield
+        return
     if register is None:
         warnings.warn(f"strata.torch.init: torch {torch.__version__} has no parameter-registration hook (torch >= 2.0 "
                       f"has): the model is built in full on the CPU here; initialize copies it in unit by unit and "
@@ -131,6 +157,29 @@ class _ConstructorWrites(TorchFunctionMode if TorchFunctionMode is not None else
         return func(*args, **(kwargs or {}))
 
 
+class _EmptyOnMeta(TorchDispatchMode if TorchDispatchMode is not None else object):
+    """torch.empty on the CPU gives a meta tensor; an in-place operation on
+    a meta tensor does nothing (Note [Empty on meta])."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _EMPTY_FACTORIES and kwargs.get("device") in (None, _CPU):
+            return func(*args, **{**kwargs, "device": _META})
+        if args and isinstance(args[0], torch.Tensor) and args[0].is_meta and _in_place(func):
+            return args[0]
+        return func(*args, **kwargs)
+
+
+_CPU = torch.device("cpu")
+_META = torch.device("meta")
+_EMPTY_FACTORIES = (torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default)
+
+
+def _in_place(func):
+    name = func._schema.name  # "aten::uniform_"
+    return name.endswith("_") and not name.endswith("__")
+
+
 def _writes_or_exposes(func):
     name = getattr(func, "__name__", "")
     if name in ("__get__", "__set__"):  # a property: .data hands out (or replaces) the storage
@@ -143,20 +192,24 @@ def has_meta_parameters(model):
 
 
 def swap_meta_parameters(model):
-    """Every meta parameter of `model` replaced by an empty CPU parameter
-    (no memory until materialize_unit gives it its shape's), tied parameters
-    kept tied. Returns ({meta parameter: new parameter}, {id(new
-    parameter): its shape}); the mapping's keys keep the meta parameters
+    """Every parameter of `model` (which has meta ones) replaced by an empty
+    CPU parameter (no memory until materialize_unit gives it its shape's),
+    tied parameters kept tied. A parameter that is not on meta (made by a
+    constructor's expression on torch 1.13, Note [Empty on meta]) keeps its
+    value as a kept one. Returns ({old parameter: new parameter}, {id(new
+    parameter): its shape}); the mapping's keys keep the old parameters
     alive, so no id is reused while it is followed."""
     mapping, shapes = {}, {}
     for module in model.modules():
         for name, param in list(module._parameters.items()):
-            if param is None or param.device.type != "meta":
+            if param is None:
                 continue
             new = mapping.get(param)
             if new is None:
                 new = torch.nn.Parameter(torch.empty(0, dtype=param.dtype), requires_grad=param.requires_grad)
                 kept = getattr(param, "_strata_constructed_value", None)
+                if param.device.type != "meta":
+                    kept = param.detach()
                 if kept is not None:
                     new._strata_constructed_value = kept
                 mapping[param] = new

@@ -6,6 +6,7 @@ differ where a front end can break: rotary and ALiBi buffers, untied heads,
 biases only on some projections, an encoder-decoder whose shared embedding
 is used by three units, a masked-LM head tied to the word embedding, a
 relative position bias computed by the first block and passed to the others."""
+import math
 import os
 
 import pytest
@@ -262,8 +263,11 @@ def test_export_loads_with_from_pretrained_and_gives_the_engines_outputs(arch, t
 
 
 # Debian's torch 1.13 computes Whisper's Conv1d backward differently from one call to the next (plain torch, the
-# same model and batch, one thread), so no two runs agree bit for bit; torch 2.x is deterministic there.
-NONDETERMINISTIC_IN_TORCH = {"whisper": "torch 1.13's Conv1d backward is not deterministic on the CPU"} \
+# same model and batch, one thread): conv1.weight's gradient is sometimes infinite (4 of 12 backward passes in one
+# process, 2026-12-04), so no two runs agree bit for bit and clipping by that norm stops a step; torch 2.x is
+# deterministic there.
+NONDETERMINISTIC_IN_TORCH = {"whisper": "torch 1.13's Conv1d backward is not deterministic on the CPU (a gradient "
+                                        "is sometimes infinite)"} \
     if not HAS_HOOK else {}
 
 # transformers >= 5 stores Mixtral's experts fused (one 3-D tensor per layer) and converts the per-expert tensors
@@ -275,9 +279,7 @@ CONVERTED_ON_LOAD = {"mixtral"} if TRANSFORMERS_5 else set()
 @pytest.mark.parametrize("on_meta", [False, True], ids=["eager", "st.init"])
 @pytest.mark.parametrize("arch", sorted(MODELS))
 def test_initial_weights_from_save_pretrained_equal_the_saved_model(arch, on_meta, tmp_path):
-    """Eagerly built, or built under st.init (torch 2) so that the model never exists whole: the saved values."""
-    if on_meta and not HAS_HOOK:
-        pytest.skip("torch < 2.0 has no parameter-registration hook (st.init builds eagerly)")
+    """Eagerly built, or built under st.init so that the model never exists whole: the saved values."""
     saved = make(arch, seed=21)
     saved.save_pretrained(str(tmp_path / "pretrained"))
     folder = tmp_path / "pretrained"
@@ -293,7 +295,7 @@ def test_initial_weights_from_save_pretrained_equal_the_saved_model(arch, on_met
     if on_meta:
         with st.init():
             model = MODELS[arch]()
-        assert {p.device.type for p in model.parameters()} == {"meta"}
+        assert_built_on_meta(model)
     else:
         model = make(arch)
     engine, _, _, _ = st.initialize(model=model, config=config(3, "cpu", "cpu"), initial_weights=str(folder))
@@ -302,22 +304,36 @@ def test_initial_weights_from_save_pretrained_equal_the_saved_model(arch, on_met
         assert torch.equal(values[name], p.detach()), (arch, name)
 
 
-@pytest.mark.skipif(not HAS_HOOK, reason="torch < 2.0 has no parameter-registration hook (st.init builds eagerly)")
+def assert_built_on_meta(model):
+    """torch >= 2: every parameter on meta; torch 1.13: the weights of torch's layers, which torch.empty makes
+    (a constructor's computed values, e.g. ViT's torch.randn position embeddings, stay real: Note [Empty on
+    meta])."""
+    if HAS_HOOK:
+        assert {p.device.type for p in model.parameters()} == {"meta"}
+    else:
+        layers = (torch.nn.Linear, torch.nn.Embedding, torch.nn.LayerNorm, torch.nn.Conv1d, torch.nn.Conv2d)
+        real = [n for n, m in model.named_modules() if isinstance(m, layers) and not m.weight.is_meta]
+        assert not real, real
+
+
 @pytest.mark.parametrize("arch", sorted(MODELS))
 def test_built_on_meta_gets_the_architectures_own_initialization_and_trains(arch):
     eager = make(arch)
     torch.manual_seed(7)
     with st.init():
         model = MODELS[arch]()
-    assert {p.device.type for p in model.parameters()} == {"meta"}
+    assert_built_on_meta(model)
     engine, _, _, _ = st.initialize(model=model, model_parameters=model.parameters(), config=config(3, "cpu", "cpu"))
     values = _values(engine)
     for name, reference in eager.named_parameters():
         got, reference = values[name], reference.detach()
         if float(reference.std()) == 0 or reference.numel() < 2:  # ones, zeros: exactly
             assert torch.equal(got, reference), (arch, name)
-        else:  # the same rule, other draws
-            assert abs(float(got.std()) / float(reference.std()) - 1) < 0.25, (arch, name)
+        else:  # the same rule, other draws (two samples' stds differ by about 1/sqrt(n) relative)
+            assert abs(float(got.std()) / float(reference.std()) - 1) < max(0.25, 4 / math.sqrt(got.numel())), \
+                (arch, name)
+    if arch in NONDETERMINISTIC_IN_TORCH:
+        pytest.skip(NONDETERMINISTIC_IN_TORCH[arch] + ": the initial values were checked, training is not")
     losses = frontend.train_engine(engine, loss_of(arch, fixed_batch=0), STEPS)
     assert losses[-1] < losses[0], (arch, losses)
 
