@@ -56,8 +56,9 @@ if [[ "${STRATA_SKIP_SANITIZE:-0}" != "1" ]]; then
           -E "offload_mpi_(parity|resume|step_retry|config_batch)"
 
   if [[ "${STRATA_TSAN:-1}" != "0" ]]; then
-    # -O1: TSan at -O0 runs the thread-heavy tests several times slower; -O2
-    # compiled 35 % slower than -O1 for no measurable gain in the tests' time.
+    # -O1: TSan at -O0 runs the thread-heavy tests several times slower; at -O2
+    # they ran 2.6 % faster than at -O1 (466 vs 478 s) but a source compiled
+    # 35-40 % slower (docs/performance.md, "Build flags and unity batches").
     # oneTBB's scheduler lives in an uninstrumented libtbb.so, so TSan would see
     # no ordering between a parallel_for's caller and its workers: under TSan the
     # model's and cpu_adam's loops run inline (STRATA_TSAN_SERIAL_LOOPS) and
