@@ -34,9 +34,9 @@
 #include <tbb/global_control.h>
 
 #include "command.h"
-#include "sample_stats.h"
 #include "engine_run.h"
 #include "placement_rows.h"
+#include "sample_stats.h"
 #include "strata/comm/backends.h"
 #include "strata/core/units.h"
 #include "strata/model/cpu_ops.h"

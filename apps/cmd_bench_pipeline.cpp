@@ -111,7 +111,6 @@ float input_value(uint64_t chunk, uint64_t element, uint64_t elements_per_chunk)
   return static_cast<float>((chunk * elements_per_chunk + element) % 1000003u) * 0.125f;
 }
 
-
 // Files the bench creates inside --path and removes when it ends (also on
 // errors). Creation is exclusive and does not follow symlinks, so an existing
 // file or a planted link is refused instead of overwritten.

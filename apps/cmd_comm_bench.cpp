@@ -344,9 +344,9 @@ int run_comm_bench(const CommBenchOptions& o) {
     }
     if (!c.ok()) return comm_bench_failed(c.status());
     if (o.ranks > 0 && o.ranks != (*c)->world_size()) {
-      return comm_bench_failed(InvalidArgument(fmt::format(
-          "--ranks {} but the {} world has {} ranks; start it with mpirun -np {} or drop --ranks", o.ranks, name,
-          (*c)->world_size(), o.ranks)));
+      return comm_bench_failed(InvalidArgument(
+          fmt::format("--ranks {} but the {} world has {} ranks; start it with mpirun -np {} or drop --ranks", o.ranks,
+                      name, (*c)->world_size(), o.ranks)));
     }
     comms.push_back(std::move(c).value());
   }

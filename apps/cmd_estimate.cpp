@@ -154,7 +154,8 @@ int run_estimate(const EstimateOptions& opts) {
   EstimateInput input;
   std::optional<Config> config_copy;
   if (opts.params.empty() && opts.model.empty())
-    return estimate_failed(InvalidArgument("give --params (e.g. 7B) or --model (a preset, for the engine's exact plan)"));
+    return estimate_failed(
+        InvalidArgument("give --params (e.g. 7B) or --model (a preset, for the engine's exact plan)"));
   if (!opts.params.empty()) {
     auto params = parse_count(opts.params, "--params");
     if (!params.ok()) return estimate_failed(params.status());

@@ -526,7 +526,8 @@ int io_bench_failed(const Status& st) {
 }
 
 int run_io_bench(const IoBenchOptions& opts) {
-  if (opts.path.empty()) return io_bench_failed(InvalidArgument("--path DIR is required (a directory on the drive to test)"));
+  if (opts.path.empty())
+    return io_bench_failed(InvalidArgument("--path DIR is required (a directory on the drive to test)"));
   auto size = parse_bytes(opts.size, "--size");
   if (!size.ok()) return io_bench_failed(size.status());
   auto block = parse_block(opts.block_size, "--block-size");
@@ -537,40 +538,44 @@ int run_io_bench(const IoBenchOptions& opts) {
   if (!thread_count.ok()) return io_bench_failed(thread_count.status());
   auto tensor_bytes = parse_bytes(opts.tensor_size, "--tensor-size");
   if (!tensor_bytes.ok() || *tensor_bytes < 4096 || *tensor_bytes > (4ull << 30) || *tensor_bytes % 4096 != 0) {
-    return io_bench_failed(InvalidArgument(fmt::format("--tensor-size {}: must be a multiple of 4096 bytes between 4KiB and 4GiB",
-                                            opts.tensor_size.substr(0, 40))));
+    return io_bench_failed(InvalidArgument(fmt::format(
+        "--tensor-size {}: must be a multiple of 4096 bytes between 4KiB and 4GiB", opts.tensor_size.substr(0, 40))));
   }
   auto swap_inflight = parse_ranged(opts.swap_inflight, "--swap-inflight", 1, 64);
   if (!swap_inflight.ok()) return io_bench_failed(swap_inflight.status());
   if (opts.huge_pages != "on" && opts.huge_pages != "off") {
-    return io_bench_failed(InvalidArgument(fmt::format("--huge-pages {}: use on or off", opts.huge_pages.substr(0, 40))));
+    return io_bench_failed(
+        InvalidArgument(fmt::format("--huge-pages {}: use on or off", opts.huge_pages.substr(0, 40))));
   }
   const bool huge_pages = opts.huge_pages == "on";
   std::vector<bool> swap_verify_modes;
   if (opts.swap_verify_writes == "on" || opts.swap_verify_writes == "both") swap_verify_modes.push_back(true);
   if (opts.swap_verify_writes == "off" || opts.swap_verify_writes == "both") swap_verify_modes.push_back(false);
   if (swap_verify_modes.empty()) {
-    return io_bench_failed(InvalidArgument(fmt::format("--swap-verify-writes {}: use on, off or both",
-                                            opts.swap_verify_writes.substr(0, 40))));
+    return io_bench_failed(InvalidArgument(
+        fmt::format("--swap-verify-writes {}: use on, off or both", opts.swap_verify_writes.substr(0, 40))));
   }
   if (opts.swap && *size < *tensor_bytes) {
-    return io_bench_failed(InvalidArgument(fmt::format("--size {} is smaller than --tensor-size {}", opts.size, opts.tensor_size)));
+    return io_bench_failed(
+        InvalidArgument(fmt::format("--size {} is smaller than --tensor-size {}", opts.size, opts.tensor_size)));
   }
-  if (opts.swap && !opts.file.empty()) return io_bench_failed(InvalidArgument("--file: not used with --swap (it uses swap folders)"));
+  if (opts.swap && !opts.file.empty())
+    return io_bench_failed(InvalidArgument("--file: not used with --swap (it uses swap folders)"));
   auto engine = nvme::parse_engine_kind(opts.engine, "--engine");
   if (!engine.ok()) return io_bench_failed(engine.status());
   if (opts.mode != "read" && opts.mode != "write" && opts.mode != "both") {
     return io_bench_failed(InvalidArgument(fmt::format("--mode {}: use read, write or both", opts.mode)));
   }
   if (*size < *block) {
-    return io_bench_failed(InvalidArgument(fmt::format("--size {} is smaller than --block-size {}", opts.size, opts.block_size)));
+    return io_bench_failed(
+        InvalidArgument(fmt::format("--size {} is smaller than --block-size {}", opts.size, opts.block_size)));
   }
   auto probe = nvme::probe_path(opts.path);
   if (!probe.ok()) return io_bench_failed(probe.status().with_context("--path"));
   if (probe->free_bytes < *size) {
-    return io_bench_failed(ResourceExhausted(fmt::format("--path {}: {} needed for the test file, {} available; lower --size",
-                                              opts.path, format_bytes(*size, true),
-                                              format_bytes(probe->free_bytes, true))));
+    return io_bench_failed(
+        ResourceExhausted(fmt::format("--path {}: {} needed for the test file, {} available; lower --size", opts.path,
+                                      format_bytes(*size, true), format_bytes(probe->free_bytes, true))));
   }
   bool do_write = opts.mode != "read";
   bool do_read = opts.mode != "write";

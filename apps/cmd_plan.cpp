@@ -115,8 +115,9 @@ int run_plan(const PlanOptions& o) {
   if (o.fit) {
     if (!o.configs.empty() || !o.bench.empty() || o.matrix != "default" || o.gpus_per_node != 0 || o.nodes != 1 ||
         o.binary)
-      return plan_failed(InvalidArgument("--configs, --bench, --matrix, --gpus-per-node, --nodes and --binary do not apply "
-                                  "to --fit (it searches every placement on --ranks ranks of one node)"));
+      return plan_failed(
+          InvalidArgument("--configs, --bench, --matrix, --gpus-per-node, --nodes and --binary do not apply "
+                          "to --fit (it searches every placement on --ranks ranks of one node)"));
     PlanFitArgs a;
     a.params = o.params, a.model = o.model, a.config = o.config, a.profile = o.profile, a.out = o.out;
     a.layers = o.layers, a.heads = o.heads, a.embd = o.embd, a.vocab = o.vocab, a.max_seq = o.max_seq;
@@ -130,14 +131,18 @@ int run_plan(const PlanOptions& o) {
   }
   if (!o.out.empty() || !o.caps.device_memory.empty() || !o.caps.host_memory.empty() || !o.caps.nvme_path.empty() ||
       !o.caps.nvme_size.empty() || !o.caps.grad_dtypes.empty() || o.ranks != 1)
-    return plan_failed(InvalidArgument("--out, --device-memory, --host-memory, --nvme-path, --nvme-size, --grad-dtypes and "
-                                "--ranks belong to --fit (fit a config to these caps); add --fit"));
-  if (o.profile.empty()) return plan_failed(InvalidArgument("give --profile P.json (strata report --calibrate writes one; "
-                                                     "examples/profiles/ has others)"));
+    return plan_failed(
+        InvalidArgument("--out, --device-memory, --host-memory, --nvme-path, --nvme-size, --grad-dtypes and "
+                        "--ranks belong to --fit (fit a config to these caps); add --fit"));
+  if (o.profile.empty())
+    return plan_failed(
+        InvalidArgument("give --profile P.json (strata report --calibrate writes one; "
+                        "examples/profiles/ has others)"));
   Result<offload::HardwareProfile> hw = offload::load_hardware_profile(o.profile);
   if (!hw.ok()) return plan_failed(hw.status().with_context("--profile"));
   if (o.params.empty() == o.model.empty())
-    return plan_failed(InvalidArgument("give exactly one of --params (e.g. 13B) or --model (a preset, for the engine's plan)"));
+    return plan_failed(
+        InvalidArgument("give exactly one of --params (e.g. 13B) or --model (a preset, for the engine's plan)"));
   Result<std::vector<DType>> dtypes = parse_dtype_list(o.dtypes, "--dtype");
   if (!dtypes.ok()) return plan_failed(dtypes.status());
   const uint32_t gpn = o.gpus_per_node ? o.gpus_per_node : static_cast<uint32_t>(hw->gpus_per_node);
@@ -193,7 +198,8 @@ int run_plan(const PlanOptions& o) {
     g.param_dtype = dtypes->front();
     if (Status v = g.validate(); !v.ok()) return plan_failed(v);
     if (o.seq > g.max_seq_len)
-      return plan_failed(InvalidArgument(fmt::format("--seq {} is longer than the model's max_seq {}", o.seq, g.max_seq_len)));
+      return plan_failed(
+          InvalidArgument(fmt::format("--seq {} is longer than the model's max_seq {}", o.seq, g.max_seq_len)));
     Result<std::unique_ptr<model::GptModel>> m = model::GptModel::create(g, 1);
     if (!m.ok()) return plan_failed(m.status());
     gpt = std::move(*m);
@@ -257,7 +263,8 @@ int run_plan(const PlanOptions& o) {
     if (!in) return plan_failed(ErrnoStatus(errno, fmt::format("open --bench '{}'", printable(o.bench, 256))));
     nlohmann::json b = nlohmann::json::parse(in, nullptr, false);
     if (b.is_discarded() || !b.contains("rows") || b.value("bench", "") != "offload")
-      return plan_failed(InvalidArgument(fmt::format("--bench '{}' is not the JSON of strata bench offload", printable(o.bench, 256))));
+      return plan_failed(InvalidArgument(
+          fmt::format("--bench '{}' is not the JSON of strata bench offload", printable(o.bench, 256))));
     bench = b;
   }
 

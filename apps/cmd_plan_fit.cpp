@@ -49,13 +49,15 @@ Result<model::GptConfig> shape_for_params(const PlanFitArgs& a) {
 
 int run_plan_fit(const PlanFitArgs& a) {
   if (a.out.empty() && !a.json)
-    return plan_fit_failed(InvalidArgument("--fit needs --out FILE (where to write the fitted DeepSpeed config), or --json"));
+    return plan_fit_failed(
+        InvalidArgument("--fit needs --out FILE (where to write the fitted DeepSpeed config), or --json"));
   if (a.params.empty() == a.model.empty())
     return plan_fit_failed(InvalidArgument("--fit needs exactly one of --model (a preset) or --params N (e.g. 113M)"));
   if (!a.out.empty()) {
     if (Status st = check_output_path(a.out, "--out"); !st.ok()) return plan_fit_failed(st);
   }
-  if (a.ranks < 1 || a.ranks > 65536) return plan_fit_failed(InvalidArgument(fmt::format("--ranks {} is not in 1..65536", a.ranks)));
+  if (a.ranks < 1 || a.ranks > 65536)
+    return plan_fit_failed(InvalidArgument(fmt::format("--ranks {} is not in 1..65536", a.ranks)));
   offload::HardwareProfile profile = offload::builtin_cpu_profile();
   if (!a.profile.empty()) {
     Result<offload::HardwareProfile> hw = offload::load_hardware_profile(a.profile);
@@ -94,7 +96,8 @@ int run_plan_fit(const PlanFitArgs& a) {
     Result<std::string> text = read_config_file(a.config);
     if (!text.ok()) return plan_fit_failed(text.status().with_context("--config"));
     user = nlohmann::ordered_json::parse(*text, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
-    if (user.is_discarded()) return plan_fit_failed(InvalidArgument(fmt::format("--config '{}' is not JSON", printable(a.config, 256))));
+    if (user.is_discarded())
+      return plan_fit_failed(InvalidArgument(fmt::format("--config '{}' is not JSON", printable(a.config, 256))));
     for (const ConfigIssue& w : config.warnings) fmt::print(stderr, "strata plan --fit: {}\n", format_issue(w, config.source));
   }
   g.param_dtype = config.precision_dtype();
@@ -102,19 +105,20 @@ int run_plan_fit(const PlanFitArgs& a) {
   if (!a.given_batch && config.batch.train_micro_batch_size_per_gpu) {
     const int64_t mb = *config.batch.train_micro_batch_size_per_gpu;
     if (mb < 1 || mb > 65536)
-      return plan_fit_failed(InvalidArgument(fmt::format("{}: train_micro_batch_size_per_gpu {} is out of range (1..65536)",
-                                              config.source, mb)));
+      return plan_fit_failed(InvalidArgument(
+          fmt::format("{}: train_micro_batch_size_per_gpu {} is out of range (1..65536)", config.source, mb)));
     batch = static_cast<int>(mb);
   }
   if (!a.given_accum && config.batch.gradient_accumulation_steps) {
     const int64_t ga = *config.batch.gradient_accumulation_steps;
     if (ga < 1 || ga > 1'000'000)
-      return plan_fit_failed(InvalidArgument(fmt::format("{}: gradient_accumulation_steps {} is out of range (1..1000000)",
-                                              config.source, ga)));
+      return plan_fit_failed(InvalidArgument(
+          fmt::format("{}: gradient_accumulation_steps {} is out of range (1..1000000)", config.source, ga)));
     accum = static_cast<int>(ga);
   }
   if (a.seq > g.max_seq_len)
-    return plan_fit_failed(InvalidArgument(fmt::format("--seq {} is longer than the model's max_seq {}", a.seq, g.max_seq_len)));
+    return plan_fit_failed(
+        InvalidArgument(fmt::format("--seq {} is longer than the model's max_seq {}", a.seq, g.max_seq_len)));
 
   const std::string config_nvme = !config.zero_optimization.offload_optimizer.nvme_path.empty()
                                       ? config.zero_optimization.offload_optimizer.nvme_path

@@ -71,8 +71,10 @@ std::vector<PlacementRow> default_matrix(const std::vector<DType>& dtypes,
   for (const std::optional<cpu_adam::MomentStorage>& m : storages)
     for (DType dt : dtypes) {
       std::vector<PlacementRow> these;
-      for (const Placement& p : estimate_placements()) these.push_back({p.stage, p.optimizer, p.param, 1.0, dt, m, std::nullopt, std::nullopt});
-      for (double r : {0.25, 0.5, 0.75}) these.push_back({3, OffloadDevice::kCpu, OffloadDevice::kNone, r, dt, m, std::nullopt, std::nullopt});
+      for (const Placement& p : estimate_placements())
+        these.push_back({p.stage, p.optimizer, p.param, 1.0, dt, m, std::nullopt, std::nullopt});
+      for (double r : {0.25, 0.5, 0.75})
+        these.push_back({3, OffloadDevice::kCpu, OffloadDevice::kNone, r, dt, m, std::nullopt, std::nullopt});
       // fp32 keeps every placement (plan prints the memory of those the engine
       // cannot run, too); other storages only add the rows they can run.
       for (const PlacementRow& row : these)

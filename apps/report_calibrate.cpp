@@ -228,12 +228,13 @@ int run_calibrate(const CalibrateOptions& o) {
   if (o.embd) g.n_embd = o.embd;
   Result<DType> dt = parse_dtype(o.dtype);
   if (!dt.ok() || !is_state_float(*dt))
-    return calibrate_failed(InvalidArgument(fmt::format("--calibrate-dtype '{}' is not a parameter dtype; use fp32, bf16 or fp16",
-                                            printable(o.dtype, 64))));
+    return calibrate_failed(InvalidArgument(fmt::format(
+        "--calibrate-dtype '{}' is not a parameter dtype; use fp32, bf16 or fp16", printable(o.dtype, 64))));
   g.param_dtype = *dt;
   if (Status v = g.validate(); !v.ok()) return calibrate_failed(v);
   if (o.seq > g.max_seq_len)
-    return calibrate_failed(InvalidArgument(fmt::format("--calibrate-seq {} is longer than the model's max_seq {}", o.seq, g.max_seq_len)));
+    return calibrate_failed(
+        InvalidArgument(fmt::format("--calibrate-seq {} is longer than the model's max_seq {}", o.seq, g.max_seq_len)));
   std::string dir = o.path;
   std::error_code ec;
   if (dir.empty()) dir = std::filesystem::temp_directory_path(ec).string();
