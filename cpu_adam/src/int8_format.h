@@ -17,23 +17,29 @@ struct MiniFloat {
   static constexpr int M = kMantissa;
   static constexpr uint32_t kMaxCode = 15u << M;                       // 1.0
   static constexpr uint32_t kRebias = 112u << M;                        // (127 - 15) << M
-  static constexpr uint32_t kNormalMinBits = 113u << 23;                // bits of 2^-14
   static constexpr uint32_t kRoundHalf = (1u << (22 - M)) - 1u;         // RNE bias, before the lsb
-  static constexpr float kSubnormalMagic = static_cast<float>(1u << (9 - M));  // ulp 2^(-14-M)
   static constexpr float kSubnormalUnit = 1.0f / static_cast<float>(1u << (14 + M));  // 2^(-14-M)
+  static constexpr float kDownscale = 0x1p-112f;                        // 2^(15 - 127)
 
+  // Note [Codes from fp32's lowest binades]
+  // r * 2^-112 moves the code's range onto fp32's lowest binades: 1.0 to
+  // 2^-112 (exponent field 15), the code's smallest normal 2^-14 to fp32's
+  // smallest normal 2^-126, and the code's subnormals (multiples of
+  // 2^(-14-M)) to fp32 subnormals (multiples of 2^(23-M) in the bits). So
+  // the scaled value's bits, rounded to their top M mantissa bits as an
+  // integer (ties to even), are the code for every r, with no branch
+  // between normal and subnormal codes. The multiply is exact for
+  // r >= 2^-14; below, it rounds r to a multiple of 2^-37 first (an fp32
+  // subnormal result), so such an r within 2^-38 of a midpoint between two
+  // codes may round as if it were on the midpoint. It needs subnormal
+  // results, not flushed to zero: the kernels run under
+  // SubnormalsKept (float_environment.h).
+  //
   // |r| (any float bits; the sign is ignored) -> code, round to nearest even,
   // saturating at kMaxCode (only Inf/NaN or r > 1 + 2^-(M+1) saturate).
   static uint32_t encode(float r) {
-    const uint32_t a = std::bit_cast<uint32_t>(r) & 0x7fffffffu;
-    uint32_t q;
-    if (a < kNormalMinBits) {
-      // The float add rounds |r| to a multiple of 2^(-14-M) (nearest even).
-      const float sum = std::bit_cast<float>(a) + kSubnormalMagic;
-      q = std::bit_cast<uint32_t>(sum) - std::bit_cast<uint32_t>(kSubnormalMagic);
-    } else {
-      q = ((a + kRoundHalf + ((a >> (23 - M)) & 1u)) >> (23 - M)) - kRebias;
-    }
+    const uint32_t a = std::bit_cast<uint32_t>(r * kDownscale) & 0x7fffffffu;
+    const uint32_t q = (a + kRoundHalf + ((a >> (23 - M)) & 1u)) >> (23 - M);
     return q < kMaxCode ? q : kMaxCode;
   }
   static float decode(uint32_t q) {

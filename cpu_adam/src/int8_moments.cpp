@@ -15,12 +15,11 @@
 // above it are never written). Dynamic range 2^-17 (m) and 2^-18 (sqrt v)
 // of the block maximum; relative error <= 2^-(k+1) above 2^-14.
 // Encoding, exactly: inv = scale > 0 ? 1 / scale : 0 (one fp32 division per
-// block); r = |x| * inv (fp32, rounded to nearest even); with a = bits(r):
-//   a >= bits(2^-14): q = ((a + 2^(22-k) - 1 + lsb) >> (23 - k)) - (112 << k),
-//                     lsb = (a >> (23 - k)) & 1   (round to nearest, ties even)
-//   else:             q = bits(r + 2^(9-k)) - bits(2^(9-k))   (the fp32 add
-//                     rounds r to a multiple of 2^(-14-k), ties even)
-//   q = min(q, 15 << k).
+// block); r = |x| * inv (fp32, rounded to nearest even); with a =
+// bits(r * 2^-112) (Note [Codes from fp32's lowest binades], int8_format.h):
+//   q = (a + 2^(22-k) - 1 + lsb) >> (23 - k),  lsb = (a >> (23 - k)) & 1
+//   (round to nearest, ties even; r below 2^-14 is first rounded to a
+//   multiple of 2^-37 by the multiply), then q = min(q, 15 << k).
 // The block maximum is an unsigned max of the bit patterns with the sign
 // cleared (exact, independent of order and lane count). Decoding:
 // m = (decoded magnitude with the code's sign) * scale; u = decoded * scale,
@@ -38,6 +37,7 @@
 
 #include <fmt/format.h>
 
+#include "float_environment.h"
 #include "int8_format.h"
 
 namespace strata::cpu_adam {
@@ -61,6 +61,7 @@ Status quantize_moments(Int8Moment which, const float* values, size_t count, siz
                                        values == nullptr ? "values" : codes == nullptr ? "codes" : "scales", count));
   }
   const bool sq = which == Int8Moment::kExpAvgSq;
+  const detail::SubnormalsKept subnormals;  // Note [Subnormals kept]
   for (size_t begin = 0; begin < count; begin += block_elements) {
     const size_t end = std::min(count, begin + block_elements);
     uint32_t max_bits = 0;
@@ -92,6 +93,7 @@ Status dequantize_moments(Int8Moment which, const uint8_t* codes, const float* s
     return InvalidArgument(fmt::format("dequantize_moments: {} is null for {} elements",
                                        values == nullptr ? "values" : codes == nullptr ? "codes" : "scales", count));
   }
+  const detail::SubnormalsKept subnormals;  // Note [Subnormals kept]
   for (size_t i = 0; i < count; ++i) {
     const float scale = scales[i / block_elements];
     if (which == Int8Moment::kExpAvg) {
@@ -105,6 +107,7 @@ Status dequantize_moments(Int8Moment which, const uint8_t* codes, const float* s
 }
 
 uint8_t encode_magnitude(Int8Moment which, float normalized) {
+  const detail::SubnormalsKept subnormals;  // Note [Subnormals kept]
   return static_cast<uint8_t>(which == Int8Moment::kExpAvg ? detail::ExpAvgCode::encode(normalized)
                                                            : detail::ExpAvgSqCode::encode(normalized));
 }

@@ -35,6 +35,7 @@
 #include <oneapi/tbb/task_arena.h>
 #include <thread>
 
+#include "float_environment.h"
 #include "kernels.h"
 
 namespace strata::cpu_adam {
@@ -374,6 +375,7 @@ Result<GradStats> CpuOptimizer::grad_stats(const void* grads, DType grad_dtype, 
   const auto* bytes = static_cast<const char*>(grads);
   impl_->for_each_tile(tiles, [&](size_t i) {
     const size_t begin = i * tile;
+    const detail::SubnormalsKept subnormals;  // Note [Subnormals kept]
     partial[i] = impl_->kernels->sum_squares(bytes + begin * elem, grad_dtype, std::min(tile, count - begin));
   });
   GradStats stats;
@@ -403,7 +405,10 @@ Result<StepReport> CpuOptimizer::step(const StepArgs& args, const StateSpans& st
   impl_->for_each_tile(tiles, [&](size_t i) {
     const size_t begin = i * tile;
     const size_t count = std::min(tile, state.count - begin);
-    k.update(factors, tile_of(state, begin, count));
+    {
+      const detail::SubnormalsKept subnormals;  // Note [Subnormals kept]
+      k.update(factors, tile_of(state, begin, count));
+    }
     if (on_tile) on_tile(TileRange{i, begin, count});
   });
   report.tiles = tiles;
@@ -425,6 +430,7 @@ Status CpuOptimizer::stream_probe(const StateSpans& state, bool software_prefetc
   const auto fn = probe == ProbeKind::kStreaming ? k.stream : k.probe;
   impl_->for_each_tile(tiles, [&](size_t i) {
     const size_t begin = i * tile;
+    const detail::SubnormalsKept subnormals;  // Note [Subnormals kept]
     fn(factors, tile_of(state, begin, std::min(tile, state.count - begin)));
   });
   return Status::Ok();

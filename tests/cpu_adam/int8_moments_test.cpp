@@ -7,10 +7,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <stdexcept>
 #include <random>
 #include <vector>
+
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
 
 #include "strata/cpu_adam/int8_moments.h"
 #include "strata/cpu_adam/optimizer.h"
@@ -60,6 +65,23 @@ TEST(Int8Code, RoundsToNearestWithTiesToEven) {
   EXPECT_EQ(encode_magnitude(kV, std::nextafter(std::ldexp(1.0f, -14), 0.0f)), 16);
   EXPECT_EQ(encode_magnitude(kV, 0.99f), 240);
 }
+
+// Note [Codes from fp32's lowest binades]: below 2^-14, r is first rounded to
+// a multiple of 2^-37 (the multiply by 2^-112 lands on fp32 subnormals), then
+// to the code. So an r just below a midpoint, closer than 2^-38, rounds as
+// the midpoint does (to even); one a whole 2^-36 below it rounds down.
+TEST(Int8Code, BelowTwoToMinus14ValuesAreFirstRoundedToMultiplesOfTwoToMinus37) {
+  const float midpoint = 1.5f * std::ldexp(1.0f, -17);  // between codes 1 and 2 of m
+  EXPECT_EQ(encode_magnitude(kM, midpoint - std::ldexp(1.0f, -40)), 2);
+  EXPECT_EQ(encode_magnitude(kM, midpoint - std::ldexp(1.0f, -36)), 1);
+  EXPECT_EQ(encode_magnitude(kM, midpoint + std::ldexp(1.0f, -40)), 2);
+  // At and above 2^-14 the multiply is exact: nothing is rounded twice.
+  const float normal_midpoint = std::ldexp(1.0f + 1.0f / 16.0f, -14);  // between codes 8 and 9 of m
+  EXPECT_EQ(encode_magnitude(kM, normal_midpoint), 8);
+  EXPECT_EQ(encode_magnitude(kM, std::nextafter(normal_midpoint, 0.0f)), 8);
+  EXPECT_EQ(encode_magnitude(kM, std::nextafter(normal_midpoint, 1.0f)), 9);
+}
+
 
 // Random codes with the value 1.0 somewhere in every block (as quantizing makes them).
 std::vector<uint8_t> random_codes(Int8Moment which, size_t count, size_t block, uint32_t seed) {
@@ -242,6 +264,35 @@ TEST(Int8Step, IsDequantizeThenFp32StepThenQuantize) {
     EXPECT_EQ(0, std::memcmp(v_scales.data(), s.v_scales(), blocks * 4));
   }
 }
+
+#if defined(__x86_64__)
+// Note [Subnormals kept]: a caller whose MXCSR flushes subnormals (as
+// torch.set_flush_denormal(True) leaves it) gets the same codes and the same
+// step, bit for bit, and its MXCSR back.
+TEST(Int8Code, FlushToZeroOnTheCallingThreadChangesNothing) {
+  constexpr unsigned kFlushBits = (1u << 15) | (1u << 6);  // FTZ, DAZ
+  const float small = 3.0f * std::ldexp(1.0f, -17);  // a code subnormal: an fp32 subnormal once scaled
+  const Mix mix{OptimizerKind::kAdamW, DType::kF32, DType::kF32, true, DType::kBF16, true, 64};
+  TestState plain(mix, 1000, 1), flushed(mix, 1000, 1);
+  plain.fill(5);
+  flushed.fill(5);
+  CpuOptimizer opt = make_optimizer(mix.kind, KernelPath::kAuto, 2, 256);
+  const uint8_t expected = encode_magnitude(kM, small);
+  for (int64_t t = 1; t <= 3; ++t) ASSERT_TRUE(opt.step(adamw_args(t), plain.spans()).ok());
+  const unsigned saved = _mm_getcsr();
+  _mm_setcsr(saved | kFlushBits);
+  const uint8_t got = encode_magnitude(kM, small);
+  bool stepped = true;
+  for (int64_t t = 1; t <= 3; ++t) stepped = stepped && opt.step(adamw_args(t), flushed.spans()).ok();
+  const unsigned after = _mm_getcsr();
+  _mm_setcsr(saved);
+  EXPECT_EQ(expected, 3);
+  EXPECT_EQ(got, expected);
+  ASSERT_TRUE(stepped);
+  EXPECT_TRUE(plain.snapshot() == flushed.snapshot());
+  EXPECT_EQ(after & kFlushBits, kFlushBits) << "the caller's MXCSR was not restored";
+}
+#endif
 
 class Int8Paths : public ::testing::TestWithParam<KernelPath> {
  protected:

@@ -118,20 +118,12 @@ struct CountingIsa {
   using R8 = uint8_t;
   static VI set1i(uint32_t x) { return x; }
   static VI as_int(V x) { return std::bit_cast<uint32_t>(x); }
-  static V as_float(VI x) { return std::bit_cast<float>(x); }
   static VI and_i(VI a, VI b) { return a & b; }
-  static VI or_i(VI a, VI b) { return a | b; }
   static VI add_i(VI a, VI b) { return a + b; }
-  static VI sub_i(VI a, VI b) { return a - b; }
   template <int S>
   static VI srli(VI a) { return a >> S; }
-  template <int S>
-  static VI slli(VI a) { return a << S; }
   static VI min_u32(VI a, VI b) { return std::min(a, b); }
   static VI max_u32(VI a, VI b) { return std::max(a, b); }
-  static VI select_lt(VI a, VI bound, VI if_less, VI otherwise) {
-    return static_cast<int32_t>(a) < static_cast<int32_t>(bound) ? if_less : otherwise;
-  }
   template <class Code, bool kSigned>
   static V load_codes(const uint8_t* p) {  // the reference's decode (int8_format.h), unscaled
     record(p, 1, false);

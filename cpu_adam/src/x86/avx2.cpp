@@ -79,20 +79,12 @@ struct Avx2 {
   using VI = __m256i;
   static VI set1i(uint32_t x) { return _mm256_set1_epi32(static_cast<int>(x)); }
   static VI as_int(V x) { return _mm256_castps_si256(x); }
-  static V as_float(VI x) { return _mm256_castsi256_ps(x); }
   static VI and_i(VI a, VI b) { return _mm256_and_si256(a, b); }
-  static VI or_i(VI a, VI b) { return _mm256_or_si256(a, b); }
   static VI add_i(VI a, VI b) { return _mm256_add_epi32(a, b); }
-  static VI sub_i(VI a, VI b) { return _mm256_sub_epi32(a, b); }
   template <int S>
   static VI srli(VI a) { return _mm256_srli_epi32(a, S); }
-  template <int S>
-  static VI slli(VI a) { return _mm256_slli_epi32(a, S); }
   static VI min_u32(VI a, VI b) { return _mm256_min_epu32(a, b); }
   static VI max_u32(VI a, VI b) { return _mm256_max_epu32(a, b); }
-  static VI select_lt(VI a, VI bound, VI if_less, VI otherwise) {
-    return _mm256_blendv_epi8(otherwise, if_less, _mm256_cmpgt_epi32(bound, a));
-  }
   static void store_u8(uint8_t* p, VI x) {  // lanes hold 0..255
     const __m128i words = _mm_packus_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
     _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packus_epi16(words, words));

@@ -76,20 +76,12 @@ struct Avx512 {
   using VI = __m512i;
   static VI set1i(uint32_t x) { return _mm512_set1_epi32(static_cast<int>(x)); }
   static VI as_int(V x) { return _mm512_castps_si512(x); }
-  static V as_float(VI x) { return _mm512_castsi512_ps(x); }
   static VI and_i(VI a, VI b) { return _mm512_and_si512(a, b); }
-  static VI or_i(VI a, VI b) { return _mm512_or_si512(a, b); }
   static VI add_i(VI a, VI b) { return _mm512_add_epi32(a, b); }
-  static VI sub_i(VI a, VI b) { return _mm512_sub_epi32(a, b); }
   template <int S>
   static VI srli(VI a) { return _mm512_srli_epi32(a, S); }
-  template <int S>
-  static VI slli(VI a) { return _mm512_slli_epi32(a, S); }
   static VI min_u32(VI a, VI b) { return _mm512_min_epu32(a, b); }
   static VI max_u32(VI a, VI b) { return _mm512_max_epu32(a, b); }
-  static VI select_lt(VI a, VI bound, VI if_less, VI otherwise) {
-    return _mm512_mask_blend_epi32(_mm512_cmplt_epi32_mask(a, bound), otherwise, if_less);
-  }
   static void store_u8(uint8_t* p, VI x) {  // vpmovdb: lanes hold 0..255
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(x));
   }

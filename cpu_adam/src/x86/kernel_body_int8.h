@@ -11,14 +11,12 @@
 // (3) encode the buffer to codes. Every lane performs the integer and float
 // operations of int8_format.h, so codes and scales equal the reference's.
 //
-// Extra traits used here: VI (32-bit integer lanes), set1i, as_int,
-// as_float, and_i, or_i, add_i, sub_i, srli<S>, slli<S>, min_u32, max_u32,
-// select_lt (a < bound, signed), store_u8 (one byte per lane, truncated),
-// store_u8x4 (four vectors' lanes, 0..255, as 4W consecutive bytes), or_bit7
-// (a | (b & 0x80)),
-// load_codes<Code, signed> (one vector of codes decoded, Note [Codes through
-// fp16]), hmax_u32, load_scale / store_scale; for the streaming probe R8
-// with load_raw8 / store_raw8.
+// Extra traits used here: VI (32-bit integer lanes), set1i, as_int, and_i,
+// add_i, srli<S>, min_u32, max_u32, store_u8 (one byte per lane,
+// truncated), store_u8x4 (four vectors' lanes, 0..255, as 4W consecutive
+// bytes), or_bit7 (a | (b & 0x80)), load_codes<Code, signed> (one vector of
+// codes decoded, Note [Codes through fp16]), hmax_u32, load_scale /
+// store_scale; for the streaming probe R8 with load_raw8 / store_raw8.
 #include <algorithm>
 #include <bit>
 
@@ -36,22 +34,18 @@ struct Int8Kernels {
   using Consts = typename K::Consts;
   static constexpr size_t W = I::kWidth;
 
-  // kNonNegative: r is +0, positive or NaN (sqrt(v) / scale): its sign bit
-  // is set only on a NaN, which saturates with or without it (signed below
-  // 2^-14, its subnormal difference is a huge unsigned value, clamped by the
-  // min like the cleared NaN's), so the mask is skipped.
+  // Note [Codes from fp32's lowest binades] (int8_format.h): scaled by
+  // 2^-112, the value's bits rounded to M mantissa bits are the code, normal
+  // or subnormal. kNonNegative: r is +0, positive or NaN (sqrt(v) / scale),
+  // so the sign mask is skipped (a NaN with its sign set is a huge unsigned
+  // value, clamped by the min like the cleared NaN).
   template <class Code, bool kNonNegative = false>
   static VI encode(V r) {
     constexpr int M = Code::M;
-    const VI a = kNonNegative ? I::as_int(r) : I::and_i(I::as_int(r), I::set1i(0x7fffffffu));
-    const V sum = I::add(I::as_float(a), I::set1(Code::kSubnormalMagic));
-    const VI q_sub = I::sub_i(I::as_int(sum), I::set1i(std::bit_cast<uint32_t>(Code::kSubnormalMagic)));
-    // ((a + half + lsb) >> s) - (112 << M) with the rebias folded into the
-    // add: exact wherever a >= 2^-14 (the lanes this path is selected for).
+    const VI scaled = I::as_int(I::mul(r, I::set1(Code::kDownscale)));
+    const VI a = kNonNegative ? scaled : I::and_i(scaled, I::set1i(0x7fffffffu));
     const VI lsb = I::and_i(I::template srli<23 - M>(a), I::set1i(1));
-    constexpr uint32_t kRoundHalfRebiased = Code::kRoundHalf - (Code::kRebias << (23 - M));
-    const VI q_normal = I::template srli<23 - M>(I::add_i(I::add_i(a, I::set1i(kRoundHalfRebiased)), lsb));
-    const VI q = I::select_lt(a, I::set1i(Code::kNormalMinBits), q_sub, q_normal);
+    const VI q = I::template srli<23 - M>(I::add_i(I::add_i(a, I::set1i(Code::kRoundHalf)), lsb));
     return I::min_u32(q, I::set1i(Code::kMaxCode));
   }
   // One vector of codes <-> values (unscaled: m / scale, sqrt(v) / scale).
