@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "cuda/device_adam_kernel.h"
+#include "strata/cpu_adam/int8_moments.h"
 #include "strata/cpu_adam/optimizer.h"
 
 namespace strata::offload {
@@ -49,9 +50,9 @@ Status validate_device_adam(const DeviceAdamArgs& args, std::span<const DeviceAd
     return InvalidArgument(fmt::format("device_adam: grad_dtype = {} is not supported; use fp32, bf16 or fp16",
                                        dtype_name(args.grad_dtype)));
   }
-  if (args.moment_dtype != DType::kF32 && args.moment_dtype != DType::kBF16) {
-    return InvalidArgument(fmt::format("device_adam: moment_dtype = {} is not supported; use fp32 or bf16",
-                                       dtype_name(args.moment_dtype)));
+  if (args.moments.blocked()) {
+    STRATA_RETURN_IF_ERROR(cpu_adam::validate_moment_block_elements(args.moments.block_elements(),
+                                                                    "device_adam: moments' block_elements"));
   }
   for (size_t i = 0; i < tensors.size(); ++i) {
     const DeviceAdamTensor& t = tensors[i];
@@ -123,17 +124,24 @@ Status device_adam_step(Stream& stream, const DeviceAdamArgs& args, std::span<co
                                    "kernel runs on cuda streams only (on the cpu device, step with "
                                    "cpu_adam::CpuOptimizer as stream work)", caps.backend, caps.name));
   }
+  const cpu_adam::MomentStorage& moments = args.moments;
   std::vector<detail::KernelTensor> kernel_tensors;
   for (const DeviceAdamTensor& t : tensors) {
     if (t.count == 0) continue;
-    kernel_tensors.push_back({t.params, t.grads, t.exp_avg, t.exp_avg_sq, t.param_copy,
+    // The block scales sit behind the codes in the same buffer (only pointer
+    // arithmetic: these are device addresses).
+    float* m_scales = moments.blocked() ? moments.scales(t.exp_avg, t.count) : nullptr;
+    float* v_scales = moments.blocked() ? moments.scales(t.exp_avg_sq, t.count) : nullptr;
+    kernel_tensors.push_back({t.params, t.grads, t.exp_avg, t.exp_avg_sq, t.param_copy, m_scales, v_scales,
                               static_cast<unsigned long long>(t.count)});
   }
   if (kernel_tensors.empty()) return Status::Ok();
+  const detail::KernelMoments kernel_moments{
+      moments.blocked() ? detail::KernelDType::kF32 : kernel_dtype(moments.element_dtype()),
+      static_cast<unsigned>(moments.block_elements())};
   const detail::LaunchResult r = detail::launch_device_adam(
-      stream.native_handle(), make_device_adam_factors(args), kernel_dtype(args.grad_dtype),
-      kernel_dtype(args.moment_dtype), kernel_dtype(args.param_copy_dtype), kernel_tensors.data(),
-      kernel_tensors.size());
+      stream.native_handle(), make_device_adam_factors(args), kernel_dtype(args.grad_dtype), kernel_moments,
+      kernel_dtype(args.param_copy_dtype), kernel_tensors.data(), kernel_tensors.size());
   switch (r.error) {
     case detail::LaunchError::kNone: return Status::Ok();
     case detail::LaunchError::kOutOfMemory:

@@ -332,11 +332,11 @@ Status UpdateScheduler::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimize
     da.clip_coefficient = args.clip_coefficient;
     da.loss_scale = args.loss_scale;
     da.grad_dtype = ctx_.opt.grad_dtype;
-    da.moment_dtype = ctx_.opt.moments.element_dtype();  // (int8 was refused at make_memory_state_tier)
+    da.moments = ctx_.opt.moments;  // fp32 or bf16 (int8 was refused at make_memory_state_tier)
     da.param_copy_dtype = param_dtype == DType::kF32 ? DType::kBF16 : param_dtype;
     // One launch per distinct set of hyper-parameters (usually one), over
     // the runs that have it.
-    const size_t grad_bytes = dtype_size(ctx_.opt.grad_dtype), me = dtype_size(da.moment_dtype),
+    const size_t grad_bytes = dtype_size(ctx_.opt.grad_dtype), me = dtype_size(da.moments.element_dtype()),
                  element_bytes = dtype_size(param_dtype);
     std::vector<std::pair<cpu_adam::HyperParams, std::vector<DeviceAdamTensor>>> launches;
     for (const PieceJob& j : jobs) {

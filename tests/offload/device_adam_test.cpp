@@ -63,8 +63,18 @@ HostTensor make_tensor(size_t count, const DeviceAdamArgs& args, bool with_copy,
     m[i] = moment(rng);
     v[i] = second(rng);
   }
-  t.exp_avg = encode(m, args.moment_dtype);
-  t.exp_avg_sq = encode(v, args.moment_dtype);
+  if (args.moments.blocked()) {  // codes and scales in MomentStorage's layout, from the fp32 values
+    t.exp_avg.assign(args.moments.moment_bytes(count), 0);
+    t.exp_avg_sq.assign(args.moments.moment_bytes(count), 0);
+    EXPECT_TRUE(args.moments.write_fp32(cpu_adam::Int8Moment::kExpAvg, m.data(), count, 0, count, t.exp_avg.data())
+                    .ok());
+    EXPECT_TRUE(
+        args.moments.write_fp32(cpu_adam::Int8Moment::kExpAvgSq, v.data(), count, 0, count, t.exp_avg_sq.data())
+            .ok());
+  } else {
+    t.exp_avg = encode(m, args.moments.element_dtype());
+    t.exp_avg_sq = encode(v, args.moments.element_dtype());
+  }
   if (with_copy) t.param_copy.assign(count * 2, 0xab);
   return t;
 }
@@ -125,10 +135,11 @@ TEST(DeviceAdamValidate, DtypesNamed) {
   EXPECT_THAT(s.message(), HasSubstr("grad_dtype = fp64"));
 
   a = base_args();
-  a.moment_dtype = DType::kF16;
+  a.moments = cpu_adam::MomentStorage::int8(100);
   s = validate_device_adam(a, {&plain, 1});
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.message(), HasSubstr("moment_dtype = fp16"));
+  EXPECT_THAT(s.message(), HasSubstr("device_adam: moments' block_elements = 100 must be a multiple of 64"));
+  EXPECT_EQ(device_adam_reference(a, {&plain, 1}).code(), StatusCode::kInvalidArgument);
 
   a = base_args();
   a.param_copy_dtype = DType::kF32;
@@ -248,12 +259,7 @@ TEST(DeviceAdamReference, FollowsTheUpdateFormulas) {
 
 // The reference over a list equals stepping each tensor on its own with the
 // default CpuOptimizer path (bit-identical to scalar by cpu_adam's own claim).
-TEST(DeviceAdamReference, ListEqualsPerTensorSteps) {
-  DeviceAdamArgs a = base_args();
-  a.grad_dtype = DType::kF16;
-  a.moment_dtype = DType::kBF16;
-  a.param_copy_dtype = DType::kF16;
-  a.loss_scale = 1024.0;
+void expect_list_equals_per_tensor_steps(const DeviceAdamArgs& a) {
   std::vector<HostTensor> list, single;
   const size_t sizes[] = {1, 0, 3, 4097};
   for (size_t i = 0; i < 4; ++i) {
@@ -265,15 +271,19 @@ TEST(DeviceAdamReference, ListEqualsPerTensorSteps) {
   for (HostTensor& t : list) views.push_back(view(t));
   ASSERT_TRUE(device_adam_reference(a, views).ok());
 
-  Result<cpu_adam::CpuOptimizer> opt = cpu_adam::CpuOptimizer::create({.kind = a.kind, .threads = 1});
+  // Tiles of whole 8-bit blocks (a block may not straddle two tiles).
+  const size_t block = a.moments.block_elements();
+  const size_t tile = block == 0 ? 65536 : block * (65536 / block);
+  Result<cpu_adam::CpuOptimizer> opt =
+      cpu_adam::CpuOptimizer::create({.kind = a.kind, .threads = 1, .tile_elements = tile});
   ASSERT_TRUE(opt.ok());
   for (size_t i = 0; i < single.size(); ++i) {
     HostTensor& t = single[i];
-    const cpu_adam::StateSpans s{.count = t.count, .params = t.params.data(), .grads = t.grads.data(),
-                                 .grad_dtype = a.grad_dtype, .exp_avg = t.exp_avg.data(),
-                                 .exp_avg_sq = t.exp_avg_sq.data(), .moment_dtype = a.moment_dtype,
-                                 .param_copy = t.param_copy.empty() ? nullptr : t.param_copy.data(),
-                                 .param_copy_dtype = a.param_copy_dtype};
+    cpu_adam::StateSpans s{.count = t.count, .params = t.params.data(), .grads = t.grads.data(),
+                           .grad_dtype = a.grad_dtype,
+                           .param_copy = t.param_copy.empty() ? nullptr : t.param_copy.data(),
+                           .param_copy_dtype = a.param_copy_dtype};
+    a.moments.point(s, t.exp_avg.data(), t.exp_avg_sq.data(), t.count, 0);
     ASSERT_TRUE(opt->step({.step = a.step, .hyper = a.hyper, .loss_scale = a.loss_scale}, s).ok());
     // (A count-0 tensor has no data: memcmp of a null pointer is undefined even for 0 bytes.)
     if (t.count != 0) {
@@ -282,6 +292,27 @@ TEST(DeviceAdamReference, ListEqualsPerTensorSteps) {
     EXPECT_EQ(t.exp_avg, list[i].exp_avg) << "tensor " << i;
     EXPECT_EQ(t.exp_avg_sq, list[i].exp_avg_sq) << "tensor " << i;
     EXPECT_EQ(t.param_copy, list[i].param_copy) << "tensor " << i;
+  }
+}
+
+TEST(DeviceAdamReference, ListEqualsPerTensorSteps) {
+  DeviceAdamArgs a = base_args();
+  a.grad_dtype = DType::kF16;
+  a.moments = cpu_adam::MomentStorage::bf16();
+  a.param_copy_dtype = DType::kF16;
+  a.loss_scale = 1024.0;
+  expect_list_equals_per_tensor_steps(a);
+}
+
+// 8-bit moments (codes and scales behind them in one buffer per moment), with
+// a block size that divides no power of two.
+TEST(DeviceAdamReference, Int8ListEqualsPerTensorSteps) {
+  for (size_t block : {size_t{64}, size_t{192}, size_t{256}}) {
+    DeviceAdamArgs a = base_args();
+    a.grad_dtype = DType::kBF16;
+    a.moments = cpu_adam::MomentStorage::int8(block);
+    expect_list_equals_per_tensor_steps(a);
+    if (::testing::Test::HasFailure()) return;
   }
 }
 
@@ -376,12 +407,13 @@ class DeviceAdamGpu : public ::testing::Test {
       download(got.param_copy.data(), dev[i].param_copy, h.param_copy.size());
       const std::string what = "tensor " + std::to_string(i) + " (" + std::to_string(h.count) + " elements, grads " +
                                std::string(dtype_name(a.grad_dtype)) + ", moments " +
-                               std::string(dtype_name(a.moment_dtype)) + ", kind " +
+                               std::string(a.moments.name()) + ", kind " +
                                std::string(optimizer_kind_name(a.kind)) + ")";
       expect_same_bits(got.params.data(), h.params.data(), h.params.size() * 4, 4, what + " params");
-      expect_same_bits(got.exp_avg.data(), h.exp_avg.data(), h.exp_avg.size(), dtype_size(a.moment_dtype),
-                       what + " exp_avg");
-      expect_same_bits(got.exp_avg_sq.data(), h.exp_avg_sq.data(), h.exp_avg_sq.size(), dtype_size(a.moment_dtype),
+      // 8-bit moments: byte by byte over the codes, the padding and the scales.
+      const size_t moment_elem = a.moments.blocked() ? 1 : dtype_size(a.moments.element_dtype());
+      expect_same_bits(got.exp_avg.data(), h.exp_avg.data(), h.exp_avg.size(), moment_elem, what + " exp_avg");
+      expect_same_bits(got.exp_avg_sq.data(), h.exp_avg_sq.data(), h.exp_avg_sq.size(), moment_elem,
                        what + " exp_avg_sq");
       expect_same_bits(got.param_copy.data(), h.param_copy.data(), h.param_copy.size(), 2, what + " param_copy");
     }
@@ -407,16 +439,39 @@ TEST_F(DeviceAdamGpu, EveryDtypeMixBitIdenticalToReference) {
   uint32_t seed = 1;
   for (OptimizerKind kind : {OptimizerKind::kAdam, OptimizerKind::kAdamW}) {
     for (DType grad : {DType::kF32, DType::kBF16, DType::kF16}) {
-      for (DType moment : {DType::kF32, DType::kBF16}) {
+      for (cpu_adam::MomentStorage moments : {cpu_adam::MomentStorage::fp32(), cpu_adam::MomentStorage::bf16()}) {
         for (DType copy : {DType::kBF16, DType::kF16}) {
           DeviceAdamArgs a = base_args();
           a.kind = kind;
           a.grad_dtype = grad;
-          a.moment_dtype = moment;
+          a.moments = moments;
           a.param_copy_dtype = copy;
           a.loss_scale = grad == DType::kF16 ? 1024.0 : 1.0;
           check(a, kOddSizes, /*copies=*/true, /*steps=*/3, seed++);
           if (HasFatalFailure()) return;
+        }
+      }
+    }
+  }
+}
+
+// 8-bit moments: every grad dtype and copy, Adam and AdamW, block sizes from
+// 64 to 4096 (192 divides no chunk of a power-of-two size), odd sizes that
+// leave partial blocks, three steps with clipping on one.
+TEST_F(DeviceAdamGpu, Int8MomentsBitIdenticalToReference) {
+  uint32_t seed = 500;
+  for (size_t block : {size_t{64}, size_t{192}, size_t{256}, size_t{4096}}) {
+    for (OptimizerKind kind : {OptimizerKind::kAdam, OptimizerKind::kAdamW}) {
+      for (DType grad : {DType::kF32, DType::kBF16, DType::kF16}) {
+        for (DType copy : {DType::kBF16, DType::kF16}) {
+          DeviceAdamArgs a = base_args();
+          a.kind = kind;
+          a.grad_dtype = grad;
+          a.moments = cpu_adam::MomentStorage::int8(block);
+          a.param_copy_dtype = copy;
+          a.loss_scale = grad == DType::kF16 ? 1024.0 : 1.0;
+          check(a, kOddSizes, /*copies=*/true, /*steps=*/3, seed++);
+          if (HasFatalFailure() || HasFailure()) return;
         }
       }
     }

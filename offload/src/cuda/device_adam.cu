@@ -5,7 +5,7 @@
 // Note [Chunk table]
 // Many tensors of very different sizes (a 1-element bias beside a 50M
 // embedding) are stepped by ONE launch: every tensor is cut into chunks of
-// kChunkElements, and block b of the grid steps chunk b, found through a
+// kChunkElements (8-bit moments: of whole moment blocks), and block b of the grid steps chunk b, found through a
 // table of (tensor index, chunk index) pairs; the tensors' pointers sit in
 // front of it in the same device allocation. The table is built on the host,
 // copied into a stream-ordered allocation (cudaMallocAsync), read by the
@@ -134,6 +134,139 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// --- 8-bit moments: cpu_adam/src/int8_format.h, on the device --------------
+//
+// Note [Block-wise 8-bit moments] (cpu_adam/src/int8_moments.cpp): per block
+// of B elements one fp32 scale per moment (the largest |m|, the largest
+// u = sqrt(v)), per element a code: m as sign << 7 | E4M3(|m| / scale),
+// sqrt(v) as E4M4(u / scale). Decoding and encoding repeat int8_format.h's
+// integer and float operations (Note [Codes from fp32's lowest binades]:
+// the code is the integer rounding of the bits of r * 2^-112, a subnormal
+// product below 2^-14, which -ftz=false keeps), so codes and scales equal
+// the CPU reference's bit for bit.
+
+template <int M>
+__device__ __forceinline__ float decode_magnitude(uint32_t q) {
+  if (q >= (1u << M)) return __uint_as_float((q + (112u << M)) << (23 - M));
+  return __fmul_rn(__int2float_rn(static_cast<int>(q)), 1.0f / static_cast<float>(1u << (14 + M)));
+}
+
+template <int M>
+__device__ __forceinline__ uint32_t encode_magnitude(float r) {
+  const uint32_t a = __float_as_uint(__fmul_rn(r, 0x1p-112f)) & 0x7fffffffu;
+  const uint32_t q = (a + ((1u << (22 - M)) - 1u) + ((a >> (23 - M)) & 1u)) >> (23 - M);
+  return q < (15u << M) ? q : (15u << M);
+}
+
+__device__ __forceinline__ float decode_exp_avg(uint8_t code, float scale) {
+  const float magnitude = decode_magnitude<3>(code & 0x7fu);
+  return __fmul_rn(__uint_as_float(__float_as_uint(magnitude) | (static_cast<uint32_t>(code & 0x80u) << 24)), scale);
+}
+__device__ __forceinline__ uint8_t encode_exp_avg(float m, float inv_scale) {
+  const uint32_t sign = (__float_as_uint(m) >> 24) & 0x80u;
+  return static_cast<uint8_t>(sign | encode_magnitude<3>(__fmul_rn(m, inv_scale)));
+}
+__device__ __forceinline__ float decode_exp_avg_sq_root(uint8_t code, float scale) {
+  return __fmul_rn(decode_magnitude<4>(code), scale);
+}
+__device__ __forceinline__ uint8_t encode_exp_avg_sq_root(float u, float inv_scale) {
+  return static_cast<uint8_t>(encode_magnitude<4>(__fmul_rn(u, inv_scale)));
+}
+__device__ __forceinline__ float inverse_scale(float scale) { return scale > 0.0f ? __fdiv_rn(1.0f, scale) : 0.0f; }
+
+// The largest of every thread's value in the block (exact: unsigned max).
+__device__ __forceinline__ uint32_t block_max(uint32_t x, uint32_t* warp_maxima) {
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const uint32_t other = __shfl_xor_sync(0xffffffffu, x, offset);
+    x = other > x ? other : x;
+  }
+  if (threadIdx.x % 32 == 0) warp_maxima[threadIdx.x / 32] = x;
+  __syncthreads();
+  uint32_t m = 0;
+  for (unsigned w = 0; w < kThreads / 32; ++w) m = warp_maxima[w] > m ? warp_maxima[w] : m;
+  return m;
+}
+
+// G: gradient dtype, C: copy dtype. One block per chunk of whole moment
+// blocks (Note [Chunk table]); per moment block: update, keep m and u in
+// shared memory (2 * block_elements floats, dynamic), take the maxima,
+// encode. The CPU reference's order per element (reference.cpp's
+// adam_update_int8).
+template <KernelDType G, KernelDType C>
+__global__ void __launch_bounds__(kThreads)
+    adam_int8_kernel(const KernelTensor* __restrict__ tensors, const ChunkEntry* __restrict__ chunks,
+                     DeviceAdamFactors f, unsigned block_elements, unsigned chunk_elements) {
+  extern __shared__ float moment_buffers[];
+  __shared__ uint32_t warp_maxima[2][kThreads / 32];
+  float* const m_new = moment_buffers;
+  float* const u_new = moment_buffers + block_elements;
+  const ChunkEntry entry = chunks[blockIdx.x];
+  const KernelTensor t = tensors[entry.tensor];
+  auto* const m_codes = static_cast<uint8_t*>(t.exp_avg);
+  auto* const v_codes = static_cast<uint8_t*>(t.exp_avg_sq);
+  const size_t chunk_begin = static_cast<size_t>(entry.chunk) * chunk_elements;
+  const size_t chunk_end =
+      chunk_begin + chunk_elements < t.count ? chunk_begin + chunk_elements : static_cast<size_t>(t.count);
+  for (size_t begin = chunk_begin; begin < chunk_end; begin += block_elements) {
+    const size_t n = begin + block_elements < chunk_end ? block_elements : chunk_end - begin;
+    const size_t block = begin / block_elements;
+    const float m_scale = t.exp_avg_scale[block], u_scale = t.exp_avg_sq_scale[block];
+    uint32_t m_max = 0, u_max = 0;
+    for (size_t j = threadIdx.x; j < n; j += kThreads) {
+      const size_t i = begin + j;
+      float p = t.params[i];
+      float g = __fmul_rn(load<G>(t.grads, i), f.grad_multiplier);
+      float m = decode_exp_avg(m_codes[i], m_scale);
+      const float u_old = decode_exp_avg_sq_root(v_codes[i], u_scale);
+      float v = __fmul_rn(u_old, u_old);
+      if (f.l2_decay) g = __fmaf_rn(f.weight_decay, p, g);
+      m = __fmaf_rn(f.one_minus_beta1, __fsub_rn(g, m), m);
+      v = __fmaf_rn(__fmul_rn(f.one_minus_beta2, g), g, __fmul_rn(v, f.beta2));
+      const float u = __fsqrt_rn(v);
+      const float denom = __fmaf_rn(u, f.inv_bias_correction2_sqrt, f.eps);
+      if (f.decoupled_decay) p = __fmul_rn(p, f.decay_factor);
+      p = __fmaf_rn(f.neg_step_size, __fdiv_rn(m, denom), p);
+      t.params[i] = p;
+      if (t.param_copy != nullptr) store<C>(t.param_copy, i, p);
+      m_new[j] = m;
+      u_new[j] = u;
+      const uint32_t m_bits = __float_as_uint(m) & 0x7fffffffu, u_bits = __float_as_uint(u) & 0x7fffffffu;
+      m_max = m_bits > m_max ? m_bits : m_max;
+      u_max = u_bits > u_max ? u_bits : u_max;
+    }
+    // Every thread has read this block's old scales and written its buffer
+    // entries before the first barrier in block_max.
+    const float m_scale_new = __uint_as_float(block_max(m_max, warp_maxima[0]));
+    const float u_scale_new = __uint_as_float(block_max(u_max, warp_maxima[1]));
+    const float m_inv = inverse_scale(m_scale_new), u_inv = inverse_scale(u_scale_new);
+    for (size_t j = threadIdx.x; j < n; j += kThreads) {
+      m_codes[begin + j] = encode_exp_avg(m_new[j], m_inv);
+      v_codes[begin + j] = encode_exp_avg_sq_root(u_new[j], u_inv);
+    }
+    if (threadIdx.x == 0) {
+      t.exp_avg_scale[block] = m_scale_new;
+      t.exp_avg_sq_scale[block] = u_scale_new;
+    }
+    __syncthreads();  // the buffers and warp maxima are reused by the next block
+  }
+}
+
+using Int8KernelFn = void (*)(const KernelTensor*, const ChunkEntry*, DeviceAdamFactors, unsigned, unsigned);
+
+Int8KernelFn pick_int8_kernel(KernelDType g, KernelDType c) {
+  const bool f16_copy = c == KernelDType::kF16;
+  if (g == KernelDType::kBF16) {
+    return f16_copy ? &adam_int8_kernel<KernelDType::kBF16, KernelDType::kF16>
+                    : &adam_int8_kernel<KernelDType::kBF16, KernelDType::kBF16>;
+  }
+  if (g == KernelDType::kF16) {
+    return f16_copy ? &adam_int8_kernel<KernelDType::kF16, KernelDType::kF16>
+                    : &adam_int8_kernel<KernelDType::kF16, KernelDType::kBF16>;
+  }
+  return f16_copy ? &adam_int8_kernel<KernelDType::kF32, KernelDType::kF16>
+                  : &adam_int8_kernel<KernelDType::kF32, KernelDType::kBF16>;
+}
+
 using KernelFn = void (*)(const KernelTensor*, const ChunkEntry*, DeviceAdamFactors);
 
 template <KernelDType G, KernelDType M>
@@ -185,16 +318,21 @@ class StreamDeviceGuard {
 }  // namespace
 
 LaunchResult launch_device_adam(void* cuda_stream, const DeviceAdamFactors& factors, KernelDType grad_dtype,
-                                KernelDType moment_dtype, KernelDType param_copy_dtype, const KernelTensor* tensors,
+                                KernelMoments moments, KernelDType param_copy_dtype, const KernelTensor* tensors,
                                 size_t tensor_count) {
   const auto stream = static_cast<cudaStream_t>(cuda_stream);
+  // 8-bit moments: chunks of whole moment blocks (B divides no power of two
+  // when it is, say, 192), about kChunkElements each.
+  const unsigned block = moments.block_elements;
+  const size_t blocks_per_chunk = block == 0 || kChunkElements < block ? 1 : kChunkElements / block;
+  const size_t chunk_elements = block == 0 ? kChunkElements : static_cast<size_t>(block) * blocks_per_chunk;
   std::vector<ChunkEntry> chunks;
   for (size_t index = 0; index < tensor_count; ++index) {
-    const size_t tensor_chunks = (tensors[index].count + kChunkElements - 1) / kChunkElements;
+    const size_t tensor_chunks = (tensors[index].count + chunk_elements - 1) / chunk_elements;
     if (tensor_chunks > UINT32_MAX || index > UINT32_MAX) {
       return {LaunchError::kTooLarge, "tensor " + std::to_string(index) + " of " +
                                           std::to_string(tensors[index].count) + " elements exceeds the chunk "
-                                          "table's 2^32 chunks of " + std::to_string(kChunkElements)};
+                                          "table's 2^32 chunks of " + std::to_string(chunk_elements)};
     }
     for (size_t c = 0; c < tensor_chunks; ++c) {
       chunks.push_back({static_cast<uint32_t>(index), static_cast<uint32_t>(c)});
@@ -224,12 +362,18 @@ LaunchResult launch_device_adam(void* cuda_stream, const DeviceAdamFactors& fact
   }
   const auto* kt = static_cast<const KernelTensor*>(table);
   const auto* ct = reinterpret_cast<const ChunkEntry*>(static_cast<const unsigned char*>(table) + tensor_bytes);
-  pick_kernel(grad_dtype, moment_dtype, param_copy_dtype)<<<static_cast<unsigned>(chunks.size()), kThreads, 0,
-                                                             stream>>>(kt, ct, factors);
+  const auto grid = static_cast<unsigned>(chunks.size());
+  if (block == 0) {
+    pick_kernel(grad_dtype, moments.dtype, param_copy_dtype)<<<grid, kThreads, 0, stream>>>(kt, ct, factors);
+  } else {
+    const size_t shared_bytes = 2 * static_cast<size_t>(block) * sizeof(float);  // at most 32 KiB (B <= 4096)
+    pick_int8_kernel(grad_dtype, param_copy_dtype)<<<grid, kThreads, shared_bytes, stream>>>(
+        kt, ct, factors, block, static_cast<unsigned>(chunk_elements));
+  }
   err = cudaGetLastError();
   if (err != cudaSuccess) {
     cudaFreeAsync(table, stream);
-    return cuda_error(err, "adam_kernel launch");
+    return cuda_error(err, block == 0 ? "adam_kernel launch" : "adam_int8_kernel launch");
   }
   err = cudaFreeAsync(table, stream);
   if (err != cudaSuccess) return cuda_error(err, "cudaFreeAsync (chunk table)");

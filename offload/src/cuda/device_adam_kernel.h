@@ -33,10 +33,19 @@ struct DeviceAdamFactors {
 struct KernelTensor {
   float* params;
   const void* grads;
-  void* exp_avg;
+  void* exp_avg;      // fp32/bf16 values, or 8-bit codes
   void* exp_avg_sq;
-  void* param_copy;  // may be null
+  void* param_copy;   // may be null
+  float* exp_avg_scale;     // 8-bit moments: one scale per block; else null
+  float* exp_avg_sq_scale;
   unsigned long long count;
+};
+
+// The moments' storage: block_elements == 0: `dtype` values (fp32, bf16);
+// else block-wise 8-bit codes with one fp32 scale per block_elements.
+struct KernelMoments {
+  KernelDType dtype = KernelDType::kF32;
+  unsigned block_elements = 0;
 };
 
 enum class LaunchError : uint8_t { kNone = 0, kOutOfMemory, kTooLarge, kCuda };
@@ -48,7 +57,7 @@ struct LaunchResult {
 // Enqueues the fused kernel on `cuda_stream` (a cudaStream_t) over
 // `tensors[0, tensor_count)`; arguments are already validated.
 LaunchResult launch_device_adam(void* cuda_stream, const DeviceAdamFactors& factors, KernelDType grad_dtype,
-                                KernelDType moment_dtype, KernelDType param_copy_dtype, const KernelTensor* tensors,
+                                KernelMoments moments, KernelDType param_copy_dtype, const KernelTensor* tensors,
                                 size_t tensor_count);
 
 }  // namespace strata::offload::detail

@@ -17,9 +17,14 @@
 // __fsqrt_rn, compiled with -fmad=false -ftz=false), from per-step factors
 // derived in double and rounded to float exactly as CpuOptimizer derives
 // them; bf16/fp16 loads and stores repeat core/dtype.h's conversions bit for
-// bit. So the master weights, both moments (fp32 or bf16) and the bf16/fp16
-// parameter copy equal device_adam_reference()'s (the scalar CpuOptimizer
-// path) bit for bit, for every dtype mix, on finite gradients.
+// bit. So the master weights, both moments (fp32, bf16 or block-wise 8-bit
+// codes and scales) and the bf16/fp16 parameter copy equal
+// device_adam_reference()'s (the scalar CpuOptimizer path) bit for bit, for
+// every dtype mix, on finite gradients. 8-bit moments (args.moments =
+// MomentStorage::int8(B), Adam/AdamW): one thread block steps a block of B
+// elements, keeps its new m and sqrt(v) in shared memory, takes the block's
+// maxima as the new scales and encodes, with cpu_adam's integer and float
+// operations (Note [Block-wise 8-bit moments]).
 // Overflow: the kernel does not look for Inf/NaN; the engine decides the
 // overflow vote before it steps (a skipped step launches nothing).
 //
@@ -35,6 +40,7 @@
 #include "strata/core/dtype.h"
 #include "strata/core/status.h"
 #include "strata/cpu_adam/hyper_params.h"
+#include "strata/cpu_adam/moment_storage.h"
 
 namespace strata::offload {
 
@@ -43,8 +49,10 @@ namespace strata::offload {
 struct DeviceAdamTensor {
   float* params = nullptr;        // fp32 master weights, updated in place
   const void* grads = nullptr;    // args.grad_dtype, read only
-  void* exp_avg = nullptr;        // args.moment_dtype
-  void* exp_avg_sq = nullptr;     // args.moment_dtype
+  // Each a moment buffer in args.moments' layout (MomentStorage::moment_bytes(count)
+  // bytes; int8: the codes, padded to 64 bytes, then the block scales).
+  void* exp_avg = nullptr;
+  void* exp_avg_sq = nullptr;
   void* param_copy = nullptr;     // optional: the updated params in args.param_copy_dtype
   size_t count = 0;
 };
@@ -57,12 +65,12 @@ struct DeviceAdamArgs {
   double clip_coefficient = 1.0;
   double loss_scale = 1.0;
   DType grad_dtype = DType::kF32;         // fp32, bf16 or fp16
-  DType moment_dtype = DType::kF32;       // fp32 or bf16 (both moments)
+  cpu_adam::MomentStorage moments = cpu_adam::MomentStorage::fp32();  // fp32, bf16 or int8 (both moments)
   DType param_copy_dtype = DType::kBF16;  // bf16 or fp16; used by tensors with a param_copy
 };
 
 // Checks what both entry points need: kind (Lion/Adagrad: Unsupported),
-// step, scales, hyper-parameters, dtypes, and every tensor's pointers
+// step, scales, hyper-parameters, dtypes, the 8-bit block size, and every tensor's pointers
 // (InvalidArgument naming the field and the tensor index).
 Status validate_device_adam(const DeviceAdamArgs& args, std::span<const DeviceAdamTensor> tensors);
 
