@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU check: configure + build with CUDA into build-gpu, run every test that
-# needs a GPU (ctest label "gpu", and the device suite's cuda cases on their
+# needs a GPU (selected by name, and the device suite's cuda cases on their
 # own with JSON output), then the device copy benchmarks (pinned vs pageable,
 # H2D/D2H) on the cuda backend. Writes logs and summary.json under $OUT
 # (default ./gpu-check-out).
@@ -92,12 +92,16 @@ if [[ "$cuda_available" != "true" ]]; then
 fi
 log "GPU present: $(nvidia_smi_list | head -4 | tr '\n' ' ')"
 
-# 3. Every GPU test: ctest label gpu (all layers), plus the device suite's
-#    cuda cases alone, with JSON, and a check that none of them skipped.
-ctest --test-dir "$build" -L gpu --output-on-failure --output-junit "$out/ctest-gpu.xml" \
+# 3. Every GPU test, by name (tests/core/CMakeLists.txt says why not by label):
+#    the device suite's cuda cases, the CUDA model ops, NCCL, the device Adam
+#    kernel (fp32/bf16 and 8-bit moments); then the device suite's cuda cases
+#    alone, with JSON, and a check that none of them skipped.
+gpu_tests='/cuda( |$)|^CudaOps\.|^NcclComm\.|^DeviceAdamGpu\.'
+ctest --test-dir "$build" -R "$gpu_tests" --output-on-failure --output-junit "$out/ctest-gpu.xml" \
   > "$out/ctest-gpu.log" 2>&1
 ctest_rc=$?
-log "ctest -L gpu: $(grep -E 'tests passed|No tests were found' "$out/ctest-gpu.log" | tail -1) (rc $ctest_rc)"
+log "ctest -R '$gpu_tests': $(grep -E 'tests passed|No tests were found' "$out/ctest-gpu.log" | tail -1) (rc $ctest_rc)"
+log "skipped GPU tests: $(grep -c 'Skipped' "$out/ctest-gpu.log" || true)"
 "$build/tests/core/strata_device_tests" --gtest_filter='*cuda*' --gtest_output="json:$out/device_tests_cuda.json" \
   > "$out/device_tests_cuda.log" 2>&1
 cuda_suite_rc=$?
@@ -141,7 +145,7 @@ medians=$(grep -E '_median' "$out/bench_device_copy_cuda.log" | awk '{
   value = ""; for (i = 2; i <= NF; ++i) if ($i ~ /^bytes_per_second=/) { value = substr($i, 18); for (j = i + 1; j <= NF; ++j) value = value " " $j }
   name = $1; sub(/\/real_time_median$/, "", name)
   printf "%s    \"%s\": \"%s\"", (NR > 1 ? ",\n" : ""), name, value }')
-write_summary "$status" "ctest -L gpu rc $ctest_rc; cuda device suite $cuda_passed passed, $cuda_skipped skipped" \
+write_summary "$status" "ctest (GPU tests) rc $ctest_rc; cuda device suite $cuda_passed passed, $cuda_skipped skipped" \
   "  \"build_rc\": $build_rc,
   \"ctest_gpu_rc\": $ctest_rc,
   \"cuda_device_suite\": {\"rc\": $cuda_suite_rc, \"passed\": $cuda_passed, \"skipped\": $cuda_skipped},
