@@ -25,4 +25,7 @@ JSON
     > "$out/$m.log" 2>&1 &
 done
 wait
-python3 "$here/plot_moment_convergence.py" "$out" "$png"
+# The plot needs matplotlib: Debian's python3-matplotlib belongs to /usr/bin/python3.
+plot_python=python3
+python3 -c "import matplotlib" 2> /dev/null || plot_python=/usr/bin/python3
+"$plot_python" "$here/plot_moment_convergence.py" "$out" "$png" "$eval_batches"

@@ -1,7 +1,7 @@
 """Plots moment_convergence.sh's runs: validation loss (every 100 steps) and the
 training loss (a 50-step moving mean) per moment storage, and prints the
 validation losses side by side with int8's and bf16's relative difference to fp32.
-Usage: plot_moment_convergence.py RUN_DIR OUT.png"""
+Usage: plot_moment_convergence.py RUN_DIR OUT.png [VALIDATION_BATCHES]"""
 import json
 import os
 import sys
@@ -38,13 +38,14 @@ def moving_mean(xs, n=50):
 
 def main():
     run, png = sys.argv[1], sys.argv[2]
+    batches = sys.argv[3] if len(sys.argv) > 3 else "8"
     runs = {m: load(os.path.join(run, f"{m}.jsonl")) for m in ("fp32", "bf16", "int8")}
     fig, (train_ax, val_ax) = plt.subplots(1, 2, figsize=(11, 4))
     for m, (steps, losses, val) in runs.items():
         train_ax.plot(steps, moving_mean(losses), label=m, linewidth=1)
         val_ax.plot(sorted(val), [val[s] for s in sorted(val)], marker="o", markersize=3, label=m)
     train_ax.set(title="training loss (50-step mean)", xlabel="step", ylabel="loss")
-    val_ax.set(title="validation loss (8 batches)", xlabel="step")
+    val_ax.set(title=f"validation loss ({batches} batches)", xlabel="step")
     for ax in (train_ax, val_ax):
         ax.grid(alpha=0.3)
         ax.legend()
