@@ -17,7 +17,7 @@ struct MiniFloat {
   static constexpr int M = kMantissa;
   static constexpr uint32_t kMaxCode = 15u << M;                       // 1.0
   static constexpr uint32_t kRebias = 112u << M;                        // (127 - 15) << M
-  static constexpr uint32_t kRoundHalf = (1u << (22 - M)) - 1u;         // RNE bias, before the lsb
+  static constexpr uint32_t kRoundHalf = 1u << (22 - M);               // half a code step, in the bits
   static constexpr float kSubnormalUnit = 1.0f / static_cast<float>(1u << (14 + M));  // 2^(-14-M)
   static constexpr float kDownscale = 0x1p-112f;                        // 2^(15 - 127)
 
@@ -27,7 +27,7 @@ struct MiniFloat {
   // smallest normal 2^-126, and the code's subnormals (multiples of
   // 2^(-14-M)) to fp32 subnormals (multiples of 2^(23-M) in the bits). So
   // the scaled value's bits, rounded to their top M mantissa bits as an
-  // integer (ties to even), are the code for every r, with no branch
+  // integer (ties away from zero: one add), are the code for every r, with no branch
   // between normal and subnormal codes. The multiply is exact for
   // r >= 2^-14; below, it rounds r to a multiple of 2^-37 first (an fp32
   // subnormal result), so such an r within 2^-38 of a midpoint between two
@@ -35,11 +35,11 @@ struct MiniFloat {
   // results, not flushed to zero: the kernels run under
   // SubnormalsKept (float_environment.h).
   //
-  // |r| (any float bits; the sign is ignored) -> code, round to nearest even,
-  // saturating at kMaxCode (only Inf/NaN or r > 1 + 2^-(M+1) saturate).
+  // |r| (any float bits; the sign is ignored) -> code, round to nearest
+  // (a midpoint goes to the larger code), saturating at kMaxCode (only Inf/NaN or r > 1 + 2^-(M+1) saturate).
   static uint32_t encode(float r) {
     const uint32_t a = std::bit_cast<uint32_t>(r * kDownscale) & 0x7fffffffu;
-    const uint32_t q = (a + kRoundHalf + ((a >> (23 - M)) & 1u)) >> (23 - M);
+    const uint32_t q = (a + kRoundHalf) >> (23 - M);
     return q < kMaxCode ? q : kMaxCode;
   }
   static float decode(uint32_t q) {

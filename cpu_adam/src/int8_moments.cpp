@@ -17,9 +17,9 @@
 // Encoding, exactly: inv = scale > 0 ? 1 / scale : 0 (one fp32 division per
 // block); r = |x| * inv (fp32, rounded to nearest even); with a =
 // bits(r * 2^-112) (Note [Codes from fp32's lowest binades], int8_format.h):
-//   q = (a + 2^(22-k) - 1 + lsb) >> (23 - k),  lsb = (a >> (23 - k)) & 1
-//   (round to nearest, ties even; r below 2^-14 is first rounded to a
-//   multiple of 2^-37 by the multiply), then q = min(q, 15 << k).
+//   q = (a + 2^(22-k)) >> (23 - k)   (round to nearest, a midpoint to the
+//   larger code; r below 2^-14 is first rounded to a multiple of 2^-37 by
+//   the multiply), then q = min(q, 15 << k).
 // The block maximum is an unsigned max of the bit patterns with the sign
 // cleared (exact, independent of order and lane count). Decoding:
 // m = (decoded magnitude with the code's sign) * scale; u = decoded * scale,

@@ -51,16 +51,17 @@ TEST(Int8Code, EveryCodeDecodesAndEncodesBackAndValuesIncrease) {
   }
 }
 
-TEST(Int8Code, RoundsToNearestWithTiesToEven) {
-  // Between 0.5 (code 14 << 3 = 112) and 0.5625 (113) for m: the midpoint
-  // goes to the even code, anything above it up.
-  EXPECT_EQ(encode_magnitude(kM, 0.53125f), 112);
-  EXPECT_EQ(encode_magnitude(kM, std::nextafter(0.53125f, 1.0f)), 113);
-  EXPECT_EQ(encode_magnitude(kM, 0.59375f), 114);  // midpoint of 113 and 114: even
-  // In the subnormal range (multiples of 2^-17): 1.5 and 2.5 units -> 2 and 2.
+TEST(Int8Code, RoundsToNearestWithMidpointsUp) {
+  // Between 0.5 (code 14 << 3 = 112) and 0.5625 (113) for m: below the
+  // midpoint down, the midpoint and anything above it up (one integer add,
+  // Note [Codes from fp32's lowest binades]).
+  EXPECT_EQ(encode_magnitude(kM, std::nextafter(0.53125f, 0.0f)), 112);
+  EXPECT_EQ(encode_magnitude(kM, 0.53125f), 113);
+  EXPECT_EQ(encode_magnitude(kM, 0.59375f), 114);  // midpoint of 113 and 114
+  // In the subnormal range (multiples of 2^-17): 1.5 and 2.5 units -> 2 and 3.
   EXPECT_EQ(encode_magnitude(kM, 1.5f * std::ldexp(1.0f, -17)), 2);
-  EXPECT_EQ(encode_magnitude(kM, 2.5f * std::ldexp(1.0f, -17)), 2);
-  EXPECT_EQ(encode_magnitude(kM, 2.6f * std::ldexp(1.0f, -17)), 3);
+  EXPECT_EQ(encode_magnitude(kM, 2.5f * std::ldexp(1.0f, -17)), 3);
+  EXPECT_EQ(encode_magnitude(kM, 2.4f * std::ldexp(1.0f, -17)), 2);
   // Rounding up across the subnormal/normal border and across a binade.
   EXPECT_EQ(encode_magnitude(kV, std::nextafter(std::ldexp(1.0f, -14), 0.0f)), 16);
   EXPECT_EQ(encode_magnitude(kV, 0.99f), 240);
@@ -69,7 +70,7 @@ TEST(Int8Code, RoundsToNearestWithTiesToEven) {
 // Note [Codes from fp32's lowest binades]: below 2^-14, r is first rounded to
 // a multiple of 2^-37 (the multiply by 2^-112 lands on fp32 subnormals), then
 // to the code. So an r just below a midpoint, closer than 2^-38, rounds as
-// the midpoint does (to even); one a whole 2^-36 below it rounds down.
+// the midpoint does (up); one a whole 2^-36 below it rounds down.
 TEST(Int8Code, BelowTwoToMinus14ValuesAreFirstRoundedToMultiplesOfTwoToMinus37) {
   const float midpoint = 1.5f * std::ldexp(1.0f, -17);  // between codes 1 and 2 of m
   EXPECT_EQ(encode_magnitude(kM, midpoint - std::ldexp(1.0f, -40)), 2);
@@ -77,7 +78,7 @@ TEST(Int8Code, BelowTwoToMinus14ValuesAreFirstRoundedToMultiplesOfTwoToMinus37) 
   EXPECT_EQ(encode_magnitude(kM, midpoint + std::ldexp(1.0f, -40)), 2);
   // At and above 2^-14 the multiply is exact: nothing is rounded twice.
   const float normal_midpoint = std::ldexp(1.0f + 1.0f / 16.0f, -14);  // between codes 8 and 9 of m
-  EXPECT_EQ(encode_magnitude(kM, normal_midpoint), 8);
+  EXPECT_EQ(encode_magnitude(kM, normal_midpoint), 9);
   EXPECT_EQ(encode_magnitude(kM, std::nextafter(normal_midpoint, 0.0f)), 8);
   EXPECT_EQ(encode_magnitude(kM, std::nextafter(normal_midpoint, 1.0f)), 9);
 }

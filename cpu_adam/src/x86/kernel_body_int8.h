@@ -44,8 +44,7 @@ struct Int8Kernels {
     constexpr int M = Code::M;
     const VI scaled = I::as_int(I::mul(r, I::set1(Code::kDownscale)));
     const VI a = kNonNegative ? scaled : I::and_i(scaled, I::set1i(0x7fffffffu));
-    const VI lsb = I::and_i(I::template srli<23 - M>(a), I::set1i(1));
-    const VI q = I::template srli<23 - M>(I::add_i(I::add_i(a, I::set1i(Code::kRoundHalf)), lsb));
+    const VI q = I::template srli<23 - M>(I::add_i(a, I::set1i(Code::kRoundHalf)));
     return I::min_u32(q, I::set1i(Code::kMaxCode));
   }
   // One vector of codes <-> values (unscaled: m / scale, sqrt(v) / scale).

@@ -154,7 +154,7 @@ __device__ __forceinline__ float decode_magnitude(uint32_t q) {
 template <int M>
 __device__ __forceinline__ uint32_t encode_magnitude(float r) {
   const uint32_t a = __float_as_uint(__fmul_rn(r, 0x1p-112f)) & 0x7fffffffu;
-  const uint32_t q = (a + ((1u << (22 - M)) - 1u) + ((a >> (23 - M)) & 1u)) >> (23 - M);
+  const uint32_t q = (a + (1u << (22 - M))) >> (23 - M);  // to nearest, a midpoint up
   return q < (15u << M) ? q : (15u << M);
 }
 
