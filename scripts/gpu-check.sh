@@ -2,8 +2,8 @@
 # GPU check: configure + build with CUDA into build-gpu, run every test that
 # needs a GPU (selected by name, and the device suite's cuda cases on their
 # own with JSON output), then the device copy benchmarks (pinned vs pageable,
-# H2D/D2H) on the cuda backend. Writes logs and summary.json under $OUT
-# (default ./gpu-check-out).
+# H2D/D2H) on the cuda backend and the device Adam kernel's benchmark. Writes
+# logs and summary.json under $OUT (default ./gpu-check-out).
 #
 #   scripts/gpu-check.sh            # exit 0 when every GPU test passed, or when there is no GPU
 #   STRATA_GPU_REQUIRED=1 scripts/gpu-check.sh   # "no GPU" is a failure (exit 3)
@@ -121,6 +121,14 @@ for backend in cuda cpu; do
 done
 log "device copy benchmarks rc $bench_rc; medians:"
 grep -E '_median' "$out/bench_device_copy_cuda.log" | tee -a "$out/gpu-check.log"
+
+# 4b. The device Adam kernel (fp32, bf16 and 8-bit moments, 64M parameters)
+#     against its own bytes at the device-to-device copy rate.
+"$build/bench/offload/strata_device_adam_bench" --benchmark_repetitions=$reps \
+  --benchmark_report_aggregates_only=true --benchmark_out="$out/bench_device_adam.json" \
+  --benchmark_out_format=json > "$out/bench_device_adam.log" 2>&1 || bench_rc=$?
+log "device Adam benchmark rc $bench_rc; ceiling and medians:"
+grep -E '^device:|_median' "$out/bench_device_adam.log" | tee -a "$out/gpu-check.log"
 
 # 5. The engine on the GPU (issue 11): stage 0 vs stage 3 with the optimizer
 #    on the device (fused Adam kernel) and offloaded, the same losses
