@@ -27,16 +27,17 @@ struct MiniFloat {
   // smallest normal 2^-126, and the code's subnormals (multiples of
   // 2^(-14-M)) to fp32 subnormals (multiples of 2^(23-M) in the bits). So
   // the scaled value's bits, rounded to their top M mantissa bits as an
-  // integer (ties away from zero: one add), are the code for every r, with no branch
-  // between normal and subnormal codes. The multiply is exact for
+  // integer (a midpoint up: one add), are the code for every r, with no
+  // branch between normal and subnormal codes. The multiply is exact for
   // r >= 2^-14; below, it rounds r to a multiple of 2^-37 first (an fp32
   // subnormal result), so such an r within 2^-38 of a midpoint between two
   // codes may round as if it were on the midpoint. It needs subnormal
-  // results, not flushed to zero: the kernels run under
-  // SubnormalsKept (float_environment.h).
+  // results, not flushed to zero: the kernels run under SubnormalsKept
+  // (float_environment.h).
   //
-  // |r| (any float bits; the sign is ignored) -> code, round to nearest
-  // (a midpoint goes to the larger code), saturating at kMaxCode (only Inf/NaN or r > 1 + 2^-(M+1) saturate).
+  // |r| (any float bits; the sign is ignored) -> code, round to nearest (a
+  // midpoint goes to the larger code), saturating at kMaxCode (only Inf/NaN
+  // or r >= 1 + 2^-(M+1) saturate).
   static uint32_t encode(float r) {
     const uint32_t a = std::bit_cast<uint32_t>(r * kDownscale) & 0x7fffffffu;
     const uint32_t q = (a + kRoundHalf) >> (23 - M);
