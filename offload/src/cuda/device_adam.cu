@@ -5,8 +5,8 @@
 // Note [Chunk table]
 // Many tensors of very different sizes (a 1-element bias beside a 50M
 // embedding) are stepped by ONE launch: every tensor is cut into chunks of
-// kChunkElements (8-bit moments: of whole moment blocks), and block b of the grid steps chunk b, found through a
-// table of (tensor index, chunk index) pairs; the tensors' pointers sit in
+// kChunkElements (8-bit moments: of whole moment blocks), and block b of the
+// grid steps chunk b, found through a table of (tensor index, chunk index) pairs; the tensors' pointers sit in
 // front of it in the same device allocation. The table is built on the host,
 // copied into a stream-ordered allocation (cudaMallocAsync), read by the
 // kernel and freed in stream order after it (cudaFreeAsync), so nothing
