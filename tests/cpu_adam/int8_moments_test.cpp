@@ -266,6 +266,34 @@ TEST(Int8Step, IsDequantizeThenFp32StepThenQuantize) {
   }
 }
 
+// The rounding rule over a million values spread log-uniformly from 2^-22 to
+// 1.05: the code is the nearest one (of r itself at and above 2^-14, of r
+// rounded to a multiple of 2^-37 below), a midpoint goes up, and above the
+// largest code everything saturates.
+TEST(Int8Code, EveryCodeIsTheNearestOne) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<double> exponent(-22.0, std::log2(1.05));
+  for (Int8Moment which : {kM, kV}) {
+    const int max_code = which == kM ? 120 : 240;
+    for (int i = 0; i < 1000000; ++i) {
+      const float r = static_cast<float>(std::exp2(exponent(rng)));
+      // What the code rounds: r, or r on the grid of 2^-37 below 2^-14 (exact in double).
+      const double target = r >= std::ldexp(1.0f, -14) ? r : std::nearbyint(std::ldexp(double{r}, 37)) / 0x1p37;
+      const int q = encode_magnitude(which, r);
+      ASSERT_LE(q, max_code);
+      const double here = decode_magnitude(which, static_cast<uint8_t>(q));
+      if (q < max_code) {
+        const double up = decode_magnitude(which, static_cast<uint8_t>(q + 1));
+        ASSERT_LT(target - here, up - target) << "r = " << r << " code " << q;  // a midpoint would have gone up
+      }
+      if (q > 0) {
+        const double down = decode_magnitude(which, static_cast<uint8_t>(q - 1));
+        ASSERT_LE(here - target, target - down) << "r = " << r << " code " << q;
+      }
+    }
+  }
+}
+
 #if defined(__x86_64__)
 // Note [Subnormals kept]: a caller whose MXCSR flushes subnormals (as
 // torch.set_flush_denormal(True) leaves it) gets the same codes and the same
