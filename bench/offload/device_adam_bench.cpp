@@ -38,7 +38,8 @@ double step_bytes(const MomentStorage& moments, size_t params) {
   return static_cast<double>(params) * (4 + 4 + 2 + 2) + 2 * 2 * moment;
 }
 
-// Median seconds of `reps` device-to-device copies of `bytes`, each synchronized.
+// Bytes read + written per second by a device-to-device copy of `bytes`,
+// the median of `reps` synchronized copies (0 when a copy fails).
 double copy_rate(size_t bytes, int reps) {
   auto a = g_device->allocate(bytes), b = g_device->allocate(bytes);
   if (!a.ok() || !b.ok()) return 0.0;
