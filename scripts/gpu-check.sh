@@ -1,13 +1,15 @@
-#!/usr/bin/env bash
-# GPU check: configure + build with CUDA into build-gpu, run every test that
-# needs a GPU (selected by name, and the device suite's cuda cases on their
-# own with JSON output), then the device copy benchmarks (pinned vs pageable,
-# H2D/D2H) on the cuda backend and the device Adam kernel's benchmark. Writes
-# logs and summary.json under $OUT (default ./gpu-check-out).
+# GPU check: configure + build with CUDA into build-gpu (or run the programs
+# that scripts/gpu-pack.sh packed on another machine), run every test that
+# needs a GPU (selected by name), then the device copy benchmarks (pinned vs
+# pageable, H2D/D2H) on the cuda backend, the device Adam kernel's benchmark
+# and the engine on cuda. Writes logs and summary.json under $OUT (default
+# ./gpu-check-out).
 #
 #   scripts/gpu-check.sh            # exit 0 when every GPU test passed, or when there is no GPU
 #   STRATA_GPU_REQUIRED=1 scripts/gpu-check.sh   # "no GPU" is a failure (exit 3)
 #   STRATA_GPU_CHECK_QUICK=1 ...    # shorter benchmarks
+#   STRATA_GPU_PACK=.gpu-pack/strata-gpu.tar.xz ...  # no build: run the packed programs
+#   STRATA_GPU_CHECK_BUNDLE=FILE ...  # also write every output file into one .tar.gz
 #
 # Exit codes: 0 ok / no GPU, 1 configure or build failed, 2 a GPU test or
 # benchmark failed, 3 no GPU with STRATA_GPU_REQUIRED=1.
@@ -42,36 +44,88 @@ write_summary() {  # status, detail, then optional extra JSON members
   log "summary: $summary (status $status)"
 }
 
+bundle_outputs() {  # STRATA_GPU_CHECK_BUNDLE=FILE: every output file in one archive
+  [[ -n "${STRATA_GPU_CHECK_BUNDLE:-}" ]] && tar -C "$out" -czf "$STRATA_GPU_CHECK_BUNDLE" . 2> /dev/null
+  return 0
+}
+trap bundle_outputs EXIT
+trap 'exit 143' TERM INT  # so that a timeout still leaves the bundle
 : > "$out/gpu-check.log"
 log "output directory $out, build directory $build, $jobs jobs"
 if command -v nvidia-smi > /dev/null; then nvidia-smi > "$out/nvidia-smi.txt" 2>&1; else echo "nvidia-smi not installed" > "$out/nvidia-smi.txt"; fi
 
-# 1. Configure and build with CUDA.
-if ! cmake -S . -B "$build" -DCMAKE_BUILD_TYPE="${STRATA_BUILD_TYPE:-Release}" -DSTRATA_ENABLE_CUDA=ON \
-     -DSTRATA_BUILD_TESTS=ON -DSTRATA_BUILD_BENCH=ON > "$out/configure.log" 2>&1; then
-  log "configure failed, see configure.log"
-  write_summary "build_failed" "cmake configure failed: $(tail -5 "$out/configure.log")"
-  exit 1
-fi
-if ! grep -q "CUDA Toolkit: found" "$out/configure.log"; then
-  log "CUDA Toolkit not found at configure time"
-  write_summary "build_failed" "configure did not find the CUDA Toolkit: $(grep 'CUDA Toolkit' "$out/configure.log")"
-  exit 1
-fi
+# 1. The programs: packed ones (built elsewhere), or a CUDA build here.
 build_rc=0
-cmake --build "$build" -j "$jobs" > "$out/build.log" 2>&1 || build_rc=$?
-if [[ $build_rc -ne 0 ]]; then
-  # Keep going with what the core check needs; the failure stays in the summary.
-  log "full build failed (rc $build_rc, see build.log); building the core GPU targets only"
-  if ! cmake --build "$build" -j "$jobs" --target strata_cli strata_device_tests strata_bench_device_copy \
-       >> "$out/build.log" 2>&1; then
-    write_summary "build_failed" "build failed: $(grep -m3 -E 'error' "$out/build.log")"
+declare -A program
+if [[ -n "${STRATA_GPU_PACK:-}" ]]; then
+  pack_dir=$(mktemp -d)
+  if ! tar -C "$pack_dir" -xJf "$STRATA_GPU_PACK" 2> "$out/unpack.log" &&
+     ! python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+         "$STRATA_GPU_PACK" "$pack_dir" 2>> "$out/unpack.log"; then
+    log "could not unpack $STRATA_GPU_PACK, see unpack.log"
+    write_summary "build_failed" "unpacking $STRATA_GPU_PACK failed: $(tail -3 "$out/unpack.log")"
     exit 1
   fi
+  bin="$pack_dir/strata-gpu/bin"
+  for name in strata_device_tests strata_comm_tests strata_model_tests strata_device_adam_tests strata \
+              strata_bench_device_copy strata_device_adam_bench; do
+    program[$name]="$bin/$name"
+  done
+  # NCCL and cuBLAS are not packed: take this machine's own (the CUDA
+  # toolkit's, or the pip wheels beside torch).
+  library_path="$pack_dir/strata-gpu/lib"
+  for name in libnccl.so.2 libcublas.so.13 libcublasLt.so.13; do
+    found=$(find /usr/local /opt /usr/lib -name "$name" 2> /dev/null | head -1)
+    [[ -n "$found" && ":$library_path:" != *":$(dirname "$found"):"* ]] && library_path="$library_path:$(dirname "$found")"
+    log "$name: ${found:-not found}"
+  done
+  # The packed libstdc++ only where this machine's is older than the one
+  # the programs were linked against (g++ 12: GLIBCXX_3.4.30).
+  system_libstdcxx=$(ldconfig -p 2> /dev/null | awk '/libstdc\+\+\.so\.6 .*x86-64/ {print $NF; exit}')
+  if [[ -z "$system_libstdcxx" ]] || ! grep -aq GLIBCXX_3.4.30 "$system_libstdcxx"; then
+    library_path="$library_path:$pack_dir/strata-gpu/lib-fallback"
+    log "using the packed libstdc++ (this machine's: ${system_libstdcxx:-none})"
+  fi
+  export LD_LIBRARY_PATH="$library_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  log "packed programs from commit $(cat "$pack_dir/strata-gpu/commit"), LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+  if ! "${program[strata]}" --version > "$out/unpack.log" 2>&1; then
+    log "the packed CLI does not start here: $(tail -3 "$out/unpack.log")"
+    write_summary "build_failed" "packed programs do not start: $(tail -3 "$out/unpack.log")"
+    exit 1
+  fi
+else
+  if ! cmake -S . -B "$build" -DCMAKE_BUILD_TYPE="${STRATA_BUILD_TYPE:-Release}" -DSTRATA_ENABLE_CUDA=ON \
+       -DSTRATA_BUILD_TESTS=ON -DSTRATA_BUILD_BENCH=ON > "$out/configure.log" 2>&1; then
+    log "configure failed, see configure.log"
+    write_summary "build_failed" "cmake configure failed: $(tail -5 "$out/configure.log")"
+    exit 1
+  fi
+  if ! grep -q "CUDA Toolkit: found" "$out/configure.log"; then
+    log "CUDA Toolkit not found at configure time"
+    write_summary "build_failed" "configure did not find the CUDA Toolkit: $(grep 'CUDA Toolkit' "$out/configure.log")"
+    exit 1
+  fi
+  cmake --build "$build" -j "$jobs" > "$out/build.log" 2>&1 || build_rc=$?
+  if [[ $build_rc -ne 0 ]]; then
+    # Keep going with what the core check needs; the failure stays in the summary.
+    log "full build failed (rc $build_rc, see build.log); building the core GPU targets only"
+    if ! cmake --build "$build" -j "$jobs" --target strata_cli strata_device_tests strata_bench_device_copy \
+         >> "$out/build.log" 2>&1; then
+      write_summary "build_failed" "build failed: $(grep -m3 -E 'error' "$out/build.log")"
+      exit 1
+    fi
+  fi
+  program[strata_device_tests]="$build/tests/core/strata_device_tests"
+  program[strata_comm_tests]="$build/tests/comm/strata_comm_tests"
+  program[strata_model_tests]="$build/tests/model/strata_model_tests"
+  program[strata_device_adam_tests]="$build/tests/offload/strata_device_adam_tests"
+  program[strata]="$build/apps/strata"
+  program[strata_bench_device_copy]="$build/bench/core/strata_bench_device_copy"
+  program[strata_device_adam_bench]="$build/bench/offload/strata_device_adam_bench"
 fi
 
 # 2. Is there a GPU? Ask the build's own probe (cudaGetDeviceCount).
-"$build/apps/strata" report --json > "$out/report.json" 2> "$out/report.stderr" || true
+"${program[strata]}" report --json > "$out/report.json" 2> "$out/report.stderr" || true
 cuda_available=$(python3 -c 'import json,sys; print(str(json.load(open(sys.argv[1]))["devices"]["cuda"]["available"]).lower())' \
                    "$out/report.json" 2>/dev/null || echo unknown)
 if [[ "$cuda_available" == "unknown" ]]; then
@@ -81,7 +135,7 @@ if [[ "$cuda_available" != "true" ]]; then
   reason=$(sed -n '/"cuda"/,/}/p' "$out/report.json" | grep '"reason"' | sed 's/.*"reason": "\(.*\)",\{0,1\}$/\1/')
   log "no GPU: ${reason:-unknown reason}"
   # The suite still runs: its cuda cases must skip cleanly, its cpu cases pass.
-  "$build/tests/core/strata_device_tests" --gtest_output="json:$out/device_tests.json" > "$out/device_tests.log" 2>&1
+  "${program[strata_device_tests]}" --gtest_output="json:$out/device_tests.json" > "$out/device_tests.log" 2>&1
   suite_rc=$?
   write_summary "no_gpu" "no GPU: ${reason:-unknown}" \
     "  \"build_rc\": $build_rc,
@@ -92,22 +146,37 @@ if [[ "$cuda_available" != "true" ]]; then
 fi
 log "GPU present: $(nvidia_smi_list | head -4 | tr '\n' ' ')"
 
-# 3. Every GPU test, by name (tests/core/CMakeLists.txt says why not by label):
-#    the device suite's cuda cases, the CUDA model ops, NCCL, the device Adam
-#    kernel (fp32/bf16 and 8-bit moments); then the device suite's cuda cases
-#    alone, with JSON, and a check that none of them skipped.
-gpu_tests='/cuda( |$)|^CudaOps\.|^NcclComm\.|^DeviceAdamGpu\.'
-ctest --test-dir "$build" -R "$gpu_tests" --output-on-failure --output-junit "$out/ctest-gpu.xml" \
-  > "$out/ctest-gpu.log" 2>&1
-ctest_rc=$?
-log "ctest -R '$gpu_tests': $(grep -E 'tests passed|No tests were found' "$out/ctest-gpu.log" | tail -1) (rc $ctest_rc)"
-log "skipped GPU tests: $(grep -c 'Skipped' "$out/ctest-gpu.log" || true)"
-"$build/tests/core/strata_device_tests" --gtest_filter='*cuda*' --gtest_output="json:$out/device_tests_cuda.json" \
-  > "$out/device_tests_cuda.log" 2>&1
-cuda_suite_rc=$?
-cuda_skipped=$(grep -c '^\[  SKIPPED \] Backends' "$out/device_tests_cuda.log" || true)
-cuda_passed=$(grep -c '^\[       OK \]' "$out/device_tests_cuda.log" || true)
-log "device suite on cuda: $cuda_passed passed, $cuda_skipped skipped (rc $cuda_suite_rc)"
+# 3. Every GPU test, by name (tests/core/CMakeLists.txt says why not by
+#    label), each program run directly with a gtest filter so that packed
+#    programs need no ctest files: the device suite's cuda cases, NCCL on one
+#    GPU, the CUDA model ops, the device Adam kernel (fp32/bf16 and 8-bit
+#    moments). None may skip on a GPU machine.
+gtest_counts() {  # JSON report -> "tests failures skipped"
+  python3 -c 'import json, sys
+report = json.load(open(sys.argv[1]))
+cases = [case for suite in report.get("testsuites", []) for case in suite.get("testsuite", [])]
+failed = sum(1 for case in cases if case.get("failures"))
+skipped = sum(1 for case in cases if case.get("result") == "SKIPPED")
+print(len(cases), failed, skipped)' "$1" 2> /dev/null || echo "0 0 0"
+}
+ctest_rc=0
+gpu_tests_run=0; gpu_tests_failed=0; gpu_tests_skipped=0
+for entry in "device_tests_cuda strata_device_tests */cuda" "comm_tests_nccl strata_comm_tests NcclComm.*" \
+             "model_tests_cuda strata_model_tests CudaOps.*" "device_adam_tests strata_device_adam_tests DeviceAdamGpu.*"; do
+  read -r tag name filter <<< "$entry"
+  rc=0
+  timeout 300 "${program[$name]}" --gtest_filter="$filter" --gtest_output="json:$out/$tag.json" > "$out/$tag.log" 2>&1 || rc=$?
+  read -r run failed skipped <<< "$(gtest_counts "$out/$tag.json")"
+  log "$name --gtest_filter='$filter': $run run, $failed failed, $skipped skipped (rc $rc)"
+  grep -E '^\[  (FAILED|SKIPPED) \] .* \([0-9]+ ms\)$' "$out/$tag.log" | head -20 | tee -a "$out/gpu-check.log"
+  [[ $rc -ne 0 || $run -eq 0 ]] && ctest_rc=1
+  gpu_tests_run=$((gpu_tests_run + run)); gpu_tests_failed=$((gpu_tests_failed + failed))
+  gpu_tests_skipped=$((gpu_tests_skipped + skipped))
+done
+cuda_suite_rc=$ctest_rc
+cuda_passed=$((gpu_tests_run - gpu_tests_failed - gpu_tests_skipped))
+cuda_skipped=$gpu_tests_skipped
+log "GPU tests: $gpu_tests_run run, $cuda_passed passed, $gpu_tests_failed failed, $cuda_skipped skipped"
 
 # 4. Device copy benchmarks, pinned vs pageable, on cuda (and on the cpu
 #    device for comparison).
@@ -115,7 +184,7 @@ reps=5
 [[ "${STRATA_GPU_CHECK_QUICK:-0}" == "1" ]] && reps=2
 bench_rc=0
 for backend in cuda cpu; do
-  "$build/bench/core/strata_bench_device_copy" --device=$backend --benchmark_repetitions=$reps \
+  timeout 120 "${program[strata_bench_device_copy]}" --device=$backend --benchmark_repetitions=$reps \
     --benchmark_report_aggregates_only=true --benchmark_out="$out/bench_device_copy_$backend.json" \
     --benchmark_out_format=json > "$out/bench_device_copy_$backend.log" 2>&1 || bench_rc=$?
 done
@@ -124,27 +193,68 @@ grep -E '_median' "$out/bench_device_copy_cuda.log" | tee -a "$out/gpu-check.log
 
 # 4b. The device Adam kernel (fp32, bf16 and 8-bit moments, 64M parameters)
 #     against its own bytes at the device-to-device copy rate.
-"$build/bench/offload/strata_device_adam_bench" --benchmark_repetitions=$reps \
+timeout 180 "${program[strata_device_adam_bench]}" --benchmark_repetitions=$reps \
   --benchmark_report_aggregates_only=true --benchmark_out="$out/bench_device_adam.json" \
   --benchmark_out_format=json > "$out/bench_device_adam.log" 2>&1 || bench_rc=$?
 log "device Adam benchmark rc $bench_rc; ceiling and medians:"
 grep -E '^device:|_median' "$out/bench_device_adam.log" | tee -a "$out/gpu-check.log"
 
-# 5. The engine on the GPU (issue 11): stage 0 vs stage 3 with the optimizer
-#    on the device (fused Adam kernel) and offloaded, the same losses
-#    expected within a placement's dtype; compare the JSON logs' losses.
+# 5. The engine on the GPU (issue 11): stage 0 and stage 3 with the optimizer
+#    on the device (fused Adam kernel), and stage 3 with the optimizer and
+#    the parameters offloaded to host memory (CPU Adam). The device kernel is
+#    bit-identical to CPU Adam, so the three loss sequences must be equal.
 engine_rc=0
+engine_runs=()
 for placement in "--stage 0 --offload-optimizer none" "--stage 3 --offload-optimizer none" \
                  "--stage 3 --offload-optimizer cpu --offload-param cpu"; do
   tag=$(echo "$placement" | tr -d ' -')
-  timeout 300 "$build/apps/strata" train --device cuda --preset tiny --steps 20 --eval-every 0 --quiet $placement \
+  engine_runs+=("$out/engine_$tag.jsonl")
+  timeout 300 "${program[strata]}" train --device cuda --preset tiny --steps 20 --eval-every 0 --quiet $placement \
     --json-log "$out/engine_$tag.jsonl" > "$out/engine_$tag.log" 2>&1 || engine_rc=$?
 done
 log "engine on cuda rc $engine_rc; first/last losses:"
-for f in "$out"/engine_*.jsonl; do
+for f in "${engine_runs[@]}"; do
   [[ -f "$f" ]] && echo "$(basename "$f"): $(head -1 "$f" | grep -o '"loss":[^,]*') $(tail -1 "$f" | grep -o '"loss":[^,]*')" \
     | tee -a "$out/gpu-check.log"
 done
+engine_losses=$(python3 -c 'import json, sys
+runs = []
+for path in sys.argv[1:]:
+    try:
+        runs.append([json.loads(line)["loss"] for line in open(path) if line.strip()])
+    except (OSError, ValueError, KeyError) as error:
+        print("unreadable", path, error); sys.exit(1)
+if not runs or not runs[0] or any(len(run) != len(runs[0]) for run in runs):
+    print("different step counts", [len(run) for run in runs]); sys.exit(1)
+for step, values in enumerate(zip(*runs), start=1):
+    if any(value != values[0] for value in values):
+        print("first difference at step", step, list(values)); sys.exit(1)
+print("identical over", len(runs[0]), "steps")' "${engine_runs[@]}" 2>&1)
+engine_losses_rc=$?
+log "engine losses across the three placements: $engine_losses"
+[[ $engine_losses_rc -ne 0 ]] && engine_rc=1
+
+# 6. What offload costs on this GPU (a measurement, not a pass/fail check):
+#    the `small` preset at stage 2 with the optimizer on the device, in host
+#    memory and on NVMe (a folder on this machine's disk), and at stage 3
+#    with parameters in host memory; median step time of steps 6-15.
+offload_rows=()
+nvme_dir=$(mktemp -d)
+for placement in "--stage 2 --offload-optimizer none" "--stage 2 --offload-optimizer cpu" \
+                 "--stage 2 --offload-optimizer nvme" "--stage 3 --offload-optimizer cpu --offload-param cpu"; do
+  tag=$(echo "$placement" | tr -d ' -')
+  timeout 120 "${program[strata]}" train --device cuda --preset small --steps 15 --eval-every 0 --quiet $placement \
+    --nvme-path "$nvme_dir" --json-log "$out/offload_$tag.jsonl" > "$out/offload_$tag.log" 2>&1
+  row_rc=$?
+  row=$(python3 -c 'import json, statistics, sys
+steps = [json.loads(line) for line in open(sys.argv[1]) if line.strip()][5:]
+print("median step %.1f ms, optimizer exposed %.1f ms, %d steps" % (statistics.median(s["step_ms"] for s in steps),
+      statistics.median(s["exposed_ms"]["optimizer"] for s in steps), len(steps)))' "$out/offload_$tag.jsonl" 2> /dev/null \
+      || echo "no result (rc $row_rc): $(tail -2 "$out/offload_$tag.log" | tr '\n' ' ')")
+  log "offload cost, small preset, $placement: $row"
+  offload_rows+=("$placement: $row")
+done
+rm -rf "$nvme_dir"
 
 status=ok
 [[ $ctest_rc -ne 0 || $cuda_suite_rc -ne 0 || $cuda_skipped -ne 0 || $bench_rc -ne 0 || $engine_rc -ne 0 ]] && status=failed
@@ -153,12 +263,15 @@ medians=$(grep -E '_median' "$out/bench_device_copy_cuda.log" | awk '{
   value = ""; for (i = 2; i <= NF; ++i) if ($i ~ /^bytes_per_second=/) { value = substr($i, 18); for (j = i + 1; j <= NF; ++j) value = value " " $j }
   name = $1; sub(/\/real_time_median$/, "", name)
   printf "%s    \"%s\": \"%s\"", (NR > 1 ? ",\n" : ""), name, value }')
-write_summary "$status" "ctest (GPU tests) rc $ctest_rc; cuda device suite $cuda_passed passed, $cuda_skipped skipped" \
+write_summary "$status" "GPU tests: $gpu_tests_run run, $gpu_tests_failed failed, $cuda_skipped skipped" \
   "  \"build_rc\": $build_rc,
   \"ctest_gpu_rc\": $ctest_rc,
   \"cuda_device_suite\": {\"rc\": $cuda_suite_rc, \"passed\": $cuda_passed, \"skipped\": $cuda_skipped},
   \"bench_rc\": $bench_rc,
   \"engine_rc\": $engine_rc,
+  \"engine_losses\": \"$(printf '%s' "$engine_losses" | json_escape)\",
+  \"offload_rows\": \"$(printf '%s; ' "${offload_rows[@]}" | json_escape)\",
+  \"gpu_tests\": {\"run\": $gpu_tests_run, \"failed\": $gpu_tests_failed, \"skipped\": $gpu_tests_skipped},
   \"cuda_copy_medians\": {
 $medians
   }"

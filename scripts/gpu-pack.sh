@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Pack a CUDA build's GPU-check programs, and the shared libraries they load,
+# into one archive that scripts/gpu-check.sh runs on a GPU machine without
+# building there (STRATA_GPU_PACK=ARCHIVE). The GPU machine has no Debian
+# development packages, and its device time is short: compiling here and
+# carrying the programs costs no device time.
+#
+#   scripts/gpu-pack.sh [BUILD_DIR] [ARCHIVE]
+#     BUILD_DIR  a build configured with CUDA (default: build)
+#     ARCHIVE    the archive to write (default: .gpu-pack/strata-gpu.tar.xz)
+#
+# Left out of the archive: the C library and its loader, the CUDA driver, and
+# NCCL and cuBLAS (hundreds of MB; gpu-check finds the GPU machine's own).
+# libstdc++ and libgcc_s go into lib-fallback/, used only where the GPU
+# machine's own are older than the ones these programs were linked against.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build="${1:-build}"
+archive="${2:-.gpu-pack/strata-gpu.tar.xz}"
+
+programs=(tests/core/strata_device_tests tests/comm/strata_comm_tests tests/model/strata_model_tests
+          tests/offload/strata_device_adam_tests apps/strata bench/core/strata_bench_device_copy
+          bench/offload/strata_device_adam_bench)
+
+if ! grep -q '^STRATA_ENABLE_CUDA:BOOL=ON' "$build/CMakeCache.txt" 2> /dev/null; then
+  echo "gpu-pack: $build is not a build configured with STRATA_ENABLE_CUDA=ON" >&2
+  echo "  hint: configure one with scripts/build.sh (CUDA is on where the toolkit is found)" >&2
+  exit 1
+fi
+for program in "${programs[@]}"; do
+  if [[ ! -x "$build/$program" ]]; then
+    echo "gpu-pack: $build/$program is missing; build it first (cmake --build $build)" >&2
+    exit 1
+  fi
+done
+
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+root="$stage/strata-gpu"
+mkdir -p "$root/bin" "$root/lib" "$root/lib-fallback"
+
+# Libraries the GPU machine provides itself, or must (the driver).
+provided='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libcuda\.so|libnccl\.so|libcublas\.so|libcublasLt\.so)'
+for program in "${programs[@]}"; do
+  cp "$build/$program" "$root/bin/"
+  while read -r name path; do
+    [[ "$name" =~ $provided ]] && continue
+    if [[ "$path" == "not" || -z "$path" ]]; then
+      echo "gpu-pack: $program needs $name, which is not found here" >&2
+      exit 1
+    fi
+    case "$name" in
+      libstdc++.so.*|libgcc_s.so.*) cp -L "$path" "$root/lib-fallback/$name" ;;
+      *) cp -L "$path" "$root/lib/$name" ;;
+    esac
+  done < <(ldd "$build/$program" | awk '/=>/ {print $1, $3}')
+done
+# Debug information is most of these files' size and is not needed to run them.
+strip --strip-debug "$root"/bin/* "$root"/lib/libstrata_*.so
+git rev-parse --short HEAD > "$root/commit" 2> /dev/null || echo unknown > "$root/commit"
+
+mkdir -p "$(dirname "$archive")"
+tar -C "$stage" -cJf "$archive" strata-gpu
+echo "gpu-pack: wrote $archive ($(du -h "$archive" | cut -f1), $(ls "$root/bin" | wc -l) programs, $(ls "$root/lib" | wc -l) libraries)"
