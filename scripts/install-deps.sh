@@ -12,6 +12,7 @@ packages=(
   liburing-dev libaio-dev
   libopenmpi-dev openmpi-bin
   fio python3
+  xz-utils   # scripts/gpu-pack.sh (tar -J) and its test
   python3-matplotlib   # strata bench offload --plot (scripts/plot_offload.py; its test skips without it)
   clang libclang-rt-14-dev   # libFuzzer targets (scripts/fuzz.sh, tests/fuzz)
   pybind11-dev python3-venv python3-pytest   # the strata Python package (python/test.sh)
