@@ -236,23 +236,30 @@ log "engine losses across the three placements: $engine_losses"
 
 # 6. What offload costs on this GPU (a measurement, not a pass/fail check):
 #    the `small` preset at stage 2 with the optimizer on the device, in host
-#    memory and on NVMe (a folder on this machine's disk), and at stage 3
-#    with parameters in host memory; median step time of steps 6-15.
+#    memory and on NVMe (a folder on this machine's disk), at stage 3 with
+#    parameters in host memory, and the NVMe rows again with 8-bit moments
+#    (strata.optimizer_state_dtype int8, issue 24); median step time of
+#    steps 6-15, the exposed optimizer wait and the NVMe bytes per step.
 offload_rows=()
 nvme_dir=$(mktemp -d)
+printf '{"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": "%s"}},\n "strata": {"optimizer_state_dtype": "int8"}}\n' \
+  "$nvme_dir" > "$out/offload_int8_nvme.json"
 for placement in "--stage 2 --offload-optimizer none" "--stage 2 --offload-optimizer cpu" \
-                 "--stage 2 --offload-optimizer nvme" "--stage 3 --offload-optimizer cpu --offload-param cpu"; do
-  tag=$(echo "$placement" | tr -d ' -')
+                 "--stage 2 --offload-optimizer nvme" "--stage 3 --offload-optimizer cpu --offload-param cpu" \
+                 "--config $out/offload_int8_nvme.json" "--config $out/offload_int8_nvme.json --stage 3 --offload-param cpu"; do
+  tag=$(echo "$placement" | sed "s|$out/||" | tr -d ' -' | tr -c 'a-zA-Z0-9_\n' '_')
   timeout 120 "${program[strata]}" train --device cuda --preset small --steps 15 --eval-every 0 --quiet $placement \
     --nvme-path "$nvme_dir" --json-log "$out/offload_$tag.jsonl" > "$out/offload_$tag.log" 2>&1
   row_rc=$?
   row=$(python3 -c 'import json, statistics, sys
 steps = [json.loads(line) for line in open(sys.argv[1]) if line.strip()][5:]
-print("median step %.1f ms, optimizer exposed %.1f ms, %d steps" % (statistics.median(s["step_ms"] for s in steps),
-      statistics.median(s["exposed_ms"]["optimizer"] for s in steps), len(steps)))' "$out/offload_$tag.jsonl" 2> /dev/null \
-      || echo "no result (rc $row_rc): $(tail -2 "$out/offload_$tag.log" | tr '\n' ' ')")
-  log "offload cost, small preset, $placement: $row"
-  offload_rows+=("$placement: $row")
+median = lambda key: statistics.median(key(s) for s in steps)
+print("median step %.1f ms, optimizer exposed %.1f ms, NVMe read + write %.1f MB per step, %d steps" % (
+      median(lambda s: s["step_ms"]), median(lambda s: s["exposed_ms"]["optimizer"]),
+      median(lambda s: s["bytes"]["nvme_read"] + s["bytes"]["nvme_write"]) / 1e6, len(steps)))' \
+      "$out/offload_$tag.jsonl" 2> /dev/null || echo "no result (rc $row_rc): $(tail -2 "$out/offload_$tag.log" | tr '\n' ' ')")
+  log "offload cost, small preset, ${placement//$out\//}: $row"
+  offload_rows+=("${placement//$out\//}: $row")
 done
 rm -rf "$nvme_dir"
 
