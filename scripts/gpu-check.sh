@@ -44,11 +44,13 @@ write_summary() {  # status, detail, then optional extra JSON members
   log "summary: $summary (status $status)"
 }
 
-bundle_outputs() {  # STRATA_GPU_CHECK_BUNDLE=FILE: every output file in one archive
+pack_dir=""
+on_exit() {  # STRATA_GPU_CHECK_BUNDLE=FILE: every output file in one archive; the unpacked programs go
   [[ -n "${STRATA_GPU_CHECK_BUNDLE:-}" ]] && tar -C "$out" -czf "$STRATA_GPU_CHECK_BUNDLE" . 2> /dev/null
+  [[ -n "$pack_dir" ]] && rm -rf "$pack_dir"
   return 0
 }
-trap bundle_outputs EXIT
+trap on_exit EXIT
 trap 'exit 143' TERM INT  # so that a timeout still leaves the bundle
 : > "$out/gpu-check.log"
 log "output directory $out, build directory $build, $jobs jobs"
