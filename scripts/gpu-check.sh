@@ -250,7 +250,7 @@ for placement in "--stage 2 --offload-optimizer none" "--stage 2 --offload-optim
                  "--stage 2 --offload-optimizer nvme" "--stage 3 --offload-optimizer cpu --offload-param cpu" \
                  "--config $out/offload_int8_nvme.json" "--config $out/offload_int8_nvme.json --stage 3 --offload-param cpu"; do
   tag=$(echo "$placement" | sed "s|$out/||" | tr -d ' -' | tr -c 'a-zA-Z0-9_\n' '_')
-  timeout 120 "${program[strata]}" train --device cuda --preset small --steps 15 --eval-every 0 --quiet $placement \
+  timeout 60 "${program[strata]}" train --device cuda --preset small --steps 15 --eval-every 0 --quiet $placement \
     --nvme-path "$nvme_dir" --json-log "$out/offload_$tag.jsonl" > "$out/offload_$tag.log" 2>&1
   row_rc=$?
   row=$(python3 -c 'import json, statistics, sys
@@ -264,6 +264,28 @@ print("median step %.1f ms, optimizer exposed %.1f ms, NVMe read + write %.1f MB
   offload_rows+=("${placement//$out\//}: $row")
 done
 rm -rf "$nvme_dir"
+
+# 7. The GPU machine's own CPU (a measurement): its model and ISA, and the
+#    CPU Adam step (fp32 and 8-bit moments, 1 thread and every core) against
+#    the streaming ceiling of its bytes; a second kind of core beside the
+#    dev VM's (docs/cpu_adam.md asks for an Intel measurement of the 8-bit
+#    encode).
+host_cpu=$(python3 -c 'import json, sys; cpu = json.load(open(sys.argv[1]))["cpu"]
+print(cpu["model"], "|", cpu["logical_cores"], "logical cores |", " ".join(k for k, v in cpu["isa"].items() if v))' \
+  "$out/report.json" 2> /dev/null || echo unknown)
+log "host CPU: $host_cpu"
+cpu_adam_rows=()
+for moments in fp32 int8; do
+  for threads in 1 0; do
+    timeout 120 "${program[strata]}" bench cpu-adam --moment-dtype $moments --params 64M --threads $threads --reps 10 \
+      --json > "$out/cpu_adam_${moments}_t$threads.json" 2> "$out/cpu_adam_${moments}_t$threads.log"
+    row=$(python3 -c 'import json, sys; r = json.load(open(sys.argv[1]))
+print("%d threads: %.3f Gparam/s, %.1f GB/s, ratio to the streaming ceiling %.3f" % (r["threads"], r["params_per_second"] / 1e9,
+      r["bytes_per_second"] / 1e9, r["ratio"]))' "$out/cpu_adam_${moments}_t$threads.json" 2> /dev/null || echo "no result")
+    log "cpu-adam $moments moments, 64M, $row"
+    cpu_adam_rows+=("$moments $row")
+  done
+done
 
 status=ok
 [[ $ctest_rc -ne 0 || $cuda_suite_rc -ne 0 || $cuda_skipped -ne 0 || $bench_rc -ne 0 || $engine_rc -ne 0 ]] && status=failed
@@ -279,6 +301,8 @@ write_summary "$status" "GPU tests: $gpu_tests_run run, $gpu_tests_failed failed
   \"bench_rc\": $bench_rc,
   \"engine_rc\": $engine_rc,
   \"engine_losses\": \"$(printf '%s' "$engine_losses" | json_escape)\",
+  \"host_cpu\": \"$(printf '%s' "$host_cpu" | json_escape)\",
+  \"cpu_adam_rows\": \"$(printf '%s; ' "${cpu_adam_rows[@]}" | json_escape)\",
   \"offload_rows\": \"$(printf '%s; ' "${offload_rows[@]}" | json_escape)\",
   \"gpu_tests\": {\"run\": $gpu_tests_run, \"failed\": $gpu_tests_failed, \"skipped\": $gpu_tests_skipped},
   \"cuda_copy_medians\": {
