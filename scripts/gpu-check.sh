@@ -1,3 +1,4 @@
+#!/usr/bin/env bash
 # GPU check: configure + build with CUDA into build-gpu (or run the programs
 # that scripts/gpu-pack.sh packed on another machine), run every test that
 # needs a GPU (selected by name), then the device copy benchmarks (pinned vs
