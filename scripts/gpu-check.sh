@@ -153,33 +153,37 @@ log "GPU present: $(nvidia_smi_list | head -4 | tr '\n' ' ')"
 #    label), each program run directly with a gtest filter so that packed
 #    programs need no ctest files: the device suite's cuda cases, NCCL on one
 #    GPU, the CUDA model ops, the device Adam kernel (fp32/bf16 and 8-bit
-#    moments). None may skip on a GPU machine.
-gtest_counts() {  # JSON report -> "tests failures skipped"
-  python3 -c 'import json, sys
+#    moments). A test skipped because the GPU is not usable fails the check;
+#    a few skip by design on cuda (a cpu-device property, the no-GPU error
+#    path) and are counted apart.
+gtest_counts() {  # JSON report, log -> "run failed skipped_without_gpu skipped_by_design"
+  python3 -c 'import json, re, sys
 report = json.load(open(sys.argv[1]))
 cases = [case for suite in report.get("testsuites", []) for case in suite.get("testsuite", [])]
 failed = sum(1 for case in cases if case.get("failures"))
-skipped = sum(1 for case in cases if case.get("result") == "SKIPPED")
-print(len(cases), failed, skipped)' "$1" 2> /dev/null || echo "0 0 0"
+# The skip messages are in the log only: "file:line: Skipped" then the message.
+log = open(sys.argv[2], errors="replace").read()
+messages = re.findall(r": Skipped\n(.*)\n", log)
+no_gpu = re.compile(r"not available|no usable GPU|built without CUDA|0 devices")
+without_gpu = sum(1 for m in messages if no_gpu.search(m))
+print(len(cases), failed, without_gpu, len(messages) - without_gpu)' "$1" "$2" 2> /dev/null || echo "0 0 0 0"
 }
-ctest_rc=0
-gpu_tests_run=0; gpu_tests_failed=0; gpu_tests_skipped=0
+gpu_tests_rc=0
+gpu_tests_run=0; gpu_tests_failed=0; gpu_tests_skipped=0; gpu_tests_skipped_by_design=0
 for entry in "device_tests_cuda strata_device_tests */cuda" "comm_tests_nccl strata_comm_tests NcclComm.*" \
              "model_tests_cuda strata_model_tests CudaOps.*" "device_adam_tests strata_device_adam_tests DeviceAdamGpu.*"; do
   read -r tag name filter <<< "$entry"
   rc=0
   timeout 300 "${program[$name]}" --gtest_filter="$filter" --gtest_output="json:$out/$tag.json" > "$out/$tag.log" 2>&1 || rc=$?
-  read -r run failed skipped <<< "$(gtest_counts "$out/$tag.json")"
-  log "$name --gtest_filter='$filter': $run run, $failed failed, $skipped skipped (rc $rc)"
+  read -r run failed skipped by_design <<< "$(gtest_counts "$out/$tag.json" "$out/$tag.log")"
+  log "$name --gtest_filter='$filter': $run run, $failed failed, $skipped skipped without a usable GPU, $by_design skipped by design (rc $rc)"
   grep -E '^\[  (FAILED|SKIPPED) \] .* \([0-9]+ ms\)$' "$out/$tag.log" | head -20 | tee -a "$out/gpu-check.log"
-  [[ $rc -ne 0 || $run -eq 0 ]] && ctest_rc=1
+  [[ $rc -ne 0 || $run -eq 0 ]] && gpu_tests_rc=1
   gpu_tests_run=$((gpu_tests_run + run)); gpu_tests_failed=$((gpu_tests_failed + failed))
-  gpu_tests_skipped=$((gpu_tests_skipped + skipped))
+  gpu_tests_skipped=$((gpu_tests_skipped + skipped)); gpu_tests_skipped_by_design=$((gpu_tests_skipped_by_design + by_design))
 done
-cuda_suite_rc=$ctest_rc
-cuda_passed=$((gpu_tests_run - gpu_tests_failed - gpu_tests_skipped))
-cuda_skipped=$gpu_tests_skipped
-log "GPU tests: $gpu_tests_run run, $cuda_passed passed, $gpu_tests_failed failed, $cuda_skipped skipped"
+gpu_tests_passed=$((gpu_tests_run - gpu_tests_failed - gpu_tests_skipped - gpu_tests_skipped_by_design))
+log "GPU tests: $gpu_tests_run run, $gpu_tests_passed passed, $gpu_tests_failed failed, $gpu_tests_skipped skipped without a usable GPU, $gpu_tests_skipped_by_design skipped by design"
 
 # 4. Device copy benchmarks, pinned vs pageable, on cuda (and on the cpu
 #    device for comparison).
@@ -289,23 +293,22 @@ print("%d threads: %.3f Gparam/s, %.1f GB/s, ratio to the streaming ceiling %.3f
 done
 
 status=ok
-[[ $ctest_rc -ne 0 || $cuda_suite_rc -ne 0 || $cuda_skipped -ne 0 || $bench_rc -ne 0 || $engine_rc -ne 0 ]] && status=failed
+[[ $gpu_tests_rc -ne 0 || $gpu_tests_skipped -ne 0 || $bench_rc -ne 0 || $engine_rc -ne 0 ]] && status=failed
 # "H2D/pinned/4194304/real_time_median ... bytes_per_second=24.1G/s pinned" -> "H2D/pinned/4194304": "24.1G/s pinned"
 medians=$(grep -E '_median' "$out/bench_device_copy_cuda.log" | awk '{
   value = ""; for (i = 2; i <= NF; ++i) if ($i ~ /^bytes_per_second=/) { value = substr($i, 18); for (j = i + 1; j <= NF; ++j) value = value " " $j }
   name = $1; sub(/\/real_time_median$/, "", name)
   printf "%s    \"%s\": \"%s\"", (NR > 1 ? ",\n" : ""), name, value }')
-write_summary "$status" "GPU tests: $gpu_tests_run run, $gpu_tests_failed failed, $cuda_skipped skipped" \
+write_summary "$status" "GPU tests: $gpu_tests_run run, $gpu_tests_failed failed, $gpu_tests_skipped skipped without a usable GPU" \
   "  \"build_rc\": $build_rc,
-  \"ctest_gpu_rc\": $ctest_rc,
-  \"cuda_device_suite\": {\"rc\": $cuda_suite_rc, \"passed\": $cuda_passed, \"skipped\": $cuda_skipped},
   \"bench_rc\": $bench_rc,
   \"engine_rc\": $engine_rc,
   \"engine_losses\": \"$(printf '%s' "$engine_losses" | json_escape)\",
   \"host_cpu\": \"$(printf '%s' "$host_cpu" | json_escape)\",
   \"cpu_adam_rows\": \"$(printf '%s; ' "${cpu_adam_rows[@]}" | json_escape)\",
   \"offload_rows\": \"$(printf '%s; ' "${offload_rows[@]}" | json_escape)\",
-  \"gpu_tests\": {\"run\": $gpu_tests_run, \"failed\": $gpu_tests_failed, \"skipped\": $gpu_tests_skipped},
+  \"gpu_tests\": {\"rc\": $gpu_tests_rc, \"run\": $gpu_tests_run, \"passed\": $gpu_tests_passed, \"failed\": $gpu_tests_failed,
+                \"skipped_without_gpu\": $gpu_tests_skipped, \"skipped_by_design\": $gpu_tests_skipped_by_design},
   \"cuda_copy_medians\": {
 $medians
   }"
