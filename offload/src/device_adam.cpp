@@ -6,6 +6,7 @@
 #include "strata/offload/device_adam.h"
 
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include <fmt/format.h>
@@ -23,6 +24,14 @@ Status check_pointer(const void* p, size_t index, const char* field, size_t coun
   if (p != nullptr) return Status::Ok();
   return InvalidArgument(fmt::format("device_adam: DeviceAdamTensor[{}].{} is null but count = {}", index, field,
                                      count));
+}
+
+// A GPU faults on a misaligned element access (a sticky error that ends the
+// context), where x86 does not: the check names the pointer instead.
+Status check_alignment(const void* p, size_t alignment, size_t index, const char* field, const char* why) {
+  if (reinterpret_cast<uintptr_t>(p) % alignment == 0) return Status::Ok();
+  return InvalidArgument(fmt::format("device_adam: DeviceAdamTensor[{}].{} is not {}-byte aligned ({})", index,
+                                     field, alignment, why));
 }
 
 }  // namespace
@@ -61,6 +70,14 @@ Status validate_device_adam(const DeviceAdamArgs& args, std::span<const DeviceAd
     STRATA_RETURN_IF_ERROR(check_pointer(t.grads, i, "grads", t.count));
     STRATA_RETURN_IF_ERROR(check_pointer(t.exp_avg, i, "exp_avg", t.count));
     STRATA_RETURN_IF_ERROR(check_pointer(t.exp_avg_sq, i, "exp_avg_sq", t.count));
+    const size_t moment_alignment = args.moments.blocked() ? sizeof(float) : dtype_size(args.moments.element_dtype());
+    const char* moment_why = args.moments.blocked() ? "its block scales are fp32" : "its moment elements";
+    STRATA_RETURN_IF_ERROR(check_alignment(t.params, sizeof(float), i, "params", "fp32 elements"));
+    STRATA_RETURN_IF_ERROR(check_alignment(t.grads, dtype_size(args.grad_dtype), i, "grads", "its grad_dtype elements"));
+    STRATA_RETURN_IF_ERROR(check_alignment(t.exp_avg, moment_alignment, i, "exp_avg", moment_why));
+    STRATA_RETURN_IF_ERROR(check_alignment(t.exp_avg_sq, moment_alignment, i, "exp_avg_sq", moment_why));
+    if (t.param_copy != nullptr)
+      STRATA_RETURN_IF_ERROR(check_alignment(t.param_copy, 2, i, "param_copy", "16-bit elements"));
     if (t.param_copy != nullptr && args.param_copy_dtype != DType::kBF16 && args.param_copy_dtype != DType::kF16) {
       return InvalidArgument(fmt::format("device_adam: DeviceAdamTensor[{}] has a param_copy but param_copy_dtype "
                                          "= {}; use bf16 or fp16 (the fp32 params are the master copy)",

@@ -165,6 +165,41 @@ TEST(DeviceAdamValidate, NullPointersNameTensorAndField) {
   }
 }
 
+TEST(DeviceAdamValidate, MisalignedPointersNameTensorAndField) {
+  // A GPU faults on a misaligned element access; the check names the pointer instead.
+  alignas(64) unsigned char buffer[256] = {};
+  float* p = reinterpret_cast<float*>(buffer);
+  void* g = buffer + 64;
+  void* m = buffer + 128;
+  void* v = buffer + 192;
+  const auto check = [&](DeviceAdamArgs a, DeviceAdamTensor bad, const std::string& expected) {
+    const DeviceAdamTensor ts[2] = {{p, g, m, v, nullptr, 1}, bad};
+    const Status s = validate_device_adam(a, ts);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << expected;
+    EXPECT_THAT(s.message(), HasSubstr(expected));
+  };
+  check(base_args(), {reinterpret_cast<float*>(buffer + 2), g, m, v, nullptr, 7},
+        "DeviceAdamTensor[1].params is not 4-byte aligned (fp32 elements)");
+  check(base_args(), {p, buffer + 66, m, v, nullptr, 7}, "DeviceAdamTensor[1].grads is not 4-byte aligned");
+  DeviceAdamArgs bf16_grads = base_args();
+  bf16_grads.grad_dtype = DType::kBF16;
+  check(bf16_grads, {p, buffer + 65, m, v, nullptr, 7}, "DeviceAdamTensor[1].grads is not 2-byte aligned");
+  EXPECT_TRUE(validate_device_adam(bf16_grads, std::vector<DeviceAdamTensor>{{p, buffer + 66, m, v, nullptr, 7}}).ok());
+  check(base_args(), {p, g, buffer + 130, v, nullptr, 7}, "DeviceAdamTensor[1].exp_avg is not 4-byte aligned");
+  DeviceAdamArgs int8 = base_args();
+  int8.moments = cpu_adam::MomentStorage::int8();
+  check(int8, {p, g, m, buffer + 194, nullptr, 7},
+        "DeviceAdamTensor[1].exp_avg_sq is not 4-byte aligned (its block scales are fp32)");
+  DeviceAdamArgs bf16_moments = base_args();
+  bf16_moments.moments = cpu_adam::MomentStorage::bf16();
+  EXPECT_TRUE(
+      validate_device_adam(bf16_moments, std::vector<DeviceAdamTensor>{{p, g, buffer + 130, buffer + 194, nullptr, 7}})
+          .ok());
+  DeviceAdamArgs with_copy = base_args();
+  with_copy.param_copy_dtype = DType::kBF16;
+  check(with_copy, {p, g, m, v, buffer + 33, 7}, "DeviceAdamTensor[1].param_copy is not 2-byte aligned");
+}
+
 TEST(DeviceAdamValidate, ScalarsAndHyperParams) {
   float p = 0, g = 0, m = 0, v = 0;
   const DeviceAdamTensor t{&p, &g, &m, &v, nullptr, 1};

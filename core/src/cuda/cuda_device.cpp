@@ -57,6 +57,11 @@ namespace {
 
 Status cuda_status(cudaError_t err, std::string_view call, int ordinal) {
   if (err == cudaSuccess) return Status::Ok();
+  // The runtime keeps a non-sticky error as the thread's "last error" until
+  // it is read, and a later cudaGetLastError after a kernel launch (CudaOps,
+  // the device Adam kernel) would report it as that launch's failure: this
+  // error is reported here, so it is cleared here.
+  (void)cudaGetLastError();
   std::string text = fmt::format("{} on cuda:{} failed: {} ({})", call, ordinal, cudaGetErrorName(err),
                                  cudaGetErrorString(err));
   if (err == cudaErrorMemoryAllocation) return OutOfMemory(std::move(text));
@@ -475,16 +480,22 @@ class CudaDevice final : public Device {
     STRATA_CUDA(cudaDeviceSynchronize(), ordinal_);
     return Status::Ok();
   }
+  // Synchronous: the data is in place when these return. cudaMemcpy and
+  // cudaMemset alone do not promise that (a pageable host-to-device copy, a
+  // device-to-device copy and a memset may return before the device has
+  // finished), so they run on the allocation stream, which is then synchronized.
   Status copy(void* dst, const void* src, size_t bytes, CopyKind kind) override {
     if (bytes == 0) return Status::Ok();
     STRATA_CUDA(cudaSetDevice(ordinal_), ordinal_);
-    STRATA_CUDA(cudaMemcpy(dst, src, bytes, to_cuda(kind)), ordinal_);
+    STRATA_CUDA(cudaMemcpyAsync(dst, src, bytes, to_cuda(kind), alloc_stream_), ordinal_);
+    STRATA_CUDA(cudaStreamSynchronize(alloc_stream_), ordinal_);
     return Status::Ok();
   }
   Status memset(void* dst, int value, size_t bytes) override {
     if (bytes == 0) return Status::Ok();
     STRATA_CUDA(cudaSetDevice(ordinal_), ordinal_);
-    STRATA_CUDA(cudaMemset(dst, value, bytes), ordinal_);
+    STRATA_CUDA(cudaMemsetAsync(dst, value, bytes, alloc_stream_), ordinal_);
+    STRATA_CUDA(cudaStreamSynchronize(alloc_stream_), ordinal_);
     return Status::Ok();
   }
   Result<double> elapsed_ms(Event& start, Event& end) override {
@@ -526,10 +537,37 @@ class CudaDevice final : public Device {
     cudaFreeHost(ptr);
   }
 
-  void free_on_stream(void* data, size_t bytes, cudaStream_t stream) {
-    cudaSetDevice(ordinal_);
-    cudaFreeAsync(data, stream);
+  // Stream::free_async: the memory returns to the pool in stream order, and
+  // it is counted free and leaves the cap's reservation when the free runs
+  // (Note [Accounts]), from a host function that makes no CUDA call.
+  Status free_on_stream(void* data, size_t bytes, cudaStream_t stream) {
+    STRATA_CUDA(cudaSetDevice(ordinal_), ordinal_);
+    STRATA_CUDA(cudaFreeAsync(data, stream), ordinal_);
+    struct FreeRan {
+      CudaDevice* device;
+      void* data;
+      size_t bytes;
+    };
+    auto* ran = new FreeRan{this, data, bytes};
+    const cudaError_t err = cudaLaunchHostFunc(
+        stream,
+        [](void* arg) {
+          std::unique_ptr<FreeRan> ran(static_cast<FreeRan*>(arg));
+          ran->device->release_freed(ran->data, ran->bytes);
+        },
+        ran);
+    if (err != cudaSuccess) {
+      // The free is queued; count it now rather than never.
+      delete ran;
+      release_freed(data, bytes);
+      return cuda_status(err, "cudaLaunchHostFunc (free_async accounting)", ordinal_);
+    }
+    return Status::Ok();
+  }
+  void release_freed(void* data, size_t bytes) {
     count_free(Tier::kDevice, data, bytes);
+    std::lock_guard<std::mutex> lock(cap_mutex_);
+    reserved_bytes_ -= bytes;
   }
 
  protected:
@@ -557,8 +595,7 @@ Status CudaStream::free_async(DeviceBuffer&& buffer) {
   if (buffer.device() != &device()) return InvalidArgument("Stream::free_async: the buffer belongs to another device");
   const size_t bytes = buffer.size_bytes();
   void* data = buffer.release();
-  static_cast<CudaDevice&>(device()).free_on_stream(data, bytes, stream_);
-  return Status::Ok();
+  return static_cast<CudaDevice&>(device()).free_on_stream(data, bytes, stream_);
 }
 
 }  // namespace

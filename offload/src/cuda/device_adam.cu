@@ -363,6 +363,11 @@ LaunchResult launch_device_adam(void* cuda_stream, const DeviceAdamFactors& fact
   const auto* kt = static_cast<const KernelTensor*>(table);
   const auto* ct = reinterpret_cast<const ChunkEntry*>(static_cast<const unsigned char*>(table) + tensor_bytes);
   const auto grid = static_cast<unsigned>(chunks.size());
+  // cudaGetLastError below reports the last error of any earlier runtime
+  // call on this thread (a success does not clear it): clear it first, so
+  // that a leftover, non-sticky error of unrelated code is not blamed on
+  // this launch.
+  (void)cudaGetLastError();
   if (block == 0) {
     pick_kernel(grad_dtype, moments.dtype, param_copy_dtype)<<<grid, kThreads, 0, stream>>>(kt, ct, factors);
   } else {
