@@ -643,6 +643,15 @@ Result<std::unique_ptr<Device>> make_cuda_device(const DeviceOptions& options) {
   STRATA_CUDA(cudaSetDevice(options.ordinal), options.ordinal);
   cudaDeviceProp prop{};
   STRATA_CUDA(cudaGetDeviceProperties(&prop, options.ordinal), options.ordinal);
+  // allocate() synchronizes the allocation stream. By default the pool may
+  // hand it memory freed on another stream (free_async) by making it wait
+  // for that stream, which may be parked on a host completion that only the
+  // allocating thread would complete: no such cross-stream dependencies.
+  cudaMemPool_t pool = nullptr;
+  STRATA_CUDA(cudaDeviceGetDefaultMemPool(&pool, options.ordinal), options.ordinal);
+  int allow_internal_dependencies = 0;
+  STRATA_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolReuseAllowInternalDependencies, &allow_internal_dependencies),
+              options.ordinal);
   cudaStream_t alloc_stream = nullptr;
   STRATA_CUDA(cudaStreamCreateWithFlags(&alloc_stream, cudaStreamNonBlocking), options.ordinal);
   return std::unique_ptr<Device>(
