@@ -190,8 +190,8 @@ class CudaStream final : public Stream {
   }
   Status launch_host(HostFn fn) override {
     if (!fn) return InvalidArgument("launch_host: empty function");
-    auto* call = new HostCall{std::move(fn), log_, next_op()};
     STRATA_RETURN_IF_ERROR(cuda_status(cudaSetDevice(ordinal_), "cudaSetDevice", ordinal_));
+    auto* call = new HostCall{std::move(fn), log_, next_op()};
     const cudaError_t err = cudaLaunchHostFunc(stream_, &CudaStream::trampoline, call);
     if (err != cudaSuccess) {
       delete call;
