@@ -59,7 +59,8 @@ if command -v nvidia-smi > /dev/null; then nvidia-smi > "$out/nvidia-smi.txt" 2>
 
 # 1. The programs: packed ones (built elsewhere), or a CUDA build here.
 build_rc=0
-declare -A program
+declare -A program  # file name -> path, for every program of scripts/gpu-programs.sh
+source scripts/gpu-programs.sh
 if [[ -n "${STRATA_GPU_PACK:-}" ]]; then
   pack_dir=$(mktemp -d)
   if ! tar -C "$pack_dir" -xJf "$STRATA_GPU_PACK" 2> "$out/unpack.log" &&
@@ -70,10 +71,7 @@ if [[ -n "${STRATA_GPU_PACK:-}" ]]; then
     exit 1
   fi
   bin="$pack_dir/strata-gpu/bin"
-  for name in strata_device_tests strata_comm_tests strata_model_tests strata_device_adam_tests strata \
-              strata_bench_device_copy strata_device_adam_bench; do
-    program[$name]="$bin/$name"
-  done
+  for path in "${gpu_programs[@]}"; do program[$(basename "$path")]="$bin/$(basename "$path")"; done
   # NCCL and cuBLAS are not packed: take this machine's own (the CUDA
   # toolkit's, or the pip wheels beside torch).
   library_path="$pack_dir/strata-gpu/lib"
@@ -118,13 +116,7 @@ else
       exit 1
     fi
   fi
-  program[strata_device_tests]="$build/tests/core/strata_device_tests"
-  program[strata_comm_tests]="$build/tests/comm/strata_comm_tests"
-  program[strata_model_tests]="$build/tests/model/strata_model_tests"
-  program[strata_device_adam_tests]="$build/tests/offload/strata_device_adam_tests"
-  program[strata]="$build/apps/strata"
-  program[strata_bench_device_copy]="$build/bench/core/strata_bench_device_copy"
-  program[strata_device_adam_bench]="$build/bench/offload/strata_device_adam_bench"
+  for path in "${gpu_programs[@]}"; do program[$(basename "$path")]="$build/$path"; done
 fi
 
 # 2. Is there a GPU? Ask the build's own probe (cudaGetDeviceCount).

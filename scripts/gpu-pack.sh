@@ -18,16 +18,14 @@ cd "$(dirname "$0")/.."
 build="${1:-build}"
 archive="${2:-.gpu-pack/strata-gpu.tar.xz}"
 
-programs=(tests/core/strata_device_tests tests/comm/strata_comm_tests tests/model/strata_model_tests
-          tests/offload/strata_device_adam_tests apps/strata bench/core/strata_bench_device_copy
-          bench/offload/strata_device_adam_bench)
+source scripts/gpu-programs.sh
 
 if ! grep -q '^STRATA_ENABLE_CUDA:BOOL=ON' "$build/CMakeCache.txt" 2> /dev/null; then
   echo "gpu-pack: $build is not a build configured with STRATA_ENABLE_CUDA=ON" >&2
   echo "  hint: configure one with scripts/build.sh (CUDA is on where the toolkit is found)" >&2
   exit 1
 fi
-for program in "${programs[@]}"; do
+for program in "${gpu_programs[@]}"; do
   if [[ ! -x "$build/$program" ]]; then
     echo "gpu-pack: $build/$program is missing; build it first (cmake --build $build)" >&2
     exit 1
@@ -41,7 +39,7 @@ mkdir -p "$root/bin" "$root/lib" "$root/lib-fallback"
 
 # Libraries the GPU machine provides itself, or must (the driver).
 provided='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libcuda\.so|libnccl\.so|libcublas\.so|libcublasLt\.so)'
-for program in "${programs[@]}"; do
+for program in "${gpu_programs[@]}"; do
   cp "$build/$program" "$root/bin/"
   while read -r name path; do
     [[ "$name" =~ $provided ]] && continue
