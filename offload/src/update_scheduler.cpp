@@ -300,6 +300,7 @@ Status UpdateScheduler::step_layer(size_t li, std::vector<PieceJob>& jobs, const
   const auto t0 = Clock::now();
   Status st = step_pieces(*tier_, *optimizer_, jobs, args, param_dtype, out_of_place);
   spent.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+  if (!out_of_place && ctx_.faults.update_values_queued) ctx_.faults.update_values_queued(li, /*kept=*/false);
   if (st.ok() && in_slot) {
     Result<Completion> written = params_.write_back(li, std::move(slot));
     if (written.ok())
@@ -516,7 +517,8 @@ Status UpdateScheduler::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimize
         if (!copied.ok() && copy_status.ok()) copy_status = copied;
       }
       if (rep.ok() && ctx_.faults.update && ctx_.faults.update->step == args.step && ctx_.faults.update->rank == ctx_.rank &&
-          ctx_.faults.update->layer == j.id.layer && &t == tier_.get() && &j == last_stepped && last_call)
+          ctx_.faults.update->layer == j.id.layer && &t == tier_.get() && &j == last_stepped && last_call &&
+          (out_of_place || !ctx_.faults.update->early_only))
         rep = Internal("injected kernel failure (testing::UpdateFault)");
       if (!rep.ok()) return torn(fail(rep.status().with_context(fmt::format("optimizer step of {}", ctx_.part.describe(j.id)))));
       if (!copy_status.ok()) {
@@ -715,18 +717,33 @@ Result<UpdateScheduler::Queued> UpdateScheduler::keep_early(size_t li, const Gra
   for (const PieceJob& j : early_[li].jobs)
     if (j.count != 0) STRATA_RETURN_IF_ERROR(tier_->keep_pending(j.id));
   // The staged values go to the device now that the step keeps them (the
-  // device parameters were not touched under the backward).
+  // device parameters were not touched under the backward), queued on the
+  // optimizer thread behind the updates of the layers before this one
+  // (Note [Kept values in forward order]).
   const size_t eb = ctx_.where(li).param_element_bytes;
-  bool copied = false;
+  struct StagedCopy {
+    std::byte* dst;
+    const std::byte* src;
+    size_t bytes;
+  };
+  std::vector<StagedCopy> copies;
   for (const PieceJob& j : early_[li].jobs) {
     if (j.h2d_once_kept == nullptr || j.count == 0) continue;
-    STRATA_RETURN_IF_ERROR(ctx_.xfer->copy_async(j.h2d_once_kept, j.param, j.count * eb, CopyKind::kHostToDevice));
+    copies.push_back({j.h2d_once_kept, j.param, j.count * eb});
     ctx_.transfers.h2d_bytes += j.count * eb;
-    copied = true;
   }
   if (early_[li].write_back) l.update_written = *early_[li].write_back;  // ended ok: early_written
-  if (copied) {
-    l.update_written = ctx_.xfer->record_completion();
+  if (!copies.empty()) {
+    l.update_written = worker_->submit(
+        [this, li, copies = std::move(copies)] {
+          Status queued;
+          for (const StagedCopy& c : copies)
+            if (queued.ok()) queued = update_stream_->copy_async(c.dst, c.src, c.bytes, CopyKind::kHostToDevice);
+          if (ctx_.faults.update_values_queued) ctx_.faults.update_values_queued(li, /*kept=*/true);  // a test's observer
+          const Status copied = update_stream_->synchronize();  // the staging is the source: in flight until here
+          return queued.ok() ? copied : queued;
+        },
+        {}, fmt::format("copying the kept update of layer {} to the device", li), /*sticky=*/false);
     if (ctx_.split()) {
       const Completion both[] = {l.update_written, device_part_done};
       l.update_written = when_all(both, fmt::format("update of layer {}", li));

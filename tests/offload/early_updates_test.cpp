@@ -15,6 +15,8 @@
 //    the step ends as it would without early updates;
 //  - the updates do start under the backward: the driven MLP's backward
 //    waits, before its last layers, for the head's early update to start;
+//  - the kept layers' values reach the device's copy queue in forward
+//    order, behind the redo of a layer before them;
 //  - the plan counts the pending buffers, auto turns them off when they do not fit
 //    strata.host_memory_budget, and "on" where the placement cannot is
 //    refused naming the key.
@@ -29,6 +31,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -179,6 +182,64 @@ TEST(EarlyUpdates, AFailedShardWriteUnderTheBackwardRedoesThatLayer) {
   expect_a_failed_write_under_the_backward_redoes_one_layer(
       Placement{3, D::kCpu, D::kNvme, /*overlap=*/false, 1'000'000'000, 1'000'000'000, 1'000'000'000, 0},
       FaultedIo::kParameterShards, "a failed shard write under the backward");
+}
+
+// Note [Kept values in forward order]: in a step where the first layer's
+// early update failed under the backward (so it is redone at the step's end)
+// and the others are kept, every kept layer reaches the device's copy queue
+// after that redo: the forward needs the first layer first. The redo holds
+// the optimizer thread in the observer for a while, so a kept copy queued
+// from another thread would be seen then, if not before.
+TEST(EarlyUpdates, KeptLayersReachTheDeviceBehindTheRedoOfALayerBeforeThem) {
+  TrainRun r;
+  r.steps = 4;
+  apply_placement(r, Placement{2, D::kCpu, D::kNone});
+  r.opt.grad_clip = 0;  // nothing clips: every other early update is kept
+  r.faults.update = testing::UpdateFault{3, 0, mlp::kEmbedIn, /*early_only=*/true};
+  enum class Kind { kNormal, kKept };
+  struct Event {
+    Kind kind;
+    size_t layer;
+    int64_t step;
+    bool during_redo;  // while the redo held the optimizer thread
+  };
+  std::mutex mutex;
+  std::condition_variable queued_cv;
+  std::vector<Event> events;
+  std::optional<size_t> redo_at;  // index in events
+  bool holding = false;
+  int64_t step = 0;  // the step whose updates are queued: the first layer's come first
+  r.faults.update_values_queued = [&](size_t layer, bool kept) {
+    std::unique_lock<std::mutex> lock(mutex);
+    if (layer == mlp::kEmbedIn) ++step;
+    events.push_back({kept ? Kind::kKept : Kind::kNormal, layer, step, holding});
+    queued_cv.notify_all();
+    if (kept || events.back().step != 3 || layer != mlp::kEmbedIn) return;
+    redo_at = events.size() - 1;
+    holding = true;
+    const size_t seen = events.size();
+    queued_cv.wait_for(lock, std::chrono::milliseconds(300), [&] { return events.size() > seen; });
+    holding = false;
+  };
+  const Outcome on = train(with_early(r, SpeculationMode::kOn));
+  ASSERT_TRUE(on.status.ok()) << on.status.to_string();
+  ASSERT_EQ(on.metrics.size(), 4u);
+  EXPECT_EQ(on.metrics[2].redone_layers, 1);
+  ASSERT_TRUE(redo_at.has_value()) << "no redo of the first layer in step 3";
+  std::string sequence;
+  for (size_t i = 0; i < events.size(); ++i)
+    sequence += fmt::format("{}{}{}@{} ", i == *redo_at ? "*" : "", events[i].kind == Kind::kKept ? "k" : "n",
+                            events[i].layer, events[i].step);
+  int kept_after_it = 0;
+  for (size_t i = 0; i < events.size(); ++i) {
+    const Event& e = events[i];
+    EXPECT_FALSE(e.during_redo) << "layer " << e.layer << " was queued while the redo ran: " << sequence;
+    if (e.kind != Kind::kKept || e.step != 3) continue;
+    ++kept_after_it;
+    EXPECT_GT(i, *redo_at) << "kept layer " << e.layer << " reached the copy queue before the redo: " << sequence;
+  }
+  // The checks mean something only if a later layer was kept.
+  EXPECT_GT(kept_after_it, 0) << "no layer was kept in step 3: " << sequence;
 }
 
 // Note [A step's NVMe bytes]: with early updates on NVMe each report still

@@ -31,6 +31,9 @@ struct UpdateFault {
   int64_t step = 1;
   int rank = 0;
   size_t layer = 0;
+  // Only the early update under the backward fails (Note [Early, exact
+  // updates]); its redo at the step's end succeeds.
+  bool early_only = false;
 };
 
 // The first stage-3 gather of layer `layer` on rank `rank` in the `step`-th
@@ -73,6 +76,10 @@ struct EngineFaults {
   // starts stepping (after it claimed the layer), so a test can see that it
   // runs while the backward still does; must not block for long.
   std::function<void(size_t layer)> early_update_started;
+  // Called on the optimizer thread once a layer's updated values have gone
+  // to the device's copy queue: after a normal update (`kept` false) or for
+  // an early update the step kept (true); may block, to hold the thread.
+  std::function<void(size_t layer, bool kept)> update_values_queued;
 };
 
 }  // namespace strata::offload::testing
