@@ -213,6 +213,10 @@ struct Reporter {
                          {"optimizer", m.wait_optimizer_ms},
                          {"gather", m.wait_gather_ms},
                          {"gather_backward", m.wait_gather_backward_ms}};
+      // Which layers the passes waited for their updates (StepMetrics::optimizer_waits).
+      nlohmann::ordered_json by_layer = nlohmann::ordered_json::array();
+      for (const auto& w : m.optimizer_waits) by_layer.push_back({{"layer", w.layer}, {"ms", w.ms}});
+      j["optimizer_waits"] = std::move(by_layer);
       j["bytes"] = {{"h2d", m.h2d_bytes},          {"d2h", m.d2h_bytes},
                     {"gather", m.gather_bytes},    {"reduce", m.reduce_bytes},
                     {"nvme_read", m.nvme_read_bytes}, {"nvme_write", m.nvme_write_bytes}};

@@ -57,6 +57,7 @@ using namespace engine_detail;
 // Wall-clock moments of one pass's wait for a layer's parameters, filled by
 // callbacks on other threads.
 struct WaitProbe {
+  size_t layer = 0;
   bool backward = false;                // in a micro-batch's backward (after its first backward acquire)
   std::atomic<int64_t> reached_ns{-1};  // the model's stream reached the layer
   std::atomic<int64_t> update_ns{-1};   // the optimizer's update of the layer was in place

@@ -50,6 +50,7 @@ Result<LayerMemory> Engine::Impl::acquire(size_t li, Pass pass) {
   // gather; a backward's zeroed gradient buffer is not a parameter wait).
   if (training && !params_ready.done() && model_stream != nullptr) {
     auto probe = std::make_shared<WaitProbe>();
+    probe->layer = li;
     probe->backward = progress.in_backward;
     STRATA_RETURN_IF_ERROR(model_stream->launch_host([probe] { probe->reached_ns.store(now_ns()); }));
     lease.update_ready.then([probe](const Status&) { probe->update_ns.store(now_ns()); });

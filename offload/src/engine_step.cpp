@@ -226,6 +226,7 @@ Result<StepMetrics> Engine::Impl::finish_applied_step() {
     const double total = std::max<int64_t>(0, ready - reached) / 1e6;
     const double on_update = upd < 0 ? 0 : std::max<int64_t>(0, std::min(upd, ready) - reached) / 1e6;
     m.wait_optimizer_ms += on_update;
+    if (on_update > 0) m.optimizer_waits.push_back({p->layer, on_update});
     (p->backward ? m.wait_gather_backward_ms : m.wait_gather_ms) += total - on_update;
   }
   // This rank's tokens times the world size (ranks train equal batches).

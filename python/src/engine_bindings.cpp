@@ -106,6 +106,9 @@ py::dict metrics_dict(const offload::StepMetrics& m) {
   d["optimizer_ms"] = m.optimizer_ms;
   d["wait_reduce_ms"] = m.wait_reduce_ms;
   d["wait_optimizer_ms"] = m.wait_optimizer_ms;
+  py::list waits;
+  for (const auto& w : m.optimizer_waits) waits.append(py::make_tuple(w.layer, w.ms));
+  d["optimizer_waits"] = waits;
   d["speculated_layers"] = m.speculated_layers;
   d["redone_layers"] = m.redone_layers;
   d["wait_gather_ms"] = m.wait_gather_ms;

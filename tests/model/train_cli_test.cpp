@@ -46,8 +46,18 @@ TEST(TrainCli, ProgressLinesAndJsonLogShape) {
     for (auto it = j.begin(); it != j.end(); ++it) keys.push_back(it.key());
     EXPECT_EQ(keys, (std::vector<std::string>{"step", "loss", "val_loss", "lr", "loss_scale", "grad_norm", "skipped",
                                               "tokens_per_s", "step_ms", "forward_ms", "backward_ms", "optimizer_ms",
-                                              "early_updates", "exposed_ms", "bytes", "save", "peak_bytes"}));
+                                              "early_updates", "exposed_ms", "optimizer_waits", "bytes", "save",
+                                              "peak_bytes"}));
     EXPECT_EQ(j["exposed_ms"].size(), 5u);  // reduce, optimizer, gather, gather_backward, nvme
+    // Each pass that waited for its layer's update: the waits add up to exposed_ms.optimizer.
+    ASSERT_TRUE(j["optimizer_waits"].is_array());
+    double waited = 0;
+    for (const auto& w : j["optimizer_waits"]) {
+      EXPECT_LT(w["layer"].get<size_t>(), 4u);  // the tiny preset's layers: embeddings, 2 blocks, final
+      EXPECT_GT(w["ms"].get<double>(), 0);
+      waited += w["ms"].get<double>();
+    }
+    EXPECT_NEAR(waited, j["exposed_ms"]["optimizer"].get<double>(), 1e-9);
     EXPECT_EQ(j["bytes"].size(), 6u);  // h2d, d2h, gather, reduce, nvme_read, nvme_write
     EXPECT_GT(j["grad_norm"].get<double>(), 0);
     EXPECT_EQ(j["loss_scale"].get<double>(), 1.0);

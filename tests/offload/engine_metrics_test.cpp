@@ -9,6 +9,7 @@
 // machine's speed.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -20,6 +21,8 @@
 #include "strata/core/device_registry.h"
 #include "strata/core/spec_model.h"
 #include "strata/offload/engine.h"
+#include "strata/offload/testing/engine_faults.h"
+#include "strata/offload/testing/engine_seam.h"
 
 namespace strata::offload {
 namespace {
@@ -183,6 +186,47 @@ TEST(EngineMetrics, OptimizerTimeIsOneStepsUpdates) {
     }
     ASSERT_TRUE(rig->engine->synchronize().ok());
   }
+}
+
+// Overlap on: step 1's updates run under step 2's forward. The test holds
+// the update of layer 1 on the optimizer thread for a known time (the
+// testing seam's observer), so step 2's forward waits for it at layer 1:
+// optimizer_waits names that layer, and the waits add up to
+// wait_optimizer_ms.
+TEST(EngineMetrics, AHeldUpdateIsReportedAgainstItsLayer) {
+  EngineOptions o = base_options();
+  o.offload_optimizer = OffloadDevice::kCpu;
+  o.overlap_optimizer = true;
+  o.speculative_optimizer = SpeculationMode::kOff;
+  std::atomic<bool> hold{false};
+  testing::EngineFaults faults;
+  faults.update_values_queued = [&](size_t layer, bool) {
+    if (layer == 1 && hold.exchange(false)) std::this_thread::sleep_for(kSleep);
+  };
+  Rig rig;
+  DeviceOptions dopt;
+  dopt.device_memory_bytes = uint64_t{64} << 20;
+  rig.device = make_device(DeviceKind::kCpu, dopt).value();
+  rig.comms = comm::create_local_group(1).value();
+  rig.model_stream = rig.device->create_stream().value();
+  auto created = testing::create_engine(o, rig.model, *rig.device, *rig.comms[0], faults, rig.model_stream.get());
+  ASSERT_TRUE(created.ok()) << created.status().to_string();
+  rig.engine = std::move(created).value();
+  ASSERT_TRUE(initialize(*rig.engine, rig.model).ok());
+  hold = true;  // step 1's update of layer 1, which step 2's forward needs
+  ASSERT_TRUE(drive_step(*rig.engine, rig.model).ok());
+  Result<StepMetrics> m = drive_step(*rig.engine, rig.model);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_GE(m->wait_optimizer_ms, kSleepMs / 2);
+  double sum = 0, at_layer_1 = 0;
+  for (const StepMetrics::LayerWait& w : m->optimizer_waits) {
+    EXPECT_GT(w.ms, 0.0);
+    sum += w.ms;
+    if (w.layer == 1) at_layer_1 += w.ms;
+  }
+  EXPECT_EQ(sum, m->wait_optimizer_ms);  // the same additions in the same order
+  EXPECT_GE(at_layer_1, kSleepMs / 2) << "the held update was not reported against layer 1";
+  ASSERT_TRUE(rig.engine->synchronize().ok());
 }
 
 // The engine's measured device memory is what the Device counted for the

@@ -271,6 +271,16 @@ struct StepMetrics {
   // passes before each micro-batch's first backward acquire) and in the
   // backwards (stage 3 gathers a dropped layer again). 0 without a stream.
   double wait_optimizer_ms = 0;
+  // wait_optimizer_ms by layer: each pass that waited for its layer's
+  // update, in the order the stream reached them (a layer acquired twice,
+  // as a tied embedding is, can appear twice). Their ms add up to
+  // wait_optimizer_ms. Which layers the next forward waits for is what
+  // to look at when the optimizer is exposed (docs/engine.md, Step metrics).
+  struct LayerWait {
+    size_t layer = 0;
+    double ms = 0;
+  };
+  std::vector<LayerWait> optimizer_waits;
   double wait_gather_ms = 0;
   double wait_gather_backward_ms = 0;
   // Bytes moved this step, per link, by this rank.
