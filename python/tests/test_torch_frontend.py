@@ -319,6 +319,10 @@ def test_early_updates_bit_identical_on_and_off(stage, optimizer, params, tmp_pa
         losses = train_engine(engine, lm_loss, 4)
         m = engine.metrics
         assert 0 <= m["redone_layers"] <= m["speculated_layers"]
+        # The exposed optimizer time by layer: (layer, ms) pairs that add up to it.
+        waits = m["optimizer_waits"]
+        assert all(isinstance(layer, int) and ms > 0 for layer, ms in waits)
+        assert sum(ms for _, ms in waits) == pytest.approx(m["wait_optimizer_ms"], abs=1e-9)
         if mode == "off":
             assert m["speculated_layers"] == 0
         # (with the state on NVMe the pending versions are on NVMe, not in pinned memory)
