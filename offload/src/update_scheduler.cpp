@@ -740,7 +740,10 @@ Result<UpdateScheduler::Queued> UpdateScheduler::keep_early(size_t li, const Gra
           for (const StagedCopy& c : copies)
             if (queued.ok()) queued = update_stream_->copy_async(c.dst, c.src, c.bytes, CopyKind::kHostToDevice);
           if (ctx_.faults.update_values_queued) ctx_.faults.update_values_queued(li, /*kept=*/true);  // a test's observer
-          const Status copied = update_stream_->synchronize();  // the staging is the source: in flight until here
+          // Blocks: this task's completion is the layer's update_written, so it
+          // ends when the values are on the device (as step_pieces waits for its
+          // tiles); the engine's waits on it are bounded.
+          const Status copied = update_stream_->synchronize();
           return queued.ok() ? copied : queued;
         },
         {}, fmt::format("copying the kept update of layer {} to the device", li), /*sticky=*/false);

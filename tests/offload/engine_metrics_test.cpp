@@ -88,14 +88,17 @@ struct Rig {
   std::unique_ptr<Engine> engine;
 };
 
-std::unique_ptr<Rig> make_rig(const EngineOptions& o) {
+// `faults`: the engine is made through the testing seam with them.
+std::unique_ptr<Rig> make_rig(const EngineOptions& o, const testing::EngineFaults* faults = nullptr) {
   auto rig = std::make_unique<Rig>();
   DeviceOptions dopt;
   dopt.device_memory_bytes = uint64_t{64} << 20;
   rig->device = make_device(DeviceKind::kCpu, dopt).value();
   rig->comms = comm::create_local_group(1).value();
   rig->model_stream = rig->device->create_stream().value();
-  auto engine = Engine::create(o, rig->model, *rig->device, *rig->comms[0], rig->model_stream.get());
+  auto engine = faults != nullptr ? testing::create_engine(o, rig->model, *rig->device, *rig->comms[0], *faults,
+                                                           rig->model_stream.get())
+                                  : Engine::create(o, rig->model, *rig->device, *rig->comms[0], rig->model_stream.get());
   EXPECT_TRUE(engine.ok()) << engine.status().to_string();
   if (!engine.ok()) return nullptr;
   rig->engine = std::move(engine).value();
@@ -203,19 +206,11 @@ TEST(EngineMetrics, AHeldUpdateIsReportedAgainstItsLayer) {
   faults.update_values_queued = [&](size_t layer, bool) {
     if (layer == 1 && hold.exchange(false)) std::this_thread::sleep_for(kSleep);
   };
-  Rig rig;
-  DeviceOptions dopt;
-  dopt.device_memory_bytes = uint64_t{64} << 20;
-  rig.device = make_device(DeviceKind::kCpu, dopt).value();
-  rig.comms = comm::create_local_group(1).value();
-  rig.model_stream = rig.device->create_stream().value();
-  auto created = testing::create_engine(o, rig.model, *rig.device, *rig.comms[0], faults, rig.model_stream.get());
-  ASSERT_TRUE(created.ok()) << created.status().to_string();
-  rig.engine = std::move(created).value();
-  ASSERT_TRUE(initialize(*rig.engine, rig.model).ok());
+  auto rig = make_rig(o, &faults);
+  ASSERT_TRUE(rig);
   hold = true;  // step 1's update of layer 1, which step 2's forward needs
-  ASSERT_TRUE(drive_step(*rig.engine, rig.model).ok());
-  Result<StepMetrics> m = drive_step(*rig.engine, rig.model);
+  ASSERT_TRUE(drive_step(*rig->engine, rig->model).ok());
+  Result<StepMetrics> m = drive_step(*rig->engine, rig->model);
   ASSERT_TRUE(m.ok()) << m.status().to_string();
   EXPECT_GE(m->wait_optimizer_ms, kSleepMs / 2);
   double sum = 0, at_layer_1 = 0;
@@ -226,7 +221,7 @@ TEST(EngineMetrics, AHeldUpdateIsReportedAgainstItsLayer) {
   }
   EXPECT_EQ(sum, m->wait_optimizer_ms);  // the same additions in the same order
   EXPECT_GE(at_layer_1, kSleepMs / 2) << "the held update was not reported against layer 1";
-  ASSERT_TRUE(rig.engine->synchronize().ok());
+  ASSERT_TRUE(rig->engine->synchronize().ok());
 }
 
 // The engine's measured device memory is what the Device counted for the
