@@ -26,6 +26,8 @@
 //    newest at the time of the wait, as in CUDA.
 //  - An idle stream runs small work inline (Note [Idle streams run small
 //    work inline]).
+//  - With STRATA_CPU_DEVICE_CUDA_HOST_RULES=1 the device also keeps CUDA's
+//    rules for host functions (Note [CUDA's host-function rules]).
 //  - A host function that throws sets a sticky error on its stream,
 //    reported by the next synchronize(). Stream::wait(const Completion&)
 //    gates the stream on host-signalled work; a failed gate fails the
@@ -38,6 +40,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <string_view>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -75,6 +78,42 @@ using Clock = std::chrono::steady_clock;
 // The worker thread currently running a stream's queue, to catch host
 // functions that would deadlock by synchronizing their own device.
 thread_local const void* tls_current_worker_device = nullptr;
+
+// Note [CUDA's host-function rules]
+// CUDA runs the host functions of every stream (cudaLaunchHostFunc) on one
+// callback thread, one at a time, and a host function must not call CUDA;
+// code that completes a Completion from a host function (the cuda stream's
+// record_completion) runs that Completion's then() continuations there too.
+// The cpu device gives each stream its own worker, so code that breaks these
+// rules runs fine here and hangs on a GPU. With the environment variable
+// STRATA_CPU_DEVICE_CUDA_HOST_RULES=1 the cpu device keeps them: host
+// functions and completions recorded on a stream run one at a time under one
+// process-wide lock, record_completion() always goes through the queue, and
+// a Device or Stream call made from inside one (a continuation included)
+// stops the process with the call's name. A debugging aid for the cuda
+// backend's callers (tests/core/cuda_host_rules_test.cpp runs the engine
+// under it); off by default because it serializes the cpu device's kernels.
+bool cuda_host_rules() {
+  static const bool on = [] {
+    const char* v = std::getenv("STRATA_CPU_DEVICE_CUDA_HOST_RULES");
+    return v != nullptr && std::string_view(v) == "1";
+  }();
+  return on;
+}
+std::mutex& host_function_lock() {
+  static std::mutex lock;
+  return lock;
+}
+thread_local bool tls_in_host_function = false;
+
+// Under CUDA's rules, a Device or Stream call from a host function is a bug.
+void check_not_in_host_function(std::string_view call) {
+  STRATA_CHECK(!tls_in_host_function,
+               fmt::format("{} was called from a host function or a continuation it ran "
+                           "(STRATA_CPU_DEVICE_CUDA_HOST_RULES): CUDA forbids CUDA calls there; do this work on "
+                           "another thread",
+                           call));
+}
 
 // One copy engine: a thread that runs copies handed to it, in order.
 class CopyEngine {
@@ -231,13 +270,14 @@ class CpuStream final : public Stream {
   struct Op {
     std::function<Status(const Status& stream_error)> fn;
     bool runs_after_failure = false;
+    bool host_function = false;  // on CUDA, run by the callback thread (Note [CUDA's host-function rules])
   };
   // Enqueues `op`; returns its sequence number (1-based).
   uint64_t enqueue(Op op);
   // Runs `op` on the calling thread when the stream is idle (Note [Idle
   // streams run small work inline]); false (nothing done) otherwise.
   bool run_inline_if_idle(Op& op);
-  uint64_t enqueue_work(std::function<void()> fn);
+  uint64_t enqueue_work(std::function<void()> fn, bool host_function = false);
   void wait_for(uint64_t sequence);
   void run();
 
@@ -278,6 +318,7 @@ class CpuDevice final : public Device {
   const DeviceCaps& caps() const override { return caps_; }
 
   Result<DeviceBuffer> allocate(size_t bytes) override {
+    check_not_in_host_function("Device::allocate");
     if (bytes == 0) return DeviceBuffer();
     const size_t footprint = round_up(bytes, kDeviceAlignment);
     std::lock_guard<std::mutex> lock(mutex_);
@@ -298,6 +339,7 @@ class CpuDevice final : public Device {
   }
 
   Result<std::unique_ptr<Stream>> create_stream() override {
+    check_not_in_host_function("Device::create_stream");
     auto stream = std::make_unique<CpuStream>(this);
     return std::unique_ptr<Stream>(std::move(stream));
   }
@@ -306,6 +348,7 @@ class CpuDevice final : public Device {
   }
 
   Status synchronize() override {
+    check_not_in_host_function("Device::synchronize");
     STRATA_CHECK(tls_current_worker_device != this,
                  "a host function synchronized (or freed a DeviceBuffer of) its own device: this deadlocks; "
                  "free with Stream::free_async instead");
@@ -323,11 +366,13 @@ class CpuDevice final : public Device {
   }
 
   Status copy(void* dst, const void* src, size_t bytes, CopyKind kind) override {
+    check_not_in_host_function("Device::copy");
     STRATA_RETURN_IF_ERROR(check_copy(dst, src, bytes, kind));
     if (bytes > 0) engine_for(kind).copy(dst, src, bytes);
     return Status::Ok();
   }
   Status memset(void* dst, int value, size_t bytes) override {
+    check_not_in_host_function("Device::memset");
     STRATA_RETURN_IF_ERROR(check_device_range(dst, bytes, "memset destination"));
     if (bytes > 0) std::memset(dst, value, bytes);
     return Status::Ok();
@@ -343,6 +388,7 @@ class CpuDevice final : public Device {
   }
 
   Status pin_host(void* ptr, size_t bytes) override {
+    check_not_in_host_function("Device::pin_host");
     if (ptr == nullptr || bytes == 0) return InvalidArgument("pin_host: null pointer or zero bytes");
     if (mlock(ptr, bytes) != 0) {
       return ErrnoStatus(errno, fmt::format("mlock({} at {}) (RLIMIT_MEMLOCK too low? raise `ulimit -l`)",
@@ -364,6 +410,7 @@ class CpuDevice final : public Device {
     return Status::Ok();
   }
   Result<void*> allocate_pinned_host(size_t bytes) override {
+    check_not_in_host_function("Device::allocate_pinned_host");
     if (bytes == 0) return InvalidArgument("allocate_pinned_host: zero bytes");
     void* data = std::aligned_alloc(kPageBytes, round_up(bytes, kPageBytes));
     if (data == nullptr) return OutOfMemory(fmt::format("host allocation of {} failed", format_bytes(bytes, true)));
@@ -418,6 +465,7 @@ class CpuDevice final : public Device {
 
  protected:
   void free_device_memory(void* data, size_t bytes, bool synchronize_first) override {
+    check_not_in_host_function("~DeviceBuffer (Device::free_device_memory)");
     (void)bytes;
     if (synchronize_first) synchronize().ignore();  // errors stay sticky on their streams
     std::lock_guard<std::mutex> lock(mutex_);
@@ -491,6 +539,11 @@ void CpuStream::run() {
     lock.unlock();
     Status outcome;
     if (stream_error.ok() || op.runs_after_failure) {
+      std::unique_lock<std::mutex> host_rules;
+      if (op.host_function && cuda_host_rules()) {
+        host_rules = std::unique_lock<std::mutex>(host_function_lock());
+        tls_in_host_function = true;
+      }
       try {
         outcome = op.fn(stream_error);
       } catch (const std::exception& e) {
@@ -498,6 +551,7 @@ void CpuStream::run() {
       } catch (...) {
         outcome = Internal("host function on a cpu stream threw a non-std exception");
       }
+      tls_in_host_function = false;
     }
     op = Op();  // drop captured state (buffers, completions) before reporting progress
     lock.lock();
@@ -544,12 +598,12 @@ bool CpuStream::run_inline_if_idle(Op& op) {
   return true;
 }
 
-uint64_t CpuStream::enqueue_work(std::function<void()> fn) {
+uint64_t CpuStream::enqueue_work(std::function<void()> fn, bool host_function) {
   return enqueue(Op{[fn = std::move(fn)](const Status&) {
                       fn();
                       return Status::Ok();
                     },
-                    false});
+                    false, host_function});
 }
 
 void CpuStream::wait_for(uint64_t sequence) {
@@ -558,6 +612,7 @@ void CpuStream::wait_for(uint64_t sequence) {
 }
 
 Status CpuStream::copy_async(void* dst, const void* src, size_t bytes, CopyKind kind) {
+  check_not_in_host_function("Stream::copy_async");
   STRATA_RETURN_IF_ERROR(cpu_device_->check_copy(dst, src, bytes, kind));
   if (bytes == 0) return Status::Ok();
   uint64_t sequence;
@@ -579,12 +634,14 @@ Status CpuStream::copy_async(void* dst, const void* src, size_t bytes, CopyKind 
 }
 
 Status CpuStream::launch_host(HostFn fn) {
+  check_not_in_host_function("Stream::launch_host");
   if (!fn) return InvalidArgument("launch_host: empty function");
-  enqueue_work(std::move(fn));
+  enqueue_work(std::move(fn), /*host_function=*/true);
   return Status::Ok();
 }
 
 Status CpuStream::record(Event& event) {
+  check_not_in_host_function("Stream::record");
   auto* cpu_event = dynamic_cast<CpuEvent*>(&event);
   if (cpu_event == nullptr || &event.device() != &device())
     return InvalidArgument("Stream::record: the event belongs to another device; create it on this device");
@@ -598,6 +655,7 @@ Status CpuStream::record(Event& event) {
 }
 
 Status CpuStream::wait(Event& event) {
+  check_not_in_host_function("Stream::wait(Event&)");
   auto* cpu_event = dynamic_cast<CpuEvent*>(&event);
   if (cpu_event == nullptr || &event.device() != &device())
     return InvalidArgument("Stream::wait: the event belongs to another device; record it on a stream of this device");
@@ -613,6 +671,7 @@ Status CpuStream::wait(Event& event) {
 }
 
 Status CpuStream::wait(const Completion& completion) {
+  check_not_in_host_function("Stream::wait(const Completion&)");
   if (completion.done() && completion.status().ok()) return Status::Ok();  // nothing to wait for
   // The stream's own worker waits in order: no thread is parked per gate.
   enqueue(Op{[completion](const Status&) {
@@ -626,7 +685,8 @@ Status CpuStream::wait(const Completion& completion) {
 }
 
 Completion CpuStream::record_completion() {
-  {
+  check_not_in_host_function("Stream::record_completion");
+  if (!cuda_host_rules()) {  // on CUDA it is always a host function, whose continuations run on the callback thread
     std::lock_guard<std::mutex> lock(mutex_);
     if (completed_ == issued_ && !running_inline_) return Completion::ready(sticky_error_, "cpu stream work");
   }
@@ -636,11 +696,12 @@ Completion CpuStream::record_completion() {
                 source->complete(stream_error);
                 return Status::Ok();
               },
-              true});
+              true, /*host_function=*/true});
   return done;
 }
 
 Status CpuStream::synchronize() {
+  check_not_in_host_function("Stream::synchronize");
   STRATA_CHECK(tls_current_worker_device != cpu_device_,
                "a host function synchronized a stream of its own device: this deadlocks");
   std::unique_lock<std::mutex> lock(mutex_);
@@ -655,6 +716,7 @@ bool CpuStream::query() {
 }
 
 Status CpuStream::memset_async(void* dst, int value, size_t bytes) {
+  check_not_in_host_function("Stream::memset_async");
   STRATA_RETURN_IF_ERROR(cpu_device_->check_device_range(dst, bytes, "memset destination"));
   if (bytes == 0) return Status::Ok();
   Op op{[dst, value, bytes](const Status&) {
@@ -668,6 +730,7 @@ Status CpuStream::memset_async(void* dst, int value, size_t bytes) {
 }
 
 Status CpuStream::free_async(DeviceBuffer&& buffer) {
+  check_not_in_host_function("Stream::free_async");
   if (!buffer) return Status::Ok();
   if (buffer.device() != &device()) return InvalidArgument("Stream::free_async: the buffer belongs to another device");
   const size_t bytes = buffer.size_bytes();

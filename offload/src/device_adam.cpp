@@ -124,6 +124,15 @@ detail::DeviceAdamFactors make_device_adam_factors(const DeviceAdamArgs& a) {
 }  // namespace
 #endif  // STRATA_HAVE_CUDA
 
+Status load_device_adam_kernels() {
+#if STRATA_HAVE_CUDA
+  const detail::LaunchResult r = detail::load_device_adam_kernels();
+  if (r.error != detail::LaunchError::kNone)
+    return IoError(fmt::format("loading the device optimizer's kernels: {}", r.message));
+#endif
+  return Status::Ok();
+}
+
 bool device_adam_compiled() {
 #if STRATA_HAVE_CUDA
   return true;

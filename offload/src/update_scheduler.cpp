@@ -36,6 +36,9 @@ Status UpdateScheduler::init(const std::string& job_name) {
     STRATA_ASSIGN_OR_RETURN(tier_, make_memory_state_tier(device, ctx_.opt_on_host() ? Tier::kPinnedHost : Tier::kDevice,
                                                           opt.moments, ctx_.stats, ctx_.device_opt()));
   }
+  // Before any stream is gated (Note [Kernels loaded before any gate]).
+  if ((ctx_.device_opt() || ctx_.split()) && device.caps().backend == "cuda")
+    STRATA_RETURN_IF_ERROR(load_device_adam_kernels());
   if (ctx_.split()) {
     if (opt.moments.blocked())
       return Unsupported(fmt::format("{}: strata.optimizer_state_dtype int8 with offload_optimizer.ratio {} < 1: the "

@@ -325,6 +325,35 @@ CudaOps::CudaOps(void* cuda_stream) : stream_(cuda_stream) {
   check_blas(cublasSetStream(h, STRATA_CUDA_STREAM), "cublasSetStream");
   // Full fp32 products (no TF32), so results compare with the CPU closely.
   check_blas(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+  // Every kernel is loaded now, before any stream is gated: CUDA's lazy
+  // loading at a first launch may wait for the whole device to go idle
+  // (Note [Kernels loaded before any gate], strata/offload/device_adam.h).
+  const void* kernels[] = {
+      reinterpret_cast<const void*>(&encoder_forward_kernel),
+      reinterpret_cast<const void*>(&encoder_backward_kernel),
+      reinterpret_cast<const void*>(&layernorm_forward_kernel),
+      reinterpret_cast<const void*>(&layernorm_backward_input_kernel),
+      reinterpret_cast<const void*>(&layernorm_backward_params_kernel),
+      reinterpret_cast<const void*>(&broadcast_rows_kernel),
+      reinterpret_cast<const void*>(&column_sum_kernel),
+      reinterpret_cast<const void*>(&attention_forward_kernel),
+      reinterpret_cast<const void*>(&attention_datt_kernel),
+      reinterpret_cast<const void*>(&attention_softmax_backward_kernel),
+      reinterpret_cast<const void*>(&attention_dqkv_kernel),
+      reinterpret_cast<const void*>(&gelu_forward_kernel),
+      reinterpret_cast<const void*>(&gelu_backward_kernel),
+      reinterpret_cast<const void*>(&add_kernel),
+      reinterpret_cast<const void*>(&softmax_xent_forward_kernel),
+      reinterpret_cast<const void*>(&softmax_xent_backward_kernel),
+      reinterpret_cast<const void*>(&accumulate_16_kernel),
+      reinterpret_cast<const void*>(&accumulate_f32_kernel),
+      reinterpret_cast<const void*>(&widen_kernel),
+  };
+  cudaFuncAttributes attributes{};
+  for (const void* kernel : kernels) {
+    if (!check(static_cast<int>(cudaFuncGetAttributes(&attributes, kernel)), "cudaFuncGetAttributes (the model kernels)"))
+      return;
+  }
 }
 
 CudaOps::~CudaOps() {

@@ -317,6 +317,24 @@ class StreamDeviceGuard {
 
 }  // namespace
 
+LaunchResult load_device_adam_kernels() {
+  constexpr KernelDType kGrads[] = {KernelDType::kF32, KernelDType::kBF16, KernelDType::kF16};
+  constexpr KernelDType kMoments[] = {KernelDType::kF32, KernelDType::kBF16};
+  constexpr KernelDType kCopies[] = {KernelDType::kF16, KernelDType::kBF16};
+  cudaFuncAttributes attributes{};
+  for (KernelDType g : kGrads) {
+    for (KernelDType c : kCopies) {
+      for (KernelDType m : kMoments) {
+        const cudaError_t err = cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(pick_kernel(g, m, c)));
+        if (err != cudaSuccess) return cuda_error(err, "cudaFuncGetAttributes (adam_kernel)");
+      }
+      const cudaError_t err = cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(pick_int8_kernel(g, c)));
+      if (err != cudaSuccess) return cuda_error(err, "cudaFuncGetAttributes (adam_int8_kernel)");
+    }
+  }
+  return {};
+}
+
 LaunchResult launch_device_adam(void* cuda_stream, const DeviceAdamFactors& factors, KernelDType grad_dtype,
                                 KernelMoments moments, KernelDType param_copy_dtype, const KernelTensor* tensors,
                                 size_t tensor_count) {

@@ -54,6 +54,10 @@ struct LaunchResult {
   std::string message;  // what failed, with the CUDA error's name and text
 };
 
+// Loads every variant of the kernels now (Note [Kernels loaded before any
+// gate] in strata/offload/device_adam.h).
+LaunchResult load_device_adam_kernels();
+
 // Enqueues the fused kernel on `cuda_stream` (a cudaStream_t) over
 // `tensors[0, tensor_count)`; arguments are already validated.
 LaunchResult launch_device_adam(void* cuda_stream, const DeviceAdamFactors& factors, KernelDType grad_dtype,

@@ -85,6 +85,21 @@ Status device_adam_step(Stream& stream, const DeviceAdamArgs& args, std::span<co
 // (one thread, gradients assumed finite). Synchronous.
 Status device_adam_reference(const DeviceAdamArgs& args, std::span<const DeviceAdamTensor> tensors);
 
+// Note [Kernels loaded before any gate]
+// CUDA loads a kernel at its first launch by default (lazy loading,
+// CUDA_MODULE_LOADING=LAZY), and loading may wait for the whole device to
+// go idle. A stream parked on a gate (Stream::wait(const Completion&))
+// waits for host code, so a first launch made while one is parked can wait
+// forever for host code that is itself waiting on this thread: measured on
+// an H200, the engine hung in its second step inside the optimizer
+// thread's first launch of a kernel variant while the model stream was
+// gated on that layer's update. So the kernels are loaded up front, before
+// any stream is gated: load_device_adam_kernels() loads every variant of
+// the fused kernels (a no-op without CUDA). The engine calls it when it
+// creates the device optimizer; a caller of device_adam_step() that gates
+// streams should call it once first.
+Status load_device_adam_kernels();
+
 // True when this build contains the CUDA kernel (it may still find no GPU).
 bool device_adam_compiled();
 
