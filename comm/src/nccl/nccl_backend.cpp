@@ -21,6 +21,17 @@
 // mpirun, through a file for single-host launches (rank 0 writes it
 // atomically, others wait for it), and locally for world size 1. 16-bit
 // reductions are NCCL's own (reduced in the element type); avg is ncclAvg.
+//
+// Note [One rank needs no NCCL]
+// With one rank every collective is the identity (a sum, avg, min or max of
+// one value is that value, exactly), so an out-of-place collective is a
+// device-to-device copy on the queue's stream and an in-place one, or a
+// barrier, is nothing. NCCL is still initialized (the queues, the watchdog
+// and the failure paths stay the same). Measured on an H200 with NCCL
+// 2.28.9 (docs/gpu-results.md, 2026-12-04): one rank's out-of-place fp64
+// avg all_reduce and reduce_scatter of 4099 elements left the last element
+// unwritten; with several ranks NCCL is used as before, and that case has
+// not run on GPUs yet.
 #include <cuda_runtime.h>
 #include <nccl.h>
 #include <unistd.h>
@@ -235,6 +246,11 @@ class NcclCommunicator final : public Communicator {
 Status NcclCommunicator::launch(NcclQueue& nq, const CollectiveDesc& d) {
   const ncclDataType_t type = nccl_type(d.dtype);
   auto cuda_stream = static_cast<cudaStream_t>(nq.stream->native_handle());
+  if (world_ == 1) {  // Note [One rank needs no NCCL]
+    if (d.op == CollectiveOp::kBarrier || d.send == d.recv) return Status::Ok();
+    return cuda_status(cudaMemcpyAsync(d.recv, d.send, recv_bytes(d, 1), cudaMemcpyDeviceToDevice, cuda_stream),
+                       "cudaMemcpyAsync (one rank's collective)");
+  }
   switch (d.op) {
     case CollectiveOp::kAllGather:
       return nccl_status(ncclAllGather(d.send, d.recv, d.count, type, nq.comm, cuda_stream), "ncclAllGather");

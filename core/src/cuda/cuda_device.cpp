@@ -36,6 +36,19 @@
 // stream's op count at which they happened: an event or record_completion()
 // issued after op n reports the first failure at or before n; host functions
 // after a failure are skipped (already-launched kernels cannot be).
+//
+// Note [Failures across event waits]
+// Stream::wait(Event&) is cudaStreamWaitEvent and nothing else on the GPU:
+// the waiting stream's log links to the recording stream's log at the
+// event's op number, and a failure there before the event becomes this
+// stream's from the wait on (failure_up_to follows the links). An earlier
+// version put a host function on the waiting stream to copy the failure
+// over; CUDA runs all host functions on one thread, one at a time, so a
+// long host function on another stream held the waiting stream's copies
+// back (DeviceTest.CopyOnOneStreamOverlapsComputeOnAnother failed on an
+// H200). Links are settled into the log, and dropped, where the stream is
+// known to have passed them: record_completion()'s host function, and
+// synchronize() of the stream or of an event recorded on it.
 #include "cuda/cuda_device.h"
 
 #include <cuda.h>
@@ -47,6 +60,7 @@
 #include <memory>
 #include <mutex>
 #include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -83,11 +97,21 @@ cudaMemcpyKind to_cuda(CopyKind kind) {
 
 class CudaDevice;
 
-// The first failure of a stream and the op number it happened at (Note [cuda gates]).
+// The first failure of a stream and the op number it happened at (Note [cuda
+// gates]), and the streams it waited on through events (Note [Failures
+// across event waits]).
 struct StreamFailureLog {
+  // From op `from_op` on, this stream carries `source`'s failures up to `source_op`.
+  struct Link {
+    uint64_t from_op;
+    std::shared_ptr<StreamFailureLog> source;
+    uint64_t source_op;
+  };
   std::mutex mutex;
   uint64_t failed_at = UINT64_MAX;
   Status failure;
+  std::vector<Link> links;
+
   void fail(uint64_t op, Status st) {
     std::lock_guard<std::mutex> lock(mutex);
     if (op < failed_at) {
@@ -95,10 +119,55 @@ struct StreamFailureLog {
       failure = std::move(st);
     }
   }
-  // The failure, if one happened at or before op `op`.
-  Status failure_up_to(uint64_t op) {
+  void link(uint64_t from_op, std::shared_ptr<StreamFailureLog> source, uint64_t source_op) {
     std::lock_guard<std::mutex> lock(mutex);
-    return failed_at <= op ? failure : Status::Ok();
+    links.push_back({from_op, std::move(source), source_op});
+  }
+  // The first failure at or before op `op`: this stream's own, or one that a
+  // stream it waited on had before the event it waited for.
+  Status failure_up_to(uint64_t op) {
+    uint64_t first_at;
+    Status first;
+    std::vector<Link> waited;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      first_at = failed_at <= op ? failed_at : UINT64_MAX;
+      if (first_at != UINT64_MAX) first = failure;
+      for (const Link& l : links) {
+        if (l.from_op <= op && l.from_op < first_at) waited.push_back(l);
+      }
+    }
+    // Not under the lock: the source may be waiting on this stream's events
+    // too; each step looks at earlier work, so the walk ends.
+    for (const Link& l : waited) {
+      if (l.from_op >= first_at) continue;
+      Status st = l.source->failure_up_to(l.source_op);
+      if (st.ok()) continue;
+      first_at = l.from_op;
+      first = st.with_context("stream waited on an event recorded after a failure");
+    }
+    return first_at == UINT64_MAX ? Status::Ok() : first;
+  }
+  // Called once every op up to `op` has completed, and so has the work each
+  // of its waits waited for: the failures reached through those links are
+  // final, so they become this log's own and the links are dropped (the
+  // list stays as short as the waits still in flight).
+  void settle_up_to(uint64_t op) {
+    std::vector<Link> due;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      for (const Link& l : links) {
+        if (l.from_op <= op) due.push_back(l);
+      }
+    }
+    if (due.empty()) return;
+    for (const Link& l : due) {
+      Status st = l.source->failure_up_to(l.source_op);
+      if (!st.ok()) fail(l.from_op, st.with_context("stream waited on an event recorded after a failure"));
+    }
+    // Only now: a reader in between sees the link or the failure it became.
+    std::lock_guard<std::mutex> lock(mutex);
+    std::erase_if(links, [op](const Link& l) { return l.from_op <= op; });
   }
 };
 
@@ -143,7 +212,9 @@ class CudaEvent final : public Event {
       log = log_;
       op = op_;
     }
-    return log ? log->failure_up_to(op) : Status::Ok();
+    if (!log) return Status::Ok();
+    log->settle_up_to(op);
+    return log->failure_up_to(op);
   }
   // The failure log and op number captured by the newest record.
   std::pair<std::shared_ptr<StreamFailureLog>, uint64_t> probe() {
@@ -209,8 +280,10 @@ class CudaStream final : public Stream {
     return Status::Ok();
   }
   Status synchronize() override {
+    const uint64_t issued = ops_issued();
     STRATA_CUDA(cudaSetDevice(ordinal_), ordinal_);
     STRATA_CUDA(cudaStreamSynchronize(stream_), ordinal_);
+    log_->settle_up_to(issued);
     return log_->failure_up_to(UINT64_MAX);
   }
   Status memset_async(void* dst, int value, size_t bytes) override {
@@ -225,8 +298,10 @@ class CudaStream final : public Stream {
       return InvalidArgument("Stream::wait: the event belongs to another device; record it on a stream of this device");
     STRATA_CUDA(cudaSetDevice(ordinal_), ordinal_);
     STRATA_CUDA(cudaStreamWaitEvent(stream_, cuda_event->handle(), 0), ordinal_);
-    // The waited event's failure (captured at its record) becomes ours once it completes.
-    return wait_via_host_check(cuda_event);
+    // The waited event's failures (captured at its record) become ours (Note [Failures across event waits]).
+    auto [event_log, event_op] = cuda_event->probe();
+    if (event_log) log_->link(next_op(), std::move(event_log), event_op);
+    return Status::Ok();
   }
   Status wait(const Completion& completion) override;
   Completion record_completion() override;
@@ -280,7 +355,6 @@ class CudaStream final : public Stream {
   uint64_t next_op() { return ++ops_; }
   uint64_t ops_issued() const { return ops_.load(); }
   Status ensure_gate_flag();
-  Status wait_via_host_check(CudaEvent* event);
 
   int ordinal_;
   cudaStream_t stream_;
@@ -303,26 +377,6 @@ Status CudaStream::ensure_gate_flag() {
   gates_->flag = static_cast<volatile uint32_t*>(host);
   *gates_->flag = 0;
   gates_->flag_device = reinterpret_cast<CUdeviceptr>(dev);
-  return Status::Ok();
-}
-
-// A failure captured by `event` must fail this stream from the point of the
-// wait on: a host function in stream order (after the GPU-side wait) copies it.
-Status CudaStream::wait_via_host_check(CudaEvent* event) {
-  auto [event_log, event_op] = event->probe();
-  if (!event_log) return Status::Ok();  // never recorded
-  auto* call = new HostCall{[] {}, log_, next_op()};
-  const uint64_t op = call->op;
-  // Runs after the GPU-side wait, so the event's work (and any failure it captured) is complete.
-  call->fn = [event_log = event_log, event_op = event_op, log = log_, op] {
-    Status st = event_log->failure_up_to(event_op);
-    if (!st.ok()) log->fail(op, st.with_context("stream waited on an event recorded after a failure"));
-  };
-  const cudaError_t err = cudaLaunchHostFunc(stream_, &CudaStream::trampoline, call);
-  if (err != cudaSuccess) {
-    delete call;
-    return cuda_status(err, "cudaLaunchHostFunc", ordinal_);
-  }
   return Status::Ok();
 }
 
@@ -387,6 +441,7 @@ Completion CudaStream::record_completion() {
                                                    stream_,
                                                    [](void* data) {
                                                      std::unique_ptr<Call> c(static_cast<Call*>(data));
+                                                     c->log->settle_up_to(c->op);
                                                      c->source->complete(c->log->failure_up_to(c->op));
                                                    },
                                                    call);
