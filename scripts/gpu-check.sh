@@ -208,7 +208,7 @@ for placement in "--stage 0 --offload-optimizer none" "--stage 3 --offload-optim
                  "--stage 3 --offload-optimizer cpu --offload-param cpu"; do
   tag=$(echo "$placement" | tr -d ' -')
   engine_runs+=("$out/engine_$tag.jsonl")
-  timeout 300 "${program[strata]}" train --device cuda --preset tiny --steps 20 --eval-every 0 --quiet $placement \
+  timeout 60 "${program[strata]}" train --device cuda --preset tiny --steps 20 --eval-every 0 --quiet $placement \
     --json-log "$out/engine_$tag.jsonl" > "$out/engine_$tag.log" 2>&1 || engine_rc=$?
 done
 log "engine on cuda rc $engine_rc; first/last losses:"
