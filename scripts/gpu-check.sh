@@ -119,6 +119,19 @@ else
   for path in "${gpu_programs[@]}"; do program[$(basename "$path")]="$build/$path"; done
 fi
 
+# An engine run that hangs prints every thread's stack before its timeout
+# (scripts/hangdump.c, packed by gpu-pack.sh or built here).
+hangdump=""
+if [[ -n "${STRATA_GPU_PACK:-}" ]]; then
+  hangdump="$pack_dir/strata-gpu/lib/hangdump.so"
+elif command -v cc > /dev/null; then
+  cc -O1 -shared -fPIC -o "$build/hangdump.so" scripts/hangdump.c -lpthread 2>> "$out/build.log" && hangdump="$build/hangdump.so"
+fi
+# with_stacks SECONDS: the prefix that dumps the stacks 5 s before a timeout of SECONDS.
+with_stacks() {
+  if [[ -f "$hangdump" ]]; then echo "env LD_PRELOAD=$hangdump HANGDUMP_AFTER=$(($1 - 5))"; else echo env; fi
+}
+
 # 2. Is there a GPU? Ask the build's own probe (cudaGetDeviceCount).
 "${program[strata]}" report --json > "$out/report.json" 2> "$out/report.stderr" || true
 cuda_available=$(python3 -c 'import json,sys; print(str(json.load(open(sys.argv[1]))["devices"]["cuda"]["available"]).lower())' \
@@ -208,7 +221,7 @@ for placement in "--stage 0 --offload-optimizer none" "--stage 3 --offload-optim
                  "--stage 3 --offload-optimizer cpu --offload-param cpu"; do
   tag=$(echo "$placement" | tr -d ' -')
   engine_runs+=("$out/engine_$tag.jsonl")
-  timeout 60 "${program[strata]}" train --device cuda --preset tiny --steps 20 --eval-every 0 --quiet $placement \
+  timeout 60 $(with_stacks 60) "${program[strata]}" train --device cuda --preset tiny --steps 20 --eval-every 0 --quiet $placement \
     --json-log "$out/engine_$tag.jsonl" > "$out/engine_$tag.log" 2>&1 || engine_rc=$?
 done
 log "engine on cuda rc $engine_rc; first/last losses:"
@@ -247,7 +260,7 @@ for placement in "--stage 2 --offload-optimizer none" "--stage 2 --offload-optim
                  "--stage 2 --offload-optimizer nvme" "--stage 3 --offload-optimizer cpu --offload-param cpu" \
                  "--config $out/offload_int8_nvme.json" "--config $out/offload_int8_nvme.json --stage 3 --offload-param cpu"; do
   tag=$(echo "$placement" | sed "s|$out/||" | tr -d ' -' | tr -c 'a-zA-Z0-9_\n' '_')
-  timeout 60 "${program[strata]}" train --device cuda --preset small --steps 15 --eval-every 0 --quiet $placement \
+  timeout 60 $(with_stacks 60) "${program[strata]}" train --device cuda --preset small --steps 15 --eval-every 0 --quiet $placement \
     --nvme-path "$nvme_dir" --json-log "$out/offload_$tag.jsonl" > "$out/offload_$tag.log" 2>&1
   row_rc=$?
   row=$(python3 -c 'import json, statistics, sys

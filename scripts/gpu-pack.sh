@@ -53,6 +53,8 @@ for program in "${gpu_programs[@]}"; do
     esac
   done < <(ldd "$build/$program" | awk '/=>/ {print $1, $3}')
 done
+# The stack dumper gpu-check preloads into its engine runs (scripts/hangdump.c).
+${CC:-cc} -O1 -shared -fPIC -o "$root/lib/hangdump.so" scripts/hangdump.c -lpthread
 # Debug information is most of these files' size and is not needed to run them.
 strip --strip-debug "$root"/bin/* "$root"/lib/libstrata_*.so
 git rev-parse --short HEAD > "$root/commit" 2> /dev/null || echo unknown > "$root/commit"
