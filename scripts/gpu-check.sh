@@ -297,6 +297,24 @@ print("%d threads: %.3f Gparam/s, %.1f GB/s, ratio to the streaming ceiling %.3f
   done
 done
 
+# 8. Early, exact updates on the GPU (issue 24 §1, a measurement): the CPU
+#    optimizer's step under the backward, against the ideal exposed time
+#    max(0, optimizer - (forward + backward)), three variants in ABBA order
+#    (bench/engine/early_updates.py). --clip 0, because the step after a
+#    clipped one does not start early (with the default clip every step of
+#    this short run clips). The optimizer threads are chosen so that, on the
+#    16-core host, the CPU step lies between the forward and the forward +
+#    backward (the issue's case); both lines print whether it did.
+early_rows=()
+for threads in 2 4; do
+  timeout 120 $(with_stacks 120) python3 bench/engine/early_updates.py "${program[strata]}" --rounds 2 --steps 12 \
+    --json "$out/early_updates_t$threads.json" -- --device cuda --preset small --stage 2 --offload-optimizer cpu \
+    --optimizer-threads $threads --clip 0 > "$out/early_updates_t$threads.log" 2>&1
+  row="optimizer threads $threads: $(grep -E '^ceiling:' "$out/early_updates_t$threads.log" || echo 'no result (see the log)')"
+  log "early updates, small, stage 2, host optimizer, $row"
+  early_rows+=("$row")
+done
+
 status=ok
 [[ $gpu_tests_rc -ne 0 || $gpu_tests_skipped -ne 0 || $bench_rc -ne 0 || $engine_rc -ne 0 ]] && status=failed
 # "H2D/pinned/4194304/real_time_median ... bytes_per_second=24.1G/s pinned" -> "H2D/pinned/4194304": "24.1G/s pinned"
@@ -312,6 +330,7 @@ write_summary "$status" "GPU tests: $gpu_tests_run run, $gpu_tests_failed failed
   \"host_cpu\": \"$(printf '%s' "$host_cpu" | json_escape)\",
   \"cpu_adam_rows\": \"$(printf '%s; ' "${cpu_adam_rows[@]}" | json_escape)\",
   \"offload_rows\": \"$(printf '%s; ' "${offload_rows[@]}" | json_escape)\",
+  \"early_update_rows\": \"$(printf '%s; ' "${early_rows[@]}" | json_escape)\",
   \"gpu_tests\": {\"rc\": $gpu_tests_rc, \"run\": $gpu_tests_run, \"passed\": $gpu_tests_passed, \"failed\": $gpu_tests_failed,
                 \"skipped_without_gpu\": $gpu_tests_skipped, \"skipped_by_design\": $gpu_tests_skipped_by_design},
   \"cuda_copy_medians\": {
