@@ -326,8 +326,9 @@ CudaOps::CudaOps(void* cuda_stream) : stream_(cuda_stream) {
   // Full fp32 products (no TF32), so results compare with the CPU closely.
   check_blas(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
   // Every kernel is loaded now, before any stream is gated: CUDA's lazy
-  // loading at a first launch may wait for the whole device to go idle
-  // (Note [Kernels loaded before any gate], strata/offload/device_adam.h).
+  // loading at a first launch may wait for the whole device to go idle,
+  // which a stream parked on a host completion never lets happen
+  // (docs/core.md, "No first kernel launch while a stream is gated").
   const void* kernels[] = {
       reinterpret_cast<const void*>(&encoder_forward_kernel),
       reinterpret_cast<const void*>(&encoder_backward_kernel),
