@@ -16,6 +16,7 @@ struct CalibrateOptions {
   int ranks = 1;  // local ranks sharing this machine during the compute measurement
   std::string config;  // a DeepSpeed config whose aio section the NVMe measurement uses ("": the defaults)
   std::string dtype = "bf16";  // --calibrate-dtype: the parameter dtype the compute is timed in
+  std::string device = "cpu";  // --calibrate-device: cpu, cuda or auto: where the copies go and the model computes
 };
 
 // Returns the process exit code; errors go to stderr naming the culprit.

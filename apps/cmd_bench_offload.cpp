@@ -64,6 +64,7 @@ struct BenchOffloadOptions {
   std::string nvme_path;
   int optimizer_threads = 0;
   int device_threads = 0;
+  std::string device = "cpu";  // --device: cpu, cuda or auto (resolved once in run_bench_offload)
   double clip = offload::EngineOptions{}.grad_clip;  // gradient_clipping of every row
   std::string json_out, csv_out, plot_out, plot_script;
   std::string profile;  // a hardware profile: each row also gets the step-time model's prediction
@@ -101,8 +102,8 @@ double median_field(const std::vector<offload::StepMetrics>& steps, F field) {
 }
 
 // One run of one row: fresh ranks, warm-up steps, measured steps.
-Status run_row_once(const BenchOffloadOptions& o, const RankSetup& base, const model::GptConfig& g,
-                    const model::TextDataset& data, RowResult& result) {
+Status run_row_once(const BenchOffloadOptions& o, DeviceKind device, const RankSetup& base,
+                    const model::GptConfig& g, const model::TextDataset& data, RowResult& result) {
   RankSetup setup = base;
   setup.engine = result.row.apply(base.engine);
   model::GptConfig gr = g;
@@ -113,7 +114,7 @@ Status run_row_once(const BenchOffloadOptions& o, const RankSetup& base, const m
   std::string described;
   Status st = run_rank_threads(comms, [&](size_t i, comm::Communicator& comm) -> Status {
     RankState rs;
-    STRATA_RETURN_IF_ERROR(vote(comm, build_rank(setup, gr, data, DeviceKind::kCpu, comm, rs), "to set up"));
+    STRATA_RETURN_IF_ERROR(vote(comm, build_rank(setup, gr, data, device, comm, rs), "to set up"));
     for (int s = 0; s < o.warmup + o.steps; ++s) {
       Result<offload::StepMetrics> m = rs.engine->step();
       if (!m.ok()) return m.status().with_context(fmt::format("step {} on rank {}", s + 1, comm.rank()));
@@ -420,6 +421,18 @@ int run_bench_offload(const BenchOffloadOptions& o) {
     return fail(InvalidArgument("--plot-script is for --plot FILE.png; give --plot too, or drop --plot-script"));
   }
 
+  Result<DeviceKind> requested = parse_device_kind(o.device, "--device");
+  if (!requested.ok()) return fail(requested.status());
+  const DeviceKind device = resolve_device_kind(*requested).kind;
+  if (device == DeviceKind::kCuda && o.ranks != 1)
+    return fail(InvalidArgument(fmt::format(
+        "--ranks {} with --device cuda: the bench runs its ranks as threads of one process, on one GPU; use "
+        "--ranks 1 (or the cpu device for several ranks)",
+        o.ranks)));
+  if (device == DeviceKind::kCuda) {  // once here, not once per row
+    Result<std::unique_ptr<Device>> gpu = make_device(device);
+    if (!gpu.ok()) return fail(gpu.status().with_context("--device"));
+  }
   Result<std::vector<cpu_adam::MomentStorage>> moments = parse_moment_list(o.optimizer_states, "--optimizer-states");
   if (!moments.ok()) return fail(moments.status());
   Result<std::vector<PlacementRow>> selected = select_rows(o.configs, o.matrix, *dtypes, *moments);
@@ -509,7 +522,7 @@ int run_bench_offload(const BenchOffloadOptions& o) {
       if (r.status != RowStatus::kPending && r.status != RowStatus::kOk) continue;
       order.push_back(idx);
       const auto t0 = std::chrono::steady_clock::now();
-      Status st = run_row_once(o, base, g, *data, r);
+      Status st = run_row_once(o, device, base, g, *data, r);
       if (!st.ok()) {
         const bool no_fit = st.code() == StatusCode::kOutOfMemory || st.code() == StatusCode::kResourceExhausted;
         r.status = no_fit ? RowStatus::kDoesNotFit : RowStatus::kFailed;
@@ -547,8 +560,9 @@ int run_bench_offload(const BenchOffloadOptions& o) {
                   {"heads", g.n_head},        {"embd", g.n_embd},       {"vocab", g.vocab_size},
                   {"max_seq", g.max_seq_len}, {"params", g.param_count()},
                   {"train_flops_per_token", g.train_flops_per_token(o.seq)}};
-  doc["device"] = "cpu";
-  doc["matmul"] = model::cpu::gemm_backend_description();
+  doc["device"] = std::string(device_kind_name(device));
+  doc["matmul"] = device == DeviceKind::kCpu ? model::cpu::gemm_backend_description()
+                                             : std::string("cuBLAS sgemm (fp32, no TF32)");
   doc["ranks"] = o.ranks;
   doc["batch"] = o.batch;
   doc["seq"] = o.seq;
@@ -652,6 +666,8 @@ CommandRegistration bench_offload("bench offload", [](CLI::App& root) {
   cmd->add_option("--configs", o->configs,
                   "Row file instead of --matrix: {\"rows\": [{\"stage\": 3, \"offload_optimizer\": \"cpu\", "
                   "\"offload_param\": \"none\", \"ratio\": 1, \"dtype\": \"bf16\"}]}");
+  cmd->add_option("--device", o->device, "cpu, cuda or auto: the device the rows train on (cuda: one rank)")
+      ->capture_default_str();
   cmd->add_option("--device-memory", o->device_memory, "Device capacity per rank, e.g. 64MiB (rows that do not fit are "
                                                        "reported with the engine's reason)");
   cmd->add_option("--host-memory", o->host_memory, "Host memory budget for the engines (strata.host_memory_budget)");

@@ -137,6 +137,10 @@ CommandRegistration report_command("report", [](CLI::App& root) {
                   "With --calibrate: the parameter dtype the compute is timed in (fp32, bf16, fp16): the one the rows "
                   "or the fit you plan use (on a CPU, fp32 and bf16 matmuls run at different rates)")
       ->capture_default_str();
+  cmd->add_option("--calibrate-device", cal->device,
+                  "With --calibrate: cpu, cuda or auto, the device the copies go to and the model computes on (cuda: "
+                  "also the device optimizer's rate; one rank)")
+      ->capture_default_str();
   cmd->callback([opts, cal] {
     if (cal->requested) {
       cal->path = opts->path;

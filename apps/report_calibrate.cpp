@@ -1,8 +1,12 @@
 // strata report --calibrate: this machine's component rates as a hardware
 // profile (strata/offload/hardware_profile.h), measured the way the engine
-// uses each component:
-//   - H2D / D2H: 64 MiB copies between pinned host memory and the cpu
-//     device through a Stream (the copy thread the engine's copies use);
+// uses each component, on the cpu device or (--calibrate-device cuda) a GPU:
+//   - H2D / D2H: 64 MiB copies between pinned host memory and the device
+//     through a Stream (the cpu device: the copy thread the engine's copies
+//     use; cuda: the copy engines);
+//   - the device optimizer: on cuda, the fused Adam kernel over 16M
+//     parameters (bf16 gradients and copy, fp32 moments); the cpu device
+//     steps its state with the CPU kernels, so its rate is CPU Adam's;
 //   - CPU Adam: CpuOptimizer steps of 4M elements for 1..all threads, with
 //     fp32 gradients (the fp32 mix) and with bf16 gradients plus the bf16
 //     parameter copy (the bf16 mix);
@@ -12,7 +16,7 @@
 //   - collectives: all_reduce of 64 MiB over 2 local ranks, nccl-tests'
 //     busbw (x 2(n-1)/n);
 //   - compute: the reference GPT (--preset, batch x seq) at stage 0 on the
-//     cpu device; the step minus what the step-time model charges the
+//     device; the step minus what the step-time model charges the
 //     optimizer and the reductions is the compute, so the model reproduces
 //     this row exactly and the other rows test it (Note [The engine's
 //     schedule, as a model], step_time_model.h).
@@ -45,6 +49,7 @@
 #include "strata/model/cpu_ops.h"
 #include "strata/nvme/aio_config.h"
 #include "strata/nvme/aligned_buffer.h"
+#include "strata/offload/device_adam.h"
 #include "strata/offload/hardware_profile.h"
 #include "strata/offload/step_time_model.h"
 
@@ -57,11 +62,11 @@ struct CopyRates {
   double h2d = 0, d2h = 0;
 };
 
-Result<CopyRates> measure_copies(nlohmann::ordered_json& cal) {
+Result<CopyRates> measure_copies(DeviceKind kind_of_device, nlohmann::ordered_json& cal) {
   constexpr size_t kBytes = size_t{64} << 20;
   DeviceOptions dopt;
   dopt.device_memory_bytes = 2 * kBytes;
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Device> device, make_device(DeviceKind::kCpu, dopt));
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Device> device, make_device(kind_of_device, dopt));
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, device->create_stream());
   STRATA_ASSIGN_OR_RETURN(DeviceBuffer dev, device->allocate(kBytes));
   STRATA_ASSIGN_OR_RETURN(void* host, device->allocate_pinned_host(kBytes));
@@ -84,8 +89,42 @@ Result<CopyRates> measure_copies(nlohmann::ordered_json& cal) {
     (kind == CopyKind::kHostToDevice ? r.h2d : r.d2h) = kBytes / median(t) / 1e9;
   }
   device->free_pinned_host(host, kBytes);
-  cal["copies"] = {{"bytes", kBytes}, {"h2d_gb_per_s", r.h2d}, {"d2h_gb_per_s", r.d2h}, {"device", "cpu"}};
+  cal["copies"] = {{"bytes", kBytes}, {"h2d_gb_per_s", r.h2d}, {"d2h_gb_per_s", r.d2h},
+                   {"device", device_kind_name(kind_of_device)}, {"device_name", device->caps().name}};
   return r;
+}
+
+// The fused device Adam kernel (offload_optimizer none on cuda): parameters
+// per second over 16M elements, the engine's usual mix (bf16 gradients and
+// parameter copy, fp32 moments), the median of 5 timed steps after one.
+Result<double> measure_device_adam(Device& device, nlohmann::ordered_json& cal) {
+  constexpr size_t kCount = size_t{16} << 20;
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, device.create_stream());
+  STRATA_ASSIGN_OR_RETURN(DeviceBuffer params, device.allocate(kCount * 4));
+  STRATA_ASSIGN_OR_RETURN(DeviceBuffer grads, device.allocate(kCount * 2));
+  STRATA_ASSIGN_OR_RETURN(DeviceBuffer exp_avg, device.allocate(kCount * 4));
+  STRATA_ASSIGN_OR_RETURN(DeviceBuffer exp_avg_sq, device.allocate(kCount * 4));
+  STRATA_ASSIGN_OR_RETURN(DeviceBuffer copy, device.allocate(kCount * 2));
+  for (DeviceBuffer* b : {&params, &grads, &exp_avg, &exp_avg_sq, &copy})
+    STRATA_RETURN_IF_ERROR(device.memset(b->data(), 0, b->size_bytes()));
+  STRATA_RETURN_IF_ERROR(offload::load_device_adam_kernels());
+  const offload::DeviceAdamTensor tensor{params.as<float>(), grads.data(), exp_avg.data(), exp_avg_sq.data(),
+                                         copy.data(), kCount};
+  std::vector<double> t;
+  for (int rep = 0; rep < 6; ++rep) {
+    offload::DeviceAdamArgs args;
+    args.step = rep + 1;
+    args.hyper = {.lr = 1e-4, .weight_decay = 0.01};
+    args.grad_dtype = DType::kBF16;
+    const auto t0 = Clock::now();
+    STRATA_RETURN_IF_ERROR(offload::device_adam_step(*stream, args, {&tensor, 1}));
+    STRATA_RETURN_IF_ERROR(stream->synchronize());
+    if (rep > 0) t.push_back(seconds_since(t0));  // the first pays the launch's first-time costs
+  }
+  const double rate = kCount / median(t);
+  cal["device_adam"] = {{"params", kCount}, {"mix", "bf16 gradients and copy, fp32 moments"},
+                        {"params_per_s", rate}, {"device", device.caps().name}};
+  return rate;
 }
 
 struct AdamRates {
@@ -235,6 +274,14 @@ int run_calibrate(const CalibrateOptions& o) {
   if (o.seq > g.max_seq_len)
     return calibrate_failed(
         InvalidArgument(fmt::format("--calibrate-seq {} is longer than the model's max_seq {}", o.seq, g.max_seq_len)));
+  Result<DeviceKind> requested = parse_device_kind(o.device, "--calibrate-device");
+  if (!requested.ok()) return calibrate_failed(requested.status());
+  const DeviceKind kind = resolve_device_kind(*requested).kind;
+  if (kind == DeviceKind::kCuda && o.ranks != 1)
+    return calibrate_failed(InvalidArgument(fmt::format(
+        "--calibrate-ranks {} with --calibrate-device cuda: a GPU is calibrated with one rank (the profile is per "
+        "device; gpus_per_node says how many a node has)",
+        o.ranks)));
   std::string dir = o.path;
   std::error_code ec;
   if (dir.empty()) dir = std::filesystem::temp_directory_path(ec).string();
@@ -255,7 +302,8 @@ int run_calibrate(const CalibrateOptions& o) {
   gethostname(host, sizeof host - 1);
   p.name = fmt::format("{} (calibrated)", host);
   p.gpus_per_node = 1;
-  p.shared_cores = true;
+  // On the cpu device the model computes on the cores the optimizer and the copies use.
+  p.shared_cores = kind == DeviceKind::kCpu;
   p.device_memory_bytes = default_cpu_device_bytes();
   struct sysinfo si {};
   p.host_memory_bytes = sysinfo(&si) == 0 ? static_cast<uint64_t>(si.totalram) * si.mem_unit : 0;
@@ -263,8 +311,8 @@ int run_calibrate(const CalibrateOptions& o) {
   p.nvme_bytes = statvfs(dir.c_str(), &vfs) == 0 ? static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize : 0;
 
   fmt::print(stderr, "calibrate: copies H2D / D2H ...\n");
-  Result<CopyRates> copies = measure_copies(cal);
-  if (!copies.ok()) return calibrate_failed(copies.status());
+  Result<CopyRates> copies = measure_copies(kind, cal);
+  if (!copies.ok()) return calibrate_failed(copies.status().with_context("--calibrate-device"));
   p.h2d_gb_per_s = copies->h2d;
   p.d2h_gb_per_s = copies->d2h;
   fmt::print(stderr, "calibrate: CPU Adam ...\n");
@@ -274,6 +322,15 @@ int run_calibrate(const CalibrateOptions& o) {
   p.cpu_adam_params_per_s_bf16 = adam->bf16;
   p.cpu_adam_params_per_s_int8 = adam->int8;
   p.device_adam_params_per_s = adam->fp32;  // the cpu device steps its state with the same CPU kernels
+  if (kind == DeviceKind::kCuda) {
+    fmt::print(stderr, "calibrate: device Adam ...\n");
+    Result<std::unique_ptr<Device>> gpu = make_device(kind);
+    if (!gpu.ok()) return calibrate_failed(gpu.status().with_context("--calibrate-device"));
+    p.device_memory_bytes = (*gpu)->caps().memory_bytes;
+    Result<double> rate = measure_device_adam(**gpu, cal);
+    if (!rate.ok()) return calibrate_failed(rate.status().with_context("calibrating the device optimizer"));
+    p.device_adam_params_per_s = *rate;
+  }
   fmt::print(stderr, "calibrate: NVMe in {} ...\n", dir);
   Result<NvmeRates> nv = measure_nvme(dir, aio, cal);
   if (!nv.ok()) return calibrate_failed(nv.status());
@@ -301,7 +358,7 @@ int run_calibrate(const CalibrateOptions& o) {
   std::vector<offload::StepMetrics> steps;  // rank 0's
   Status ran = run_rank_threads(*comms, [&](size_t i, comm::Communicator& c) -> Status {
     RankState rs;
-    STRATA_RETURN_IF_ERROR(vote(c, build_rank(setup, g, *data, DeviceKind::kCpu, c, rs), "to set up"));
+    STRATA_RETURN_IF_ERROR(vote(c, build_rank(setup, g, *data, kind, c, rs), "to set up"));
     for (int s = 0; s < 1 + o.steps; ++s) {
       STRATA_ASSIGN_OR_RETURN(offload::StepMetrics m, rs.engine->step());
       if (s > 0 && i == 0) steps.push_back(m);
@@ -333,6 +390,7 @@ int run_calibrate(const CalibrateOptions& o) {
   // each rank's compute ran at a world-th of it.
   p.compute_gflops = o.ranks * in.tokens_per_rank * in.flops_per_token / (compute_ms / 1e3) / 1e9;
   cal["compute"] = {{"model", g.describe()},
+                    {"device", device_kind_name(kind)},
                     {"dtype", dtype_name(*dt)},
                     {"ranks", o.ranks},
                     {"batch", o.batch},
@@ -345,11 +403,14 @@ int run_calibrate(const CalibrateOptions& o) {
                     {"charged_optimizer_and_reduce_ms", overhead_ms},
                     {"compute_ms", compute_ms},
                     {"fallback_forward_backward", fallback},
-                    {"matmul", model::cpu::gemm_backend_description()}};
+                    {"matmul", kind == DeviceKind::kCpu ? model::cpu::gemm_backend_description()
+                                                        : std::string("cuBLAS sgemm (fp32, no TF32)")}};
   p.calibration = cal;
-  p.notes = fmt::format("measured by strata report --calibrate on {}; the cpu device shares the host's cores with "
-                        "copies, collectives and the CPU optimizer (shared_cores){}",
-                        cal["date"].get<std::string>(),
+  p.notes = fmt::format("measured by strata report --calibrate on {}; {}{}", cal["date"].get<std::string>(),
+                        kind == DeviceKind::kCpu ? "the cpu device shares the host's cores with copies, collectives "
+                                                   "and the CPU optimizer (shared_cores)"
+                                                 : "the model computed on the GPU, the CPU optimizer on the host's "
+                                                   "cores; collectives measured on the host (local ranks)",
                         o.path.empty() ? "; NVMe rates measured in the temporary folder, give --path DIR on the drive"
                                        : "");
   // The profile must pass its own checks (a zero rate would be a bug here).

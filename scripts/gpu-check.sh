@@ -315,6 +315,37 @@ for threads in 2 4; do
   early_rows+=("$row")
 done
 
+# 9. The step-time model on the GPU (issue 24: "strata plan predicts the
+#    rows within 20 %"; a measurement): a profile calibrated here on cuda,
+#    then `strata bench offload` on cuda with four placements and the 8-bit
+#    NVMe row, each beside its prediction from that profile.
+plan_rows=()
+plan_dir=$(mktemp -d)
+timeout 120 "${program[strata]}" report --calibrate --calibrate-device cuda --calibrate-model small --calibrate-batch 8 \
+  --calibrate-seq 64 --calibrate-dtype fp32 --path "$plan_dir" --out "$out/profile_cuda.json" > "$out/calibrate_cuda.log" 2>&1
+log "calibrated on cuda (rc $?): $(grep -E '^calibrate: compute' "$out/calibrate_cuda.log" || tail -1 "$out/calibrate_cuda.log")"
+cat > "$out/plan_rows.json" << 'ROWS'
+{"rows": [{"stage": 2, "dtype": "fp32"}, {"stage": 2, "offload_optimizer": "cpu", "dtype": "fp32"},
+          {"stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu", "dtype": "fp32"},
+          {"stage": 2, "offload_optimizer": "nvme", "dtype": "fp32"},
+          {"stage": 2, "offload_optimizer": "nvme", "dtype": "fp32", "optimizer_state_dtype": "int8"}]}
+ROWS
+if [[ -f "$out/profile_cuda.json" ]]; then
+  timeout 150 $(with_stacks 150) "${program[strata]}" bench offload --device cuda --preset small --batch 8 --seq 64 \
+    --configs "$out/plan_rows.json" --steps 5 --warmup 2 --repeats 2 --nvme-path "$plan_dir" \
+    --profile "$out/profile_cuda.json" --json "$out/bench_offload_cuda.json" > "$out/bench_offload_cuda.log" 2>&1
+  while IFS= read -r line; do
+    log "plan vs measured: $line"
+    plan_rows+=("$line")
+  done < <(python3 -c 'import json, sys
+for r in json.load(open(sys.argv[1]))["rows"]:
+    p = r.get("predicted")
+    print("%s: measured %.1f ms, predicted %s" % (r["label"], r["step_ms"]["median"],
+          "%.1f ms (error %+.0f %%)" % (p["step_ms"], 100 * p["error"]) if p else "none (" + r["status"] + ")"))' \
+    "$out/bench_offload_cuda.json" 2> /dev/null || echo "no result: $(tail -2 "$out/bench_offload_cuda.log" | tr '\n' ' ')")
+fi
+rm -rf "$plan_dir"
+
 status=ok
 [[ $gpu_tests_rc -ne 0 || $gpu_tests_skipped -ne 0 || $bench_rc -ne 0 || $engine_rc -ne 0 ]] && status=failed
 # "H2D/pinned/4194304/real_time_median ... bytes_per_second=24.1G/s pinned" -> "H2D/pinned/4194304": "24.1G/s pinned"
@@ -331,6 +362,7 @@ write_summary "$status" "GPU tests: $gpu_tests_run run, $gpu_tests_failed failed
   \"cpu_adam_rows\": \"$(printf '%s; ' "${cpu_adam_rows[@]}" | json_escape)\",
   \"offload_rows\": \"$(printf '%s; ' "${offload_rows[@]}" | json_escape)\",
   \"early_update_rows\": \"$(printf '%s; ' "${early_rows[@]}" | json_escape)\",
+  \"plan_rows\": \"$(printf '%s; ' "${plan_rows[@]}" | json_escape)\",
   \"gpu_tests\": {\"rc\": $gpu_tests_rc, \"run\": $gpu_tests_run, \"passed\": $gpu_tests_passed, \"failed\": $gpu_tests_failed,
                 \"skipped_without_gpu\": $gpu_tests_skipped, \"skipped_by_design\": $gpu_tests_skipped_by_design},
   \"cuda_copy_medians\": {

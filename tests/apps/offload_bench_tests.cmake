@@ -128,6 +128,14 @@ strata_offload_error_test(report_calibrate_bad_model "--calibrate-model.*huge"
   report --calibrate --calibrate-model huge)
 strata_offload_error_test(report_calibrate_bad_ranks "--calibrate-ranks: Value 0 not in range 1 to 64"
   report --calibrate --calibrate-ranks 0)
+strata_offload_error_test(bench_offload_bad_device "--device 'gpu' is not a device; use cpu, cuda or auto"
+  bench offload --device gpu)
+strata_offload_error_test(bench_offload_cuda_ranks "--ranks 2 with --device cuda: the bench runs its ranks as threads"
+  bench offload --device cuda --ranks 2)
+strata_offload_error_test(report_calibrate_bad_device "--calibrate-device 'gpu' is not a device; use cpu, cuda or auto"
+  report --calibrate --calibrate-device gpu)
+strata_offload_error_test(report_calibrate_cuda_ranks "--calibrate-ranks 2 with --calibrate-device cuda: a GPU is calibrated with one rank"
+  report --calibrate --calibrate-device cuda --calibrate-ranks 2)
 strata_offload_error_test(report_calibrate_bad_dtype "--calibrate-dtype 'int8' is not a parameter dtype"
   report --calibrate --calibrate-model tiny --calibrate-dtype int8)
 
