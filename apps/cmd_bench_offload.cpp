@@ -423,7 +423,9 @@ int run_bench_offload(const BenchOffloadOptions& o) {
 
   Result<DeviceKind> requested = parse_device_kind(o.device, "--device");
   if (!requested.ok()) return fail(requested.status());
-  const DeviceKind device = resolve_device_kind(*requested).kind;
+  const DeviceChoice choice = resolve_device_kind(*requested);
+  const DeviceKind device = choice.kind;
+  if (choice.automatic && !o.quiet) fmt::print(stderr, "device   --device {}\n", choice.reason);
   if (device == DeviceKind::kCuda && o.ranks != 1)
     return fail(InvalidArgument(fmt::format(
         "--ranks {} with --device cuda: the bench runs its ranks as threads of one process, on one GPU; use "

@@ -71,7 +71,10 @@ Result<CopyRates> measure_copies(DeviceKind kind_of_device, nlohmann::ordered_js
   STRATA_ASSIGN_OR_RETURN(DeviceBuffer dev, device->allocate(kBytes));
   STRATA_ASSIGN_OR_RETURN(void* host, device->allocate_pinned_host(kBytes));
   std::memset(host, 1, kBytes);
-  STRATA_RETURN_IF_ERROR(device->memset(dev.data(), 2, kBytes));
+  if (Status st = device->memset(dev.data(), 2, kBytes); !st.ok()) {
+    device->free_pinned_host(host, kBytes);
+    return st;
+  }
   CopyRates r;
   for (CopyKind kind : {CopyKind::kHostToDevice, CopyKind::kDeviceToHost}) {
     std::vector<double> t;
@@ -107,7 +110,7 @@ Result<double> measure_device_adam(Device& device, nlohmann::ordered_json& cal) 
   STRATA_ASSIGN_OR_RETURN(DeviceBuffer copy, device.allocate(kCount * 2));
   for (DeviceBuffer* b : {&params, &grads, &exp_avg, &exp_avg_sq, &copy})
     STRATA_RETURN_IF_ERROR(device.memset(b->data(), 0, b->size_bytes()));
-  STRATA_RETURN_IF_ERROR(offload::load_device_adam_kernels());
+  STRATA_RETURN_IF_ERROR(offload::load_device_adam_kernels(*stream));
   const offload::DeviceAdamTensor tensor{params.as<float>(), grads.data(), exp_avg.data(), exp_avg_sq.data(),
                                          copy.data(), kCount};
   std::vector<double> t;
@@ -276,7 +279,9 @@ int run_calibrate(const CalibrateOptions& o) {
         InvalidArgument(fmt::format("--calibrate-seq {} is longer than the model's max_seq {}", o.seq, g.max_seq_len)));
   Result<DeviceKind> requested = parse_device_kind(o.device, "--calibrate-device");
   if (!requested.ok()) return calibrate_failed(requested.status());
-  const DeviceKind kind = resolve_device_kind(*requested).kind;
+  const DeviceChoice choice = resolve_device_kind(*requested);
+  const DeviceKind kind = choice.kind;
+  if (choice.automatic) fmt::print(stderr, "calibrate: --calibrate-device {}\n", choice.reason);
   if (kind == DeviceKind::kCuda && o.ranks != 1)
     return calibrate_failed(InvalidArgument(fmt::format(
         "--calibrate-ranks {} with --calibrate-device cuda: a GPU is calibrated with one rank (the profile is per "
@@ -312,7 +317,9 @@ int run_calibrate(const CalibrateOptions& o) {
 
   fmt::print(stderr, "calibrate: copies H2D / D2H ...\n");
   Result<CopyRates> copies = measure_copies(kind, cal);
-  if (!copies.ok()) return calibrate_failed(copies.status().with_context("--calibrate-device"));
+  if (!copies.ok())
+    return calibrate_failed(copies.status().with_context(
+        fmt::format("calibrating copies on the {} device (--calibrate-device)", device_kind_name(kind))));
   p.h2d_gb_per_s = copies->h2d;
   p.d2h_gb_per_s = copies->d2h;
   fmt::print(stderr, "calibrate: CPU Adam ...\n");

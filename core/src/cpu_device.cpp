@@ -231,7 +231,10 @@ class CpuEvent final : public Event {
     std::lock_guard<std::mutex> lock(state_->mutex);
     return state_->recorded == 0 || state_->pending.count(state_->recorded) == 0;
   }
-  Status synchronize() override { return state_->wait_generation(newest_generation()); }
+  Status synchronize() override {
+    check_not_in_host_function("Event::synchronize");
+    return state_->wait_generation(newest_generation());
+  }
   // Completion time of the newest record, if it has completed.
   Result<Clock::time_point> completed_at() const {
     std::lock_guard<std::mutex> lock(state_->mutex);
@@ -344,6 +347,7 @@ class CpuDevice final : public Device {
     return std::unique_ptr<Stream>(std::move(stream));
   }
   Result<std::unique_ptr<Event>> create_event() override {
+    check_not_in_host_function("Device::create_event");
     return std::unique_ptr<Event>(std::make_unique<CpuEvent>(this));
   }
 
@@ -399,6 +403,7 @@ class CpuDevice final : public Device {
     return Status::Ok();
   }
   Status unpin_host(void* ptr, size_t bytes) override {
+    check_not_in_host_function("Device::unpin_host");
     {
       std::lock_guard<std::mutex> lock(mutex_);
       auto it = pinned_.find(reinterpret_cast<uintptr_t>(ptr));
@@ -538,8 +543,8 @@ void CpuStream::run() {
     const Status stream_error = sticky_error_;
     lock.unlock();
     Status outcome;
+    std::unique_lock<std::mutex> host_rules;  // held while a host function runs under CUDA's rules
     if (stream_error.ok() || op.runs_after_failure) {
-      std::unique_lock<std::mutex> host_rules;
       if (op.host_function && cuda_host_rules()) {
         host_rules = std::unique_lock<std::mutex>(host_function_lock());
         tls_in_host_function = true;
@@ -551,9 +556,14 @@ void CpuStream::run() {
       } catch (...) {
         outcome = Internal("host function on a cpu stream threw a non-std exception");
       }
-      tls_in_host_function = false;
     }
-    op = Op();  // drop captured state (buffers, completions) before reporting progress
+    // Captured state (buffers, completions) is dropped before progress is
+    // reported; under the rules, still inside the host function, as a cuda
+    // HostCall's is in its trampoline (a DeviceBuffer freed there would
+    // synchronize the device from CUDA's callback thread).
+    op = Op();
+    tls_in_host_function = false;
+    if (host_rules.owns_lock()) host_rules.unlock();
     lock.lock();
     if (!outcome.ok() && sticky_error_.ok()) sticky_error_ = std::move(outcome);
     ++completed_;
@@ -711,6 +721,7 @@ Status CpuStream::synchronize() {
 }
 
 bool CpuStream::query() {
+  check_not_in_host_function("Stream::query");
   std::lock_guard<std::mutex> lock(mutex_);
   return completed_ >= issued_;
 }

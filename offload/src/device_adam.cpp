@@ -124,11 +124,15 @@ detail::DeviceAdamFactors make_device_adam_factors(const DeviceAdamArgs& a) {
 }  // namespace
 #endif  // STRATA_HAVE_CUDA
 
-Status load_device_adam_kernels() {
+Status load_device_adam_kernels(Stream& stream) {
 #if STRATA_HAVE_CUDA
-  const detail::LaunchResult r = detail::load_device_adam_kernels();
+  if (stream.device().caps().backend != "cuda") return Status::Ok();
+  const detail::LaunchResult r = detail::load_device_adam_kernels(stream.native_handle());
   if (r.error != detail::LaunchError::kNone)
-    return IoError(fmt::format("loading the device optimizer's kernels: {}", r.message));
+    return IoError(fmt::format("loading the device optimizer's kernels on {}: {}", stream.device().caps().name,
+                               r.message));
+#else
+  (void)stream;
 #endif
   return Status::Ok();
 }

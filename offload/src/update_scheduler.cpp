@@ -37,8 +37,7 @@ Status UpdateScheduler::init(const std::string& job_name) {
                                                           opt.moments, ctx_.stats, ctx_.device_opt()));
   }
   // Before any stream is gated (Note [Kernels loaded before any gate]).
-  if ((ctx_.device_opt() || ctx_.split()) && device.caps().backend == "cuda")
-    STRATA_RETURN_IF_ERROR(load_device_adam_kernels());
+  if (ctx_.device_opt() || ctx_.split()) STRATA_RETURN_IF_ERROR(load_device_adam_kernels(*update_stream_));
   if (ctx_.split()) {
     if (opt.moments.blocked())
       return Unsupported(fmt::format("{}: strata.optimizer_state_dtype int8 with offload_optimizer.ratio {} < 1: the "

@@ -47,8 +47,10 @@
 // long host function on another stream held the waiting stream's copies
 // back (DeviceTest.CopyOnOneStreamOverlapsComputeOnAnother failed on an
 // H200). Links are settled into the log, and dropped, where the stream is
-// known to have passed them: record_completion()'s host function, and
-// synchronize() of the stream or of an event recorded on it.
+// known to have passed them: its host functions (launch_host's and
+// record_completion()'s), synchronize() of the stream or of an event
+// recorded on it, and its destruction; a wait on an event whose work is
+// already done makes no link.
 #include "cuda/cuda_device.h"
 
 #include <cuda.h>
@@ -166,8 +168,14 @@ struct StreamFailureLog {
       if (!st.ok()) fail(l.from_op, st.with_context("stream waited on an event recorded after a failure"));
     }
     // Only now: a reader in between sees the link or the failure it became.
+    // Only the links looked at: one pushed meanwhile by another issuing
+    // thread may carry an op number at or below `op` and is not settled yet.
     std::lock_guard<std::mutex> lock(mutex);
-    std::erase_if(links, [op](const Link& l) { return l.from_op <= op; });
+    std::erase_if(links, [&due](const Link& l) {
+      return std::any_of(due.begin(), due.end(), [&l](const Link& d) {
+        return d.from_op == l.from_op && d.source == l.source && d.source_op == l.source_op;
+      });
+    });
   }
 };
 
@@ -203,8 +211,8 @@ class CudaEvent final : public Event {
     return true;
   }
   Status synchronize() override {
-    STRATA_CUDA(cudaSetDevice(ordinal_), ordinal_);
-    STRATA_CUDA(cudaEventSynchronize(event_), ordinal_);
+    // The record current now is the one cudaEventSynchronize waits for; a
+    // record issued meanwhile by another thread must not be settled.
     std::shared_ptr<StreamFailureLog> log;
     uint64_t op = 0;
     {
@@ -212,6 +220,8 @@ class CudaEvent final : public Event {
       log = log_;
       op = op_;
     }
+    STRATA_CUDA(cudaSetDevice(ordinal_), ordinal_);
+    STRATA_CUDA(cudaEventSynchronize(event_), ordinal_);
     if (!log) return Status::Ok();
     log->settle_up_to(op);
     return log->failure_up_to(op);
@@ -247,6 +257,10 @@ class CudaStream final : public Stream {
     cudaSetDevice(ordinal_);
     cudaStreamSynchronize(stream_);  // like the cpu device: destruction waits for the work (gates included)
     cudaStreamDestroy(stream_);
+    // Events recorded here may outlive the stream and keep its log: settled,
+    // it holds no other stream's log (two streams that waited on each other
+    // would otherwise keep each other's logs alive).
+    log_->settle_up_to(UINT64_MAX);
     if (gates_->flag != nullptr) cudaFreeHost(const_cast<uint32_t*>(gates_->flag));
   }
   using Stream::wait;
@@ -300,7 +314,16 @@ class CudaStream final : public Stream {
     STRATA_CUDA(cudaStreamWaitEvent(stream_, cuda_event->handle(), 0), ordinal_);
     // The waited event's failures (captured at its record) become ours (Note [Failures across event waits]).
     auto [event_log, event_op] = cuda_event->probe();
-    if (event_log) log_->link(next_op(), std::move(event_log), event_op);
+    if (!event_log) return Status::Ok();  // never recorded
+    const uint64_t op = next_op();
+    if (cudaEventQuery(cuda_event->handle()) == cudaSuccess) {
+      // Its work is done, so its failures are final: no link to keep.
+      Status st = event_log->failure_up_to(event_op);
+      if (!st.ok()) log_->fail(op, st.with_context("stream waited on an event recorded after a failure"));
+      return Status::Ok();
+    }
+    (void)cudaGetLastError();  // cudaErrorNotReady is not an error; nothing else is reported here
+    log_->link(op, std::move(event_log), event_op);
     return Status::Ok();
   }
   Status wait(const Completion& completion) override;
@@ -343,6 +366,7 @@ class CudaStream final : public Stream {
   };
   static void CUDART_CB trampoline(void* data) {
     std::unique_ptr<HostCall> call(static_cast<HostCall*>(data));
+    call->log->settle_up_to(call->op);  // the stream has passed every earlier op (Note [Failures across event waits])
     if (!call->log->failure_up_to(call->op).ok()) return;  // the stream failed before this function
     try {
       call->fn();

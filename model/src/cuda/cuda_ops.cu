@@ -350,6 +350,20 @@ CudaOps::CudaOps(void* cuda_stream) : stream_(cuda_stream) {
       reinterpret_cast<const void*>(&accumulate_f32_kernel),
       reinterpret_cast<const void*>(&widen_kernel),
   };
+  // On the stream's GPU (the kernels load into its context), then back.
+  int stream_device = 0, previous_device = 0;
+  if (!check(static_cast<int>(cudaStreamGetDevice(STRATA_CUDA_STREAM, &stream_device)), "cudaStreamGetDevice")) return;
+  if (!check(static_cast<int>(cudaGetDevice(&previous_device)), "cudaGetDevice")) return;
+  if (stream_device != previous_device &&
+      !check(static_cast<int>(cudaSetDevice(stream_device)), "cudaSetDevice (loading the model kernels)"))
+    return;
+  struct RestoreDevice {
+    int device;
+    bool switched;
+    ~RestoreDevice() {
+      if (switched) cudaSetDevice(device);
+    }
+  } restore{previous_device, stream_device != previous_device};
   cudaFuncAttributes attributes{};
   for (const void* kernel : kernels) {
     if (!check(static_cast<int>(cudaFuncGetAttributes(&attributes, kernel)), "cudaFuncGetAttributes (the model kernels)"))

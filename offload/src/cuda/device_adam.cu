@@ -317,7 +317,9 @@ class StreamDeviceGuard {
 
 }  // namespace
 
-LaunchResult load_device_adam_kernels() {
+LaunchResult load_device_adam_kernels(void* cuda_stream) {
+  StreamDeviceGuard guard;  // kernels load into the stream's GPU's context
+  if (LaunchResult r = guard.enter(static_cast<cudaStream_t>(cuda_stream)); r.error != LaunchError::kNone) return r;
   constexpr KernelDType kGrads[] = {KernelDType::kF32, KernelDType::kBF16, KernelDType::kF16};
   constexpr KernelDType kMoments[] = {KernelDType::kF32, KernelDType::kBF16};
   constexpr KernelDType kCopies[] = {KernelDType::kF16, KernelDType::kBF16};

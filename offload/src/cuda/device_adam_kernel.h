@@ -54,9 +54,9 @@ struct LaunchResult {
   std::string message;  // what failed, with the CUDA error's name and text
 };
 
-// Loads every variant of the kernels now (Note [Kernels loaded before any
-// gate] in strata/offload/device_adam.h).
-LaunchResult load_device_adam_kernels();
+// Loads every variant of the kernels now, on `cuda_stream`'s GPU (Note
+// [Kernels loaded before any gate] in strata/offload/device_adam.h).
+LaunchResult load_device_adam_kernels(void* cuda_stream);
 
 // Enqueues the fused kernel on `cuda_stream` (a cudaStream_t) over
 // `tensors[0, tensor_count)`; arguments are already validated.

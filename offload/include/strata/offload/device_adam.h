@@ -94,11 +94,12 @@ Status device_adam_reference(const DeviceAdamArgs& args, std::span<const DeviceA
 // an H200, the engine hung in its second step inside the optimizer
 // thread's first launch of a kernel variant while the model stream was
 // gated on that layer's update. So the kernels are loaded up front, before
-// any stream is gated: load_device_adam_kernels() loads every variant of
-// the fused kernels (a no-op without CUDA). The engine calls it when it
-// creates the device optimizer; a caller of device_adam_step() that gates
-// streams should call it once first.
-Status load_device_adam_kernels();
+// any stream is gated: load_device_adam_kernels(stream) loads every variant
+// of the fused kernels on the stream's GPU (a no-op for a stream of another
+// backend, or without CUDA). The engine calls it when it creates the device
+// optimizer; a caller of device_adam_step() that gates streams should call
+// it once first.
+Status load_device_adam_kernels(Stream& stream);
 
 // True when this build contains the CUDA kernel (it may still find no GPU).
 bool device_adam_compiled();
