@@ -302,11 +302,13 @@ done
 #    max(0, optimizer - (forward + backward)), three variants in ABBA order
 #    (bench/engine/early_updates.py). --clip 0, because the step after a
 #    clipped one does not start early (with the default clip every step of
-#    this short run clips). The optimizer threads are chosen so that, on the
-#    16-core host, the CPU step lies between the forward and the forward +
-#    backward (the issue's case); both lines print whether it did.
+#    this short run clips). Two optimizer threads: on the H200 machine's
+#    host (2026-12-04) `small`'s forward took 12.7 ms and its backward 8.6,
+#    and CPU Adam ran ~0.9 Gparam/s per thread, so 25.9M parameters take
+#    ~15 ms on two, between the forward and the forward + backward (the
+#    issue's case); the line prints whether it was.
 early_rows=()
-for threads in 2 4; do
+for threads in 2; do
   timeout 120 $(with_stacks 120) python3 bench/engine/early_updates.py "${program[strata]}" --rounds 2 --steps 12 \
     --json "$out/early_updates_t$threads.json" -- --device cuda --preset small --stage 2 --offload-optimizer cpu \
     --optimizer-threads $threads --clip 0 > "$out/early_updates_t$threads.log" 2>&1
