@@ -79,6 +79,11 @@ TEST(StreamFailureLog, StreamsThatWaitOnEachOthersEventsEndTheirWalk) {
   a->fail(1, IoError("a's first op"));
   EXPECT_NE(b->failure_up_to(2).message().find("a's first op"), std::string::npos);
   EXPECT_EQ(a->failure_up_to(3).message(), "a's first op");
+  // Each holds the other: settled (as a destroyed cuda stream's log is), the cycle is gone.
+  a->settle_up_to(UINT64_MAX);
+  b->settle_up_to(UINT64_MAX);
+  EXPECT_TRUE(a->links.empty());
+  EXPECT_TRUE(b->links.empty());
 }
 
 TEST(StreamFailureLog, SettlingMakesWaitedFailuresOwnAndDropsThoseLinksOnly) {
