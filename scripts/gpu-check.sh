@@ -23,6 +23,7 @@ out=$(cd "$out" && pwd)
 build="${STRATA_GPU_BUILD_DIR:-build-gpu}"
 jobs="${STRATA_JOBS:-$(nproc)}"
 summary="$out/summary.json"
+rm -f "$summary"  # a summary left by an earlier run is not this one's
 started=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 
 log() { echo "gpu-check: $*" | tee -a "$out/gpu-check.log"; }
@@ -47,6 +48,8 @@ write_summary() {  # status, detail, then optional extra JSON members
 
 pack_dir=""
 on_exit() {  # STRATA_GPU_CHECK_BUNDLE=FILE: every output file in one archive; the unpacked programs go
+  # Ended before the summary (the outer timeout, say): one that says so, and where.
+  [[ -f "$summary" ]] || write_summary "interrupted" "ended before the last step; the last log line: $(tail -1 "$out/gpu-check.log" 2> /dev/null)"
   [[ -n "${STRATA_GPU_CHECK_BUNDLE:-}" ]] && tar -C "$out" -czf "$STRATA_GPU_CHECK_BUNDLE" . 2> /dev/null
   [[ -n "$pack_dir" ]] && rm -rf "$pack_dir"
   return 0
