@@ -216,17 +216,22 @@ grep -E '^device:|_median' "$out/bench_device_adam.log" | tee -a "$out/gpu-check
 
 # 5. The engine on the GPU (issue 11): stage 0 and stage 3 with the optimizer
 #    on the device (fused Adam kernel), and stage 3 with the optimizer and
-#    the parameters offloaded to host memory (CPU Adam). The device kernel is
-#    bit-identical to CPU Adam, so the three loss sequences must be equal.
+#    the parameters offloaded to host memory (CPU Adam), and ZeRO-Infinity:
+#    stage 3 with both on NVMe. The device kernel is bit-identical to CPU
+#    Adam and every placement gives the same losses, so the four loss
+#    sequences must be equal.
 engine_rc=0
 engine_runs=()
+engine_nvme=$(mktemp -d)
 for placement in "--stage 0 --offload-optimizer none" "--stage 3 --offload-optimizer none" \
-                 "--stage 3 --offload-optimizer cpu --offload-param cpu"; do
-  tag=$(echo "$placement" | tr -d ' -')
+                 "--stage 3 --offload-optimizer cpu --offload-param cpu" \
+                 "--stage 3 --offload-optimizer nvme --offload-param nvme --nvme-path $engine_nvme"; do
+  tag=$(echo "${placement% --nvme-path *}" | tr -d ' -')
   engine_runs+=("$out/engine_$tag.jsonl")
   timeout 60 $(with_stacks 60) "${program[strata]}" train --device cuda --preset tiny --steps 20 --eval-every 0 --quiet $placement \
     --json-log "$out/engine_$tag.jsonl" > "$out/engine_$tag.log" 2>&1 || engine_rc=$?
 done
+rm -rf "$engine_nvme"
 log "engine on cuda rc $engine_rc; first/last losses:"
 for f in "${engine_runs[@]}"; do
   [[ -f "$f" ]] && echo "$(basename "$f"): $(head -1 "$f" | grep -o '"loss":[^,]*') $(tail -1 "$f" | grep -o '"loss":[^,]*')" \
