@@ -20,6 +20,14 @@ int main(int argc, char** argv) {
   // Cost measured on an H200: a tiny run took 4 s instead of 1 s
   // (docs/gpu-results.md, run 3).
   setenv("CUDA_MODULE_LOADING", "EAGER", 0);
+  // A stream parked on a gate (cuStreamWaitValue32) holds up every stream
+  // that CUDA maps onto the same hardware queue, and there are 8 by default.
+  // A rank has up to six streams of its own, plus three NCCL queues and
+  // NCCL's internal streams, so the maximum of 32 queues keeps the gated
+  // streams from sharing one with those that would release them. A user's
+  // setting wins. Not measured to matter yet: the H200 run had one rank and
+  // ran the same with 8 and 32 (docs/gpu-results.md, run 2).
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
   CLI::App app{"strata: heterogeneous memory offload engine for training large models"};
   app.set_version_flag("--version", std::string(strata::build_info().version));
   app.require_subcommand(1);
