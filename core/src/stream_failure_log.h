@@ -36,6 +36,11 @@ struct StreamFailureLog {
       failure = std::move(st);
     }
   }
+  // `source`'s first failure up to `source_op`, as a stream that waited on it reports it.
+  static Status waited_failure(StreamFailureLog& source, uint64_t source_op) {
+    Status st = source.failure_up_to(source_op);
+    return st.ok() ? st : st.with_context("stream waited on an event recorded after a failure");
+  }
   void link(uint64_t from_op, std::shared_ptr<StreamFailureLog> source, uint64_t source_op) {
     std::lock_guard<std::mutex> lock(mutex);
     links.push_back({from_op, std::move(source), source_op});
@@ -58,10 +63,10 @@ struct StreamFailureLog {
     // too; each step looks at earlier work, so the walk ends.
     for (const Link& l : waited) {
       if (l.from_op >= first_at) continue;
-      Status st = l.source->failure_up_to(l.source_op);
+      Status st = waited_failure(*l.source, l.source_op);
       if (st.ok()) continue;
       first_at = l.from_op;
-      first = st.with_context("stream waited on an event recorded after a failure");
+      first = std::move(st);
     }
     return first_at == UINT64_MAX ? Status::Ok() : first;
   }
@@ -79,8 +84,8 @@ struct StreamFailureLog {
     }
     if (due.empty()) return;
     for (const Link& l : due) {
-      Status st = l.source->failure_up_to(l.source_op);
-      if (!st.ok()) fail(l.from_op, st.with_context("stream waited on an event recorded after a failure"));
+      Status st = waited_failure(*l.source, l.source_op);
+      if (!st.ok()) fail(l.from_op, std::move(st));
     }
     // Only now: a reader in between sees the link or the failure it became.
     // Only the links looked at: one pushed meanwhile by another issuing

@@ -64,7 +64,6 @@
 #include <memory>
 #include <mutex>
 #include <utility>
-#include <vector>
 
 #include <fmt/format.h>
 
@@ -240,8 +239,8 @@ class CudaStream final : public Stream {
     const uint64_t op = next_op();
     if (cudaEventQuery(cuda_event->handle()) == cudaSuccess) {
       // Its work is done, so its failures are final: no link to keep.
-      Status st = event_log->failure_up_to(event_op);
-      if (!st.ok()) log_->fail(op, st.with_context("stream waited on an event recorded after a failure"));
+      Status st = StreamFailureLog::waited_failure(*event_log, event_op);
+      if (!st.ok()) log_->fail(op, std::move(st));
       return Status::Ok();
     }
     (void)cudaGetLastError();  // cudaErrorNotReady is not an error; nothing else is reported here
