@@ -44,6 +44,7 @@ void fill_pinned(nlohmann::json& s, const std::string&) {
   s["pinning_works"] = probe.works;
   s["memlock_limit"] = probe.memlock_limit_bytes == UINT64_MAX ? std::string("unlimited")
                                                                : format_bytes(probe.memlock_limit_bytes, true);
+  s["memlock_limit_applies"] = !probe.ipc_lock_capability;  // CAP_IPC_LOCK: mlock ignores the limit
   s["probe"] = probe.detail;
   s["fallback"] = "pageable host memory, one warning (PinnedPool)";
 }

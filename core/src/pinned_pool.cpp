@@ -9,10 +9,21 @@
 // RLIMIT_MEMLOCK bound. Reserving happens under the mutex, the slow pin call
 // (mlock touches every page) outside it. A refused pin is not an error unless
 // the caller disabled the pageable fallback.
+//
+// Note [CAP_IPC_LOCK lifts RLIMIT_MEMLOCK]
+// The kernel bounds mlock by RLIMIT_MEMLOCK only for a process without
+// CAP_IPC_LOCK in its effective set (mlock(2)); root in most containers has
+// it. The pool used to bound itself by the soft limit regardless, so on such
+// a machine (8 MiB limit, mlock of any size allowed) everything past 8 MiB
+// went to pageable memory for no reason. The capability is read once per
+// pool creation with capget(2); when it cannot be read, the limit applies.
 #include "strata/core/pinned_pool.h"
 
+#include <linux/capability.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -37,8 +48,26 @@ uint64_t memlock_soft_limit() {
   return lim.rlim_cur;
 }
 
+bool holds_ipc_lock_capability() {
+  __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[2]{};
+  if (syscall(SYS_capget, &header, data) != 0) return false;
+  return (data[CAP_IPC_LOCK / 32].effective & (1u << (CAP_IPC_LOCK % 32))) != 0;
+}
+
+// The limit mlock enforces on this process: none with CAP_IPC_LOCK (Note
+// [CAP_IPC_LOCK lifts RLIMIT_MEMLOCK]), else the soft RLIMIT_MEMLOCK.
+uint64_t effective_memlock_limit() {
+  return holds_ipc_lock_capability() ? std::numeric_limits<uint64_t>::max() : memlock_soft_limit();
+}
+
 std::string limit_text(uint64_t bytes) {
   return bytes == std::numeric_limits<uint64_t>::max() ? std::string("unlimited") : format_bytes(bytes, true);
+}
+
+std::string memlock_text() {
+  const std::string soft = limit_text(memlock_soft_limit());
+  return holds_ipc_lock_capability() ? soft + ", not applied: CAP_IPC_LOCK" : soft;
 }
 
 }  // namespace
@@ -83,7 +112,7 @@ Result<std::unique_ptr<PinnedPool>> PinnedPool::create(Device* device, PinnedPoo
         "pinned pool: alignment_bytes {} > 4096 needs PinMethod::kRegister (device allocations are page aligned)", a));
   const bool memlock_bound = device == nullptr || device->caps().pinning_counts_memlock;
   uint64_t limit = options.budget_bytes == 0 ? std::numeric_limits<uint64_t>::max() : options.budget_bytes;
-  if (memlock_bound) limit = std::min(limit, memlock_soft_limit());
+  if (memlock_bound) limit = std::min(limit, effective_memlock_limit());
   if (limit == std::numeric_limits<uint64_t>::max()) limit = 0;
   if (!options.warn) {
     options.warn = [](std::string_view text) { std::fprintf(stderr, "strata: warning: %.*s\n", static_cast<int>(text.size()), text.data()); };
@@ -183,7 +212,7 @@ Result<PinnedBuffer> PinnedPool::allocate(size_t bytes) {
                             format_bytes(pinned_bytes_, true), format_bytes(footprint, true),
                             format_bytes(pinned_limit_bytes_, true),
                             options_.budget_bytes == 0 ? std::string("none") : format_bytes(options_.budget_bytes, true),
-                            limit_text(memlock_soft_limit()));
+                            memlock_text());
     } else {
       pinned_bytes_ += footprint;  // reserve; pin outside the lock
     }
@@ -276,6 +305,7 @@ uint64_t PinnedPool::fallback_count() const {
 PinningProbe probe_pinning(size_t bytes) {
   PinningProbe probe;
   probe.memlock_limit_bytes = memlock_soft_limit();
+  probe.ipc_lock_capability = holds_ipc_lock_capability();
   const size_t footprint = round_up(bytes, 4096);
   void* p = std::aligned_alloc(4096, footprint);
   if (p == nullptr) {
@@ -285,11 +315,11 @@ PinningProbe probe_pinning(size_t bytes) {
   if (mlock(p, footprint) == 0) {
     munlock(p, footprint);
     probe.works = true;
-    probe.detail = fmt::format("mlock({}) ok, RLIMIT_MEMLOCK {}", format_bytes(footprint, true),
-                               limit_text(probe.memlock_limit_bytes));
+    probe.detail = fmt::format("mlock({}) ok, RLIMIT_MEMLOCK {}", format_bytes(footprint, true), memlock_text());
   } else {
+    const int error = errno;
     probe.detail = fmt::format("mlock({}) failed: {} (RLIMIT_MEMLOCK {}; raise `ulimit -l`)",
-                               format_bytes(footprint, true), std::strerror(errno), limit_text(probe.memlock_limit_bytes));
+                               format_bytes(footprint, true), std::strerror(error), memlock_text());
   }
   std::free(p);
   return probe;

@@ -3,10 +3,8 @@
 #include "strata/core/slot_pool.h"
 
 #include <gtest/gtest.h>
-#include <linux/capability.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,6 +21,7 @@
 
 #include "strata/core/device.h"
 #include "strata/core/device_registry.h"
+#include "ipc_lock_capability.h"
 
 namespace strata {
 namespace {
@@ -509,15 +508,7 @@ TEST(SlotPoolDeathTest, APendingReleaseThatNeverCompletesIsNamedAfterTheTimeout)
 // Pinning refused -> an error, never pageable memory. In a child without
 // CAP_IPC_LOCK (root ignores RLIMIT_MEMLOCK otherwise) and a 64 KiB limit.
 int drop_ipc_lock_and_lower_memlock() {
-  __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
-  __user_cap_data_struct data[2]{};
-  if (syscall(SYS_capget, &header, data) != 0) return 1;
-  data[CAP_IPC_LOCK / 32].effective &= ~(1u << (CAP_IPC_LOCK % 32));
-  if (syscall(SYS_capset, &header, data) != 0) return 1;
-  struct rlimit lim {};
-  getrlimit(RLIMIT_MEMLOCK, &lim);
-  lim.rlim_cur = 64 * kKiB;
-  if (setrlimit(RLIMIT_MEMLOCK, &lim) != 0) return 1;
+  if (!test::drop_ipc_lock() || !test::lower_memlock(64 * kKiB)) return 1;
   // Sanitizer runtimes turn mlock into a no-op that succeeds: nothing to test then.
   std::vector<char> probe(1 * kMiB, 1);
   if (mlock(probe.data(), probe.size()) == 0) {

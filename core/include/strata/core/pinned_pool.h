@@ -2,7 +2,8 @@
 // Pinned host memory pool. Buffers are pinned at their exact size (rounded
 // only to the alignment, 4096 by default so they suit O_DIRECT; no
 // power-of-two size classes), bounded by a host budget and, where pinning
-// is mlock, by RLIMIT_MEMLOCK. When pinning is refused (budget, rlimit, or
+// is mlock, by RLIMIT_MEMLOCK (unless the process holds CAP_IPC_LOCK, as
+// the kernel does). When pinning is refused (budget, rlimit, or
 // the pin call fails) the pool hands out pageable memory instead, warns
 // ONCE, and records the tier of every buffer. Freed buffers are cached by
 // exact size and reused, so steady-state training allocates nothing.
@@ -33,7 +34,8 @@ enum class PinMethod : uint8_t {
 
 struct PinnedPoolOptions {
   // Most bytes pinned at once, cached blocks included; 0 = no budget of our
-  // own (the RLIMIT_MEMLOCK bound still applies where pinning is mlock).
+  // own (the RLIMIT_MEMLOCK bound still applies where pinning is mlock and
+  // the process lacks CAP_IPC_LOCK).
   uint64_t budget_bytes = 0;
   size_t alignment_bytes = 4096;      // power of two, >= 64
   PinMethod method = PinMethod::kRegister;
@@ -124,10 +126,12 @@ class PinnedPool {
 };
 
 // Probe: can this process pin `bytes` now (mlock), and the RLIMIT_MEMLOCK
-// soft limit (UINT64_MAX when unlimited). For `strata report`.
+// soft limit (UINT64_MAX when unlimited), which mlock ignores when the
+// process holds CAP_IPC_LOCK. For `strata report`.
 struct PinningProbe {
   bool works = false;
   uint64_t memlock_limit_bytes = 0;
+  bool ipc_lock_capability = false;  // true: the limit above is not applied
   std::string detail;  // "mlock(2.00 MiB) ok" or the errno text
 };
 PinningProbe probe_pinning(size_t bytes = size_t{2} << 20);
