@@ -225,7 +225,10 @@ void set_blas_threads_for(double flops) {
   select_blas_kernels();
   const int configured = configured_blas_threads();
   static std::mutex mutex;
-  static int current = configured;
+  // What OpenBLAS runs now: its own count until the first switch, which is
+  // not `configured` when limit_gemm_threads capped it before the first
+  // product (strata train --device-threads 1 used to compute on every core).
+  static int current = openblas_get_num_threads();
   const int want = flops < 1e8 ? 1 : configured;
   std::lock_guard<std::mutex> lock(mutex);
   if (want != current) {
