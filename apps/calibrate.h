@@ -17,6 +17,8 @@ struct CalibrateOptions {
   std::string config;  // a DeepSpeed config whose aio section the NVMe measurement uses ("": the defaults)
   std::string dtype = "bf16";  // --calibrate-dtype: the parameter dtype the compute is timed in
   std::string device = "cpu";  // --calibrate-device: cpu, cuda or auto: where the copies go and the model computes
+  int device_threads = 0;     // --calibrate-device-threads: the cpu device's compute threads (0: every core)
+  int optimizer_threads = 0;  // --calibrate-optimizer-threads: the CPU Adam rates' threads (0: every core)
 };
 
 // Returns the process exit code; errors go to stderr naming the culprit.

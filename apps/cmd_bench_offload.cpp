@@ -380,6 +380,7 @@ void print_table(const nlohmann::ordered_json& doc) {
                    r["label"].get<std::string>(), r["step_ms"]["median"].get<double>(),
                    r["predicted"]["step_ms"].get<double>(), 100 * r["predicted"]["error"].get<double>(),
                    r["predicted"]["ideal_ms"].get<double>(), r["predicted"]["bound"].get<std::string>());
+    if (doc.contains("profile_note")) fmt::print("{}\n", doc["profile_note"].get<std::string>());
   }
   fmt::print("(step ms: median over repeats x steps; spread: (max - min) / median; penalty: / the fastest in-memory "
              "row; exp: exposed wait ms; GB/s: bytes per step / step time)\n");
@@ -599,6 +600,9 @@ int run_bench_offload(const BenchOffloadOptions& o) {
                         {"error", pr->step_ms / measured - 1.0}};
     }
     doc["profile"] = profile->name;
+    if (device == DeviceKind::kCpu)
+      if (std::string note = offload::thread_count_note(*profile, o.device_threads, o.optimizer_threads); !note.empty())
+        doc["profile_note"] = note;
   }
   if (!o.quiet) print_table(doc);
 

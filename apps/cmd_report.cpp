@@ -141,6 +141,15 @@ CommandRegistration report_command("report", [](CLI::App& root) {
                   "With --calibrate: cpu, cuda or auto, the device the copies go to and the model computes on (cuda: "
                   "also the device optimizer's rate; one rank)")
       ->capture_default_str();
+  cmd->add_option("--calibrate-device-threads", cal->device_threads,
+                  "With --calibrate on the cpu device: time the compute on this many threads (strata train "
+                  "--device-threads; 0: every core)")
+      ->capture_default_str()->check(CLI::Range(0, 4096));
+  cmd->add_option("--calibrate-optimizer-threads", cal->optimizer_threads,
+                  "With --calibrate: the CPU Adam rates at this many threads (strata train --optimizer-threads; 0: every "
+                  "core). With --calibrate-device-threads, when both fit the cores, the profile says the optimizer "
+                  "has cores of its own (optimizer_on_own_cores)")
+      ->capture_default_str()->check(CLI::Range(0, 4096));
   cmd->callback([opts, cal] {
     if (cal->requested) {
       cal->path = opts->path;

@@ -9,7 +9,8 @@
 //     steps its state with the CPU kernels, so its rate is CPU Adam's;
 //   - CPU Adam: CpuOptimizer steps of 4M elements for 1..all threads, with
 //     fp32 gradients (the fp32 mix) and with bf16 gradients plus the bf16
-//     parameter copy (the bf16 mix);
+//     parameter copy (the bf16 mix); the profile's rates are those at
+//     --calibrate-optimizer-threads (every core by default);
 //   - NVMe: 256 MiB written then read back, five times (the median of each),
 //     through the IoEngine the aio
 //     defaults pick (O_DIRECT where the file system allows it) in --path;
@@ -20,6 +21,11 @@
 //     optimizer and the reductions is the compute, so the model reproduces
 //     this row exactly and the other rows test it (Note [The engine's
 //     schedule, as a model], step_time_model.h).
+//   With --calibrate-device-threads D and --calibrate-optimizer-threads K on
+//   the cpu device, the compute is timed on D threads, and when D + K fit the
+//   cores the profile says so (optimizer_on_own_cores): strata train
+//   --device-threads D --optimizer-threads K overlaps the optimizer with the
+//   compute there, and the model predicts such runs as that.
 #include "calibrate.h"
 #include "command.h"
 #include "sample_stats.h"
@@ -35,11 +41,14 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <tbb/global_control.h>
 
 #include "engine_run.h"
 #include "strata/comm/backends.h"
@@ -137,7 +146,8 @@ struct AdamRates {
   double fp32 = 0, bf16 = 0, int8 = 0;
 };
 
-Result<AdamRates> measure_cpu_adam(nlohmann::ordered_json& cal) {
+// The profile's rates are those at `requested_threads` threads (0: every core).
+Result<AdamRates> measure_cpu_adam(int requested_threads, nlohmann::ordered_json& cal) {
   using namespace cpu_adam;
   constexpr size_t kCount = size_t{4} << 20;
   std::vector<float> params(kCount, 0.5f), grads32(kCount, 1e-3f), m(kCount, 0.f), v(kCount, 0.f);
@@ -147,7 +157,15 @@ Result<AdamRates> measure_cpu_adam(nlohmann::ordered_json& cal) {
   const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   AdamRates all;
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
-  for (int threads = 1; threads <= cores; threads = threads < cores ? std::min(cores, threads * 2) : cores + 1) {
+  std::vector<int> thread_counts;  // 1, 2, 4, ..., every core, and rate_threads
+  for (int threads = 1; threads <= cores; threads = threads < cores ? std::min(cores, threads * 2) : cores + 1)
+    thread_counts.push_back(threads);
+  const int rate_threads = requested_threads > 0 ? requested_threads : cores;
+  if (std::find(thread_counts.begin(), thread_counts.end(), rate_threads) == thread_counts.end()) {
+    thread_counts.push_back(rate_threads);
+    std::sort(thread_counts.begin(), thread_counts.end());
+  }
+  for (int threads : thread_counts) {
     STRATA_ASSIGN_OR_RETURN(CpuOptimizer opt, CpuOptimizer::create({.kind = OptimizerKind::kAdamW, .threads = threads}));
     nlohmann::ordered_json row;
     row["threads"] = threads;
@@ -171,7 +189,7 @@ Result<AdamRates> measure_cpu_adam(nlohmann::ordered_json& cal) {
       }
       const double rate = kCount / median(t);
       row[kind] = rate;
-      if (threads == opt.threads() && threads >= cores)
+      if (threads == opt.threads() && threads == rate_threads)
         (kind == std::string_view("fp32") ? all.fp32 : kind == std::string_view("bf16") ? all.bf16 : all.int8) = rate;
     }
     rows.push_back(row);
@@ -179,7 +197,9 @@ Result<AdamRates> measure_cpu_adam(nlohmann::ordered_json& cal) {
   cal["cpu_adam"] = {{"elements", kCount}, {"kernel", "adamw"}, {"fp32", "fp32 gradients, no parameter copy"},
                      {"bf16", "bf16 gradients, bf16 parameter copy"},
                      {"int8", "bf16 gradients, bf16 parameter copy, block-wise 8-bit moments"},
-                     {"params_per_s_by_threads", rows}};
+                     {"params_per_s_by_threads", rows}, {"optimizer_threads", requested_threads}};
+  if (all.fp32 <= 0)
+    return Internal(fmt::format("CPU Adam: the optimizer ran fewer threads than the {} asked for", rate_threads));
   return all;
 }
 
@@ -290,6 +310,20 @@ int run_calibrate(const CalibrateOptions& o) {
         "--calibrate-ranks {} with --calibrate-device cuda: a GPU is calibrated with one rank (the profile is per "
         "device; gpus_per_node says how many a node has)",
         o.ranks)));
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  if (o.device_threads > 0 && kind != DeviceKind::kCpu)
+    return calibrate_failed(InvalidArgument(fmt::format(
+        "--calibrate-device-threads {} with --calibrate-device {}: it sets the cpu device's compute threads; leave it "
+        "out (or 0) for a GPU",
+        o.device_threads, device_kind_name(kind))));
+  for (const auto& [flag, value] : {std::pair{"--calibrate-device-threads", o.device_threads},
+                                    std::pair{"--calibrate-optimizer-threads", o.optimizer_threads}})
+    if (value > cores)
+      return calibrate_failed(InvalidArgument(
+          fmt::format("{} {} is more than this machine's {} cores; give 1..{} (0: every core)", flag, value, cores, cores)));
+  // The optimizer has cores of its own only when both counts are given and fit.
+  const bool optimizer_on_own_cores = kind == DeviceKind::kCpu && o.device_threads > 0 && o.optimizer_threads > 0 &&
+                                      o.device_threads + o.optimizer_threads <= cores;
   std::string dir = o.path;
   std::error_code ec;
   if (dir.empty()) dir = std::filesystem::temp_directory_path(ec).string();
@@ -312,6 +346,7 @@ int run_calibrate(const CalibrateOptions& o) {
   p.gpus_per_node = 1;
   // On the cpu device the model computes on the cores the optimizer and the copies use.
   p.shared_cores = kind == DeviceKind::kCpu;
+  p.optimizer_on_own_cores = optimizer_on_own_cores;
   p.device_memory_bytes = default_cpu_device_bytes();
   struct sysinfo si {};
   p.host_memory_bytes = sysinfo(&si) == 0 ? static_cast<uint64_t>(si.totalram) * si.mem_unit : 0;
@@ -326,7 +361,7 @@ int run_calibrate(const CalibrateOptions& o) {
   p.h2d_gb_per_s = copies->h2d;
   p.d2h_gb_per_s = copies->d2h;
   fmt::print(stderr, "calibrate: CPU Adam ...\n");
-  Result<AdamRates> adam = measure_cpu_adam(cal);
+  Result<AdamRates> adam = measure_cpu_adam(o.optimizer_threads, cal);
   if (!adam.ok()) return calibrate_failed(adam.status());
   p.cpu_adam_params_per_s_fp32 = adam->fp32;
   p.cpu_adam_params_per_s_bf16 = adam->bf16;
@@ -366,6 +401,12 @@ int run_calibrate(const CalibrateOptions& o) {
   Result<std::vector<std::unique_ptr<comm::Communicator>>> comms = comm::create_local_group(o.ranks, {});
   if (!comms.ok()) return calibrate_failed(comms.status());
   std::vector<offload::StepMetrics> steps;  // rank 0's
+  // The compute on --calibrate-device-threads threads, as strata train --device-threads runs it.
+  std::optional<tbb::global_control> tbb_limit;
+  if (o.device_threads > 0) {
+    tbb_limit.emplace(tbb::global_control::max_allowed_parallelism, static_cast<size_t>(o.device_threads));
+    model::cpu::limit_gemm_threads(o.device_threads);
+  }
   Status ran = run_rank_threads(*comms, [&](size_t i, comm::Communicator& c) -> Status {
     RankState rs;
     STRATA_RETURN_IF_ERROR(vote(c, build_rank(setup, g, *data, kind, c, rs), "to set up"));
@@ -375,6 +416,10 @@ int run_calibrate(const CalibrateOptions& o) {
     }
     return rs.engine->synchronize();
   });
+  const std::string matmul = kind == DeviceKind::kCpu ? model::cpu::gemm_backend_description()
+                                                     : std::string("cuBLAS sgemm (fp32, no TF32)");
+  tbb_limit.reset();
+  if (o.device_threads > 0) model::cpu::limit_gemm_threads(0);
   if (!ran.ok()) return calibrate_failed(ran.with_context("calibrating compute (lower --preset or --batch)"));
   std::vector<double> step_ms, fb_ms, opt_ms;
   for (const auto& m : steps) {
@@ -403,6 +448,7 @@ int run_calibrate(const CalibrateOptions& o) {
                     {"device", device_kind_name(kind)},
                     {"dtype", dtype_name(*dt)},
                     {"ranks", o.ranks},
+                    {"device_threads", o.device_threads},
                     {"batch", o.batch},
                     {"seq", o.seq},
                     {"steps", o.steps},
@@ -413,14 +459,17 @@ int run_calibrate(const CalibrateOptions& o) {
                     {"charged_optimizer_and_reduce_ms", overhead_ms},
                     {"compute_ms", compute_ms},
                     {"fallback_forward_backward", fallback},
-                    {"matmul", kind == DeviceKind::kCpu ? model::cpu::gemm_backend_description()
-                                                        : std::string("cuBLAS sgemm (fp32, no TF32)")}};
+                    {"matmul", matmul}};
   p.calibration = cal;
   p.notes = fmt::format("measured by strata report --calibrate on {}; {}{}", cal["date"].get<std::string>(),
-                        kind == DeviceKind::kCpu ? "the cpu device shares the host's cores with copies, collectives "
-                                                   "and the CPU optimizer (shared_cores)"
-                                                 : "the model computed on the GPU, the CPU optimizer on the host's "
-                                                   "cores; collectives measured on the host (local ranks)",
+                        kind != DeviceKind::kCpu ? std::string("the model computed on the GPU, the CPU optimizer on the "
+                                                               "host's cores; collectives measured on the host (local ranks)")
+                        : optimizer_on_own_cores
+                            ? fmt::format("the cpu device computed on {} thread(s) and the CPU optimizer has {} core(s) of "
+                                          "its own (optimizer_on_own_cores); copies and collectives share the cores",
+                                          o.device_threads, o.optimizer_threads)
+                            : std::string("the cpu device shares the host's cores with copies, collectives and the CPU "
+                                          "optimizer (shared_cores)"),
                         o.path.empty() ? "; NVMe rates measured in the temporary folder, give --path DIR on the drive"
                                        : "");
   // The profile must pass its own checks (a zero rate would be a bug here).

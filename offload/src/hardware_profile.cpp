@@ -13,7 +13,7 @@ namespace strata::offload {
 namespace {
 
 constexpr const char* kKnownKeys =
-    "name, gpus_per_node, shared_cores, device_memory_bytes, host_memory_bytes, nvme_bytes, compute_gflops, "
+    "name, gpus_per_node, shared_cores, optimizer_on_own_cores, device_memory_bytes, host_memory_bytes, nvme_bytes, compute_gflops, "
     "h2d_gb_per_s, d2h_gb_per_s, collective_bus_gb_per_s, nvme_read_gb_per_s, nvme_write_gb_per_s, "
     "cpu_adam_params_per_s, device_adam_params_per_s, notes, sources, calibration";
 
@@ -66,7 +66,8 @@ HardwareProfile builtin_cpu_profile() {
 
 Result<HardwareProfile> parse_hardware_profile(const nlohmann::json& j, const std::string& source) {
   if (!j.is_object()) return InvalidArgument(fmt::format("{}: a hardware profile is a JSON object", source));
-  static const char* const known[] = {"name", "gpus_per_node", "shared_cores", "device_memory_bytes",
+  static const char* const known[] = {"name", "gpus_per_node", "shared_cores", "optimizer_on_own_cores",
+                                      "device_memory_bytes",
                                       "host_memory_bytes", "nvme_bytes", "compute_gflops", "h2d_gb_per_s",
                                       "d2h_gb_per_s", "collective_bus_gb_per_s", "nvme_read_gb_per_s",
                                       "nvme_write_gb_per_s", "cpu_adam_params_per_s", "device_adam_params_per_s",
@@ -95,6 +96,18 @@ Result<HardwareProfile> parse_hardware_profile(const nlohmann::json& j, const st
       return InvalidArgument(fmt::format("{}: \"shared_cores\" is {}; write true or false without quotes", source,
                                          printable(j["shared_cores"].dump(), 64)));
     p.shared_cores = j["shared_cores"].get<bool>();
+  }
+  if (j.contains("optimizer_on_own_cores")) {
+    if (!j["optimizer_on_own_cores"].is_boolean())
+      return InvalidArgument(fmt::format("{}: \"optimizer_on_own_cores\" is {}; write true or false without quotes",
+                                         source, printable(j["optimizer_on_own_cores"].dump(), 64)));
+    p.optimizer_on_own_cores = j["optimizer_on_own_cores"].get<bool>();
+    if (p.optimizer_on_own_cores && !p.shared_cores)
+      return InvalidArgument(fmt::format(
+          "{}: \"optimizer_on_own_cores\" is true but \"shared_cores\" is not: it says which of the shared cores "
+          "the CPU optimizer runs on, so it needs \"shared_cores\": true (a GPU machine's optimizer has the host's "
+          "cores to itself already)",
+          source));
   }
   STRATA_RETURN_IF_ERROR(positive_bytes(j, source, "device_memory_bytes", p.device_memory_bytes));
   STRATA_RETURN_IF_ERROR(positive_bytes(j, source, "host_memory_bytes", p.host_memory_bytes));
@@ -139,6 +152,7 @@ nlohmann::ordered_json hardware_profile_to_json(const HardwareProfile& p) {
   j["name"] = p.name;
   j["gpus_per_node"] = p.gpus_per_node;
   j["shared_cores"] = p.shared_cores;
+  if (p.optimizer_on_own_cores) j["optimizer_on_own_cores"] = true;
   j["device_memory_bytes"] = p.device_memory_bytes;
   j["host_memory_bytes"] = p.host_memory_bytes;
   j["nvme_bytes"] = p.nvme_bytes;
@@ -155,6 +169,27 @@ nlohmann::ordered_json hardware_profile_to_json(const HardwareProfile& p) {
   if (!p.sources.is_null()) j["sources"] = p.sources;
   if (!p.calibration.is_null()) j["calibration"] = p.calibration;
   return j;
+}
+
+std::string thread_count_note(const HardwareProfile& profile, int device_threads, int optimizer_threads) {
+  const auto& cal = profile.calibration;
+  if (!profile.shared_cores || !cal.is_object()) return "";
+  // 0 = every core; a profile calibrated before these keys existed timed both on every core.
+  const auto count = [&](const char* section, const char* key) {
+    if (!cal.contains(section) || !cal[section].is_object() || !cal[section].contains(key) ||
+        !cal[section][key].is_number_integer())
+      return 0;
+    return static_cast<int>(cal[section][key].get<int64_t>());
+  };
+  const int timed_device = count("compute", "device_threads");
+  const int timed_optimizer = count("cpu_adam", "optimizer_threads");
+  if (timed_device == device_threads && timed_optimizer == optimizer_threads) return "";
+  const auto name = [](int threads) { return threads > 0 ? std::to_string(threads) : std::string("every core"); };
+  return fmt::format("note: profile '{}' was calibrated with the compute on {} and the optimizer on {} thread(s), "
+                     "these rows run {} and {}: recalibrate with strata report --calibrate "
+                     "--calibrate-device-threads {} --calibrate-optimizer-threads {}",
+                     printable(profile.name, 64), name(timed_device), name(timed_optimizer), name(device_threads),
+                     name(optimizer_threads), device_threads, optimizer_threads);
 }
 
 std::string compute_dtype_note(const HardwareProfile& profile, DType rows) {

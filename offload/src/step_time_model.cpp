@@ -94,7 +94,10 @@ Result<StepTimePrediction> predict_step_time(const StepTimeInput& in, const Hard
   // drives: measured 2026-12-02 at 1 and 2 ranks, the phase took about reads + writes (213 ms for 303 MB read
   // and 311 MB written, rates 2.2 and 5.1 GB/s alone), not the longer of the two.
   host_ms = in.nvme_pipeline ? std::max(host_ms, opt_read_ms + opt_write_ms) : host_ms + opt_read_ms + opt_write_ms;
-  r.optimizer_ms = hw.shared_cores ? host_ms + dev_ms : std::max(host_ms, dev_ms);
+  // Whether the CPU optimizer runs on the cores the compute runs on: then
+  // nothing it does overlaps the compute (HardwareProfile::optimizer_on_own_cores).
+  const bool optimizer_shares_compute_cores = hw.shared_cores && !hw.optimizer_on_own_cores;
+  r.optimizer_ms = optimizer_shares_compute_cores ? host_ms + dev_ms : std::max(host_ms, dev_ms);
 
   // A collective of B bytes per rank takes (N-1)/N x B / busbw, the busbw
   // measured with every rank of the group running (nccl-tests' convention;
@@ -117,7 +120,7 @@ Result<StepTimePrediction> predict_step_time(const StepTimeInput& in, const Hard
   r.param_ms = in.stage == 3 ? gather_ms + (param_off ? h2d_ms : 0.0) + param_nvme_ms : 0.0;
 
   const double L = in.layers;
-  if (hw.shared_cores) {
+  if (optimizer_shares_compute_cores) {
     // Every part that runs on the cores adds to the step; NVMe transfers do
     // not use the cores (O_DIRECT DMA), so they hide under the forward (the
     // optimizer's) or the compute (parameter reads) like on a GPU machine.

@@ -138,6 +138,10 @@ strata_offload_error_test(report_calibrate_cuda_ranks "--calibrate-ranks 2 with 
   report --calibrate --calibrate-device cuda --calibrate-ranks 2)
 strata_offload_error_test(report_calibrate_bad_dtype "--calibrate-dtype 'int8' is not a parameter dtype"
   report --calibrate --calibrate-model tiny --calibrate-dtype int8)
+strata_offload_error_test(report_calibrate_device_threads_on_cuda "--calibrate-device-threads 1 with --calibrate-device cuda"
+  report --calibrate --calibrate-device cuda --calibrate-device-threads 1)
+strata_offload_error_test(report_calibrate_too_many_optimizer_threads "--calibrate-optimizer-threads 4096 is more than this machine's"
+  report --calibrate --calibrate-model tiny --calibrate-optimizer-threads 4096)
 
 # The step-time model and hardware profiles on their own (no model, no device).
 strata_add_test(strata_step_time_model_tests SOURCES step_time_model_test.cpp LIBS strata_offload LABELS apps)

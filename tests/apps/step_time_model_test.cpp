@@ -223,6 +223,37 @@ TEST(StepTimeModel, SharedCoresHideNothingButNvme) {
   EXPECT_NEAR(r2->compute_ms, 2 * r->compute_ms, 1e-9);
 }
 
+// The cpu device with the optimizer on cores of its own (strata train
+// --device-threads D --optimizer-threads K, D + K <= cores): the CPU step and
+// the state's NVMe phase hide under the compute as on a GPU machine, while
+// the ranks still share the cores (the compute of two local ranks doubles).
+TEST(StepTimeModel, AnOptimizerOnItsOwnCoresHidesUnderTheCompute) {
+  HardwareProfile shared = gpu_profile();
+  shared.shared_cores = true;
+  shared.gpus_per_node = 1;
+  HardwareProfile own = shared;
+  own.optimizer_on_own_cores = true;
+  for (OffloadDevice where : {OffloadDevice::kCpu, OffloadDevice::kNvme}) {
+    StepTimeInput in = input(1'000'000'000, 2, where);
+    in.speculation = SpeculationMode::kOn;
+    const StepTimePrediction serial = predict_step_time(in, shared).value();
+    const StepTimePrediction apart = predict_step_time(in, own).value();
+    EXPECT_NEAR(apart.compute_ms, serial.compute_ms, 1e-9);
+    // Each part alone: the longer of the two, not the sum.
+    EXPECT_NEAR(apart.optimizer_ms, serial.optimizer_ms, 1e-6);  // no device part at ratio 1
+    EXPECT_LT(apart.exposed_optimizer_ms, serial.exposed_optimizer_ms);
+    // The CPU step (250 ms) under the 1 s of forward + backward; the nvme row's 9 s of NVMe do not fit.
+    if (where == OffloadDevice::kCpu) {
+      EXPECT_NEAR(apart.exposed_optimizer_ms, 0, 1e-6);
+    }
+    EXPECT_LT(apart.step_ms, serial.step_ms);
+  }
+  StepTimeInput two = input(1'000'000'000, 1, OffloadDevice::kCpu);
+  two.world = 2;
+  EXPECT_NEAR(predict_step_time(two, own).value().compute_ms, predict_step_time(two, shared).value().compute_ms,
+              1e-9);
+}
+
 TEST(StepTimeModel, SharedCoresAtWorldOneQueueNoCollective) {
   // The engine queues no collective for one rank (the sum over one rank is
   // the gradient itself): nothing to charge. Two local ranks: (N-1)/N of the
@@ -285,6 +316,46 @@ TEST(HardwareProfile, RoundTripsAndRejectsBadRates) {
   EXPECT_EQ(hardware_profile_to_json(*eight)["cpu_adam_params_per_s"]["int8"], 2.5e9);
   with_int8["cpu_adam_params_per_s"]["int8"] = 0;
   EXPECT_NE(parse_hardware_profile(with_int8, "p.json").status().message().find("int8"), std::string::npos);
+}
+
+TEST(HardwareProfile, OptimizerOnOwnCoresIsABooleanOfSharedCores) {
+  HardwareProfile p = gpu_profile();
+  p.shared_cores = true;
+  p.optimizer_on_own_cores = true;
+  const nlohmann::json j = hardware_profile_to_json(p);
+  Result<HardwareProfile> back = parse_hardware_profile(j, "p.json");
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_TRUE(back->optimizer_on_own_cores);
+  EXPECT_FALSE(hardware_profile_to_json(gpu_profile()).contains("optimizer_on_own_cores"));  // absent: false
+  nlohmann::json bad = j;
+  bad["optimizer_on_own_cores"] = "yes";
+  EXPECT_NE(parse_hardware_profile(bad, "p.json").status().message().find("\"optimizer_on_own_cores\" is \"yes\""),
+            std::string::npos);
+  bad = j;
+  bad["shared_cores"] = false;
+  EXPECT_NE(parse_hardware_profile(bad, "p.json").status().message().find("needs \"shared_cores\": true"),
+            std::string::npos);
+}
+
+// bench offload's note when the rows run other thread counts than the profile was timed at.
+TEST(HardwareProfile, ThreadCountNoteNamesTheRecalibration) {
+  HardwareProfile p = gpu_profile();
+  p.shared_cores = true;
+  EXPECT_EQ(thread_count_note(p, 1, 1), "");  // no calibration section: nothing to compare
+  p.calibration = {{"compute", {{"device_threads", 1}}}, {"cpu_adam", {{"optimizer_threads", 1}}}};
+  p.name = "vm";
+  EXPECT_EQ(thread_count_note(p, 1, 1), "");
+  const std::string note = thread_count_note(p, 0, 1);
+  EXPECT_NE(note.find("compute on 1 and the optimizer on 1 thread(s), these rows run every core and 1"),
+            std::string::npos)
+      << note;
+  EXPECT_NE(note.find("--calibrate-device-threads 0 --calibrate-optimizer-threads 1"), std::string::npos) << note;
+  // A profile from before these keys: both on every core.
+  p.calibration = {{"compute", {{"dtype", "fp32"}}}};
+  EXPECT_EQ(thread_count_note(p, 0, 0), "");
+  EXPECT_NE(thread_count_note(p, 1, 1), "");
+  p.shared_cores = false;  // a GPU machine: the cpu device's threads do not apply
+  EXPECT_EQ(thread_count_note(p, 1, 1), "");
 }
 
 }  // namespace

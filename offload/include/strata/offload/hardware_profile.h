@@ -31,6 +31,14 @@ struct HardwareProfile {
   // all run on the same host cores (the cpu device): nothing truly overlaps,
   // and ranks of one node share every rate.
   bool shared_cores = false;
+  // With shared_cores: the model's compute and the CPU optimizer were given
+  // separate cores (strata train --device-threads D --optimizer-threads K,
+  // D + K <= the host's cores; `strata report --calibrate
+  // --calibrate-device-threads D --calibrate-optimizer-threads K`), so the
+  // optimizer and its NVMe traffic overlap the compute as on a GPU machine.
+  // The copies and collectives still share the cores, and the engine's auto
+  // rule for early updates is still the cpu device's.
+  bool optimizer_on_own_cores = false;
   uint64_t device_memory_bytes = 0;  // per device
   uint64_t host_memory_bytes = 0;    // per node
   uint64_t nvme_bytes = 0;           // per node
@@ -69,6 +77,11 @@ HardwareProfile builtin_cpu_profile();
 // --calibrate --calibrate-dtype` writes): on a CPU fp32 and bf16 matmuls run
 // at different rates, so the prediction's compute would be off.
 std::string compute_dtype_note(const HardwareProfile& profile, DType rows);
+// "" or a note when the cpu device's rows run on other thread counts than the
+// profile was calibrated at (calibration.compute.device_threads and
+// calibration.cpu_adam.rate_threads; 0 = every core): the compute rate and
+// optimizer_on_own_cores then do not describe these rows.
+std::string thread_count_note(const HardwareProfile& profile, int device_threads, int optimizer_threads);
 Result<HardwareProfile> parse_hardware_profile(const nlohmann::json& json, const std::string& source);
 Result<HardwareProfile> load_hardware_profile(const std::string& path);
 nlohmann::ordered_json hardware_profile_to_json(const HardwareProfile& profile);
