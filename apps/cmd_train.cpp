@@ -733,6 +733,14 @@ int run_train(TrainCliOptions o) {
                t.engine.grad_clip, t.seed);
     if (choice.automatic) fmt::print("device   {}\n", choice.reason);
     if (choice.kind == DeviceKind::kCpu) fmt::print("matmul   {}\n", model::cpu::gemm_backend_description());
+    // Asked to keep the compute and the optimizer apart, on too few cores to do it: say so.
+    const int cores = static_cast<int>(std::thread::hardware_concurrency());
+    const int local_ranks = static_cast<int>(comms.size());  // the ranks this process runs
+    if (choice.kind == DeviceKind::kCpu && o.device_threads > 0 && o.optimizer_threads > 0 && cores > 0 &&
+        (o.device_threads + o.optimizer_threads) * local_ranks > cores)
+      fmt::print("note     --device-threads {} + --optimizer-threads {} per rank x {} rank(s) in this process is "
+                 "more than this machine's {} cores: the compute and the CPU optimizer share cores\n",
+                 o.device_threads, o.optimizer_threads, local_ranks, cores);
     std::fflush(stdout);
   }
   Reporter reporter{o, log.get()};

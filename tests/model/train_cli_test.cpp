@@ -158,6 +158,21 @@ TEST(TrainCli, AutoDeviceSaysWhichItChose) {
   EXPECT_NE(r.out.find("train    device cpu,"), std::string::npos) << r.out;
 }
 
+// --device-threads D --optimizer-threads K are meant to keep the compute and
+// the optimizer on separate cores; when D + K is more than the cores, the run
+// says they share them. (A 4096-thread request exceeds any machine's cores.)
+TEST(TrainCli, ThreadCountsBeyondTheCoresAreNamed) {
+  CliRun r = run("--steps 1 --batch 2 --seq 16 --eval-batches 1 --device-threads 1024 --optimizer-threads 1");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("note     --device-threads 1024 + --optimizer-threads 1 per rank x 1 rank(s) in this process "
+                       "is more than"),
+            std::string::npos)
+      << r.out;
+  r = run("--steps 1 --batch 2 --seq 16 --eval-batches 1 --device-threads 1");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_EQ(r.out.find("note     --device-threads"), std::string::npos) << r.out;
+}
+
 }  // namespace
 
 namespace strata {
