@@ -398,6 +398,9 @@ int run_calibrate(const CalibrateOptions& o) {
   setup.eval_batches = 1;
   setup.engine.grad_dtype = *dt;
   setup.engine.fp16.enabled = *dt == DType::kF16;
+  // The stage-0 step's optimizer on the threads its rate above was taken at, so that the charge subtracted
+  // below is what this run spent (the rows of strata train --optimizer-threads K run the same way).
+  setup.engine.optimizer_threads = o.optimizer_threads;
   Result<std::vector<std::unique_ptr<comm::Communicator>>> comms = comm::create_local_group(o.ranks, {});
   if (!comms.ok()) return calibrate_failed(comms.status());
   std::vector<offload::StepMetrics> steps;  // rank 0's
