@@ -31,7 +31,6 @@
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
-#include <tbb/global_control.h>
 
 #include "command.h"
 #include "engine_run.h"
@@ -39,7 +38,6 @@
 #include "sample_stats.h"
 #include "strata/comm/backends.h"
 #include "strata/core/units.h"
-#include "strata/model/cpu_ops.h"
 #include "strata/offload/hardware_profile.h"
 #include "strata/offload/step_time_model.h"
 
@@ -491,11 +489,7 @@ int run_bench_offload(const BenchOffloadOptions& o) {
   Result<model::TextDataset> data = model::TextDataset::load(model::default_corpus_path(), o.seq);
   if (!data.ok()) return fail(data.status());
 
-  std::optional<tbb::global_control> tbb_limit;
-  if (o.device_threads > 0) {
-    tbb_limit.emplace(tbb::global_control::max_allowed_parallelism, static_cast<size_t>(o.device_threads));
-    model::cpu::limit_gemm_threads(o.device_threads);
-  }
+  const ComputeThreadLimit compute_threads(o.device_threads);
 
   std::vector<RowResult> results(rows.size());
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -564,8 +558,7 @@ int run_bench_offload(const BenchOffloadOptions& o) {
                   {"max_seq", g.max_seq_len}, {"params", g.param_count()},
                   {"train_flops_per_token", g.train_flops_per_token(o.seq)}};
   doc["device"] = std::string(device_kind_name(device));
-  doc["matmul"] = device == DeviceKind::kCpu ? model::cpu::gemm_backend_description()
-                                             : std::string("cuBLAS sgemm (fp32, no TF32)");
+  doc["matmul"] = matmul_description(device);
   doc["ranks"] = o.ranks;
   doc["batch"] = o.batch;
   doc["seq"] = o.seq;

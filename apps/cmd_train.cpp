@@ -24,7 +24,6 @@
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
-#include <tbb/global_control.h>
 
 #include "command.h"
 #include "config_fit_cli.h"
@@ -710,15 +709,8 @@ int run_train(TrainCliOptions o) {
     log = std::make_unique<std::ofstream>(o.json_log, std::ios::trunc);
     if (!*log) return fail(ErrnoStatus(errno, fmt::format("open --json-log '{}'", o.json_log)));
   }
-  // The cpu device's compute threads: oneTBB's global limit (the model's
-  // loops) and OpenBLAS's. The CPU optimizer with --optimizer-threads 1 runs
-  // on its own thread, outside both. Set before the banner, which prints the
-  // limit.
-  std::optional<tbb::global_control> tbb_limit;
-  if (o.device_threads > 0) {
-    tbb_limit.emplace(tbb::global_control::max_allowed_parallelism, static_cast<size_t>(o.device_threads));
-    model::cpu::limit_gemm_threads(o.device_threads);
-  }
+  // Set before the banner, which prints the limit.
+  const ComputeThreadLimit compute_threads(o.device_threads);
   const int world = comms.front()->world_size();
   const double baseline = data->unigram_baseline();
   const double flops_per_token = g.train_flops_per_token(t.seq_len);

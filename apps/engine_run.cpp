@@ -11,8 +11,23 @@
 #include "strata/comm/host_collective.h"
 #include "strata/core/device_registry.h"
 #include "strata/core/units.h"
+#include "strata/model/cpu_ops.h"
 
 namespace strata::cli {
+
+ComputeThreadLimit::ComputeThreadLimit(int threads) {
+  if (threads <= 0) return;
+  tbb_limit_.emplace(tbb::global_control::max_allowed_parallelism, static_cast<size_t>(threads));
+  model::cpu::limit_gemm_threads(threads);
+}
+
+ComputeThreadLimit::~ComputeThreadLimit() {
+  if (tbb_limit_) model::cpu::limit_gemm_threads(0);
+}
+
+std::string matmul_description(DeviceKind kind) {
+  return kind == DeviceKind::kCpu ? model::cpu::gemm_backend_description() : std::string("cuBLAS sgemm (fp32, no TF32)");
+}
 
 uint64_t default_cpu_device_bytes() {
   struct sysinfo info {};

@@ -8,8 +8,11 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include <tbb/global_control.h>
 
 #include "strata/comm/communicator.h"
 #include "strata/core/config.h"
@@ -23,6 +26,24 @@
 #include "strata/offload/engine.h"
 
 namespace strata::cli {
+
+// --device-threads: the cpu device's compute on `threads` threads (0: every
+// core) while this lives, through oneTBB's global limit (the model's loops)
+// and OpenBLAS's (model::cpu::limit_gemm_threads); lifted on destruction.
+// The CPU optimizer runs its own threads, outside both.
+class ComputeThreadLimit {
+ public:
+  explicit ComputeThreadLimit(int threads);
+  ~ComputeThreadLimit();
+  ComputeThreadLimit(const ComputeThreadLimit&) = delete;
+  ComputeThreadLimit& operator=(const ComputeThreadLimit&) = delete;
+
+ private:
+  std::optional<tbb::global_control> tbb_limit_;
+};
+
+// What the model's matrix products run on for a device kind, for reports.
+std::string matmul_description(DeviceKind kind);
 
 // What one rank is built from, besides the model's shape and the data.
 struct RankSetup {

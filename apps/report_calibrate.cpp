@@ -48,14 +48,12 @@
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
-#include <tbb/global_control.h>
 
 #include "engine_run.h"
 #include "strata/comm/backends.h"
 #include "strata/core/device_registry.h"
 #include "strata/core/units.h"
 #include "strata/cpu_adam/optimizer.h"
-#include "strata/model/cpu_ops.h"
 #include "strata/nvme/aio_config.h"
 #include "strata/nvme/aligned_buffer.h"
 #include "strata/offload/device_adam.h"
@@ -405,11 +403,7 @@ int run_calibrate(const CalibrateOptions& o) {
   if (!comms.ok()) return calibrate_failed(comms.status());
   std::vector<offload::StepMetrics> steps;  // rank 0's
   // The compute on --calibrate-device-threads threads, as strata train --device-threads runs it.
-  std::optional<tbb::global_control> tbb_limit;
-  if (o.device_threads > 0) {
-    tbb_limit.emplace(tbb::global_control::max_allowed_parallelism, static_cast<size_t>(o.device_threads));
-    model::cpu::limit_gemm_threads(o.device_threads);
-  }
+  std::optional<ComputeThreadLimit> compute_threads(std::in_place, o.device_threads);
   Status ran = run_rank_threads(*comms, [&](size_t i, comm::Communicator& c) -> Status {
     RankState rs;
     STRATA_RETURN_IF_ERROR(vote(c, build_rank(setup, g, *data, kind, c, rs), "to set up"));
@@ -419,10 +413,8 @@ int run_calibrate(const CalibrateOptions& o) {
     }
     return rs.engine->synchronize();
   });
-  const std::string matmul = kind == DeviceKind::kCpu ? model::cpu::gemm_backend_description()
-                                                     : std::string("cuBLAS sgemm (fp32, no TF32)");
-  tbb_limit.reset();
-  if (o.device_threads > 0) model::cpu::limit_gemm_threads(0);
+  const std::string matmul = matmul_description(kind);  // while the thread limit holds: it prints it
+  compute_threads.reset();
   if (!ran.ok()) return calibrate_failed(ran.with_context("calibrating compute (lower --preset or --batch)"));
   std::vector<double> step_ms, fb_ms, opt_ms;
   for (const auto& m : steps) {

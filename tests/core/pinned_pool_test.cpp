@@ -186,7 +186,7 @@ TEST(PinnedPool, RespectsRlimitMemlockAtCreation) {
 // it used to send everything past the soft limit to pageable memory although
 // mlock would have pinned it (root in a container, 8 MiB limit).
 TEST(PinnedPool, CapIpcLockLiftsTheMemlockBound) {
-  if (!test::holds_ipc_lock()) GTEST_SKIP() << "this process does not hold CAP_IPC_LOCK";
+  if (!probe_pinning().ipc_lock_capability) GTEST_SKIP() << "this process does not hold CAP_IPC_LOCK";
   const int rc = run_in_child([]() -> int {
     if (!test::lower_memlock(64 * kKiB)) return 1;
     int warned = 0;
