@@ -162,6 +162,10 @@ nlohmann::ordered_json row_json(size_t index, const RowResult& r, double baselin
   // The row's own strata.speculative_optimizer, or null (the base options').
   j["speculative_optimizer"] = r.row.speculation ? nlohmann::ordered_json(offload::speculation_mode_name(*r.row.speculation))
                                                  : nlohmann::ordered_json(nullptr);
+  // The row's own NVMe pipelining, or null (the engine's default, DeepSpeed's false).
+  auto own = [](const std::optional<bool>& b) { return b ? nlohmann::ordered_json(*b) : nlohmann::ordered_json(nullptr); };
+  j["pipeline_read"] = own(r.row.pipeline_read);
+  j["pipeline_write"] = own(r.row.pipeline_write);
   j["status"] = std::string(status_name(r.status));
   j["reason"] = r.reason.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(r.reason);
   if (r.status != RowStatus::kOk) return j;
@@ -348,21 +352,23 @@ Status check_output_path(const std::string& path, const char* flag) {
 }
 
 void print_table(const nlohmann::ordered_json& doc) {
-  fmt::print("\n{:<45} {:>12} {:>10} {:>9} {:>7} | {:>8} {:>8} {:>8} {:>8} | {:>8} {:>8} {:>8} | {:>10} {:>10}\n",
-             "row", "status", "step ms", "spread", "penalty", "exp opt", "exp red", "exp gath", "exp nvme", "h2d GB/s",
+  size_t width = 45;  // the label column: as wide as the longest label
+  for (const auto& r : doc["rows"]) width = std::max(width, r["label"].get<std::string>().size());
+  fmt::print("\n{:<{}} {:>12} {:>10} {:>9} {:>7} | {:>8} {:>8} {:>8} {:>8} | {:>8} {:>8} {:>8} | {:>10} {:>10}\n",
+             "row", width, "status", "step ms", "spread", "penalty", "exp opt", "exp red", "exp gath", "exp nvme", "h2d GB/s",
              "d2h GB/s", "nvme GB/s", "peak dev", "peak pin");
   for (const auto& r : doc["rows"]) {
     const std::string label = r["label"].get<std::string>();
     const std::string status = r["status"].get<std::string>();
     if (status != "ok") {
-      fmt::print("{:<45} {:>12}  {}\n", label, status, r["reason"].is_null() ? "" : r["reason"].get<std::string>());
+      fmt::print("{:<{}} {:>12}  {}\n", label, width, status, r["reason"].is_null() ? "" : r["reason"].get<std::string>());
       continue;
     }
     const auto& e = r["exposed_ms"];
     const auto& g = r["gb_per_s_over_step"];
-    fmt::print("{:<45} {:>12} {:>10.2f} {:>8.0f}% {:>7} | {:>8.2f} {:>8.2f} {:>8.2f} {:>8.2f} | {:>8.3f} {:>8.3f} {:>8.3f} | "
+    fmt::print("{:<{}} {:>12} {:>10.2f} {:>8.0f}% {:>7} | {:>8.2f} {:>8.2f} {:>8.2f} {:>8.2f} | {:>8.3f} {:>8.3f} {:>8.3f} | "
                "{:>10} {:>10}\n",
-               label, status, r["step_ms"]["median"].get<double>(), 100 * r["step_ms"]["spread"].get<double>(),
+               label, width, status, r["step_ms"]["median"].get<double>(), 100 * r["step_ms"]["spread"].get<double>(),
                r["penalty"].is_null() ? std::string("-") : fmt::format("{:.2f}x", r["penalty"].get<double>()),
                e["optimizer"].get<double>(), e["reduce"].get<double>(), e["gather"].get<double>(),
                e["nvme"].get<double>(), g["h2d"].get<double>(), g["d2h"].get<double>(),
@@ -374,8 +380,8 @@ void print_table(const nlohmann::ordered_json& doc) {
     fmt::print("\npredicted on profile '{}' (strata plan's step-time model):\n", doc["profile"].get<std::string>());
     for (const auto& r : doc["rows"])
       if (r.contains("predicted"))
-        fmt::print("{:<45} measured {:>10.2f} ms  predicted {:>10.2f} ms ({:>+6.1f}%)  ideal {:>10.2f} ms  bound {}\n",
-                   r["label"].get<std::string>(), r["step_ms"]["median"].get<double>(),
+        fmt::print("{:<{}} measured {:>10.2f} ms  predicted {:>10.2f} ms ({:>+6.1f}%)  ideal {:>10.2f} ms  bound {}\n",
+                   r["label"].get<std::string>(), width, r["step_ms"]["median"].get<double>(),
                    r["predicted"]["step_ms"].get<double>(), 100 * r["predicted"]["error"].get<double>(),
                    r["predicted"]["ideal_ms"].get<double>(), r["predicted"]["bound"].get<std::string>());
     if (doc.contains("profile_note")) fmt::print("{}\n", doc["profile_note"].get<std::string>());

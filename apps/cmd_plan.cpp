@@ -343,14 +343,16 @@ int run_plan(const PlanOptions& o) {
       in.gradients_on_nvme = row.gradients_on_nvme();
     }
     in.moments = *row.moments;
+    in.nvme_pipeline = row.pipeline_read.value_or(false) && row.pipeline_write.value_or(false);
     if (config) {
       const Result<offload::SpeculationMode> mode =
           offload::parse_speculation_mode(config->strata.speculative_optimizer, "strata.speculative_optimizer");
       if (mode.ok()) in.speculation = *mode;
       in.max_live_parameters = config->zero_optimization.stage3_max_live_parameters;
       in.max_in_cpu = config->zero_optimization.offload_param.max_in_cpu;
-      in.nvme_pipeline = config->zero_optimization.offload_optimizer.pipeline_read &&
-                         config->zero_optimization.offload_optimizer.pipeline_write;
+      // A row's own pipeline keys over the config's.
+      in.nvme_pipeline = row.pipeline_read.value_or(config->zero_optimization.offload_optimizer.pipeline_read) &&
+                         row.pipeline_write.value_or(config->zero_optimization.offload_optimizer.pipeline_write);
     }
     Result<offload::StepTimePrediction> pr = offload::predict_step_time(in, *hw);
     if (!pr.ok()) return plan_failed(pr.status().with_context(row.label()));

@@ -21,6 +21,10 @@ std::string PlacementRow::label() const {
   if (gradients_on_nvme()) s += " grads=nvme";
   if (speculation && *speculation != offload::SpeculationMode::kAuto)
     s += fmt::format(" early={}", offload::speculation_mode_name(*speculation));
+  if (pipeline_read || pipeline_write) {
+    const bool read = pipeline_read.value_or(false), write = pipeline_write.value_or(false);
+    s += fmt::format(" pipe={}{}{}", read ? "r" : "", write ? "w" : "", !read && !write ? "off" : "");
+  }
   return s;
 }
 
@@ -44,6 +48,8 @@ std::string PlacementRow::unsupported_reason() const {
   if (speculation == offload::SpeculationMode::kOn &&
       !offload::early_updates_allowed(offload::SpeculationMode::kOn, optimizer))
     return "speculative_optimizer on needs the optimizer state offloaded (cpu or nvme)";
+  if ((pipeline_read || pipeline_write) && optimizer != OffloadDevice::kNvme)
+    return "pipeline_read and pipeline_write are the NVMe optimizer tier's (offload_optimizer nvme)";
   return "";
 }
 
@@ -60,6 +66,8 @@ offload::EngineOptions PlacementRow::apply(offload::EngineOptions o) const {
       !offload::gradient_shards_nvme_blocker(optimizer, param, ratio).empty())
     o.gradient_shards = offload::GradientShardsMode::kAuto;
   if (speculation) o.speculative_optimizer = *speculation;
+  if (pipeline_read) o.nvme.pipeline_read = *pipeline_read;
+  if (pipeline_write) o.nvme.pipeline_write = *pipeline_write;
   return o;
 }
 
@@ -72,9 +80,10 @@ std::vector<PlacementRow> default_matrix(const std::vector<DType>& dtypes,
     for (DType dt : dtypes) {
       std::vector<PlacementRow> these;
       for (const Placement& p : estimate_placements())
-        these.push_back({p.stage, p.optimizer, p.param, 1.0, dt, m, std::nullopt, std::nullopt});
+        these.push_back({p.stage, p.optimizer, p.param, 1.0, dt, m, std::nullopt, std::nullopt, std::nullopt, std::nullopt});
       for (double r : {0.25, 0.5, 0.75})
-        these.push_back({3, OffloadDevice::kCpu, OffloadDevice::kNone, r, dt, m, std::nullopt, std::nullopt});
+        these.push_back({3, OffloadDevice::kCpu, OffloadDevice::kNone, r, dt, m, std::nullopt, std::nullopt, std::nullopt,
+                         std::nullopt});
       // fp32 keeps every placement (plan prints the memory of those the engine
       // cannot run, too); other storages only add the rows they can run.
       for (const PlacementRow& row : these)
@@ -147,10 +156,13 @@ Result<PlacementRow> parse_row(const nlohmann::json& j, const std::string& where
     } else if (key == "speculative_optimizer") {
       if (!it->is_string()) return InvalidArgument(fmt::format("{}: {} is not \"auto\", \"on\" or \"off\"", at, it->dump()));
       STRATA_ASSIGN_OR_RETURN(row.speculation, offload::parse_speculation_mode(it->get<std::string>(), at));
+    } else if (key == "pipeline_read" || key == "pipeline_write") {
+      if (!it->is_boolean()) return InvalidArgument(fmt::format("{}: {} is not true or false", at, it->dump()));
+      (key == "pipeline_read" ? row.pipeline_read : row.pipeline_write) = it->get<bool>();
     } else {
       return InvalidArgument(fmt::format(
           "{}: unknown key '{}' (a row has stage, offload_optimizer, offload_param, ratio, dtype, "
-          "optimizer_state_dtype, gradient_shards, speculative_optimizer)", where,
+          "optimizer_state_dtype, gradient_shards, speculative_optimizer, pipeline_read, pipeline_write)", where,
           printable(key, 64)));
     }
   }
@@ -215,6 +227,7 @@ offload::StepTimeInput gpt_step_input(const model::GptConfig& g, const Placement
   if (row.moments) in.moments = *row.moments;  // else the caller's (StepTimeInput's fp32 unless it sets one)
   in.speculation = row.speculation.value_or(offload::EngineOptions{}.speculative_optimizer);
   in.gradients_on_nvme = row.gradients_on_nvme();
+  in.nvme_pipeline = row.pipeline_read.value_or(false) && row.pipeline_write.value_or(false);
   return in;
 }
 

@@ -31,12 +31,16 @@ struct PlacementRow {
   bool gradients_on_nvme() const { return gradient_shards == offload::GradientShardsMode::kNvme; }
   // strata.speculative_optimizer (Note [Early, exact updates]); unset: the base options' (auto).
   std::optional<offload::SpeculationMode> speculation;
+  // offload_optimizer.pipeline_read / pipeline_write of an NVMe optimizer
+  // row; unset: the base options' (DeepSpeed's false).
+  std::optional<bool> pipeline_read, pipeline_write;
 
   // Everything on the device: the rows penalties are measured against.
   bool in_memory() const { return optimizer == OffloadDevice::kNone && param == OffloadDevice::kNone; }
   bool uses_nvme() const { return optimizer == OffloadDevice::kNvme || param == OffloadDevice::kNvme; }
   // "s3 opt=cpu param=none r=0.50 bf16" (+ " m=int8" for a row's own moments not in fp32, " grads=nvme" for
-  // gradient shards on NVMe, " early=on" or " early=off" for a row's own strata.speculative_optimizer)
+  // gradient shards on NVMe, " early=on" or " early=off" for a row's own strata.speculative_optimizer,
+  // " pipe=rw" (r, w, off) for a row's own NVMe pipelining)
   std::string label() const;
   // Why the engine cannot run this row at all (whatever the memory), or "".
   std::string unsupported_reason() const;
@@ -62,8 +66,9 @@ Result<std::vector<DType>> parse_dtype_list(const std::string& text, const char*
 Result<std::vector<cpu_adam::MomentStorage>> parse_moment_list(const std::string& text, const char* flag);
 
 // A row file: {"rows": [{"stage": 3, "offload_optimizer": "cpu", "offload_param": "none", "ratio": 0.5,
-// "dtype": "bf16", "optimizer_state_dtype": "int8", "gradient_shards": "auto", "speculative_optimizer": "on"},
-// ...]} (or the bare array). stage is required; the rest default to none, none, 1, `default_dtype`, fp32 and
+// "dtype": "bf16", "optimizer_state_dtype": "int8", "gradient_shards": "auto", "speculative_optimizer": "on",
+// "pipeline_read": true, "pipeline_write": true}, ...]} (or the bare array; the pipeline keys need the
+// optimizer state on NVMe). stage is required; the rest default to none, none, 1, `default_dtype`, fp32 and
 // the base options' gradient shards and speculation. Unknown keys, wrong types and out-of-range values are errors naming the file, the row and
 // the key.
 Result<std::vector<PlacementRow>> load_rows(const std::string& path, DType default_dtype);

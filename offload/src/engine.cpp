@@ -135,6 +135,7 @@ Status Engine::Impl::init() {
   const size_t n = model.layers().size();
   initialized.assign(n, model.provides_initial_values());
   for (size_t i = 0; i < n; ++i) STRATA_RETURN_IF_ERROR(init_layer(i));
+  updates.read_ahead_for_first_step(placement.early_updates && speculate_next_step);
   // The initial state is written (NVMe tier) before the first step reads it.
   return updates.tier().flush().with_context("writing the initial optimizer state");
 }

@@ -212,6 +212,8 @@ Result<StepMetrics> Engine::Impl::finish_applied_step() {
       STRATA_RETURN_IF_ERROR(commit.settle(nullptr));
     }
   }
+  // Behind the step's updates: read ahead for the next step's first opens.
+  updates.read_ahead_for_next_step(placement.early_updates && speculate_next_step);
   m.step = optimizer_steps;
   m.step_ms = ms_since(t0);
   m.forward_ms = progress.forward_ms;

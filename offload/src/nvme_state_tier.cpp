@@ -133,6 +133,10 @@ class NvmeStateTier final : public OptimizerStateTier {
   Status finish_write(Piece& p);
   Status start_read(Piece& p);
   Status wait_read(Piece& p);
+  // Gives up p's read (ahead or on demand): waited for, its slot returned,
+  // counted in io_.read_ahead_dropped when it was read ahead; a failed read
+  // is read again (and reported) on demand.
+  void drop_read(Piece& p);
   // A slot for an open() of p; nullopt when every slot is held by pieces
   // other threads hold open (wait for a close, then look again).
   Result<std::optional<Slot>> acquire_for_demand(const Piece& p);
@@ -353,6 +357,14 @@ Status NvmeStateTier::wait_read(Piece& p) {
   return Status::Ok();
 }
 
+void NvmeStateTier::drop_read(Piece& p) {
+  if (p.prefetched) ++io_.read_ahead_dropped;
+  wait_read(p).ignore();
+  p.slot.reset();
+  p.where = Where::kDisk;
+  p.prefetched = false;
+}
+
 Result<std::optional<Slot>> NvmeStateTier::acquire_for_demand(const Piece& want) {
   const std::string holder = piece_name(want);
   for (;;) {
@@ -383,11 +395,7 @@ Result<std::optional<Slot>> NvmeStateTier::acquire_for_demand(const Piece& want)
           "opening {}: all {} NVMe state slots hold open pieces; close one first (or raise "
           "zero_optimization.offload_optimizer.buffer_count)",
           holder, pool_->slot_count()));
-    Piece& v = pieces_[victim];
-    wait_read(v).ignore();  // its data is dropped either way; a failure shows when it is opened
-    v.slot.reset();
-    v.where = Where::kDisk;
-    v.prefetched = false;
+    drop_read(pieces_[victim]);
   }
 }
 
@@ -399,6 +407,10 @@ void NvmeStateTier::pump() {
     Piece& q = pieces_[order_[(cursor_ + d) % n]];
     if (q.count == 0 || !q.lost.ok()) continue;
     ++ahead;
+    // A piece with a pending version is read only once keep_pending() says
+    // which version is the newest (a redo opens it on demand): read now, it
+    // would be dropped there. It keeps its place in the window.
+    if (q.pending != kNoVersion) continue;
     if (q.where == Where::kOpen || q.where == Where::kReading) continue;
     if (q.where == Where::kWriting) break;  // read it once its write-back is done
     Result<Slot> slot = pool_->try_acquire(piece_name(q));
@@ -601,10 +613,7 @@ void NvmeStateTier::set_order(std::span<const StateId> order) {
     Piece& q = pieces_[i];
     if (q.where != Where::kReading) continue;
     if (order_pos_[i] != kNotInOrder && order_pos_[i] < options_.buffer_count) continue;
-    wait_read(q).ignore();  // a failed read is read again (and reported) on demand
-    q.slot.reset();
-    q.where = Where::kDisk;
-    q.prefetched = false;
+    drop_read(q);
   }
   pump();
 }
@@ -626,17 +635,15 @@ void NvmeStateTier::prefetch(const StateId& id) {
       if (q.where != Where::kReading) continue;
       const size_t qpos = order_pos_[i];
       if (qpos != kNotInOrder && (qpos + n - pos) % n < options_.buffer_count) continue;
-      wait_read(q).ignore();  // a failed read is read again (and reported) on demand
-      q.slot.reset();
-      q.where = Where::kDisk;
-      q.prefetched = false;
+      drop_read(q);
     }
     pump();
     return;
   }
   // Outside the order: read it alone if a slot is free.
   Piece& p = pieces_[it->second];
-  if (p.count == 0 || p.where != Where::kDisk || !p.lost.ok() || !options_.pipeline_read) return;
+  if (p.count == 0 || p.where != Where::kDisk || !p.lost.ok() || p.pending != kNoVersion || !options_.pipeline_read)
+    return;
   Result<Slot> slot = pool_->try_acquire(piece_name(p));
   if (!slot.ok()) return;
   p.slot = std::move(slot).value();
@@ -716,12 +723,7 @@ Status NvmeStateTier::rollback() {
   // The failed step's write-backs and their errors go with it.
   wait_writes().ignore();
   for (Piece& p : pieces_) {
-    if (p.where == Where::kReading) {  // read-ahead of a version being forgotten
-      wait_read(p).ignore();
-      p.slot.reset();
-      p.where = Where::kDisk;
-      p.prefetched = false;
-    }
+    if (p.where == Where::kReading) drop_read(p);  // read-ahead of a version being forgotten
     p.latest = p.committed;
     p.pending = kNoVersion;
     p.pending_lost = Status::Ok();
@@ -848,12 +850,7 @@ Status NvmeStateTier::keep_pending(const StateId& id) {
   if (!p.pending_lost.ok()) return p.pending_lost;
   if (p.pending == kNoVersion)
     return FailedPrecondition(fmt::format("{} has no pending version to keep", piece_name(p)));
-  if (p.where == Where::kReading) {  // read-ahead of the version it replaces
-    wait_read(p).ignore();
-    p.slot.reset();
-    p.where = Where::kDisk;
-    p.prefetched = false;
-  }
+  if (p.where == Where::kReading) drop_read(p);  // read-ahead of the version it replaces
   p.latest = p.pending;
   p.pending = kNoVersion;
   pump();

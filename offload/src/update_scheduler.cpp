@@ -614,13 +614,9 @@ Status UpdateScheduler::queue_early_update(size_t li, const GradientReduction::U
   if (!early_walk_set_ && tier_->versioned()) {
     // Read ahead for the backward's walk from here, on the optimizer thread
     // (behind the updates queued before; a read-ahead dropped for the new
-    // order is waited for there, not on this thread).
-    if (early_walk_.empty()) {
-      early_walk_ = forward_walk_;
-      std::stable_sort(early_walk_.begin(), early_walk_.end(),
-                       [](const StateId& a, const StateId& b) { return a.layer > b.layer; });
-    }
-    set_walk(early_walk_, "read-ahead in the early updates' order", std::move(before_first_early_));
+    // order is waited for there, not on this thread). Usually the tier
+    // reads in this walk already (read_ahead_for_next_step).
+    set_walk(early_walk(), Walk::kEarly, "read-ahead in the early updates' order", std::move(before_first_early_));
     early_walk_set_ = true;
   }
   before_first_early_ = {};
@@ -647,7 +643,11 @@ Status UpdateScheduler::queue_early_update(size_t li, const GradientReduction::U
 }
 
 Status UpdateScheduler::close_early_updates() {
-  if (!early_open_) return Status::Ok();
+  if (!early_open_) {
+    // A step without early updates steps every layer in forward order.
+    if (walk_ != Walk::kForward) set_walk(forward_walk_, Walk::kForward, "read-ahead in the forward order");
+    return Status::Ok();
+  }
   early_open_ = false;
   for (size_t li = 0; li < early_.size(); ++li) {
     EarlyUpdate& e = early_[li];
@@ -663,15 +663,49 @@ Status UpdateScheduler::close_early_updates() {
       STRATA_RETURN_IF_ERROR(
           ctx_.wait_bounded(*e.write_back, "the early update's write of the parameter shard of " + ctx_.layer_label(li)));
   }
-  if (early_walk_set_) set_walk(forward_walk_, "read-ahead in the forward order");  // the step's own updates
-  early_walk_set_ = false;
+  if (early_walk_set_) {
+    // Note [Read-ahead at the step's end]: the layers whose early update
+    // did not run are stepped next, in forward order; the kept ones are
+    // opened next by the next step's early updates, in its walk (their
+    // pieces are read ahead once kept, in the version kept).
+    std::vector<StateId> walk;
+    walk.reserve(forward_walk_.size());
+    for (const StateId& id : forward_walk_)
+      if (!early_[id.layer].ran) walk.push_back(id);
+    for (const StateId& id : early_walk())
+      if (early_[id.layer].ran) walk.push_back(id);
+    set_walk(std::move(walk), Walk::kStepEnd, "read-ahead for the step's own updates");
+  }
   return Status::Ok();
 }
 
-void UpdateScheduler::set_walk(const std::vector<StateId>& walk, const char* label, std::function<void()> then) {
-  // The walks are set up before the first early update and never change.
+void UpdateScheduler::read_ahead_for_next_step(bool next_step_early) {
+  if (!tier_->versioned()) return;
+  if (next_step_early)
+    set_walk(early_walk(), Walk::kEarly, "read-ahead for the next step's early updates");
+  else if (walk_ != Walk::kForward)
+    set_walk(forward_walk_, Walk::kForward, "read-ahead in the forward order");
+}
+
+void UpdateScheduler::read_ahead_for_first_step(bool first_step_early) {
+  if (!tier_->versioned() || !first_step_early) return;  // the tier reads in add() order: forward
+  tier_->set_order(early_walk());
+  walk_ = Walk::kEarly;
+}
+
+const std::vector<StateId>& UpdateScheduler::early_walk() {
+  if (early_walk_.empty()) {
+    early_walk_ = forward_walk_;
+    std::stable_sort(early_walk_.begin(), early_walk_.end(),
+                     [](const StateId& a, const StateId& b) { return a.layer > b.layer; });
+  }
+  return early_walk_;
+}
+
+void UpdateScheduler::set_walk(std::vector<StateId> walk, Walk which, const char* label, std::function<void()> then) {
+  walk_ = which;
   worker_->submit(
-      [this, &walk, then = std::move(then)] {
+      [this, walk = std::move(walk), then = std::move(then)] {
         tier_->set_order(walk);
         if (then) then();
         return Status::Ok();

@@ -140,6 +140,13 @@ class UpdateScheduler {
   // The step's updates are queued (kept, redone or normal): its early
   // updates are forgotten, so no later commit point undoes them.
   void forget_early_updates() { early_.clear(); }
+  // Behind the updates queued so far: a versioned tier reads ahead for the
+  // next step, its early updates' walk when `next_step_early`, else the
+  // forward one (Note [Read-ahead at the step's end] in docs/engine.md).
+  void read_ahead_for_next_step(bool next_step_early);
+  // The same before the first step, every layer's state added (nothing is
+  // queued yet): the tier is told on this thread.
+  void read_ahead_for_first_step(bool first_step_early);
 
   // One piece's state (piece_real elements, host part then device part) as
   // fp32; a null pointer skips that kind. Reads and writes through the tiers.
@@ -257,13 +264,18 @@ class UpdateScheduler {
   std::vector<EarlyUpdate> early_;
   // A versioned tier reads ahead in the order it will be opened: the
   // pieces in add() order for the step's updates (forward), the layers
-  // in reverse for the early ones (the backward's reductions); set when
-  // the first early update of a step is queued and again at its end.
+  // in reverse for the early ones (the backward's reductions), set when
+  // the first early update of a step is queued; at that step's end, the
+  // layers stepped late, then the kept ones in the early walk (Note
+  // [Read-ahead at the step's end] in docs/engine.md).
+  enum class Walk : uint8_t { kForward, kEarly, kStepEnd };
   std::vector<StateId> forward_walk_, early_walk_;
-  bool early_walk_set_ = false;
+  const std::vector<StateId>& early_walk();  // built from forward_walk_ on first use
+  Walk walk_ = Walk::kForward;  // the walk last given to the tier (add() order at first)
+  bool early_walk_set_ = false;  // this step's early updates set theirs
   std::function<void()> before_first_early_;  // open_early_updates()'s, run once per step
   // Queues tier_->set_order(walk), then `then` (when given), on the optimizer thread.
-  void set_walk(const std::vector<StateId>& walk, const char* label, std::function<void()> then = {});
+  void set_walk(std::vector<StateId> walk, Walk which, const char* label, std::function<void()> then = {});
   // Nanoseconds the optimizer threads spent in one step's updates, added by
   // the update tasks themselves.
   std::shared_ptr<std::atomic<int64_t>> update_ns_;

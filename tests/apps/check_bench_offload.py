@@ -115,7 +115,7 @@ def mode_schema(strata, rows_file, work):
             "s3 opt=cpu param=cpu bf16": "ok", "s3 opt=cpu param=none r=0.50 bf16": "ok",
             "s1 opt=nvme param=none bf16": "ok", "s2 opt=cpu param=none fp32": "ok",
             "s1 opt=nvme param=none bf16 m=int8": "ok", "s1 opt=nvme param=none bf16 grads=nvme": "ok",
-            "s3 opt=cpu param=nvme bf16 grads=nvme": "ok"}
+            "s3 opt=cpu param=nvme bf16 grads=nvme": "ok", "s1 opt=nvme param=none bf16 m=int8 pipe=rw": "ok"}
     if status != want:
         fail(f"statuses {status}, expected {want}")
     # No --nvme-path: the NVMe row runs where strata train's swap files go by default, and says where.
@@ -148,6 +148,15 @@ def mode_schema(strata, rows_file, work):
         fail(f"the state-in-host-memory row kept its gradients off NVMe: {host_state_row['peak_bytes']}")
     if host_state_row["bytes_per_step"]["nvme_write"] == 0:
         fail(f"the state-in-host-memory row wrote no gradient bytes: {host_state_row['bytes_per_step']}")
+    # The row's own NVMe pipelining (null: the engine's default): it reads each piece once per step, as the
+    # unpipelined row does (allowing one piece either side of a step's end, as above).
+    piped_row = doc["rows"][9]
+    if (piped_row["pipeline_read"], piped_row["pipeline_write"]) != (True, True) or int8_row["pipeline_read"] is not None:
+        fail(f"pipeline_read/pipeline_write {piped_row['pipeline_read']}/{piped_row['pipeline_write']} and "
+             f"{int8_row['pipeline_read']}")
+    ratio = piped_row["bytes_per_step"]["nvme_read"] / int8_row["bytes_per_step"]["nvme_read"]
+    if not 0.7 < ratio < 1.3:
+        fail(f"the pipelined NVMe row read {ratio:.3f} of the unpipelined row's NVMe bytes, expected about the same")
     if os.listdir(nvme_dir):
         fail(f"the bench left {os.listdir(nvme_dir)} in {nvme_dir}")
     if doc["baseline_row"] != 0 or doc["rows"][0]["penalty"] != 1.0:

@@ -52,6 +52,11 @@ strata_offload_error_test(bench_offload_rows_speculation_needs_offloaded_state
 strata_offload_error_test(bench_offload_rows_bad_speculation_name
   "rows\\[0\\].speculative_optimizer 'maybe' is not auto, on or off"
   bench offload --configs ${bad}/offload_rows_bad_speculation_name.json)
+strata_offload_error_test(bench_offload_rows_bad_pipeline "rows\\[0\\].pipeline_read: \"yes\" is not true or false"
+  bench offload --configs ${bad}/offload_rows_bad_pipeline.json)
+strata_offload_error_test(bench_offload_rows_pipeline_needs_nvme_state
+  "rows\\[0\\] \\(s2 opt=cpu param=none bf16 pipe=w\\): pipeline_read and pipeline_write are the NVMe optimizer tier's"
+  bench offload --configs ${bad}/offload_rows_pipeline_not_nvme.json)
 strata_offload_error_test(bench_offload_bad_optimizer_states "--optimizer-states 'fp16' is not a moment storage"
   bench offload --optimizer-states fp32,fp16)
 strata_offload_error_test(bench_offload_nvme_path_not_dir "--nvme-path '.*offload_rows.json' is not a directory"

@@ -173,6 +173,30 @@ TEST(TrainCli, ThreadCountsBeyondTheCoresAreNamed) {
   EXPECT_EQ(r.out.find("note     --device-threads"), std::string::npos) << r.out;
 }
 
+// The NVMe optimizer tier without both pipelines keeps its I/O on the
+// step's path: the run says which key to set; with both on it says nothing.
+TEST(TrainCli, NvmeStateWithoutPipelinesIsNamed) {
+  const std::string dir = ::testing::TempDir();
+  const std::string config = temp_path("pipelines.json");
+  const std::string base = "--steps 1 --batch 2 --seq 16 --eval-every 0 --config " + config;
+  auto write_config = [&](const char* pipelines) {
+    std::ofstream(config) << "{\"zero_optimization\": {\"stage\": 2, \"offload_optimizer\": {\"device\": \"nvme\", "
+                          << "\"nvme_path\": " << nlohmann::json(dir).dump() << ", " << pipelines
+                          << "}}, \"train_micro_batch_size_per_gpu\": 2}";
+  };
+  write_config("\"pipeline_read\": true");
+  CliRun r = run(base);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("note     zero_optimization.offload_optimizer.pipeline_read true and pipeline_write false "
+                       "(DeepSpeed's defaults are false): each write of the optimizer state is waited for"),
+            std::string::npos)
+      << r.out;
+  write_config("\"pipeline_read\": true, \"pipeline_write\": true");
+  r = run(base);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_EQ(r.out.find("pipeline_read"), std::string::npos) << r.out;
+}
+
 }  // namespace
 
 namespace strata {

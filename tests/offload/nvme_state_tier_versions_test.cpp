@@ -242,6 +242,60 @@ TEST_F(NvmeStateTierTest, PendingVersionsBesideTheCommittedAndTheNewest) {
   }
 }
 
+// Read-ahead never reads a piece whose pending version is not kept yet (it
+// would read the version the keep replaces and drop it there): such a piece
+// holds its place in the window, and is read once kept, in the version kept.
+// A redo reads the newest version on demand.
+TEST_F(NvmeStateTierTest, ReadAheadWaitsForAPendingVersionToBeKept) {
+  const std::vector<PieceSpec> pieces = {{{3, 0, 0}, 3000, true}, {{2, 0, 0}, 5000, true}, {{1, 0, 0}, 4000, true},
+                                         {{0, 0, 0}, 2000, true}};
+  NvmeStateTierOptions o = options(pieces, cpu_adam::MomentStorage::fp32(), "pending-read-ahead");
+  o.pipeline_read = o.pipeline_write = true;
+  o.pending_versions = true;
+  o.buffer_count = 2;  // the window: two pieces ahead
+  auto tier = make(o);
+  ASSERT_TRUE(tier);
+  ASSERT_NO_FATAL_FAILURE(add_all(*tier, pieces));
+  std::vector<StateId> order;
+  for (const PieceSpec& p : pieces) {
+    ASSERT_TRUE(tier->add_pending(p.id).ok());
+    order.push_back(p.id);
+  }
+  // Early updates of every piece: pending versions beside the newest.
+  std::vector<std::vector<std::byte>> early(pieces.size());
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    auto s = tier->open(pieces[i].id);
+    ASSERT_TRUE(s.ok()) << s.status().to_string();
+    scribble(*s, 1);
+    early[i] = snapshot(*s);
+    ASSERT_TRUE(tier->close_pending(pieces[i].id).ok());
+  }
+  ASSERT_TRUE(tier->flush().ok());
+  const StateTierIoStats before = tier->io_stats();
+  // The walk starts again: nothing is read while the pieces wait for their
+  // keep. Pieces 0 and 1 kept: read ahead now, in their kept version; piece
+  // 3's pending version dropped: read ahead in its newest; the redo of piece
+  // 2 reads its newest version on demand.
+  tier->set_order(order);
+  for (size_t i : {0, 1}) {
+    const Status kept = tier->keep_pending(pieces[i].id);
+    ASSERT_TRUE(kept.ok()) << kept.to_string();
+  }
+  ASSERT_TRUE(tier->drop_pending(pieces[3].id).ok());
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    SCOPED_TRACE(fmt::format("piece {}", i));
+    auto s = tier->open(pieces[i].id);
+    ASSERT_TRUE(s.ok()) << s.status().to_string();
+    if (i < 2) EXPECT_EQ(snapshot(*s), early[i]);
+    else EXPECT_NE(snapshot(*s), early[i]);  // the newest version, not the pending one
+    ASSERT_TRUE(tier->close(pieces[i].id, i == 2).ok());
+  }
+  const StateTierIoStats after = tier->io_stats();
+  EXPECT_EQ(after.read_ahead_dropped, before.read_ahead_dropped);
+  EXPECT_EQ(after.prefetched_opens - before.prefetched_opens, 3u) << "pieces 0, 1 and 3 were read ahead";
+  EXPECT_EQ(after.reads - before.reads, pieces.size()) << "every piece read once";
+}
+
 // A pending version whose write fails is no lost step: pending_written()
 // names the piece, the commit of the step before goes through, the pending
 // version cannot be kept, and a normal write (the redo) succeeds.

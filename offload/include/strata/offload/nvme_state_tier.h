@@ -29,9 +29,12 @@
 // else after a write-back frees one, else by dropping the read-ahead piece
 // farthest in the order. So buffer_count >= 3 reads piece i+1 while i is
 // stepped and i-1 written; 1 works, without overlap. Reads start only from
-// calls (no thread of its own). The engine calls neither set_order() nor
-// prefetch(): it opens pieces in the order of add() (layer, sub-group,
-// rank: the order it steps them). So the next step's first pieces, whose
+// calls (no thread of its own). A piece with a pending version (below) is
+// not read ahead until keep_pending() says which version is the newest; it
+// keeps its place in the window. Without early updates the engine opens
+// pieces in the order of add() (layer, sub-group, rank: the order it steps
+// them) and sets no order; with them it sets the walks of Note [Read-ahead
+// at the step's end] (docs/engine.md). The next step's first pieces, whose
 // write-backs were started early in this step, are read ahead by the first
 // call after those writes are done: the last close() of the step when they
 // finished by then, else the flush() at the commit point (engine.h, Note

@@ -60,6 +60,10 @@ struct StateTierIoStats {
   uint64_t read_wait_ns = 0;    // time open() waited for its piece's read
   uint64_t write_wait_ns = 0;   // time spent waiting for write-backs (synchronous close, flush, re-open)
   uint64_t prefetched_opens = 0;  // opens whose read had been started ahead (pipeline_read)
+  // Reads started ahead and given up before an open used them (a new walk
+  // order, a kept pending version, a rollback, a slot a demand read needed):
+  // NVMe bytes read for nothing.
+  uint64_t read_ahead_dropped = 0;
   size_t slots = 0;             // pinned slots (buffer_count)
   size_t peak_slots_in_use = 0; // never above `slots`
 };
