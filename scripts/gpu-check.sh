@@ -327,8 +327,9 @@ done
 
 # 9. The step-time model on the GPU (issue 24: "strata plan predicts the
 #    rows within 20 %"; a measurement): a profile calibrated here on cuda,
-#    then `strata bench offload` on cuda with four placements and the 8-bit
-#    NVMe row, each beside its prediction from that profile.
+#    then `strata bench offload` on cuda with four placements, the 8-bit
+#    NVMe row, and that row with early updates and the NVMe pipelines (issue
+#    24 §2's target row), each beside its prediction from that profile.
 plan_rows=()
 plan_dir=$(mktemp -d)
 timeout 120 "${program[strata]}" report --calibrate --calibrate-device cuda --calibrate-model small --calibrate-batch 8 \
@@ -338,7 +339,9 @@ cat > "$out/plan_rows.json" << 'ROWS'
 {"rows": [{"stage": 2, "dtype": "fp32"}, {"stage": 2, "offload_optimizer": "cpu", "dtype": "fp32"},
           {"stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu", "dtype": "fp32"},
           {"stage": 2, "offload_optimizer": "nvme", "dtype": "fp32"},
-          {"stage": 2, "offload_optimizer": "nvme", "dtype": "fp32", "optimizer_state_dtype": "int8"}]}
+          {"stage": 2, "offload_optimizer": "nvme", "dtype": "fp32", "optimizer_state_dtype": "int8"},
+          {"stage": 2, "offload_optimizer": "nvme", "dtype": "fp32", "optimizer_state_dtype": "int8",
+           "speculative_optimizer": "on", "pipeline_read": true, "pipeline_write": true}]}
 ROWS
 if [[ -f "$out/profile_cuda.json" ]]; then
   timeout 150 $(with_stacks 150) "${program[strata]}" bench offload --device cuda --preset small --batch 8 --seq 64 \
