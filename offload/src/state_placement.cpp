@@ -168,11 +168,14 @@ Status decide_early_updates(const EngineOptions& opt, const Partition& partition
     p.early_updates = false;
     p.early_updates_off = "the cpu device's compute shares the host's cores and memory bandwidth with the optimizer "
                           "(measured no faster there); strata.speculative_optimizer on forces it";
-    // With the state on NVMe the phase is I/O more than CPU: measured faster
-    // at fp32 moments (docs/performance.md), not at int8.
+    // With the state on NVMe the phase is I/O more than CPU: without the
+    // pipelines early updates measured faster at fp32 moments; with them the
+    // late updates hide as well (docs/performance.md, "Read-ahead at the
+    // step's end").
     if (p.optimizer_on_nvme())
-      p.early_updates_off += " (with the state on NVMe and fp32 moments it measured faster on a 2-core VM: 1.11-1.14x "
-                             "the in-memory step against 1.21-1.30x without)";
+      p.early_updates_off += " (with the state on NVMe, offload_optimizer.pipeline_read and pipeline_write hide its "
+                             "I/O under the next forward: measured 0.98-1.04x the in-memory step on a 2-core VM with "
+                             "8-bit moments, no slower than early updates)";
     p.early_pending_bytes.assign(p.layers.size(), 0);
     return Status::Ok();
   }
