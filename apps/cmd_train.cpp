@@ -741,7 +741,7 @@ int run_train(TrainCliOptions o) {
                  "reads and writes with the CPU step (docs/engine.md, Note [Read-ahead at the step's end])\n",
                  nvme.pipeline_read, nvme.pipeline_write,
                  nvme.pipeline_read    ? "each write of the optimizer state is waited for, queued behind the reads ahead"
-                 : nvme.pipeline_write ? "each read of the optimizer state waits for its piece's turn"
+                 : nvme.pipeline_write ? "each read of the optimizer state starts only when its piece is opened"
                                        : "each read and each write of the optimizer state is waited for");
     std::fflush(stdout);
   }

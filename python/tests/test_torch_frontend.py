@@ -3,6 +3,7 @@
 torch training with torch.optim.AdamW (same fp32 arithmetic up to the CPU
 kernel's last bit), and bit for bit across ZeRO stages and placements."""
 import math
+import warnings
 
 import pytest
 import torch
@@ -300,6 +301,18 @@ def test_losses_bit_identical_across_stages_and_placements(stage, optimizer, par
     assert losses == base_losses  # exact: the engine's determinism, not a tolerance
     for name, value in base_masters.items():
         assert torch.equal(masters[name], value), name
+
+
+def test_nvme_state_without_pipelines_is_named(tmp_path):
+    """The optimizer state on NVMe without pipeline_read and pipeline_write (DeepSpeed's defaults) warns,
+    naming both keys; with both on it does not."""
+    cfg = config(2, "nvme", "none", tmp_path)
+    with pytest.warns(RuntimeWarning, match=r"offload_optimizer.pipeline_read is False and pipeline_write False"):
+        st.initialize(model=make_lm(), config=cfg)
+    cfg["zero_optimization"]["offload_optimizer"].update({"pipeline_read": True, "pipeline_write": True})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        st.initialize(model=make_lm(), config=cfg)
 
 
 @pytest.mark.parametrize("stage,optimizer,params", [(1, "cpu", "none"), (3, "cpu", "cpu"), (3, "cpu", "nvme"),

@@ -25,6 +25,7 @@ PyTorch, as imports are absolute.)
 import copy
 import json
 import os
+import warnings
 
 try:
     import torch
@@ -50,6 +51,18 @@ from ..errors import InvalidArgument, ResourceExhausted, Unsupported
 __all__ = ["initialize", "init", "GatheredParameters", "StrataEngine", "StrataOptimizer", "split_into_units"]
 
 _PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _warn_nvme_without_pipelines(resolved):
+    """The optimizer state on NVMe without both of DeepSpeed's pipeline keys keeps its reads and writes on the
+    step's path (docs/engine.md, Note [Read-ahead at the step's end]): say which to set, as strata train does."""
+    offload = resolved["zero_optimization"]["offload_optimizer"]
+    if offload["device"] != "nvme" or (offload["pipeline_read"] and offload["pipeline_write"]):
+        return
+    warnings.warn(f"zero_optimization.offload_optimizer.pipeline_read is {offload['pipeline_read']} and "
+                  f"pipeline_write {offload['pipeline_write']} (DeepSpeed's defaults are false): the optimizer "
+                  f"state's NVMe reads and writes stay on the step's path; set both true to overlap them with the "
+                  f"CPU step (docs/engine.md, Note [Read-ahead at the step's end])", RuntimeWarning, stacklevel=3)
 
 
 def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None, lr_scheduler=None,
@@ -153,6 +166,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         engine_config = json.loads(fitted["best"]["config_json"])
         resolved = strata_config.load(engine_config, world_size=world)
         device_memory = device_memory or fitted["device_bytes"]
+    _warn_nvme_without_pipelines(resolved)
     native = Engine(engine_config, layers, device_memory=device_memory)
     # A model built under st.init has its parameters on meta: CPU ones take
     # their places (no pages yet), and each unit's values are made just
