@@ -306,9 +306,12 @@ def test_losses_bit_identical_across_stages_and_placements(stage, optimizer, par
 def test_nvme_state_without_pipelines_is_named(tmp_path):
     """The optimizer state on NVMe without pipeline_read and pipeline_write (DeepSpeed's defaults) warns,
     naming both keys; with both on it does not."""
-    cfg = config(2, "nvme", "none", tmp_path)
+    (tmp_path / "off").mkdir()
+    (tmp_path / "on").mkdir()
+    cfg = config(2, "nvme", "none", tmp_path / "off")
     with pytest.warns(RuntimeWarning, match=r"offload_optimizer.pipeline_read is False and pipeline_write False"):
         st.initialize(model=make_lm(), config=cfg)
+    cfg = config(2, "nvme", "none", tmp_path / "on")  # (the first engine may still hold its swap folder)
     cfg["zero_optimization"]["offload_optimizer"].update({"pipeline_read": True, "pipeline_write": True})
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
