@@ -190,9 +190,9 @@ std::vector<ConfigKey> build_table() {
           .range(1, 1024).bind(STRATA_BIND(zero_optimization.offload_optimizer.buffer_count)));
   add(Key("zero_optimization.offload_optimizer.fast_init", B, "false", "Initialize the NVMe optimizer state without a round trip through the CPU.")
           .bind(STRATA_BIND(zero_optimization.offload_optimizer.fast_init)));
-  add(Key("zero_optimization.offload_optimizer.pipeline_read", B, "false", "Read the next sub-group while stepping this one (device nvme).")
+  add(Key("zero_optimization.offload_optimizer.pipeline_read", B, "false", "Read the next sub-group while stepping this one (device nvme); with pipeline_write it takes the state's NVMe I/O off the step's path (docs/engine.md, Note [Read-ahead at the step's end]).")
           .bind(STRATA_BIND(zero_optimization.offload_optimizer.pipeline_read)));
-  add(Key("zero_optimization.offload_optimizer.pipeline_write", B, "false", "Write the previous sub-group while stepping this one (device nvme).")
+  add(Key("zero_optimization.offload_optimizer.pipeline_write", B, "false", "Write the previous sub-group while stepping this one (device nvme); without it each write is waited for, behind the reads ahead.")
           .bind(STRATA_BIND(zero_optimization.offload_optimizer.pipeline_write)));
   add(Key("zero_optimization.offload_optimizer.ratio", N, "1.0", "Fraction of the optimizer state offloaded; below 1 only at stage 3.")
           .range(0, 1).bind(STRATA_BIND(zero_optimization.offload_optimizer.ratio)));
