@@ -734,15 +734,9 @@ int run_train(TrainCliOptions o) {
                  "more than this machine's {} cores: the compute and the CPU optimizer share cores\n",
                  o.device_threads, o.optimizer_threads, local_ranks, cores);
     // The NVMe optimizer tier without both pipelines keeps its I/O on the step's path: say how to take it off.
-    const offload::EngineOptions::NvmeOptions& nvme = t.engine.nvme;
-    if (t.engine.offload_optimizer == OffloadDevice::kNvme && !(nvme.pipeline_read && nvme.pipeline_write))
-      fmt::print("note     zero_optimization.offload_optimizer.pipeline_read {} and pipeline_write {} (DeepSpeed's "
-                 "defaults are false): {}, on the step's path; set both true to overlap the optimizer state's NVMe "
-                 "reads and writes with the CPU step (docs/engine.md, Note [Read-ahead at the step's end])\n",
-                 nvme.pipeline_read, nvme.pipeline_write,
-                 nvme.pipeline_read    ? "each write of the optimizer state is waited for, queued behind the reads ahead"
-                 : nvme.pipeline_write ? "each read of the optimizer state starts only when its piece is opened"
-                                       : "each read and each write of the optimizer state is waited for");
+    const std::string pipelines = offload::nvme_pipelines_note(t.engine.offload_optimizer, t.engine.nvme.pipeline_read,
+                                                               t.engine.nvme.pipeline_write);
+    if (!pipelines.empty()) fmt::print("note     {}\n", pipelines);
     std::fflush(stdout);
   }
   Reporter reporter{o, log.get()};

@@ -42,6 +42,18 @@ std::string gradient_shards_nvme_blocker(OffloadDevice optimizer, OffloadDevice 
   return {};
 }
 
+std::string nvme_pipelines_note(OffloadDevice optimizer, bool pipeline_read, bool pipeline_write) {
+  if (optimizer != OffloadDevice::kNvme || (pipeline_read && pipeline_write)) return {};
+  return fmt::format(
+      "zero_optimization.offload_optimizer.pipeline_read {} and pipeline_write {} (DeepSpeed's defaults are false): "
+      "{}, on the step's path; set both true to overlap the optimizer state's NVMe reads and writes with the CPU "
+      "step (docs/engine.md, Note [Read-ahead at the step's end])",
+      pipeline_read, pipeline_write,
+      pipeline_read    ? "each write of the optimizer state is waited for, queued behind the reads ahead"
+      : pipeline_write ? "each read of the optimizer state starts only when its piece is opened"
+                       : "each read and each write of the optimizer state is waited for");
+}
+
 Result<EngineOptions> engine_options_from_config(const Config& cfg) {
   EngineOptions o;
   const ZeroConfig& z = cfg.zero_optimization;

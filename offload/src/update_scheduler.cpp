@@ -615,7 +615,8 @@ Status UpdateScheduler::queue_early_update(size_t li, const GradientReduction::U
     // Read ahead for the backward's walk from here, on the optimizer thread
     // (behind the updates queued before; a read-ahead dropped for the new
     // order is waited for there, not on this thread). Usually the tier
-    // reads in this walk already (read_ahead_for_next_step).
+    // reads in this walk already (read_ahead_for_next_step): then only
+    // `before_first_early_` is queued.
     set_walk(early_walk(), Walk::kEarly, "read-ahead in the early updates' order", std::move(before_first_early_));
     early_walk_set_ = true;
   }
@@ -645,7 +646,7 @@ Status UpdateScheduler::queue_early_update(size_t li, const GradientReduction::U
 Status UpdateScheduler::close_early_updates() {
   if (!early_open_) {
     // A step without early updates steps every layer in forward order.
-    if (walk_ != Walk::kForward) set_walk(forward_walk_, Walk::kForward, "read-ahead in the forward order");
+    if (tier_->versioned()) set_walk(forward_walk_, Walk::kForward, "read-ahead in the forward order");
     return Status::Ok();
   }
   early_open_ = false;
@@ -674,17 +675,15 @@ Status UpdateScheduler::close_early_updates() {
       if (!early_[id.layer].ran) walk.push_back(id);
     for (const StateId& id : early_walk())
       if (early_[id.layer].ran) walk.push_back(id);
-    set_walk(std::move(walk), Walk::kStepEnd, "read-ahead for the step's own updates");
+    set_walk(walk, Walk::kStepEnd, "read-ahead for the step's own updates");
   }
   return Status::Ok();
 }
 
 void UpdateScheduler::read_ahead_for_next_step(bool next_step_early) {
   if (!tier_->versioned()) return;
-  if (next_step_early)
-    set_walk(early_walk(), Walk::kEarly, "read-ahead for the next step's early updates");
-  else if (walk_ != Walk::kForward)
-    set_walk(forward_walk_, Walk::kForward, "read-ahead in the forward order");
+  if (next_step_early) set_walk(early_walk(), Walk::kEarly, "read-ahead for the next step's early updates");
+  else set_walk(forward_walk_, Walk::kForward, "read-ahead in the forward order");
 }
 
 void UpdateScheduler::read_ahead_for_first_step(bool first_step_early) {
@@ -702,11 +701,19 @@ const std::vector<StateId>& UpdateScheduler::early_walk() {
   return early_walk_;
 }
 
-void UpdateScheduler::set_walk(std::vector<StateId> walk, Walk which, const char* label, std::function<void()> then) {
+void UpdateScheduler::set_walk(const std::vector<StateId>& walk, Walk which, const char* label,
+                               std::function<void()> then) {
+  // The tasks run in the order queued, so walk_ is what the tier will read
+  // in when this one runs: the same forward or early walk is not set again
+  // (the step-end walk differs from step to step).
+  const bool unchanged = which == walk_ && which != Walk::kStepEnd;
   walk_ = which;
+  if (unchanged && !then) return;
+  std::vector<StateId> order;
+  if (!unchanged) order = walk;
   worker_->submit(
-      [this, walk = std::move(walk), then = std::move(then)] {
-        tier_->set_order(walk);
+      [this, unchanged, order = std::move(order), then = std::move(then)] {
+        if (!unchanged) tier_->set_order(order);
         if (then) then();
         return Status::Ok();
       },

@@ -274,8 +274,9 @@ class UpdateScheduler {
   Walk walk_ = Walk::kForward;  // the walk last given to the tier (add() order at first)
   bool early_walk_set_ = false;  // this step's early updates set theirs
   std::function<void()> before_first_early_;  // open_early_updates()'s, run once per step
-  // Queues tier_->set_order(walk), then `then` (when given), on the optimizer thread.
-  void set_walk(std::vector<StateId> walk, Walk which, const char* label, std::function<void()> then = {});
+  // Queues tier_->set_order(walk) (unless the tier reads in `which` already),
+  // then `then` (when given), on the optimizer thread.
+  void set_walk(const std::vector<StateId>& walk, Walk which, const char* label, std::function<void()> then = {});
   // Nanoseconds the optimizer threads spent in one step's updates, added by
   // the update tasks themselves.
   std::shared_ptr<std::atomic<int64_t>> update_ns_;

@@ -11,6 +11,7 @@
 #include "strata/core/config.h"
 #include "strata/core/estimator.h"
 #include "strata/core/units.h"
+#include "strata/offload/engine.h"
 
 namespace strata::python {
 namespace {
@@ -108,6 +109,13 @@ void bind_config(py::module_& m) {
       },
       py::arg("path") = py::none(), py::arg("text") = py::none(), py::arg("world_size") = 1,
       py::arg("hidden_size") = py::none());
+  m.def(
+      "nvme_pipelines_note",
+      [](const std::string& optimizer_device, bool pipeline_read, bool pipeline_write) {
+        const OffloadDevice device = optimizer_device == "nvme" ? OffloadDevice::kNvme : OffloadDevice::kNone;
+        return offload::nvme_pipelines_note(device, pipeline_read, pipeline_write);
+      },
+      py::arg("optimizer_device"), py::arg("pipeline_read"), py::arg("pipeline_write"));
   m.def("estimate", &estimate, py::arg("params"), py::arg("largest_layer_params") = py::none(),
         py::arg("gpus_per_node") = 1, py::arg("nodes") = 1, py::arg("config_path") = py::none(),
         py::arg("config_text") = py::none(), py::arg("gpu_memory") = py::none(), py::arg("cpu_memory") = py::none(),

@@ -309,7 +309,7 @@ def test_nvme_state_without_pipelines_is_named(tmp_path):
     (tmp_path / "off").mkdir()
     (tmp_path / "on").mkdir()
     cfg = config(2, "nvme", "none", tmp_path / "off")
-    with pytest.warns(RuntimeWarning, match=r"offload_optimizer.pipeline_read is False and pipeline_write False"):
+    with pytest.warns(RuntimeWarning, match=r"offload_optimizer.pipeline_read false and pipeline_write false"):
         st.initialize(model=make_lm(), config=cfg)
     cfg = config(2, "nvme", "none", tmp_path / "on")  # (the first engine may still hold its swap folder)
     cfg["zero_optimization"]["offload_optimizer"].update({"pipeline_read": True, "pipeline_write": True})

@@ -55,14 +55,11 @@ _PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 def _warn_nvme_without_pipelines(resolved):
     """The optimizer state on NVMe without both of DeepSpeed's pipeline keys keeps its reads and writes on the
-    step's path (docs/engine.md, Note [Read-ahead at the step's end]): say which to set, as strata train does."""
+    step's path: the engine's note (what strata train prints), as a warning."""
     offload = resolved["zero_optimization"]["offload_optimizer"]
-    if offload["device"] != "nvme" or (offload["pipeline_read"] and offload["pipeline_write"]):
-        return
-    warnings.warn(f"zero_optimization.offload_optimizer.pipeline_read is {offload['pipeline_read']} and "
-                  f"pipeline_write {offload['pipeline_write']} (DeepSpeed's defaults are false): the optimizer "
-                  f"state's NVMe reads and writes stay on the step's path; set both true to overlap them with the "
-                  f"CPU step (docs/engine.md, Note [Read-ahead at the step's end])", RuntimeWarning, stacklevel=3)
+    note = _native.nvme_pipelines_note(offload["device"], offload["pipeline_read"], offload["pipeline_write"])
+    if note:
+        warnings.warn(note, RuntimeWarning, stacklevel=3)
 
 
 def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None, lr_scheduler=None,

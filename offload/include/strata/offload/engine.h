@@ -234,6 +234,11 @@ Result<EngineOptions> engine_options_from_config(const Config& config);
 // Where the options put the state is one the engine can run (the checks
 // above; Engine::create runs them too). Names the config key and the fix.
 Status check_placement(const EngineOptions& options);
+// Why the optimizer state's NVMe reads or writes stay on the step's path:
+// offload_optimizer nvme without both pipeline_read and pipeline_write
+// (docs/engine.md, Note [Read-ahead at the step's end]); empty otherwise.
+// What `strata train` notes and strata.torch.initialize warns.
+std::string nvme_pipelines_note(OffloadDevice optimizer, bool pipeline_read, bool pipeline_write);
 
 // One step's numbers, the same on every rank except the per-rank bytes.
 struct StepMetrics {
