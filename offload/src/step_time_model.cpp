@@ -81,7 +81,8 @@ Result<StepTimePrediction> predict_step_time(const StepTimeInput& in, const Hard
   const double dev_elems = stepped - host_elems;
   const double cpu_rate = hw.cpu_adam_params_per_s(in.param_dtype, in.moments) / per_node;
   const double dev_rate = hw.shared_cores ? cpu_rate : hw.device_adam_params_per_s;
-  double host_ms = host_elems / cpu_rate * 1e3;
+  const double cpu_step_ms = host_elems / cpu_rate * 1e3;  // the CPU step alone, no NVMe
+  double host_ms = cpu_step_ms;
   const double dev_ms = dev_elems / dev_rate * 1e3;
   const double opt_nvme_bytes = in.optimizer == OffloadDevice::kNvme ? (4 + in.moments.bytes_per_element()) * S : 0.0;
   // Gradient shards on NVMe: read back in the step beside the state; written under the backward (grad_ms).
@@ -129,16 +130,24 @@ Result<StepTimePrediction> predict_step_time(const StepTimeInput& in, const Hard
     // backward, so they hide under backward + forward.
     const double nvme_window = r.forward_ms + (early ? r.backward_ms : 0.0);
     // (Stage 3: the forward runs behind the updates; it waits at least for
-    // the first layer's share of the NVMe phase.)
-    r.exposed_optimizer_ms = (r.optimizer_ms - opt_nvme_ms) + r.update_ms +
-                             std::max(in.stage == 3 ? opt_nvme_ms / L : 0.0, opt_nvme_ms - nvme_window);
+    // the first layer's share of the NVMe phase, unless the pipelines read it
+    // ahead and write it behind.)
+    const double first_layer_nvme_ms = in.stage == 3 && !in.nvme_pipeline ? opt_nvme_ms / L : 0.0;
+    // The cores run the CPU step (and the device part) whatever the pipelines overlap it with.
+    const double cores_ms = cpu_step_ms + dev_ms;
+    r.exposed_optimizer_ms =
+        cores_ms + r.update_ms + std::max(first_layer_nvme_ms, opt_nvme_ms - nvme_window);
     r.exposed_reduce_ms = r.grad_ms;
     r.exposed_gather_ms = (r.param_ms - param_nvme_ms) + std::max(0.0, param_nvme_ms - r.compute_ms);
   } else {
-    // Stage 3 with the optimizer state on NVMe: the forward gathers each
-    // layer after its update, so it starts after the first layer's share of
-    // the NVMe phase and then runs behind the rest.
-    const double unhidden_nvme = in.stage == 3 ? (opt_read_ms + opt_write_ms) / L : 0.0;
+    // Note [The first layer's update]: the forward's first layer waits for
+    // its own update (late updates step it first; early ones step it last,
+    // after its reduction), so one layer's share of the host phase is exposed
+    // however long the window: its CPU step, its copy back (update_ms), and
+    // its NVMe read and write unless both pipelines take them off the path
+    // (read ahead, written behind). The forward then runs behind the rest.
+    const double first_layer_ms =
+        off ? (cpu_step_ms + (in.nvme_pipeline ? 0.0 : opt_read_ms + opt_write_ms) + r.update_ms) / L : 0.0;
     // The CPU step hides under the next forward, and with early updates
     // under the backward too; its copies to the device follow the step's end.
     // With early updates and a ratio < 1 the device part is not stepped
@@ -146,8 +155,8 @@ Result<StepTimePrediction> predict_step_time(const StepTimeInput& in, const Hard
     const double cpu_window = r.forward_ms + (early ? r.backward_ms : 0.0);
     const double windowed_ms = early ? host_ms : r.optimizer_ms;  // what the window hides
     const double device_part_ms = early ? dev_ms : 0.0;
-    r.exposed_optimizer_ms = unhidden_nvme + std::max({0.0, windowed_ms - unhidden_nvme - cpu_window,
-                                                       device_part_ms - r.forward_ms, r.update_ms - r.forward_ms});
+    r.exposed_optimizer_ms = std::max({first_layer_ms, windowed_ms - cpu_window, device_part_ms - r.forward_ms,
+                                       r.update_ms - r.forward_ms});
     r.exposed_reduce_ms = std::max(0.0, r.grad_ms - r.backward_ms) + r.grad_ms / L;
     r.exposed_gather_ms = std::max(0.0, r.param_ms - r.compute_ms) + r.param_ms / L;
   }

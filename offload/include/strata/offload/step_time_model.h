@@ -16,12 +16,15 @@
 //     the optimizer's callback, stages 1-2 all-gather the updated shards; only
 //     the part longer than the forward is exposed (exposed optimizer).
 //     NVMe optimizer state is read and written around each sub-group's step
-//     (serially with the default pipeline_read/pipeline_write off). At
-//     stage 3 the forward gathers each layer after its update, so it starts
-//     after the first layer's share of the NVMe phase and runs behind the
-//     rest (measured 2026-12-02 on 8- and 16-block GPTs: the step was
-//     over-predicted by +14 % and +60 % when the phase was charged whole, as
-//     an earlier measurement had suggested; docs/offload-bench.md).
+//     (serially with the default pipeline_read/pipeline_write off). The
+//     forward's first layer waits for its own update, so it starts after
+//     the first layer's share of the host phase (CPU step, copy back, and
+//     the NVMe read and write unless both pipelines take them off the path)
+//     and runs behind the rest: exposed = max(that share, the part beyond
+//     the window) (measured 2026-12-02 on 8- and 16-block GPTs at stage 3:
+//     the step was over-predicted by +14 % and +60 % when the NVMe phase was
+//     charged whole; 2026-12-05 on `small`, stage 1-3: 26-28 ms exposed
+//     without the pipelines, 6-8 ms with them; docs/offload-bench.md).
 //   - stage 3 gathers each layer ahead of use (prefetch from the recorded
 //     order; parameter offload adds the shard's H2D, and NVMe reads beyond
 //     max_in_cpu); only the part longer than the compute, plus the first
@@ -30,7 +33,9 @@
 // With shared_cores (the cpu device) the optimizer's kernels, the copies and
 // the collectives run on the cores the compute runs on, so they do not hide:
 // step = C + optimizer + every transfer; only NVMe transfers (DMA, no core)
-// still hide under the forward (optimizer state) or the compute (parameters).
+// still hide under the forward (optimizer state) or the compute (parameters),
+// and the pipelines' overlap of the state's NVMe phase with the CPU step saves
+// no core time.
 // With early updates (strata.speculative_optimizer, where early_updates_run
 // says the engine runs them) each layer's host step starts under the
 // backward: it hides under forward + backward, and so does the state's NVMe
