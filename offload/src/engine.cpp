@@ -41,6 +41,7 @@ Status Engine::Impl::init() {
                                                              PlannedDevice::of(device.caps())));
   STRATA_ASSIGN_OR_RETURN(xfer, device.create_stream());
   STRATA_ASSIGN_OR_RETURN(frees, device.create_stream());
+  STRATA_ASSIGN_OR_RETURN(zeroing, device.create_stream());
   if (opt_on_nvme() || opt.offload_param == OffloadDevice::kNvme) {
     // The swap folders' run name: rank 0's process id, the same on every rank.
     int64_t job = static_cast<int64_t>(::getpid()), job0 = 0;
@@ -259,6 +260,10 @@ Engine::~Engine() {
       m.wait_at_teardown(m.xfer->record_completion(), "the engine's copies");
       m.xfer->synchronize().ignore();
     }
+    if (m.zeroing) {
+      m.wait_at_teardown(m.zeroing->record_completion(), "the zeroing of gradient buffers");
+      m.zeroing->synchronize().ignore();
+    }
     m.comm.synchronize().ignore();
   }
 }
@@ -442,6 +447,8 @@ Status Engine::synchronize() {
   }
   STRATA_RETURN_IF_ERROR(m.wait_status(m.xfer->record_completion(), "synchronize(): the engine's copies"));
   STRATA_RETURN_IF_ERROR(m.xfer->synchronize());
+  STRATA_RETURN_IF_ERROR(m.wait_status(m.zeroing->record_completion(), "synchronize(): the zeroing of gradient buffers"));
+  STRATA_RETURN_IF_ERROR(m.zeroing->synchronize());
   STRATA_RETURN_IF_ERROR(m.updates.tier().flush());  // NVMe: every write-back durable, errors reported
   return m.comm.synchronize();
 }

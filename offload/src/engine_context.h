@@ -165,6 +165,9 @@ struct EngineContext {
   MemoryStats stats;
   std::unique_ptr<Stream> xfer;   // copies and memsets
   std::unique_ptr<Stream> frees;  // only frees: never gated
+  // Zeroing of gradient buffers (Note [Gradient buffers zeroed apart]):
+  // gated only by the last step's readers of a kept buffer.
+  std::unique_ptr<Stream> zeroing;
   int64_t steps_begun = 0;        // steps begun (gradients are zeroed once per step, by this number)
   TransferCounters transfers;     // this step's
   StepFailures failures;

@@ -24,7 +24,8 @@
 // a persistent layer's update, in update order: a gate per layer, so a
 // gather waiting for a late update never holds up the next forward's). The
 // optimizer runs on UpdateScheduler's threads; copies and memsets run on
-// `xfer`, a stream of the Device; frees on `frees`. Completions order
+// `xfer`, a stream of the Device; frees on `frees`; the zeroing of gradient
+// buffers on `zeroing` (Note [Gradient buffers zeroed apart]). Completions order
 // everything (docs/async.md); the driving thread blocks only where the step
 // needs a number (the loss, the global norm).
 #include <atomic>

@@ -114,7 +114,9 @@ class GradientReduction {
   void sum_blocks(size_t li, const std::byte* src, bool in_padded_layout);
   // One owned piece's (`elements`, padded) block sums, into block_sums from `block_offset`.
   void sum_piece_blocks(size_t li, size_t block_offset, const std::byte* piece, size_t elements);
-  Status zero(LayerGradients& l, size_t li);
+  // Zeroes the layer's gradient buffer on the zeroing stream once `readers`
+  // are done (Note [Gradient buffers zeroed apart]); sets grads_zeroed.
+  Status zero(LayerGradients& l, size_t li, const Completion& readers);
   // Owned elements up to which a layer's block sums run on the driving
   // thread when its gradient is already in place: summing them takes about
   // as long as handing the work to the optimizer thread (a wake-up).
