@@ -42,6 +42,7 @@ Status Engine::Impl::init() {
   STRATA_ASSIGN_OR_RETURN(xfer, device.create_stream());
   STRATA_ASSIGN_OR_RETURN(frees, device.create_stream());
   STRATA_ASSIGN_OR_RETURN(zeroing, device.create_stream());
+  STRATA_ASSIGN_OR_RETURN(shard_h2d, device.create_stream());
   if (opt_on_nvme() || opt.offload_param == OffloadDevice::kNvme) {
     // The swap folders' run name: rank 0's process id, the same on every rank.
     int64_t job = static_cast<int64_t>(::getpid()), job0 = 0;
@@ -264,6 +265,10 @@ Engine::~Engine() {
       m.wait_at_teardown(m.zeroing->record_completion(), "the zeroing of gradient buffers");
       m.zeroing->synchronize().ignore();
     }
+    if (m.shard_h2d) {
+      m.wait_at_teardown(m.shard_h2d->record_completion(), "the copies of parameter shards to the device");
+      m.shard_h2d->synchronize().ignore();
+    }
     m.comm.synchronize().ignore();
   }
 }
@@ -449,6 +454,9 @@ Status Engine::synchronize() {
   STRATA_RETURN_IF_ERROR(m.xfer->synchronize());
   STRATA_RETURN_IF_ERROR(m.wait_status(m.zeroing->record_completion(), "synchronize(): the zeroing of gradient buffers"));
   STRATA_RETURN_IF_ERROR(m.zeroing->synchronize());
+  STRATA_RETURN_IF_ERROR(
+      m.wait_status(m.shard_h2d->record_completion(), "synchronize(): the copies of parameter shards to the device"));
+  STRATA_RETURN_IF_ERROR(m.shard_h2d->synchronize());
   STRATA_RETURN_IF_ERROR(m.updates.tier().flush());  // NVMe: every write-back durable, errors reported
   return m.comm.synchronize();
 }

@@ -168,6 +168,10 @@ struct EngineContext {
   // Zeroing of gradient buffers (Note [Gradient buffers zeroed apart]):
   // gated only by the last step's readers of a kept buffer.
   std::unique_ptr<Stream> zeroing;
+  // Host-to-device copies of parameter shards kept in host memory, before
+  // their gather: apart from `xfer`, whose gradient copies out wait for the
+  // backward (Note [Gradient buffers zeroed apart] says why that matters).
+  std::unique_ptr<Stream> shard_h2d;
   int64_t steps_begun = 0;        // steps begun (gradients are zeroed once per step, by this number)
   TransferCounters transfers;     // this step's
   StepFailures failures;

@@ -25,7 +25,9 @@
 // gather waiting for a late update never holds up the next forward's). The
 // optimizer runs on UpdateScheduler's threads; copies and memsets run on
 // `xfer`, a stream of the Device; frees on `frees`; the zeroing of gradient
-// buffers on `zeroing` (Note [Gradient buffers zeroed apart]). Completions order
+// buffers on `zeroing` (Note [Gradient buffers zeroed apart]) and the H2D of
+// host parameter shards on `shard_h2d`, so neither waits behind a gradient's
+// copy out. Completions order
 // everything (docs/async.md); the driving thread blocks only where the step
 // needs a number (the loss, the global norm).
 #include <atomic>

@@ -199,15 +199,17 @@ Status ParameterGathering::queue_gather(size_t li, std::vector<Completion>& queu
     ctx_.transfers.h2d_bytes += bytes;
     STRATA_RETURN_IF_ERROR(comm.wait(copied, comm::CommQueue::kGather));  // a queue gate: the gather follows the read
   } else if (ctx_.param_on_host()) {
-    // H2D of this rank's pieces into their place, then gather in place.
-    Stream& xfer = *ctx_.xfer;
-    STRATA_RETURN_IF_ERROR(xfer.wait(l.shard_ready));  // a stream gate: the H2D reads the shard after its update
+    // H2D of this rank's pieces into their place, then gather in place; on
+    // a stream of their own, so a backward's re-gather never queues behind
+    // the gradient copies out (which wait for the backward).
+    Stream& to_device = *ctx_.shard_h2d;
+    STRATA_RETURN_IF_ERROR(to_device.wait(l.shard_ready));  // a stream gate: the H2D reads the shard after its update
     Status copies;
     for (const SubGroup& g : layer_part.groups)
       if (copies.ok())
-        copies = xfer.copy_async(full + layer_part.piece_begin(g, rank) * eb, l.host_shard.data() + g.shard_offset * eb,
-                                 g.piece * eb, CopyKind::kHostToDevice);
-    const Completion h2d = xfer.record_completion();  // after the copies queued
+        copies = to_device.copy_async(full + layer_part.piece_begin(g, rank) * eb,
+                                      l.host_shard.data() + g.shard_offset * eb, g.piece * eb, CopyKind::kHostToDevice);
+    const Completion h2d = to_device.record_completion();  // after the copies queued
     queued.push_back(h2d);
     STRATA_RETURN_IF_ERROR(copies);
     ctx_.transfers.h2d_bytes += layer_part.shard_elements * eb;

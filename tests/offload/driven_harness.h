@@ -88,7 +88,7 @@ EngineOptions base_options() {
   return o;
 }
 
-ReferenceOptions reference_options(const EngineOptions& o, int world, const MlpSpecOptions& spec) {
+[[maybe_unused]] ReferenceOptions reference_options(const EngineOptions& o, int world, const MlpSpecOptions& spec) {
   ReferenceOptions r;
   r.world = world;
   r.grad_accum = o.grad_accum;
@@ -111,7 +111,7 @@ enum class AbandonAt {
   kAfterLastPasses,      // the last micro-batch's passes ran (reductions issued), not ended
   kAfterLastMicroBatch,  // every micro-batch ended (every reduction issued), finish_step() not called
 };
-const char* abandon_at_name(AbandonAt at) {
+[[maybe_unused]] const char* abandon_at_name(AbandonAt at) {
   switch (at) {
     case AbandonAt::kAfterBeginStep: return "after_begin_step";
     case AbandonAt::kMidForward: return "mid_forward";
@@ -275,7 +275,7 @@ struct DrivenOutcome {
   std::vector<std::vector<float>> masters;  // rank 0's gather_state(kMaster) per layer (frozen: empty)
 };
 
-DrivenOutcome drive(const DrivenRun& run) {
+[[maybe_unused]] DrivenOutcome drive(const DrivenRun& run) {
   Watchdog dog(run.label, std::chrono::seconds(120));
   DrivenOutcome out;
   auto comms = comm::create_local_group(run.world).value();
