@@ -216,6 +216,8 @@ offload::StepTimeInput gpt_step_input(const model::GptConfig& g, const Placement
       in.persistent_params += padded * static_cast<uint64_t>(how_many);
     }
   in.layers = g.n_layer + 2;  // embedding, blocks, final norm: the engine's layers
+  // The forward's first product (block 0) needs the embeddings' and the first block's updates.
+  in.first_update_share = static_cast<double>(embedding + (g.n_layer > 0 ? block : 0)) / static_cast<double>(in.params);
   in.world = world;
   in.tokens_per_rank = static_cast<double>(batch) * seq * grad_accum;
   in.flops_per_token = g.train_flops_per_token(seq);

@@ -174,6 +174,9 @@ TEST(StepTimeModel, StageThreeRunsTheForwardBehindTheUpdates) {
     EXPECT_NEAR(predict_step_time(in, hw).value().exposed_optimizer_ms, (90 + 2.5 + 2) / 10, 1e-6) << stage;
     in.nvme_pipeline = true;
     EXPECT_NEAR(predict_step_time(in, hw).value().exposed_optimizer_ms, (2.5 + 2) / 10, 1e-6) << stage;
+    // A model whose first compute waits for more than one layer's update (a GPT: embeddings and first block).
+    in.first_update_share = 0.25;
+    EXPECT_NEAR(predict_step_time(in, hw).value().exposed_optimizer_ms, (2.5 + 2) * 0.25, 1e-6) << stage;
   }
 }
 
@@ -301,6 +304,9 @@ TEST(StepTimeModel, OutOfRangeInputsNameTheField) {
   EXPECT_NE(predict_step_time(in, hw).status().message().find("params"), std::string::npos);
   in = input(1000, 4, OffloadDevice::kCpu);
   EXPECT_NE(predict_step_time(in, hw).status().message().find("stage 4"), std::string::npos);
+  in = input(1000, 1, OffloadDevice::kCpu);
+  in.first_update_share = 1.5;
+  EXPECT_NE(predict_step_time(in, hw).status().message().find("first_update_share 1.5"), std::string::npos);
 }
 
 TEST(HardwareProfile, RoundTripsAndRejectsBadRates) {

@@ -18,10 +18,10 @@
 //     NVMe optimizer state is read and written around each sub-group's step
 //     (serially with the default pipeline_read/pipeline_write off). The
 //     forward's first layer waits for its own update, so it starts after
-//     the first layer's share of the host phase (CPU step, copy back, and
-//     the NVMe read and write unless both pipelines take them off the path)
-//     and runs behind the rest: exposed = max(that share, the part beyond
-//     the window) (measured 2026-12-02 on 8- and 16-block GPTs at stage 3:
+//     the first layers' share of the host phase (CPU step, copy back, and
+//     the NVMe read and write unless both pipelines take them off the path;
+//     first_update_share, or 1 / layers) and runs behind the rest:
+//     exposed = max(that share, the part beyond the window) (measured 2026-12-02 on 8- and 16-block GPTs at stage 3:
 //     the step was over-predicted by +14 % and +60 % when the NVMe phase was
 //     charged whole; 2026-12-05 on `small`, stage 1-3: 26-28 ms exposed
 //     without the pipelines, 6-8 ms with them; docs/offload-bench.md).
@@ -56,6 +56,10 @@ namespace strata::offload {
 struct StepTimeInput {
   uint64_t params = 0;           // Psi, elements of the whole model
   int layers = 1;                // units the engine gathers / reduces one at a time (>= 1)
+  // Note [The first layer's update]: the share of the parameters whose
+  // update the forward waits for before its first layer computes (a GPT: the
+  // embeddings and the first block); 0: one layer's, 1 / layers.
+  double first_update_share = 0;
   int world = 1;                 // data-parallel ranks
   double tokens_per_rank = 0;    // per optimizer step (batch x seq x grad_accum)
   double flops_per_token = 0;    // training FLOPs (forward + backward)
