@@ -27,9 +27,8 @@
 // `xfer`, a stream of the Device; frees on `frees`; the zeroing of gradient
 // buffers on `zeroing` (Note [Gradient buffers zeroed apart]) and the H2D of
 // host parameter shards on `shard_h2d`, so neither waits behind a gradient's
-// copy out. Completions order
-// everything (docs/async.md); the driving thread blocks only where the step
-// needs a number (the loss, the global norm).
+// copy out. Completions order everything (docs/async.md); the driving thread
+// blocks only where the step needs a number (the loss, the global norm).
 #include <atomic>
 #include <filesystem>
 #include <memory>
