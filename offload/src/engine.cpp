@@ -7,12 +7,28 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 
 #include <fmt/format.h>
 
 namespace strata::offload {
+namespace {
+
+// The engine's streams that carry its own copies and memsets, with what each
+// carries (for the waits that drain them: teardown and synchronize()).
+struct OwnStream {
+  Stream* stream;  // null before init() made it
+  const char* what;
+};
+std::array<OwnStream, 3> own_streams(const EngineContext& m) {
+  return {{{m.xfer.get(), "the engine's copies"},
+           {m.zeroing.get(), "the zeroing of gradient buffers"},
+           {m.shard_h2d.get(), "the copies of parameter shards to the device"}}};
+}
+
+}  // namespace
 
 EngineMemory Engine::Impl::plan() const { return plan_engine_memory(opt, part, placement); }
 
@@ -256,19 +272,12 @@ Engine::~Engine() {
     // files; rank 0 does not wait for peers that may have failed),
     m.checkpoints.abandon_save();
     m.checkpoints.wait_save().status().ignore();
-    // then the copies and the collectives lent those buffers.
-    if (m.xfer) {
-      m.wait_at_teardown(m.xfer->record_completion(), "the engine's copies");
-      m.xfer->synchronize().ignore();
-    }
-    if (m.zeroing) {
-      m.wait_at_teardown(m.zeroing->record_completion(), "the zeroing of gradient buffers");
-      m.zeroing->synchronize().ignore();
-    }
-    if (m.shard_h2d) {
-      m.wait_at_teardown(m.shard_h2d->record_completion(), "the copies of parameter shards to the device");
-      m.shard_h2d->synchronize().ignore();
-    }
+    // then the copies, memsets and collectives lent those buffers.
+    for (const OwnStream& s : own_streams(m))
+      if (s.stream != nullptr) {
+        m.wait_at_teardown(s.stream->record_completion(), s.what);
+        s.stream->synchronize().ignore();
+      }
     m.comm.synchronize().ignore();
   }
 }
@@ -450,13 +459,11 @@ Status Engine::synchronize() {
     STRATA_RETURN_IF_ERROR(m.wait_status(m.params.layer(li).params_ready, what));
     STRATA_RETURN_IF_ERROR(m.wait_status(m.params.layer(li).shard_ready, what));
   }
-  STRATA_RETURN_IF_ERROR(m.wait_status(m.xfer->record_completion(), "synchronize(): the engine's copies"));
-  STRATA_RETURN_IF_ERROR(m.xfer->synchronize());
-  STRATA_RETURN_IF_ERROR(m.wait_status(m.zeroing->record_completion(), "synchronize(): the zeroing of gradient buffers"));
-  STRATA_RETURN_IF_ERROR(m.zeroing->synchronize());
-  STRATA_RETURN_IF_ERROR(
-      m.wait_status(m.shard_h2d->record_completion(), "synchronize(): the copies of parameter shards to the device"));
-  STRATA_RETURN_IF_ERROR(m.shard_h2d->synchronize());
+  // The caller reads state next (its contract, above): every copy and memset done, errors reported.
+  for (const OwnStream& s : own_streams(m)) {
+    STRATA_RETURN_IF_ERROR(m.wait_status(s.stream->record_completion(), fmt::format("synchronize(): {}", s.what)));
+    STRATA_RETURN_IF_ERROR(s.stream->synchronize());
+  }
   STRATA_RETURN_IF_ERROR(m.updates.tier().flush());  // NVMe: every write-back durable, errors reported
   return m.comm.synchronize();
 }

@@ -27,9 +27,11 @@ namespace {
 // One rank's step: every layer acquired and released for forward, then for
 // backward from the last; `before_backward` runs before the backward's first
 // acquire, `second_backward_acquired` once the second layer of the backward
-// is acquired (the first released), with its LayerMemory.
+// is acquired (the first released, its pass ending at `first_backward_done`),
+// with its LayerMemory.
 Status drive_step(DrivenRank& d, const std::function<void()>& before_backward,
-                  const std::function<void(const LayerMemory&)>& second_backward_acquired) {
+                  const std::function<void(const LayerMemory&)>& second_backward_acquired,
+                  const Completion& first_backward_done = Completion()) {
   Engine& e = d.engine();
   STRATA_RETURN_IF_ERROR(e.begin_step());
   STRATA_RETURN_IF_ERROR(e.begin_micro_batch(true));
@@ -44,7 +46,7 @@ Status drive_step(DrivenRank& d, const std::function<void()>& before_backward,
     STRATA_ASSIGN_OR_RETURN(LayerMemory mem, e.acquire(li, Pass::kBackward));
     if (k == 1 && second_backward_acquired) second_backward_acquired(mem);
     STRATA_RETURN_IF_ERROR(mem.ready.wait());
-    STRATA_RETURN_IF_ERROR(e.release(li, Pass::kBackward, Completion()));
+    STRATA_RETURN_IF_ERROR(e.release(li, Pass::kBackward, k == 0 ? first_backward_done : Completion()));
   }
   STRATA_RETURN_IF_ERROR(e.end_micro_batch(1.0, kBatch));
   STRATA_ASSIGN_OR_RETURN(StepOutcome out, e.finish_step());
@@ -114,44 +116,25 @@ TEST(ShardCopies, ABackwardsRegatherDoesNotWaitForThePreviousLayersCopyOut) {
   opt.max_live_parameters = 20'000;
   opt.prefetch_bucket_size = 0;
   auto comms = comm::create_local_group(1).value();
+  bool ready_while_copy_out_waited = false;
   auto body = [&]() -> Status {
     STRATA_ASSIGN_OR_RETURN(auto d, DrivenRank::create(opt, MlpSpecOptions{}, *comms[0]));
     STRATA_RETURN_IF_ERROR(d->put_all());
-    Engine& e = d->engine();
-    STRATA_RETURN_IF_ERROR(e.begin_step());
-    STRATA_RETURN_IF_ERROR(e.begin_micro_batch(true));
-    for (size_t li = 0; li < mlp::kLayerCount; ++li) {
-      STRATA_ASSIGN_OR_RETURN(LayerMemory mem, e.acquire(li, Pass::kForward));
-      STRATA_RETURN_IF_ERROR(mem.ready.wait());
-      STRATA_RETURN_IF_ERROR(e.release(li, Pass::kForward, Completion()));
-    }
     // The last layer's backward "runs" until the test says so: its gradient's copy out waits.
-    const size_t last = mlp::kLayerCount - 1;
-    STRATA_ASSIGN_OR_RETURN(LayerMemory head, e.acquire(last, Pass::kBackward));
-    STRATA_RETURN_IF_ERROR(head.ready.wait());
     CompletionSource head_backward("the test's backward of the last layer");
-    STRATA_RETURN_IF_ERROR(e.release(last, Pass::kBackward, head_backward.completion()));
-    STRATA_ASSIGN_OR_RETURN(LayerMemory next, e.acquire(last - 1, Pass::kBackward));
-    const bool ready = next.ready.wait_for(std::chrono::seconds(5));
-    head_backward.complete(Status::Ok());
-    EXPECT_TRUE(ready) << "the re-gather of layer " << last - 1
-                       << " was not ready while the last layer's gradient copy out waited for its backward: the "
-                          "shard's H2D queued behind it";
-    STRATA_RETURN_IF_ERROR(next.ready.wait());
-    STRATA_RETURN_IF_ERROR(e.release(last - 1, Pass::kBackward, Completion()));
-    for (size_t k = 2; k < mlp::kLayerCount; ++k) {
-      const size_t li = mlp::kLayerCount - 1 - k;
-      STRATA_ASSIGN_OR_RETURN(LayerMemory mem, e.acquire(li, Pass::kBackward));
-      STRATA_RETURN_IF_ERROR(mem.ready.wait());
-      STRATA_RETURN_IF_ERROR(e.release(li, Pass::kBackward, Completion()));
-    }
-    STRATA_RETURN_IF_ERROR(e.end_micro_batch(1.0, kBatch));
-    STRATA_ASSIGN_OR_RETURN(StepOutcome out, e.finish_step());
-    if (!out.applied()) return Internal("the step was not applied: " + out.reason.to_string());
-    return e.synchronize();
+    return drive_step(
+        *d, {},
+        [&](const LayerMemory& next) {
+          ready_while_copy_out_waited = next.ready.wait_for(std::chrono::seconds(5));
+          head_backward.complete(Status::Ok());
+        },
+        head_backward.completion());
   };
   const Status st = body();
   ASSERT_TRUE(st.ok()) << st.to_string();
+  EXPECT_TRUE(ready_while_copy_out_waited)
+      << "the re-gather of the backward's second layer was not ready while the last layer's gradient copy out "
+         "waited for its backward: the shard's H2D queued behind it";
 }
 
 }  // namespace
