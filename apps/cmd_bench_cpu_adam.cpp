@@ -35,6 +35,7 @@
 
 #include "command.h"
 #include "sample_stats.h"
+#include "strata/core/printable.h"
 #include "strata/core/dtype.h"
 #include "strata/core/units.h"
 #include "strata/cpu_adam/optimizer.h"
@@ -284,7 +285,7 @@ CommandRegistration bench_cpu_adam("bench cpu-adam", [](CLI::App& root) {
   cmd->callback([o] {
     Status st = run_bench(*o);
     if (!st.ok()) {
-      fmt::print(stderr, "strata bench cpu-adam: {}\n", st.to_string());
+      fmt::print(stderr, "strata bench cpu-adam: {}\n", printable_message(st.to_string()));
       exit_with(1);
     }
     exit_with(0);

@@ -36,6 +36,7 @@
 #include "engine_run.h"
 #include "placement_rows.h"
 #include "sample_stats.h"
+#include "strata/core/printable.h"
 #include "strata/comm/backends.h"
 #include "strata/core/units.h"
 #include "strata/offload/hardware_profile.h"
@@ -393,7 +394,7 @@ void print_table(const nlohmann::ordered_json& doc) {
 
 int run_bench_offload(const BenchOffloadOptions& o) {
   auto fail = [](const Status& st) {
-    fmt::print(stderr, "strata bench offload: error: {}\n", st.to_string());
+    fmt::print(stderr, "strata bench offload: error: {}\n", printable_message(st.to_string()));
     return st.code() == StatusCode::kInvalidArgument ? 2 : 1;
   };
   Result<model::GptConfig> preset = model::preset(o.preset);

@@ -53,6 +53,7 @@
 
 #include "command.h"
 #include "sample_stats.h"
+#include "strata/core/printable.h"
 #include "strata/core/completion.h"
 #include "strata/core/device.h"
 #include "strata/core/device_registry.h"
@@ -656,7 +657,7 @@ CommandRegistration bench_pipeline("bench pipeline", [](CLI::App& root) {
     o->json_set = cmd->count("--json") > 0;
     Status st = run_pipeline_bench(*o);
     if (!st.ok()) {
-      fmt::print(stderr, "strata bench pipeline: {}\n", st.to_string());
+      fmt::print(stderr, "strata bench pipeline: {}\n", printable_message(st.to_string()));
       exit_with(1);
     }
     exit_with(0);

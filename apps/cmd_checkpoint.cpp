@@ -36,7 +36,7 @@ struct CheckpointCliOptions {
 };
 
 int fail(const char* sub, const Status& st) {
-  fmt::print(stderr, "strata checkpoint {}: error: {}\n", sub, st.to_string());
+  fmt::print(stderr, "strata checkpoint {}: error: {}\n", sub, printable_message(st.to_string()));
   return st.code() == StatusCode::kInvalidArgument ? 2 : 1;
 }
 

@@ -28,6 +28,7 @@
 #include <fmt/format.h>
 
 #include "command.h"
+#include "strata/core/printable.h"
 #include "strata/comm/backends.h"
 #include "strata/comm/pattern.h"
 #include "strata/core/units.h"
@@ -314,7 +315,7 @@ void print_header(const CommBenchOptions& o, std::string_view backend, int n, bo
 }
 
 int comm_bench_failed(const Status& s) {
-  fmt::print(stderr, "strata comm-bench: {}\n", s.to_string());
+  fmt::print(stderr, "strata comm-bench: {}\n", printable_message(s.to_string()));
   return 2;
 }
 

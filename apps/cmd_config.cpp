@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "command.h"
+#include "strata/core/printable.h"
 #include "strata/core/config.h"
 #include "strata/core/config_schema.h"
 #include "strata/core/deepspeed_keys.h"
@@ -46,7 +47,7 @@ int run_check(const ConfigCommandOptions& opts) {
   const ConfigCheck check = check_config_file(opts.file, to_config_options(opts));
   print_issues(check, !opts.quiet);
   if (!check.ok()) {
-    std::fprintf(stderr, "%s: invalid: %zu error(s), %zu warning(s)\n", opts.file.c_str(), check.error_count(),
+    std::fprintf(stderr, "%s: invalid: %zu error(s), %zu warning(s)\n", printable(opts.file).c_str(), check.error_count(),
                  check.warning_count());
     return 1;
   }
@@ -69,7 +70,7 @@ int run_show(const ConfigCommandOptions& opts) {
   const ConfigCheck check = check_config_file(opts.file, to_config_options(opts));
   print_issues(check, !opts.quiet);
   if (!check.ok()) {
-    std::fprintf(stderr, "%s: invalid: %zu error(s); nothing to show\n", opts.file.c_str(), check.error_count());
+    std::fprintf(stderr, "%s: invalid: %zu error(s); nothing to show\n", printable(opts.file).c_str(), check.error_count());
     return 1;
   }
   fmt::print("{}\n", config_to_json(check.config).dump(2, ' ', false, nlohmann::json::error_handler_t::replace));

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "command.h"
+#include "strata/core/printable.h"
 #include "strata/core/config.h"
 #include <optional>
 
@@ -42,7 +43,7 @@ struct EstimateOptions {
 };
 
 int estimate_failed(const Status& status) {
-  std::fprintf(stderr, "strata estimate: error: %s\n", status.message().c_str());
+  std::fprintf(stderr, "strata estimate: error: %s\n", printable_message(status.message()).c_str());
   return 1;
 }
 

@@ -521,7 +521,7 @@ Result<std::string> prepare_test_file(const std::string& dir, const std::string&
 }
 
 int io_bench_failed(const Status& st) {
-  fmt::print(stderr, "strata io-bench: {}\n", st.to_string());
+  fmt::print(stderr, "strata io-bench: {}\n", printable_message(st.to_string()));
   return 1;
 }
 

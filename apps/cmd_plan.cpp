@@ -23,6 +23,7 @@
 #include "config_fit_cli.h"
 #include "placement_rows.h"
 #include "plan_fit.h"
+#include "strata/core/printable.h"
 #include "strata/core/config.h"
 #include "strata/core/estimator.h"
 #include "strata/core/units.h"
@@ -51,7 +52,7 @@ struct PlanOptions {
 };
 
 int plan_failed(const Status& st) {
-  fmt::print(stderr, "strata plan: error: {}\n", st.to_string());
+  fmt::print(stderr, "strata plan: error: {}\n", printable_message(st.to_string()));
   return st.code() == StatusCode::kInvalidArgument ? 2 : 1;
 }
 

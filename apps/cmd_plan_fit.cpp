@@ -23,7 +23,7 @@ namespace strata::cli {
 namespace {
 
 int plan_fit_failed(const Status& st) {
-  fmt::print(stderr, "strata plan --fit: error: {}\n", st.to_string());
+  fmt::print(stderr, "strata plan --fit: error: {}\n", printable_message(st.to_string()));
   return st.code() == StatusCode::kInvalidArgument ? 2 : 1;
 }
 

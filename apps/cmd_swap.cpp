@@ -60,7 +60,7 @@ int run_list(const SwapCliOptions& opts) {
   auto folders = nvme::list_swap_folders(opts.path, &refused);
   print_refused(refused);
   if (!folders.ok()) {
-    fmt::print(stderr, "strata swap list: {}\n", folders.status().to_string());
+    fmt::print(stderr, "strata swap list: {}\n", printable_message(folders.status().to_string()));
     return 1;
   }
   if (opts.json) {
@@ -89,7 +89,7 @@ int run_clean(const SwapCliOptions& opts) {
   if (!opts.job.empty()) {
     Status st = nvme::validate_job_name(opts.job);
     if (!st.ok()) {
-      fmt::print(stderr, "strata swap clean: --job: {}\n", st.message());
+      fmt::print(stderr, "strata swap clean: --job: {}\n", printable_message(st.message()));
       return 1;
     }
   }
@@ -98,7 +98,7 @@ int run_clean(const SwapCliOptions& opts) {
   auto removed = nvme::clean_swap_folders(opts.path, co, &refused);
   print_refused(refused);
   if (!removed.ok()) {
-    fmt::print(stderr, "strata swap clean: {}\n", removed.status().to_string());
+    fmt::print(stderr, "strata swap clean: {}\n", printable_message(removed.status().to_string()));
     return 1;
   }
   uint64_t bytes = 0;

@@ -30,6 +30,7 @@
 #include "engine_run.h"
 #include <sys/sysinfo.h>
 
+#include "strata/core/printable.h"
 #include "strata/core/bounded_file.h"
 #include "strata/core/config.h"
 #include "strata/core/device_registry.h"
@@ -506,7 +507,7 @@ Result<TrainWorld> train_world(const TrainCliOptions& o, comm::Backend backend, 
 
 int run_train(TrainCliOptions o) {
   auto fail = [](const Status& st) {
-    fmt::print(stderr, "strata train: error: {}\n", st.to_string());
+    fmt::print(stderr, "strata train: error: {}\n", printable_message(st.to_string()));
     return st.code() == StatusCode::kInvalidArgument ? 2 : 1;
   };
   Result<model::GptConfig> preset = model::preset(o.preset);

@@ -9,6 +9,7 @@
 
 #include "command.h"
 #include "flag_guards.h"
+#include "strata/core/printable.h"
 #include "strata/core/build_info.h"
 
 int main(int argc, char** argv) {
@@ -31,6 +32,11 @@ int main(int argc, char** argv) {
   CLI::App app{"strata: heterogeneous memory offload engine for training large models"};
   app.set_version_flag("--version", std::string(strata::build_info().version));
   app.require_subcommand(1);
+  // CLI11's own errors quote the offending value as typed; escape sequences in
+  // it would reach the terminal.
+  app.failure_message([](const CLI::App* failed, const CLI::Error& e) {
+    return strata::printable_message(CLI::FailureMessage::simple(failed, e));
+  });
   auto& commands = strata::cli::registered_commands();
   std::sort(commands.begin(), commands.end(),
             [](const auto& a, const auto& b) { return a.first < b.first; });
@@ -48,10 +54,10 @@ int main(int argc, char** argv) {
     return 1;
   } catch (const std::system_error& e) {
     std::fprintf(stderr, "strata: error: %s (the system refused a resource: threads, files or memory; check ulimit)\n",
-                 e.what());
+                 strata::printable_message(e.what()).c_str());
     return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "strata: error: %s\n", e.what());
+    std::fprintf(stderr, "strata: error: %s\n", strata::printable_message(e.what()).c_str());
     return 1;
   }
   return 0;

@@ -50,6 +50,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine_run.h"
+#include "strata/core/printable.h"
 #include "strata/comm/backends.h"
 #include "strata/core/device_registry.h"
 #include "strata/core/units.h"
@@ -276,7 +277,7 @@ Result<double> measure_collective(nlohmann::ordered_json& cal) {
 }
 
 int calibrate_failed(const Status& st) {
-  fmt::print(stderr, "strata report --calibrate: error: {}\n", st.to_string());
+  fmt::print(stderr, "strata report --calibrate: error: {}\n", printable_message(st.to_string()));
   return st.code() == StatusCode::kInvalidArgument ? 2 : 1;
 }
 

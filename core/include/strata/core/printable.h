@@ -12,4 +12,11 @@ namespace strata {
 
 std::string printable(std::string_view text, size_t max_bytes = 512);
 
+// A whole message made safe to print as the last line of defence (the CLI's
+// "error:" lines): like printable(), but its line breaks are kept, since a
+// message's hint goes on a line of its own. Values inside a message should
+// still go through printable() where they are formatted, which escapes a
+// newline too; this catches the escape sequences of any value that did not.
+std::string printable_message(std::string_view message, size_t max_bytes = 1 << 16);
+
 }  // namespace strata
