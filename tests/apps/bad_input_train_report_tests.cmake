@@ -1,0 +1,1 @@
+# Bad input to `strata train` and `strata report` (uses strata_flag_error_test).
