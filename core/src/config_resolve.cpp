@@ -5,6 +5,7 @@
 #include <cmath>
 #include <initializer_list>
 #include <optional>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -272,6 +273,28 @@ void check_offload(Checker& c, Config& config) {
   };
   check_nvme(oo, zero.offload_optimizer.device, zero.offload_optimizer.nvme_path);
   check_nvme(op, zero.offload_param.device, zero.offload_param.nvme_path);
+  // The read-ahead and write-behind are the NVMe tier's. DeepSpeed accepts
+  // them with any device and does nothing, so a config that sets them
+  // elsewhere still loads, with a warning saying they do nothing.
+  for (const auto& [key, on] : {std::pair{"pipeline_read", zero.offload_optimizer.pipeline_read},
+                                std::pair{"pipeline_write", zero.offload_optimizer.pipeline_write}}) {
+    if (on && zero.offload_optimizer.device != OffloadDevice::kNvme) {
+      c.warn(c.written(oo + "." + key),
+             fmt::format("has no effect: offload_optimizer.device is {}, and the pipelines move the optimizer "
+                         "state's NVMe reads and writes",
+                         offload_device_name(zero.offload_optimizer.device)),
+             "set offload_optimizer.device to \"nvme\" to use it, or remove it");
+    }
+  }
+  // The engine refuses the same (early_updates_blocker); refused here so
+  // that `strata config check` says so before a run does.
+  if (config.strata.speculative_optimizer == "on" && zero.offload_optimizer.device == OffloadDevice::kNone) {
+    c.error(c.written("strata.speculative_optimizer"),
+            "on needs the optimizer state offloaded: early updates step offloaded state on the CPU while the backward "
+            "runs, and offload_optimizer.device is none",
+            "set zero_optimization.offload_optimizer.device to \"cpu\" or \"nvme\", or set "
+            "strata.speculative_optimizer to \"auto\" or \"off\"");
+  }
 
   const double ratio = zero.offload_optimizer.ratio;
   if (ratio < 1.0) {

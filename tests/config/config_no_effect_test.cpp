@@ -85,5 +85,42 @@ TEST(ConfigNoEffect, ModelPersistenceBelowStage3WarnsOnce) {
   EXPECT_EQ(check.warning_count(), 2u) << check.format();
 }
 
+// The NVMe tier's pipelines, set for another device: accepted (DeepSpeed
+// does), with a warning that they do nothing there.
+TEST(ConfigNoEffect, PipelinesWithoutNvmeWarn) {
+  for (const char* device : {"cpu", "none"}) {
+    const ConfigCheck check = check_text(std::string(R"({"train_micro_batch_size_per_gpu": 1,
+      "zero_optimization": {"stage": 2, "offload_optimizer": {"device": ")") + device +
+                                         R"(", "pipeline_read": true, "pipeline_write": true}}})");
+    ASSERT_TRUE(check.ok()) << check.format();
+    expect_warning(check, "zero_optimization.offload_optimizer.pipeline_read",
+                   std::string("has no effect: offload_optimizer.device is ") + device);
+    expect_warning(check, "zero_optimization.offload_optimizer.pipeline_write", "has no effect");
+    EXPECT_EQ(check.warning_count(), 2u) << check.format();
+  }
+  const ConfigCheck nvme = check_text(R"({"train_micro_batch_size_per_gpu": 1,
+    "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp",
+                          "pipeline_read": true, "pipeline_write": true}}})");
+  ASSERT_TRUE(nvme.ok()) << nvme.format();
+  EXPECT_EQ(nvme.warning_count(), 0u) << nvme.format();
+}
+
+// Early updates forced on without offloaded state: the engine refuses it, so
+// the config check does too.
+TEST(ConfigNoEffect, SpeculativeOptimizerOnNeedsOffloadedState) {
+  const ConfigCheck check = check_text(R"({"train_micro_batch_size_per_gpu": 1,
+    "zero_optimization": {"stage": 2}, "strata": {"speculative_optimizer": "on"}})");
+  testing::expect_error(check, "strata.speculative_optimizer", "offload_optimizer.device is none",
+                        "set zero_optimization.offload_optimizer.device");
+  for (const char* mode : {"auto", "off"}) {
+    const ConfigCheck other = check_text(std::string(R"({"train_micro_batch_size_per_gpu": 1,
+      "zero_optimization": {"stage": 2}, "strata": {"speculative_optimizer": ")") + mode + R"("}})");
+    EXPECT_TRUE(other.ok()) << other.format();
+  }
+  const ConfigCheck offloaded = check_text(R"({"train_micro_batch_size_per_gpu": 1,
+    "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}, "strata": {"speculative_optimizer": "on"}})");
+  EXPECT_TRUE(offloaded.ok()) << offloaded.format();
+}
+
 }  // namespace
 }  // namespace strata
