@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -47,14 +49,32 @@ int estimate_failed(const Status& status) {
   return 1;
 }
 
+// One row of the engine's plan: a stage and placement, its bytes per rank
+// (the largest over ranks), and what would make it fit --gpu-memory.
+struct EnginePlanRow {
+  int stage = 0;
+  OffloadDevice optimizer = OffloadDevice::kNone, param = OffloadDevice::kNone;
+  offload::EngineMemory worst;
+  bool marked = false;  // the config's own row
+  std::string to_fit;
+};
+
+struct EnginePlan {
+  std::string model;  // GptConfig::describe()
+  uint32_t world = 1;
+  std::vector<EnginePlanRow> rows;
+};
+
 // The engine's plan (offload/: plan_engine_memory, the numbers the engine
 // itself predicts before allocating) for every stage and cpu placement of a
 // real model: device and pinned bytes per rank, the largest over ranks, on a
 // device the host cannot address (a GPU: a device optimizer copies each
-// reduced gradient to the host for the norm).
-int print_engine_plan(const EstimateOptions& opts, const Config* config, uint32_t world) {
+// reduced gradient to the host for the norm, and strata.speculative_optimizer
+// auto plans the early updates' pending state, which it leaves out on the cpu
+// device).
+Result<EnginePlan> plan_engine(const EstimateOptions& opts, const Config* config, uint32_t world) {
   Result<model::GptConfig> preset = model::preset(opts.model);
-  if (!preset.ok()) return estimate_failed(preset.status().with_context("--model"));
+  if (!preset.ok()) return preset.status().with_context("--model");
   model::GptConfig g = *preset;
   if (opts.layers) g.n_layer = opts.layers;
   if (opts.heads) g.n_head = opts.heads;
@@ -68,19 +88,19 @@ int print_engine_plan(const EstimateOptions& opts, const Config* config, uint32_
     Config runnable = *config;  // every row is planned whole (ratio 1)
     runnable.zero_optimization.offload_optimizer.ratio = 1.0;
     Result<offload::EngineOptions> o = offload::engine_options_from_config(runnable);
-    if (!o.ok()) return estimate_failed(o.status());
+    if (!o.ok()) return o.status();
     base = *o;
     marked = {config->zero_optimization.stage, config->zero_optimization.offload_optimizer.device,
               config->zero_optimization.offload_param.device};
   } else {
     base.grad_dtype = g.param_dtype;
     Result<cpu_adam::MomentStorage> moments = cpu_adam::MomentStorage::parse(opts.optimizer_states, "--optimizer-states");
-    if (!moments.ok()) return estimate_failed(moments.status());
+    if (!moments.ok()) return moments.status();
     base.moments = *moments;
   }
   STRATA_CHECK(g.validate().ok(), "model flags were checked");
   Result<std::unique_ptr<model::GptModel>> m = model::GptModel::create(g, 1);
-  if (!m.ok()) return estimate_failed(m.status());
+  if (!m.ok()) return m.status();
   const auto layers = (*m)->layers();
   // --gpu-memory (per GPU), --cpu-memory and --nvme-memory (per node): the caps a row's "to fit" is for.
   std::optional<offload::FitRequest> fit_request;
@@ -108,11 +128,7 @@ int print_engine_plan(const EstimateOptions& opts, const Config* config, uint32_
       }
     }
   }
-  fmt::print("\nengine plan per rank: {} on {} rank(s); the engine's own buffers and state (activations not "
-             "included), the largest over ranks\n",
-             g.describe(), world);
-  fmt::print("  {:>5}  {:>9}  {:>6}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}\n", "stage", "optimizer", "params",
-             "device", "params", "grads", "opt state", "pinned", "nvme");
+  EnginePlan plan{g.describe(), world, {}};
   constexpr OffloadDevice kPlaces[] = {OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme};
   for (int stage = 0; stage <= 3; ++stage)
     for (OffloadDevice od : kPlaces)
@@ -123,33 +139,69 @@ int print_engine_plan(const EstimateOptions& opts, const Config* config, uint32_
         o.stage = stage;
         o.offload_optimizer = od;
         o.offload_param = pdv;
-        offload::EngineMemory worst;
+        EnginePlanRow row{stage, od, pdv, {}, marked.stage == stage && marked.optimizer == od && marked.param == pdv, {}};
         for (uint32_t r = 0; r < world; ++r) {
           Result<offload::EngineMemory> p = offload::plan_engine_memory(
               o, layers, static_cast<int>(world), static_cast<int>(r), offload::PlannedDevice::gpu());
-          if (!p.ok()) return estimate_failed(p.status());
-          if (p->device > worst.device) worst = *p;
-          worst.pinned = std::max(worst.pinned, p->pinned);
-          worst.nvme = std::max(worst.nvme, p->nvme);
+          if (!p.ok()) return p.status();
+          if (p->device > row.worst.device) row.worst = *p;
+          row.worst.pinned = std::max(row.worst.pinned, p->pinned);
+          row.worst.nvme = std::max(row.worst.nvme, p->nvme);
         }
-        const bool is_marked = marked.stage == stage && marked.optimizer == od && marked.param == pdv;
         // With --gpu-memory: a row over it says which knobs make it fit, and to what (plan --fit's search).
-        std::string to_fit;
-        if (fit_request && (worst.device > fit_caps.device_bytes ||
-                            worst.pinned * fit_caps.ranks_per_node > fit_caps.host_bytes ||
-                            (fit_caps.nvme_bytes && worst.nvme * fit_caps.ranks_per_node > *fit_caps.nvme_bytes)))
-          to_fit = fit_hint(*fit_request, fit_caps, stage, od, pdv, 1.0, g.param_dtype, o.moments);
-        auto b = [&](uint64_t v) { return format_bytes(v, opts.binary); };
-        fmt::print("  {:>5}  {:>9}  {:>6}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}{}\n", stage,
-                   offload_device_name(od), offload_device_name(pdv), b(worst.device), b(worst.device_params),
-                   b(worst.device_grads + worst.device_gathered), b(worst.device_optimizer), b(worst.pinned),
-                   b(worst.nvme), is_marked ? "  <- config" : "");
-        if (!to_fit.empty()) fmt::print("         to fit: {}\n", printable(to_fit, 1000));
+        const offload::EngineMemory& w = row.worst;
+        if (fit_request && (w.device > fit_caps.device_bytes || w.pinned * fit_caps.ranks_per_node > fit_caps.host_bytes ||
+                            (fit_caps.nvme_bytes && w.nvme * fit_caps.ranks_per_node > *fit_caps.nvme_bytes)))
+          row.to_fit = fit_hint(*fit_request, fit_caps, stage, od, pdv, 1.0, g.param_dtype, o.moments);
+        plan.rows.push_back(std::move(row));
       }
-  fmt::print("  (grads column: gradient buffers plus stage-3 gathered layers)\n");
-  return 0;
+  return plan;
 }
 
+void print_engine_plan(const EnginePlan& plan, bool binary) {
+  fmt::print("\nengine plan per rank: {} on {} rank(s); the engine's own buffers and state (activations not "
+             "included), the largest over ranks\n",
+             plan.model, plan.world);
+  fmt::print("  {:>5}  {:>9}  {:>6}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}\n", "stage", "optimizer", "params",
+             "device", "params", "grads", "opt state", "pinned", "nvme");
+  auto b = [&](uint64_t v) { return format_bytes(v, binary); };
+  for (const EnginePlanRow& row : plan.rows) {
+    const offload::EngineMemory& w = row.worst;
+    fmt::print("  {:>5}  {:>9}  {:>6}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}{}\n", row.stage,
+               offload_device_name(row.optimizer), offload_device_name(row.param), b(w.device), b(w.device_params),
+               b(w.device_grads + w.device_gathered), b(w.device_optimizer), b(w.pinned), b(w.nvme),
+               row.marked ? "  <- config" : "");
+    if (!row.to_fit.empty()) fmt::print("         to fit: {}\n", printable(row.to_fit, 1000));
+  }
+  fmt::print("  (grads column: gradient buffers plus stage-3 gathered layers)\n");
+}
+
+// The same rows for --json, in bytes.
+nlohmann::ordered_json engine_plan_json(const EnginePlan& plan) {
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+  for (const EnginePlanRow& row : plan.rows) {
+    const offload::EngineMemory& w = row.worst;
+    nlohmann::ordered_json j;
+    j["stage"] = row.stage;
+    j["offload_optimizer"] = offload_device_name(row.optimizer);
+    j["offload_param"] = offload_device_name(row.param);
+    j["device_bytes"] = w.device;
+    j["device_params_bytes"] = w.device_params;
+    j["device_grads_bytes"] = w.device_grads + w.device_gathered;
+    j["device_optimizer_bytes"] = w.device_optimizer;
+    j["pinned_bytes"] = w.pinned;
+    j["nvme_bytes"] = w.nvme;
+    j["config_row"] = row.marked;
+    if (!row.to_fit.empty()) j["to_fit"] = row.to_fit;
+    rows.push_back(std::move(j));
+  }
+  nlohmann::ordered_json out;
+  out["model"] = plan.model;
+  out["ranks"] = plan.world;
+  out["device"] = "gpu";
+  out["rows"] = std::move(rows);
+  return out;
+}
 
 int run_estimate(const EstimateOptions& opts) {
   EstimateInput input;
@@ -211,13 +263,20 @@ int run_estimate(const EstimateOptions& opts) {
   }
   auto estimate = estimate_memory(input);
   if (!estimate.ok()) return estimate_failed(estimate.status());
+  std::optional<EnginePlan> plan;
+  if (!opts.model.empty()) {
+    Result<EnginePlan> planned =
+        plan_engine(opts, config_copy ? &*config_copy : nullptr, static_cast<uint32_t>(input.world_size()));
+    if (!planned.ok()) return estimate_failed(planned.status());
+    plan = std::move(*planned);
+  }
   if (opts.json) {
-    fmt::print("{}\n", estimate_to_json(*estimate).dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
+    nlohmann::ordered_json out = estimate_to_json(*estimate);
+    if (plan) out["engine_plan"] = engine_plan_json(*plan);
+    fmt::print("{}\n", out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
   } else {
     fmt::print("{}", format_estimate(*estimate, opts.binary));
-    if (!opts.model.empty())
-      return print_engine_plan(opts, config_copy ? &*config_copy : nullptr,
-                               static_cast<uint32_t>(input.world_size()));
+    if (plan) print_engine_plan(*plan, opts.binary);
   }
   return 0;
 }

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "command.h"
+#include "engine_run.h"
 #include "strata/core/device_registry.h"
 #include "strata/core/dtype_convert.h"
 #include "strata/core/pinned_pool.h"
@@ -26,7 +27,10 @@ void fill_devices(nlohmann::json& s, const std::string&) {
     j["compiled"] = b.compiled;
     j["available"] = b.available;
     j[b.available ? "detail" : "reason"] = b.reason;
-    if (b.name == "cpu") j["default_device_memory"] = format_bytes(DeviceOptions{}.device_memory_bytes, true);
+    // What the CLI's commands give the cpu device without --device-memory
+    // (the library's own DeviceOptions default is smaller: docs/core.md).
+    if (b.name == "cpu")
+      j["default_device_memory"] = format_bytes(default_cpu_device_bytes(), true) + " (a quarter of host memory)";
     if (b.name == "cuda" && b.compiled) {
       j["driver_version"] = cuda_version_text(b.driver_version);
       j["runtime_version"] = cuda_version_text(b.runtime_version);
