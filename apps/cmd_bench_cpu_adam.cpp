@@ -28,7 +28,9 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include <fmt/format.h>
@@ -51,6 +53,7 @@ struct BenchOptions {
   std::string grad_dtype = "fp32";
   std::string moment_dtype = "fp32";
   size_t moment_block = kDefaultMomentBlockElements;  // with --moment-dtype int8
+  bool moment_block_given = false;                    // --moment-block was given (refused without int8)
   std::string param_copy = "none";
   std::string kernel = "adamw";
   std::string path = "auto";
@@ -66,7 +69,7 @@ struct FreeDeleter {
 using Buffer = std::unique_ptr<uint8_t, FreeDeleter>;
 
 Result<Buffer> allocate(size_t bytes, const char* what) {
-  const size_t rounded = (bytes + 63) / 64 * 64;
+  const size_t rounded = (bytes + 63) / 64 * 64;  // bytes <= kMaxParams * 4: no overflow
   void* p = std::aligned_alloc(64, std::max<size_t>(rounded, 64));
   if (p == nullptr) {
     return OutOfMemory(fmt::format("bench cpu-adam: could not allocate {} for {}; try a smaller --params",
@@ -75,9 +78,79 @@ Result<Buffer> allocate(size_t bytes, const char* what) {
   return Buffer(static_cast<uint8_t*>(p));
 }
 
-Status run_bench(const BenchOptions& o) {
-  STRATA_ASSIGN_OR_RETURN(uint64_t count, parse_count(o.params, "--params"));
+// The most bytes per parameter of any one buffer: params are fp32, grads and
+// moments at most fp32 (the scales of 8-bit moments are fewer).
+constexpr size_t kMaxBytesPerParam = 4;
+// The most parameters whose every buffer has a byte count that fits in
+// size_t, rounded up to 64 by allocate(): 2^62 - 4 (2^62 wrapped to 0 before).
+constexpr uint64_t kMaxParams = (std::numeric_limits<size_t>::max() - 63) / kMaxBytesPerParam;
+
+Result<uint64_t> parse_params(const std::string& text) {
+  STRATA_ASSIGN_OR_RETURN(uint64_t count, parse_count(text, "--params"));
   if (count == 0) return InvalidArgument("--params must be > 0, e.g. 64M");
+  if (count > kMaxParams)
+    return InvalidArgument(fmt::format(
+        "--params {} is more than {}, the most whose buffers ({} bytes per parameter) have a byte count that fits in "
+        "64 bits; give a count that fits in this machine's memory, e.g. 64M",
+        printable(text, 64), kMaxParams, kMaxBytesPerParam));
+  return count;
+}
+
+Result<DType> parse_grad_dtype(const std::string& text) {
+  Result<DType> d = parse_dtype(text);
+  if (d.ok() && is_state_float(*d)) return *d;
+  return InvalidArgument(
+      fmt::format("--grad-dtype '{}' is not a gradient dtype; use fp32, bf16 or fp16", printable(text, 64)));
+}
+
+// --moment-dtype: fp32 or bf16 moments, or block-wise 8-bit ones
+// (MomentFormat::kBlockInt8, whose scales are fp32; `dtype` is then unused).
+struct MomentChoice {
+  bool int8 = false;
+  DType dtype = DType::kF32;
+};
+
+Result<MomentChoice> parse_moment_dtype(const std::string& text) {
+  if (text == "int8") return MomentChoice{true, DType::kF32};
+  Result<DType> d = parse_dtype(text);
+  if (d.ok() && (*d == DType::kF32 || *d == DType::kBF16)) return MomentChoice{false, *d};
+  return InvalidArgument(fmt::format(
+      "--moment-dtype '{}' is not a moment dtype; use fp32, bf16 or int8 (block-wise 8-bit, --kernel adam or adamw)",
+      printable(text, 64)));
+}
+
+// --moment-block belongs to int8 moments, which adam and adamw implement.
+Status check_moment_flags(const BenchOptions& o, OptimizerKind kind, bool int8) {
+  if (!int8) {
+    if (!o.moment_block_given) return Status::Ok();
+    return InvalidArgument(fmt::format(
+        "--moment-block {} applies to --moment-dtype int8 only (elements per scale of 8-bit moments); drop "
+        "--moment-block or add --moment-dtype int8",
+        o.moment_block));
+  }
+  if (kind != OptimizerKind::kAdam && kind != OptimizerKind::kAdamW)
+    return InvalidArgument(fmt::format(
+        "--moment-dtype int8 with --kernel {}: 8-bit moments are implemented for --kernel adam and adamw only; use "
+        "--moment-dtype fp32 or bf16 with --kernel {}",
+        optimizer_kind_name(kind), optimizer_kind_name(kind)));
+  return validate_moment_block_elements(o.moment_block, "--moment-block");
+}
+
+Result<std::optional<DType>> parse_param_copy(const std::string& text) {
+  if (text == "none") return std::optional<DType>();
+  Result<DType> d = parse_dtype(text);
+  if (d.ok() && (*d == DType::kBF16 || *d == DType::kF16)) return std::optional<DType>(*d);
+  return InvalidArgument(fmt::format("--param-copy '{}' must be none, bf16 or fp16", printable(text, 64)));
+}
+
+Result<OverflowCheck> parse_overflow_check(const std::string& text) {
+  if (text == "assume-finite") return OverflowCheck::kAssumeFinite;
+  if (text == "scan") return OverflowCheck::kScanFirst;
+  return InvalidArgument(fmt::format("--overflow-check '{}' must be assume-finite or scan", printable(text, 64)));
+}
+
+Status run_bench(const BenchOptions& o) {
+  STRATA_ASSIGN_OR_RETURN(uint64_t count, parse_params(o.params));
   if (o.reps < 1) return InvalidArgument(fmt::format("--reps {} must be >= 1", o.reps));
   auto kind_or = parse_optimizer_kind(o.kernel);
   if (!kind_or.ok()) return kind_or.status().with_context("--kernel");
@@ -85,37 +158,28 @@ Status run_bench(const BenchOptions& o) {
   auto path_or = parse_kernel_path(o.path);
   if (!path_or.ok()) return path_or.status().with_context("--path");
   const KernelPath path = *path_or;
-  auto grad_dtype = parse_dtype(o.grad_dtype);
-  if (!grad_dtype.ok()) return grad_dtype.status().with_context("--grad-dtype");
-  // int8: block-wise 8-bit moments (MomentFormat::kBlockInt8); moment_dtype is then unused.
-  const bool int8 = o.moment_dtype == "int8";
-  auto moment_dtype = int8 ? Result<DType>(DType::kF32) : parse_dtype(o.moment_dtype);
-  if (!moment_dtype.ok()) return moment_dtype.status().with_context("--moment-dtype");
-  if (*moment_dtype == DType::kF16)
-    return InvalidArgument("--moment-dtype fp16 is not supported; use fp32, bf16 or int8");
-  if (int8) STRATA_RETURN_IF_ERROR(validate_moment_block_elements(o.moment_block, "--moment-block"));
-  bool copy = o.param_copy != "none";
-  DType copy_dtype = DType::kBF16;
-  if (copy) {
-    auto c = parse_dtype(o.param_copy);
-    if (!c.ok() || *c == DType::kF32)
-      return InvalidArgument(fmt::format("--param-copy '{}' must be none, bf16 or fp16", o.param_copy));
-    copy_dtype = *c;
-  }
-  OverflowCheck check;
-  if (o.overflow_check == "assume-finite") check = OverflowCheck::kAssumeFinite;
-  else if (o.overflow_check == "scan") check = OverflowCheck::kScanFirst;
-  else return InvalidArgument(fmt::format("--overflow-check '{}' must be assume-finite or scan", o.overflow_check));
+  STRATA_ASSIGN_OR_RETURN(const DType grad_dtype, parse_grad_dtype(o.grad_dtype));
+  STRATA_ASSIGN_OR_RETURN(const MomentChoice moment_choice, parse_moment_dtype(o.moment_dtype));
+  const bool int8 = moment_choice.int8;
+  const DType moment_dtype = moment_choice.dtype;
+  STRATA_RETURN_IF_ERROR(check_moment_flags(o, kind, int8));
+  STRATA_ASSIGN_OR_RETURN(const std::optional<DType> param_copy, parse_param_copy(o.param_copy));
+  const bool copy = param_copy.has_value();
+  const DType copy_dtype = param_copy.value_or(DType::kBF16);
+  STRATA_ASSIGN_OR_RETURN(const OverflowCheck check, parse_overflow_check(o.overflow_check));
 
   STRATA_ASSIGN_OR_RETURN(CpuOptimizer opt, CpuOptimizer::create({.kind = kind, .threads = o.threads, .path = path}));
 
-  const size_t gsize = dtype_size(*grad_dtype), msize = int8 ? 1 : dtype_size(*moment_dtype);
+  const size_t gsize = dtype_size(grad_dtype), msize = int8 ? 1 : dtype_size(moment_dtype);
   const size_t blocks = int8 ? moment_block_count(count, o.moment_block) : 1;
   STRATA_ASSIGN_OR_RETURN(Buffer params, allocate(count * 4, "params"));
   STRATA_ASSIGN_OR_RETURN(Buffer grads, allocate(count * gsize, "grads"));
   STRATA_ASSIGN_OR_RETURN(Buffer m, allocate(count * msize, "exp_avg"));
   STRATA_ASSIGN_OR_RETURN(Buffer v, allocate(count * msize, "exp_avg_sq"));
-  STRATA_ASSIGN_OR_RETURN(Buffer copy_buf, allocate(count * 2, "param copy"));
+  Buffer copy_buf;  // --param-copy none: no copy buffer
+  if (copy) {
+    STRATA_ASSIGN_OR_RETURN(copy_buf, allocate(count * 2, "param copy"));
+  }
   STRATA_ASSIGN_OR_RETURN(Buffer m_scale, allocate(blocks * 4, "exp_avg scales"));
   STRATA_ASSIGN_OR_RETURN(Buffer v_scale, allocate(blocks * 4, "exp_avg_sq scales"));
   std::memset(m_scale.get(), 0, blocks * 4);
@@ -128,13 +192,13 @@ Status run_bench(const BenchOptions& o) {
     const float r = static_cast<float>(seed >> 8) * (1.0f / 8388608.0f) - 1.0f;
     p[i] = r;
     const float g = 1e-3f * r;
-    if (*grad_dtype == DType::kF32) reinterpret_cast<float*>(grads.get())[i] = g;
-    if (*grad_dtype == DType::kBF16) reinterpret_cast<uint16_t*>(grads.get())[i] = fp32_to_bf16_bits(g);
-    if (*grad_dtype == DType::kF16) reinterpret_cast<uint16_t*>(grads.get())[i] = fp32_to_fp16_bits(g);
+    if (grad_dtype == DType::kF32) reinterpret_cast<float*>(grads.get())[i] = g;
+    if (grad_dtype == DType::kBF16) reinterpret_cast<uint16_t*>(grads.get())[i] = fp32_to_bf16_bits(g);
+    if (grad_dtype == DType::kF16) reinterpret_cast<uint16_t*>(grads.get())[i] = fp32_to_fp16_bits(g);
   }
   std::memset(m.get(), 0, count * msize);
   std::memset(v.get(), 0, count * msize);
-  std::memset(copy_buf.get(), 0, count * 2);
+  if (copy) std::memset(copy_buf.get(), 0, count * 2);
   // --out-of-place: the outputs, a second set of state buffers (touched).
   Buffer params_out, m_out, v_out, m_scale_out, v_scale_out;
   if (o.out_of_place) {
@@ -150,8 +214,8 @@ Status run_bench(const BenchOptions& o) {
     std::memset(v_scale_out.get(), 0, blocks * 4);
   }
 
-  StateSpans s{.count = count, .params = p, .grads = grads.get(), .grad_dtype = *grad_dtype,
-               .exp_avg = m.get(), .exp_avg_sq = v.get(), .moment_dtype = *moment_dtype,
+  StateSpans s{.count = count, .params = p, .grads = grads.get(), .grad_dtype = grad_dtype,
+               .exp_avg = m.get(), .exp_avg_sq = v.get(), .moment_dtype = moment_dtype,
                .param_copy = copy ? copy_buf.get() : nullptr, .param_copy_dtype = copy_dtype};
   if (int8) {
     s.moment_format = MomentFormat::kBlockInt8;
@@ -226,7 +290,7 @@ Status run_bench(const BenchOptions& o) {
     j["params_per_second"] = params_per_s;
     j["bytes_per_second"] = bytes_per_s;
     j["bytes_per_param"] = bpe;
-    j["moment_dtype"] = int8 ? std::string("int8") : std::string(dtype_name(*moment_dtype));
+    j["moment_dtype"] = int8 ? std::string("int8") : std::string(dtype_name(moment_dtype));
     j["out_of_place"] = o.out_of_place;
     if (int8) j["moment_block_elements"] = o.moment_block;
     j["ceiling_bytes_per_second"] = ceiling;  // streaming probe (no arithmetic)
@@ -239,9 +303,9 @@ Status run_bench(const BenchOptions& o) {
     return Status::Ok();
   }
   const std::string moments =
-      int8 ? fmt::format("int8 (blocks of {})", o.moment_block) : std::string(dtype_name(*moment_dtype));
+      int8 ? fmt::format("int8 (blocks of {})", o.moment_block) : std::string(dtype_name(moment_dtype));
   fmt::print("cpu-adam {}: {} params, grads {}, moments {}, param copy {}, overflow check {}{}\n",
-             optimizer_kind_name(kind), format_count(count), dtype_name(*grad_dtype), moments, o.param_copy,
+             optimizer_kind_name(kind), format_count(count), dtype_name(grad_dtype), moments, o.param_copy,
              o.overflow_check, o.out_of_place ? ", out of place (state read from one set of buffers, written to another)" : "");
   fmt::print("  path {} ({}), {} thread(s), tiles of {} elements\n", kernel_path_name(opt.path()), opt.path_reason(),
              opt.threads(), opt.tile_elements());
@@ -268,8 +332,8 @@ CommandRegistration bench_cpu_adam("bench cpu-adam", [](CLI::App& root) {
   cmd->add_option("--grad-dtype", o->grad_dtype, "fp32 | bf16 | fp16")->capture_default_str();
   cmd->add_option("--moment-dtype", o->moment_dtype, "fp32 | bf16 | int8 (block-wise 8-bit, adam/adamw)")
       ->capture_default_str();
-  cmd->add_option("--moment-block", o->moment_block, "Elements per scale with --moment-dtype int8")
-      ->capture_default_str();
+  auto* moment_block = cmd->add_option("--moment-block", o->moment_block, "Elements per scale with --moment-dtype int8")
+                           ->capture_default_str();
   cmd->add_option("--param-copy", o->param_copy, "none | bf16 | fp16: 16-bit param copy written in the same pass")
       ->capture_default_str();
   cmd->add_option("--kernel", o->kernel, "adam | adamw | adagrad | lion")->capture_default_str();
@@ -282,7 +346,8 @@ CommandRegistration bench_cpu_adam("bench cpu-adam", [](CLI::App& root) {
                "the probes follow the same pattern");
   cmd->add_option("--reps", o->reps, "Timed repetitions of each (medians are reported)")->capture_default_str();
   cmd->add_flag("--json", o->json, "Print one JSON object");
-  cmd->callback([o] {
+  cmd->callback([o, moment_block] {
+    o->moment_block_given = moment_block->count() > 0;
     Status st = run_bench(*o);
     if (!st.ok()) {
       fmt::print(stderr, "strata bench cpu-adam: {}\n", printable_message(st.to_string()));

@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -26,6 +25,7 @@
 #include "strata/core/printable.h"
 #include "strata/core/config.h"
 #include "strata/core/estimator.h"
+#include "strata/core/json_file.h"
 #include "strata/core/units.h"
 #include "strata/model/gpt.h"
 #include "strata/offload/engine.h"
@@ -112,6 +112,66 @@ Result<Memory> engine_memory(const offload::EngineOptions& base, const Placement
   return m;
 }
 
+// The ranks: nodes x ranks per node, at most kMaxPlanWorldSize (the most any
+// Strata command models: strata train's launchers, the estimator).
+constexpr uint64_t kMaxPlanWorldSize = uint64_t{1} << 24;
+Result<int> plan_world(const PlanOptions& o, uint32_t gpus_per_node) {
+  const uint64_t world = uint64_t{gpus_per_node} * o.nodes;
+  if (world <= kMaxPlanWorldSize) return static_cast<int>(world);
+  const std::string per_node = o.gpus_per_node ? fmt::format("--gpus-per-node {}", gpus_per_node)
+                                               : fmt::format("the profile's gpus_per_node {}", gpus_per_node);
+  return InvalidArgument(fmt::format("--nodes {} x {} = {} ranks is more than the {} Strata models; give fewer "
+                                     "--nodes or --gpus-per-node",
+                                     o.nodes, per_node, world, kMaxPlanWorldSize));
+}
+
+// A `strata bench offload --json` file (--bench): the median step of each
+// row that ran ("status": "ok"), by label.
+struct BenchMeasuredRow {
+  std::string label;
+  double step_ms = 0;
+};
+
+Result<BenchMeasuredRow> bench_measured_row(const nlohmann::ordered_json& row, const std::string& where) {
+  if (!row.is_object() || !row.contains("label") || !row["label"].is_string() || !row.contains("status") ||
+      !row["status"].is_string())
+    return InvalidArgument(fmt::format("{}: a row needs a string \"label\" and \"status\"", where));
+  BenchMeasuredRow m{row["label"].get<std::string>(), 0};
+  if (row["status"].get<std::string>() != "ok") return m;
+  const nlohmann::ordered_json* median =
+      row.contains("step_ms") && row["step_ms"].is_object() && row["step_ms"].contains("median")
+          ? &row["step_ms"]["median"]
+          : nullptr;
+  if (median == nullptr || !median->is_number() || !(median->get<double>() > 0) ||
+      !std::isfinite(median->get<double>()))
+    return InvalidArgument(fmt::format("{}.step_ms.median must be a positive number of milliseconds", where));
+  m.step_ms = median->get<double>();
+  return m;
+}
+
+Result<std::vector<BenchMeasuredRow>> load_bench_result(const std::string& path) {
+  // A bench of a few hundred rows with every statistic weighs well under a megabyte.
+  constexpr uint64_t kMaxBenchBytes = uint64_t{16} << 20;
+  Result<nlohmann::ordered_json> read = read_json_file(
+      path, {.what = "bench result", .flag = "", .hint = "give the file strata bench offload --json wrote"},
+      {.max_bytes = kMaxBenchBytes, .max_depth = 64, .what = "bench result"});
+  if (!read.ok()) return read.status().with_context("--bench");
+  const nlohmann::ordered_json& doc = *read;
+  const std::string where = fmt::format("--bench '{}'", printable(path, 256));
+  if (!doc.is_object() || !doc.contains("bench") || doc["bench"] != "offload" || !doc.contains("rows") ||
+      !doc["rows"].is_array())
+    return InvalidArgument(fmt::format("{} is not the JSON of strata bench offload (it has \"bench\": \"offload\" "
+                                       "and \"rows\")",
+                                       where));
+  std::vector<BenchMeasuredRow> rows;
+  for (size_t i = 0; i < doc["rows"].size(); ++i) {
+    STRATA_ASSIGN_OR_RETURN(BenchMeasuredRow m,
+                            bench_measured_row(doc["rows"][i], fmt::format("{}: rows[{}]", where, i)));
+    if (m.step_ms > 0) rows.push_back(std::move(m));
+  }
+  return rows;
+}
+
 int run_plan(const PlanOptions& o) {
   if (o.fit) {
     if (!o.configs.empty() || !o.bench.empty() || o.matrix != "default" || o.gpus_per_node != 0 || o.nodes != 1 ||
@@ -147,7 +207,9 @@ int run_plan(const PlanOptions& o) {
   Result<std::vector<DType>> dtypes = parse_dtype_list(o.dtypes, "--dtype");
   if (!dtypes.ok()) return plan_failed(dtypes.status());
   const uint32_t gpn = o.gpus_per_node ? o.gpus_per_node : static_cast<uint32_t>(hw->gpus_per_node);
-  const int world = static_cast<int>(gpn * o.nodes);
+  Result<int> world_or = plan_world(o, gpn);
+  if (!world_or.ok()) return plan_failed(world_or.status());
+  const int world = *world_or;
   const int ranks_per_node = static_cast<int>(gpn);
 
   std::optional<Config> config;
@@ -219,8 +281,12 @@ int run_plan(const PlanOptions& o) {
   est.cpu_memory_bytes = hw->host_memory_bytes;
   est.nvme_memory_bytes = hw->nvme_bytes;
   offload::EngineOptions engine_base;
+  if (config) est.from_config(*config);
+  if (!gpt) {
+    // What `strata estimate` refuses (byte counts past 2^64, ...): estimate_row, per row below, saturates silently.
+    if (Result<Estimate> checked = estimate_memory(est); !checked.ok()) return plan_failed(checked.status());
+  }
   if (config) {
-    est.from_config(*config);
     Config runnable = *config;
     runnable.zero_optimization.offload_optimizer.ratio = 1.0;
     Result<offload::EngineOptions> eo = offload::engine_options_from_config(runnable);
@@ -258,15 +324,11 @@ int run_plan(const PlanOptions& o) {
                              : "estimator (strata estimate), per GPU and per node; activations are not in it";
   doc["rows"] = nlohmann::ordered_json::array();
 
-  std::optional<nlohmann::json> bench;
+  std::optional<std::vector<BenchMeasuredRow>> bench;
   if (!o.bench.empty()) {
-    std::ifstream in(o.bench);
-    if (!in) return plan_failed(ErrnoStatus(errno, fmt::format("open --bench '{}'", printable(o.bench, 256))));
-    nlohmann::json b = nlohmann::json::parse(in, nullptr, false);
-    if (b.is_discarded() || !b.contains("rows") || b.value("bench", "") != "offload")
-      return plan_failed(InvalidArgument(
-          fmt::format("--bench '{}' is not the JSON of strata bench offload", printable(o.bench, 256))));
-    bench = b;
+    Result<std::vector<BenchMeasuredRow>> b = load_bench_result(o.bench);
+    if (!b.ok()) return plan_failed(b.status());
+    bench = std::move(*b);
   }
 
   std::optional<size_t> fastest;
@@ -380,9 +442,9 @@ int run_plan(const PlanOptions& o) {
                         {"nvme_write", b.nvme_write}}},
                       {"bound", pr->bound}};
     if (bench) {
-      for (const auto& br : (*bench)["rows"])
-        if (br.value("label", "") == row.label() && br.value("status", "") == "ok") {
-          const double measured = br["step_ms"]["median"].get<double>();
+      for (const BenchMeasuredRow& br : *bench)
+        if (br.label == row.label()) {
+          const double measured = br.step_ms;
           const double err = pr->step_ms / measured - 1.0;
           j["measured_step_ms"] = measured;
           j["error"] = err;
@@ -402,7 +464,7 @@ int run_plan(const PlanOptions& o) {
     return 0;
   }
   fmt::print("plan: {} on {} rank(s) ({} per node), batch {} x seq {} x accum {} per rank; profile {}\n", describe,
-             world, gpn, o.batch, o.seq, o.grad_accum, hw->name);
+             world, gpn, o.batch, o.seq, o.grad_accum, printable(hw->name, 256));
   for (DType dt : *dtypes)
     if (std::string note = offload::compute_dtype_note(*hw, dt); !note.empty()) fmt::print("{}\n", note);
   fmt::print("memory: {}\n", doc["memory_source"].get<std::string>());

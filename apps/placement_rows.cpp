@@ -1,8 +1,9 @@
 // Placement rows shared by `strata bench offload` and `strata plan`: see placement_rows.h.
 #include "placement_rows.h"
 
+#include <algorithm>
 #include <cmath>
-#include <fstream>
+#include <cstdlib>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -10,12 +11,30 @@
 
 #include "engine_run.h"
 #include "strata/core/estimator.h"
+#include "strata/core/json_file.h"
+#include "strata/core/printable.h"
 
 namespace strata::cli {
 
+namespace {
+
+// Two decimals as the default matrix's ratios print ("r=0.25"), else the
+// shortest text that reads back as the same double ("r=1e-300", "r=0.333"):
+// a row file's ratio is never shown as 0.00 and no two ratios share a label
+// (plan --bench matches rows by label).
+std::string ratio_text(double ratio) {
+  const std::string two_decimals = fmt::format("{:.2f}", ratio);
+  return std::strtod(two_decimals.c_str(), nullptr) == ratio ? two_decimals : fmt::format("{}", ratio);
+}
+
+// A user's JSON value in a message: bounded, control characters escaped.
+std::string row_value_text(const nlohmann::ordered_json& v) { return printable(v.dump(), 64); }
+
+}  // namespace
+
 std::string PlacementRow::label() const {
   std::string s = fmt::format("s{} opt={} param={}", stage, offload_device_name(optimizer), offload_device_name(param));
-  if (ratio < 1.0) s += fmt::format(" r={:.2f}", ratio);
+  if (ratio < 1.0) s += " r=" + ratio_text(ratio);
   s += " " + std::string(dtype_name(dtype));
   if (moments && *moments != cpu_adam::MomentStorage::fp32()) s += fmt::format(" m={}", moments->name());
   if (gradients_on_nvme()) s += " grads=nvme";
@@ -98,6 +117,9 @@ Result<std::vector<cpu_adam::MomentStorage>> parse_moment_list(const std::string
   std::string item;
   while (std::getline(in, item, ',')) {
     STRATA_ASSIGN_OR_RETURN(cpu_adam::MomentStorage m, cpu_adam::MomentStorage::parse(item, flag));
+    if (std::find(out.begin(), out.end(), m) != out.end())
+      return InvalidArgument(fmt::format("{} lists {} twice; give each storage once (each one adds its rows)", flag,
+                                         m.name()));
     out.push_back(m);
   }
   if (out.empty()) return InvalidArgument(fmt::format("{} is empty; use fp32, bf16 or int8", flag));
@@ -113,6 +135,9 @@ Result<std::vector<DType>> parse_dtype_list(const std::string& text, const char*
     if (!dt.ok() || !is_state_float(*dt))
       return InvalidArgument(fmt::format("{} '{}' is not a {} dtype; use fp32, bf16 or fp16 (comma-separated)", flag,
                                          printable(item, 64), what));
+    if (std::find(out.begin(), out.end(), *dt) != out.end())
+      return InvalidArgument(fmt::format("{} lists {} twice; give each dtype once (comma-separated)", flag,
+                                         dtype_name(*dt)));
     out.push_back(*dt);
   }
   if (out.empty()) return InvalidArgument(fmt::format("{} is empty; use fp32, bf16 or fp16", flag));
@@ -121,7 +146,7 @@ Result<std::vector<DType>> parse_dtype_list(const std::string& text, const char*
 
 namespace {
 
-Result<PlacementRow> parse_row(const nlohmann::json& j, const std::string& where, DType default_dtype) {
+Result<PlacementRow> parse_row(const nlohmann::ordered_json& j, const std::string& where, DType default_dtype) {
   if (!j.is_object()) return InvalidArgument(fmt::format("{}: a row must be an object like {{\"stage\": 3}}", where));
   PlacementRow row;
   row.dtype = default_dtype;
@@ -131,33 +156,33 @@ Result<PlacementRow> parse_row(const nlohmann::json& j, const std::string& where
     const std::string at = fmt::format("{}.{}", where, printable(key, 64));
     if (key == "stage") {
       if (!it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() > 3)
-        return InvalidArgument(fmt::format("{}: {} is not 0, 1, 2 or 3", at, it->dump()));
+        return InvalidArgument(fmt::format("{}: {} is not 0, 1, 2 or 3", at, row_value_text(*it)));
       row.stage = static_cast<int>(it->get<int64_t>());
       has_stage = true;
     } else if (key == "offload_optimizer" || key == "offload_param") {
-      if (!it->is_string()) return InvalidArgument(fmt::format("{}: {} is not \"none\", \"cpu\" or \"nvme\"", at, it->dump()));
+      if (!it->is_string()) return InvalidArgument(fmt::format("{}: {} is not \"none\", \"cpu\" or \"nvme\"", at, row_value_text(*it)));
       STRATA_ASSIGN_OR_RETURN(OffloadDevice d, parse_offload(it->get<std::string>(), at.c_str()));
       (key == "offload_optimizer" ? row.optimizer : row.param) = d;
     } else if (key == "ratio") {
       if (!it->is_number() || !(it->get<double>() > 0.0 && it->get<double>() <= 1.0))
-        return InvalidArgument(fmt::format("{}: {} is not in (0, 1]", at, it->dump()));
+        return InvalidArgument(fmt::format("{}: {} is not in (0, 1]", at, row_value_text(*it)));
       row.ratio = it->get<double>();
     } else if (key == "dtype") {
-      if (!it->is_string()) return InvalidArgument(fmt::format("{}: {} is not \"fp32\", \"bf16\" or \"fp16\"", at, it->dump()));
+      if (!it->is_string()) return InvalidArgument(fmt::format("{}: {} is not \"fp32\", \"bf16\" or \"fp16\"", at, row_value_text(*it)));
       STRATA_ASSIGN_OR_RETURN(std::vector<DType> dts, parse_dtype_list(it->get<std::string>(), at.c_str()));
       if (dts.size() != 1) return InvalidArgument(fmt::format("{}: give one dtype per row", at));
       row.dtype = dts.front();
     } else if (key == "optimizer_state_dtype") {
-      if (!it->is_string()) return InvalidArgument(fmt::format("{}: {} is not \"fp32\", \"bf16\" or \"int8\"", at, it->dump()));
+      if (!it->is_string()) return InvalidArgument(fmt::format("{}: {} is not \"fp32\", \"bf16\" or \"int8\"", at, row_value_text(*it)));
       STRATA_ASSIGN_OR_RETURN(row.moments, cpu_adam::MomentStorage::parse(it->get<std::string>(), at));
     } else if (key == "gradient_shards") {
-      if (!it->is_string()) return InvalidArgument(fmt::format("{}: {} is not \"auto\", \"pinned\" or \"nvme\"", at, it->dump()));
+      if (!it->is_string()) return InvalidArgument(fmt::format("{}: {} is not \"auto\", \"pinned\" or \"nvme\"", at, row_value_text(*it)));
       STRATA_ASSIGN_OR_RETURN(row.gradient_shards, offload::parse_gradient_shards_mode(it->get<std::string>(), at));
     } else if (key == "speculative_optimizer") {
-      if (!it->is_string()) return InvalidArgument(fmt::format("{}: {} is not \"auto\", \"on\" or \"off\"", at, it->dump()));
+      if (!it->is_string()) return InvalidArgument(fmt::format("{}: {} is not \"auto\", \"on\" or \"off\"", at, row_value_text(*it)));
       STRATA_ASSIGN_OR_RETURN(row.speculation, offload::parse_speculation_mode(it->get<std::string>(), at));
     } else if (key == "pipeline_read" || key == "pipeline_write") {
-      if (!it->is_boolean()) return InvalidArgument(fmt::format("{}: {} is not true or false", at, it->dump()));
+      if (!it->is_boolean()) return InvalidArgument(fmt::format("{}: {} is not true or false", at, row_value_text(*it)));
       (key == "pipeline_read" ? row.pipeline_read : row.pipeline_write) = it->get<bool>();
     } else {
       return InvalidArgument(fmt::format(
@@ -175,25 +200,30 @@ Result<PlacementRow> parse_row(const nlohmann::json& j, const std::string& where
 }  // namespace
 
 Result<std::vector<PlacementRow>> load_rows(const std::string& path, DType default_dtype) {
-  std::ifstream in(path);
-  if (!in) return ErrnoStatus(errno, fmt::format("open row file '{}'", printable(path, 256)));
-  nlohmann::json doc = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded()) return InvalidArgument(fmt::format("{}: not valid JSON", printable(path, 256)));
-  const nlohmann::json* list = &doc;
+  // A row file lists a few dozen rows of a few keys each.
+  constexpr uint64_t kMaxRowFileBytes = uint64_t{4} << 20;
+  STRATA_ASSIGN_OR_RETURN(
+      nlohmann::ordered_json doc,
+      read_json_file(path,
+                     {.what = "row file",
+                      .flag = "",
+                      .hint = R"(give a row file such as {"rows": [{"stage": 3, "offload_optimizer": "cpu"}]})"},
+                     {.max_bytes = kMaxRowFileBytes, .max_depth = 64, .what = "row file"}));
+  const std::string source = printable(path, 256);
+  const nlohmann::ordered_json* list = &doc;
   if (doc.is_object()) {
     for (auto it = doc.begin(); it != doc.end(); ++it)
       if (it.key() != "rows")
-        return InvalidArgument(fmt::format("{}: unknown key '{}' (the file has one key, \"rows\")",
-                                           printable(path, 256), printable(it.key(), 64)));
-    if (!doc.contains("rows")) return InvalidArgument(fmt::format("{}: \"rows\" is missing", printable(path, 256)));
+        return InvalidArgument(fmt::format("{}: unknown key '{}' (the file has one key, \"rows\")", source,
+                                           printable(it.key(), 64)));
+    if (!doc.contains("rows")) return InvalidArgument(fmt::format("{}: \"rows\" is missing", source));
     list = &doc["rows"];
   }
   if (!list->is_array() || list->empty())
-    return InvalidArgument(fmt::format("{}: \"rows\" must be a non-empty array of rows", printable(path, 256)));
+    return InvalidArgument(fmt::format("{}: \"rows\" must be a non-empty array of rows", source));
   std::vector<PlacementRow> rows;
   for (size_t i = 0; i < list->size(); ++i) {
-    STRATA_ASSIGN_OR_RETURN(PlacementRow r,
-                            parse_row((*list)[i], fmt::format("{}: rows[{}]", printable(path, 256), i), default_dtype));
+    STRATA_ASSIGN_OR_RETURN(PlacementRow r, parse_row((*list)[i], fmt::format("{}: rows[{}]", source, i), default_dtype));
     rows.push_back(r);
   }
   return rows;
@@ -239,10 +269,39 @@ std::vector<size_t> interleaved_order(size_t row_count, size_t repeat) {
   return order;
 }
 
+namespace {
+
+// What --configs FILE replaces: flags that shape the default matrix would be
+// silently ignored beside it, so they are refused naming both.
+Status check_configs_alone(const std::string& matrix, const std::vector<DType>& dtypes,
+                           const std::vector<cpu_adam::MomentStorage>& moments) {
+  if (!moments.empty())
+    return InvalidArgument(
+        "--optimizer-states with --configs: each row of the file sets its own moment storage "
+        "(\"optimizer_state_dtype\"; without it the default), so --optimizer-states would be ignored; drop "
+        "--optimizer-states, or set optimizer_state_dtype in the rows");
+  if (dtypes.size() > 1) {
+    std::string names;
+    for (DType dt : dtypes) names += fmt::format("{}{}", names.empty() ? "" : ",", dtype_name(dt));
+    return InvalidArgument(fmt::format(
+        "--dtype {} with --configs: each row of the file has one dtype (its own \"dtype\", else the first --dtype), "
+        "so the others would be ignored; give one --dtype, or set \"dtype\" in the rows",
+        names));
+  }
+  if (matrix != "default")
+    return InvalidArgument(fmt::format("--matrix '{}' with --configs: give one of the two (--configs FILE replaces "
+                                       "the matrix)",
+                                       printable(matrix, 64)));
+  return Status::Ok();
+}
+
+}  // namespace
+
 Result<std::vector<PlacementRow>> select_rows(const std::string& configs, const std::string& matrix,
                                               const std::vector<DType>& dtypes,
                                               const std::vector<cpu_adam::MomentStorage>& moments) {
   if (!configs.empty()) {
+    STRATA_RETURN_IF_ERROR(check_configs_alone(matrix, dtypes, moments));
     Result<std::vector<PlacementRow>> loaded = load_rows(configs, dtypes.front());
     if (!loaded.ok()) return loaded.status().with_context("--configs");
     return loaded;

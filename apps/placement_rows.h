@@ -59,10 +59,10 @@ struct PlacementRow {
 std::vector<PlacementRow> default_matrix(const std::vector<DType>& dtypes,
                                          const std::vector<cpu_adam::MomentStorage>& moments = {});
 
-// "fp32,bf16" -> dtypes; each must be fp32, bf16 or fp16. `flag` names the
+// "fp32,bf16" -> dtypes; each must be fp32, bf16 or fp16, and given once. `flag` names the
 // culprit, `what` the dtypes' role in the message ("parameter", "gradient").
 Result<std::vector<DType>> parse_dtype_list(const std::string& text, const char* flag, const char* what = "parameter");
-// "fp32,int8" -> moment storages (strata.optimizer_state_dtype values). `flag` names the culprit.
+// "fp32,int8" -> moment storages (strata.optimizer_state_dtype values), each given once. `flag` names the culprit.
 Result<std::vector<cpu_adam::MomentStorage>> parse_moment_list(const std::string& text, const char* flag);
 
 // A row file: {"rows": [{"stage": 3, "offload_optimizer": "cpu", "offload_param": "none", "ratio": 0.5,
@@ -70,11 +70,15 @@ Result<std::vector<cpu_adam::MomentStorage>> parse_moment_list(const std::string
 // "pipeline_read": true, "pipeline_write": true}, ...]} (or the bare array; the pipeline keys need the
 // optimizer state on NVMe). stage is required; the rest default to none, none, 1, `default_dtype`, fp32 and
 // the base options' gradient shards and speculation. Unknown keys, wrong types and out-of-range values are errors naming the file, the row and
-// the key.
+// the key. The file is read strictly (strata/core/json_file.h: bounded, regular files only, no duplicate
+// keys).
 Result<std::vector<PlacementRow>> load_rows(const std::string& path, DType default_dtype);
 
 // The rows --configs FILE names (when given), else --matrix (only "default"):
-// what `bench offload` and `plan` both run over. Errors name the flag.
+// what `bench offload` and `plan` both run over. `moments` are the
+// --optimizer-states given (empty: not given). With --configs, a non-default
+// --matrix, --optimizer-states or more than one --dtype (which the file's rows
+// would ignore) are refused. Errors name the flags.
 Result<std::vector<PlacementRow>> select_rows(const std::string& configs, const std::string& matrix,
                                               const std::vector<DType>& dtypes,
                                               const std::vector<cpu_adam::MomentStorage>& moments = {});

@@ -13,10 +13,6 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
-#include <fstream>
-#include <map>
-#include <set>
-#include <sstream>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -26,6 +22,8 @@
 #include "strata/core/bounded_file.h"
 #include "strata/core/config.h"
 #include "strata/core/config_schema.h"
+#include "strata/core/json_file.h"
+#include "strata/core/printable.h"
 #include "strata/core/units.h"
 
 namespace strata {
@@ -344,9 +342,14 @@ bool Checker::check_value(const ConfigKey& k, const ordered_json& v, const std::
         error(path, parsed.status().message(), "write a byte count such as 268435456, \"256MiB\" or \"80GB\"");
         return false;
       }
-      if (v.is_number() && !v.is_boolean()) {
-        const double x = v.get<double>();
-        if (x >= 0 && x == std::floor(x) && std::isfinite(x)) return true;
+      if (v.is_number()) {
+        // Stored as uint64: 2^63 must not wrap to 0 (unlimited), nor 1e30 clamp.
+        const JsonByteCount bytes = json_byte_count(v);
+        if (bytes.bytes) return true;
+        error(path, fmt::format("{} {}", describe_json(v), bytes.problem),
+              "write a whole number of bytes up to 18446744073709551615, or a size with a unit such as \"64GiB\" "
+              "or \"80GB\"");
+        return false;
       }
       error(path, fmt::format("{} is not a byte count", describe_json(v)),
             "write a whole number of bytes or a string with a unit such as \"256MiB\" or \"80GB\"");
@@ -541,57 +544,6 @@ void Checker::apply(Config& config) const {
 
 }  // namespace config_detail
 
-namespace {
-
-// Duplicate keys are errors (DeepSpeed refuses them too); nlohmann would
-// silently keep the last one, so the parse callback tracks keys per object.
-struct DuplicateTracker {
-  struct Frame {
-    std::string path;
-    std::set<std::string> keys;
-    std::string last_key;
-  };
-  std::vector<Frame> stack;
-  std::vector<ConfigIssue>* issues;
-
-  bool operator()(int, ordered_json::parse_event_t event, ordered_json& parsed) {
-    using E = ordered_json::parse_event_t;
-    switch (event) {
-      case E::object_start:
-      case E::array_start: {
-        std::string path;
-        if (!stack.empty()) {
-          const Frame& top = stack.back();
-          path = top.path.empty() ? top.last_key : (top.last_key.empty() ? top.path : top.path + "." + top.last_key);
-        }
-        stack.push_back({path, {}, {}});
-        break;
-      }
-      case E::object_end:
-      case E::array_end:
-        if (!stack.empty()) stack.pop_back();
-        break;
-      case E::key: {
-        if (stack.empty()) break;
-        Frame& top = stack.back();
-        const std::string key = parsed.get<std::string>();
-        top.last_key = key;
-        if (!top.keys.insert(key).second) {
-          const std::string path = top.path.empty() ? key : top.path + "." + key;
-          issues->push_back({IssueSeverity::kError, path, "duplicate key: the file gives it twice",
-                             "delete one of the two; JSON readers disagree on which one wins"});
-        }
-        break;
-      }
-      case E::value:
-        break;
-    }
-    return true;
-  }
-};
-
-}  // namespace
-
 ConfigCheck check_config_ordered(const ordered_json& document, const ConfigOptions& options,
                                  std::vector<ConfigIssue> early_issues) {
   ConfigCheck check;
@@ -616,94 +568,26 @@ ConfigCheck check_config_ordered(const ordered_json& document, const ConfigOptio
 }
 
 // Note [Bounded input]
-// Before the JSON parser sees a config, one linear scan refuses what no real
-// config contains and what would make later steps explode: NUL bytes (a
-// reader that stops at the NUL would accept a different document), nesting
-// deeper than kMaxConfigDepth (the error path, dump() and the destructor are
-// recursive: 70,000 levels overflowed the stack), and more than
-// kMaxConfigBytes. DeepSpeed configs nest 4 levels deep and weigh a few KB.
-namespace {
-constexpr size_t kMaxConfigDepth = 64;
-
-std::optional<ConfigIssue> prescan_config(std::string_view text) {
-  if (text.size() > kMaxConfigBytes)
-    return ConfigIssue{IssueSeverity::kError, "",
-                       fmt::format("the config is {} bytes, more than the {} a config may have", text.size(),
-                                   kMaxConfigBytes),
-                       "a DeepSpeed config is a small JSON object; is this the right file?"};
-  size_t depth = 0;
-  bool in_string = false, escaped = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (c == '\0')
-      return ConfigIssue{IssueSeverity::kError, "", fmt::format("NUL byte at offset {}", i),
-                         "a config is UTF-8 JSON text; remove the NUL (is this a binary file?)"};
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-    } else if (c == '{' || c == '[') {
-      if (++depth > kMaxConfigDepth)
-        return ConfigIssue{IssueSeverity::kError, "",
-                           fmt::format("nesting deeper than {} levels at offset {}", kMaxConfigDepth, i),
-                           "DeepSpeed configs nest a few levels deep; this file is not one"};
-    } else if ((c == '}' || c == ']') && depth > 0) {
-      --depth;
-    }
-  }
-  return std::nullopt;
-}
-
-// The JSON path the parser was at (for errors the parser raises itself).
-std::string tracker_path(const DuplicateTracker& tracker) {
-  if (tracker.stack.empty()) return "";
-  const auto& top = tracker.stack.back();
-  if (top.last_key.empty()) return top.path;
-  return top.path.empty() ? top.last_key : top.path + "." + top.last_key;
-}
-}  // namespace
-
+// The text goes through parse_json_text (strata/core/json_file.h, Note
+// [Strict JSON]): NUL bytes, nesting deeper than 64 levels and more than
+// kMaxConfigBytes are refused before the parser runs; every duplicate key is
+// an error (DeepSpeed refuses them too). DeepSpeed configs nest 4 levels deep
+// and weigh a few KB.
 ConfigCheck check_config_text(std::string_view text, const ConfigOptions& options) {
-  if (std::optional<ConfigIssue> refused = prescan_config(text)) {
-    ConfigCheck check;
-    check.config.source = options.source;
-    check.issues.push_back(std::move(*refused));
-    return check;
-  }
+  ParsedJson parsed = parse_json_text(text, {.max_bytes = kMaxConfigBytes, .max_depth = 64, .what = "config"});
+  const auto to_issue = [](JsonProblem p) {
+    return ConfigIssue{IssueSeverity::kError, std::move(p.path), std::move(p.message), std::move(p.hint)};
+  };
   std::vector<ConfigIssue> early;
-  DuplicateTracker tracker{{}, &early};
-  ordered_json document;
-  try {
-    document = ordered_json::parse(text.begin(), text.end(), std::ref(tracker));
-  } catch (const ordered_json::parse_error& e) {
+  for (JsonProblem& duplicate : parsed.duplicate_keys) early.push_back(to_issue(std::move(duplicate)));
+  if (parsed.error) {
     ConfigCheck check;
     check.config.source = options.source;
-    std::string what = e.what();
-    const size_t pos = what.find("parse error");
-    if (pos != std::string::npos) what = what.substr(pos);
-    check.issues.push_back({IssueSeverity::kError, "", fmt::format("not valid JSON: {}", what),
-                            "DeepSpeed configs are strict JSON: no comments, no trailing commas, keys in double quotes"});
-    return check;
-  } catch (const ordered_json::exception& e) {
-    // E.g. out_of_range.406: a number such as 1e400 that no double holds.
-    ConfigCheck check;
-    check.config.source = options.source;
-    std::string what = e.what();
-    const size_t pos = what.find("] ");
-    if (pos != std::string::npos) what = what.substr(pos + 2);
-    check.issues.push_back({IssueSeverity::kError, tracker_path(tracker), fmt::format("not a usable JSON value: {}", what),
-                            "numbers must fit in a double (about 1.8e308); write a smaller value"});
+    check.issues = std::move(early);
+    check.issues.push_back(to_issue(std::move(*parsed.error)));
     return check;
   }
-  return check_config_ordered(document, options, std::move(early));
+  return check_config_ordered(parsed.document, options, std::move(early));
 }
 
 ConfigCheck check_config(const nlohmann::json& document, const ConfigOptions& options) {
@@ -733,7 +617,7 @@ namespace {
 Result<Config> to_result(ConfigCheck check) {
   if (check.ok()) return std::move(check.config);
   std::string message = fmt::format("{} error(s) in config{}:\n", check.error_count(),
-                                    check.config.source.empty() ? "" : fmt::format(" '{}'", check.config.source));
+                                    check.config.source.empty() ? "" : fmt::format(" '{}'", printable(check.config.source, 256)));
   for (const ConfigIssue& issue : check.issues) {
     if (issue.severity == IssueSeverity::kError) message += format_issue(issue, check.config.source) + "\n";
   }

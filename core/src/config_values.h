@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "strata/core/config.h"
+#include "strata/core/json_file.h"
 #include "strata/core/units.h"
 
 namespace strata::config_detail {
@@ -20,12 +21,12 @@ namespace strata::config_detail {
 // A checked integral JSON number (integer, or a float such as 5e8 with no
 // fractional part) as int64, saturating at the int64 range.
 inline int64_t json_integer(const nlohmann::json& v) {
-  if (v.is_number_integer()) return v.get<int64_t>();
-  if (v.is_number_unsigned()) {
+  if (v.is_number_unsigned()) {  // before is_number_integer(), which is true for unsigned too
     const uint64_t u = v.get<uint64_t>();
     return u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ? std::numeric_limits<int64_t>::max()
                                                                            : static_cast<int64_t>(u);
   }
+  if (v.is_number_integer()) return v.get<int64_t>();
   const double d = v.get<double>();
   if (d >= 9.2233720368547758e18) return std::numeric_limits<int64_t>::max();
   if (d <= -9.2233720368547758e18) return std::numeric_limits<int64_t>::min();
@@ -96,8 +97,7 @@ inline void set_field(uint64_t& f, const nlohmann::json& v) {
     auto parsed = parse_bytes(v.get<std::string>());
     f = parsed.ok() ? *parsed : 0;
   } else {
-    const int64_t n = json_integer(v);
-    f = n < 0 ? 0 : static_cast<uint64_t>(n);
+    f = json_byte_count(v).bytes.value_or(0);  // exact up to 2^64 - 1
   }
 }
 template <typename Enum, typename = decltype(EnumNames<Enum>::names)>

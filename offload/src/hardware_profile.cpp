@@ -1,12 +1,11 @@
 // Hardware profiles: see hardware_profile.h.
 #include "strata/offload/hardware_profile.h"
 
-#include <cerrno>
 #include <cmath>
-#include <fstream>
 
 #include <fmt/format.h>
 
+#include "strata/core/json_file.h"
 #include "strata/core/printable.h"
 
 namespace strata::offload {
@@ -17,7 +16,25 @@ constexpr const char* kKnownKeys =
     "h2d_gb_per_s, d2h_gb_per_s, collective_bus_gb_per_s, nvme_read_gb_per_s, nvme_write_gb_per_s, "
     "cpu_adam_params_per_s, device_adam_params_per_s, notes, sources, calibration";
 
-Status positive_number(const nlohmann::json& j, const std::string& source, const char* key, double& out) {
+// Note [Physical bounds of a profile's rates]
+// A rate outside these bounds is a typo or a unit mix-up, never a machine,
+// and would turn every prediction into nonsense (compute_gflops 1e-300 gave a
+// 160-digit step time):
+//   compute: 1 MFLOP/s is below any computer of the last 40 years; 1e9
+//     GFLOP/s (1 EFLOP/s per device) is ~500x an H100's dense FP8 rate.
+//   links (host <-> device, collectives, NVMe): 1 KB/s is below any bus or
+//     drive; 1 PB/s is ~200x the fastest HBM (~5 TB/s), which no copy beats.
+//   optimizer steps: 1 parameter per second is below any CPU; a step moves at
+//     least ~12 bytes per parameter, so 1e15 parameters/s would need 12 PB/s.
+struct RateRange {
+  double min, max;
+  const char* unit;
+};
+constexpr RateRange kComputeRange{1e-3, 1e9, "GFLOP/s"};
+constexpr RateRange kLinkRange{1e-6, 1e6, "GB/s"};
+constexpr RateRange kOptimizerRange{1.0, 1e15, "parameters/s"};
+
+Result<const nlohmann::json*> required_number(const nlohmann::json& j, const std::string& source, const char* key) {
   if (!j.contains(key))
     return InvalidArgument(fmt::format("{}: \"{}\" is missing (every rate is required; `strata report --calibrate` "
                                        "measures this machine's)",
@@ -25,18 +42,31 @@ Status positive_number(const nlohmann::json& j, const std::string& source, const
   const nlohmann::json& v = j.at(key);
   if (!v.is_number())
     return InvalidArgument(fmt::format("{}: \"{}\" is {}, not a number", source, key, printable(v.dump(), 64)));
-  const double d = v.get<double>();
+  return &v;
+}
+
+Status rate(const nlohmann::json& j, const std::string& source, const char* key, const RateRange& range, double& out) {
+  STRATA_ASSIGN_OR_RETURN(const nlohmann::json* v, required_number(j, source, key));
+  const double d = v->get<double>();
   if (!std::isfinite(d) || d <= 0)
-    return InvalidArgument(fmt::format("{}: \"{}\" is {}; it must be a positive number", source, key, v.dump()));
+    return InvalidArgument(fmt::format("{}: \"{}\" is {}; it must be a positive number", source, key, v->dump()));
+  if (d < range.min || d > range.max)
+    return InvalidArgument(fmt::format("{}: \"{}\" is {} {}; a real machine's is from {:g} to {:g} {} (a unit "
+                                       "mix-up or a typo?)",
+                                       source, key, v->dump(), range.unit, range.min, range.max, range.unit));
   out = d;
   return Status::Ok();
 }
 
 Status positive_bytes(const nlohmann::json& j, const std::string& source, const char* key, uint64_t& out) {
-  double d = 0;
-  STRATA_RETURN_IF_ERROR(positive_number(j, source, key, d));
-  if (d >= 1.8e19) return InvalidArgument(fmt::format("{}: \"{}\" {} does not fit in 64 bits", source, key, d));
-  out = static_cast<uint64_t>(d);
+  STRATA_ASSIGN_OR_RETURN(const nlohmann::json* v, required_number(j, source, key));
+  const JsonByteCount bytes = json_byte_count(*v);
+  if (!bytes.bytes)
+    return InvalidArgument(fmt::format("{}: \"{}\" {} {}; write a whole number of bytes such as 80e9", source, key,
+                                       v->dump(), bytes.problem));
+  if (*bytes.bytes == 0)
+    return InvalidArgument(fmt::format("{}: \"{}\" is 0; it must be a positive number of bytes", source, key));
+  out = *bytes.bytes;
   return Status::Ok();
 }
 
@@ -112,13 +142,13 @@ Result<HardwareProfile> parse_hardware_profile(const nlohmann::json& j, const st
   STRATA_RETURN_IF_ERROR(positive_bytes(j, source, "device_memory_bytes", p.device_memory_bytes));
   STRATA_RETURN_IF_ERROR(positive_bytes(j, source, "host_memory_bytes", p.host_memory_bytes));
   STRATA_RETURN_IF_ERROR(positive_bytes(j, source, "nvme_bytes", p.nvme_bytes));
-  STRATA_RETURN_IF_ERROR(positive_number(j, source, "compute_gflops", p.compute_gflops));
-  STRATA_RETURN_IF_ERROR(positive_number(j, source, "h2d_gb_per_s", p.h2d_gb_per_s));
-  STRATA_RETURN_IF_ERROR(positive_number(j, source, "d2h_gb_per_s", p.d2h_gb_per_s));
-  STRATA_RETURN_IF_ERROR(positive_number(j, source, "collective_bus_gb_per_s", p.collective_bus_gb_per_s));
-  STRATA_RETURN_IF_ERROR(positive_number(j, source, "nvme_read_gb_per_s", p.nvme_read_gb_per_s));
-  STRATA_RETURN_IF_ERROR(positive_number(j, source, "nvme_write_gb_per_s", p.nvme_write_gb_per_s));
-  STRATA_RETURN_IF_ERROR(positive_number(j, source, "device_adam_params_per_s", p.device_adam_params_per_s));
+  STRATA_RETURN_IF_ERROR(rate(j, source, "compute_gflops", kComputeRange, p.compute_gflops));
+  STRATA_RETURN_IF_ERROR(rate(j, source, "h2d_gb_per_s", kLinkRange, p.h2d_gb_per_s));
+  STRATA_RETURN_IF_ERROR(rate(j, source, "d2h_gb_per_s", kLinkRange, p.d2h_gb_per_s));
+  STRATA_RETURN_IF_ERROR(rate(j, source, "collective_bus_gb_per_s", kLinkRange, p.collective_bus_gb_per_s));
+  STRATA_RETURN_IF_ERROR(rate(j, source, "nvme_read_gb_per_s", kLinkRange, p.nvme_read_gb_per_s));
+  STRATA_RETURN_IF_ERROR(rate(j, source, "nvme_write_gb_per_s", kLinkRange, p.nvme_write_gb_per_s));
+  STRATA_RETURN_IF_ERROR(rate(j, source, "device_adam_params_per_s", kOptimizerRange, p.device_adam_params_per_s));
   if (!j.contains("cpu_adam_params_per_s") || !j["cpu_adam_params_per_s"].is_object())
     return InvalidArgument(fmt::format(
         "{}: \"cpu_adam_params_per_s\" must be an object {{\"fp32\": rate, \"bf16\": rate}} (parameters per second "
@@ -129,10 +159,11 @@ Result<HardwareProfile> parse_hardware_profile(const nlohmann::json& j, const st
     if (it.key() != "fp32" && it.key() != "bf16" && it.key() != "int8")
       return InvalidArgument(fmt::format("{}: unknown key \"cpu_adam_params_per_s.{}\" (known: fp32, bf16, int8)",
                                          source, printable(it.key(), 64)));
-  STRATA_RETURN_IF_ERROR(positive_number(adam, source + ": cpu_adam_params_per_s", "fp32", p.cpu_adam_params_per_s_fp32));
-  STRATA_RETURN_IF_ERROR(positive_number(adam, source + ": cpu_adam_params_per_s", "bf16", p.cpu_adam_params_per_s_bf16));
+  const std::string adam_source = source + ": cpu_adam_params_per_s";
+  STRATA_RETURN_IF_ERROR(rate(adam, adam_source, "fp32", kOptimizerRange, p.cpu_adam_params_per_s_fp32));
+  STRATA_RETURN_IF_ERROR(rate(adam, adam_source, "bf16", kOptimizerRange, p.cpu_adam_params_per_s_bf16));
   if (adam.contains("int8"))  // optional: 8-bit moments (older profiles lack it)
-    STRATA_RETURN_IF_ERROR(positive_number(adam, source + ": cpu_adam_params_per_s", "int8", p.cpu_adam_params_per_s_int8));
+    STRATA_RETURN_IF_ERROR(rate(adam, adam_source, "int8", kOptimizerRange, p.cpu_adam_params_per_s_int8));
   if (j.contains("notes")) p.notes = j["notes"];
   if (j.contains("sources")) p.sources = j["sources"];
   if (j.contains("calibration")) p.calibration = j["calibration"];
@@ -140,11 +171,17 @@ Result<HardwareProfile> parse_hardware_profile(const nlohmann::json& j, const st
 }
 
 Result<HardwareProfile> load_hardware_profile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return ErrnoStatus(errno, fmt::format("open hardware profile '{}'", printable(path, 256)));
-  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return InvalidArgument(fmt::format("{}: not valid JSON", printable(path, 256)));
-  return parse_hardware_profile(j, printable(path, 256));
+  // Profiles weigh a few KB, their calibration's raw measurements a few more.
+  constexpr uint64_t kMaxProfileBytes = uint64_t{4} << 20;
+  STRATA_ASSIGN_OR_RETURN(
+      nlohmann::ordered_json j,
+      read_json_file(path,
+                     {.what = "hardware profile",
+                      .flag = "",
+                      .hint = "give a hardware profile JSON (strata report --calibrate writes one; examples/profiles/ "
+                              "has others)"},
+                     {.max_bytes = kMaxProfileBytes, .max_depth = 64, .what = "hardware profile"}));
+  return parse_hardware_profile(nlohmann::json(j), printable(path, 256));
 }
 
 nlohmann::ordered_json hardware_profile_to_json(const HardwareProfile& p) {

@@ -10,6 +10,8 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -77,6 +79,34 @@ TEST(ConfigHostile, BatchProductsThatOverflowAreErrors) {
   const auto check2 = check_text(R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4611686018427387904})", 4);
   ASSERT_FALSE(check2.ok());
   EXPECT_NE(check2.format().find("overflows"), std::string::npos) << check2.format();
+}
+
+// Byte keys are uint64: 2^63 and up once wrapped to 0 (unlimited), and 1e19
+// or 1e30 clamped to 2^63 - 1, both with `config check` OK.
+TEST(ConfigHostile, ByteKeysKeepEveryUint64Exactly) {
+  for (const auto& [text, bytes] : std::vector<std::pair<std::string, uint64_t>>{
+           {"9223372036854775808", uint64_t{1} << 63},
+           {"12345678901234567890", uint64_t{12345678901234567890u}},
+           {"18446744073709551615", UINT64_MAX},
+           {"1e19", uint64_t{10000000000000000000u}},
+           {"9.3e18", uint64_t{9300000000000000000u}}}) {
+    const auto check = check_text(fmt::format(R"({{"strata": {{"host_memory_budget": {0}, "device_memory": {0}}}}})", text));
+    ASSERT_TRUE(check.ok()) << text << ":\n" << check.format();
+    EXPECT_EQ(check.config.strata.host_memory_budget, bytes) << text;
+    EXPECT_EQ(check.config.strata.device_memory, bytes) << text;
+  }
+}
+
+TEST(ConfigHostile, ByteCountsNoUint64HoldsAreErrorsNamingTheKeyAndTheMost) {
+  for (const char* key : {"host_memory_budget", "device_memory"}) {
+    const std::string path = fmt::format("strata.{}", key);
+    for (const char* text : {"18446744073709551616", "1e30", "1.8446744073709552e19"})
+      expect_error(check_text(fmt::format(R"({{"strata": {{"{}": {}}}}})", key, text)), path,
+                   "is more than 18446744073709551615 (2^64 - 1)", "\"64GiB\"");
+    expect_error(check_text(fmt::format(R"({{"strata": {{"{}": -1}}}})", key)), path, "-1 is negative", "64GiB");
+    expect_error(check_text(fmt::format(R"({{"strata": {{"{}": 0.5}}}})", key)), path, "0.5 is not a whole number",
+                 "64GiB");
+  }
 }
 
 TEST(ConfigHostile, ANumberNoDoubleHoldsNamesItsPath) {

@@ -3,8 +3,9 @@
 // model (step_time_model.h) predicts a training step from. `strata report
 // --calibrate` measures one; profiles of other machines are written by hand
 // from datasheets (examples/profiles/). JSON, every rate required, positive
-// and finite; unknown keys are errors (a misspelt rate must not silently
-// become a default):
+// and within physical bounds (Note [Physical bounds of a profile's rates] in
+// hardware_profile.cpp), byte counts whole; unknown and duplicate keys are
+// errors (a misspelt rate must not silently become a default):
 //
 //   {"name": "dgx-h100", "gpus_per_node": 8, "shared_cores": false,
 //    "device_memory_bytes": 80e9, "host_memory_bytes": 2e12, "nvme_bytes": 30.72e12,
@@ -83,6 +84,8 @@ std::string compute_dtype_note(const HardwareProfile& profile, DType rows);
 // optimizer_on_own_cores then do not describe these rows.
 std::string thread_count_note(const HardwareProfile& profile, int device_threads, int optimizer_threads);
 Result<HardwareProfile> parse_hardware_profile(const nlohmann::json& json, const std::string& source);
+// Reads `path` strictly (strata/core/json_file.h: bounded, regular files only,
+// no duplicate keys); errors name the file (callers add their flag).
 Result<HardwareProfile> load_hardware_profile(const std::string& path);
 nlohmann::ordered_json hardware_profile_to_json(const HardwareProfile& profile);
 
