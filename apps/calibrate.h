@@ -10,6 +10,7 @@ struct CalibrateOptions {
   bool requested = false;  // --calibrate
   std::string path;     // folder for the NVMe measurement ("" : the system's temporary folder, said in the profile)
   std::string out;      // profile file ("" : print it)
+  bool out_given = false;  // --out was given (an empty --out is refused, not taken as "print it")
   std::string preset = "small";  // the model whose shapes the compute rate is measured on
   int layers = 0, heads = 0, embd = 0;
   int batch = 4, seq = 64, steps = 9;  // compute: the median of `steps` steps after one warm-up

@@ -33,6 +33,7 @@
 #include <nlohmann/json.hpp>
 
 #include "command.h"
+#include "config_fit_cli.h"
 #include "engine_run.h"
 #include "placement_rows.h"
 #include "sample_stats.h"
@@ -50,6 +51,7 @@ struct BenchOffloadOptions {
   int layers = 0, heads = 0, embd = 0, vocab = 0, max_seq = 0;
   std::string dtypes = "bf16";
   std::string optimizer_states = "fp32";
+  bool given_optimizer_states = false;  // --optimizer-states was given (refused beside --configs)
   int ranks = 1;
   int steps = 3;
   int warmup = 1;
@@ -330,28 +332,6 @@ Status draw_plot(const PlotTool& tool, const std::string& json_path, const std::
   return Status::Ok();
 }
 
-// A file the bench writes at the end (--json, --csv, --plot): checked before
-// anything is measured, so a typo in its folder does not cost the whole run.
-Status check_output_path(const std::string& path, const char* flag) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  const fs::path file(path);
-  if (fs::is_directory(file, ec))
-    return InvalidArgument(fmt::format("{} '{}' is a directory; name the file to write", flag, printable(path, 256)));
-  const fs::path folder = file.parent_path().empty() ? fs::path(".") : file.parent_path();
-  if (!fs::is_directory(folder, ec))
-    return InvalidArgument(fmt::format("{} '{}': the folder '{}' does not exist; create it or name another file",
-                                       flag, printable(path, 256), printable(folder.string(), 256)));
-  if (fs::exists(file, ec)) {
-    if (::access(path.c_str(), W_OK) != 0)
-      return ErrnoStatus(errno, fmt::format("{} '{}' cannot be overwritten", flag, printable(path, 256)));
-  } else if (::access(folder.c_str(), W_OK | X_OK) != 0) {
-    return ErrnoStatus(errno, fmt::format("{} '{}': no file can be created in '{}'", flag, printable(path, 256),
-                                          printable(folder.string(), 256)));
-  }
-  return Status::Ok();
-}
-
 void print_table(const nlohmann::ordered_json& doc) {
   size_t width = 45;  // the label column: as wide as the longest label
   for (const auto& r : doc["rows"]) width = std::max(width, r["label"].get<std::string>().size());
@@ -378,7 +358,8 @@ void print_table(const nlohmann::ordered_json& doc) {
                format_bytes(r["peak_bytes"]["pinned"].get<uint64_t>(), true));
   }
   if (doc.contains("profile")) {
-    fmt::print("\npredicted on profile '{}' (strata plan's step-time model):\n", doc["profile"].get<std::string>());
+    fmt::print("\npredicted on profile '{}' (strata plan's step-time model):\n",
+               printable(doc["profile"].get<std::string>(), 256));
     for (const auto& r : doc["rows"])
       if (r.contains("predicted"))
         fmt::print("{:<{}} measured {:>10.2f} ms  predicted {:>10.2f} ms ({:>+6.1f}%)  ideal {:>10.2f} ms  bound {}\n",
@@ -442,7 +423,10 @@ int run_bench_offload(const BenchOffloadOptions& o) {
     Result<std::unique_ptr<Device>> gpu = make_device(device);
     if (!gpu.ok()) return fail(gpu.status().with_context("--device"));
   }
-  Result<std::vector<cpu_adam::MomentStorage>> moments = parse_moment_list(o.optimizer_states, "--optimizer-states");
+  // Not given: the default matrix in fp32 moments (the engine's default), and no conflict with --configs.
+  Result<std::vector<cpu_adam::MomentStorage>> moments =
+      o.given_optimizer_states ? parse_moment_list(o.optimizer_states, "--optimizer-states")
+                               : Result<std::vector<cpu_adam::MomentStorage>>(std::vector<cpu_adam::MomentStorage>{});
   if (!moments.ok()) return fail(moments.status());
   Result<std::vector<PlacementRow>> selected = select_rows(o.configs, o.matrix, *dtypes, *moments);
   if (!selected.ok()) return fail(selected.status());
@@ -649,7 +633,7 @@ CommandRegistration bench_offload("bench offload", [](CLI::App& root) {
   cmd->add_option("--embd", o->embd, "Override the embedding width")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--vocab", o->vocab, "Override the vocabulary (>= 256)")->check(CLI::Range(1, 1 << 24));
   cmd->add_option("--max-seq", o->max_seq, "Override the maximum sequence length")->check(CLI::Range(1, 1 << 24));
-  cmd->add_option("--optimizer-states", o->optimizer_states,
+  auto* states = cmd->add_option("--optimizer-states", o->optimizer_states,
                   "Adam moment storage(s) of the default matrix, comma-separated: fp32,bf16,int8 (int8: offloaded rows "
                   "only)")
       ->capture_default_str();
@@ -700,7 +684,10 @@ CommandRegistration bench_offload("bench offload", [](CLI::App& root) {
                   "The plotting script (default: share/strata/plot_offload.py beside the installed strata, else the "
                   "source tree's scripts/plot_offload.py)");
   cmd->add_flag("--quiet", o->quiet, "Only errors and the output files");
-  cmd->callback([o] { exit_with(run_bench_offload(*o)); });
+  cmd->callback([o, states] {
+    o->given_optimizer_states = states->count() > 0;
+    exit_with(run_bench_offload(*o));
+  });
 });
 
 }  // namespace

@@ -9,8 +9,10 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "calibrate.h"
 #include "command.h"
@@ -122,7 +124,8 @@ CommandRegistration report_command("report", [](CLI::App& root) {
   cmd->add_option("--path", opts->path, "Also probe this directory (file system, O_DIRECT, block size, free space)");
   cmd->add_flag("--calibrate", cal->requested, "Measure this machine's rates and write a hardware profile for strata "
                                                 "plan (report_calibrate.cpp; --path: where to measure NVMe)");
-  cmd->add_option("--out", cal->out, "With --calibrate: write the profile to this file (default: print it)");
+  // Every option below belongs to --calibrate: without it they are refused (the callback).
+  auto* out = cmd->add_option("--out", cal->out, "With --calibrate: write the profile to this file (default: print it)");
   // The compute rate depends on the shapes: calibrate at the ones you plan for.
   cmd->add_option("--calibrate-model", cal->preset, "With --calibrate: the model preset timed for compute")
       ->capture_default_str();
@@ -150,7 +153,23 @@ CommandRegistration report_command("report", [](CLI::App& root) {
                   "core). With --calibrate-device-threads, when both fit the cores, the profile says the optimizer "
                   "has cores of its own (optimizer_on_own_cores)")
       ->capture_default_str()->check(CLI::Range(0, 4096));
-  cmd->callback([opts, cal] {
+  std::vector<CLI::Option*> calibrate_only;
+  for (CLI::Option* opt : cmd->get_options())
+    if (opt == out || opt->get_name().rfind("--calibrate-", 0) == 0) calibrate_only.push_back(opt);
+  cmd->callback([opts, cal, out, calibrate_only] {
+    cal->out_given = out->count() > 0;
+    if (!cal->requested) {
+      // As strata plan refuses --out without --fit: a profile option without --calibrate would do nothing.
+      std::vector<std::string> given;
+      for (const CLI::Option* opt : calibrate_only)
+        if (opt->count() > 0) given.push_back(opt->get_name());
+      if (!given.empty()) {
+        fmt::print(stderr, "strata report: error: {} belong{} to --calibrate (measure this machine and write a "
+                           "hardware profile); add --calibrate, or drop {}\n",
+                   fmt::join(given, ", "), given.size() == 1 ? "s" : "", given.size() == 1 ? "it" : "them");
+        exit_with(2);
+      }
+    }
     if (cal->requested) {
       cal->path = opts->path;
       exit_with(run_calibrate(*cal));

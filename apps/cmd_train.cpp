@@ -28,6 +28,7 @@
 #include "command.h"
 #include "config_fit_cli.h"
 #include "engine_run.h"
+#include "train_paths.h"
 #include <sys/sysinfo.h>
 
 #include "strata/core/printable.h"
@@ -70,7 +71,7 @@ struct TrainCliOptions {
   bool quiet = false;
   int ranks = 1;
   std::string backend = "local";
-  int stage = -1;                      // -1: the config's (0 without one)
+  int stage = -1;                      // with given_stage; else the config's (0 without one)
   std::string offload_optimizer;       // "": the config's
   std::string offload_param;
   std::string overlap_optimizer;       // "": the config's (on)
@@ -93,7 +94,8 @@ struct TrainCliOptions {
   std::string fit_grad_dtypes;        // --grad-dtypes with --fit: the gradient dtypes the search may choose
   // Which flags were given (they override the config).
   bool given_batch = false, given_accum = false, given_lr = false, given_wd = false, given_clip = false,
-       given_dtype = false, given_device = false, given_device_memory = false;
+       given_dtype = false, given_device = false, given_device_memory = false, given_stage = false,
+       given_save_dir = false, given_nvme_path = false;
 };
 
 std::string bytes_text(uint64_t b) { return b == 0 ? "0 B" : format_bytes(b, true); }
@@ -121,7 +123,8 @@ Status apply_config(const Config& cfg, TrainCliOptions& o, TrainSetup& t, model:
     const int64_t mb = *cfg.batch.train_micro_batch_size_per_gpu;
     if (mb < 1 || mb > 65536)
       return InvalidArgument(fmt::format(
-          "{}: train_micro_batch_size_per_gpu {} is out of range for strata train (1..65536)", cfg.source, mb));
+          "{}: train_micro_batch_size_per_gpu {} is out of range for strata train (1..65536)",
+          printable(cfg.source, 256), mb));
     t.batch = static_cast<int>(mb);
   }
   if (!o.given_device_memory && cfg.strata.device_memory != 0) t.device_memory_bytes = cfg.strata.device_memory;
@@ -136,8 +139,11 @@ Status apply_config(const Config& cfg, TrainCliOptions& o, TrainSetup& t, model:
 
 // Flags that override the placement (applied after the config).
 Status apply_placement_flags(const TrainCliOptions& o, TrainSetup& t) {
-  if (o.stage != -1) {
-    if (o.stage < 0 || o.stage > 3) return InvalidArgument(fmt::format("--stage {} is not 0, 1, 2 or 3", o.stage));
+  if (o.given_stage) {
+    if (o.stage < 0 || o.stage > 3)
+      return InvalidArgument(fmt::format("--stage {} is not 0, 1, 2 or 3 (ZeRO stage; leave it out for the config's, "
+                                         "or 0 without one)",
+                                         o.stage));
     t.engine.stage = o.stage;
   }
   if (!o.offload_optimizer.empty()) {
@@ -147,6 +153,24 @@ Status apply_placement_flags(const TrainCliOptions& o, TrainSetup& t) {
     STRATA_ASSIGN_OR_RETURN(t.engine.offload_param, parse_offload(o.offload_param, "--offload-param"));
   }
   if (!o.nvme_path.empty()) t.engine.nvme.path = t.engine.nvme_param.path = o.nvme_path;
+  // The config's own stage 0 + optimizer offload is refused when it is read
+  // (config_resolve.cpp); here a flag made the pair, so the message names it.
+  if (t.engine.offload_optimizer != OffloadDevice::kNone && t.engine.stage == 0) {
+    const std::string stage_from =
+        o.given_stage            ? std::string("--stage 0")
+        : o.config_path.empty() ? std::string("stage 0 (the default without --stage or --config)")
+                                : fmt::format("stage 0 (zero_optimization.stage of --config '{}')",
+                                              printable(o.config_path, 256));
+    const std::string offload_from =
+        !o.offload_optimizer.empty()
+            ? fmt::format("--offload-optimizer {}", offload_device_name(t.engine.offload_optimizer))
+            : fmt::format("optimizer offload {} (zero_optimization.offload_optimizer.device of --config '{}')",
+                          offload_device_name(t.engine.offload_optimizer), printable(o.config_path, 256));
+    return InvalidArgument(fmt::format(
+        "{} with {}: optimizer offload needs ZeRO stage 1, 2 or 3 (the optimizer state is partitioned, and so "
+        "offloaded, only there); give --stage 1, 2 or 3, or --offload-optimizer none",
+        stage_from, offload_from));
+  }
   if (t.engine.offload_optimizer == OffloadDevice::kNvme && t.engine.nvme.path.empty())
     return InvalidArgument("--offload-optimizer nvme needs a folder on the NVMe drive: give --nvme-path DIR (or "
                            "zero_optimization.offload_optimizer.nvme_path in --config)");
@@ -171,6 +195,28 @@ Status apply_placement_flags(const TrainCliOptions& o, TrainSetup& t) {
                             offload::parse_speculation_mode(o.speculative_optimizer, "--speculative-optimizer"));
   }
   t.engine.optimizer_threads = o.optimizer_threads;
+  return Status::Ok();
+}
+
+// The NVMe folders the placement uses (--nvme-path, or the config's
+// nvme_path), checked before anything is built, naming where each came from.
+Status check_nvme_folders(const TrainCliOptions& o, const TrainSetup& t) {
+  struct Use {
+    bool used;
+    const std::string& path;
+    const char* key;
+  };
+  for (const Use& u : {Use{t.engine.offload_optimizer == OffloadDevice::kNvme, t.engine.nvme.path,
+                           "zero_optimization.offload_optimizer.nvme_path"},
+                       Use{t.engine.offload_param == OffloadDevice::kNvme, t.engine.nvme_param.path,
+                           "zero_optimization.offload_param.nvme_path"}}) {
+    if (!u.used || u.path.empty()) continue;  // an empty path is refused by apply_placement_flags
+    const std::string named = o.given_nvme_path
+                                  ? fmt::format("--nvme-path '{}'", printable(u.path, 256))
+                                  : fmt::format("{} '{}' of --config '{}' (or give --nvme-path DIR)", u.key,
+                                                printable(u.path, 256), printable(o.config_path, 256));
+    STRATA_RETURN_IF_ERROR(check_swap_folder(u.path, named));
+  }
   return Status::Ok();
 }
 
@@ -511,7 +557,7 @@ int run_train(TrainCliOptions o) {
     return st.code() == StatusCode::kInvalidArgument ? 2 : 1;
   };
   Result<model::GptConfig> preset = model::preset(o.preset);
-  if (!preset.ok()) return fail(preset.status());
+  if (!preset.ok()) return fail(preset.status().with_context("--preset"));
   model::GptConfig g = *preset;
   if (o.layers) g.n_layer = o.layers;
   if (o.heads) g.n_head = o.heads;
@@ -527,7 +573,9 @@ int run_train(TrainCliOptions o) {
   }
   if (o.ranks < 1 || o.ranks > 64) return fail(InvalidArgument(fmt::format("--ranks {} is not in 1..64", o.ranks)));
   Result<comm::Backend> backend = comm::parse_backend(o.backend, "--backend");
-  if (!backend.ok()) return fail(backend.status());
+  if (!backend.ok())
+    return fail(InvalidArgument(
+        fmt::format("--backend '{}' is not a backend; use local, mpi or nccl", printable(o.backend, 64))));
   if (*backend != comm::Backend::kLocal && o.ranks != 1)
     return fail(InvalidArgument(fmt::format("--ranks {} is for --backend local; with {} start one process per rank "
                                             "(mpirun -np N strata train --backend {})",
@@ -541,13 +589,17 @@ int run_train(TrainCliOptions o) {
   t.engine.grad_clip = o.clip;
   t.seed = o.seed;
   t.eval_batches = o.eval_batches;
-  Result<DeviceKind> dev = parse_device_kind(o.device, "--device");
+  Result<DeviceKind> dev = parse_device_flag(o.device, "--device");
   if (!dev.ok()) return fail(dev.status());
   t.device = *dev;
   if (!o.device_memory.empty()) {
     Result<uint64_t> bytes = parse_bytes(o.device_memory, "--device-memory");
     if (!bytes.ok()) return fail(bytes.status());
     t.device_memory_bytes = *bytes;
+  }
+  // Where the run writes, checked before anything is built (nothing is created here).
+  if (o.given_save_dir) {
+    if (Status st = check_save_dir(o.save_dir); !st.ok()) return fail(st);
   }
   // Under mpirun, this process's rank of it: created before the config is
   // read, whose batch keys are checked against its size (Note [World size of the config]).
@@ -569,7 +621,7 @@ int run_train(TrainCliOptions o) {
   if (!o.fit && !o.fit_optimizer_states.empty())
     return fail(InvalidArgument("--optimizer-states is what --fit may choose (add --fit); to train with 8-bit or bf16 "
                                 "optimizer state set strata.optimizer_state_dtype in --config"));
-  if (o.fit && (o.stage != -1 || !o.offload_optimizer.empty() || !o.offload_param.empty()))
+  if (o.fit && (o.given_stage || !o.offload_optimizer.empty() || !o.offload_param.empty()))
     return fail(InvalidArgument("--fit chooses the stage and the offload placement; drop --stage, "
                                 "--offload-optimizer and --offload-param"));
   if (!o.config_path.empty() || o.fit) {
@@ -631,6 +683,7 @@ int run_train(TrainCliOptions o) {
   if (t.engine.host_memory_budget != 0) t.engine.host_memory_budget /= static_cast<uint64_t>(o.ranks);
   Status placement = apply_placement_flags(o, t);
   if (!placement.ok()) return fail(placement);
+  if (Status st = check_nvme_folders(o, t); !st.ok()) return fail(st);
   // Gradients in the parameters' dtype unless the config says otherwise;
   // fp16 without a config gets DeepSpeed's dynamic loss scale.
   if (!t.has_config) {
@@ -708,7 +761,7 @@ int run_train(TrainCliOptions o) {
   std::unique_ptr<std::ofstream> log;
   if (printer && !o.json_log.empty()) {
     log = std::make_unique<std::ofstream>(o.json_log, std::ios::trunc);
-    if (!*log) return fail(ErrnoStatus(errno, fmt::format("open --json-log '{}'", o.json_log)));
+    if (!*log) return fail(ErrnoStatus(errno, fmt::format("open --json-log '{}'", printable(o.json_log, 256))));
   }
   // Set before the banner, which prints the limit.
   const ComputeThreadLimit compute_threads(o.device_threads);
@@ -776,25 +829,43 @@ CommandRegistration train_command("train", [](CLI::App& root) {
   CLI::App* cmd = root.add_subcommand(
       "train", "Train the reference GPT with the ZeRO engine (stages 0-3, cpu offload) on one rank or many");
   cmd->add_option("--preset", o->preset, "Model size: tiny | small | gpt2 | gpt2-medium | 1b")->capture_default_str();
-  cmd->add_option("--layers", o->layers, "Override the number of blocks");
-  cmd->add_option("--heads", o->heads, "Override the number of attention heads");
-  cmd->add_option("--embd", o->embd, "Override the embedding width");
-  cmd->add_option("--vocab", o->vocab, "Override the vocabulary size (>= 256)");
-  cmd->add_option("--max-seq", o->max_seq, "Override the maximum sequence length");
+  // The model's own ranges (GptLimits); left out, the preset's value (an explicit 0 is refused).
+  using model::GptLimits;
+  cmd->add_option("--layers", o->layers, "Number of blocks (default: the preset's)")
+      ->check(CLI::Range(1, GptLimits::kMaxLayers));
+  cmd->add_option("--heads", o->heads, "Number of attention heads, dividing --embd (default: the preset's)")
+      ->check(CLI::Range(1, GptLimits::kMaxEmbd));
+  cmd->add_option("--embd", o->embd, "Embedding width (default: the preset's)")
+      ->check(CLI::Range(1, GptLimits::kMaxEmbd));
+  cmd->add_option("--vocab", o->vocab, "Vocabulary size (default: the preset's)")
+      ->check(CLI::Range(GptLimits::kMinVocab, GptLimits::kMaxVocab));
+  cmd->add_option("--max-seq", o->max_seq, "Maximum sequence length (default: the preset's)")
+      ->check(CLI::Range(1, GptLimits::kMaxSeqLen));
   auto* dtype = cmd->add_option("--dtype", o->dtype, "Parameter storage: fp32 | bf16 | fp16 (compute is fp32)");
   cmd->add_option("--steps", o->steps, "Optimizer steps")->capture_default_str();
-  auto* batch = cmd->add_option("--batch", o->batch, "Micro batch (sequences per forward)")->capture_default_str();
-  cmd->add_option("--seq", o->seq, "Sequence length")->capture_default_str();
-  auto* accum = cmd->add_option("--grad-accum", o->grad_accum, "Micro batches per optimizer step")->capture_default_str();
+  auto* batch = cmd->add_option("--batch", o->batch, "Micro batch (sequences per forward)")
+                    ->capture_default_str()
+                    ->check(CLI::Range(1, 65536));
+  cmd->add_option("--seq", o->seq, "Sequence length (at most the model's --max-seq)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, GptLimits::kMaxSeqLen));
+  // gradient_accumulation_steps' range (engine_options.cpp).
+  auto* accum = cmd->add_option("--grad-accum", o->grad_accum, "Micro batches per optimizer step")
+                    ->capture_default_str()
+                    ->check(CLI::Range(1, 1'000'000));
   // Finite, bounded ranges: a flag error names the flag (not the optimizer's field).
   auto* lr = cmd->add_option("--lr", o->lr, "Learning rate")->capture_default_str()->check(CLI::Range(0.0, 1e3));
   auto* wd = cmd->add_option("--weight-decay", o->weight_decay, "Weight decay")
                  ->capture_default_str()
                  ->check(CLI::Range(0.0, 1e3));
-  auto* clip = cmd->add_option("--clip", o->clip, "Global gradient-norm clipping (0: off)")->capture_default_str();
+  auto* clip = cmd->add_option("--clip", o->clip, "Global gradient-norm clipping (0: off)")
+                   ->capture_default_str()
+                   ->check(CLI::Range(0.0, 1e6));
   cmd->add_option("--seed", o->seed, "Seed of initial weights and batch order")->capture_default_str();
-  auto* device = cmd->add_option("--device", o->device, "cpu | cuda | auto (cuda when a GPU is usable, else cpu)")
-                     ->capture_default_str();
+  // No captured default: without the flag the device is the config's strata.device (apply_config).
+  auto* device = cmd->add_option("--device", o->device,
+                                 "cpu | cuda | auto (cuda when a GPU is usable, else cpu); default: the config's "
+                                 "strata.device (auto unless set) with --config or --fit, else cpu");
   auto* devmem = cmd->add_option("--device-memory", o->device_memory,
                                  "Device memory capacity, e.g. 2GiB (cpu default: a quarter of host memory)");
   cmd->add_option("--config", o->config_path,
@@ -803,17 +874,19 @@ CommandRegistration train_command("train", [](CLI::App& root) {
   cmd->add_option("--data", o->data, "Train on this text file (default: the shipped corpus)");
   cmd->add_option("--eval-every", o->eval_every, "Validation loss every N steps (0: only at the end)")
       ->capture_default_str();
-  cmd->add_option("--eval-batches", o->eval_batches, "Validation batches per evaluation")->capture_default_str();
+  cmd->add_option("--eval-batches", o->eval_batches, "Validation batches per evaluation")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1'000'000));
   cmd->add_flag("--quiet", o->quiet, "No per-step progress lines");
   cmd->add_option("--ranks", o->ranks, "Data-parallel ranks as threads of this process (--backend local)")
       ->capture_default_str();
   cmd->add_option("--backend", o->backend,
                   "local | mpi | nccl (mpi and nccl: one process per rank under mpirun; nccl with --device cuda)")
       ->capture_default_str();
-  cmd->add_option("--stage", o->stage, "ZeRO stage 0-3 (overrides zero_optimization.stage)");
+  auto* stage = cmd->add_option("--stage", o->stage, "ZeRO stage 0-3 (overrides zero_optimization.stage)");
   cmd->add_option("--offload-optimizer", o->offload_optimizer, "none | cpu | nvme (overrides offload_optimizer.device)");
   cmd->add_option("--offload-param", o->offload_param, "none | cpu | nvme, stage 3 (overrides offload_param.device)");
-  cmd->add_option("--nvme-path", o->nvme_path,
+  auto* nvme_path = cmd->add_option("--nvme-path", o->nvme_path,
                   "Folder on the NVMe drive for --offload-optimizer/--offload-param nvme (overrides the config's "
                   "nvme_path); the run's swap files go to DIR/strata-train-<pid>[-params]/rank<r>/, removed at exit");
   cmd->add_flag("--fit", o->fit,
@@ -828,7 +901,7 @@ CommandRegistration train_command("train", [](CLI::App& root) {
   cmd->add_option("--grad-dtypes", o->fit_grad_dtypes,
                   "With --fit: gradient accumulation dtypes the search may choose, comma-separated: fp32,bf16 "
                   "(default: the config's data_types.grad_accum_dtype, or the training dtype)");
-  cmd->add_option("--save-dir", o->save_dir,
+  auto* save_dir = cmd->add_option("--save-dir", o->save_dir,
                   "Save checkpoints into this folder (one tag folder per save, a 'latest' file; atomic, asynchronous)");
   cmd->add_option("--save-every", o->save_every, "Save every K steps (and after the last step); 0: only at the end")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
@@ -857,7 +930,7 @@ CommandRegistration train_command("train", [](CLI::App& root) {
                   "on separate cores")
       ->capture_default_str()
       ->check(CLI::Range(0, 1024));
-  cmd->callback([o, batch, accum, lr, wd, clip, dtype, device, devmem] {
+  cmd->callback([o, batch, accum, lr, wd, clip, dtype, device, devmem, stage, nvme_path, save_dir] {
     o->given_batch = batch->count() > 0;
     o->given_accum = accum->count() > 0;
     o->given_lr = lr->count() > 0;
@@ -866,6 +939,9 @@ CommandRegistration train_command("train", [](CLI::App& root) {
     o->given_dtype = dtype->count() > 0;
     o->given_device = device->count() > 0;
     o->given_device_memory = devmem->count() > 0;
+    o->given_stage = stage->count() > 0;
+    o->given_nvme_path = nvme_path->count() > 0;
+    o->given_save_dir = save_dir->count() > 0;
     exit_with(run_train(*o));
   });
 });

@@ -357,8 +357,18 @@ Result<Config> fit_train_config(const Config& base, const model::GptConfig& g, c
   return fitted;
 }
 
+namespace {
+std::string_view special_file_kind(mode_t mode) {
+  if (S_ISFIFO(mode)) return "FIFO";
+  if (S_ISSOCK(mode)) return "socket";
+  if (S_ISCHR(mode)) return "character device";
+  if (S_ISBLK(mode)) return "block device";
+  return "special file";
+}
+}  // namespace
+
 Status check_output_path(const std::string& path, const char* flag) {
-  if (path.empty()) return InvalidArgument(fmt::format("{} is empty: give a file path such as fit.json", flag));
+  if (path.empty()) return InvalidArgument(fmt::format("{} is empty: give the path of the file to write", flag));
   const std::string shown = printable(path, 256);
   struct stat st {};
   if (::lstat(path.c_str(), &st) == 0) {
@@ -367,10 +377,12 @@ Status check_output_path(const std::string& path, const char* flag) {
                                          "followed out of its folder)",
                                          flag, shown));
     if (S_ISDIR(st.st_mode))
-      return InvalidArgument(fmt::format("{} '{}' is a folder; give a file path inside it, e.g. '{}/fit.json'", flag,
+      return InvalidArgument(fmt::format("{} '{}' is a folder; give a file path inside it, e.g. '{}/NAME.json'", flag,
                                          shown, shown));
+    // A FIFO would block the write at the end until something reads it; a device is no result file.
     if (!S_ISREG(st.st_mode))
-      return InvalidArgument(fmt::format("{} '{}' is not a regular file", flag, shown));
+      return InvalidArgument(fmt::format("{} '{}' is not a regular file (a {}); give the path of a file to write",
+                                         flag, shown, special_file_kind(st.st_mode)));
   } else if (errno != ENOENT) {
     return ErrnoStatus(errno, fmt::format("{} '{}'", flag, shown));
   }

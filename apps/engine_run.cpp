@@ -10,6 +10,7 @@
 
 #include "strata/comm/host_collective.h"
 #include "strata/core/device_registry.h"
+#include "strata/core/printable.h"
 #include "strata/core/units.h"
 #include "strata/model/cpu_ops.h"
 
@@ -41,6 +42,12 @@ DefaultNvmeDir default_nvme_dir() {
     if (dir != nullptr && *dir != '\0') return {dir, fmt::format("${}", variable)};
   }
   return {"/tmp", "neither $STRATA_NVME_DIR nor $TMPDIR is set"};
+}
+
+Result<DeviceKind> parse_device_flag(const std::string& text, const char* flag) {
+  Result<DeviceKind> kind = parse_device_kind(text, flag);
+  if (kind.ok()) return kind;
+  return InvalidArgument(fmt::format("{} '{}' is not a device; use cpu, cuda or auto", flag, printable(text, 64)));
 }
 
 Result<OffloadDevice> parse_offload(const std::string& text, const char* flag) {

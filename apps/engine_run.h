@@ -82,6 +82,10 @@ struct DefaultNvmeDir {
 };
 DefaultNvmeDir default_nvme_dir();
 
+// "cpu" | "cuda" | "auto" given as `flag` (--device, --calibrate-device);
+// the error names the flag and shows the value escaped.
+Result<DeviceKind> parse_device_flag(const std::string& text, const char* flag);
+
 // "none" | "cpu" | "nvme"; the error names `flag`.
 Result<OffloadDevice> parse_offload(const std::string& text, const char* flag);
 

@@ -2,7 +2,9 @@
 
 #include <cctype>
 #include <charconv>
+#include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include <fmt/format.h>
@@ -41,6 +43,22 @@ std::string check_integer_text(const std::string& text, bool is_unsigned) {
   return {};
 }
 
+// "" when `text` is a finite number or not a number at all (CLI11's own
+// conversion then refuses it), else the reason: CLI11 reads "nan", "inf" and
+// "1e999" as doubles, and a NaN passes every CLI::Range (each comparison
+// with it is false), so --clip nan reached the engine as gradient_clipping nan.
+std::string check_float_text(const std::string& text) {
+  const char* begin = text.c_str();
+  char* end = nullptr;
+  const double v = std::strtod(begin, &end);
+  if (end == begin) return {};
+  while (*end != '\0' && std::isspace(static_cast<unsigned char>(*end))) ++end;
+  if (*end != '\0') return {};
+  if (std::isnan(v)) return fmt::format("{} is not a number; give a finite number", printable(text, 64));
+  if (std::isinf(v)) return fmt::format("{} is not finite; give a finite number", printable(text, 64));
+  return {};
+}
+
 }  // namespace
 
 void guard_integer_flags(CLI::App& app) {
@@ -48,8 +66,12 @@ void guard_integer_flags(CLI::App& app) {
     const std::string type = opt->get_type_name();
     const bool is_unsigned = type.rfind("UINT", 0) == 0;
     const bool is_signed = !is_unsigned && type.rfind("INT", 0) == 0;
-    if (!is_unsigned && !is_signed) continue;
     // An empty description keeps --help unchanged.
+    if (type.rfind("FLOAT", 0) == 0) {
+      opt->check(CLI::Validator([](std::string& value) { return check_float_text(value); }, "", ""));
+      continue;
+    }
+    if (!is_unsigned && !is_signed) continue;
     opt->check(CLI::Validator(
         [is_unsigned](std::string& value) { return check_integer_text(value, is_unsigned); }, "", ""));
   }

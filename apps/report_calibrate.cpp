@@ -28,6 +28,7 @@
 //   compute there, and the model predicts such runs as that.
 #include "calibrate.h"
 #include "command.h"
+#include "config_fit_cli.h"
 #include "sample_stats.h"
 
 #include <sys/statvfs.h>
@@ -40,7 +41,6 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
-#include <fstream>
 #include <optional>
 #include <thread>
 #include <utility>
@@ -284,6 +284,11 @@ int calibrate_failed(const Status& st) {
 }  // namespace
 
 int run_calibrate(const CalibrateOptions& o) {
+  // The profile is written after about ten seconds of measuring: a file it
+  // cannot be written to is refused first (strata plan --fit --out's check).
+  if (o.out_given) {
+    if (Status st = check_output_path(o.out, "--out"); !st.ok()) return calibrate_failed(st);
+  }
   Result<model::GptConfig> preset = model::preset(o.preset);
   if (!preset.ok()) return calibrate_failed(preset.status().with_context("--calibrate-model"));
   model::GptConfig g = *preset;
@@ -299,7 +304,7 @@ int run_calibrate(const CalibrateOptions& o) {
   if (o.seq > g.max_seq_len)
     return calibrate_failed(
         InvalidArgument(fmt::format("--calibrate-seq {} is longer than the model's max_seq {}", o.seq, g.max_seq_len)));
-  Result<DeviceKind> requested = parse_device_kind(o.device, "--calibrate-device");
+  Result<DeviceKind> requested = parse_device_flag(o.device, "--calibrate-device");
   if (!requested.ok()) return calibrate_failed(requested.status());
   const DeviceChoice choice = resolve_device_kind(*requested);
   const DeviceKind kind = choice.kind;
@@ -375,7 +380,7 @@ int run_calibrate(const CalibrateOptions& o) {
     if (!rate.ok()) return calibrate_failed(rate.status().with_context("calibrating the device optimizer"));
     p.device_adam_params_per_s = *rate;
   }
-  fmt::print(stderr, "calibrate: NVMe in {} ...\n", dir);
+  fmt::print(stderr, "calibrate: NVMe in {} ...\n", printable(dir, 256));
   Result<NvmeRates> nv = measure_nvme(dir, aio, cal);
   if (!nv.ok()) return calibrate_failed(nv.status());
   p.nvme_read_gb_per_s = nv->read;
@@ -483,11 +488,17 @@ int run_calibrate(const CalibrateOptions& o) {
     fmt::print("{}", text);
     return 0;
   }
-  std::ofstream out(o.out, std::ios::trunc);
-  out << text;
-  out.flush();
-  if (!out) return calibrate_failed(ErrnoStatus(errno, fmt::format("write --out '{}'", printable(o.out, 256))));
-  fmt::print("profile  {}\n", o.out);
+  // Atomically (a temp file renamed over --out); should it fail now (the
+  // folder changed since the check), the profile goes to stdout instead, so
+  // the measurements are not lost.
+  if (Status w = write_file_atomically(o.out, text, "--out"); !w.ok()) {
+    fmt::print("{}", text);
+    std::fflush(stdout);
+    const int rc = calibrate_failed(w);
+    fmt::print(stderr, "strata report --calibrate: the measured profile went to stdout instead; save it from there\n");
+    return rc;
+  }
+  fmt::print("profile  {}\n", printable(o.out, 256));
   return 0;
 }
 

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "strata/core/printable.h"
 #include "strata/core/units.h"
 
 namespace strata::model {
@@ -56,12 +57,16 @@ Status GptConfig::validate() const {
   auto bad = [](std::string_view field, int64_t value, std::string_view hint) {
     return InvalidArgument(fmt::format("model config: {}={} is invalid; {}", field, value, hint));
   };
-  if (vocab_size < 256) return bad("vocab_size (--vocab)", vocab_size, "the byte tokenizer needs at least 256");
-  if (vocab_size > (1 << 24)) return bad("vocab_size (--vocab)", vocab_size, "use at most 16777216");
-  if (max_seq_len < 1 || max_seq_len > 65536) return bad("max_seq_len (--max-seq)", max_seq_len, "use 1..65536");
-  if (n_layer < 1 || n_layer > 1024) return bad("n_layer (--layers)", n_layer, "use 1..1024");
-  if (n_head < 1) return bad("n_head (--heads)", n_head, "use at least 1");
-  if (n_embd < 1 || n_embd > 65536) return bad("n_embd (--embd)", n_embd, "use 1..65536");
+  using L = GptLimits;
+  if (vocab_size < L::kMinVocab) return bad("vocab_size (--vocab)", vocab_size, "the byte tokenizer needs at least 256");
+  if (vocab_size > L::kMaxVocab)
+    return bad("vocab_size (--vocab)", vocab_size, fmt::format("use at most {}", L::kMaxVocab));
+  if (max_seq_len < 1 || max_seq_len > L::kMaxSeqLen)
+    return bad("max_seq_len (--max-seq)", max_seq_len, fmt::format("use 1..{}", L::kMaxSeqLen));
+  if (n_layer < 1 || n_layer > L::kMaxLayers)
+    return bad("n_layer (--layers)", n_layer, fmt::format("use 1..{}", L::kMaxLayers));
+  if (n_head < 1 || n_head > L::kMaxEmbd) return bad("n_head (--heads)", n_head, fmt::format("use 1..{}", L::kMaxEmbd));
+  if (n_embd < 1 || n_embd > L::kMaxEmbd) return bad("n_embd (--embd)", n_embd, fmt::format("use 1..{}", L::kMaxEmbd));
   if (!is_state_float(param_dtype))
     return InvalidArgument(fmt::format("model config: param dtype {} is not supported; use fp32, bf16 or fp16 "
                                        "(--dtype)", dtype_name(param_dtype)));
@@ -81,7 +86,7 @@ std::vector<std::string> preset_names() {
 Result<GptConfig> preset(std::string_view name) {
   for (const GptConfig& c : presets())
     if (c.preset == name) return c;
-  return InvalidArgument(fmt::format("unknown model preset '{}' (--preset); valid presets: {}", name,
+  return InvalidArgument(fmt::format("unknown model preset '{}'; valid presets: {}", printable(name, 64),
                                      fmt::join(preset_names(), ", ")));
 }
 

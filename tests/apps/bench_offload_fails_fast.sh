@@ -38,11 +38,11 @@ export PYTHONPATH
 expect no_matplotlib "--plot needs python3 with matplotlib to run .*plot_offload.py.*apt-get install python3-matplotlib" \
   --plot "$dir/out.png"
 unset PYTHONPATH
-expect plot_folder_missing "--plot '.*/no_such_dir/out.png': the folder '.*/no_such_dir' does not exist" \
+expect plot_folder_missing "--plot '.*/no_such_dir/out.png': its folder '.*/no_such_dir' does not exist" \
   --plot "$dir/no_such_dir/out.png"
-expect json_folder_missing "--json '.*/no_such_dir/out.json': the folder '.*/no_such_dir' does not exist" \
+expect json_folder_missing "--json '.*/no_such_dir/out.json': its folder '.*/no_such_dir' does not exist" \
   --json "$dir/no_such_dir/out.json"
-expect csv_is_a_folder "--csv '.*' is a directory; name the file to write" --csv "$dir"
+expect csv_is_a_folder "--csv '.*' is a folder; give a file path inside it" --csv "$dir"
 expect plot_script_without_plot "--plot-script is for --plot FILE.png" --plot-script "$dir/fake-python/matplotlib.py"
 STRATA_NVME_DIR="$dir/no_such_nvme"
 expect nvme_default_missing \

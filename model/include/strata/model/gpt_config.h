@@ -21,6 +21,16 @@
 
 namespace strata::model {
 
+// The shapes validate() accepts; the CLI's --layers, --heads, --embd,
+// --vocab and --max-seq take exactly these ranges.
+struct GptLimits {
+  static constexpr int kMaxLayers = 1024;
+  static constexpr int kMaxEmbd = 65536;  // also the most heads (n_embd is a multiple of n_head)
+  static constexpr int kMaxSeqLen = 65536;
+  static constexpr int kMinVocab = 256;   // the byte tokenizer's ids
+  static constexpr int kMaxVocab = 1 << 24;
+};
+
 struct GptConfig {
   std::string preset = "custom";
   int vocab_size = 256;
@@ -43,7 +53,9 @@ struct GptConfig {
 
 // Names accepted by preset().
 std::vector<std::string> preset_names();
-// Looks up a preset; unknown names list the valid ones.
+// Looks up a preset; unknown names list the valid ones. The message names
+// no flag (the name may come from --preset, --model or --calibrate-model):
+// callers add theirs with with_context.
 Result<GptConfig> preset(std::string_view name);
 
 }  // namespace strata::model
