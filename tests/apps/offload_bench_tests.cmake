@@ -18,6 +18,7 @@ endif()
 
 # Bad input names the culprit.
 function(strata_offload_error_test name pattern)
+  string(REPLACE ";" "." pattern "${pattern}")  # a ';' would split the pattern into alternatives
   add_test(NAME apps.${name} COMMAND strata_cli ${ARGN})
   set_tests_properties(apps.${name} PROPERTIES LABELS apps TIMEOUT 60 PASS_REGULAR_EXPRESSION "${pattern}")
 endfunction()
