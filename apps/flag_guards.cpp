@@ -61,7 +61,7 @@ std::string check_float_text(const std::string& text) {
 
 }  // namespace
 
-void guard_integer_flags(CLI::App& app) {
+void guard_number_flags(CLI::App& app) {
   for (CLI::Option* opt : app.get_options()) {
     const std::string type = opt->get_type_name();
     const bool is_unsigned = type.rfind("UINT", 0) == 0;
@@ -75,7 +75,7 @@ void guard_integer_flags(CLI::App& app) {
     opt->check(CLI::Validator(
         [is_unsigned](std::string& value) { return check_integer_text(value, is_unsigned); }, "", ""));
   }
-  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) guard_integer_flags(*sub);
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) guard_number_flags(*sub);
 }
 
 }  // namespace strata::cli

@@ -1,5 +1,5 @@
 #pragma once
-// Range guards every integer flag of the CLI gets (issue 16): CLI11 reads an
+// Range guards every number flag of the CLI gets (issue 16): CLI11 reads an
 // int64 flag with strtoll, which saturates (--steps 99999999999999999999
 // became 9223372036854775807), and an unsigned one with strtoull, which wraps
 // (--seed -1 became 2^64 - 1); and a floating-point flag takes "nan" and
@@ -15,7 +15,6 @@ namespace strata::cli {
 // the text is a whole number inside the 64-bit range of its sign, and that an
 // unsigned flag is not negative; to every FLOAT option a check that it is
 // finite (not NaN, not infinite). The error names the flag and the range.
-// (The name predates the floating-point check; main() calls it.)
-void guard_integer_flags(CLI::App& app);
+void guard_number_flags(CLI::App& app);
 
 }  // namespace strata::cli

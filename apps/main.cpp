@@ -41,7 +41,7 @@ int main(int argc, char** argv) {
   std::sort(commands.begin(), commands.end(),
             [](const auto& a, const auto& b) { return a.first < b.first; });
   for (auto& [name, setup] : commands) setup(app);
-  strata::cli::guard_integer_flags(app);
+  strata::cli::guard_number_flags(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
