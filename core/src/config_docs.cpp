@@ -103,7 +103,9 @@ std::string config_keys_markdown() {
         "say the fix. Numbers written like `5e8` are accepted for integer keys when they are whole.\n"
         "Check a file with `strata config check FILE [--world-size N]`, print it resolved with\n"
         "`strata config show FILE`. Sizes in `zero_optimization` and the offload sections count elements,\n"
-        "as in DeepSpeed; `aio.block_size` and the `strata` section count bytes.\n\n";
+        "as in DeepSpeed; `aio.block_size` and the `strata` section count bytes. A byte key (type *bytes*)\n"
+        "takes a whole number from 0 to 18446744073709551615 (2^64 - 1), kept exactly, or a size string such\n"
+        "as `\"64GiB\"`; a negative, fractional or larger number is an error naming the key, never clamped.\n\n";
   md += "`\"auto\"` (written by the Hugging Face integration) is accepted where the *allowed* column says so.\n"
         "The batch keys resolve from each other and the world size; the bucket sizes resolve from the model's\n"
         "hidden size when known (h², 0.9 h², 10 h), else to their defaults; the rest stay unresolved\n"
