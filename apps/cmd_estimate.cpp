@@ -140,7 +140,9 @@ Result<EnginePlan> plan_engine(const EstimateOptions& opts, const Config* config
         o.offload_optimizer = od;
         o.offload_param = pdv;
         EnginePlanRow row{stage, od, pdv, {}, marked.stage == stage && marked.optimizer == od && marked.param == pdv, {}};
-        for (uint32_t r = 0; r < world; ++r) {
+        STRATA_ASSIGN_OR_RETURN(const offload::Partition partition,
+                                offload::Partition::create(layers, static_cast<int>(world), o.sub_group_size));
+        for (int r : partition.distinct_ranks()) {  // the same largest as every rank, in O(sub-groups) plans
           Result<offload::EngineMemory> p = offload::plan_engine_memory(
               o, layers, static_cast<int>(world), static_cast<int>(r), offload::PlannedDevice::gpu());
           if (!p.ok()) return p.status();
@@ -250,7 +252,7 @@ int run_estimate(const EstimateOptions& opts) {
     }
     if (!check.ok()) {
       std::fprintf(stderr, "strata estimate: error: %s is not a valid config (%zu error(s)); see strata config check\n",
-                   opts.config.c_str(), check.error_count());
+                   printable(opts.config, 256).c_str(), check.error_count());
       return 1;
     }
     input.from_config(check.config);

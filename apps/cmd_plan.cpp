@@ -93,7 +93,9 @@ Result<Memory> engine_memory(const offload::EngineOptions& base, const Placement
                              int ranks_per_node) {
   const offload::EngineOptions o = row.apply(base);
   offload::EngineMemory worst;
-  for (int r = 0; r < world; ++r) {
+  STRATA_ASSIGN_OR_RETURN(const offload::Partition partition,
+                          offload::Partition::create(layers, world, o.sub_group_size));
+  for (int r : partition.distinct_ranks()) {  // the same largest as every rank, in O(sub-groups) plans
     STRATA_ASSIGN_OR_RETURN(offload::EngineMemory p, offload::plan_engine_memory(
                                 o, layers, world, r,
                                 hw.shared_cores ? offload::PlannedDevice::cpu() : offload::PlannedDevice::gpu()));
@@ -112,17 +114,16 @@ Result<Memory> engine_memory(const offload::EngineOptions& base, const Placement
   return m;
 }
 
-// The ranks: nodes x ranks per node, at most kMaxPlanWorldSize (the most any
+// The ranks: nodes x ranks per node, at most kMaxModeledWorld (the most any
 // Strata command models: strata train's launchers, the estimator).
-constexpr uint64_t kMaxPlanWorldSize = uint64_t{1} << 24;
 Result<int> plan_world(const PlanOptions& o, uint32_t gpus_per_node) {
   const uint64_t world = uint64_t{gpus_per_node} * o.nodes;
-  if (world <= kMaxPlanWorldSize) return static_cast<int>(world);
+  if (world <= kMaxModeledWorld) return static_cast<int>(world);
   const std::string per_node = o.gpus_per_node ? fmt::format("--gpus-per-node {}", gpus_per_node)
                                                : fmt::format("the profile's gpus_per_node {}", gpus_per_node);
   return InvalidArgument(fmt::format("--nodes {} x {} = {} ranks is more than the {} Strata models; give fewer "
                                      "--nodes or --gpus-per-node",
-                                     o.nodes, per_node, world, kMaxPlanWorldSize));
+                                     o.nodes, per_node, world, kMaxModeledWorld));
 }
 
 // A `strata bench offload --json` file (--bench): the median step of each

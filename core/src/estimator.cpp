@@ -44,8 +44,6 @@ uint64_t add_sat(uint64_t a, uint64_t b) {
   }
   return a + b;
 }
-// The largest world the estimator models (shard arithmetic stays exact).
-constexpr uint64_t kMaxEstimateWorld = uint64_t{1} << 24;
 uint64_t u(int64_t v) { return v < 0 ? 0 : static_cast<uint64_t>(v); }
 
 bool valid_placement(const Placement& pl) {
@@ -225,10 +223,10 @@ Result<Estimate> estimate_memory(const EstimateInput& input) {
     return InvalidArgument(fmt::format("--gpus-per-node {} and --nodes {} must both be at least 1", input.gpus_per_node,
                                        input.nodes));
   }
-  if (input.world_size() > kMaxEstimateWorld) {
+  if (input.world_size() > kMaxModeledWorld) {
     return InvalidArgument(fmt::format("--gpus-per-node {} x --nodes {} = {} GPUs is more than the {} the estimator "
                                        "models; give a realistic cluster size",
-                                       input.gpus_per_node, input.nodes, input.world_size(), kMaxEstimateWorld));
+                                       input.gpus_per_node, input.nodes, input.world_size(), kMaxModeledWorld));
   }
   if (input.config_row && !valid_placement(*input.config_row)) {
     return InvalidArgument("the config's stage and offload devices are not a valid combination");

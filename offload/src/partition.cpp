@@ -62,6 +62,20 @@ size_t Partition::real_elements() const {
   return n;
 }
 
+std::vector<int> Partition::distinct_ranks() const {
+  std::vector<int> starts{0};
+  for (const LayerPartition& layer : layers_)
+    for (const SubGroup& g : layer.groups) {
+      if (g.piece == 0) continue;
+      const size_t full = g.real / g.piece;  // ranks [0, full) hold a full piece
+      for (size_t start : {full, full + 1})
+        if (start < static_cast<size_t>(world_)) starts.push_back(static_cast<int>(start));
+    }
+  std::sort(starts.begin(), starts.end());
+  starts.erase(std::unique(starts.begin(), starts.end()), starts.end());
+  return starts;
+}
+
 std::string Partition::describe(const StateId& id) const {
   const std::string name = id.layer < layers_.size() ? printable(layers_[id.layer].name, 64) : std::string("?");
   return fmt::format("layer {} '{}' group {} rank {}", id.layer, name, id.group, id.rank);

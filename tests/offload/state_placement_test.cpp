@@ -231,5 +231,56 @@ TEST(StatePlacement, ALayerTheEngineCannotStepIsRefusedNamingIt) {
   EXPECT_EQ(plan_engine_memory(o, none, 2, 2, PlannedDevice::cpu()).status().code(), StatusCode::kInvalidArgument);
 }
 
+// Partition::distinct_ranks: every rank's plan equals the plan of the first
+// rank of its run, so the largest over those ranks is the largest over all
+// (what `strata plan --model` and `strata estimate --model` print), for every
+// stage and placement, on both kinds of device, at world sizes whose pieces
+// end mid-layer, mid-piece and past the last element.
+TEST(StatePlacement, EachRankPlansAsTheFirstRankOfItsRun) {
+  std::vector<LayerDescription> described;
+  for (int64_t n : {kBig, kSmall, int64_t{100'003}, int64_t{2048}, int64_t{40'000}})
+    described.push_back({fmt::format("l{}", n), {{fmt::format("l{}.weight", n), {n}, DType::kBF16, true, std::nullopt, 1.0}}});
+  const SpecModel model = SpecModel::create(std::move(described)).value();
+  auto same = [](const EngineMemory& a, const EngineMemory& b) {
+    return a.device == b.device && a.device_params == b.device_params && a.device_grads == b.device_grads &&
+           a.device_optimizer == b.device_optimizer && a.device_gathered == b.device_gathered &&
+           a.pinned == b.pinned && a.pinned_optimizer == b.pinned_optimizer && a.pinned_grads == b.pinned_grads &&
+           a.pinned_staging == b.pinned_staging && a.pinned_params == b.pinned_params &&
+           a.pinned_speculation == b.pinned_speculation && a.nvme == b.nvme &&
+           a.snapshot_slot_bytes == b.snapshot_slot_bytes;
+  };
+  struct Case {
+    int stage;
+    OffloadDevice optimizer, params;
+  };
+  const Case cases[] = {{0, OffloadDevice::kNone, OffloadDevice::kNone}, {1, OffloadDevice::kCpu, OffloadDevice::kNone},
+                        {2, OffloadDevice::kNvme, OffloadDevice::kNone}, {2, OffloadDevice::kNone, OffloadDevice::kNone},
+                        {3, OffloadDevice::kCpu, OffloadDevice::kCpu},   {3, OffloadDevice::kNvme, OffloadDevice::kNvme},
+                        {3, OffloadDevice::kNone, OffloadDevice::kNone}};
+  size_t runs_shorter_than_world = 0;
+  for (const Case& c : cases)
+    for (const int64_t sub_group : {int64_t{1'000'000'000}, int64_t{8192}})
+      for (const bool gpu : {false, true})
+        for (int world : {1, 2, 3, 5, 7, 16, 33, 64}) {
+          EngineOptions o = options(c.stage, c.optimizer, c.params);
+          o.sub_group_size = sub_group;
+          const PlannedDevice device = gpu ? PlannedDevice::gpu() : PlannedDevice::cpu();
+          const Partition part = Partition::create(model.layers(), world, o.sub_group_size).value();
+          const std::vector<int> starts = part.distinct_ranks();
+          ASSERT_FALSE(starts.empty());
+          EXPECT_EQ(starts.front(), 0);
+          runs_shorter_than_world += starts.size() < static_cast<size_t>(world);
+          size_t run = 0;
+          for (int r = 0; r < world; ++r) {
+            while (run + 1 < starts.size() && starts[run + 1] <= r) ++run;
+            const EngineMemory mine = plan_engine_memory(o, model.layers(), world, r, device).value();
+            const EngineMemory first = plan_engine_memory(o, model.layers(), world, starts[run], device).value();
+            EXPECT_TRUE(same(mine, first)) << fmt::format("stage {} world {} rank {} (run from rank {}) {}", c.stage,
+                                                          world, r, starts[run], gpu ? "gpu" : "cpu");
+          }
+        }
+  EXPECT_GT(runs_shorter_than_world, 0u);  // the runs do merge ranks
+}
+
 }  // namespace
 }  // namespace strata::offload

@@ -54,6 +54,10 @@ struct Placement {
   bool operator==(const Placement&) const = default;
 };
 
+// The largest world (ranks) the estimator, `strata plan` and the launchers
+// model: shard arithmetic stays exact in 64 bits.
+inline constexpr uint64_t kMaxModeledWorld = uint64_t{1} << 24;
+
 struct EstimateInput {
   uint64_t params = 0;                // Psi
   uint64_t largest_layer_params = 0;  // L; 0: unknown (stage-3 gather buffers not counted)

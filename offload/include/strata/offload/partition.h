@@ -81,6 +81,16 @@ class Partition {
   // "layer 3 'h2' group 0 rank 1"
   std::string describe(const StateId& id) const;
 
+  // One rank of each run of ranks whose pieces have the same real sizes in
+  // every sub-group, ascending, rank 0 first. In a sub-group of `real`
+  // elements the ranks below real / piece hold a full piece, that rank the
+  // partial one and the ranks above none, so the runs start at 0 and at
+  // b and b + 1 for each sub-group's b = real / piece: at most 2 x sub-groups
+  // + 1 ranks, whatever the world size. What depends on a rank only through
+  // its pieces' sizes (the memory plan) is the same across its run, so the
+  // largest over these ranks is the largest over all.
+  std::vector<int> distinct_ranks() const;
+
  private:
   int world_ = 1;
   size_t sub_group_elements_ = 0;
