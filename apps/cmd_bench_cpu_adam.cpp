@@ -82,7 +82,7 @@ Result<Buffer> allocate(size_t bytes, const char* what) {
 // moments at most fp32 (the scales of 8-bit moments are fewer).
 constexpr size_t kMaxBytesPerParam = 4;
 // The most parameters whose every buffer has a byte count that fits in
-// size_t, rounded up to 64 by allocate(): 2^62 - 4 (2^62 wrapped to 0 before).
+// size_t, rounded up to 64 by allocate(): 2^62 - 16 (2^62 wrapped to 0 before).
 constexpr uint64_t kMaxParams = (std::numeric_limits<size_t>::max() - 63) / kMaxBytesPerParam;
 
 Result<uint64_t> parse_params(const std::string& text) {

@@ -1,5 +1,6 @@
 // What `strata plan --fit` and `strata train --fit` share: see config_fit_cli.h.
 #include "config_fit_cli.h"
+
 #include "placement_rows.h"
 
 #include <fcntl.h>
@@ -16,6 +17,7 @@
 #include <fmt/format.h>
 
 #include "placement_rows.h"
+#include "strata/core/bounded_file.h"
 #include "strata/core/config_schema.h"
 #include "strata/core/printable.h"
 #include "strata/core/units.h"
@@ -357,15 +359,6 @@ Result<Config> fit_train_config(const Config& base, const model::GptConfig& g, c
   return fitted;
 }
 
-namespace {
-std::string_view special_file_kind(mode_t mode) {
-  if (S_ISFIFO(mode)) return "FIFO";
-  if (S_ISSOCK(mode)) return "socket";
-  if (S_ISCHR(mode)) return "character device";
-  if (S_ISBLK(mode)) return "block device";
-  return "special file";
-}
-}  // namespace
 
 Status check_output_path(const std::string& path, const char* flag) {
   if (path.empty()) return InvalidArgument(fmt::format("{} is empty: give the path of the file to write", flag));
@@ -373,16 +366,16 @@ Status check_output_path(const std::string& path, const char* flag) {
   struct stat st {};
   if (::lstat(path.c_str(), &st) == 0) {
     if (S_ISLNK(st.st_mode))
-      return InvalidArgument(fmt::format("{} '{}' is a symbolic link; give the path of a plain file (a link is never "
-                                         "followed out of its folder)",
+      return InvalidArgument(fmt::format("{} '{}' is a symbolic link; give the path of a plain file (Strata never "
+                                         "writes through a link)",
                                          flag, shown));
     if (S_ISDIR(st.st_mode))
       return InvalidArgument(fmt::format("{} '{}' is a folder; give a file path inside it, e.g. '{}/NAME.json'", flag,
                                          shown, shown));
     // A FIFO would block the write at the end until something reads it; a device is no result file.
     if (!S_ISREG(st.st_mode))
-      return InvalidArgument(fmt::format("{} '{}' is not a regular file (a {}); give the path of a file to write",
-                                         flag, shown, special_file_kind(st.st_mode)));
+      return InvalidArgument(fmt::format("{} '{}' is not a regular file ({}); give the path of a file to write",
+                                         flag, shown, file_type_name(st.st_mode)));
   } else if (errno != ENOENT) {
     return ErrnoStatus(errno, fmt::format("{} '{}'", flag, shown));
   }

@@ -9,24 +9,10 @@
 
 #include <fmt/format.h>
 
+#include "strata/core/bounded_file.h"
 #include "strata/core/printable.h"
 
 namespace strata::cli {
-namespace {
-
-// "a regular file", "a FIFO", ...: what a path is, for messages.
-const char* path_kind(mode_t mode) {
-  if (S_ISREG(mode)) return "a regular file";
-  if (S_ISDIR(mode)) return "a folder";
-  if (S_ISLNK(mode)) return "a symbolic link";
-  if (S_ISFIFO(mode)) return "a FIFO";
-  if (S_ISSOCK(mode)) return "a socket";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  return "not a folder";
-}
-
-}  // namespace
 
 // Note [--save-dir up front]
 // The first save is steps away; a folder it cannot use must fail now, not
@@ -49,7 +35,7 @@ Status check_save_dir(const std::string& dir) {
     if (!S_ISDIR(st.st_mode))
       return InvalidArgument(fmt::format("--save-dir '{}' is {}, not a folder; give a folder (a missing one is "
                                          "created inside its existing parent)",
-                                         shown, path_kind(st.st_mode)));
+                                         shown, file_type_name(st.st_mode)));
     if (::access(dir.c_str(), W_OK | X_OK) != 0) {
       const int err = errno;
       return ErrnoStatus(err, fmt::format("--save-dir '{}': checkpoints cannot be written in this folder", shown));
@@ -70,7 +56,7 @@ Status check_save_dir(const std::string& dir) {
   if (!S_ISDIR(ps.st_mode))
     return InvalidArgument(fmt::format("--save-dir '{}': its parent '{}' is {}, not a folder; give a folder inside "
                                        "an existing one",
-                                       shown, parent_shown, path_kind(ps.st_mode)));
+                                       shown, parent_shown, file_type_name(ps.st_mode)));
   if (::access(parent.c_str(), W_OK | X_OK) != 0) {
     const int err = errno;
     return ErrnoStatus(err, fmt::format("--save-dir '{}' does not exist and cannot be created in '{}'", shown,
@@ -89,7 +75,7 @@ Status check_swap_folder(const std::string& path, const std::string& named) {
   }
   if (!S_ISDIR(st.st_mode))
     return InvalidArgument(
-        fmt::format("{} is {}, not a folder; give a folder on the NVMe drive", named, path_kind(st.st_mode)));
+        fmt::format("{} is {}, not a folder; give a folder on the NVMe drive", named, file_type_name(st.st_mode)));
   if (::access(path.c_str(), W_OK | X_OK) != 0) {
     const int err = errno;
     return ErrnoStatus(err, fmt::format("{}: no swap folder can be created in it", named));

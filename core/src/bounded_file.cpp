@@ -11,16 +11,16 @@
 #include "strata/core/printable.h"
 
 namespace strata {
-namespace {
-
-std::string_view file_kind(mode_t mode) {
-  if (S_ISDIR(mode)) return "directory";
-  if (S_ISFIFO(mode)) return "FIFO";
-  if (S_ISCHR(mode)) return "character device";
-  return "special file";
+std::string_view file_type_name(mode_t mode) {
+  if (S_ISREG(mode)) return "a regular file";
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  return "a special file";
 }
-
-}  // namespace
 
 Result<std::string> read_regular_file(const std::string& path, uint64_t max_bytes, const FileDescription& file) {
   const std::string name = fmt::format("{} '{}'{}", file.what, printable(path, 256),
@@ -34,7 +34,7 @@ Result<std::string> read_regular_file(const std::string& path, uint64_t max_byte
   struct stat st {};
   if (::fstat(fd, &st) != 0) return ErrnoStatus(errno, fmt::format("stat {}", name));
   if (!S_ISREG(st.st_mode))
-    return InvalidArgument(fmt::format("{} is not a regular file (a {}); {}", name, file_kind(st.st_mode), file.hint));
+    return InvalidArgument(fmt::format("{} is not a regular file ({}); {}", name, file_type_name(st.st_mode), file.hint));
   const auto too_large = [&] {
     return InvalidArgument(fmt::format("{} is larger than {} bytes; {}", name, max_bytes, file.hint));
   };

@@ -286,14 +286,15 @@ void check_offload(Checker& c, Config& config) {
              "set offload_optimizer.device to \"nvme\" to use it, or remove it");
     }
   }
-  // The engine refuses the same (early_updates_blocker); refused here so
-  // that `strata config check` says so before a run does.
+  // The engine refuses this at start-up (early_updates_blocker). A warning,
+  // not an error: `strata train --offload-optimizer cpu` or a bench row may
+  // still offload the state, and the engine checks what finally runs.
   if (config.strata.speculative_optimizer == "on" && zero.offload_optimizer.device == OffloadDevice::kNone) {
-    c.error(c.written("strata.speculative_optimizer"),
-            "on needs the optimizer state offloaded: early updates step offloaded state on the CPU while the backward "
-            "runs, and offload_optimizer.device is none",
-            "set zero_optimization.offload_optimizer.device to \"cpu\" or \"nvme\", or set "
-            "strata.speculative_optimizer to \"auto\" or \"off\"");
+    c.warn(c.written("strata.speculative_optimizer"),
+           "on needs the optimizer state offloaded: early updates step offloaded state on the CPU while the backward "
+           "runs, and offload_optimizer.device is none, so a run with this config as written is refused",
+           "set zero_optimization.offload_optimizer.device to \"cpu\" or \"nvme\" (or pass --offload-optimizer), or "
+           "set strata.speculative_optimizer to \"auto\" or \"off\"");
   }
 
   const double ratio = zero.offload_optimizer.ratio;

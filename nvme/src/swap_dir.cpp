@@ -19,6 +19,7 @@
 
 #include <fmt/format.h>
 
+#include "strata/core/bounded_file.h"
 #include "strata/core/printable.h"
 
 namespace strata::nvme {
@@ -62,16 +63,6 @@ std::string read_fd_text(int fd) {
     offset += n;
   }
   return text;
-}
-
-const char* file_type_name(mode_t mode) {
-  if (S_ISLNK(mode)) return "a symbolic link";
-  if (S_ISDIR(mode)) return "a directory";
-  if (S_ISFIFO(mode)) return "a FIFO";
-  if (S_ISSOCK(mode)) return "a socket";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  return "a regular file";
 }
 
 std::string link_target(const std::string& path) {

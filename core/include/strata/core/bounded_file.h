@@ -4,6 +4,8 @@
 // what it is), and never more than `max_bytes` (checked against the size
 // first, then bounded while reading, in case the file grows).
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -17,6 +19,11 @@ struct FileDescription {
   std::string_view flag;  // "--data", or "" when the file is not a flag
   std::string_view hint;  // appended to the errors: what to do instead
 };
+
+// What a path is, for messages, from its stat mode: "a regular file", "a
+// directory", "a symbolic link", "a FIFO", "a socket", "a character device",
+// "a block device", else "a special file".
+std::string_view file_type_name(mode_t mode);
 
 // Errors: "<what> '<path>' (<flag>) is not a regular file (a FIFO); <hint>",
 // "... is larger than N bytes; <hint>", and errno failures naming the path.
