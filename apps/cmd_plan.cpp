@@ -155,7 +155,7 @@ Result<std::vector<BenchMeasuredRow>> load_bench_result(const std::string& path)
   constexpr uint64_t kMaxBenchBytes = uint64_t{16} << 20;
   Result<nlohmann::ordered_json> read = read_json_file(
       path, {.what = "bench result", .flag = "", .hint = "give the file strata bench offload --json wrote"},
-      {.max_bytes = kMaxBenchBytes, .max_depth = 64, .what = "bench result"});
+      {.max_bytes = kMaxBenchBytes});
   if (!read.ok()) return read.status().with_context("--bench");
   const nlohmann::ordered_json& doc = *read;
   const std::string where = fmt::format("--bench '{}'", printable(path, 256));

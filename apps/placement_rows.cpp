@@ -208,7 +208,7 @@ Result<std::vector<PlacementRow>> load_rows(const std::string& path, DType defau
                      {.what = "row file",
                       .flag = "",
                       .hint = R"(give a row file such as {"rows": [{"stage": 3, "offload_optimizer": "cpu"}]})"},
-                     {.max_bytes = kMaxRowFileBytes, .max_depth = 64, .what = "row file"}));
+                     {.max_bytes = kMaxRowFileBytes}));
   const std::string source = printable(path, 256);
   const nlohmann::ordered_json* list = &doc;
   if (doc.is_object()) {

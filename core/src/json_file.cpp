@@ -161,7 +161,9 @@ ParsedJson parse_json_text(std::string_view text, const JsonLimits& limits) {
 
 Result<ordered_json> read_json_file(const std::string& path, const FileDescription& file, const JsonLimits& limits) {
   STRATA_ASSIGN_OR_RETURN(std::string text, read_regular_file(path, limits.max_bytes, file));
-  ParsedJson parsed = parse_json_text(text, limits);
+  JsonLimits named = limits;
+  named.what = file.what;  // one noun for the file's messages and the text's
+  ParsedJson parsed = parse_json_text(text, named);
   const JsonProblem* problem = parsed.error              ? &*parsed.error
                                : !parsed.duplicate_keys.empty() ? &parsed.duplicate_keys.front()
                                                                 : nullptr;

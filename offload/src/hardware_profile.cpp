@@ -180,7 +180,7 @@ Result<HardwareProfile> load_hardware_profile(const std::string& path) {
                       .flag = "",
                       .hint = "give a hardware profile JSON (strata report --calibrate writes one; examples/profiles/ "
                               "has others)"},
-                     {.max_bytes = kMaxProfileBytes, .max_depth = 64, .what = "hardware profile"}));
+                     {.max_bytes = kMaxProfileBytes}));
   return parse_hardware_profile(nlohmann::json(j), printable(path, 256));
 }
 

@@ -47,7 +47,8 @@ struct ParsedJson {
 // collected; any other problem stops the parse.
 ParsedJson parse_json_text(std::string_view text, const JsonLimits& limits);
 
-// read_regular_file + parse_json_text. The first problem, a duplicate key
+// read_regular_file + parse_json_text, with `file.what` as the noun of every
+// message (limits.what is not used). The first problem, a duplicate key
 // included, is an InvalidArgument:
 //   "<what> '<path>' (<flag>): rows[0].stage: duplicate key: ...; <hint>"
 Result<nlohmann::ordered_json> read_json_file(const std::string& path, const FileDescription& file,
