@@ -1,11 +1,13 @@
 #include "flag_guards.h"
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -59,7 +61,45 @@ std::string check_float_text(const std::string& text) {
   return {};
 }
 
+bool is_plain_integer(std::string_view text) {
+  if (!text.empty() && (text.front() == '-' || text.front() == '+')) text.remove_prefix(1);
+  return !text.empty() && std::all_of(text.begin(), text.end(),
+                                      [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
+}
+
+// The option `name` of the deepest command that took part in the parse:
+// CLI11 hands the failure to the top-level app, not to the subcommand.
+const CLI::Option* find_parsed_option(const CLI::App* app, const std::string& name) {
+  for (const CLI::App* sub : app->get_subcommands([](const CLI::App* s) { return s->parsed(); }))
+    if (const CLI::Option* found = find_parsed_option(sub, name)) return found;
+  return app->get_option_no_throw(name);
+}
+
 }  // namespace
+
+std::string parse_failure_message(const CLI::App* failed, const CLI::Error& error) {
+  const std::string simple = CLI::FailureMessage::simple(failed, error);
+  if (failed == nullptr || dynamic_cast<const CLI::ConversionError*>(&error) == nullptr) return simple;
+  static constexpr std::string_view kPrefix = "Could not convert: ";
+  const std::string_view what = error.what();
+  const size_t separator = what.find(" = ");
+  if (what.rfind(kPrefix, 0) != 0 || separator == std::string_view::npos) return simple;
+  const std::string name(what.substr(kPrefix.size(), separator - kPrefix.size()));
+  const std::string_view value = what.substr(separator + 3);
+  const CLI::Option* option = find_parsed_option(failed, name);
+  if (option == nullptr || !is_plain_integer(value)) return simple;
+  // guard_number_flags let the text through, so it fits 64 bits: the flag's
+  // type is narrower, and every such flag of the CLI is a 32-bit int.
+  const std::string type = option->get_type_name();
+  std::string range;
+  if (type.rfind("UINT", 0) == 0) range = "0 .. 4294967295";
+  else if (type.rfind("INT", 0) == 0) range = "-2147483648 .. 2147483647";
+  else return simple;
+  return fmt::format("{}: {} is out of range: the flag takes a 32-bit whole number ({}), and its own limits are "
+                     "checked next\n"
+                     "Run with --help for more information.\n",
+                     name, value, range);
+}
 
 void guard_number_flags(CLI::App& app) {
   for (CLI::Option* opt : app.get_options()) {

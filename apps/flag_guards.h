@@ -17,4 +17,11 @@ namespace strata::cli {
 // finite (not NaN, not infinite). The error names the flag and the range.
 void guard_number_flags(CLI::App& app);
 
+// What CLI11 prints when a flag's text is a whole number in the 64-bit range
+// but does not fit the flag's narrower type ("Could not convert: --ranks =
+// 2147483648"), rewritten to name the flag and the type's range; `failed` is
+// the (sub)command whose parse failed. Returns CLI11's own message for every
+// other error.
+std::string parse_failure_message(const CLI::App* failed, const CLI::Error& error);
+
 }  // namespace strata::cli

@@ -35,7 +35,7 @@ int main(int argc, char** argv) {
   // CLI11's own errors quote the offending value as typed; escape sequences in
   // it would reach the terminal.
   app.failure_message([](const CLI::App* failed, const CLI::Error& e) {
-    return strata::printable_message(CLI::FailureMessage::simple(failed, e));
+    return strata::printable_message(strata::cli::parse_failure_message(failed, e));
   });
   auto& commands = strata::cli::registered_commands();
   std::sort(commands.begin(), commands.end(),
