@@ -44,7 +44,9 @@ TEST(DeepSpeedKeys, EveryKeyIsClassifiedOnceAndAgreesWithStratasTable) {
                                                     << deepspeed_key_class_name(feature->cls);
     }
     // A trigger only on refused features; every parent listed first (or in Strata's table).
-    if (feature->cls != DeepSpeedKeyClass::kUnsupported) EXPECT_TRUE(key.off.empty()) << key.path;
+    if (feature->cls != DeepSpeedKeyClass::kUnsupported) {
+      EXPECT_TRUE(key.off.empty()) << key.path;
+    }
     const size_t dot = key.path.rfind('.');
     if (dot != std::string_view::npos) {
       const std::string_view parent = key.path.substr(0, dot);
