@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "strata/core/estimator.h"
 #include "strata/core/printable.h"
 #include "strata/core/spec_model.h"
 #include "strata/core/units.h"
@@ -96,7 +97,10 @@ class Evaluator {
   Evaluator(const FitRequest& req, const FitCaps& caps, const std::vector<LayerSpec>& layers, DType dtype)
       : req_(req), caps_(caps), layers_(layers), dtype_(dtype) {}
 
-  // `all_ranks`: every rank (the final check); else the first and the last.
+  // `all_ranks`: every rank (the final check), as one rank of each run of
+  // ranks with the same pieces (Partition::distinct_ranks: what is taken
+  // here, the largest over ranks, is the same over a run); else the first
+  // and the last.
   Evaluation run(const Config& cfg, bool all_ranks) const {
     Evaluation e;
     Result<EngineOptions> o = engine_options_from_config(cfg);
@@ -115,7 +119,9 @@ class Evaluator {
       return e;
     }
     std::vector<int> ranks;
-    if (all_ranks || req_.world <= 2) {
+    if (all_ranks) {
+      ranks = part->distinct_ranks();
+    } else if (req_.world <= 2) {
       for (int r = 0; r < req_.world; ++r) ranks.push_back(r);
     } else {
       ranks = {0, req_.world - 1};
@@ -549,8 +555,9 @@ Status check_inputs(const FitRequest& req, const FitCaps& caps) {
   if (caps.nvme_bytes && *caps.nvme_bytes == 0)
     return InvalidArgument("--nvme-size is 0 (or the NVMe folder has no free space): give a folder with room, or "
                            "leave NVMe out");
-  if (req.world < 1 || req.world > (1 << 20))
-    return InvalidArgument(fmt::format("--ranks {} is out of range (1..{})", req.world, 1 << 20));
+  if (req.world < 1 || static_cast<uint64_t>(req.world) > kMaxModeledWorld)
+    return InvalidArgument(
+        fmt::format("--ranks {} (the world size) is out of range (1..{})", req.world, kMaxModeledWorld));
   if (caps.ranks_per_node < 1 || caps.ranks_per_node > req.world)
     return InvalidArgument(fmt::format("ranks per node {} is not in 1..{}", caps.ranks_per_node, req.world));
   if (req.micro_batch < 1 || req.seq < 1 || req.grad_accum < 1)
@@ -711,7 +718,10 @@ Result<FitResult> fit_config(const FitRequest& req, const FitCaps& caps) {
     suggest_if_it_fits(eight, "8-bit optimizer states (--optimizer-states int8, or strata.optimizer_state_dtype "
                               "\"int8\"; about half the offloaded state's bytes)");
   }
-  for (int w = req.world * 2; w <= std::min(req.world * 64, 1 << 20); w *= 2) {
+  // Both bounds fit an int: req.world is at most kMaxModeledWorld (2^24).
+  const int most_ranks = static_cast<int>(std::min<uint64_t>(uint64_t{64} * static_cast<uint64_t>(req.world),
+                                                             kMaxModeledWorld));
+  for (int w = req.world * 2; w <= most_ranks; w *= 2) {
     FitRequest more = req;
     more.world = w;
     FitCaps c2 = caps;

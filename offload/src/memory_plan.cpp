@@ -66,27 +66,30 @@ EngineMemory plan_engine_memory(const EngineOptions& opt, const Partition& part,
     if (where.frozen) continue;  // no optimizer state
     for (const SubGroup& g : layer.groups) largest_piece = std::max<uint64_t>(largest_piece, layer.piece_real(g, rank));
     for (const SubGroup& g : layer.groups)
-      for (int r = placement.owned_rank_begin(); r < placement.owned_rank_end(); ++r) {
-        const uint64_t count = layer.piece_real(g, r), host = host_part(placement.ratio, count);
+      for (const LayerPartition::PieceRun& run :
+           layer.piece_runs(g, placement.owned_rank_begin(), placement.owned_rank_end())) {
+        // Every rank of the run holds a piece of the same size.
+        const uint64_t count = run.real, host = host_part(placement.ratio, count), ranks = run.ranks;
         switch (placement.optimizer_state) {
           case StateHome::kNvme: {
             const uint64_t b = nvme_piece_bytes(host, true, opt.moments);
             // The committed and the newest version, and an early update's
             // pending one (Note [Piece versions]).
-            m.nvme += (placement.early_updates ? 3 : 2) * b;
+            m.nvme += ranks * (placement.early_updates ? 3 : 2) * b;
             nvme_largest_piece = std::max(nvme_largest_piece, b);
             break;
           }
           case StateHome::kPinnedHost:
-            m.pinned_optimizer += std::max<uint64_t>(64, memory_piece_bytes(host, where.master, opt.moments));
+            m.pinned_optimizer += ranks * std::max<uint64_t>(64, memory_piece_bytes(host, where.master, opt.moments));
             break;
           case StateHome::kDevice:
-            m.device_optimizer += on_device(std::max<uint64_t>(64, memory_piece_bytes(host, where.master, opt.moments)));
+            m.device_optimizer +=
+                ranks * on_device(std::max<uint64_t>(64, memory_piece_bytes(host, where.master, opt.moments)));
             break;
         }
         // ratio < 1: the device part (fp32 parameters are their own master there).
         if (placement.split)
-          m.device_optimizer += on_device(std::max<uint64_t>(
+          m.device_optimizer += ranks * on_device(std::max<uint64_t>(
               64, memory_piece_bytes(count - host, where.param_dtype != DType::kF32, opt.moments)));
       }
   }

@@ -13,6 +13,26 @@ size_t LayerPartition::piece_real(const SubGroup& g, int rank) const {
   return begin >= g.real ? 0 : std::min(g.piece, g.real - begin);
 }
 
+LayerPartition::PieceRuns LayerPartition::piece_runs(const SubGroup& g, int rank_begin, int rank_end) const {
+  PieceRuns out;
+  if (rank_end <= rank_begin) return out;
+  const uint64_t begin = static_cast<uint64_t>(rank_begin), end = static_cast<uint64_t>(rank_end);
+  const uint64_t full = g.piece == 0 ? 0 : g.real / g.piece;         // ranks [0, full): full pieces
+  const size_t partial = g.piece == 0 ? 0 : g.real - full * g.piece;  // rank `full`: the rest, if any
+  auto add = [&out](size_t real, uint64_t first, uint64_t last) {
+    if (last > first) out.runs[out.count++] = PieceRun{real, last - first};
+  };
+  const uint64_t full_end = std::clamp(full, begin, end);
+  add(g.piece, begin, full_end);
+  uint64_t empty_begin = full_end;
+  if (partial != 0 && full >= begin && full < end) {
+    add(partial, full, full + 1);
+    empty_begin = full + 1;
+  }
+  add(0, empty_begin, end);
+  return out;
+}
+
 Result<Partition> Partition::create(std::span<const LayerSpec> layers, int world, int64_t sub_group_size) {
   if (world < 1) return InvalidArgument(fmt::format("world size {} must be at least 1", world));
   if (sub_group_size < 1)

@@ -48,9 +48,9 @@ void decide_update_staging(const Partition& partition, StatePlacement& p) {
       l.staging = UpdateStaging::kSharedPiece;
       const LayerPartition& layer = partition.layer(li);
       for (const SubGroup& g : layer.groups)
-        for (int r = p.owned_rank_begin(); r < p.owned_rank_end(); ++r)
-          p.shared_staging_bytes = std::max<uint64_t>(
-              p.shared_staging_bytes, host_part(p.ratio, layer.piece_real(g, r)) * l.param_element_bytes);
+        for (const LayerPartition::PieceRun& run : layer.piece_runs(g, p.owned_rank_begin(), p.owned_rank_end()))
+          p.shared_staging_bytes =
+              std::max<uint64_t>(p.shared_staging_bytes, host_part(p.ratio, run.real) * l.param_element_bytes);
     }
   }
 }
@@ -65,11 +65,11 @@ void put_gradient_shards_on_nvme(const EngineOptions& opt, const Partition& part
     if (l.frozen) continue;
     l.pinned_gradient_shard = false;
     l.gradient_shard_on_nvme = true;
-    for (const SubGroup& g : partition.layer(li).groups)
-      for (int r = p.owned_rank_begin(); r < p.owned_rank_end(); ++r) {
-        largest = std::max<uint64_t>(largest, g.piece * grad_bytes);
-        total += g.piece * grad_bytes;
-      }
+    const uint64_t owned_ranks = static_cast<uint64_t>(p.owned_rank_end() - p.owned_rank_begin());
+    for (const SubGroup& g : partition.layer(li).groups) {
+      largest = std::max<uint64_t>(largest, g.piece * grad_bytes);
+      total += owned_ranks * g.piece * grad_bytes;
+    }
   }
   p.gradient_nvme_bytes = total;
   p.gradient_folder = p.optimizer_on_nvme() ? StatePlacement::GradientFolder::kOptimizerState
@@ -150,10 +150,10 @@ Status decide_early_updates(const EngineOptions& opt, const Partition& partition
     const LayerPartition& layer = partition.layer(li);
     uint64_t bytes = 0;
     for (const SubGroup& g : layer.groups)
-      for (int r = p.owned_rank_begin(); r < p.owned_rank_end(); ++r) {
+      for (const LayerPartition::PieceRun& run : layer.piece_runs(g, p.owned_rank_begin(), p.owned_rank_end())) {
         // offload_optimizer.ratio < 1: only the host part is stepped early.
-        const size_t count = host_part(p.ratio, layer.piece_real(g, r));
-        bytes += memory_piece_bytes(count, l.master, opt.moments);
+        const size_t count = host_part(p.ratio, run.real);
+        bytes += run.ranks * memory_piece_bytes(count, l.master, opt.moments);
       }
     p.early_pending_bytes[li] = std::max<uint64_t>(64, bytes);
     total += p.early_pending_bytes[li];

@@ -30,6 +30,17 @@ strata_flag_error_test(plan_world_overflow
   plan --params 13B --nodes 1048576 --gpus-per-node 2048 --profile ${consumer_profile})
 strata_flag_error_test(plan_world_wraps_to_zero "--nodes 1048576 x --gpus-per-node 4096 = 4294967296 ranks"
   plan --params 13B --nodes 1048576 --gpus-per-node 4096 --profile ${consumer_profile})
+# The largest world modeled, with --model: each rank's plan and the fit hints
+# are computed per run of ranks with the same pieces, not per rank (plan took
+# minutes here, estimate 46 s); the hint names the caps, not a --ranks limit.
+add_test(NAME apps.plan_model_largest_world COMMAND strata_cli plan --model small --nodes 4096 --gpus-per-node 4096
+         --profile ${PROJECT_SOURCE_DIR}/examples/profiles/dgx-h100.json)
+set_tests_properties(apps.plan_model_largest_world PROPERTIES LABELS apps TIMEOUT 60
+  PASS_REGULAR_EXPRESSION "on 16777216 rank.*to fit: no knob fits it: device needs")
+add_test(NAME apps.estimate_model_largest_world COMMAND strata_cli estimate --model small --nodes 4096
+         --gpus-per-node 4096)
+set_tests_properties(apps.estimate_model_largest_world PROPERTIES LABELS apps TIMEOUT 60
+  PASS_REGULAR_EXPRESSION "engine plan per rank: small: .* on 16777216 rank.*\n +3 +nvme +nvme ")
 
 # --profile, --configs and --bench go through the strict JSON reader (strata/core/json_file.h).
 file(WRITE ${bad_plan}/profile_bad_json.json "{\n  \"name\": \"x\",\n  compute_gflops: 1\n}\n")

@@ -380,7 +380,9 @@ TEST_P(DeviceTest, AnAccountHoldsTheDevicesOwnCountOfItsAllocations) {
   DeviceBuffer mine = device_->allocate(1000, account).value();
   DeviceBuffer other = alloc(4096);  // not the client's
   const uint64_t mine_counted = device_->memory_stats().get(Tier::kDevice).current_bytes - device_before - 4096;
-  if (is_cpu()) EXPECT_EQ(mine_counted, 1024u) << "the cpu device counts the 256-byte footprint";
+  if (is_cpu()) {
+    EXPECT_EQ(mine_counted, 1024u) << "the cpu device counts the 256-byte footprint";
+  }
   EXPECT_EQ(account.get(Tier::kDevice).current_bytes, mine_counted);
   void* pinned = device_->allocate_pinned_host(5000, account).value();
   EXPECT_EQ(account.get(Tier::kPinnedHost).current_bytes, 5000u);
@@ -392,7 +394,9 @@ TEST_P(DeviceTest, AnAccountHoldsTheDevicesOwnCountOfItsAllocations) {
   Gate gate;
   ASSERT_TRUE(s->launch_host([&] { gate.wait(); }).ok());
   ASSERT_TRUE(s->free_async(std::move(second)).ok());
-  if (is_cpu()) EXPECT_EQ(account.get(Tier::kDevice).current_bytes, mine_counted + 256) << "the free has not run";
+  if (is_cpu()) {
+    EXPECT_EQ(account.get(Tier::kDevice).current_bytes, mine_counted + 256) << "the free has not run";
+  }
   gate.open();
   ASSERT_TRUE(s->synchronize().ok());
   EXPECT_EQ(account.get(Tier::kDevice).current_bytes, mine_counted);

@@ -207,7 +207,7 @@ struct Placement {
   }
 };
 
-std::vector<Placement> matrix() {
+[[maybe_unused]] std::vector<Placement> matrix() {
   using D = OffloadDevice;
   std::vector<Placement> m;
   for (int stage = 1; stage <= 3; ++stage)
@@ -256,7 +256,7 @@ void apply_placement(TrainRun& r, const Placement& p) {
   }
 }
 
-void expect_same_losses(const Outcome& base, const Outcome& other, const std::string& what) {
+[[maybe_unused]] void expect_same_losses(const Outcome& base, const Outcome& other, const std::string& what) {
   ASSERT_TRUE(other.status.ok()) << what << ": " << other.status.to_string();
   ASSERT_EQ(base.losses.size(), other.losses.size()) << what;
   for (size_t i = 0; i < base.losses.size(); ++i)

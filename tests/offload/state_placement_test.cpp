@@ -195,19 +195,19 @@ TEST(StatePlacement, PartialOffloadSplitsTheState) {
 TEST(StatePlacement, ALayerTheEngineCannotStepIsRefusedNamingIt) {
   LayerSpec mixed;
   mixed.name = "mixed";
-  mixed.params = {ParamTensorSpec{"mixed.a", {8}, DType::kBF16, 0, 0},
-                  ParamTensorSpec{"mixed.b", {8}, DType::kF32, 16, 8}};
+  mixed.params = {ParamTensorSpec{"mixed.a", {8}, DType::kBF16, 0, 0, true, std::nullopt, 1.0},
+                  ParamTensorSpec{"mixed.b", {8}, DType::kF32, 16, 8, true, std::nullopt, 1.0}};
   mixed.param_bytes = 16 + 32;
   mixed.param_count = 16;
   LayerSpec ints;
   ints.name = "ints";
-  ints.params = {ParamTensorSpec{"ints.table", {8}, DType::kI64, 0, 0}};
+  ints.params = {ParamTensorSpec{"ints.table", {8}, DType::kI64, 0, 0, true, std::nullopt, 1.0}};
   ints.param_bytes = 64;
   ints.param_count = 8;
   LayerSpec half_frozen;
   half_frozen.name = "half\x1b";
-  half_frozen.params = {ParamTensorSpec{"half.a", {8}, DType::kF32, 0, 0},
-                        ParamTensorSpec{"half.b", {8}, DType::kF32, 32, 8, false}};
+  half_frozen.params = {ParamTensorSpec{"half.a", {8}, DType::kF32, 0, 0, true, std::nullopt, 1.0},
+                        ParamTensorSpec{"half.b", {8}, DType::kF32, 32, 8, false, std::nullopt, 1.0}};
   half_frozen.param_bytes = 64;
   half_frozen.param_count = 16;
   const EngineOptions o = options(1, OffloadDevice::kNone, OffloadDevice::kNone);
@@ -229,6 +229,40 @@ TEST(StatePlacement, ALayerTheEngineCannotStepIsRefusedNamingIt) {
   }
   const std::vector<LayerSpec> none;
   EXPECT_EQ(plan_engine_memory(o, none, 2, 2, PlannedDevice::cpu()).status().code(), StatusCode::kInvalidArgument);
+}
+
+// LayerPartition::piece_runs against piece_real rank by rank: the runs cover
+// [begin, end) in order, each rank's piece_real is its run's, and there are at
+// most three, for rank ranges that start and end before, at and after the
+// partial piece.
+TEST(Partition, PieceRunsAreEveryRanksPieceRealInOrder) {
+  std::vector<LayerDescription> described;
+  for (int64_t n : {int64_t{1}, int64_t{2048}, int64_t{40'000}, int64_t{100'003}, int64_t{0}})
+    described.push_back({fmt::format("l{}", n), {{fmt::format("l{}.weight", n), {std::max<int64_t>(n, 1)}, DType::kF32,
+                                                   n != 0, std::nullopt, 1.0}}});
+  const SpecModel model = SpecModel::create(std::move(described)).value();
+  size_t partial_runs = 0;
+  for (int world : {1, 2, 3, 7, 33, 64})
+    for (const int64_t sub_group : {int64_t{1'000'000'000}, int64_t{8192}}) {
+      const Partition part = Partition::create(model.layers(), world, sub_group).value();
+      for (size_t li = 0; li < part.layer_count(); ++li)
+        for (const SubGroup& g : part.layer(li).groups)
+          for (int begin = 0; begin <= world; ++begin)
+            for (int end = begin; end <= world; ++end) {
+              const LayerPartition::PieceRuns runs = part.layer(li).piece_runs(g, begin, end);
+              ASSERT_LE(runs.count, 3u);
+              int rank = begin;
+              for (const LayerPartition::PieceRun& run : runs) {
+                ASSERT_GE(run.ranks, 1u);
+                partial_runs += run.real != 0 && run.real != g.piece;
+                for (uint64_t i = 0; i < run.ranks; ++i, ++rank)
+                  ASSERT_EQ(run.real, part.layer(li).piece_real(g, rank))
+                      << fmt::format("layer {} world {} ranks [{}, {}) rank {}", li, world, begin, end, rank);
+              }
+              EXPECT_EQ(rank, end) << fmt::format("layer {} world {} ranks [{}, {})", li, world, begin, end);
+            }
+    }
+  EXPECT_GT(partial_runs, 0u);  // some sub-group ends mid-piece
 }
 
 // Partition::distinct_ranks: every rank's plan equals the plan of the first
@@ -277,6 +311,21 @@ TEST(StatePlacement, EachRankPlansAsTheFirstRankOfItsRun) {
             const EngineMemory first = plan_engine_memory(o, model.layers(), world, starts[run], device).value();
             EXPECT_TRUE(same(mine, first)) << fmt::format("stage {} world {} rank {} (run from rank {}) {}", c.stage,
                                                           world, r, starts[run], gpu ? "gpu" : "cpu");
+            // What the fit's final check reads from the placement besides the plan.
+            const StatePlacement mine_placed = StatePlacement::compute(o, model.layers(), part, r, device).value();
+            const StatePlacement first_placed =
+                StatePlacement::compute(o, model.layers(), part, starts[run], device).value();
+            EXPECT_EQ(mine_placed.largest_nvme_shard_bytes, first_placed.largest_nvme_shard_bytes);
+            EXPECT_EQ(mine_placed.gradient_nvme_bytes, first_placed.gradient_nvme_bytes);
+            EXPECT_EQ(mine_placed.gradient_slot_count, first_placed.gradient_slot_count);
+            EXPECT_EQ(mine_placed.gradient_slot_bytes, first_placed.gradient_slot_bytes);
+            for (size_t li = 0; li < mine_placed.layers.size(); ++li) {
+              const LayerPlacement& a = mine_placed.layers[li];
+              const LayerPlacement& b = first_placed.layers[li];
+              EXPECT_TRUE(a.shard_on_nvme() == b.shard_on_nvme() && a.persistent() == b.persistent() &&
+                          a.acquired_in_place == b.acquired_in_place && a.gradients == b.gradients)
+                  << fmt::format("stage {} world {} rank {} layer {}", c.stage, world, r, li);
+            }
           }
         }
   EXPECT_GT(runs_shorter_than_world, 0u);  // the runs do merge ranks

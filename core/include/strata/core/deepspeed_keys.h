@@ -33,6 +33,11 @@ struct DeepSpeedFeature {
 
 // One key (a leaf or a section) at its DeepSpeed JSON path.
 struct DeepSpeedKey {
+  // The table lists most keys by path and feature alone.
+  constexpr DeepSpeedKey(std::string_view path, std::string_view feature, std::string_view off = {},
+                         bool open = false)
+      : path(path), feature(feature), off(off), open(open) {}
+
   std::string_view path;     // "pipeline.stages"
   std::string_view feature;  // DeepSpeedFeature::id
   // kUnsupported only; when the feature counts as on:
@@ -43,7 +48,7 @@ struct DeepSpeedKey {
   std::string_view off;
   // Any key below is accepted without a name check (sections whose member
   // names are chosen by the user, or that DeepSpeed passes on unread).
-  bool open = false;
+  bool open;
 };
 
 std::span<const DeepSpeedFeature> deepspeed_features();

@@ -22,6 +22,7 @@
 // State ids are stable names of a piece: (layer, sub-group, rank), printed
 // as "layer 3 'h2' group 0 rank 1" in messages.
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -60,6 +61,22 @@ struct LayerPartition {
   size_t piece_begin(const SubGroup& g, int rank) const { return g.padded_begin + g.piece * static_cast<size_t>(rank); }
   // Real (not padding) elements in `rank`'s piece of g: a prefix of the piece.
   size_t piece_real(const SubGroup& g, int rank) const;
+
+  // Ranks [rank_begin, rank_end) of g grouped by piece_real: the ranks below
+  // real / piece hold a full piece, that rank the partial one, the rest none,
+  // so at most three runs. A sum or maximum over the ranks of anything that
+  // depends only on a piece's size is one over the runs, whatever the world.
+  struct PieceRun {
+    size_t real = 0;   // piece_real of every rank of the run
+    uint64_t ranks = 0;  // how many ranks, >= 1
+  };
+  struct PieceRuns {
+    std::array<PieceRun, 3> runs;
+    size_t count = 0;
+    const PieceRun* begin() const { return runs.data(); }
+    const PieceRun* end() const { return runs.data() + count; }
+  };
+  PieceRuns piece_runs(const SubGroup& g, int rank_begin, int rank_end) const;
 };
 
 class Partition {
