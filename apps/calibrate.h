@@ -12,7 +12,6 @@ struct CalibrateOptions {
   std::string out;      // profile file ("" : print it)
   bool out_given = false;  // --out was given (an empty --out is refused, not taken as "print it")
   std::string preset = "small";  // the model whose shapes the compute rate is measured on
-  int layers = 0, heads = 0, embd = 0;
   int batch = 4, seq = 64, steps = 9;  // compute: the median of `steps` steps after one warm-up
   int ranks = 1;  // local ranks sharing this machine during the compute measurement
   std::string config;  // a DeepSpeed config whose aio section the NVMe measurement uses ("": the defaults)

@@ -33,6 +33,7 @@
 #include <nlohmann/json.hpp>
 
 #include "command.h"
+#include "model_shape_flags.h"
 #include "config_fit_cli.h"
 #include "engine_run.h"
 #include "placement_rows.h"
@@ -48,7 +49,7 @@ namespace {
 
 struct BenchOffloadOptions {
   std::string preset = "tiny";
-  int layers = 0, heads = 0, embd = 0, vocab = 0, max_seq = 0;
+  ModelShapeFlags shape;  // overrides of the preset
   std::string dtypes = "bf16";
   std::string optimizer_states = "fp32";
   bool given_optimizer_states = false;  // --optimizer-states was given (refused beside --configs)
@@ -381,11 +382,7 @@ int run_bench_offload(const BenchOffloadOptions& o) {
   Result<model::GptConfig> preset = model::preset(o.preset);
   if (!preset.ok()) return fail(preset.status().with_context("--preset"));
   model::GptConfig g = *preset;
-  if (o.layers) g.n_layer = o.layers;
-  if (o.heads) g.n_head = o.heads;
-  if (o.embd) g.n_embd = o.embd;
-  if (o.vocab) g.vocab_size = o.vocab;
-  if (o.max_seq) g.max_seq_len = o.max_seq;
+  o.shape.apply_to(g);
   Result<std::vector<DType>> dtypes = parse_dtype_list(o.dtypes, "--dtype");
   if (!dtypes.ok()) return fail(dtypes.status());
   g.param_dtype = dtypes->front();
@@ -628,11 +625,7 @@ CommandRegistration bench_offload("bench offload", [](CLI::App& root) {
   CLI::App* cmd = bench->add_subcommand(
       "offload", "Step time, tokens/s, bytes per link and memory per tier of each placement of the training state");
   cmd->add_option("--preset", o->preset, "Model size: tiny | small | gpt2 | gpt2-medium | 1b")->capture_default_str();
-  cmd->add_option("--layers", o->layers, "Override the number of blocks")->check(CLI::Range(1, 100000));
-  cmd->add_option("--heads", o->heads, "Override the attention heads")->check(CLI::Range(1, 100000));
-  cmd->add_option("--embd", o->embd, "Override the embedding width")->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--vocab", o->vocab, "Override the vocabulary (>= 256)")->check(CLI::Range(1, 1 << 24));
-  cmd->add_option("--max-seq", o->max_seq, "Override the maximum sequence length")->check(CLI::Range(1, 1 << 24));
+  add_model_shape_flags(*cmd, o->shape, "");
   auto* states = cmd->add_option("--optimizer-states", o->optimizer_states,
                   "Adam moment storage(s) of the default matrix, comma-separated: fp32,bf16,int8 (int8: offloaded rows "
                   "only)")

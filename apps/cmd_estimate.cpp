@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "command.h"
+#include "model_shape_flags.h"
 #include "strata/core/printable.h"
 #include "strata/core/config.h"
 #include <optional>
@@ -41,7 +42,7 @@ struct EstimateOptions {
   bool json = false;
   // --model: the engine's own plan for a real model (layers, padding, buffers).
   std::string model;
-  int layers = 0, heads = 0, embd = 0, vocab = 0, max_seq = 0;
+  ModelShapeFlags shape;  // with --model: overrides of the preset
 };
 
 int estimate_failed(const Status& status) {
@@ -76,11 +77,7 @@ Result<EnginePlan> plan_engine(const EstimateOptions& opts, const Config* config
   Result<model::GptConfig> preset = model::preset(opts.model);
   if (!preset.ok()) return preset.status().with_context("--model");
   model::GptConfig g = *preset;
-  if (opts.layers) g.n_layer = opts.layers;
-  if (opts.heads) g.n_head = opts.heads;
-  if (opts.embd) g.n_embd = opts.embd;
-  if (opts.vocab) g.vocab_size = opts.vocab;
-  if (opts.max_seq) g.max_seq_len = opts.max_seq;
+  opts.shape.apply_to(g);
   offload::EngineOptions base;
   Placement marked{-1, OffloadDevice::kNone, OffloadDevice::kNone};
   if (config != nullptr) {
@@ -219,11 +216,7 @@ int run_estimate(const EstimateOptions& opts) {
     Result<model::GptConfig> preset = model::preset(opts.model);
     if (!preset.ok()) return estimate_failed(preset.status().with_context("--model"));
     model::GptConfig g = *preset;
-    if (opts.layers) g.n_layer = opts.layers;
-    if (opts.heads) g.n_head = opts.heads;
-    if (opts.embd) g.n_embd = opts.embd;
-    if (opts.vocab) g.vocab_size = opts.vocab;
-    if (opts.max_seq) g.max_seq_len = opts.max_seq;
+    opts.shape.apply_to(g);
     Status valid = g.validate();
     if (!valid.ok()) return estimate_failed(valid);
     input.params = static_cast<uint64_t>(g.param_count());
@@ -290,12 +283,7 @@ CommandRegistration estimate_command("estimate", [](CLI::App& root) {
   cmd->add_option("--params", opts->params, "Parameter count: 7B, 7e9, 350M (or give --model)");
   cmd->add_option("--model", opts->model,
                   "A model preset (tiny, small, gpt2, ...): adds the engine's exact per-rank plan for every stage");
-  cmd->add_option("--layers", opts->layers, "With --model: override the number of blocks")->check(CLI::Range(1, 100000));
-  cmd->add_option("--heads", opts->heads, "With --model: override the attention heads")->check(CLI::Range(1, 100000));
-  cmd->add_option("--embd", opts->embd, "With --model: override the embedding width")->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--vocab", opts->vocab, "With --model: override the vocabulary")->check(CLI::Range(1, 1 << 24));
-  cmd->add_option("--max-seq", opts->max_seq, "With --model: override the maximum sequence length")
-      ->check(CLI::Range(1, 1 << 24));
+  add_model_shape_flags(*cmd, opts->shape, "With --model: ");
   cmd->add_option("--largest-layer", opts->largest_layer, "Parameters of the largest layer (stage-3 gather buffers)");
   // Bounded ranges: CLI11's PositiveNumber printed DBL_MAX (310 digits) in its error.
   cmd->add_option("--gpus-per-node", opts->gpus_per_node, "GPUs per node")->check(CLI::Range(1, 4096));

@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "command.h"
+#include "model_shape_flags.h"
 #include "config_fit_cli.h"
 #include "placement_rows.h"
 #include "plan_fit.h"
@@ -38,7 +39,7 @@ namespace {
 struct PlanOptions {
   std::string params, model, profile, config, configs, matrix = "default", bench, dtypes = "bf16";
   std::string optimizer_states;  // --optimizer-states (when given_optimizer_states)
-  int layers = 0, heads = 0, embd = 0, vocab = 0, max_seq = 0;
+  ModelShapeFlags shape;  // with --model: overrides of the preset
   int blocks = 0;  // --params: transformer blocks (reduction/gather units); 0: derived
   uint32_t gpus_per_node = 0, nodes = 1;
   int batch = 4, seq = 64, grad_accum = 1;
@@ -182,7 +183,7 @@ int run_plan(const PlanOptions& o) {
                           "to --fit (it searches every placement on --ranks ranks of one node)"));
     PlanFitArgs a;
     a.params = o.params, a.model = o.model, a.config = o.config, a.profile = o.profile, a.out = o.out;
-    a.layers = o.layers, a.heads = o.heads, a.embd = o.embd, a.vocab = o.vocab, a.max_seq = o.max_seq;
+    a.shape = o.shape;
     a.blocks = o.blocks, a.ranks = o.ranks, a.batch = o.batch, a.seq = o.seq, a.grad_accum = o.grad_accum;
     a.given_batch = o.given_batch, a.given_accum = o.given_accum, a.given_dtype = o.given_dtype;
     a.caps = o.caps;
@@ -219,7 +220,7 @@ int run_plan(const PlanOptions& o) {
     copt.world_size = world;
     // "auto" bucket sizes from the model's hidden size, as Hugging Face's Trainer resolves them.
     if (!o.model.empty()) {
-      if (Result<model::GptConfig> p = model::preset(o.model); p.ok()) copt.hidden_size = o.embd ? o.embd : p->n_embd;
+      if (Result<model::GptConfig> p = model::preset(o.model); p.ok()) copt.hidden_size = o.shape.embd ? o.shape.embd : p->n_embd;
     }
     Result<Config> c = load_config(o.config, copt);
     if (!c.ok()) return plan_failed(c.status());
@@ -254,11 +255,7 @@ int run_plan(const PlanOptions& o) {
     Result<model::GptConfig> preset = model::preset(o.model);
     if (!preset.ok()) return plan_failed(preset.status().with_context("--model"));
     model::GptConfig g = *preset;
-    if (o.layers) g.n_layer = o.layers;
-    if (o.heads) g.n_head = o.heads;
-    if (o.embd) g.n_embd = o.embd;
-    if (o.vocab) g.vocab_size = o.vocab;
-    if (o.max_seq) g.max_seq_len = o.max_seq;
+    o.shape.apply_to(g);
     g.param_dtype = dtypes->front();
     if (Status v = g.validate(); !v.ok()) return plan_failed(v);
     if (o.seq > g.max_seq_len)
@@ -509,12 +506,7 @@ CommandRegistration plan_command("plan", [](CLI::App& root) {
       "plan", "Memory per tier and predicted step time of every placement on a hardware profile; the fastest that fits");
   cmd->add_option("--params", o->params, "Parameter count: 13B, 7e9 (memory from the estimator)");
   cmd->add_option("--model", o->model, "A model preset (tiny, small, gpt2, ...): memory from the engine's own plan");
-  cmd->add_option("--layers", o->layers, "With --model: override the blocks")->check(CLI::Range(1, 100000));
-  cmd->add_option("--heads", o->heads, "With --model: override the attention heads")->check(CLI::Range(1, 100000));
-  cmd->add_option("--embd", o->embd, "With --model: override the embedding width")->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--vocab", o->vocab, "With --model: override the vocabulary")->check(CLI::Range(1, 1 << 24));
-  cmd->add_option("--max-seq", o->max_seq, "With --model: override the maximum sequence length")
-      ->check(CLI::Range(1, 1 << 24));
+  add_model_shape_flags(*cmd, o->shape, "With --model: ");
   cmd->add_option("--blocks", o->blocks, "With --params: transformer blocks (default: derived from the size)")
       ->check(CLI::Range(1, 100000));
   cmd->add_option("--profile", o->profile, "Hardware profile JSON (strata report --calibrate, examples/profiles/)");

@@ -35,8 +35,8 @@ Result<model::GptConfig> shape_for_params(const PlanFitArgs& a) {
     return InvalidArgument(fmt::format("--params {} is out of range for --fit (1M .. 100T)", a.params));
   model::GptConfig g;
   g.preset = "derived";
-  g.vocab_size = a.vocab ? a.vocab : 50304;
-  g.max_seq_len = a.max_seq ? a.max_seq : std::max(1024, a.seq);
+  g.vocab_size = a.shape.vocab ? a.shape.vocab : 50304;
+  g.max_seq_len = a.shape.max_seq ? a.shape.max_seq : std::max(1024, a.seq);
   const double N = static_cast<double>(*n);
   g.n_layer = a.blocks ? a.blocks : std::max(1, static_cast<int>(std::lround(std::cbrt(N / 12.0 / 128.0 / 128.0))));
   const double c = std::sqrt(std::max(1.0, N - static_cast<double>(g.vocab_size) * 1024) / (12.0 * g.n_layer));
@@ -69,11 +69,7 @@ int run_plan_fit(const PlanFitArgs& a) {
     Result<model::GptConfig> preset = model::preset(a.model);
     if (!preset.ok()) return plan_fit_failed(preset.status().with_context("--model"));
     g = *preset;
-    if (a.layers) g.n_layer = a.layers;
-    if (a.heads) g.n_head = a.heads;
-    if (a.embd) g.n_embd = a.embd;
-    if (a.vocab) g.vocab_size = a.vocab;
-    if (a.max_seq) g.max_seq_len = a.max_seq;
+    a.shape.apply_to(g);
   } else {
     Result<model::GptConfig> derived = shape_for_params(a);
     if (!derived.ok()) return plan_fit_failed(derived.status());

@@ -28,6 +28,7 @@
 #include "command.h"
 #include "config_fit_cli.h"
 #include "engine_run.h"
+#include "model_shape_flags.h"
 #include "train_paths.h"
 #include <sys/sysinfo.h>
 
@@ -51,7 +52,7 @@ namespace {
 
 struct TrainCliOptions {
   std::string preset = "tiny";
-  int layers = 0, heads = 0, embd = 0, vocab = 0, max_seq = 0;  // 0: the preset's
+  ModelShapeFlags shape;  // overrides of the preset
   std::string dtype;                                           // "": fp32 or the config's precision
   int64_t steps = 100;
   int batch = 8;
@@ -559,11 +560,7 @@ int run_train(TrainCliOptions o) {
   Result<model::GptConfig> preset = model::preset(o.preset);
   if (!preset.ok()) return fail(preset.status().with_context("--preset"));
   model::GptConfig g = *preset;
-  if (o.layers) g.n_layer = o.layers;
-  if (o.heads) g.n_head = o.heads;
-  if (o.embd) g.n_embd = o.embd;
-  if (o.vocab) g.vocab_size = o.vocab;
-  if (o.max_seq) g.max_seq_len = o.max_seq;
+  o.shape.apply_to(g);
   if (!o.dtype.empty()) {
     Result<DType> dt = parse_dtype(o.dtype);
     if (!dt.ok() || !is_state_float(*dt))
@@ -829,18 +826,8 @@ CommandRegistration train_command("train", [](CLI::App& root) {
   CLI::App* cmd = root.add_subcommand(
       "train", "Train the reference GPT with the ZeRO engine (stages 0-3, cpu offload) on one rank or many");
   cmd->add_option("--preset", o->preset, "Model size: tiny | small | gpt2 | gpt2-medium | 1b")->capture_default_str();
-  // The model's own ranges (GptLimits); left out, the preset's value (an explicit 0 is refused).
+  add_model_shape_flags(*cmd, o->shape, "");
   using model::GptLimits;
-  cmd->add_option("--layers", o->layers, "Number of blocks (default: the preset's)")
-      ->check(CLI::Range(1, GptLimits::kMaxLayers));
-  cmd->add_option("--heads", o->heads, "Number of attention heads, dividing --embd (default: the preset's)")
-      ->check(CLI::Range(1, GptLimits::kMaxEmbd));
-  cmd->add_option("--embd", o->embd, "Embedding width (default: the preset's)")
-      ->check(CLI::Range(1, GptLimits::kMaxEmbd));
-  cmd->add_option("--vocab", o->vocab, "Vocabulary size (default: the preset's)")
-      ->check(CLI::Range(GptLimits::kMinVocab, GptLimits::kMaxVocab));
-  cmd->add_option("--max-seq", o->max_seq, "Maximum sequence length (default: the preset's)")
-      ->check(CLI::Range(1, GptLimits::kMaxSeqLen));
   auto* dtype = cmd->add_option("--dtype", o->dtype, "Parameter storage: fp32 | bf16 | fp16 (compute is fp32)");
   cmd->add_option("--steps", o->steps, "Optimizer steps")->capture_default_str();
   auto* batch = cmd->add_option("--batch", o->batch, "Micro batch (sequences per forward)")

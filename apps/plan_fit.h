@@ -4,12 +4,14 @@
 #include <string>
 
 #include "config_fit_cli.h"
+#include "model_shape_flags.h"
 
 namespace strata::cli {
 
 struct PlanFitArgs {
   std::string params, model, config, profile, out;
-  int layers = 0, heads = 0, embd = 0, vocab = 0, max_seq = 0, blocks = 0;
+  ModelShapeFlags shape;  // with --model: overrides of the preset; --vocab and --max-seq with --params too
+  int blocks = 0;
   int ranks = 1;
   int batch = 4, seq = 64, grad_accum = 1;
   bool given_batch = false, given_accum = false, given_dtype = false;

@@ -292,9 +292,6 @@ int run_calibrate(const CalibrateOptions& o) {
   Result<model::GptConfig> preset = model::preset(o.preset);
   if (!preset.ok()) return calibrate_failed(preset.status().with_context("--calibrate-model"));
   model::GptConfig g = *preset;
-  if (o.layers) g.n_layer = o.layers;
-  if (o.heads) g.n_head = o.heads;
-  if (o.embd) g.n_embd = o.embd;
   Result<DType> dt = parse_dtype(o.dtype);
   if (!dt.ok() || !is_state_float(*dt))
     return calibrate_failed(InvalidArgument(fmt::format(

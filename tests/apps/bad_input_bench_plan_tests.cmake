@@ -116,3 +116,13 @@ add_test(NAME apps.bench_offload_csv_fifo
   COMMAND sh -c "d=$(mktemp -d) && mkfifo $d/fifo && $<TARGET_FILE:strata_cli> bench offload --configs ${offload_rows} --csv $d/fifo --steps 1 --warmup 0 --repeats 1; rm -rf $d")
 set_tests_properties(apps.bench_offload_csv_fifo PROPERTIES LABELS apps TIMEOUT 60
   PASS_REGULAR_EXPRESSION "--csv '.*' is not a regular file \\(a FIFO\\)")
+
+# The model-shape flags take the model's own ranges everywhere (model::GptLimits,
+# apps/model_shape_flags.h); plan, estimate and bench offload advertised 1..100000
+# blocks and vocabularies below the byte tokenizer's 256.
+strata_flag_error_test(plan_model_layers_range "--layers: Value 2000 not in range 1 to 1024"
+  plan --model small --layers 2000 --profile ${consumer_profile})
+strata_flag_error_test(estimate_model_heads_range "--heads: Value 70000 not in range 1 to 65536"
+  estimate --model small --heads 70000)
+strata_flag_error_test(bench_offload_vocab_range "--vocab: Value 100 not in range 256 to 16777216"
+  bench offload --vocab 100)
