@@ -144,7 +144,7 @@ TEST(DrivenFrozenCheckpoint, ACheckpointWhoseFrozenLayersAreNotTheModelsIsRefuse
   {
     Result<SmallModel> saver = small_model(/*b_frozen=*/true, *comms[0]);
     ASSERT_TRUE(saver.ok()) << saver.status().to_string();
-    Result<CheckpointSaveInfo> saved = saver->engine->save_checkpoint({.dir = dir, .sync = true});
+    Result<CheckpointSaveInfo> saved = saver->engine->save_checkpoint(sync_save(dir));
     ASSERT_TRUE(saved.ok()) << saved.status().to_string();
   }
   {
@@ -167,7 +167,7 @@ TEST(DrivenFrozenCheckpoint, ACheckpointWhoseFrozenLayersAreNotTheModelsIsRefuse
   {
     Result<SmallModel> saver = small_model(/*b_frozen=*/false, *comms[0]);
     ASSERT_TRUE(saver.ok());
-    ASSERT_TRUE(saver->engine->save_checkpoint({.dir = dir2, .sync = true}).ok());
+    ASSERT_TRUE(saver->engine->save_checkpoint(sync_save(dir2)).ok());
   }
   Result<SmallModel> frozen_here = small_model(/*b_frozen=*/true, *comms[0]);
   ASSERT_TRUE(frozen_here.ok());
@@ -182,7 +182,7 @@ TEST(DrivenFrozenCheckpoint, AManifestGivingAFrozenLayerExtentsOrABadFrozenIsRef
   {
     Result<SmallModel> saver = small_model(/*b_frozen=*/true, *comms[0]);
     ASSERT_TRUE(saver.ok());
-    ASSERT_TRUE(saver->engine->save_checkpoint({.dir = dir, .sync = true}).ok());
+    ASSERT_TRUE(saver->engine->save_checkpoint(sync_save(dir)).ok());
   }
   Result<CheckpointReader> reader = CheckpointReader::open(dir);
   ASSERT_TRUE(reader.ok()) << reader.status().to_string();

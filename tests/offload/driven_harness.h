@@ -77,6 +77,15 @@ class Watchdog {
 // Options every driven run starts from: accumulation 2, clipping, AdamW with
 // decay (so that the no-decay bias and the conditional layer's decay on its
 // unused steps show).
+// A synchronous save into `dir` (designated initializers that leave fields
+// out warn under GCC 12's -Wextra).
+[[maybe_unused]] CheckpointSaveOptions sync_save(const std::string& dir) {
+  CheckpointSaveOptions save;
+  save.dir = dir;
+  save.sync = true;
+  return save;
+}
+
 EngineOptions base_options() {
   EngineOptions o;
   o.grad_accum = 2;
@@ -304,7 +313,7 @@ struct DrivenOutcome {
             if (r == 0) out.evals.push_back(v);
           }
           if (s == run.save_at)
-            STRATA_RETURN_IF_ERROR(d->engine().save_checkpoint({.dir = run.save_dir, .sync = true}).status());
+            STRATA_RETURN_IF_ERROR(d->engine().save_checkpoint(sync_save(run.save_dir)).status());
         }
         STRATA_RETURN_IF_ERROR(d->engine().synchronize());
         if (run.gather_masters) {
