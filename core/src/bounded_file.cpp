@@ -22,6 +22,14 @@ std::string_view file_type_name(mode_t mode) {
   return "a special file";
 }
 
+Status check_path_text(std::string_view path, std::string_view what) {
+  const size_t nul = path.find('\0');
+  if (nul == std::string_view::npos) return Status::Ok();
+  return InvalidArgument(fmt::format("{} '{}' holds a NUL byte at offset {}; a path cannot contain one (the system "
+                                     "would open the name up to it)",
+                                     what, printable(path, 256), nul));
+}
+
 Result<std::string> read_regular_file(const std::string& path, uint64_t max_bytes, const FileDescription& file) {
   const std::string name = fmt::format("{} '{}'{}", file.what, printable(path, 256),
                                        file.flag.empty() ? "" : fmt::format(" ({})", file.flag));

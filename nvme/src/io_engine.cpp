@@ -16,6 +16,8 @@
 
 #include "engine_core.h"
 #include "file_probe.h"
+#include "strata/core/bounded_file.h"
+#include "strata/core/printable.h"
 #include "strata/nvme/aligned_buffer.h"
 
 namespace strata::nvme {
@@ -320,13 +322,26 @@ Result<FileId> ScheduledEngine::open(const std::string& path, OpenMode mode) {
     return ResourceExhausted(fmt::format("open {}: all {} file slots of the I/O engine are in use; close files or "
                                          "raise max_files", path, files_.size()));
   }
+  STRATA_RETURN_IF_ERROR(check_path_text(path, "open: the path"));
   int flags = (mode == OpenMode::kRead ? O_RDONLY : O_RDWR) | O_CLOEXEC;
   if (mode == OpenMode::kCreate) flags |= O_CREAT;
-  int buffered_fd = ::open(path.c_str(), flags, 0600);
+  // O_NONBLOCK: opening a FIFO would otherwise wait for a writer forever; it
+  // is refused below, and a regular file or block device ignores the flag.
+  int buffered_fd = ::open(path.c_str(), flags | O_NONBLOCK, 0600);
   if (buffered_fd < 0) {
-    return ErrnoStatus(errno, fmt::format("open {} ({})", path,
+    return ErrnoStatus(errno, fmt::format("open {} ({})", printable(path, 256),
                                           mode == OpenMode::kRead ? "read" : "read-write"));
   }
+  struct stat opened {};
+  if (fstat(buffered_fd, &opened) != 0 || !(S_ISREG(opened.st_mode) || S_ISBLK(opened.st_mode))) {
+    const int saved = errno;
+    const std::string what = fstat(buffered_fd, &opened) == 0 ? std::string(file_type_name(opened.st_mode))
+                                                              : fmt::format("unknown ({})", std::strerror(saved));
+    ::close(buffered_fd);
+    return InvalidArgument(fmt::format("open {}: it is {}, not a regular file or block device; name a file",
+                                       printable(path, 256), what));
+  }
+  (void)fcntl(buffered_fd, F_SETFL, fcntl(buffered_fd, F_GETFL) & ~O_NONBLOCK);
   FileSlot& f = files_[id];
   f.path = path;
   f.writable = mode != OpenMode::kRead;

@@ -27,6 +27,7 @@
 
 #include <fmt/format.h>
 
+#include "strata/core/bounded_file.h"
 #include "strata/core/units.h"
 #include "strata/nvme/aligned_buffer.h"
 #include "strata/nvme/checksum.h"
@@ -79,6 +80,7 @@ Status SwapStoreOptions::validate() const {
     return InvalidArgument("swap store: capacity_bytes is 0; size it to the bytes this rank swaps out");
   }
   for (size_t i = 0; i < paths.size(); ++i) {
+    STRATA_RETURN_IF_ERROR(check_path_text(paths[i], "swap store: nvme_path"));
     for (size_t j = i + 1; j < paths.size(); ++j) {
       if (paths[i] == paths[j]) return InvalidArgument(fmt::format("swap store: nvme_path {} given twice", paths[i]));
     }

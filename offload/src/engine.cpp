@@ -13,6 +13,8 @@
 
 #include <fmt/format.h>
 
+#include "strata/core/bounded_file.h"
+
 namespace strata::offload {
 namespace {
 
@@ -562,6 +564,7 @@ Result<CheckpointSaveInfo> Engine::save_checkpoint(const CheckpointSaveOptions& 
   Impl& m = *impl_;
   // A stopped engine's state may be part-way through a step: never saved.
   if (!m.stopped.ok()) return m.stopped;
+  STRATA_RETURN_IF_ERROR(check_path_text(options.dir, "save_checkpoint: the folder"));
   CheckpointScalarsNow now;
   now.optimizer_steps = m.optimizer_steps;
   now.steps_begun = m.steps_begun;
@@ -573,6 +576,7 @@ Result<CheckpointSaveInfo> Engine::save_checkpoint(const CheckpointSaveOptions& 
 Result<std::optional<CheckpointSaveDone>> Engine::wait_checkpoint() { return impl_->checkpoints.wait_save(); }
 
 Result<CheckpointManifest> Engine::load_checkpoint(const std::string& given) {
+  STRATA_RETURN_IF_ERROR(check_path_text(given, "load_checkpoint: the path"));
   Impl& m = *impl_;
   STRATA_RETURN_IF_ERROR(m.expect_frozen_layers_initialized("load_checkpoint()"));
   if (m.steps_begun != 0 || m.optimizer_steps != 0)

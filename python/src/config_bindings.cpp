@@ -38,6 +38,11 @@ py::dict check_result(const ConfigCheck& check) {
 
 ConfigOptions config_options(int64_t world_size, std::optional<int64_t> hidden_size) {
   if (world_size < 1) raise_status(InvalidArgument(fmt::format("world_size {} must be at least 1", world_size)));
+  // "auto" bucket sizes are hidden_size^2: beyond 2^24 that leaves int64.
+  if (hidden_size && (*hidden_size < 1 || *hidden_size > (int64_t{1} << 24)))
+    raise_status(InvalidArgument(fmt::format("hidden_size {} is out of range: give 1..{} (the model's hidden "
+                                             "width, which \"auto\" bucket sizes are computed from)",
+                                             *hidden_size, int64_t{1} << 24)));
   ConfigOptions options;
   options.world_size = world_size;
   options.hidden_size = hidden_size;

@@ -64,6 +64,17 @@
 namespace strata::python {
 namespace {
 
+// Row-major with no gaps: what a flat read of size * itemsize bytes from ptr
+// covers exactly.
+bool c_contiguous(const py::buffer_info& b) {
+  py::ssize_t expected = b.itemsize;
+  for (size_t d = b.shape.size(); d-- > 0;) {
+    if (b.shape[d] != 1 && b.strides[d] != expected) return false;
+    expected *= b.shape[d];
+  }
+  return true;
+}
+
 using offload::Engine;
 using offload::EngineOptions;
 using offload::StepOutcome;
@@ -222,36 +233,50 @@ class DrivenEngine {
     if (root < 0 || root >= world_size())
       raise_status(InvalidArgument(fmt::format("put_initial_layer(): rank {} (whose values every rank takes) is not "
                                                "in 0..{}", root, world_size() - 1)));
+    // The engine reads both as flat runs of memory: a strided view (every
+    // other element, a broadcast) would be read as other bytes or past its end.
     const py::buffer_info p = params.request();
+    if (!c_contiguous(p))
+      raise_status(InvalidArgument(fmt::format("layer {}: the packed parameter bytes must be one contiguous buffer "
+                                               "(a strided or expanded view is not); pass a contiguous copy",
+                                               li)));
     std::span<const float> values;
     py::buffer_info f;
     if (fp32) {
       f = fp32->request();
       if (f.itemsize != 4 || f.format != py::format_descriptor<float>::format())
         raise_status(InvalidArgument(fmt::format("layer {}: the fp32 values must be a float32 buffer", li)));
+      if (!c_contiguous(f))
+        raise_status(InvalidArgument(fmt::format("layer {}: the fp32 values must be one contiguous buffer", li)));
       values = std::span<const float>(static_cast<const float*>(f.ptr), static_cast<size_t>(f.size));
     }
     auto bytes = std::span<const std::byte>(static_cast<const std::byte*>(p.ptr),
                                             static_cast<size_t>(p.size * p.itemsize));
-    py::gil_scoped_release unlocked;
-    // Several ranks: rank `root`'s values on every rank (rank 0's at
-    // initialize, as DeepSpeed broadcasts the module), so ranks that built
-    // the model from different seeds still train one model.
-    std::vector<std::byte> root_bytes;
-    std::vector<float> root_values;
-    if (world_size() > 1) {
-      throw_if_error(broadcast_from(root, bytes, root_bytes, fmt::format("layer {}'s initial values", li)));
-      bytes = root_bytes;
-      if (!values.empty()) {
-        const std::span<const std::byte> raw(reinterpret_cast<const std::byte*>(values.data()), values.size_bytes());
-        std::vector<std::byte> received;
-        throw_if_error(broadcast_from(root, raw, received, fmt::format("layer {}'s fp32 initial values", li)));
-        root_values.resize(values.size());
-        std::memcpy(root_values.data(), received.data(), received.size());
-        values = root_values;
+    // The work runs without the GIL; its error is raised once it is held again.
+    const Status put = [&]() -> Status {
+      py::gil_scoped_release unlocked;
+      // Several ranks: rank `root`'s values on every rank (rank 0's at
+      // initialize, as DeepSpeed broadcasts the module), so ranks that built
+      // the model from different seeds still train one model.
+      std::vector<std::byte> root_bytes;
+      std::vector<float> root_values;
+      if (world_size() > 1) {
+        STRATA_RETURN_IF_ERROR(broadcast_from(root, bytes, root_bytes, fmt::format("layer {}'s initial values", li)));
+        bytes = root_bytes;
+        if (!values.empty()) {
+          const std::span<const std::byte> raw(reinterpret_cast<const std::byte*>(values.data()),
+                                               values.size_bytes());
+          std::vector<std::byte> received;
+          STRATA_RETURN_IF_ERROR(
+              broadcast_from(root, raw, received, fmt::format("layer {}'s fp32 initial values", li)));
+          root_values.resize(values.size());
+          std::memcpy(root_values.data(), received.data(), received.size());
+          values = root_values;
+        }
       }
-    }
-    throw_if_error(engine_->put_initial_layer(li, bytes, values));
+      return engine_->put_initial_layer(li, bytes, values);
+    }();
+    throw_if_error(put);
   }
 
   void begin_step() { call([&] { return engine_->begin_step(); }); }

@@ -1,8 +1,10 @@
 // Bindings of nvme's IoEngine and SwapStore. Buffers are raw addresses the
-// Python layer took from a tensor (data_ptr) or an array and keeps alive
-// until the handle is done. Handles keep their engine (and store) alive, so
-// waiting on a handle after the Python object that made it is gone is safe.
-// Every wait, synchronous read/write and verification releases the GIL.
+// Python layer took from a tensor (data_ptr) or an array; the native handle
+// holds that object until the request is done, and a handle dropped before
+// then waits for it (the buffer must outlive the I/O writing into it).
+// Handles keep their engine (and store) alive, so waiting on a handle after
+// the Python object that made it is gone is safe. Every wait, synchronous
+// read/write and verification releases the GIL.
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -13,6 +15,7 @@
 #include <pybind11/stl.h>
 
 #include "errors.h"
+#include "strata/core/printable.h"
 #include "strata/nvme/aligned_buffer.h"
 #include "strata/nvme/io_engine.h"
 #include "strata/nvme/swap_store.h"
@@ -29,13 +32,35 @@ Status wait_released(const Completion& completion) {
   return completion.wait();
 }
 
-struct PyIoHandle {
-  IoHandle handle;
-  std::shared_ptr<IoEngine> engine;  // outlives the request
+// One request in flight and what must outlive it: the engine (or store)
+// that runs it and the Python object owning its buffer. Destroyed (its last
+// handle gone, the GIL held) before the request is done, it waits for it
+// with the GIL released, then lets the buffer go; the request's error, if
+// any, is the dropped handle's to report and is not raised from here.
+template <class Handle, class Runner>
+struct InFlight {
+  Handle handle;
+  Runner runner;
+  py::object buffer_owner;
 
-  void wait() const { throw_if_error(wait_released(handle.completion())); }
-  bool done() const { return handle.done(); }
-  uint64_t bytes() const { return handle.bytes(); }
+  InFlight(Handle h, Runner r, py::object owner)
+      : handle(std::move(h)), runner(std::move(r)), buffer_owner(std::move(owner)) {}
+  InFlight(const InFlight&) = delete;
+  InFlight& operator=(const InFlight&) = delete;
+  ~InFlight() {
+    if (!handle.done()) {
+      py::gil_scoped_release release;
+      (void)handle.completion().wait();
+    }
+  }
+};
+
+struct PyIoHandle {
+  std::shared_ptr<InFlight<IoHandle, std::shared_ptr<IoEngine>>> request;
+
+  void wait() const { throw_if_error(wait_released(request->handle.completion())); }
+  bool done() const { return request->handle.done(); }
+  uint64_t bytes() const { return request->handle.bytes(); }
 };
 
 class PyIoEngine {
@@ -77,7 +102,12 @@ class PyIoEngine {
     return d;
   }
 
-  PyIoHandle submit(const std::string& op, FileId file, uint64_t offset, uint64_t length, uintptr_t buffer) {
+  // `buffer_owner`: the object whose memory `buffer` points into, held
+  // until the request is done.
+  PyIoHandle submit(const std::string& op, FileId file, uint64_t offset, uint64_t length, uintptr_t buffer,
+                    py::object buffer_owner) {
+    if (op != "read" && op != "write")
+      raise_status(InvalidArgument(fmt::format("submit: op {} is not 'read' or 'write'", printable(op, 16))));
     IoSegment segment{.file = file, .offset = offset, .length = length, .buffer = as_bytes(buffer)};
     IoOp io_op = op == "read" ? IoOp::kRead : IoOp::kWrite;
     IoHandle handle;
@@ -85,7 +115,8 @@ class PyIoEngine {
       py::gil_scoped_release release;
       handle = engine_->submit(io_op, std::span<const IoSegment>(&segment, 1));
     }
-    return PyIoHandle{handle, engine_};
+    return PyIoHandle{std::make_shared<InFlight<IoHandle, std::shared_ptr<IoEngine>>>(std::move(handle), engine_,
+                                                                                      std::move(buffer_owner))};
   }
 
   std::string kind() const { return std::string(engine_kind_name(engine_->kind())); }
@@ -118,11 +149,10 @@ struct StoreHolder {
 };
 
 struct PySwapHandle {
-  SwapHandle handle;
-  std::shared_ptr<StoreHolder> holder;  // outlives the operation
+  std::shared_ptr<InFlight<SwapHandle, std::shared_ptr<StoreHolder>>> request;
 
-  void wait() const { throw_if_error(wait_released(handle.completion())); }
-  bool done() const { return handle.done(); }
+  void wait() const { throw_if_error(wait_released(request->handle.completion())); }
+  bool done() const { return request->handle.done(); }
 };
 
 class PySwapStore {
@@ -151,17 +181,18 @@ class PySwapStore {
     holder_->store = value_or_raise(std::move(store));
   }
 
-  PySwapHandle write(TensorId id, uintptr_t data, uint64_t bytes) {
-    return wrap(store().write(id, as_bytes(data), bytes));
+  // `owner`: the object whose memory `data` points into, held until done.
+  PySwapHandle write(TensorId id, uintptr_t data, uint64_t bytes, py::object owner) {
+    return wrap(store().write(id, as_bytes(data), bytes), std::move(owner));
   }
-  PySwapHandle read(TensorId id, uintptr_t data, uint64_t bytes) {
-    return wrap(store().read(id, as_bytes(data), bytes));
+  PySwapHandle read(TensorId id, uintptr_t data, uint64_t bytes, py::object owner) {
+    return wrap(store().read(id, as_bytes(data), bytes), std::move(owner));
   }
-  PySwapHandle write_range(TensorId id, uint64_t offset, uintptr_t data, uint64_t bytes) {
-    return wrap(store().write_range(id, offset, std::span<const std::byte>(as_bytes(data), bytes)));
+  PySwapHandle write_range(TensorId id, uint64_t offset, uintptr_t data, uint64_t bytes, py::object owner) {
+    return wrap(store().write_range(id, offset, std::span<const std::byte>(as_bytes(data), bytes)), std::move(owner));
   }
-  PySwapHandle read_range(TensorId id, uint64_t offset, uintptr_t data, uint64_t bytes) {
-    return wrap(store().read_range(id, offset, std::span<std::byte>(as_bytes(data), bytes)));
+  PySwapHandle read_range(TensorId id, uint64_t offset, uintptr_t data, uint64_t bytes, py::object owner) {
+    return wrap(store().read_range(id, offset, std::span<std::byte>(as_bytes(data), bytes)), std::move(owner));
   }
   void remove(TensorId id) { throw_if_error(store().remove(id)); }
   bool contains(TensorId id) { return store().contains(id); }
@@ -213,7 +244,10 @@ class PySwapStore {
     if (closed()) raise_status(FailedPrecondition("swap store is closed"));
     return *holder_->store;
   }
-  PySwapHandle wrap(Result<SwapHandle>&& handle) { return PySwapHandle{value_or_raise(std::move(handle)), holder_}; }
+  PySwapHandle wrap(Result<SwapHandle>&& handle, py::object owner) {
+    return PySwapHandle{std::make_shared<InFlight<SwapHandle, std::shared_ptr<StoreHolder>>>(
+        value_or_raise(std::move(handle)), holder_, std::move(owner))};
+  }
 
   std::shared_ptr<StoreHolder> holder_;
 };
@@ -233,7 +267,7 @@ void bind_io(py::module_& m) {
       .def("close", &PyIoEngine::close, py::arg("file"))
       .def("file_info", &PyIoEngine::file_info, py::arg("file"))
       .def("submit", &PyIoEngine::submit, py::arg("op"), py::arg("file"), py::arg("offset"), py::arg("length"),
-           py::arg("buffer"))
+           py::arg("buffer"), py::arg("buffer_owner"))
       .def_property_readonly("kind", &PyIoEngine::kind)
       .def("describe", &PyIoEngine::describe)
       .def("notes", &PyIoEngine::notes)

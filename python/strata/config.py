@@ -6,6 +6,7 @@ import json
 import os
 
 from . import _native
+from ._checks import check_int, printable
 from .errors import InvalidArgument
 
 __all__ = ["check", "load", "Issue"]
@@ -17,11 +18,19 @@ class Issue(dict):
 
     __getattr__ = dict.__getitem__
 
+    def __init__(self, fields):
+        # A key or value of the user's config may hold control characters:
+        # escaped here as in .text (escape sequences never reach a terminal).
+        super().__init__({k: printable(v) if isinstance(v, str) and k != "text" else v for k, v in fields.items()})
+
     def __str__(self):
         return self["text"]
 
 
 def _run(path_or_dict, world_size, hidden_size):
+    world_size = check_int(world_size, "world_size", 1, 1 << 24)
+    if hidden_size is not None:
+        hidden_size = check_int(hidden_size, "hidden_size", 1, 1 << 24)
     if isinstance(path_or_dict, dict):
         try:
             text = json.dumps(path_or_dict, allow_nan=False)

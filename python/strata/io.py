@@ -14,9 +14,17 @@ strata exceptions carrying the C++ Status text (file, offset, length, errno).
 import os
 
 from . import _native
+from ._checks import check_int, check_path
+from ._sizes import parse_size
 from ._tensors import span, torch
 
 __all__ = ["AsyncIO", "IoHandle", "SwapStore", "SwapHandle", "empty", "choose_engine"]
+
+
+# The largest buffer and file offset the API takes: an offset or length past
+# 2^62 overflows the engine's end-of-range arithmetic, and no buffer is larger.
+_MAX_BUFFER_BYTES = 1 << 50
+_MAX_OFFSET = 1 << 62
 
 
 def choose_engine():
@@ -31,11 +39,17 @@ def empty(shape, dtype=None, *, alignment=4096, pin=False):
     if torch is None:
         raise ImportError("strata.io.empty makes torch tensors; torch is not importable")
     dtype = dtype or torch.float32
-    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"strata.io.empty: dtype must be a torch.dtype, not {type(dtype).__name__}")
+    shape = (shape,) if isinstance(shape, int) and not isinstance(shape, bool) else tuple(shape)
     count = 1
-    for s in shape:
-        count *= int(s)
+    for i, s in enumerate(shape):
+        count *= check_int(s, f"strata.io.empty: shape[{i}]", 0, _MAX_BUFFER_BYTES)
     element = torch.empty((), dtype=dtype).element_size()
+    if count * element > _MAX_BUFFER_BYTES:
+        raise ValueError(f"strata.io.empty: shape {shape} of {dtype} is {count * element} bytes, more than the "
+                         f"{_MAX_BUFFER_BYTES} a buffer may have")
+    alignment = check_int(alignment, "strata.io.empty: alignment", 1, 1 << 30)
     buffer = _native.AlignedBuffer(max(count * element, 1), alignment, pin)
     flat = torch.frombuffer(buffer, dtype=torch.uint8)[: count * element]
     return flat.view(dtype).view(shape)
@@ -77,6 +91,13 @@ class AsyncIO:
     """
 
     def __init__(self, engine="auto", block_size=1 << 20, queue_depth=8, threads=1, direct_io=True):
+        if not isinstance(engine, str):
+            raise TypeError(f"AsyncIO: engine must be a str such as \"auto\", not {type(engine).__name__}")
+        if not isinstance(direct_io, bool):
+            raise TypeError(f"AsyncIO: direct_io must be a bool, not {type(direct_io).__name__}")
+        block_size = check_int(block_size, "AsyncIO: block_size", 1, 1 << 40)
+        queue_depth = check_int(queue_depth, "AsyncIO: queue_depth", 1, (1 << 32) - 1)
+        threads = check_int(threads, "AsyncIO: threads", 1, (1 << 32) - 1)
         self._engine = _native.IoEngine(engine, block_size, queue_depth, threads, direct_io)
         self._files = {}  # (path, writable) -> file id
 
@@ -96,7 +117,7 @@ class AsyncIO:
         return self._engine.stats()
 
     def _file(self, path, writable):
-        path = os.fspath(path)
+        path = check_path(path, "the path")
         key = (path, writable)
         fid = self._files.get(key)
         if fid is None:
@@ -111,19 +132,17 @@ class AsyncIO:
     def pread(self, tensor, path, offset=0):
         """Reads len(tensor) bytes of `path` at `offset` into the tensor; returns an IoHandle."""
         address, _, _, nbytes = span(tensor, "the pread buffer", writable=True)
-        if offset < 0:
-            raise ValueError(f"pread of {path}: offset {offset} is negative")
+        offset = check_int(offset, f"pread of {os.fspath(path)!r}: offset", 0, _MAX_OFFSET)
         fid = self._file(path, False)
-        return IoHandle(self._engine.submit("read", fid, offset, nbytes, address), tensor, os.fspath(path), offset)
+        return IoHandle(self._engine.submit("read", fid, offset, nbytes, address, tensor), tensor, os.fspath(path), offset)
 
     def pwrite(self, tensor, path, offset=0):
         """Writes the tensor's bytes to `path` at `offset` (created 0600 when
         absent, never truncated); returns an IoHandle."""
         address, _, _, nbytes = span(tensor, "the pwrite buffer")
-        if offset < 0:
-            raise ValueError(f"pwrite of {path}: offset {offset} is negative")
+        offset = check_int(offset, f"pwrite of {os.fspath(path)!r}: offset", 0, _MAX_OFFSET)
         fid = self._file(path, True)
-        return IoHandle(self._engine.submit("write", fid, offset, nbytes, address), tensor, os.fspath(path), offset)
+        return IoHandle(self._engine.submit("write", fid, offset, nbytes, address, tensor), tensor, os.fspath(path), offset)
 
     def sync_pread(self, tensor, path, offset=0):
         return self.pread(tensor, path, offset).wait()
@@ -134,7 +153,10 @@ class AsyncIO:
     def close(self, path=None):
         """Closes one path's descriptors (or all); fails while requests on it are in flight."""
         for key in [k for k in self._files if path is None or k[0] == os.fspath(path)]:
-            self._engine.close(self._files.pop(key))
+            # Forgotten only once closed: a close refused (requests in
+            # flight) leaves the descriptor known, to be closed again later.
+            self._engine.close(self._files[key])
+            del self._files[key]
 
 
 class SwapHandle:
@@ -156,6 +178,10 @@ class SwapHandle:
         return self._handle.done()
 
 
+def _tensor_id(tensor_id):
+    return check_int(tensor_id, "SwapStore: tensor id", 0, (1 << 64) - 1)
+
+
 class SwapStore:
     """Tensors on NVMe by integer id, one preallocated file per path,
     checksummed per block (XXH3), written by shadow writes: a corrupt block
@@ -170,29 +196,47 @@ class SwapStore:
                  index_bytes=0, verify_checksums=True, verify_writes=True, keep_files=False, open_existing=False):
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
+        paths = [check_path(p, f"SwapStore: paths[{i}]") for i, p in enumerate(paths)]
+        # 0 is valid with open_existing (the reopened files say the capacity).
+        capacity_bytes = 0 if open_existing and capacity_bytes == 0 else parse_size(capacity_bytes,
+                                                                                      "SwapStore: capacity_bytes")
+        if not isinstance(job, str):
+            raise TypeError(f"SwapStore: job must be a str, not {type(job).__name__}")
+        rank = check_int(rank, "SwapStore: rank", 0, (1 << 31) - 1)
+        checksum_block_bytes = check_int(checksum_block_bytes, "SwapStore: checksum_block_bytes", 1, 1 << 40)
+        index_bytes = check_int(index_bytes, "SwapStore: index_bytes", 0, 1 << 40)
+        for name, flag in (("verify_checksums", verify_checksums), ("verify_writes", verify_writes),
+                           ("keep_files", keep_files), ("open_existing", open_existing)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"SwapStore: {name} must be a bool, not {type(flag).__name__}")
         self._io = io if io is not None else AsyncIO()
-        self._store = _native.SwapStore(self._io._engine, [os.fspath(p) for p in paths], int(capacity_bytes), job,
-                                        rank, checksum_block_bytes, index_bytes, verify_checksums, verify_writes,
-                                        keep_files, open_existing)
+        self._store = _native.SwapStore(self._io._engine, paths, capacity_bytes, job, rank, checksum_block_bytes,
+                                        index_bytes, verify_checksums, verify_writes, keep_files, open_existing)
 
     def write(self, tensor_id, tensor):
         """Starts writing the tensor's bytes as tensor `tensor_id`; returns a SwapHandle.
         The tensor must not change until the handle is done."""
+        tensor_id = _tensor_id(tensor_id)
         address, _, _, nbytes = span(tensor, f"tensor {tensor_id}")
-        return SwapHandle(self._store.write(tensor_id, address, nbytes), tensor)
+        return SwapHandle(self._store.write(tensor_id, address, nbytes, tensor), tensor)
 
     def read(self, tensor_id, out):
         """Starts reading tensor `tensor_id` into `out` (same byte size); returns a SwapHandle."""
+        tensor_id = _tensor_id(tensor_id)
         address, _, _, nbytes = span(out, f"the read buffer of tensor {tensor_id}", writable=True)
-        return SwapHandle(self._store.read(tensor_id, address, nbytes), out)
+        return SwapHandle(self._store.read(tensor_id, address, nbytes, out), out)
 
     def write_range(self, tensor_id, offset, tensor):
+        tensor_id = _tensor_id(tensor_id)
+        offset = check_int(offset, f"write_range of tensor {tensor_id}: offset", 0, _MAX_OFFSET)
         address, _, _, nbytes = span(tensor, f"the range of tensor {tensor_id}")
-        return SwapHandle(self._store.write_range(tensor_id, offset, address, nbytes), tensor)
+        return SwapHandle(self._store.write_range(tensor_id, offset, address, nbytes, tensor), tensor)
 
     def read_range(self, tensor_id, offset, out):
+        tensor_id = _tensor_id(tensor_id)
+        offset = check_int(offset, f"read_range of tensor {tensor_id}: offset", 0, _MAX_OFFSET)
         address, _, _, nbytes = span(out, f"the range buffer of tensor {tensor_id}", writable=True)
-        return SwapHandle(self._store.read_range(tensor_id, offset, address, nbytes), out)
+        return SwapHandle(self._store.read_range(tensor_id, offset, address, nbytes, out), out)
 
     def save(self, tensor_id, tensor):
         """Synchronous write."""
@@ -204,17 +248,17 @@ class SwapStore:
         return out
 
     def remove(self, tensor_id):
-        self._store.remove(tensor_id)
+        self._store.remove(_tensor_id(tensor_id))
 
     def __contains__(self, tensor_id):
-        return self._store.contains(tensor_id)
+        return self._store.contains(_tensor_id(tensor_id))
 
     def size_of(self, tensor_id):
-        return self._store.size_of(tensor_id)
+        return self._store.size_of(_tensor_id(tensor_id))
 
     def extent_of(self, tensor_id):
         """(data offset, reserved bytes) of a tensor written whole, in the striped data space."""
-        return self._store.extent_of(tensor_id)
+        return self._store.extent_of(_tensor_id(tensor_id))
 
     def ids(self):
         return self._store.ids()

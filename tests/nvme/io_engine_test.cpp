@@ -247,6 +247,33 @@ TEST_P(IoEngineIntegrity, ReadPastEndOfFileNamesFileAndOffset) {
   EXPECT_NE(st.message().find("offset"), std::string::npos) << st.message();
 }
 
+// A FIFO would block the open until a writer came (forever); a folder, a
+// socket or a name cut at a NUL byte is not a file to read or write either.
+TEST_P(IoEngineIntegrity, OpenRefusesWhatIsNotAFileWithoutBlocking) {
+  auto engine = make(options());
+  ASSERT_NE(engine, nullptr);
+  const std::string fifo = dir_->file("fifo");
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  for (OpenMode mode : {OpenMode::kRead, OpenMode::kReadWrite}) {
+    Result<FileId> opened = engine->open(fifo, mode);
+    ASSERT_FALSE(opened.ok());
+    EXPECT_NE(opened.status().message().find("a FIFO, not a regular file"), std::string::npos)
+        << opened.status().message();
+  }
+  Result<FileId> folder = engine->open(dir_->file(""), OpenMode::kRead);
+  ASSERT_FALSE(folder.ok());
+  EXPECT_NE(folder.status().message().find("a directory"), std::string::npos) << folder.status().message();
+  const std::string victim = dir_->file("victim");
+  std::string cut = victim;
+  cut += std::string("\0tail", 5);
+  Result<FileId> nul = engine->open(cut, OpenMode::kCreate);
+  ASSERT_FALSE(nul.ok());
+  EXPECT_EQ(nul.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(nul.status().message().find("NUL byte at offset"), std::string::npos) << nul.status().message();
+  struct stat st {};
+  EXPECT_NE(stat(victim.c_str(), &st), 0) << "the name before the NUL was not created";
+}
+
 TEST_P(IoEngineIntegrity, InvalidRequestsCompleteWithErrors) {
   auto engine = make(options());
   ASSERT_NE(engine, nullptr);

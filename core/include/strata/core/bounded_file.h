@@ -25,6 +25,11 @@ struct FileDescription {
 // "a block device", else "a special file".
 std::string_view file_type_name(mode_t mode);
 
+// InvalidArgument when `path` holds a NUL byte: the system would take the
+// name up to it and open another file. "<what> '<path>' holds a NUL byte at
+// offset N; ...".
+Status check_path_text(std::string_view path, std::string_view what);
+
 // Errors: "<what> '<path>' (<flag>) is not a regular file (a FIFO); <hint>",
 // "... is larger than N bytes; <hint>", and errno failures naming the path.
 Result<std::string> read_regular_file(const std::string& path, uint64_t max_bytes, const FileDescription& file);

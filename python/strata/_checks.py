@@ -1,0 +1,57 @@
+"""Checks of the numbers and paths a user passes to the Python API, before
+they reach the native layer (where pybind11 would refuse an out-of-range int
+with an unnamed "incompatible function arguments", or truncate a float, and a
+NUL byte would cut a path short). Each error names the argument: a wrong
+type is a TypeError, a wrong value strata.InvalidArgument (a ValueError)."""
+import math
+import operator
+
+from .errors import InvalidArgument
+
+__all__ = ["check_int", "check_path", "check_finite", "printable"]
+
+
+def check_int(value, what, low, high):
+    """`value` as an int in [low, high]; a bool or a float (even 2.0) is refused."""
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise TypeError(f"{what} must be a whole number, not {type(value).__name__} ({_short(value)})")
+    number = operator.index(value)
+    if number < 0 <= low:
+        raise InvalidArgument(f"{what} {number} is negative: give {low}..{high}")
+    if not low <= number <= high:
+        raise InvalidArgument(f"{what} {number} is out of range: give {low}..{high}")
+    return number
+
+
+def check_finite(value, what, low=-math.inf, high=math.inf):
+    """`value` as a float that is finite and in [low, high]; a bool is refused."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{what} must be a number, not {type(value).__name__} ({_short(value)})")
+    number = float(value)
+    if not math.isfinite(number):
+        raise InvalidArgument(f"{what} {number} is not finite: give a finite number")
+    if not low <= number <= high:
+        raise InvalidArgument(f"{what} {number} is out of range: give {low}..{high}")
+    return number
+
+
+def check_path(path, what):
+    """`path` (str or os.PathLike) as a str without NUL bytes: the native layer
+    would end the name at the first NUL and open another file."""
+    import os
+    text = os.fspath(path)
+    if isinstance(text, bytes):
+        text = os.fsdecode(text)
+    if "\0" in text:
+        raise InvalidArgument(f"{what} {_short(text)} contains a NUL byte")
+    return text
+
+
+def printable(text):
+    """`text` with control characters (and DEL) escaped as \\xNN, the rest kept."""
+    return "".join(c if c >= " " and c != "\x7f" else f"\\x{ord(c):02x}" for c in text)
+
+
+def _short(value):
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
