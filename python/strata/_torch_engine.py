@@ -38,6 +38,7 @@ import os
 import torch
 
 from . import _native
+from ._checks import check_int, check_path
 from .errors import FailedPrecondition, Unavailable, Unsupported
 
 __all__ = ["StrataEngine"]
@@ -513,7 +514,11 @@ class StrataEngine(torch.nn.Module):
             text = json.dumps(app, allow_nan=False)
         except (TypeError, ValueError) as e:
             raise TypeError(f"client_state must be JSON (numbers, strings, lists, dicts): {e}") from None
-        self._engine._native.save_checkpoint(os.fspath(save_dir), tag or "", int(keep), bool(sync), text)
+        save_dir = check_path(save_dir, "save_dir")
+        tag = "" if tag is None else check_path(tag, "tag")
+        # keep: the newest tags kept (0: every one); a C int in the engine.
+        keep = check_int(keep, "keep", 0, 2 ** 31 - 1)
+        self._engine._native.save_checkpoint(save_dir, tag, keep, bool(sync), text)
         return True
 
     def export_hf(self, save_directory, dtype=None, max_shard_size="5GB", safe_serialization=True):
@@ -539,7 +544,8 @@ class StrataEngine(torch.nn.Module):
         (the tag, client_state) as DeepSpeed's."""
         if not load_optimizer_states:
             raise Unsupported("load_optimizer_states=False: the engine loads master weights and moments together")
-        path = os.path.join(os.fspath(load_dir), tag) if tag else os.fspath(load_dir)
+        load_dir = check_path(load_dir, "load_dir")
+        path = os.path.join(load_dir, check_path(tag, "tag")) if tag else load_dir
         mine = _torch_app_state(self._engine._native.checkpoint_app_json(path))
         saved = mine.get("frozen_layers") or {}
         if saved:

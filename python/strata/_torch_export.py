@@ -25,11 +25,27 @@ flushed and renamed into place, so an interrupted export never leaves a
 truncated model.safetensors behind. Files are split at tensor boundaries
 past max_shard_size, with model.safetensors.index.json as save_pretrained
 writes it.
+
+An export into a folder that holds an earlier one replaces it: every new
+file is written and fsynced under its temporary name, the new files are
+renamed into place and the folder is synced, and only then are the earlier
+export's weight files that the new one does not have removed (the index
+first, then model.safetensors or the model-NNNNN-of-NNNNN.safetensors
+shards), as save_pretrained removes stale shards. Otherwise a reader would
+still find them: Strata's reader and Hugging Face's take the index before
+model.safetensors or the other way round, so either could load the old
+weights. Only regular files directly in the folder with those names are
+removed (through the folder's descriptor: no link is followed, nothing
+outside is touched); a link with such a name is left, with a warning. An
+export that fails before the renames leaves the earlier one whole.
 """
 
 import json
 import os
+import re
+import stat
 import struct
+import warnings
 
 import torch
 
@@ -86,6 +102,8 @@ def export_hf(engine, out_dir, dtype=None, max_shard_size="5GB", safe_serializat
             for name, shard in zip(names, shards):
                 files.append(_ShardFile(out_dir, name, shard))
         _write_values(engine, entries, files, masters=dtype == torch.float32)
+        for f in files:
+            f.seal()  # every byte durable under the temporary names before the first rename
         written = [f.commit() for f in files]
     except BaseException:
         for f in files:
@@ -93,20 +111,22 @@ def export_hf(engine, out_dir, dtype=None, max_shard_size="5GB", safe_serializat
         raise
     if not writer:
         return []
+    new_names = set(names)
     if len(shards) > 1:
         index = {"metadata": {"total_size": sum(e.nbytes for e in entries)},
                  "weight_map": {e.saved_name: names[e.shard] for e in sorted(entries, key=lambda e: e.saved_name)}}
-        written.append(_write_file(out_dir, "model.safetensors.index.json",
-                                   json.dumps(index, indent=2, sort_keys=True).encode() + b"\n"))
+        written.append(_write_file(out_dir, _INDEX_NAME, json.dumps(index, indent=2, sort_keys=True).encode() + b"\n"))
+        new_names.add(_INDEX_NAME)
     written += _write_model_config(engine.module, out_dir)
+    _remove_stale_weights(out_dir, new_names)
     return written
 
 
 def _prepare_folder(out_dir):
     if os.path.islink(out_dir):
-        raise ValueError(f"export folder '{out_dir}' is a symbolic link: give the folder itself")
+        raise ValueError(f"export folder {out_dir!r} is a symbolic link: give the folder itself")
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise ValueError(f"export folder '{out_dir}' exists and is not a folder")
+        raise ValueError(f"export folder {out_dir!r} exists and is not a folder")
     os.makedirs(out_dir, exist_ok=True)
 
 
@@ -177,6 +197,43 @@ def _assign_shards(entries, shard_bytes):
     return shards
 
 
+_INDEX_NAME = "model.safetensors.index.json"
+# The weight files an export (or save_pretrained's default weights name) writes.
+_WEIGHT_FILE = re.compile(r"model\.safetensors|model-\d{5}-of-\d{5}\.safetensors|model\.safetensors\.index\.json")
+
+
+def _remove_stale_weights(out_dir, new_names):
+    """Removes the weight files of an earlier export in out_dir that this
+    one did not write (Note [Exporting a model from the engine]): after the
+    folder is synced (the new names are durable first), the index first,
+    then the weights. Regular files only, by name in the folder's descriptor."""
+    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        folder = os.open(out_dir, flags)
+    except OSError as e:
+        raise OSError(e.errno, f"export_hf: cannot open the export folder {out_dir!r} to remove an earlier "
+                               f"export's files: {e.strerror}") from None
+    try:
+        os.fsync(folder)  # the renames of the new files first
+        stale = sorted((name for name in os.listdir(folder) if _WEIGHT_FILE.fullmatch(name) and name not in new_names),
+                       key=lambda name: (name != _INDEX_NAME, name))
+        for name in stale:
+            try:
+                info = os.stat(name, dir_fd=folder, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if not stat.S_ISREG(info.st_mode):
+                warnings.warn(f"export_hf: {os.path.join(out_dir, name)!r} (from an earlier export, not part of this "
+                              f"one) is not a regular file (a link?) and was left in place: remove it, or a reader may "
+                              f"load it instead of the new export", RuntimeWarning, stacklevel=3)
+                continue
+            os.unlink(name, dir_fd=folder)  # the name in this folder: never follows a link
+        if stale:
+            os.fsync(folder)
+    finally:
+        os.close(folder)
+
+
 def _shard_file_names(count):
     if count == 1:
         return ["model.safetensors"]
@@ -224,6 +281,7 @@ class _ShardFile:
         self.data_start = 8 + len(text)
         self.expected = {e.name: e for e in entries}
         self.done = set()
+        self.committed = False
         self.file = _create(self.temporary)
         self.file.write(struct.pack("<Q", len(text)) + text)
 
@@ -235,19 +293,26 @@ class _ShardFile:
         self.file.write(value.contiguous().view(-1).view(torch.uint8).numpy().tobytes())
         self.done.add(entry.name)
 
-    def commit(self):
+    def seal(self):
+        """Every byte on disk under the temporary name."""
         missing = sorted(set(self.expected) - self.done)
         if missing:
             raise AssertionError(f"{self.path}: tensors never written: {missing[:5]}")
         self.file.flush()
         os.fsync(self.file.fileno())
         self.file.close()
+
+    def commit(self):
+        """The sealed file under its name."""
         os.replace(self.temporary, self.path)
+        self.committed = True
         return self.path
 
     def discard(self):
         if not self.file.closed:
             self.file.close()
+        if self.committed:
+            return
         if os.path.lexists(self.temporary) and not os.path.islink(self.temporary):
             os.remove(self.temporary)  # ours (a link there was refused at creation and is not ours to remove)
 
@@ -259,8 +324,8 @@ def _create(path):
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     except OSError as e:
         if os.path.islink(path):
-            raise ValueError(f"'{path}' is a symbolic link: export_hf does not write through links") from None
-        raise OSError(e.errno, f"cannot create '{path}': {e.strerror}") from None
+            raise ValueError(f"{path!r} is a symbolic link: export_hf does not write through links") from None
+        raise OSError(e.errno, f"cannot create {path!r}: {e.strerror}") from None
     return os.fdopen(fd, "wb")
 
 

@@ -78,6 +78,7 @@ import warnings
 
 import torch
 
+from ._safetensors import _escape
 from .errors import InvalidArgument
 
 try:
@@ -357,18 +358,22 @@ def checkpoint_keys(model, checkpoint):
         shape = tuple(checkpoint.shape(key))
         want = tuple(p.shape)
         if shape != want:
-            raise InvalidArgument(f"initial_weights '{checkpoint.location}': tensor '{key}' has shape {list(shape)}, "
-                                  f"parameter '{aliases[0]}' has {list(want)}: a checkpoint of another model?")
+            raise InvalidArgument(f"initial_weights '{_escape(checkpoint.location)}': tensor '{_escape(key)}' has "
+                                  f"shape {list(shape)}, parameter '{_escape(aliases[0])}' has {list(want)}: a "
+                                  f"checkpoint of another model?")
         keys[id(p)] = key
     if missing:
-        shown = ", ".join(f"'{n}'" for n in missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        shown = ", ".join(f"'{_escape(n)}'" for n in missing[:5])
+        shown += f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         if converted:
-            raise InvalidArgument(f"initial_weights '{checkpoint.location}' has no tensor for parameter(s) {shown}: "
-                                  f"transformers makes them by converting tensors such as '{sorted(converted)[0]}' "
+            raise InvalidArgument(f"initial_weights '{_escape(checkpoint.location)}' has no tensor for parameter(s) "
+                                  f"{shown}: transformers makes them by converting tensors such as "
+                                  f"'{_escape(sorted(converted)[0])}' "
                                   f"(merged or split when loaded), which initial_weights does not do; build the model "
                                   f"with from_pretrained and pass it to initialize without initial_weights")
-        raise InvalidArgument(f"initial_weights '{checkpoint.location}' has no tensor for parameter(s) {shown} (looked "
-                              f"up by name{f', with and without the prefix {prefix!r}' if prefix else ''}): a checkpoint "
+        raise InvalidArgument(f"initial_weights '{_escape(checkpoint.location)}' has no tensor for parameter(s) "
+                              f"{shown} (looked up by name"
+                              f"{f', with and without the prefix {prefix!r}' if prefix else ''}): a checkpoint "
                               f"of another model, or a model built with other options?")
     return keys
 

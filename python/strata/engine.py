@@ -25,10 +25,14 @@ reuses a layer's gathered memory afterwards. See docs/python.md.
 """
 
 import json
+import operator
 import os
 from collections import namedtuple
 
 from . import _native
+from ._checks import check_finite, check_int
+from ._sizes import parse_size
+from .errors import InvalidArgument
 
 __all__ = ["TensorSpec", "LayerView", "Engine"]
 
@@ -75,9 +79,12 @@ class Engine:
         else:
             raise TypeError(f"config must be a path or a dict, not {type(config).__name__}")
         described = describe_layers(layers)
+        device_memory = _device_memory(device_memory)
+        if not isinstance(backend, str):
+            raise TypeError(f"backend must be a str (auto, local or mpi), not {type(backend).__name__}")
         # backend: "auto" (this process as one rank of mpirun's world when mpirun started it, else one
         # process), "local" (one process) or "mpi" (Note [Ranks of a driven engine]).
-        self._native = _native.DrivenEngine.create(path, text, described, int(device_memory), str(backend))
+        self._native = _native.DrivenEngine.create(path, text, described, device_memory, backend)
         self._layout = [self._native.layer_tensors(i) for i in range(self._native.layer_count)]
         self._from_dlpack = None  # torch's, looked up at the first acquire
 
@@ -102,7 +109,26 @@ class Engine:
         return self._native.optimizer_steps
 
     def tensor_names(self, layer):
-        return [t[0] for t in self._layout[layer]]
+        return [t[0] for t in self._layout[self._layer_index(layer)]]
+
+    def _layer_index(self, layer):
+        """`layer` as an index into the model's layers: a whole number in
+        0..layer_count-1 (a negative one is refused, not counted from the end)."""
+        count = len(self._layout)
+        if type(layer) is int and 0 <= layer < count:
+            return layer
+        if isinstance(layer, bool) or not hasattr(type(layer), "__index__"):
+            raise TypeError(f"layer must be a whole number (a layer index), not {type(layer).__name__} "
+                            f"({_short(layer)})")
+        index = operator.index(layer)
+        if not 0 <= index < count:
+            raise InvalidArgument(f"layer {index} is out of range: the model has {count} layers (give 0..{count - 1})")
+        return index
+
+    def _layer_bytes(self, layer):
+        """The bytes of layer `layer`'s packed parameters, as the engine lays them out."""
+        return max((offset + _numel(shape) * _itemsize(dtype) for _, shape, dtype, offset, _ in self._layout[layer]),
+                   default=0)
 
     # -- initial values --------------------------------------------------------------------------
     def put_initial_layer(self, layer, tensors, root=0):
@@ -112,6 +138,8 @@ class Engine:
         weights. With several ranks every rank calls it and rank `root`'s
         values are taken."""
         torch = _torch()
+        layer = self._layer_index(layer)
+        root = check_int(root, "root", 0, self.world_size - 1)
         layout = self._layout[layer]
         if isinstance(tensors, dict):
             missing = [name for name, *_ in layout if name not in tensors]
@@ -132,6 +160,9 @@ class Engine:
         values = None if all(dtype == "float32" for _, _, dtype, _, _ in layout) else \
             torch.zeros(numel, dtype=torch.float32)
         for (name, shape, dtype, offset_bytes, offset_elements), value in zip(layout, tensors):
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(f"layer {layer}: the value of tensor {name!r} is a {type(value).__name__}, not a "
+                                f"torch.Tensor")
             value = value.detach().to("cpu")
             if list(value.shape) != list(shape):
                 raise ValueError(f"layer {layer}: tensor '{name}' has shape {list(value.shape)}, declared {shape}")
@@ -149,7 +180,7 @@ class Engine:
         tensor's shape}; values written into the views are handed in by
         put_initial_packed without a copy. None for other layers."""
         torch = _torch()
-        layout = self._layout[layer]
+        layout = self._layout[self._layer_index(layer)]
         if any(dtype != "float32" for _, _, dtype, _, _ in layout):
             return None
         nbytes = max(offset + _numel(shape) * 4 for _, shape, _, offset, _ in layout)
@@ -160,8 +191,28 @@ class Engine:
 
     def put_initial_packed(self, layer, packed, root=0):
         """put_initial_layer for packed_views' buffer, without a copy (the
-        fp32 master weights are its values)."""
-        self._native.put_initial_layer(layer, packed.numpy(), None, int(root))
+        fp32 master weights are its values): a CPU, C-contiguous torch.uint8
+        tensor of exactly the layer's packed size."""
+        torch = _torch()
+        layer = self._layer_index(layer)
+        root = check_int(root, "root", 0, self.world_size - 1)
+        expected = self._layer_bytes(layer)
+        what = f"put_initial_packed(): the packed values of layer {layer}"
+        if not isinstance(packed, torch.Tensor):
+            raise TypeError(f"{what} are a {type(packed).__name__}: give the torch.uint8 tensor packed_views() "
+                            f"returns")
+        if packed.dtype != torch.uint8:
+            raise TypeError(f"{what} have dtype {packed.dtype}: give the torch.uint8 tensor packed_views() returns "
+                            f"(its bytes)")
+        if packed.device.type != "cpu":
+            raise ValueError(f"{what} are on {packed.device}: give a CPU tensor")
+        if packed.layout != torch.strided or not packed.is_contiguous():
+            raise ValueError(f"{what} are not contiguous (strides {tuple(packed.stride())}): give packed_views()' "
+                             f"buffer, or call .contiguous() on it")
+        if packed.dim() != 1 or packed.numel() != expected:
+            raise ValueError(f"{what} have shape {tuple(packed.shape)}: the layer has {expected} bytes (a 1-D tensor "
+                             f"of {expected} elements, as packed_views() returns)")
+        self._native.put_initial_layer(layer, packed.numpy(), None, root)
 
     # -- the step's brackets (Note [Driving the engine]) ------------------------------------------
     def begin_step(self):
@@ -176,7 +227,7 @@ class Engine:
         self._native.begin_micro_batch(bool(last))
 
     def end_micro_batch(self, mean_loss, tokens):
-        self._native.end_micro_batch(float(mean_loss), int(tokens))
+        self._native.end_micro_batch(float(mean_loss), check_int(tokens, "tokens", 0, 2 ** 63 - 1))
 
     def finish_step(self):
         return self._native.finish_step()
@@ -191,7 +242,7 @@ class Engine:
         self._native.begin_evaluation()
 
     def finish_evaluation(self, loss_sum, batches):
-        return self._native.finish_evaluation(float(loss_sum), int(batches))
+        return self._native.finish_evaluation(float(loss_sum), check_int(batches, "batches", 0, 2 ** 63 - 1))
 
     # -- lending memory --------------------------------------------------------------------------
     def acquire(self, layer, pass_name):
@@ -204,12 +255,12 @@ class Engine:
         do not need, since a kept one keeps its memory."""
         if self._from_dlpack is None:
             self._from_dlpack = _from_dlpack_function()
-        params, grads = self._native.acquire(int(layer), pass_name, self._from_dlpack)
+        params, grads = self._native.acquire(self._layer_index(layer), pass_name, self._from_dlpack)
         return LayerView(params, grads)
 
     def release(self, layer, pass_name):
         """Hands the layer back; its views must not be used after this."""
-        self._native.release(int(layer), pass_name)
+        self._native.release(self._layer_index(layer), pass_name)
 
     def read_layers(self, layers):
         """Yields (layer, {name: parameter tensor}) for each of `layers`,
@@ -236,7 +287,7 @@ class Engine:
     def gather_state(self, layer, kind="master"):
         """The layer's fp32 master weights (or exp_avg / exp_avg_sq), whole, as a torch tensor."""
         torch = _torch()
-        return torch.tensor(self._native.gather_state(int(layer), kind), dtype=torch.float32)
+        return torch.tensor(self._native.gather_state(self._layer_index(layer), kind), dtype=torch.float32)
 
     def synchronize(self):
         self._native.synchronize()
@@ -250,14 +301,49 @@ class Engine:
 
 
 def describe_layers(layers):
-    """Layers of TensorSpec (or its tuples) as the native module takes them."""
+    """Layers of TensorSpec (or its tuples) as the native module takes them.
+    Every number is checked (a bool or a float extent is refused, not
+    truncated) and a name used twice in a layer is refused: acquire's views
+    are keyed by name, so the second tensor would be unreachable."""
     described = []
-    for layer_name, tensors in layers:
-        described.append((str(layer_name), [
-            (t.name, [int(d) for d in t.shape], _dtype_name(t.dtype), bool(t.trainable),
-             None if t.weight_decay is None else float(t.weight_decay), float(t.lr_scale))
-            for t in (TensorSpec(*t) if not isinstance(t, TensorSpec) else t for t in tensors)]))
+    for li, (layer_name, tensors) in enumerate(layers):
+        layer_name = str(layer_name)
+        where = f"layer {li} {_short(layer_name)}"
+        out, seen = [], set()
+        for t in tensors:
+            t = TensorSpec(*t) if not isinstance(t, TensorSpec) else t
+            if not isinstance(t.name, str):
+                raise TypeError(f"{where}: a tensor name must be a str, not {type(t.name).__name__} ({_short(t.name)})")
+            if t.name in seen:
+                raise InvalidArgument(f"{where}: tensor name {_short(t.name)} is used twice; names within a layer "
+                                      f"must differ (acquire() returns the tensors by name)")
+            seen.add(t.name)
+            what = f"{where}, tensor {_short(t.name)}"
+            if isinstance(t.shape, (str, bytes)) or not hasattr(t.shape, "__iter__"):
+                raise TypeError(f"{what}: shape must be a list of whole numbers, not {type(t.shape).__name__}")
+            # Extents as int64; their range (>= 1) the native layer checks, naming the tensor.
+            shape = [check_int(d, f"{what}: shape extent", -2 ** 63, 2 ** 63 - 1) for d in t.shape]
+            weight_decay = None if t.weight_decay is None else check_finite(t.weight_decay, f"{what}: weight_decay",
+                                                                             0.0)
+            lr_scale = check_finite(t.lr_scale, f"{what}: lr_scale", 0.0)
+            out.append((t.name, shape, _dtype_name(t.dtype), bool(t.trainable), weight_decay, lr_scale))
+        described.append((layer_name, out))
     return described
+
+
+def _device_memory(value):
+    """Engine's device_memory: 0 (the config's strata.device_memory, else a
+    quarter of host memory) or bytes (int) or a size such as "8GiB"."""
+    if type(value) is int and value == 0:
+        return 0
+    if isinstance(value, float) and not isinstance(value, bool):
+        raise TypeError(f"device_memory must be bytes (an int) or a size such as \"8GiB\", not a float ({value!r})")
+    return parse_size(value, "device_memory")
+
+
+def _short(value):
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _numel(shape):

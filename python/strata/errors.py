@@ -1,6 +1,14 @@
 """Exceptions raised by strata. Every error from the C++ layers is a
 StrataError (a RuntimeError) carrying the C++ Status text as its message and
-the StatusCode name as ``.code``; the class says the kind of failure."""
+the StatusCode name as ``.code``; the class says the kind of failure.
+
+Some also derive from the builtin a PyTorch / DeepSpeed user catches:
+InvalidArgument is a ValueError, NotFound a FileNotFoundError (an OSError,
+and still a LookupError: it also reports a missing key or tensor id), IoError
+an OSError, OutOfMemory a MemoryError, DeadlineExceeded a TimeoutError. They
+are made with one argument, the message: str(e) is the message and e.args
+is (message,), as for the other classes (OSError's errno, strerror and
+filename stay None: the message names the file and the errno)."""
 
 
 class StrataError(RuntimeError):
@@ -13,8 +21,9 @@ class InvalidArgument(StrataError, ValueError):
     """Bad input: a hyper-parameter, a size, a config value."""
 
 
-class NotFound(StrataError, LookupError):
-    """A file, key or tensor id that does not exist."""
+class NotFound(StrataError, LookupError, FileNotFoundError):
+    """A file, key or tensor id that does not exist (``except FileNotFoundError``,
+    ``except OSError`` and ``except LookupError`` all catch it)."""
 
 
 class AlreadyExists(StrataError):
@@ -41,8 +50,9 @@ class DeadlineExceeded(StrataError, TimeoutError):
     pass
 
 
-class IoError(StrataError):
-    """A system call or device failed; the message names file, offset, length, errno."""
+class IoError(StrataError, OSError):
+    """A system call or device failed; the message names file, offset, length, errno
+    (``except OSError`` catches it)."""
 
 
 class DataLoss(StrataError):
@@ -62,6 +72,8 @@ _BY_CODE = {
     for cls in (InvalidArgument, NotFound, AlreadyExists, OutOfMemory, ResourceExhausted, FailedPrecondition,
                 Unavailable, DeadlineExceeded, IoError, DataLoss, Unsupported, Internal)
 }
+for _name, _cls in _BY_CODE.items():
+    _cls.code = _name  # raised from Python: the same .code the native layer gives the instance
 _BY_CODE["StrataError"] = StrataError
 
 __all__ = ["StrataError"] + sorted(k for k in _BY_CODE if k != "StrataError")
