@@ -1,4 +1,5 @@
 """Sizes a user gives in bytes or as text ("5GB", "500MB", "2GiB")."""
+import decimal
 import re
 
 __all__ = ["parse_size"]
@@ -20,7 +21,12 @@ def parse_size(value, what):
         unit = match.group(2).upper() if match else None
         if not match or unit not in _SIZE_UNITS:
             raise ValueError(f"{what} {value[:40]!r} is not a size: write bytes or e.g. \"5GB\", \"500MB\", \"2GiB\"")
-        size = int(float(match.group(1)) * _SIZE_UNITS[unit])
+        # Exact decimal arithmetic: "1.1GB" is 1100000000 bytes, and a
+        # fraction of a byte ("1.5B") is refused rather than truncated.
+        exact = decimal.Decimal(match.group(1)) * _SIZE_UNITS[unit]
+        if exact != exact.to_integral_value():
+            raise ValueError(f"{what} {value[:40]!r} is not a whole number of bytes ({exact} B)")
+        size = int(exact)
     else:
         raise TypeError(f"{what} must be a number of bytes or a size such as \"5GB\", not {type(value).__name__}")
     if not 1 <= size <= _MAX_BYTES:

@@ -117,3 +117,11 @@ def test_an_engine_error_from_put_initial_layer_is_raised_not_a_crash():
     with pytest.raises(strata.StrataError):
         engine.put_initial_layer(0, [torch.ones(4, 4)])  # after begin_step: refused (a segfault before)
 
+
+
+def test_a_size_string_is_exact_and_never_truncated():
+    from strata._sizes import parse_size
+    assert parse_size("1.1GB", "size") == 1_100_000_000  # float arithmetic gave 1100000000.0000002
+    assert parse_size("1.5KiB", "size") == 1536
+    with pytest.raises(ValueError, match="not a whole number of bytes"):
+        parse_size("1.5B", "size")  # was 1
