@@ -141,7 +141,7 @@ def split_into_units(model, units="auto"):
     """The model's units, the root unit last. `units`: "auto", a list of
     module classes (or class names; [] keeps everything in the root unit),
     or a callable (name, module) -> bool."""
-    if units == "auto":
+    if isinstance(units, str) and units == "auto":
         picked = _auto_unit_modules(model)
     else:
         names = set()
@@ -149,6 +149,10 @@ def split_into_units(model, units="auto"):
             wants = units
         else:
             kinds = list(units) if isinstance(units, (list, tuple)) else [units]
+            for i, kind in enumerate(kinds):
+                if not isinstance(kind, (str, type)):
+                    raise TypeError(f"units: {kind!r} (entry {i}) is a {type(kind).__name__}; give \"auto\", module "
+                                    f"classes or their names, or a callable (name, module) -> bool")
             names = {k if isinstance(k, str) else k.__name__ for k in kinds}
 
             def wants(name, module):

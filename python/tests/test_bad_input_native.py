@@ -125,3 +125,11 @@ def test_a_size_string_is_exact_and_never_truncated():
     assert parse_size("1.5KiB", "size") == 1536
     with pytest.raises(ValueError, match="not a whole number of bytes"):
         parse_size("1.5B", "size")  # was 1
+
+
+def test_units_of_a_wrong_type_are_named():
+    from strata._torch_units import split_into_units
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    with pytest.raises(TypeError, match=r"units: 42 \(entry 0\) is a int"):
+        split_into_units(model, 42)  # an AttributeError ('int' has no __name__) before
+    assert len(split_into_units(model, [torch.nn.Linear])) == 2
