@@ -485,9 +485,12 @@ int run_plan(const PlanOptions& o) {
     if (j.contains("measured_step_ms"))
       cmp = fmt::format("  {:>8.2f} {:>+6.1f}%", j["measured_step_ms"].get<double>(), 100 * j["error"].get<double>());
     const bool best = fastest && *fastest == j["index"].get<size_t>();
-    fmt::print("{:<45} {:>5} {:>11} {:>11} {:>11} | {:>10.2f} {:>12.0f} {:>9.2f} {:>9.2f} {:>9.2f} | {:<24}{}{}\n",
+    // Past 12 digits (worlds of millions of ranks) tokens/s goes to 4 significant digits, keeping the column.
+    const double tokens_per_s = p["tokens_per_s"].get<double>();
+    const std::string tokens = tokens_per_s < 1e12 ? fmt::format("{:.0f}", tokens_per_s) : fmt::format("{:.4g}", tokens_per_s);
+    fmt::print("{:<45} {:>5} {:>11} {:>11} {:>11} | {:>10.2f} {:>12} {:>9.2f} {:>9.2f} {:>9.2f} | {:<24}{}{}\n",
                j["label"].get<std::string>(), j["fits"].get<bool>() ? "yes" : "NO " + j["does_not_fit"].get<std::string>(),
-               dev, host, bytes(m["nvme_bytes_per_node"]), p["step_ms"].get<double>(), p["tokens_per_s"].get<double>(),
+               dev, host, bytes(m["nvme_bytes_per_node"]), p["step_ms"].get<double>(), tokens,
                p["exposed_ms"]["optimizer"].get<double>(), p["exposed_ms"]["reduce"].get<double>(),
                p["exposed_ms"]["gather"].get<double>(), p["bound"].get<std::string>(), cmp,
                best ? "  <- fastest that fits" : "");
