@@ -315,9 +315,11 @@ Result<CpuOptimizer> CpuOptimizer::create(const OptimizerOptions& options) {
   if (options.threads < 0) {
     return InvalidArgument(fmt::format("OptimizerOptions.threads = {} must be >= 0 (0 = all cores)", options.threads));
   }
-  if (options.tile_elements < 64 || options.tile_elements % 64 != 0) {
-    return InvalidArgument(fmt::format("OptimizerOptions.tile_elements = {} must be a positive multiple of 64, "
-                                       "e.g. 65536", options.tile_elements));
+  // At most 2^31: a tile's element offsets and its rounding up to whole
+  // tiles (count + tile - 1) stay far inside size_t.
+  if (options.tile_elements < 64 || options.tile_elements % 64 != 0 || options.tile_elements > (size_t{1} << 31)) {
+    return InvalidArgument(fmt::format("OptimizerOptions.tile_elements = {} must be a multiple of 64 in 64..{}, "
+                                       "e.g. 65536", options.tile_elements, size_t{1} << 31));
   }
   STRATA_ASSIGN_OR_RETURN(KernelPathChoice choice, resolve_kernel_path(options.path));
   auto impl = std::make_unique<Impl>();

@@ -270,6 +270,8 @@ TEST(OptimizerErrors, BadArgumentsAndHyperParameters) {
 
 TEST(OptimizerErrors, BadOptionsAndNames) {
   expect_error(CpuOptimizer::create({.tile_elements = 100}).status(), StatusCode::kInvalidArgument, "tile_elements");
+  expect_error(CpuOptimizer::create({.tile_elements = (size_t{1} << 31) + 64}).status(), StatusCode::kInvalidArgument,
+               "64..2147483648");
   expect_error(CpuOptimizer::create({.threads = -2}).status(), StatusCode::kInvalidArgument, "threads");
   expect_error(parse_optimizer_kind("adamax").status(), StatusCode::kInvalidArgument, "adamax");
   EXPECT_EQ(*parse_optimizer_kind("AdamW"), OptimizerKind::kAdamW);
