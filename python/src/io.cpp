@@ -27,7 +27,18 @@ using namespace strata::nvme;
 
 std::byte* as_bytes(uintptr_t address) { return reinterpret_cast<std::byte*>(address); }
 
+// True once the interpreter is shutting down: a thread that gives the GIL
+// up then cannot take it back (CPython ends it), so waits there keep it.
+bool interpreter_finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing() != 0;
+#else
+  return _Py_IsFinalizing() != 0;
+#endif
+}
+
 Status wait_released(const Completion& completion) {
+  if (interpreter_finalizing()) return completion.wait();
   py::gil_scoped_release release;
   return completion.wait();
 }
@@ -48,10 +59,7 @@ struct InFlight {
   InFlight(const InFlight&) = delete;
   InFlight& operator=(const InFlight&) = delete;
   ~InFlight() {
-    if (!handle.done()) {
-      py::gil_scoped_release release;
-      (void)handle.completion().wait();
-    }
+    if (!handle.done()) (void)wait_released(handle.completion());
   }
 };
 

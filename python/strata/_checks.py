@@ -4,6 +4,7 @@ with an unnamed "incompatible function arguments", or truncate a float, and a
 NUL byte would cut a path short). Each error names the argument: a wrong
 type is a TypeError, a wrong value strata.InvalidArgument (a ValueError)."""
 import math
+import numbers
 import operator
 
 from .errors import InvalidArgument
@@ -25,7 +26,7 @@ def check_int(value, what, low, high):
 
 def check_finite(value, what, low=-math.inf, high=math.inf):
     """`value` as a float that is finite and in [low, high]; a bool is refused."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):  # numpy floats and ints too
         raise TypeError(f"{what} must be a number, not {type(value).__name__} ({_short(value)})")
     number = float(value)
     if not math.isfinite(number):

@@ -75,12 +75,28 @@ def _kind(mode):
     return "special file"
 
 
+def _hub_blobs(folder):
+    """The blob folder of a Hugging Face hub cache snapshot
+    (<repo>/snapshots/<revision>/ holds links to <repo>/blobs/<sha>), else None."""
+    real = os.path.realpath(folder)
+    snapshots = os.path.dirname(real)
+    if os.path.basename(snapshots) != "snapshots":
+        return None
+    blobs = os.path.join(os.path.dirname(snapshots), "blobs")
+    return blobs if os.path.isdir(blobs) else None
+
+
 def _inside(folder, path, what):
     """Refuses `path` (a name in `folder`) when it is a link leading out of
-    the folder: nothing outside the folder the user gave is read."""
-    if os.path.dirname(os.path.realpath(path)) != os.path.realpath(folder):
-        raise InvalidArgument(f"'{_escape(path)}' ({what}) is a link leading out of '{_escape(folder)}': refused; "
-                              f"copy the file into the folder")
+    the folder: nothing outside the folder the user gave is read. The one
+    exception is the layout of a Hugging Face hub cache: a snapshot's files
+    are links into its repository's blobs/ folder (what snapshot_download
+    returns), which are read."""
+    target = os.path.dirname(os.path.realpath(path))
+    if target == os.path.realpath(folder) or target == _hub_blobs(folder):
+        return
+    raise InvalidArgument(f"'{_escape(path)}' ({what}) is a link leading out of '{_escape(folder)}': refused; "
+                          f"copy the file into the folder")
 
 
 class _File:

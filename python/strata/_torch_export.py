@@ -40,6 +40,7 @@ outside is touched); a link with such a name is left, with a warning. An
 export that fails before the renames leaves the earlier one whole.
 """
 
+import errno
 import json
 import os
 import re
@@ -202,6 +203,16 @@ _INDEX_NAME = "model.safetensors.index.json"
 _WEIGHT_FILE = re.compile(r"model\.safetensors|model-\d{5}-of-\d{5}\.safetensors|model\.safetensors\.index\.json")
 
 
+def _sync_folder(folder):
+    """fsync of a folder's descriptor; some file systems (FUSE, CIFS) refuse
+    it for folders, where there is nothing more to do than what they did."""
+    try:
+        os.fsync(folder)
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+
+
 def _remove_stale_weights(out_dir, new_names):
     """Removes the weight files of an earlier export in out_dir that this
     one did not write (Note [Exporting a model from the engine]): after the
@@ -214,7 +225,7 @@ def _remove_stale_weights(out_dir, new_names):
         raise OSError(e.errno, f"export_hf: cannot open the export folder {out_dir!r} to remove an earlier "
                                f"export's files: {e.strerror}") from None
     try:
-        os.fsync(folder)  # the renames of the new files first
+        _sync_folder(folder)  # the renames of the new files first
         stale = sorted((name for name in os.listdir(folder) if _WEIGHT_FILE.fullmatch(name) and name not in new_names),
                        key=lambda name: (name != _INDEX_NAME, name))
         for name in stale:
@@ -229,7 +240,7 @@ def _remove_stale_weights(out_dir, new_names):
                 continue
             os.unlink(name, dir_fd=folder)  # the name in this folder: never follows a link
         if stale:
-            os.fsync(folder)
+            _sync_folder(folder)
     finally:
         os.close(folder)
 

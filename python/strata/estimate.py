@@ -4,6 +4,8 @@ ZeRO stage and offload placement, from the same estimator as
 
 import json
 import math
+import numbers
+import operator
 import os
 
 from . import _native
@@ -21,9 +23,12 @@ def _text(value, what):
         return None
     if isinstance(value, bool):
         raise TypeError(f"{what} must be a number or text such as \"7B\" / \"80GB\", not a bool ({value!r})")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise InvalidArgument(f"{what} {value!r} is not finite: give a number such as 7e9 or text such as \"7B\"")
-    if isinstance(value, (int, float)):
+    if isinstance(value, numbers.Integral):  # numpy integers too
+        return str(operator.index(value))
+    if isinstance(value, numbers.Real):
+        value = float(value)
+        if not math.isfinite(value):
+            raise InvalidArgument(f"{what} {value!r} is not finite: give a number such as 7e9 or text such as \"7B\"")
         return repr(value)
     if not isinstance(value, str):
         raise TypeError(f"{what} must be a number or text such as \"7B\" / \"80GB\", not {type(value).__name__}")

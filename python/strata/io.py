@@ -152,7 +152,8 @@ class AsyncIO:
 
     def close(self, path=None):
         """Closes one path's descriptors (or all); fails while requests on it are in flight."""
-        for key in [k for k in self._files if path is None or k[0] == os.fspath(path)]:
+        path = None if path is None else check_path(path, "close: the path")  # the key _file stored
+        for key in [k for k in self._files if path is None or k[0] == path]:
             # Forgotten only once closed: a close refused (requests in
             # flight) leaves the descriptor known, to be closed again later.
             self._engine.close(self._files[key])

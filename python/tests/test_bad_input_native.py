@@ -53,6 +53,7 @@ def test_a_fifo_or_a_folder_is_refused_not_waited_on(tmp_path):
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     aio = AsyncIO(engine="psync")
+    previous = signal.signal(signal.SIGALRM, lambda *_: pytest.fail("the open blocked on a FIFO"))
     signal.alarm(30)  # a hang fails the test instead of the suite
     try:
         with pytest.raises(strata.InvalidArgument, match="a FIFO, not a regular file"):
@@ -61,6 +62,7 @@ def test_a_fifo_or_a_folder_is_refused_not_waited_on(tmp_path):
             aio.sync_pread(torch.empty(8, dtype=torch.uint8), tmp_path, 0)
     finally:
         signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 @pytest.mark.parametrize("make, error, says", [
@@ -69,8 +71,8 @@ def test_a_fifo_or_a_folder_is_refused_not_waited_on(tmp_path):
     (lambda aio, p: aio.pread(torch.empty(8), p, True), TypeError, "offset must be a whole number, not bool"),
     (lambda aio, p: AsyncIO(block_size=-1), strata.InvalidArgument, "block_size -1 is negative"),
     (lambda aio, p: AsyncIO(queue_depth=2 ** 33), strata.InvalidArgument, "queue_depth .* out of range"),
-    (lambda aio, p: SwapStore(p.parent, -1), ValueError, "capacity_bytes -1 is out of range"),
-    (lambda aio, p: SwapStore(p.parent, 1.9), TypeError, "capacity_bytes must be a number of bytes"),
+    (lambda aio, p: SwapStore(p.parent, -1), strata.InvalidArgument, "capacity_bytes -1 is out of range"),
+    (lambda aio, p: SwapStore(p.parent, 1.9), TypeError, "capacity_bytes must be a whole number of bytes .* not the float 1.9"),
     (lambda aio, p: SwapStore(p.parent, 1 << 20, rank=2 ** 40), strata.InvalidArgument, "rank .* out of range"),
     (lambda aio, p: strata.io.empty(-5), strata.InvalidArgument, r"shape\[0\] -5 is negative"),
 ])
@@ -133,3 +135,23 @@ def test_units_of_a_wrong_type_are_named():
     with pytest.raises(TypeError, match=r"units: 42 \(entry 0\) is a int"):
         split_into_units(model, 42)  # an AttributeError ('int' has no __name__) before
     assert len(split_into_units(model, [torch.nn.Linear])) == 2
+
+
+def test_numpy_numbers_and_whole_floats_are_accepted_where_they_were(tmp_path):
+    np = pytest.importorskip("numpy")
+    from strata._sizes import parse_size
+    assert parse_size(np.int64(1 << 20), "size") == 1 << 20
+    assert parse_size(1e8, "size") == 100_000_000
+    with SwapStore(tmp_path, np.int64(1 << 20), checksum_block_bytes=4096) as store:
+        assert store.file_paths()
+    assert strata.estimate(np.int64(7_000_000_000)) is not None
+
+
+def test_close_takes_the_path_as_it_was_opened(tmp_path):
+    target = tmp_path / "f.bin"
+    target.write_bytes(b"x" * 4096)
+    aio = AsyncIO(engine="psync")
+    aio.sync_pread(torch.empty(16, dtype=torch.uint8), os.fsencode(target), 0)
+    assert aio._files
+    aio.close(os.fsencode(target))  # bytes: the cache holds the decoded str
+    assert not aio._files

@@ -274,6 +274,32 @@ def test_safetensors_single_file_link_out_of_the_folder_is_refused_like_a_shard(
     assert list(Checkpoint(tmp_path / "b" / "model.safetensors").keys()) == ["w"]
 
 
+def test_safetensors_links_of_a_hugging_face_hub_snapshot_are_read(tmp_path):
+    """snapshot_download's folder: <repo>/snapshots/<rev>/ holds links into <repo>/blobs/;
+    those (and only those) leave the folder and are read, single file or sharded."""
+    repo = tmp_path / "models--org--name"
+    (repo / "blobs").mkdir(parents=True)
+    _one_tensor(repo / "blobs" / "abc123")
+    single = repo / "snapshots" / "rev1"
+    single.mkdir(parents=True)
+    os.symlink("../../blobs/abc123", single / "model.safetensors")
+    assert list(Checkpoint(single).keys()) == ["w"]
+    (repo / "blobs" / "idx456").write_text(json.dumps({"weight_map": {"w": "model-00001-of-00001.safetensors"}}))
+    sharded = repo / "snapshots" / "rev2"
+    sharded.mkdir(parents=True)
+    os.symlink("../../blobs/idx456", sharded / "model.safetensors.index.json")
+    os.symlink("../../blobs/abc123", sharded / "model-00001-of-00001.safetensors")
+    assert list(Checkpoint(sharded).keys()) == ["w"]
+    # A link from a snapshot anywhere else is still refused.
+    (tmp_path / "elsewhere").mkdir()
+    _one_tensor(tmp_path / "elsewhere" / "x.safetensors")
+    other = repo / "snapshots" / "rev3"
+    other.mkdir(parents=True)
+    os.symlink("../../../elsewhere/x.safetensors", other / "model.safetensors")
+    with pytest.raises(InvalidArgument, match="is a link leading out of"):
+        Checkpoint(other)
+
+
 def test_safetensors_only_a_missing_file_is_not_found(tmp_path, monkeypatch):
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"w": "m1.safetensors"}}))
