@@ -205,15 +205,7 @@ class _CPUOptimizer(torch.optim.Optimizer):
         if "step" not in state:
             raise KeyError(f"{what}: state has no 'step' (was it saved by another optimizer?)")
         value = state["step"]
-        if isinstance(value, torch.Tensor):
-            if value.numel() != 1 or value.dtype == torch.bool or value.is_complex():
-                raise TypeError(f"{name} is a tensor of shape {tuple(value.shape)} and dtype {value.dtype}: a step "
-                                f"count is one number (was the state dict edited?)")
-            value = value.item()
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise TypeError(f"{name} is {_short(value)} ({type(value).__name__}), not a step count (was the state "
-                            f"dict edited?)")
-        number = float(value)
+        number = _number(value, name, hint="a step count is one number (was the state dict edited?)")
         if not (math.isfinite(number) and number == int(number) and 0 <= number <= _MAX_STEP - 1):
             raise ValueError(f"{name} is {_short(value)}: a step count is a whole number in 0..{_MAX_STEP - 1} "
                              f"(the updates it has had); was the state dict edited or saved by another optimizer?")
@@ -380,16 +372,18 @@ def _short(value):
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _number(value, what):
+def _number(value, what, hint=None):
     """`value` as a float: a real number or a one-element tensor (torch
-    allows a tensor lr); a bool, a string or anything else is refused."""
+    allows a tensor lr); a bool, a string or anything else is refused, with
+    `hint` (what the value is) after the message when given."""
+    tail = f"; {hint}" if hint else ""
     if isinstance(value, torch.Tensor):
         if value.numel() != 1 or value.dtype == torch.bool or value.is_complex():
             raise TypeError(f"{what} is a tensor of shape {tuple(value.shape)} and dtype {value.dtype}: give one "
-                            f"real number")
+                            f"real number{tail}")
         value = value.item()
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{what} must be a number, not {type(value).__name__} ({_short(value)})")
+        raise TypeError(f"{what} must be a number, not {type(value).__name__} ({_short(value)}){tail}")
     return float(value)
 
 
