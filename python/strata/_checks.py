@@ -9,13 +9,13 @@ import operator
 
 from .errors import InvalidArgument
 
-__all__ = ["check_int", "check_path", "check_finite", "printable"]
+__all__ = ["check_int", "check_path", "check_finite", "printable", "short_repr"]
 
 
 def check_int(value, what, low, high):
     """`value` as an int in [low, high]; a bool or a float (even 2.0) is refused."""
     if isinstance(value, bool) or not hasattr(type(value), "__index__"):
-        raise TypeError(f"{what} must be a whole number, not {type(value).__name__} ({_short(value)})")
+        raise TypeError(f"{what} must be a whole number, not {type(value).__name__} ({short_repr(value)})")
     number = operator.index(value)
     if number < 0 <= low:
         raise InvalidArgument(f"{what} {number} is negative: give {low}..{high}")
@@ -27,7 +27,7 @@ def check_int(value, what, low, high):
 def check_finite(value, what, low=-math.inf, high=math.inf):
     """`value` as a float that is finite and in [low, high]; a bool is refused."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):  # numpy floats and ints too
-        raise TypeError(f"{what} must be a number, not {type(value).__name__} ({_short(value)})")
+        raise TypeError(f"{what} must be a number, not {type(value).__name__} ({short_repr(value)})")
     number = float(value)
     if not math.isfinite(number):
         raise InvalidArgument(f"{what} {number} is not finite: give a finite number")
@@ -44,7 +44,7 @@ def check_path(path, what):
     if isinstance(text, bytes):
         text = os.fsdecode(text)
     if "\0" in text:
-        raise InvalidArgument(f"{what} {_short(text)} contains a NUL byte")
+        raise InvalidArgument(f"{what} {short_repr(text)} contains a NUL byte")
     return text
 
 
@@ -53,6 +53,7 @@ def printable(text):
     return "".join(c if c >= " " and c != "\x7f" else f"\\x{ord(c):02x}" for c in text)
 
 
-def _short(value):
+def short_repr(value):
+    """repr(value), cut to 80 characters for a message."""
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."

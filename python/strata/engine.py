@@ -30,7 +30,7 @@ import os
 from collections import namedtuple
 
 from . import _native
-from ._checks import check_finite, check_int
+from ._checks import check_finite, check_int, short_repr
 from ._sizes import parse_size
 from .errors import InvalidArgument
 
@@ -119,7 +119,7 @@ class Engine:
             return layer
         if isinstance(layer, bool) or not hasattr(type(layer), "__index__"):
             raise TypeError(f"layer must be a whole number (a layer index), not {type(layer).__name__} "
-                            f"({_short(layer)})")
+                            f"({short_repr(layer)})")
         index = operator.index(layer)
         if not 0 <= index < count:
             raise InvalidArgument(f"layer {index} is out of range: the model has {count} layers (give 0..{count - 1})")
@@ -308,17 +308,17 @@ def describe_layers(layers):
     described = []
     for li, (layer_name, tensors) in enumerate(layers):
         layer_name = str(layer_name)
-        where = f"layer {li} {_short(layer_name)}"
+        where = f"layer {li} {short_repr(layer_name)}"
         out, seen = [], set()
         for t in tensors:
             t = TensorSpec(*t) if not isinstance(t, TensorSpec) else t
             if not isinstance(t.name, str):
-                raise TypeError(f"{where}: a tensor name must be a str, not {type(t.name).__name__} ({_short(t.name)})")
+                raise TypeError(f"{where}: a tensor name must be a str, not {type(t.name).__name__} ({short_repr(t.name)})")
             if t.name in seen:
-                raise InvalidArgument(f"{where}: tensor name {_short(t.name)} is used twice; names within a layer "
+                raise InvalidArgument(f"{where}: tensor name {short_repr(t.name)} is used twice; names within a layer "
                                       f"must differ (acquire() returns the tensors by name)")
             seen.add(t.name)
-            what = f"{where}, tensor {_short(t.name)}"
+            what = f"{where}, tensor {short_repr(t.name)}"
             if isinstance(t.shape, (str, bytes)) or not hasattr(t.shape, "__iter__"):
                 raise TypeError(f"{what}: shape must be a list of whole numbers, not {type(t.shape).__name__}")
             # Extents as int64; their range (>= 1) the native layer checks, naming the tensor.
@@ -340,10 +340,6 @@ def _device_memory(value):
         raise TypeError(f"device_memory must be bytes (an int) or a size such as \"8GiB\", not a float ({value!r})")
     return parse_size(value, "device_memory")
 
-
-def _short(value):
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _numel(shape):

@@ -21,7 +21,7 @@ import numbers
 import torch
 
 from . import _native
-from ._checks import check_int
+from ._checks import check_int, short_repr
 from ._tensors import span
 
 __all__ = ["CPUAdam", "CPUAdagrad", "CPULion", "clip_coefficient"]
@@ -207,7 +207,7 @@ class _CPUOptimizer(torch.optim.Optimizer):
         value = state["step"]
         number = _number(value, name, hint="a step count is one number (was the state dict edited?)")
         if not (math.isfinite(number) and number == int(number) and 0 <= number <= _MAX_STEP - 1):
-            raise ValueError(f"{name} is {_short(value)}: a step count is a whole number in 0..{_MAX_STEP - 1} "
+            raise ValueError(f"{name} is {short_repr(value)}: a step count is a whole number in 0..{_MAX_STEP - 1} "
                              f"(the updates it has had); was the state dict edited or saved by another optimizer?")
         return int(number) + 1
 
@@ -367,10 +367,6 @@ def clip_coefficient(total_norm, max_norm):
     return min(1.0, max_norm / (total_norm + 1e-6))
 
 
-def _short(value):
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
 
 def _number(value, what, hint=None):
     """`value` as a float: a real number or a one-element tensor (torch
@@ -383,7 +379,7 @@ def _number(value, what, hint=None):
                             f"real number{tail}")
         value = value.item()
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{what} must be a number, not {type(value).__name__} ({_short(value)}){tail}")
+        raise TypeError(f"{what} must be a number, not {type(value).__name__} ({short_repr(value)}){tail}")
     return float(value)
 
 
@@ -392,13 +388,13 @@ def _check_number(value, what, *, low=0.0, low_open=False, high=math.inf, high_o
     ok = (math.isfinite(number) and (number > low if low_open else number >= low)
           and (number < high if high_open else number <= high))
     if not ok:
-        raise ValueError(f"Invalid {what}: {_short(value)} ({hint})")
+        raise ValueError(f"Invalid {what}: {short_repr(value)} ({hint})")
     return number
 
 
 def _check_betas(betas, what):
     if isinstance(betas, (str, bytes)) or not hasattr(betas, "__len__") or len(betas) != 2:
-        raise ValueError(f"{what} must be two numbers (beta1, beta2), got {_short(betas)}")
+        raise ValueError(f"{what} must be two numbers (beta1, beta2), got {short_repr(betas)}")
     for i, b in enumerate(betas):
         _check_number(b, f"beta parameter at index {i} of {what}", high=1.0, high_open=True,
                       hint="must be in [0, 1), e.g. 0.9 and 0.999")
@@ -408,7 +404,7 @@ def _positive(value, name):
     """loss_scale / clip_coefficient: a finite number > 0, as a float."""
     number = _number(value, name)
     if not (math.isfinite(number) and number > 0):
-        raise ValueError(f"{name}={_short(value)} must be a finite number > 0")
+        raise ValueError(f"{name}={short_repr(value)} must be a finite number > 0")
     return number
 
 
@@ -422,7 +418,7 @@ def _check_kernel_args(threads, tile_elements, kernel_path):
         raise TypeError(f"kernel_path must be a str (one of {', '.join(_KERNEL_PATHS)}), not "
                         f"{type(kernel_path).__name__}")
     if not kernel_path.isprintable():
-        raise ValueError(f"kernel_path {_short(kernel_path)} is not one of {', '.join(_KERNEL_PATHS)}")
+        raise ValueError(f"kernel_path {short_repr(kernel_path)} is not one of {', '.join(_KERNEL_PATHS)}")
     return threads, tile_elements, kernel_path
 
 
