@@ -15,15 +15,15 @@ import os
 
 from . import _native
 from ._checks import check_int, check_path
-from ._sizes import parse_size
+from ._sizes import _MAX_BYTES, parse_size
 from ._tensors import span, torch
 
 __all__ = ["AsyncIO", "IoHandle", "SwapStore", "SwapHandle", "empty", "choose_engine"]
 
 
-# The largest buffer and file offset the API takes: an offset or length past
-# 2^62 overflows the engine's end-of-range arithmetic, and no buffer is larger.
-_MAX_BUFFER_BYTES = 1 << 50
+# The largest buffer (the largest size any strata API takes, 1 PiB) and file
+# offset: an offset past 2^62 overflows the engine's end-of-range arithmetic.
+_MAX_BUFFER_BYTES = _MAX_BYTES
 _MAX_OFFSET = 1 << 62
 
 
