@@ -10,7 +10,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
-STRATA_BUILD_DIR=build scripts/build.sh
+# Only the CLI the main job runs (the tests, fuzz targets and benchmarks are
+# test-all.sh's), compiled with test-all.sh's flags so that its build reuses
+# these objects.
+STRATA_BUILD_DIR=build STRATA_BUILD_TARGETS=strata_cli scripts/build.sh "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG"
 strata=build/apps/strata
 echo "== strata report"
 "$strata" report
