@@ -123,6 +123,7 @@ py::dict metrics_dict(const offload::StepMetrics& m) {
   d["speculated_layers"] = m.speculated_layers;
   d["redone_layers"] = m.redone_layers;
   d["wait_gather_ms"] = m.wait_gather_ms;
+  d["wait_nvme_ms"] = m.wait_nvme_ms;
   d["h2d_bytes"] = m.h2d_bytes;
   d["d2h_bytes"] = m.d2h_bytes;
   d["gather_bytes"] = m.gather_bytes;
@@ -131,6 +132,7 @@ py::dict metrics_dict(const offload::StepMetrics& m) {
   d["nvme_write_bytes"] = m.nvme_write_bytes;
   d["peak_device_bytes"] = m.peak_device_bytes;
   d["peak_pinned_bytes"] = m.peak_pinned_bytes;
+  d["peak_host_bytes"] = m.peak_host_bytes;
   d["peak_nvme_bytes"] = m.peak_nvme_bytes;
   return d;
 }
