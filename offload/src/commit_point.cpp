@@ -126,11 +126,21 @@ Status CommitPoint::settle(const StepMark* call, double* loss) {
     return Status(code, fmt::format("step {}: the update {}; rolling back failed too: {}", t, cause, undone.message()));
   ctx_.recovered = true;
   ctx_.recovery = versioned ? StepOutcomeKind::kRolledBack : StepOutcomeKind::kDropped;
+  // With overlap on, step t's updates ran under the step() call in progress
+  // (t + 1), so that call is undone with it: two steps to feed again.
+  if (versioned && call != nullptr)
+    return Status(code, fmt::format("step {}: the update {}; every rank rolled back to the state after step {} "
+                                    "(optimizer state, parameters, loss scale and data position): steps {} and {} "
+                                    "are undone (step {}'s update ran while step {} was in progress); the next "
+                                    "step() repeats step {} (a caller that feeds the batches feeds step {}'s again, "
+                                    "then step {}'s)",
+                                    t, cause, t - 1, t, call->optimizer_steps + 1, t, call->optimizer_steps + 1, t, t,
+                                    call->optimizer_steps + 1));
   if (versioned)
     return Status(code, fmt::format("step {}: the update {}; every rank rolled back to the state after step {} "
-                                    "(optimizer state, parameters, loss scale and data position); the next step() "
-                                    "repeats step {}",
-                                    t, cause, t - 1, t));
+                                    "(optimizer state, parameters, loss scale and data position): step {} is undone; "
+                                    "the next step() repeats step {}",
+                                    t, cause, t - 1, t, t));
   return Status(code, fmt::format("step {}: the update {}; the optimizer state holds step {} and every rank "
                                   "re-derived its parameters from it{}",
                                   t, cause, t,

@@ -318,6 +318,7 @@ const char* step_outcome_name(StepOutcomeKind kind) {
 
 Result<StepMetrics> Engine::step() {
   if (!impl_->stopped.ok()) return impl_->stopped;
+  if (!impl_->load_failed.ok()) return impl_->load_failed;  // Note [A failed load]
   if (impl_->runner == nullptr)
     return FailedPrecondition("Engine::step() drives a ModelRunner and this engine was created without one; drive it "
                               "with begin_step(), begin_micro_batch(), end_micro_batch() and finish_step()");
@@ -357,6 +358,7 @@ Status Engine::put_initial_layer(size_t layer_index, std::span<const std::byte> 
 
 Status Engine::begin_step() {
   if (!impl_->stopped.ok()) return impl_->stopped;
+  if (!impl_->load_failed.ok()) return impl_->load_failed;  // Note [A failed load]
   STRATA_RETURN_IF_ERROR(impl_->expect_phase(Impl::Phase::kIdle, "begin_step()"));
   STRATA_RETURN_IF_ERROR(impl_->expect_initialized());
   Status st = impl_->begin_step();
@@ -438,6 +440,7 @@ Status Engine::stopped() const { return impl_->stopped; }
 
 Result<double> Engine::evaluate() {
   if (!impl_->stopped.ok()) return impl_->stopped;
+  if (!impl_->load_failed.ok()) return impl_->load_failed;  // Note [A failed load]
   if (impl_->runner == nullptr)
     return FailedPrecondition("Engine::evaluate() runs a ModelRunner's evaluation batches and this engine was created "
                               "without one; use begin_evaluation() and finish_evaluation()");
@@ -521,6 +524,7 @@ Result<std::vector<float>> Engine::gather_state(size_t li, StateKind kind) {
     return FailedPrecondition(fmt::format("layer {} '{}' is frozen: it has no optimizer state (only kMaster, its "
                                           "parameters, can be gathered)",
                                           li, printable(m.part.layer(li).name, 64)));
+  if (!m.load_failed.ok() && !m.where(li).frozen) return m.load_failed;  // Note [A failed load]
   STRATA_RETURN_IF_ERROR(synchronize());
   const LayerPartition& layer_part = m.part.layer(li);
   // This rank's own pieces in shard layout, as fp32.
@@ -564,6 +568,7 @@ Result<CheckpointSaveInfo> Engine::save_checkpoint(const CheckpointSaveOptions& 
   Impl& m = *impl_;
   // A stopped engine's state may be part-way through a step: never saved.
   if (!m.stopped.ok()) return m.stopped;
+  if (!m.load_failed.ok()) return m.load_failed;  // part-way through a load (Note [A failed load])
   STRATA_RETURN_IF_ERROR(check_path_text(options.dir, "save_checkpoint: the folder"));
   CheckpointScalarsNow now;
   now.optimizer_steps = m.optimizer_steps;
@@ -591,14 +596,25 @@ Result<CheckpointManifest> Engine::load_checkpoint(const std::string& given) {
   ls.last_overflow_iteration = manifest.scalars.scaler_last_overflow;
   ls.hysteresis_left = manifest.scalars.scaler_hysteresis_left;
   ls.overflow_count = manifest.scalars.scaler_overflow_count;
+  // A scaler state it refuses changes nothing; from here on the state is
+  // written layer by layer (Note [A failed load] in engine.h).
   STRATA_RETURN_IF_ERROR(m.scaler->restore(ls).with_context(fmt::format("checkpoint '{}' loss_scaler", src)));
-  STRATA_RETURN_IF_ERROR(m.checkpoints.load_state(reader));
+  Status loaded = m.checkpoints.load_state(reader);
   // The runner goes where the save left its data; a checkpoint without a
   // position (saved by a caller that drives the engine and owns its data)
   // leaves it where it is.
-  if (m.runner != nullptr && manifest.scalars.data_position.has_value())
-    STRATA_RETURN_IF_ERROR(m.runner->seek_data(*manifest.scalars.data_position)
-                               .with_context(fmt::format("moving the training data to checkpoint '{}'", src)));
+  if (loaded.ok() && m.runner != nullptr && manifest.scalars.data_position.has_value())
+    loaded = m.runner->seek_data(*manifest.scalars.data_position)
+                 .with_context(fmt::format("moving the training data to checkpoint '{}'", src));
+  if (!loaded.ok()) {
+    m.load_failed = FailedPrecondition(fmt::format(
+        "load_checkpoint('{}') failed after it had begun to write this engine's state ({}): its trained layers may "
+        "hold the checkpoint's values and their own side by side, so steps, saves and uses of a trained layer are "
+        "refused until a load_checkpoint() succeeds (another tag, or this one repaired) or a new engine is made",
+        src, loaded.to_string()));
+    return loaded;
+  }
+  m.load_failed = Status::Ok();
   m.optimizer_steps = manifest.scalars.optimizer_steps;
   m.steps_begun = manifest.scalars.steps_begun;
   return manifest;

@@ -185,6 +185,10 @@ struct EngineContext {
   Status stopped;
   bool recovered = false;
   StepOutcomeKind recovery = StepOutcomeKind::kDropped;
+  // Not ok after a load_checkpoint() that failed once it had begun to write
+  // the state (Note [A failed load] in engine.h): every step, save and use
+  // of a trained layer is refused with it until a load succeeds.
+  Status load_failed;
 
   // The placement's answers every component asks.
   const LayerPlacement& where(size_t li) const { return placement.layers[li]; }

@@ -14,6 +14,8 @@ namespace strata::offload {
 Result<LayerMemory> Engine::Impl::acquire(size_t li, Pass pass) {
   if (li >= part.layer_count())
     return InvalidArgument(fmt::format("acquire of layer {}: the model has {} layers", li, part.layer_count()));
+  // A frozen layer's values are never written by a load: readable after a failed one.
+  if (!load_failed.ok() && !where(li).frozen) return load_failed;  // Note [A failed load] in engine.h
   const bool training = phase == Phase::kMicroBatch;
   if (pass != Pass::kEval && !training)
     return FailedPrecondition(fmt::format(

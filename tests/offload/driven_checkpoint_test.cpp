@@ -8,7 +8,10 @@
 //  - a checkpoint whose frozen layers are not the model's is refused naming
 //    the layer; so is a load before the frozen values are put;
 //  - a manifest that gives a frozen layer extents, or a "frozen" that is not
-//    a boolean, is refused.
+//    a boolean, is refused;
+//  - a load that fails part-way (a damaged extent of a later layer) leaves
+//    the engine refusing every step, save and use of a trained layer until
+//    a load succeeds (Note [A failed load] in engine.h).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -203,6 +206,103 @@ TEST(DrivenFrozenCheckpoint, AManifestGivingAFrozenLayerExtentsOrABadFrozenIsRef
         << st.to_string();
   }
 }
+
+// Note [A failed load] in engine.h: a byte flipped in a later layer's extent
+// fails the load after the layers before it were written. The error names
+// the file, the offset and the layer; from then on every step, save, and use
+// of a trained layer is refused saying that a load failed (the frozen
+// layer, which no load writes, stays readable), until a load of an intact
+// checkpoint succeeds, after which the run is the one that never stopped.
+class DrivenFailedLoad : public ::testing::TestWithParam<ResumeCase> {};
+
+TEST_P(DrivenFailedLoad, ADamagedLaterLayerIsRefusedAndEveryUseWaitsForALoadThatSucceeds) {
+  const ResumeCase& c = GetParam();
+  const std::string good = fresh_dir("failed_load_good_" + c.name);
+  DrivenRun whole;
+  whole.steps = 6;
+  whole.eval_every = 0;
+  whole.save_dir = good;
+  whole.save_at = 3;
+  whole.label = c.name + " (whole run)";
+  place(whole.opt, c.save_stage, c.save_optimizer, c.save_param);
+  const DrivenOutcome a = drive(whole);
+  ASSERT_TRUE(a.status.ok()) << a.status.to_string();
+
+  // A copy of the tag with one byte of the head's master weights flipped (the last layer: every layer before
+  // it is written by the time its extent is read).
+  Result<CheckpointReader> reader = CheckpointReader::open(good);
+  ASSERT_TRUE(reader.ok()) << reader.status().to_string();
+  const CheckpointManifest& m = reader->manifest();
+  const std::string bad = fresh_dir("failed_load_bad_" + c.name);
+  std::filesystem::create_directories(bad);
+  std::filesystem::copy(reader->folder(), bad + "/" + m.tag);
+  const CheckpointExtent* head = nullptr;
+  for (const CheckpointExtent& e : m.extents)
+    if (e.layer == mlp::kHead && m.files[e.file].model) head = &e;
+  ASSERT_NE(head, nullptr);
+  const std::string damaged = bad + "/" + m.tag + "/" + m.files[head->file].name;
+  {
+    std::fstream f(damaged, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(head->offset + 5));
+    const char byte = static_cast<char>(f.get() ^ 0x40);
+    f.seekp(static_cast<std::streamoff>(head->offset + 5));
+    f.put(byte);
+  }
+
+  auto comms = comm::create_local_group(1).value();
+  EngineOptions opt = base_options();
+  place(opt, c.load_stage, c.load_optimizer, c.load_param);
+  Result<std::unique_ptr<DrivenRank>> made = DrivenRank::create(opt, whole.spec, *comms[0]);
+  ASSERT_TRUE(made.ok()) << made.status().to_string();
+  DrivenRank& d = **made;
+  Engine& e = d.engine();
+  ASSERT_TRUE(d.put_all().ok());
+  const Status failed = e.load_checkpoint(bad + "/" + m.tag).status();
+  ASSERT_EQ(failed.code(), StatusCode::kDataLoss) << failed.to_string();
+  for (const std::string& part : {std::string(m.files[head->file].name), fmt::format("extent at byte {}", head->offset),
+                                  fmt::format("layer {} '{}'", mlp::kHead, m.layers[mlp::kHead].name)})
+    EXPECT_NE(failed.message().find(part), std::string::npos) << part << " in " << failed.to_string();
+
+  auto expect_refused = [&](const Status& st, const char* call) {
+    EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << call << ": " << st.to_string();
+    EXPECT_NE(st.message().find("load_checkpoint('"), std::string::npos) << call << ": " << st.to_string();
+    EXPECT_NE(st.message().find("failed after it had begun to write this engine's state"), std::string::npos)
+        << call << ": " << st.to_string();
+    EXPECT_NE(st.message().find("does not match its checksum"), std::string::npos) << call << ": " << st.to_string();
+  };
+  expect_refused(e.begin_step(), "begin_step()");
+  expect_refused(e.save_checkpoint(sync_save(fresh_dir("failed_load_save_" + c.name))).status(), "save_checkpoint()");
+  expect_refused(e.gather_state(mlp::kEmbedIn).status(), "gather_state(trained layer)");
+  EXPECT_TRUE(e.gather_state(mlp::kFrozen).ok()) << "the frozen layer, which no load writes, stays readable";
+  ASSERT_TRUE(e.begin_evaluation().ok());
+  expect_refused(e.acquire(mlp::kHead, Pass::kEval).status(), "acquire(trained layer) in an evaluation");
+  EXPECT_TRUE(e.acquire(mlp::kFrozen, Pass::kEval).ok());
+  ASSERT_TRUE(e.release(mlp::kFrozen, Pass::kEval, Completion::ready()).ok());
+  ASSERT_TRUE(e.finish_evaluation(0.0, 1).ok());
+  expect_refused(e.begin_step(), "begin_step() again");
+
+  // The intact tag loads: the run goes on as the one that never stopped.
+  ASSERT_TRUE(e.load_checkpoint(good).ok());
+  for (int64_t s = 4; s <= whole.steps; ++s) {
+    Result<StepMetrics> step = d.step(s);
+    ASSERT_TRUE(step.ok()) << step.status().to_string();
+    EXPECT_EQ(step->loss, a.losses[static_cast<size_t>(s - 1)]) << "step " << s;
+  }
+  ASSERT_TRUE(e.synchronize().ok());
+  for (size_t li : {size_t{mlp::kEmbedIn}, size_t{mlp::kCond}, size_t{mlp::kHead}}) {
+    Result<std::vector<float>> master = e.gather_state(li);
+    ASSERT_TRUE(master.ok()) << master.status().to_string();
+    EXPECT_EQ(*master, a.masters[li]) << "layer " << li;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Placements, DrivenFailedLoad,
+    ::testing::Values(ResumeCase{"stage2_cpu", 1, 1, 2, 2, OffloadDevice::kCpu, OffloadDevice::kNone,
+                                 OffloadDevice::kCpu, OffloadDevice::kNone},
+                      ResumeCase{"stage3_nvme", 1, 1, 3, 3, OffloadDevice::kNvme, OffloadDevice::kNvme,
+                                 OffloadDevice::kNvme, OffloadDevice::kNvme}),
+    [](const ::testing::TestParamInfo<ResumeCase>& info) { return info.param.name; });
 
 }  // namespace
 }  // namespace strata::offload

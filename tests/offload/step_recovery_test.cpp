@@ -2,10 +2,12 @@
 // injector:
 //  - a one-off EIO on an NVMe read or write of the optimizer state during a
 //    step's update: the step() call that reaches the commit point fails
-//    naming the file, the piece and the cause, every rank rolls back to the
-//    last committed step, and calling step() again gives the losses of a run
-//    that never failed (bit for bit), at stages 1-3, overlap on and off,
-//    parameters on the device, in pinned memory or on NVMe;
+//    naming the file, the piece, the cause and the steps undone (two with
+//    overlap on: the failed update's and the one in progress), every rank
+//    rolls back to the last committed step, and calling step() again gives
+//    the losses of a run that never failed (bit for bit), at stages 1-3,
+//    overlap on and off, parameters on the device, in pinned memory or on
+//    NVMe;
 //  - with two ranks and the fault on one: both roll back together;
 //  - a parameter shard's write-back failing with the optimizer in memory:
 //    the state holds the step, the parameters are re-derived, the run goes on
@@ -20,6 +22,8 @@
 //  - a hung NVMe read: the bounded wait (strata.wait_timeout_s) ends in an
 //    error naming what it waited for, and teardown does not hang.
 #include <gtest/gtest.h>
+
+#include <regex>
 
 #include "engine_harness.h"
 
@@ -87,6 +91,14 @@ TEST_P(OneOffNvmeFault, RollsBackAndTheRepeatedStepsMatch) {
   EXPECT_NE(msg.find("optimizer state of layer"), std::string::npos) << msg;  // the piece
   EXPECT_NE(msg.find("rolled back to the state after step"), std::string::npos) << msg;
   EXPECT_NE(msg.find("strata-"), std::string::npos) << msg;  // the swap file's path
+  // Which steps were undone: with overlap the failed update's step ran under
+  // the next one, which is undone with it.
+  const std::regex undone(c.placement.overlap ? "after step ([0-9]+) .*: steps ([0-9]+) and ([0-9]+) are undone"
+                                              : "after step ([0-9]+) .*: step ([0-9]+) is undone");
+  std::smatch found;
+  ASSERT_TRUE(std::regex_search(msg, found, undone)) << msg;
+  EXPECT_EQ(std::stoi(found[2].str()), std::stoi(found[1].str()) + 1) << msg;
+  if (c.placement.overlap) EXPECT_EQ(std::stoi(found[3].str()), std::stoi(found[1].str()) + 2) << msg;
 }
 
 std::vector<Case> cases() {

@@ -113,13 +113,15 @@
 //   }
 //   StepOutcome outcome = *engine->finish_step();
 // The outcome is the step's metrics, or: rolled back (the state is the one
-// after step N: feed the batches of step N + 1 on again) or dropped (the
-// step in progress was not applied: feed its batches again), each with the
-// reason. Engine::step() is this loop over a ModelRunner's micro-batches,
-// and turns a rolled-back or dropped outcome into an error (the runner's
-// data was moved back). An evaluation is begin_evaluation(), kEval passes,
-// finish_evaluation(loss_sum, batches). The calls come from the thread that
-// drives the model; out of order they fail naming the expected call.
+// after step N: feed the batches of step N + 1 on again; with overlap on
+// that is the step before the one in progress, whose update failed, so two
+// steps' batches are fed again) or dropped (the step in progress was not
+// applied: feed its batches again), each with the reason. Engine::step()
+// is this loop over a ModelRunner's micro-batches, and turns a rolled-back
+// or dropped outcome into an error (the runner's data was moved back). An
+// evaluation is begin_evaluation(), kEval passes, finish_evaluation(loss_sum,
+// batches). The calls come from the thread that drives the model; out of
+// order they fail naming the expected call.
 //
 // Note [Acquire order]
 // The acquire sequence of a training micro-batch is recorded and then used
@@ -503,6 +505,23 @@ class Engine final : public ParameterProvider {
   // size, stage or placement, into this fresh engine (before its first
   // step) and moves the runner's data to where the save left it. Every rank
   // calls it; each reads only the extents its pieces overlap.
+  //
+  // Note [A failed load]
+  // A load writes the state layer by layer as it reads the extents, each
+  // checked against its checksum as it is read: a damaged extent (DataLoss
+  // naming the file, offset and layer), a read error, or a failed write of
+  // the NVMe tier found part-way leaves the layers before it holding the
+  // checkpoint's values and the rest their own. Checking every extent
+  // before writing anything would read this rank's share of the checkpoint
+  // twice (docs/checkpoints.md measures it) and still not cover a read or
+  // write that fails after the check. So the load does not try to undo:
+  // from the first write on, a failure leaves the engine refusing every
+  // step, evaluation pass over a trained layer, save and gather_state() of
+  // a trained layer, with an error (FailedPrecondition) that names the
+  // checkpoint and the failure, until a load_checkpoint() succeeds (of
+  // another tag, or of this one repaired). A load refused before it writes
+  // (a missing file, another model shape, frozen layers that differ)
+  // changes nothing.
   Result<CheckpointManifest> load_checkpoint(const std::string& dir_or_tag);
   // Ok while the engine can go on (after a rolled-back step too); else why
   // it stopped (Note [Atomic steps]).
