@@ -31,6 +31,7 @@ memory is the engine's for good and the binding stays.
 """
 
 import contextlib
+import copy
 import hashlib
 import json
 import os
@@ -39,7 +40,7 @@ import torch
 
 from . import _native
 from ._checks import check_int, check_path
-from .errors import FailedPrecondition, Unavailable, Unsupported
+from .errors import FailedPrecondition, StrataError, Unavailable, Unsupported
 
 __all__ = ["StrataEngine"]
 
@@ -144,6 +145,31 @@ class _LayerState:
         self.bound = None   # the {name: tensor} the parameters' .data are bound to (None: placeholders)
 
 
+class _AppliedStep:
+    """Note [Feeding undone steps again]
+    A step the engine applied whose update is not committed yet. With
+    overlap on (the default) step t's update runs while step t + 1 computes,
+    and its commit point is step t + 1's finish_step() (or a synchronize(),
+    an evaluation): an NVMe write of step t's update that fails there rolls
+    every rank back to the state after step t - 1, so two steps are undone,
+    not one, and feeding only step t + 1's batches again would train them as
+    step t. What feeding step t again needs is kept here until the next step
+    applies: the engine's step count when it was begun (a rollback puts the
+    count below it), the lr state before it (param_groups, the torch lr
+    scheduler's state: the scheduler stepped after it), and, when
+    train_batch() ran it, its micro-batches and loss_fn, which the next
+    train_batch() replays before its own step."""
+
+    __slots__ = ("number", "begun", "lr_before", "micro_batches", "loss_fn")
+
+    def __init__(self, number, begun, lr_before):
+        self.number = number          # the optimizer step it applied
+        self.begun = begun            # the engine's steps_begun with it
+        self.lr_before = lr_before    # _lr_state() before it
+        self.micro_batches = None     # train_batch()'s, else None (not kept)
+        self.loss_fn = None
+
+
 def _tensors_in(value, out):
     """Every tensor that needs a gradient in an output (tensor, tuple, list, dict, ModelOutput)."""
     if isinstance(value, torch.Tensor):
@@ -198,6 +224,8 @@ class StrataEngine(torch.nn.Module):
         self.metrics = None        # the last applied step's metrics (the engine's StepMetrics)
         self.gradient_copies = 0   # gradients handed over by an add (not accumulated in place by torch)
         self.last_outcome = None
+        self._uncommitted = None   # _AppliedStep: the last applied step (Note [Feeding undone steps again])
+        self._undone = None        # _AppliedStep a rollback undid besides the step in progress: fed again first
         self._handles = []
         self._entry_open = None    # the entry module whose own evaluation runs (Note [Evaluations that start inside
                                    # the model])
@@ -254,7 +282,7 @@ class StrataEngine(torch.nn.Module):
         if self._step_open:
             raise FailedPrecondition("synchronize() in the middle of a step: call it after engine.step() at a "
                                      "gradient accumulation boundary")
-        self._engine.synchronize()
+        self._at_commit_point(self._engine.synchronize)
 
     def memory(self):
         """The engine's memory per tier: {"predicted": its plan, "measured": the peaks so far}."""
@@ -331,7 +359,12 @@ class StrataEngine(torch.nn.Module):
         [Atomic steps] in docs/engine.md; engine.step() raises Unavailable)
         the same micro-batches run again, up to `retries` times in this call
         (strata train --step-retries), so the losses equal those of a run that
-        never failed. Returns the step's mean loss (a float).
+        never failed. With overlap on, a failed write of the previous step's
+        update undoes that step too: train_batch() kept its micro-batches
+        and replays them first (here, or in the next call after a rollback
+        that ran out of retries); a previous step the caller's own loop ran
+        was not kept, so the error says to feed it again instead (Note
+        [Feeding undone steps again]). Returns the step's mean loss (a float).
 
         batches: a list of the step's micro-batches (one micro-batch, not in
         a list, when gradient_accumulation_steps is 1); or data_iter: an
@@ -346,27 +379,111 @@ class StrataEngine(torch.nn.Module):
             raise FailedPrecondition(f"train_batch() in the middle of a step (micro-batch {self._micro_steps % self._gas + 1} "
                                      f"of {self._gas}): finish it with engine.step() first")
         micro_batches = self._step_micro_batches(batches, data_iter)
+        self._notice_undone_step()  # e.g. by a synchronize() since the last step
         while True:
             try:
-                losses = []
-                for mb in micro_batches:
-                    output = self(**mb) if isinstance(mb, dict) else self(*mb) if isinstance(mb, (tuple, list)) \
-                        else self(mb)
-                    try:
-                        loss = self._loss_of(output, mb, loss_fn)
-                    except BaseException:
-                        self._abandon_pass()  # the forward's micro-batch is dropped with its step
-                        raise
-                    self.backward(loss)
-                    losses.append(float(loss.detach()))
-                    self.step()
-                return sum(losses) / len(losses)
+                self._feed_undone_step()
+                return self._run_step(micro_batches, loss_fn)
             except Unavailable:
-                # Rolled back (or dropped) on every rank: the state is the previous step's, the
-                # micro-batch count is back at the step's first (_apply_step), the batches run again.
+                # Rolled back (or dropped) on every rank: the state is an earlier step's, the micro-batch count
+                # is back at its first (_apply_step); a step undone besides this one is fed again first.
                 if retries == 0 or self._micro_steps % self._gas != 0:
                     raise
+                if self._undone is not None and self._undone.micro_batches is None:
+                    raise  # its batches were the caller's loop's: the error says to feed them again
                 retries -= 1
+
+    def _run_step(self, micro_batches, loss_fn):
+        """One step of train_batch(): the forward, loss and backward of each micro-batch, engine.step() after
+        each; the mean loss. The applied step keeps its micro-batches (Note [Feeding undone steps again])."""
+        losses = []
+        for mb in micro_batches:
+            output = self(**mb) if isinstance(mb, dict) else self(*mb) if isinstance(mb, (tuple, list)) \
+                else self(mb)
+            try:
+                loss = self._loss_of(output, mb, loss_fn)
+            except BaseException:
+                self._abandon_pass()  # the forward's micro-batch is dropped with its step
+                raise
+            self.backward(loss)
+            losses.append(float(loss.detach()))
+            self.step()
+        self._uncommitted.micro_batches, self._uncommitted.loss_fn = micro_batches, loss_fn
+        return sum(losses) / len(losses)
+
+    def _feed_undone_step(self):
+        """train_batch(): the step a rollback undid besides the one in progress, replayed from the micro-batches
+        train_batch() kept (Note [Feeding undone steps again]). One the caller's loop ran was not kept: the
+        rollback's error said to feed it again, so the batches given now are taken as that step's."""
+        undone, self._undone = self._undone, None
+        if undone is None or undone.micro_batches is None:
+            return
+        try:
+            self._run_step(undone.micro_batches, undone.loss_fn)
+        except BaseException:
+            if self._undone is None and self._global_steps < undone.number:
+                self._undone = undone  # not applied (rolled back itself, or a forward raised): still owed
+            raise
+
+    def _lr_state(self):
+        """What an undone step's lr needs back: param_groups' lrs, the lr shown, the torch lr scheduler's state."""
+        scheduler = None
+        if self.lr_scheduler is not None and hasattr(self.lr_scheduler, "state_dict"):
+            scheduler = self.lr_scheduler.state_dict()
+            try:
+                scheduler = copy.deepcopy(scheduler)
+            except Exception:  # noqa: BLE001 (state a deep copy cannot take: torch's own schedulers replace theirs)
+                pass
+        return [g["lr"] for g in self.optimizer.param_groups], self._shown_lr, scheduler
+
+    def _restore_lr(self, state):
+        lrs, shown, scheduler = state
+        if scheduler is not None:
+            self.lr_scheduler.load_state_dict(scheduler)
+        for group, lr in zip(self.optimizer.param_groups, lrs):
+            group["lr"] = lr
+        self._shown_lr = shown
+
+    def _notice_undone_step(self):
+        """The last applied step, when a rollback since undid it (the engine's step count went below it): the
+        counters and the lr go back to the state before it and it is owed (self._undone); else None."""
+        previous = self._uncommitted
+        if previous is None or self._engine._native.steps_begun >= previous.begun:
+            return None
+        self._uncommitted = None
+        self._undone = previous
+        self._global_steps = self._engine._native.optimizer_steps
+        self._micro_steps -= self._gas
+        self._restore_lr(previous.lr_before)
+        return previous
+
+    def _what_to_feed_again(self, undone, with_current):
+        """The advice of a rollback's error: which steps to feed again, and whether train_batch() replays one."""
+        first = self._global_steps + 1
+        if undone is None:
+            return f"run the step's batches again (it is step {first} again)"
+        steps = f"steps {first} and {first + 1} are undone (step {first}'s update failed while step {first + 1} " \
+            f"ran)" if with_current else f"step {first} is undone (its update failed after engine.step() returned)"
+        then = ", then the step in progress's" if with_current else ""
+        if undone.micro_batches is not None:
+            return (f"{steps}; train_batch() kept step {first}'s micro-batches and replays them before its own "
+                    f"step: call it again with the {'same' if with_current else 'next'} batches (a loop of "
+                    f"engine(...), backward and step() runs step {first}'s batches again{then})")
+        return (f"{steps}; run step {first}'s batches again{then} (step {first} ran outside train_batch(), so its "
+                f"micro-batches were not kept)")
+
+    def _at_commit_point(self, call, *args):
+        """A call that may reach the commit point of the last applied step outside a step (synchronize(), an
+        evaluation, gathering state): when it rolls that step back, the counters and the lr follow the engine
+        and the error (Unavailable) says what to feed again."""
+        try:
+            return call(*args)
+        except StrataError as error:
+            undone = self._notice_undone_step()
+            if undone is None:
+                raise
+            raise Unavailable(f"{error}; the state is the one after step {self._global_steps}: "
+                              f"{self._what_to_feed_again(undone, with_current=False)}") from error
 
     def _step_micro_batches(self, batches, data_iter):
         if (batches is None) == (data_iter is None):
@@ -423,6 +540,7 @@ class StrataEngine(torch.nn.Module):
         if not self._step_open:
             raise FailedPrecondition("no micro-batch ran since the last step: engine(...), engine.backward(loss), "
                                      "then engine.step()")
+        lr_before = self._lr_state()
         lr = self.optimizer.step_lr()
         if self._config_scheduler:
             if self._shown_lr is not None and abs(lr - self._shown_lr) > 1e-12 * self._shown_lr:
@@ -434,12 +552,18 @@ class StrataEngine(torch.nn.Module):
         self._step_open = False
         self.last_outcome = outcome
         if outcome["outcome"] != "applied":
-            # The step's micro-batches run again from its first: the boundary is counted from there.
+            # The step's micro-batches run again from its first: the boundary is counted from there. With
+            # overlap on, the step before it may be undone too (Note [Feeding undone steps again]).
             self._micro_steps -= self._gas - 1
+            undone = self._notice_undone_step()
+            self._global_steps = outcome["state_step"]
             raise Unavailable(f"the step was {outcome['outcome'].replace('_', ' ')}: {outcome['reason']}; the state "
-                              f"is the one after step {outcome['state_step']}: run the step's batches again")
+                              f"is the one after step {outcome['state_step']}: "
+                              f"{self._what_to_feed_again(undone, with_current=True)}")
         self.metrics = outcome["metrics"]
         self._global_steps = self.metrics["step"]
+        self._undone = None  # fed again by the caller's loop (train_batch() took it before), or given up
+        self._uncommitted = _AppliedStep(self._global_steps, self._engine._native.steps_begun, lr_before)
         if self._config_scheduler:  # the engine's schedule: show its lr in the groups
             self._shown_lr = self.metrics["lr"]
             base = self.optimizer.base_lr
@@ -486,6 +610,7 @@ class StrataEngine(torch.nn.Module):
         parameter, gathered whole (after every queued update). Frozen
         parameters have no master weights and are not included."""
         out = {}
+        self._at_commit_point(self._engine.synchronize)
         for index, layer in enumerate(self._layers):
             if not layer.plan.trainable:
                 continue
@@ -563,6 +688,7 @@ class StrataEngine(torch.nn.Module):
         mine = app.get("strata_torch", {})
         self._micro_steps = int(mine.get("micro_steps", info["step_calls"] * self._gas))
         self._global_steps = int(info["step"])
+        self._uncommitted = self._undone = None
         for group, saved in zip(self.optimizer.param_groups, mine.get("param_groups", [])):
             group["lr"] = saved["lr"]
         if load_lr_scheduler_states and self.lr_scheduler is not None and mine.get("lr_scheduler") is not None:
@@ -650,7 +776,7 @@ class StrataEngine(torch.nn.Module):
                                      f"runs the whole model (call the engine or engine.module); run it alone only "
                                      f"under torch.no_grad() (an evaluation, as generate() does)")
         self._route_checkpointed_forwards_through_hooks()
-        self._engine.begin_evaluation()
+        self._at_commit_point(self._engine.begin_evaluation)
         self._pass = "eval"
         self._entry_open = entry
         try:
@@ -691,13 +817,14 @@ class StrataEngine(torch.nn.Module):
                 raise FailedPrecondition("a second training forward before engine.backward(loss): one forward, one "
                                          "backward per micro-batch (use torch.no_grad() for an evaluation)")
             if not self._step_open:
+                self._notice_undone_step()  # by a commit point since the last step (the error said so)
                 self._engine.begin_step()
                 self._step_open = True
             self._engine.begin_micro_batch(last=self.is_gradient_accumulation_boundary())
             self._micro_open = True
             self._pass = "forward"
         else:
-            self._engine.begin_evaluation()
+            self._at_commit_point(self._engine.begin_evaluation)
             self._pass = "eval"
         return None
 
