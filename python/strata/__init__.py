@@ -9,6 +9,15 @@ Python (strata.engine), through one native module.
 See docs/python.md.
 """
 
+# torch (when installed) loads before the native module: _native links the system's NCCL (comm's nccl
+# backend), and a CUDA build of torch loaded after it binds to that library instead of its own and fails
+# ("libtorch_cuda.so: undefined symbol: ncclCommResume" with torch 2.15+cu132).
+try:
+    import torch  # noqa: F401
+except ImportError as e:
+    if e.name != "torch":
+        raise  # torch is there but failed to import: its own error says why
+
 from . import _native
 from .errors import *  # noqa: F401,F403
 from .errors import _BY_CODE
