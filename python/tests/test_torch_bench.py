@@ -81,6 +81,20 @@ def test_a_row_that_does_not_fit_is_reported_and_the_penalty_is_against_the_fast
     assert offloaded["status"] == "ok" and offloaded["penalty"] == 1.0 and doc["baseline_row"] == 1
 
 
+def test_a_row_the_config_refuses_is_skipped_and_an_nvme_row_carries_the_configs_warning(tmp_path):
+    config = {"train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+              "strata": {"optimizer_state_dtype": "int8"}}
+    doc = bench(config=config, rows=[{"stage": 0}, {"stage": 2, "offload_optimizer": "nvme"}], repeats=1,
+                nvme_path=tmp_path)
+    refused, on_nvme = doc["rows"]
+    assert refused["status"] == "skipped" and "the config refuses this placement" in refused["reason"]
+    assert "optimizer_state_dtype" in refused["reason"]
+    assert on_nvme["status"] == "ok" and on_nvme["penalty"] == 1.0 and doc["nvme_path"] == str(tmp_path)
+    assert on_nvme["bytes_per_step"]["nvme_read"] > 0 and on_nvme["peak_bytes"]["nvme"] > 0
+    assert any("pipeline_read false" in w for w in on_nvme["warnings"])
+    assert doc["schedule"] == [[1]]
+
+
 def test_the_default_matrix_is_the_cpp_benchs():
     labels = [r.label() for r in default_rows("bf16")]
     assert len(labels) == 19 and labels[0] == "s0 opt=none param=none bf16"
@@ -141,6 +155,8 @@ def test_bad_arguments_are_named_before_any_row_runs(tmp_path):
         bench(json_path=tmp_path)
     with pytest.raises(InvalidArgument, match="nvme_path '/no/such/folder' is not a folder"):
         bench(rows=[{"stage": 2, "offload_optimizer": "nvme"}], nvme_path="/no/such/folder")
+    with pytest.raises(InvalidArgument, match="config is refused with every row .*train_micro_batch_size_per_gpuu"):
+        bench(config={"train_micro_batch_size_per_gpuu": 4})
     with pytest.raises(InvalidArgument, match="dtype 'fp8' is not fp32, bf16 or fp16"):
         bench(dtype="fp8")
     with pytest.raises(TypeError, match="batch_fn\\(0\\) returned str with no tensor"):

@@ -210,6 +210,8 @@ class _Bench:
         self.dtype = self._dtype(dtype)
         self.rows = self._rows(rows)
         self.nvme_path, self.nvme_origin = self._nvme_path(nvme_path)
+        # A given config is checked with each row now; the default one is made valid after the first batch.
+        self.refused = self._refusals() if self.base is not None else {}
 
     # -- inputs, checked before anything runs -------------------------------------------------------
     def _base_config(self, config):
@@ -228,11 +230,27 @@ class _Bench:
                 raise InvalidArgument(f"{name} '{printable(os.fspath(config))}': {e}") from None
         else:
             raise TypeError(f"{name} must be a path or a dict, not {type(config).__name__}")
-        try:
-            strata_config.load(raw)
-        except InvalidArgument as e:
-            raise InvalidArgument(f"{name}: {e}") from None
         return raw
+
+    def _refusals(self):
+        """{row index: why the config checker refuses that row's config}. The base config is checked through
+        its rows: its own placement may be one a row replaces (int8 moments beside a device optimizer). When it
+        refuses every row, the config itself is wrong (a misspelled key): an error naming it."""
+        refused, first = {}, None
+        for i, row in enumerate(self.rows):
+            if row.unsupported_reason():
+                continue
+            issues = strata_config.check(row.config(self.base, self.nvme_path or ""))
+            errors = [issue.text for issue in issues if issue.severity == "error"]
+            if errors:
+                refused[i] = "the config refuses this placement: " + "; ".join(errors)
+                first = first or (row, errors)
+        runnable = [i for i, row in enumerate(self.rows) if not row.unsupported_reason()]
+        if runnable and all(i in refused for i in runnable):
+            row, errors = first
+            raise InvalidArgument(f"{self.names['config']} is refused with every row ({row.label()}: "
+                                  f"{'; '.join(errors)})")
+        return refused
 
     def _dtype(self, dtype):
         if dtype is None:
@@ -319,8 +337,8 @@ class _Bench:
             self.base = {"train_micro_batch_size_per_gpu": samples, "gradient_accumulation_steps": 1,
                          "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.0}}}
         results = [_RowResult(row) for row in self.rows]
-        for r in results:
-            why = r.row.unsupported_reason() or self._config_problem(r.row)
+        for i, r in enumerate(results):
+            why = r.row.unsupported_reason() or self.refused.get(i, "")
             if why:
                 r.status, r.reason = "skipped", why
         runnable = sum(r.status == "pending" for r in results)
@@ -358,12 +376,6 @@ class _Bench:
             report.print_table(doc)
         self._write(doc)
         return doc
-
-    def _config_problem(self, row):
-        """The config checker's errors for this row's config ("" when it is valid): the row is skipped."""
-        issues = strata_config.check(row.config(self.base, self.nvme_path or ""))
-        errors = [i.text for i in issues if i.severity == "error"]
-        return "the config refuses this placement: " + "; ".join(errors) if errors else ""
 
     def _micro_batches(self, step, gas):
         batches = [self.batch_fn(step * gas + k) for k in range(gas)]
