@@ -17,6 +17,7 @@ std::string_view backend_name(Backend backend) {
     case Backend::kLocal: return "local";
     case Backend::kMpi: return "mpi";
     case Backend::kNccl: return "nccl";
+    case Backend::kTorch: return "torch";
   }
   return "?";
 }

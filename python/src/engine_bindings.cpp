@@ -11,7 +11,12 @@
 //
 // Note [Ranks of a driven engine]
 // One process is world size 1 (a local group of one). A process started by
-// mpirun (or backend "mpi") is one rank of MPI_COMM_WORLD: the config's
+// mpirun (or backend "mpi") is one rank of MPI_COMM_WORLD; one that joined
+// torch.distributed (backend "torch": torchrun, the `deepspeed` launcher, a
+// group the user made; strata/torch/_launcher.py) is one rank of its default
+// group, its collectives run over gloo (Note [Collectives over
+// torch.distributed]). Every collective is bounded by strata.wait_timeout_s
+// (STRATA_COMM_TIMEOUT_MS overrides it). The config's
 // batch keys are checked against that world, each rank runs its own
 // micro-batches and the engine reduces the gradients (the mean over ranks),
 // as `strata train --backend mpi` does. Every rank describes the same model
@@ -37,10 +42,14 @@
 // dropped; strata.torch binds placeholders at release. Memory the layer
 // keeps for good (its whole copy, stages 0-2) is not tracked; a shard lent
 // in place (stage 3, world 1) is never freed.
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
@@ -49,7 +58,9 @@
 
 #include "checked_config.h"
 #include "errors.h"
+#include "interpreter.h"
 #include "layer_tuples.h"
+#include "torch_distributed_communicator.h"
 #include "torch_dtypes.h"
 #include "torch_views.h"
 #include "strata/comm/backends.h"
@@ -94,6 +105,48 @@ const char* outcome_name(StepOutcomeKind kind) {
     case StepOutcomeKind::kDropped: return "dropped";
   }
   return "?";
+}
+
+// The communicator for `backend`: "local" (one process), "mpi" (a rank of
+// mpirun's world), "torch" (a rank of torch.distributed's default group), or
+// "auto": mpi under mpirun, else torch when torch.distributed is initialized
+// with several ranks, else local. A launcher's WORLD_SIZE above 1 with no
+// group to join is an error, never a silent run of one rank.
+std::string chosen_backend(const std::string& backend) {
+  if (backend == "local" || backend == "mpi" || backend == "torch") return backend;
+  if (backend != "auto")
+    raise_status(InvalidArgument(fmt::format("backend '{}' is not auto, local, mpi or torch", printable(backend, 32))));
+  if (comm::launched_by_mpi()) return "mpi";
+  if (torch_distributed_world_size() > 1) return "torch";
+  const char* world = std::getenv("WORLD_SIZE");
+  if (world != nullptr && *world != '\0' && std::string_view(world) != "1")
+    raise_status(FailedPrecondition(fmt::format(
+        "WORLD_SIZE={} (a torchrun-style launcher started this process) but torch.distributed is not initialized, so "
+        "this engine would train alone as one rank: call strata.torch.init_distributed() (or "
+        "torch.distributed.init_process_group) before making it, or use strata.torch.initialize, which joins the job",
+        printable(world, 32))));
+  return "local";
+}
+
+// strata.wait_timeout_s of the config, the bound of every collective (the
+// communicator is made before the config is checked against its world, so
+// this reads the one key; an invalid value is reported by the full check).
+std::chrono::milliseconds bounded_wait(const std::optional<std::string>& path, const std::optional<std::string>& text) {
+  Config defaults;
+  double seconds = defaults.strata.wait_timeout_s;
+  if (path.has_value() != text.has_value()) {
+    const ConfigCheck check = path ? check_config_file(*path, {}) : check_config_text(*text, {});
+    const double read = check.config.strata.wait_timeout_s;
+    if (read >= 0.001 && read <= 604800) seconds = read;
+  }
+  return std::chrono::milliseconds(static_cast<int64_t>(std::ceil(seconds * 1000)));
+}
+
+// A collective some ranks never issued (the watchdog's or the handshake's words, on every backend).
+bool left_out_ranks(const Status& status) {
+  const std::string& m = status.message();
+  return m.find("ranks that did not arrive") != std::string::npos ||
+         m.find("collective mismatch") != std::string::npos;
 }
 
 uint64_t quarter_of_host_memory() {
@@ -177,26 +230,32 @@ class DrivenEngine {
                                               const std::optional<std::string>& config_text,
                                               const std::vector<LayerTuple>& layers, uint64_t device_memory,
                                               const std::string& backend) {
-    // The ranks (Note [Ranks of a driven engine]): one process, or this
-    // process as one rank of mpirun's world.
-    std::unique_ptr<comm::Communicator> mpi;
-    if (backend == "mpi" || (backend == "auto" && comm::launched_by_mpi())) {
-      const comm::CommOptions comm_options = value_or_raise(comm::apply_comm_environment({}));
-      Result<std::unique_ptr<comm::Communicator>> created = [&] {
+    // The ranks (Note [Ranks of a driven engine]): one process, this process
+    // as one rank of mpirun's world, or one rank of torch.distributed's.
+    const std::string chosen = chosen_backend(backend);
+    std::unique_ptr<comm::Communicator> ranks;
+    if (chosen != "local") {
+      comm::CommOptions comm_options;
+      comm_options.timeout = bounded_wait(config_path, config_text);
+      comm_options = value_or_raise(comm::apply_comm_environment(comm_options));
+      const std::string origin = backend == "auto" ? fmt::format("{} (backend 'auto')", chosen == "mpi"
+                                                                                            ? "mpirun started this process"
+                                                                                            : "torch.distributed is initialized")
+                                                   : fmt::format("backend '{}'", backend);
+      Result<std::unique_ptr<comm::Communicator>> created = [&]() -> Result<std::unique_ptr<comm::Communicator>> {
+        if (chosen == "torch") return create_torch_distributed_communicator(comm_options);  // calls torch: GIL held
         py::gil_scoped_release unlocked;
         return comm::create_mpi_communicator(comm_options);
       }();
-      if (!created.ok())
-        raise_status(created.status().with_context(backend == "mpi" ? "backend 'mpi'"
-                                                                    : "mpirun started this process (backend 'auto')"));
-      mpi = std::move(*created);
-    } else if (backend != "auto" && backend != "local") {
-      raise_status(InvalidArgument(fmt::format("backend '{}' is not auto, local or mpi", printable(backend, 32))));
+      if (!created.ok()) raise_status(created.status().with_context(origin));
+      ranks = std::move(*created);
     }
     ConfigOptions options;
-    options.world_size = mpi ? mpi->world_size() : 1;
-    options.world_size_origin = mpi ? fmt::format("the MPI communicator (mpirun -np {})", mpi->world_size())
-                                    : std::string("strata.torch (one process)");
+    options.world_size = ranks ? ranks->world_size() : 1;
+    options.world_size_origin =
+        !ranks           ? std::string("strata.torch (one process)")
+        : chosen == "mpi" ? fmt::format("the MPI communicator (mpirun -np {})", ranks->world_size())
+                          : fmt::format("torch.distributed's world (WORLD_SIZE {})", ranks->world_size());
     const ConfigCheck check = checked_config(config_path, config_text, options);
     EngineOptions engine_options = value_or_raise(offload::engine_options_from_config(check.config));
 
@@ -208,11 +267,25 @@ class DrivenEngine {
                                          : check.config.strata.device_memory != 0 ? check.config.strata.device_memory
                                                                                   : quarter_of_host_memory();
     self->device_ = value_or_raise(make_device(DeviceKind::kCpu, device_options));
-    if (mpi) self->comms_.push_back(std::move(mpi));
+    if (ranks) self->comms_.push_back(std::move(ranks));
     else self->comms_ = value_or_raise(comm::create_local_group(1));
-    self->engine_ = value_or_raise(Engine::create(engine_options, *self->model_, *self->device_, *self->comms_[0]));
+    // Making the engine runs collectives (the torch communicator's workers take the GIL).
+    Result<std::unique_ptr<Engine>> engine = [&] {
+      py::gil_scoped_release unlocked;
+      return Engine::create(engine_options, *self->model_, *self->device_, *self->comms_[0]);
+    }();
+    self->engine_ = value_or_raise(std::move(engine));
     self->grad_accum_ = engine_options.grad_accum;
     return self;
+  }
+
+  // Tearing the engine down waits for its collectives, whose workers may need the GIL.
+  ~DrivenEngine() {
+    const bool finalizing = interpreter_finalizing();
+    std::optional<py::gil_scoped_release> unlocked;
+    if (PyGILState_Check() != 0 && !finalizing) unlocked.emplace();
+    engine_.reset();
+    comms_.clear();
   }
 
   size_t layer_count() const { return model_->layers().size(); }
@@ -405,6 +478,10 @@ class DrivenEngine {
       py::gil_scoped_release unlocked;
       return engine_->save_checkpoint(options);
     }();
+    if (!info.ok() && world_size() > 1 && left_out_ranks(info.status()))
+      raise_status(info.status().with_context(
+          "save_checkpoint() is collective: call save_checkpoint on every rank (as DeepSpeed requires), not on rank "
+          "0 only"));
     const offload::CheckpointSaveInfo saved = value_or_raise(std::move(info));
     py::dict d;
     d["tag"] = saved.tag;

@@ -81,9 +81,10 @@ class Engine:
         described = describe_layers(layers)
         device_memory = _device_memory(device_memory)
         if not isinstance(backend, str):
-            raise TypeError(f"backend must be a str (auto, local or mpi), not {type(backend).__name__}")
-        # backend: "auto" (this process as one rank of mpirun's world when mpirun started it, else one
-        # process), "local" (one process) or "mpi" (Note [Ranks of a driven engine]).
+            raise TypeError(f"backend must be a str (auto, local, mpi or torch), not {type(backend).__name__}")
+        # backend: "auto" (this process as one rank of mpirun's world when mpirun started it, else of
+        # torch.distributed's initialized group, else one process), "local" (one process), "mpi" or "torch"
+        # (a rank of torch.distributed's default group, over gloo) (Note [Ranks of a driven engine]).
         self._native = _native.DrivenEngine.create(path, text, described, device_memory, backend)
         self._layout = [self._native.layer_tensors(i) for i in range(self._native.layer_count)]
         self._from_dlpack = None  # torch's, looked up at the first acquire

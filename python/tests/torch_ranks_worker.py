@@ -1,5 +1,6 @@
 """One rank of a strata.torch run, started by test_torch_ranks.py in one
-process or under `mpirun -np N`: trains TinyLM on a global micro-batch of
+process or under `mpirun -np N` (by test_torch_launchers.py also under
+torchrun and the deepspeed launcher): trains TinyLM on a global micro-batch of
 GLOBAL_MICRO samples split evenly over the ranks, and writes the step losses
 and (rank 0) the master weights' sums to a JSON file (with --elementwise also
 the masters themselves and plain torch's first-step gradients, OUT.json.pt).
@@ -42,8 +43,9 @@ def main():
                              "elementwise, and (world 1) plain torch's first-step gradients as one and as two ranks")
     args = parser.parse_args()
 
-    world = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
-    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+    # mpirun's variables, or a PyTorch launcher's (torchrun, the deepspeed launcher: test_torch_launchers.py)
+    world = int(os.environ.get("OMPI_COMM_WORLD_SIZE") or os.environ.get("WORLD_SIZE") or "1")
+    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("RANK") or "0")
     # Each rank builds the model from its own seed: rank 0's values are broadcast at initialize.
     torch.manual_seed(5 + 1000 * rank)
     if args.arch:

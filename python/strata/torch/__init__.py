@@ -44,11 +44,14 @@ from .._torch_init import (checkpoint_keys, first_holders, give_back_freed_memor
 from .._torch_optimizer import StrataOptimizer, optimizer_section_from_client
 from .._torch_units import plan_layers, split_into_units
 from .. import _native
+from . import _launcher
+from .comm import init_distributed
 from .._sizes import parse_size
 from ..engine import Engine, describe_layers
 from ..errors import InvalidArgument, ResourceExhausted, Unsupported
 
-__all__ = ["initialize", "init", "GatheredParameters", "StrataEngine", "StrataOptimizer", "split_into_units"]
+__all__ = ["initialize", "init", "init_distributed", "GatheredParameters", "StrataEngine", "StrataOptimizer",
+           "split_into_units"]
 
 _PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -164,7 +167,10 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         resolved = strata_config.load(engine_config, world_size=world)
         device_memory = device_memory or fitted["device_bytes"]
     _warn_nvme_without_pipelines(resolved)
-    native = Engine(engine_config, layers, device_memory=device_memory)
+    # The launcher's job joined (Note [Launchers]): mpirun's, torch.distributed's (made from a PyTorch
+    # launcher's environment when needed, bounded by strata.wait_timeout_s), or one process.
+    backend = _launcher.join_launcher_job(resolved["strata"]["wait_timeout_s"])
+    native = Engine(engine_config, layers, device_memory=device_memory, backend=backend)
     # A model built under st.init has its parameters on meta: CPU ones take
     # their places (no pages yet), and each unit's values are made just
     # before they are handed in (Note [Construction on meta]).
@@ -316,15 +322,9 @@ def _print_fit(fitted):
 
 
 def _launcher_world():
-    """The world size mpirun gave this process (1 without mpirun): the
-    engine's ranks (Note [Ranks of a driven engine]), known before it exists."""
-    for variable in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
-        text = os.environ.get(variable)
-        if text is not None:
-            if not text.isdigit() or not 1 <= int(text) <= 1024:
-                raise ValueError(f"the launcher's {variable}={text[:32]!r} is not a number of ranks in 1..1024")
-            return int(text)
-    return 1
+    """The world size the launcher gave this process (mpirun's, torch.distributed's group's, or a PyTorch
+    launcher's WORLD_SIZE; 1 without one): the engine's ranks (Note [Launchers]), known before it exists."""
+    return _launcher.launcher_world()
 
 
 def _raw_config(config):

@@ -72,7 +72,10 @@
 
 namespace strata::comm {
 
-enum class Backend : uint8_t { kLocal = 0, kMpi = 1, kNccl = 2 };
+// kTorch: collectives over torch.distributed (gloo), made by the Python
+// binding (python/src/torch_distributed_communicator.h); comm/ itself has no
+// factory for it.
+enum class Backend : uint8_t { kLocal = 0, kMpi = 1, kNccl = 2, kTorch = 3 };
 enum class CollectiveOp : uint8_t { kAllGather = 0, kReduceScatter, kAllReduce, kBroadcast, kBarrier };
 enum class ReduceOp : uint8_t { kSum = 0, kAvg, kMax };
 
