@@ -33,5 +33,6 @@ void bind_io(py::module_& m);
 void bind_config(py::module_& m);
 void bind_engine(py::module_& m);
 void bind_fit(py::module_& m);
+void bind_lr_schedule(py::module_& m);
 
 }  // namespace strata::python

@@ -66,6 +66,7 @@ PYBIND11_MODULE(_native, m) {
   strata::python::bind_config(m);
   strata::python::bind_engine(m);
   strata::python::bind_fit(m);
+  strata::python::bind_lr_schedule(m);
   const strata::BuildInfo& info = strata::build_info();
   m.attr("__version__") = std::string(info.version);
   m.def("build_info", [] {

@@ -38,7 +38,7 @@ import os
 
 import torch
 
-from . import _native
+from . import _native, _torch_checkpoints
 from ._checks import check_int, check_path
 from .errors import FailedPrecondition, StrataError, Unavailable, Unsupported
 
@@ -195,6 +195,10 @@ class StrataEngine(torch.nn.Module):
     """What strata.torch.initialize returns first: call it as the model,
     then backward(loss) and step() as with DeepSpeed's engine."""
 
+    # At stage 3, (AVAILABLE, NOT_AVAILABLE) of strata.torch.zero.ZeroParamStatus: kept in each parameter's
+    # ds_status as it is bound and unbound (DeepSpeed's attribute; set by strata.torch.initialize).
+    _ds_status = None
+
     def __init__(self, model, units, plans, native, optimizer, lr_scheduler, config):
         super().__init__()
         self.module = model
@@ -310,6 +314,22 @@ class StrataEngine(torch.nn.Module):
 
     dp_world_size = world_size
 
+    @property
+    def local_rank(self):
+        """This process's rank on its node (the launcher's LOCAL_RANK; 0 in one process)."""
+        from .torch.accelerator import local_rank
+        return local_rank()
+
+    @property
+    def device(self):
+        """The device the module's tensors live on: the cpu device (DeepSpeed's engine.device)."""
+        return torch.device("cpu")
+
+    def get_global_grad_norm(self):
+        """The gradients' global norm of the last applied step (unscaled, before clipping), or None before the
+        first step (DeepSpeed's)."""
+        return None if self.metrics is None else self.metrics["grad_norm"]
+
     def backward(self, loss, retain_graph=False):
         """Runs autograd on loss scaled by the engine's gradient scale (1 /
         gradient_accumulation_steps, and the fp16 loss scale), hands every
@@ -345,7 +365,7 @@ class StrataEngine(torch.nn.Module):
         if self.is_gradient_accumulation_boundary():
             # Through the optimizer (so torch schedulers see it stepped): the step and the micro-step's end.
             self.optimizer.step()
-            if self.lr_scheduler is not None:
+            if self.lr_scheduler is not None and not self.metrics["skipped"]:  # DeepSpeed: not after an fp16 skip
                 self.lr_scheduler.step()
         else:
             self._micro_steps += 1
@@ -619,12 +639,17 @@ class StrataEngine(torch.nn.Module):
                 out[pname] = flat[offset:offset + _numel(shape)].view(shape).clone()
         return out
 
-    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True, sync=False, keep=0):
+    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True, sync=False, keep=0,
+                        exclude_frozen_parameters=False):
         """Saves the engine's state (fp32 master, moments, step counters) to
         save_dir/tag (default tag global_step<N>) with client_state (JSON:
         numbers, strings, lists, dicts), asynchronously unless sync: the next
         step runs while it is written; wait_checkpoint() waits. Between
-        steps only (at a gradient accumulation boundary)."""
+        steps only (at a gradient accumulation boundary). An existing tag is
+        replaced, synchronously, the old checkpoint loadable until the new
+        one is durable (Note [Replacing a checkpoint tag]). Frozen parameters
+        are never stored (their values are the model's own, checked at load),
+        whatever exclude_frozen_parameters says."""
         if self._step_open:
             raise FailedPrecondition("save_checkpoint() in the middle of a step: save after engine.step() at a "
                                      "gradient accumulation boundary")
@@ -643,7 +668,7 @@ class StrataEngine(torch.nn.Module):
         tag = "" if tag is None else check_path(tag, "tag")
         # keep: the newest tags kept (0: every one); a C int in the engine.
         keep = check_int(keep, "keep", 0, 2 ** 31 - 1)
-        self._engine._native.save_checkpoint(save_dir, tag, keep, bool(sync), text)
+        _torch_checkpoints.save_checkpoint(self._engine._native, save_dir, tag, keep, bool(sync), text)
         return True
 
     def export_hf(self, save_directory, dtype=None, max_shard_size="5GB", safe_serialization=True):
@@ -663,13 +688,22 @@ class StrataEngine(torch.nn.Module):
         """Waits for the save in flight: {"tag", "committed", "seconds", "bytes"}, or None."""
         return self._engine._native.wait_checkpoint()
 
-    def load_checkpoint(self, load_dir, tag=None, load_optimizer_states=True, load_lr_scheduler_states=True):
+    def load_checkpoint(self, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
+                        load_lr_scheduler_states=True, load_module_only=False, custom_load_fn=None):
         """Loads load_dir (its latest tag) or load_dir/tag into this engine,
         before its first step; saved at any stage or placement. Returns
-        (the tag, client_state) as DeepSpeed's."""
+        (the loaded checkpoint's folder, client_state) as DeepSpeed's, and
+        (None, None) with a warning when load_dir holds no `latest` and no
+        tag is given."""
         if not load_optimizer_states:
             raise Unsupported("load_optimizer_states=False: the engine loads master weights and moments together")
+        if not load_module_strict or load_module_only or custom_load_fn is not None:
+            raise Unsupported("load_module_strict=False, load_module_only=True and custom_load_fn are not supported: "
+                              "a checkpoint restores every trained layer with its optimizer state; to start from "
+                              "weights only, pass initial_weights= (an export_hf folder) to strata.torch.initialize")
         load_dir = check_path(load_dir, "load_dir")
+        if _torch_checkpoints.nothing_to_load(load_dir, tag):
+            return None, None
         path = os.path.join(load_dir, check_path(tag, "tag")) if tag else load_dir
         mine = _torch_app_state(self._engine._native.checkpoint_app_json(path))
         saved = mine.get("frozen_layers") or {}
@@ -693,7 +727,7 @@ class StrataEngine(torch.nn.Module):
             group["lr"] = saved["lr"]
         if load_lr_scheduler_states and self.lr_scheduler is not None and mine.get("lr_scheduler") is not None:
             self.lr_scheduler.load_state_dict(mine["lr_scheduler"])
-        return info["tag"], app.get("client_state", {})
+        return _torch_checkpoints.loaded_path(load_dir, tag, info["tag"]), app.get("client_state", {})
 
     def _frozen_layer_digests(self):
         """{layer name: SHA-256 of its parameters' bytes} of every frozen
@@ -1007,6 +1041,8 @@ class StrataEngine(torch.nn.Module):
         if layer.bound is not view.params:  # rebinding only when the memory moved (stage 3)
             for name, p in layer.plan.params:
                 p.data = view.params[name]
+                if self._ds_status is not None:
+                    p.ds_status = self._ds_status[0]
             layer.bound = view.params
         if view.grads is None:
             return
@@ -1041,6 +1077,8 @@ class StrataEngine(torch.nn.Module):
         if layer.holds == 0 and self._stage == 3:
             for _, p in layer.plan.params:
                 p.data = self._placeholder(p.dtype)
+                if self._ds_status is not None:
+                    p.ds_status = self._ds_status[1]
             layer.bound = None
 
     def remove_hooks(self):

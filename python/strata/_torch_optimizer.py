@@ -32,24 +32,26 @@ def optimizer_section_from_client(optimizer):
         if kind is torch.optim.Adam:
             return {"type": "Adam", "params": dict(params, adam_w_mode=False)}
         return {"type": "AdamW", "params": params}
-    if kind is strata_optim.CPUAdam:
+    # isinstance: strata.torch.ops' DeepSpeed-named classes (DeepSpeedCPUAdam, FusedAdam, ...) derive from these.
+    if isinstance(optimizer, strata_optim.CPUAdam):
         params = {"lr": d["lr"], "betas": list(d["betas"]), "eps": d["eps"], "weight_decay": d["weight_decay"],
                   "bias_correction": d["bias_correction"]}
-        if d.get("adamw_mode", True):
+        if optimizer._native_args[0] == "adamw":  # its kernel's kind (kept by copies, unlike .adamw_mode)
             return {"type": "AdamW", "params": params}
         return {"type": "Adam", "params": dict(params, adam_w_mode=False)}
-    if kind in (torch.optim.Adagrad, strata_optim.CPUAdagrad):
+    if kind is torch.optim.Adagrad or isinstance(optimizer, strata_optim.CPUAdagrad):
         if d.get("lr_decay", 0.0) or d.get("initial_accumulator_value", 0.0):
             raise Unsupported(f"the client optimizer {name} has lr_decay or initial_accumulator_value set; the "
                               f"engine's Adagrad has neither (use an lr scheduler for the decay)")
         return {"type": "Adagrad", "params": {"lr": d["lr"], "eps": d["eps"], "weight_decay": d["weight_decay"]}}
-    if kind is strata_optim.CPULion:
+    if isinstance(optimizer, strata_optim.CPULion):
         return {"type": "Lion", "params": {"lr": d["lr"], "betas": list(d["betas"]),
                                             "weight_decay": d["weight_decay"]}}
     raise TypeError(f"the client optimizer {name} is not supported: strata.torch steps parameters with the engine's "
-                    f"CPU kernels, which run torch.optim.AdamW, torch.optim.Adam, torch.optim.Adagrad and "
-                    f"strata.optim.CPUAdam / CPUAdagrad / CPULion; pass one of those, or none and an \"optimizer\" "
-                    f"section in the config")
+                    f"CPU kernels, which run torch.optim.AdamW, torch.optim.Adam, torch.optim.Adagrad, "
+                    f"strata.optim.CPUAdam / CPUAdagrad / CPULion and DeepSpeed's DeepSpeedCPUAdam / FusedAdam / "
+                    f"DeepSpeedCPUAdagrad / DeepSpeedCPULion / FusedLion (strata.torch.ops); pass one of those, or "
+                    f"none and an \"optimizer\" section in the config")
 
 
 class StrataOptimizer(torch.optim.Optimizer):

@@ -164,7 +164,27 @@ def split_into_units(model, units="auto"):
                 picked.append((name, module))
         if names and not picked:  # a misspelled class, most likely (units=[] or a callable may pick none)
             raise ValueError(f"units={sorted(names)} matches no submodule of {type(model).__name__}")
+    picked = _keep_leaf_modules_whole(model, picked)
     return [Unit(name, module) for name, module in picked] + [Unit("", model, is_root=True)]
+
+
+def _keep_leaf_modules_whole(model, picked):
+    """Note [Leaf modules]
+    A module flagged as a leaf (DeepSpeed's `_z3_leaf`, set by
+    strata.torch.utils.set_z3_leaf_modules) is acquired whole: units picked
+    inside it give way to it, and one the picked units do not already hold
+    becomes a unit of its own. A leaf model keeps everything in the root."""
+    if getattr(model, "_z3_leaf", False):
+        return []
+    leaves = [(name, m) for name, m in model.named_modules() if name and getattr(m, "_z3_leaf", False)]
+    if not leaves:
+        return picked
+    inside = lambda name, outer: name.startswith(outer + ".")
+    outermost = [(name, m) for name, m in leaves if not any(inside(name, other) for other, _ in leaves)]
+    kept = [(name, m) for name, m in picked if not any(inside(name, leaf) or name == leaf for leaf, _ in outermost)]
+    added = [(name, m) for name, m in outermost if not any(inside(name, unit) for unit, _ in kept)]
+    order = {name: i for i, (name, _) in enumerate(model.named_modules())}
+    return sorted(kept + added, key=lambda unit: order[unit[0]])
 
 
 def _owner_of(name, units):

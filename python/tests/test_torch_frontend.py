@@ -637,8 +637,8 @@ def test_checkpoint_resume_matches_an_unbroken_run(tmp_path, resume_stage):
 
     resumed, _, _, _ = st.initialize(model=make_mlp(seed=99), config=config(resume_stage, "cpu" if resume_stage else
                                                                                "none"))
-    tag, client_state = resumed.load_checkpoint(tmp_path)
-    assert tag == "global_step3" and client_state == {"epoch": 1, "seen": [1, 2, 3]}
+    load_path, client_state = resumed.load_checkpoint(tmp_path)  # DeepSpeed's: the loaded checkpoint's folder
+    assert load_path == str(tmp_path / "global_step3") and client_state == {"epoch": 1, "seen": [1, 2, 3]}
     assert resumed.global_steps == 3
     losses = train_engine(resumed, mlp_loss, 3, first_batch=6)
     assert losses == expected[3:]

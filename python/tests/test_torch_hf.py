@@ -107,11 +107,11 @@ def test_checkpoints_go_through_the_engine_and_resume_gives_the_same_losses(tmp_
 def test_misuse_is_refused_naming_the_fix(tmp_path):
     with pytest.raises(ValueError, match="strata_config"):
         StrataTrainer(model=tiny_gpt2(), args=arguments(tmp_path), train_dataset=ToyDataset())
-    with_scheduler = dict(STAGE3_CPU, scheduler={"type": "WarmupLR", "params": {"warmup_num_steps": 2}})
+    with_scheduler = dict(STAGE3_CPU, scheduler={"type": "WarmupDecayLR", "params": {"total_num_steps": "auto"}})
     trainer = StrataTrainer(model=tiny_gpt2(), args=arguments(tmp_path), train_dataset=ToyDataset(),
                             strata_config=with_scheduler)
-    with pytest.raises(Unsupported, match="scheduler"):
-        trainer.train()
+    with pytest.raises(Unsupported, match="call train\\(\\) before evaluate"):
+        trainer.evaluate(ToyDataset(n=2))  # the run's step count is not known yet
     (tmp_path / "not-ours").mkdir()  # e.g. a stock Trainer's checkpoint: no engine checkpoint in it
     trainer = StrataTrainer(model=tiny_gpt2(), args=arguments(tmp_path), train_dataset=ToyDataset(),
                             strata_config=STAGE3_CPU)
@@ -146,3 +146,30 @@ def test_a_model_built_under_init_trains_from_pretrained_weights_as_from_pretrai
     trainer.train()
     assert logged_losses(trainer) == logged_losses(reference)
     assert len(logged_losses(trainer)) == 6
+
+
+def test_a_config_scheduler_and_optimizer_follow_transformers_deepspeed_path(tmp_path):
+    """As with TrainingArguments(deepspeed=config): the config's "scheduler" runs (its "auto" values from the
+    arguments: warmup_max_lr = learning_rate, warmup_num_steps = the warm-up steps, total_num_steps = the run's
+    steps) and its "optimizer" gets every trainable parameter in one group."""
+    config = dict(STAGE3_CPU,
+                  optimizer={"type": "AdamW", "params": {"lr": "auto", "weight_decay": "auto", "betas": "auto",
+                                                         "eps": "auto"}},
+                  scheduler={"type": "WarmupDecayLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
+                                                                 "warmup_num_steps": "auto",
+                                                                 "total_num_steps": "auto", "warmup_type": "linear"}})
+    trainer = StrataTrainer(model=tiny_gpt2(), args=arguments(tmp_path, warmup_steps=2), train_dataset=ToyDataset(),
+                            strata_config=config)
+    trainer.train()
+    engine = trainer.strata_engine
+    params = engine.config["scheduler"]["params"]
+    assert (params["warmup_min_lr"], params["warmup_max_lr"], params["warmup_num_steps"],
+            params["total_num_steps"]) == (0, 3e-3, 2, 6)
+    assert len(trainer.optimizer.param_groups) == 1 and trainer.optimizer.param_groups[0]["weight_decay"] == 0.01
+    assert trainer.lr_scheduler is engine.lr_scheduler and trainer.lr_scheduler.last_batch_iteration == 5
+    # The Trainer logs the schedule's lr after each step (DeepSpeed's get_last_lr()): iteration i = step - 1,
+    # linear warm-up over W = 2 iterations, then a linear decay to 0 at total_num_steps.
+    logged = [h["learning_rate"] for h in trainer.state.log_history if "loss" in h]
+    expected = [3e-3 * (i / 2 if i < 2 else (6 - i) / 4) for i in range(6)]
+    assert logged == pytest.approx(expected, rel=1e-9, abs=1e-15)
+    assert engine.metrics["lr"] == pytest.approx(expected[4])  # the last update ran with iteration 4's lr

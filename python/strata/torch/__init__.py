@@ -44,7 +44,7 @@ from .._torch_init import (checkpoint_keys, first_holders, give_back_freed_memor
 from .._torch_optimizer import StrataOptimizer, optimizer_section_from_client
 from .._torch_units import plan_layers, split_into_units
 from .. import _native
-from . import _launcher
+from . import _launcher, _porting
 from .comm import init_distributed
 from .._sizes import parse_size
 from ..engine import Engine, describe_layers
@@ -111,6 +111,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     if mpu is not None:
         raise Unsupported("mpu (model parallelism) is not supported: strata.torch is data-parallel ZeRO only")
     config = _config_argument(args, config, config_params)
+    _porting.note_local_rank(args)
     for name, p in model.named_parameters():
         if p.device.type not in ("cpu", "meta"):  # meta: built under st.init (Note [Construction on meta])
             raise Unsupported(f"parameter '{name}' is on {p.device}: this build trains on the cpu device; build "
@@ -142,6 +143,9 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     if lr_scheduler is not None and resolved["scheduler"]["type"] != "none":
         raise ValueError(f"both a client lr_scheduler ({type(lr_scheduler).__name__}) and the config's "
                          f"\"scheduler\" section are given: drop one of them")
+    if _porting.schedule_into_config(lr_scheduler, raw, resolved):  # a DeepSpeed schedule: the engine runs it
+        engine_config = raw
+        resolved = strata_config.load(engine_config, world_size=world)
 
     defaults = _optimizer_defaults(resolved)
     groups, shared = _param_groups(model, optimizer, model_parameters, defaults)
@@ -151,6 +155,11 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     scheduler = lr_scheduler
     if scheduler is not None and not hasattr(scheduler, "step") and callable(scheduler):
         scheduler = scheduler(facade)  # DeepSpeed's form: a callable taking the optimizer
+        if _porting.schedule_into_config(scheduler, raw, resolved):
+            engine_config = raw
+            resolved = strata_config.load(engine_config, world_size=world)
+    if scheduler is None:
+        scheduler = _porting.config_schedule(facade, resolved)  # DeepSpeed returns the config's schedule too
     hyper = {}
     for group, (decay, lr0) in zip(facade.param_groups, facade._created):
         for p in group["params"]:
@@ -211,15 +220,11 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         _print_fit(fitted)
     facade._engine = engine
     register_engine(engine)
+    _porting.present_parameters(engine)  # Note [Parameters after initialize]
     loader = None
-    if training_data is not None:
-        # In order; with several ranks each reads its own 1/world of the samples (DistributedSampler, no shuffle).
-        sampler = None
-        if native.world_size > 1:
-            sampler = torch.utils.data.DistributedSampler(training_data, num_replicas=native.world_size,
-                                                          rank=native.rank, shuffle=False)
-        loader = torch.utils.data.DataLoader(training_data, batch_size=resolved["train_micro_batch_size_per_gpu"],
-                                             collate_fn=collate_fn, sampler=sampler)
+    if training_data is not None:  # Note [The training_data loader]
+        loader = _porting.training_loader(training_data, resolved["train_micro_batch_size_per_gpu"], collate_fn,
+                                          native.world_size, native.rank, raw.get("dataloader_drop_last", False))
     return engine, facade, loader, scheduler
 
 
@@ -499,3 +504,36 @@ def _layer_dtype_rule(resolved):
         if resolved[key]["enabled"]:
             return lambda p, dtype=dtype: dtype
     return lambda p: p.dtype
+
+# -- DeepSpeed's names (docs/torch.md, "Porting a DeepSpeed script") ---------------------------------
+from . import accelerator, ops, runtime, utils, zero  # noqa: E402  (deepspeed.<name> after `import ... as deepspeed`)
+from ._names import install_module_finder, refusing_getattr  # noqa: E402
+from ._porting import add_config_arguments  # noqa: E402
+from .accelerator import get_accelerator  # noqa: E402
+from .utils import log_dist, logger  # noqa: E402
+
+__all__ += ["add_config_arguments", "get_accelerator", "log_dist", "logger", "accelerator", "ops", "runtime", "utils",
+            "zero"]
+install_module_finder()  # Note [DeepSpeed names not provided]
+__getattr__ = refusing_getattr(__name__, {
+    "DeepSpeedEngine": "the engine is strata.torch.StrataEngine (what strata.torch.initialize returns)",
+    "DeepSpeedConfig": "strata.config.load(config) checks and resolves a DeepSpeed config",
+    "DeepSpeedConfigError": "a bad config raises strata.InvalidArgument naming every bad key",
+    "DeepSpeedOptimizer": "the optimizer is strata.torch.StrataOptimizer (what strata.torch.initialize returns)",
+    "DeepSpeedDataLoader": "strata.torch.initialize(training_data=dataset) returns DeepSpeed's loader third",
+    "init_inference": "DeepSpeed's inference engine is not supported: run the trained module under "
+                      "torch.no_grad()",
+    "default_inference_config": "DeepSpeed's inference engine is not supported",
+    "InferenceEngine": "DeepSpeed's inference engine is not supported",
+    "PipelineModule": "pipeline parallelism is not supported: strata.torch is data-parallel ZeRO",
+    "PipelineEngine": "pipeline parallelism is not supported: strata.torch is data-parallel ZeRO",
+    "checkpointing": "use torch.utils.checkpoint (strata.torch runs it inside the units)",
+    "tp_model_init": "tensor parallelism is not supported: strata.torch is data-parallel ZeRO",
+    "add_tuning_arguments": "the lr schedule's parameters go in the config's \"scheduler\" section",
+    "OnDevice": "build the model under strata.torch.zero.Init() (strata.torch.init)",
+    "version": "strata.__version__ is Strata's version",
+    "DeepSpeedTransformerLayer": "DeepSpeed's fused transformer kernels are not supported",
+    "DeepSpeedTransformerConfig": "DeepSpeed's fused transformer kernels are not supported",
+    "module_inject": "kernel injection is not supported: strata.torch runs the model's own modules",
+    "is_compile_supported": "torch.compile of the engine's module is not supported",
+}, deepspeed_namespace="deepspeed", lazy_modules=("comm",))

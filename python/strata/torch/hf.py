@@ -13,11 +13,18 @@ route the model's training through the engine:
   create_optimizer   strata.torch.initialize(model, config) with the
                      Trainer's optimizer (AdamW with args' lr, betas, eps,
                      weight decay, and its no-decay groups for biases and
-                     norms) unless the config has an "optimizer" section;
-                     the config's "auto" values from args (batch keys,
-                     gradient_clipping = max_grad_norm, the optimizer's, the
-                     precision); the returned optimizer is the Trainer's, so
-                     its lr scheduler drives the lr the engine steps with;
+                     norms) unless the config has an "optimizer" section,
+                     which gets every trainable parameter in one group (as
+                     transformers' DeepSpeed path gives it); the config's
+                     "auto" values from args as that path fills them (Note
+                     [The Trainer's "auto" values]); the returned optimizer
+                     is the Trainer's;
+  create_scheduler   the Trainer's lr scheduler (args.lr_scheduler_type),
+                     which drives the lr the engine steps with; or, when the
+                     config has a "scheduler" section, that schedule, run by
+                     the engine (the object initialize returns: its step()
+                     follows the engine, its get_last_lr() is what the
+                     Trainer logs), as transformers' DeepSpeed path does;
   _wrap_model        the StrataEngine, for training and evaluation;
   training_step      engine(...) through compute_loss, engine.backward(loss);
                      off the accumulation boundary engine.step(); at it the
@@ -81,6 +88,8 @@ class StrataTrainer(transformers.Trainer):
         self._strata_fit = strata_fit
         self._strata_initial_weights = strata_initial_weights
         self._strata_engine = None
+        self._strata_schedule = None         # the config's "scheduler", run by the engine
+        self._strata_training_steps = None   # known once train() sizes its loop
         # The engine clips (Note [The Trainer through the engine]): the Trainer's clipping is off, on a copy of
         # the caller's arguments.
         self._strata_max_grad_norm = float(self.args.max_grad_norm or 0.0)
@@ -111,15 +120,20 @@ class StrataTrainer(transformers.Trainer):
             client = torch.optim.AdamW(self._decay_groups(), lr=self.args.learning_rate,
                                        betas=(self.args.adam_beta1, self.args.adam_beta2), eps=self.args.adam_epsilon,
                                        weight_decay=self.args.weight_decay)
-        if raw.get("scheduler") is not None:
-            raise Unsupported("the config's \"scheduler\" section: with StrataTrainer the Trainer's lr scheduler "
-                              "(args.lr_scheduler_type, warmup_steps) drives the lr; drop the section")
-        engine, optimizer, _, _ = st.initialize(model=self.model, optimizer=client,
-                                                model_parameters=None if client is not None else self._decay_groups(),
-                                                config=raw, units=self._strata_units,
-                                                auto_values=self._auto_values(raw), fit=self._strata_fit,
-                                                initial_weights=self._strata_initial_weights)
+        scheduler = raw.get("scheduler") or {}
+        by_steps = [k for k in ("total_num_steps", "warmup_num_steps") if (scheduler.get("params") or {}).get(k) == "auto"]
+        if by_steps and self._strata_training_steps is None:
+            raise Unsupported(f"the config's scheduler leaves {' and '.join(by_steps)} \"auto\": they come from the "
+                              f"run's optimizer steps, known once train() starts; call train() before evaluate() "
+                              f"or predict(), or write the numbers")
+        # A config "optimizer" gets every trainable parameter in one group (model_parameters None), as
+        # transformers' DeepSpeed path hands them to DeepSpeed.
+        engine, optimizer, _, schedule = st.initialize(model=self.model, optimizer=client, config=raw,
+                                                       units=self._strata_units, auto_values=self._auto_values(raw),
+                                                       fit=self._strata_fit,
+                                                       initial_weights=self._strata_initial_weights)
         self._strata_engine = engine
+        self._strata_schedule = schedule if raw.get("scheduler") is not None else None
         self.optimizer = optimizer
         optimizer._hyper_parameters_only_state = True  # accelerate moves optimizers by a state_dict round trip
         return engine
@@ -132,7 +146,18 @@ class StrataTrainer(transformers.Trainer):
         return [g for g in groups if g["params"]]
 
     def _auto_values(self, raw):
-        """The TrainingArguments' values for the keys the config leaves "auto"."""
+        """Note [The Trainer's "auto" values]
+        The TrainingArguments' values for the keys the config leaves "auto",
+        as transformers' DeepSpeed path fills them (HfTrainerDeepSpeedConfig):
+        the batch keys, gradient_clipping = max_grad_norm, the optimizer's
+        lr, betas, eps and weight decay, the precision, and the scheduler's
+        warmup_min_lr = 0, warmup_max_lr = learning_rate, total_num_steps =
+        the run's optimizer steps and warmup_num_steps =
+        args.get_warmup_steps(those steps) (known once train() sizes its
+        loop). train_batch_size and the bucket sizes follow from these and
+        the model (initialize, Note [Resolving "auto"]). Unlike transformers,
+        a number written in the config is taken as it is, even where it
+        differs from the arguments."""
         args = self.args
         values = {"train_micro_batch_size_per_gpu": args.per_device_train_batch_size,
                   "gradient_accumulation_steps": args.gradient_accumulation_steps,
@@ -141,9 +166,24 @@ class StrataTrainer(transformers.Trainer):
                   "optimizer.params.betas": [args.adam_beta1, args.adam_beta2],
                   "optimizer.params.eps": args.adam_epsilon,
                   "optimizer.params.weight_decay": args.weight_decay,
-                  "bf16.enabled": bool(args.bf16), "fp16.enabled": bool(args.fp16)}
+                  "bf16.enabled": bool(args.bf16 or args.bf16_full_eval), "fp16.enabled": bool(args.fp16),
+                  "scheduler.params.warmup_min_lr": 0,
+                  "scheduler.params.warmup_max_lr": args.learning_rate}
+        steps = self._strata_training_steps
+        if steps is not None:
+            values["scheduler.params.total_num_steps"] = steps
+            values["scheduler.params.warmup_num_steps"] = args.get_warmup_steps(steps)
         left = set(st._hf_autos(raw))
         return {k: v for k, v in values.items() if k in left}
+
+    def create_optimizer_and_scheduler(self, num_training_steps):
+        self._strata_training_steps = num_training_steps  # the config scheduler's "auto" step counts
+        return super().create_optimizer_and_scheduler(num_training_steps)
+
+    def create_scheduler(self, num_training_steps, optimizer=None):
+        if self.lr_scheduler is None and self._strata_schedule is not None:
+            self.lr_scheduler = self._strata_schedule  # the config's schedule, run by the engine
+        return super().create_scheduler(num_training_steps, optimizer)
 
     def _wrap_model(self, model, training=True, dataloader=None):
         if self._strata_engine is None:
