@@ -13,7 +13,7 @@ from conftest import small_model
 from strata.errors import InvalidArgument, Unavailable
 import strata.torch.bench as sb
 from strata.torch import _bench_report
-from strata.torch._bench_rows import default_rows
+from strata.torch._bench_rows import default_rows, load_rows_file
 
 VOCAB = 50
 TWO_ROWS = [{"stage": 0}, {"stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu"}]
@@ -104,6 +104,24 @@ def test_the_default_matrix_is_the_cpp_benchs():
     nvme = default_rows("fp32")[13].config({"zero_optimization": {"offload_optimizer": {"ratio": 0.5}}}, "/swap")
     assert nvme["zero_optimization"]["offload_optimizer"] == {"device": "nvme", "ratio": 1.0, "nvme_path": "/swap"}
     assert nvme["zero_optimization"]["offload_param"] == {"device": "none"}
+
+
+def test_a_row_files_labels_are_the_cpp_benchs(tmp_path):
+    # The labels `strata plan --model tiny --configs FILE` printed for this file (apps/placement_rows.cpp):
+    # plan --bench and the plots match rows by label.
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps({"rows": [
+        {"stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu"},
+        {"stage": 3, "offload_optimizer": "cpu", "ratio": 0.5, "dtype": "fp32"},
+        {"stage": 3, "offload_optimizer": "nvme", "optimizer_state_dtype": "int8"},
+        {"stage": 3, "offload_optimizer": "nvme", "offload_param": "nvme", "gradient_shards": "nvme"},
+        {"stage": 2, "offload_optimizer": "nvme", "pipeline_read": True, "pipeline_write": False,
+         "speculative_optimizer": "on"},
+        {"stage": 3, "offload_optimizer": "cpu", "ratio": 0.333}]}))
+    assert [r.label() for r in load_rows_file(path, "bf16")] == [
+        "s3 opt=cpu param=cpu bf16", "s3 opt=cpu param=none r=0.50 fp32", "s3 opt=nvme param=none bf16 m=int8",
+        "s3 opt=nvme param=nvme bf16 grads=nvme", "s2 opt=nvme param=none bf16 early=on pipe=r",
+        "s3 opt=cpu param=none r=0.333 bf16"]
 
 
 def test_abba_order_gives_every_row_the_same_mean_position_over_a_pair():
