@@ -95,6 +95,25 @@ def test_a_row_the_config_refuses_is_skipped_and_an_nvme_row_carries_the_configs
     assert doc["schedule"] == [[1]]
 
 
+def test_with_gradient_accumulation_batch_fn_gets_every_micro_batch_of_a_run_in_order():
+    calls = []
+
+    def recorded(i):
+        calls.append(i)
+        return batch_of(i)
+
+    config = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
+              "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
+    doc = bench(batch_fn=recorded, config=config, rows=[{"stage": 2}], repeats=2)
+    (row,) = doc["rows"]
+    assert row["status"] == "ok" and len(row["samples_ms"]) == 4
+    # micro-batch 0 once to check it, then 3 steps x 2 micro-batches per run, the same for every run
+    assert calls == [0] + list(range(6)) * 2
+    assert row["tokens_per_s"] == 2 * 4 * 8 / (row["step_ms"]["median"] / 1e3)
+    with pytest.raises(InvalidArgument, match="config is not JSON"):
+        bench(config={"gradient_clipping": float("nan")})
+
+
 def test_the_default_matrix_is_the_cpp_benchs():
     labels = [r.label() for r in default_rows("bf16")]
     assert len(labels) == 19 and labels[0] == "s0 opt=none param=none bf16"

@@ -219,7 +219,10 @@ class _Bench:
             return None  # made once the first micro-batch says how many samples it has
         name = self.names["config"]
         if isinstance(config, dict):
-            raw = json.loads(json.dumps(config))
+            try:
+                raw = json.loads(json.dumps(config, allow_nan=False))
+            except (TypeError, ValueError) as e:
+                raise InvalidArgument(f"{name} is not JSON: {e}") from None
         elif isinstance(config, (str, os.PathLike)):
             if not os.path.isfile(config):
                 raise InvalidArgument(f"{name} '{printable(os.fspath(config))}' is not a file")
