@@ -50,6 +50,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -281,6 +282,19 @@ class DrivenEngine {
 
   // Tearing the engine down waits for its collectives, whose workers may need the GIL.
   ~DrivenEngine() {
+    if (on_torch_comm_worker()) {
+      // Python's collector dropped this engine on a comm worker, which the
+      // teardown would wait for: it runs on a thread of its own (the views'
+      // Python objects go here, the GIL held).
+      std::thread([engine = std::move(engine_), comms = std::move(comms_), model = std::move(model_),
+                   device = std::move(device_)]() mutable {
+        engine.reset();
+        comms.clear();
+        model.reset();
+        device.reset();
+      }).detach();
+      return;
+    }
     const bool finalizing = interpreter_finalizing();
     std::optional<py::gil_scoped_release> unlocked;
     if (PyGILState_Check() != 0 && !finalizing) unlocked.emplace();

@@ -93,6 +93,8 @@ struct TorchApi {
 
 class TorchDistributedCommunicator;
 
+thread_local bool on_worker = false;  // on_torch_comm_worker()
+
 // Live communicators, stopped at interpreter exit.
 std::mutex& registry_mutex() {
   static std::mutex m;
@@ -264,6 +266,10 @@ Status TorchDistributedCommunicator::execute(QueueState& q, const CollectiveDesc
   Status exchanged;
   {
     py::gil_scoped_acquire gil;
+    struct OnWorker {
+      OnWorker() { on_worker = true; }
+      ~OnWorker() { on_worker = false; }
+    } marked;
     exchanged = exchange(q, d, sequence, gate);
   }
   STRATA_RETURN_IF_ERROR(exchanged);
@@ -502,6 +508,8 @@ Result<std::unique_ptr<TorchApi>> resolve_torch(const comm::CommOptions& options
 }
 
 }  // namespace
+
+bool on_torch_comm_worker() { return on_worker; }
 
 int torch_distributed_world_size() {
   py::dict modules = py::module_::import("sys").attr("modules");

@@ -23,6 +23,11 @@ namespace py = pybind11;
 // handshake that names mismatched and missing ranks.
 Result<std::unique_ptr<comm::Communicator>> create_torch_distributed_communicator(comm::CommOptions options);
 
+// True on a torch communicator's worker while it calls torch (the GIL
+// held): Python's garbage collector may run there and drop an engine, whose
+// teardown must then not wait for that very worker.
+bool on_torch_comm_worker();
+
 // The world size of torch.distributed's default group when torch.distributed
 // is imported and initialized, else 0 (nothing imported here). GIL held.
 int torch_distributed_world_size();

@@ -35,7 +35,7 @@ def torchrun_command():
 
 
 TORCHRUN = torchrun_command()
-STAGE2 = ["--stage", "2", "--optimizer", "cpu", "--steps", "3"]
+STAGE2 = ["--stage", "2", "--optimizer", "cpu", "--steps", "2"]
 LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                       "TORCHELASTIC_USE_AGENT_STORE", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_SIZE",
                       "PMIX_RANK", "MPI_LOCALNRANKS")
@@ -175,6 +175,16 @@ def test_a_process_group_made_before_initialize_is_used(tmp_path, stage2):
 def test_torchrun_two_nodes_on_localhost(tmp_path, stage2):
     _, two = stage2
     assert torchrun(tmp_path, "nodes", *STAGE2, nodes=2)["losses"] == two["losses"]
+
+
+def test_comm_collectives_under_mpirun_make_their_group_from_mpiruns_variables():
+    if MPIRUN is None and os.environ.get("STRATA_REQUIRE_MPI") != "1":
+        pytest.skip("mpirun is not installed (libopenmpi-dev / openmpi-bin)")
+    command = [MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", "2", sys.executable, LAUNCHER_WORKER,
+               "mpi-comm"]
+    done = subprocess.run(command, cwd=HERE, env=clean_environment(MASTER_PORT=str(free_port())),
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
 
 
 def failure_seconds(stderr):

@@ -10,6 +10,8 @@ MODE:
                     then trains as torch_ranks_worker.py does;
   user-group        torch.distributed.init_process_group("gloo") made by the
                     script itself before initialize, then trains;
+  mpi-comm          (mpirun) initialize, then strata.torch.comm's checks: its
+                    group is made from mpirun's variables at the first use;
   lonely            initialize alone (strata.wait_timeout_s 2): must fail;
   save-rank0 DIR    two steps, then save_checkpoint on rank 0 only
                     (strata.wait_timeout_s 3): rank 0 must fail; the engines
@@ -33,8 +35,11 @@ _kept = []  # engines alive at interpreter exit (Note [Collectives over torch.di
 
 def check_comm():
     rank, world = dist.get_rank(), dist.get_world_size()
-    assert world == int(os.environ["WORLD_SIZE"]) and rank == int(os.environ["RANK"]), (rank, world)
-    assert dist.get_local_rank() == int(os.environ.get("LOCAL_RANK", rank))
+    # A PyTorch launcher's variables, or mpirun's (its RANK / WORLD_SIZE are set when comm makes its group)
+    names = ("WORLD_SIZE", "RANK", "LOCAL_RANK") if "WORLD_SIZE" in os.environ else \
+        ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK")
+    assert (world, rank) == (int(os.environ[names[0]]), int(os.environ[names[1]])), (world, rank)
+    assert dist.get_local_rank() == int(os.environ.get(names[2], rank))
     assert dist.is_initialized()
     total = torch.tensor([float(rank + 1)])
     dist.all_reduce(total)
@@ -84,6 +89,12 @@ def main():
         check_comm()
     elif mode == "user-group":
         torch.distributed.init_process_group("gloo")
+    elif mode == "mpi-comm":  # under mpirun: the engine on MPI, strata.torch.comm's group made at its first use
+        tiny_engine(30)
+        assert not torch.distributed.is_initialized()
+        check_comm()
+        assert torch.distributed.is_initialized()
+        return
     elif mode == "lonely":
         expect_failure(lambda: tiny_engine(2), "initialize() returned in a job whose other ranks never started")
     elif mode == "save-rank0":
