@@ -44,15 +44,15 @@ std::string default_checkpoint_tag(int64_t steps_begun) { return fmt::format("gl
 
 Status check_checkpoint_tag(const std::string& tag) {
   if (tag.empty() || tag.size() > 128)
-    return InvalidArgument(fmt::format("checkpoint tag '{}' must be 1..128 characters", printable(tag, 160)));
+    return InvalidArgument(fmt::format("checkpoint tag '{}' must be 1..128 characters", printable_ascii(tag, 160)));
   if (tag.front() == '.')
     return InvalidArgument(fmt::format("checkpoint tag '{}' must not start with '.' (those names are the save's "
                                        "temporary folders)",
-                                       printable(tag, 160)));
+                                       printable_ascii(tag, 160)));
   for (const char c : tag)
     if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-'))
       return InvalidArgument(fmt::format("checkpoint tag '{}' may hold only letters, digits, '.', '_' and '-'",
-                                         printable(tag, 160)));
+                                         printable_ascii(tag, 160)));
   if (tag == "latest") return InvalidArgument("checkpoint tag 'latest' is the name of the pointer file; pick another");
   return Status::Ok();
 }
@@ -367,7 +367,7 @@ Result<fs::path> resolve_checkpoint(const fs::path& given) {
   const fs::file_status ts = fs::symlink_status(tag, ec);
   if (!fs::is_directory(ts) || fs::is_symlink(ts))
     return NotFound(fmt::format("'{}' names tag '{}', which is not a folder in '{}'", printable(latest.string(), 256),
-                                text, shown));
+                                printable_ascii(text, 160), shown));
   return tag;
 }
 

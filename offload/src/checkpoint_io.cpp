@@ -36,6 +36,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <condition_variable>
 #include <cstdlib>
 #include <filesystem>
@@ -551,6 +552,18 @@ Result<CheckpointSaveInfo> CheckpointIO::save(const CheckpointSaveOptions& o, co
   }
   STRATA_CHECK(slot_bytes == align_up(4 * largest) + align_up(8 * largest),
                "the plan's snapshot slot holds exactly this rank's largest piece");
+  // A file system without room for this rank's files fails the save before a byte is written (the save's
+  // error, so every rank and wait_checkpoint() learn of it as of a failed write), saying how much it needs.
+  const std::string needs = fmt::format(
+      "checkpoint '{}' needs {} on rank {} ({} of fp32 master weights, {} of optimizer state)", tag,
+      format_bytes(s->model.bytes + s->optim.bytes, true), rank, format_bytes(s->model.bytes, true),
+      format_bytes(s->optim.bytes, true));
+  if (Result<uint64_t> room = nvme::available_bytes(s->tmp.string());
+      room.ok() && *room < s->model.bytes + s->optim.bytes)
+    s->fail(ResourceExhausted(fmt::format(
+        "{}; the file system of '{}' has {} free: nothing was written (the previous `latest` stands); free space, "
+        "save to another folder, or keep fewer tags (keep)",
+        needs, shown, format_bytes(*room, true))));
   if (!snapshot_slots_ || snapshot_slots_->slots.size() != nslots) {
     // The previous save is over: nothing uses the old slots; they go first,
     // so the host memory never holds both.
@@ -569,7 +582,7 @@ Result<CheckpointSaveInfo> CheckpointIO::save(const CheckpointSaveOptions& o, co
     const size_t e = extent;
     extent += 2;
     const Completion snapped = updates_.worker().submit(
-        [this, s, slots, p, e]() -> Status {
+        [this, s, slots, p, e, needs]() -> Status {
           if (!s->first_error().ok()) return Status::Ok();
           Result<size_t> slot = slots->acquire(opt.wait_timeout_s);
           if (!slot.ok()) {
@@ -590,7 +603,7 @@ Result<CheckpointSaveInfo> CheckpointIO::save(const CheckpointSaveOptions& o, co
           // Zero padding: the files' bytes (and checksums) are deterministic.
           std::memset(base + 4 * p.count, 0, align_up(4 * p.count) - 4 * p.count);
           std::memset(base + align_up(4 * p.count) + 8 * p.count, 0, align_up(8 * p.count) - 8 * p.count);
-          s->writer->submit([s, slots, p, e, k]() -> Status {
+          s->writer->submit([s, slots, p, e, k, needs]() -> Status {
             const std::byte* b = slots->slots[k].data();
             const std::byte* mv = b + align_up(4 * p.count);
             Status w = Status::Ok();
@@ -603,6 +616,8 @@ Result<CheckpointSaveInfo> CheckpointIO::save(const CheckpointSaveOptions& o, co
               if (w.ok()) w = write_extent(s->optim, mv, align_up(8 * p.count), oe.offset, s->tmp);
             }
             slots->release(k);
+            if (!w.ok() && (w.system_errno() == ENOSPC || w.system_errno() == EDQUOT))
+              w = Status(w.code(), fmt::format("{}; {} in all", w.message(), needs), w.system_errno());
             if (!w.ok()) s->fail(w);
             return Status::Ok();
           });

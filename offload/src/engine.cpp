@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <cmath>
 #include <cstring>
 
@@ -28,6 +29,16 @@ std::array<OwnStream, 3> own_streams(const EngineContext& m) {
   return {{{m.xfer.get(), "the engine's copies"},
            {m.zeroing.get(), "the zeroing of gradient buffers"},
            {m.shard_h2d.get(), "the copies of parameter shards to the device"}}};
+}
+
+// EngineOptions::job_name: a folder name of its own once the swap stores add their suffixes.
+Status check_swap_job_name(const std::string& name) {
+  bool ok = !name.empty() && name.size() <= 48 && name != "." && name != "..";
+  for (const char c : name)
+    ok = ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-');
+  if (ok) return Status::Ok();
+  return InvalidArgument(fmt::format("the swap folders' job name '{}' is not 1-48 characters of A-Z a-z 0-9 . _ -",
+                                     printable(name, 64)));
 }
 
 }  // namespace
@@ -62,13 +73,14 @@ Status Engine::Impl::init() {
   STRATA_ASSIGN_OR_RETURN(zeroing, device.create_stream());
   STRATA_ASSIGN_OR_RETURN(shard_h2d, device.create_stream());
   if (opt_on_nvme() || opt.offload_param == OffloadDevice::kNvme) {
-    // The swap folders' run name: rank 0's process id, the same on every rank.
+    // The swap folders' run name: the caller's, else rank 0's process id (the same on every rank).
+    if (!opt.job_name.empty()) STRATA_RETURN_IF_ERROR(check_swap_job_name(opt.job_name));
     int64_t job = static_cast<int64_t>(::getpid()), job0 = 0;
     STRATA_RETURN_IF_ERROR(comm::host_collective(
         comm, &job, sizeof(job), &job0, sizeof(job0),
         [&](const void* s, void* r) { return comm.broadcast(s, r, 1, DType::kI64, 0, comm::CommQueue::kReduce); },
         "agreeing on the swap folders' name"));
-    job_name = fmt::format("train-{}", job0);
+    job_name = opt.job_name.empty() ? fmt::format("train-{}", job0) : opt.job_name;
   }
   STRATA_RETURN_IF_ERROR(params.init(job_name));
   STRATA_RETURN_IF_ERROR(updates.init(job_name));

@@ -72,8 +72,8 @@ Status engine_detail::EngineContext::wait_bounded(const Completion& c, std::stri
   recovered = false;
   if (stopped.ok())
     stopped = Status(error.code(), fmt::format("this engine stopped after an error it could not roll back: {}; resume "
-                                               "every rank from the last checkpoint (strata train --resume DIR)",
-                                               error.message()));
+                                               "every rank from the last checkpoint ({})",
+                                               error.message(), opt.resume_hint));
   return error;
 }
 
@@ -96,8 +96,8 @@ Status engine_detail::EngineContext::stop_unless_recovered(Status error) {
   stopped = Status(error.code(),
                    fmt::format("this engine stopped after an error it could not roll back: {}; its state may be "
                                "part-way through a step: resume every rank from the last checkpoint "
-                               "(strata train --resume DIR)",
-                               error.message()));
+                               "({})",
+                               error.message(), opt.resume_hint));
   return error;
 }
 

@@ -230,7 +230,8 @@ class DrivenEngine {
   static std::unique_ptr<DrivenEngine> create(const std::optional<std::string>& config_path,
                                               const std::optional<std::string>& config_text,
                                               const std::vector<LayerTuple>& layers, uint64_t device_memory,
-                                              const std::string& backend) {
+                                              const std::string& backend, const std::string& job_name,
+                                              const std::string& resume_hint) {
     // The ranks (Note [Ranks of a driven engine]): one process, this process
     // as one rank of mpirun's world, or one rank of torch.distributed's.
     const std::string chosen = chosen_backend(backend);
@@ -259,6 +260,8 @@ class DrivenEngine {
                           : fmt::format("torch.distributed's world (WORLD_SIZE {})", ranks->world_size());
     const ConfigCheck check = checked_config(config_path, config_text, options);
     EngineOptions engine_options = value_or_raise(offload::engine_options_from_config(check.config));
+    engine_options.job_name = job_name;  // empty: the engine's default
+    if (!resume_hint.empty()) engine_options.resume_hint = resume_hint;  // the Python call, not the CLI's flag
 
     auto self = std::unique_ptr<DrivenEngine>(new DrivenEngine());
     self->model_ = std::make_unique<SpecModel>(value_or_raise(SpecModel::create(describe_layers(layers))));
@@ -621,7 +624,8 @@ void bind_engine(py::module_& m) {
   driven.def("set_step_lr", &DrivenEngine::set_step_lr, py::arg("lr"));
   driven
       .def_static("create", &DrivenEngine::create, py::arg("config_path"), py::arg("config_text"), py::arg("layers"),
-                  py::arg("device_memory") = 0, py::arg("backend") = "auto")
+                  py::arg("device_memory") = 0, py::arg("backend") = "auto", py::arg("job_name") = "",
+                  py::arg("resume_hint") = "")
       .def_property_readonly("layer_count", &DrivenEngine::layer_count)
       .def_property_readonly("rank", &DrivenEngine::rank)
       .def_property_readonly("world_size", &DrivenEngine::world_size)

@@ -18,6 +18,7 @@
 #include "strata/core/printable.h"
 #include "strata/nvme/aligned_buffer.h"
 #include "strata/nvme/io_engine.h"
+#include "strata/nvme/swap_dir.h"
 #include "strata/nvme/swap_store.h"
 
 namespace strata::python {
@@ -325,6 +326,37 @@ void bind_io(py::module_& m) {
       .def("close", &PySwapStore::close)
       .def_property_readonly("closed", &PySwapStore::closed)
       .def("stats", &PySwapStore::stats);
+  // The swap folders under an nvme path as `strata swap list` and `strata report --path` see them
+  // (nvme/swap_dir.h: a folder whose lock no live process holds is stale); nothing is changed.
+  m.def(
+      "swap_folders",
+      [](const std::string& nvme_path) {
+        Result<std::vector<SwapFolder>> listed = [&] {
+          py::gil_scoped_release unlocked;
+          return list_swap_folders(nvme_path);
+        }();
+        // Names as os.fsdecode gives them: a folder's name need not be UTF-8.
+        const auto fs_text = [](const std::string& text) {
+          py::object decoded = py::reinterpret_steal<py::object>(
+              PyUnicode_DecodeFSDefaultAndSize(text.data(), static_cast<py::ssize_t>(text.size())));
+          if (!decoded) throw py::error_already_set();
+          return decoded;
+        };
+        py::list out;
+        for (const SwapFolder& f : value_or_raise(std::move(listed))) {
+          py::dict d;
+          d["path"] = fs_text(f.path);
+          d["job"] = fs_text(f.job);
+          d["rank"] = f.rank;
+          d["state"] = std::string(swap_folder_state_name(f.state));
+          d["pid"] = f.pid;
+          d["host"] = fs_text(f.host);
+          d["bytes"] = f.bytes;
+          out.append(d);
+        }
+        return out;
+      },
+      py::arg("nvme_path"));
 }
 
 }  // namespace strata::python

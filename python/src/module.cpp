@@ -28,7 +28,13 @@ void raise_status(const Status& status) {
   auto it = classes.find(code);
   if (it == classes.end()) it = classes.find("StrataError");
   if (it == classes.end()) throw std::runtime_error(status.to_string());  // before registration
-  py::object error = py::reinterpret_borrow<py::object>(it->second)(status.message());
+  // A message quotes what users gave (a file's bytes, a path): bytes that are not UTF-8 are shown escaped
+  // (\xff), never a UnicodeDecodeError in place of the error.
+  const std::string& text = status.message();
+  py::object message = py::reinterpret_steal<py::object>(
+      PyUnicode_DecodeUTF8(text.data(), static_cast<py::ssize_t>(text.size()), "backslashreplace"));
+  if (!message) throw py::error_already_set();
+  py::object error = py::reinterpret_borrow<py::object>(it->second)(message);
   error.attr("code") = code;
   PyErr_SetObject(it->second.ptr(), error.ptr());
   throw py::error_already_set();

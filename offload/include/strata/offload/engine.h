@@ -219,6 +219,13 @@ struct EngineOptions {
   // The learning-rate schedule; type kNone keeps hyper.lr.
   SchedulerConfig scheduler;
   std::string source = "engine options";  // config file name, for messages
+  // The swap folders' job name (`<nvme path>/strata-<job>[-params|-gradients]/rank<R>`); empty: train-<rank 0's
+  // process id>. Two engines on one nvme path need two names (a folder is locked by its engine). 1..48
+  // characters of A-Z a-z 0-9 . _ - (the suffixes fill the rest of a swap job name's 64).
+  std::string job_name;
+  // How the caller resumes from a checkpoint, named where an error stops the engine ("resume every rank from
+  // the last checkpoint (<resume_hint>)"): the CLI's flag, or the call of the front end that drives the engine.
+  std::string resume_hint = "strata train --resume DIR";
   // strata.wait_timeout_s: the bound on each wait of the engine (Note [Bounded
   // waits]); one that expires stops the engine with an error naming what it
   // waited for. 0.001 .. 604800.
