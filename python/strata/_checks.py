@@ -9,7 +9,10 @@ import operator
 
 from .errors import InvalidArgument
 
-__all__ = ["check_int", "check_path", "check_finite", "printable", "short_repr"]
+__all__ = ["check_int", "check_path", "check_finite", "check_json", "printable", "short_repr"]
+
+# The deepest nesting of JSON Strata reads (the native config reader refuses deeper before parsing).
+JSON_DEPTH_LIMIT = 64
 
 
 def check_int(value, what, low, high):
@@ -46,6 +49,26 @@ def check_path(path, what):
     if "\0" in text:
         raise InvalidArgument(f"{what} {short_repr(text)} contains a NUL byte")
     return text
+
+
+def check_json(value, what, depth_limit=JSON_DEPTH_LIMIT):
+    """Raises InvalidArgument naming the key path of a number that is not finite, or of a dict or list nested
+    deeper than depth_limit in `value` (json.dumps would write NaN, or raise RecursionError); iterative."""
+    pending = [(value, "", 1)]
+    while pending:
+        node, path, depth = pending.pop()
+        if isinstance(node, float) and not math.isfinite(node):
+            raise InvalidArgument(f"{what} is not JSON: {path or 'the value'} is {node} (a JSON number is finite)")
+        if not isinstance(node, (dict, list, tuple)):
+            continue
+        if depth > depth_limit:
+            raise InvalidArgument(f"{what}: {path or 'the value'} nests deeper than {depth_limit} levels of dicts "
+                                  f"and lists, the most Strata reads")
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, child in items:
+            name = printable(str(key))[:64]  # a key is the user's text: escaped, cut
+            child_path = f"{path}[{key}]" if not isinstance(node, dict) else f"{path}.{name}" if path else name
+            pending.append((child, child_path, depth + 1))
 
 
 def printable(text):

@@ -35,12 +35,15 @@ import copy
 import hashlib
 import json
 import os
+import threading
 
 import torch
 
 from . import _native, _torch_checkpoints
-from ._checks import check_int, check_path
+from ._checks import JSON_DEPTH_LIMIT, check_int, check_json, check_path
 from .errors import FailedPrecondition, StrataError, Unavailable, Unsupported
+from ._torch_guards import (BackwardReach, ModelShape, ThreadGuard, close_engine, driven, guarded_root_pre_forward,
+                            mark_bound, mark_released, refuse_empty_micro_batch)
 
 __all__ = ["StrataEngine"]
 
@@ -246,12 +249,22 @@ class StrataEngine(torch.nn.Module):
         self._running_units = []   # units whose forward runs, innermost last
         # Check the next training forward for parameters used outside their unit (then off).
         self.check_parameter_use = True
+        self._guard = ThreadGuard()                   # Note [One driving thread]
+        self._shape = ModelShape(model, self._names)  # Note [The model initialize was given]
+        self._reach = BackwardReach()                 # the outputs engine.backward's loss must reach
+        self._closed = False
+        self._save_pending = False                    # a save not waited for (Note [Saves finished at exit])
+        self._job_name, self._nvme_paths = None, []   # the swap folders' (strata.torch.initialize sets them)
+        for p in self._names:
+            mark_released(p)  # until their unit's first acquire binds them (Note [Released parameters])
 
     # -- the DeepSpeed surface -------------------------------------------------------------------
     def forward(self, *args, **kwargs):
         # The micro-batch's size for the engine's throughput; the root module's hook sees no kwargs (torch 1.13).
         first = _first_tensor(args, kwargs)
         self._samples_hint = first.shape[0] if first is not None and first.dim() > 0 else 0
+        if torch.is_grad_enabled() and self._pass is None:
+            refuse_empty_micro_batch(self, args, kwargs)
         try:
             if not (self.check_parameter_use and torch.is_grad_enabled() and _ParameterUseCheck is not None):
                 return self.module(*args, **kwargs)
@@ -262,7 +275,8 @@ class StrataEngine(torch.nn.Module):
             self.check_parameter_use = False
             return out
         except BaseException:
-            if self._pass is not None:  # the pass had begun (a refusal before it changed nothing)
+            # The pass had begun, this thread's (a refusal before it, or of another thread, changed nothing).
+            if self._pass is not None and self._guard.owner == threading.get_ident():
                 self._abandon_pass()
             raise
 
@@ -279,6 +293,7 @@ class StrataEngine(torch.nn.Module):
         finally:
             self._no_sync = False
 
+    @driven("engine.synchronize()")
     def synchronize(self):
         """Waits for every queued optimizer update (the engine overlaps a
         step's update with the next forward) and commits it: before timing a
@@ -330,6 +345,7 @@ class StrataEngine(torch.nn.Module):
         first step (DeepSpeed's)."""
         return None if self.metrics is None else self.metrics["grad_norm"]
 
+    @driven("engine.backward(loss)")
     def backward(self, loss, retain_graph=False):
         """Runs autograd on loss scaled by the engine's gradient scale (1 /
         gradient_accumulation_steps, and the fp16 loss scale), hands every
@@ -337,6 +353,7 @@ class StrataEngine(torch.nn.Module):
         if not self._micro_open:
             raise FailedPrecondition("engine.backward(loss) without a training forward before it: call engine(...) "
                                      "with gradients enabled first")
+        self._reach.refuse_unless_reached(loss)
         scale = self._engine.gradient_scale()
         self._in_backward = True
         try:
@@ -354,8 +371,10 @@ class StrataEngine(torch.nn.Module):
             raise
         self._engine.end_micro_batch(float(loss.detach()), self._samples)
         self._micro_open = False
+        self._reach.clear()
         return loss
 
+    @driven("engine.step()")
     def step(self):
         """At the gradient accumulation boundary: the engine's step (norm,
         clipping, update, with the optimizer's lr) and the lr scheduler's.
@@ -370,6 +389,7 @@ class StrataEngine(torch.nn.Module):
         else:
             self._micro_steps += 1
 
+    @driven("engine.train_batch()")
     def train_batch(self, batches=None, data_iter=None, loss_fn=None, retries=3):
         """One optimizer step from its micro-batches (the name of DeepSpeed's
         pipeline engine's call): for each of the step's
@@ -540,6 +560,7 @@ class StrataEngine(torch.nn.Module):
                              f"is not a scalar tensor; pass loss_fn=lambda output, micro_batch: ...")
         return loss
 
+    @driven("optimizer.step()")
     def _optimizer_step(self):
         """optimizer.step(), from engine.step() or from a loop that drives
         the optimizer directly (Hugging Face's Trainer calls optimizer.step()
@@ -605,12 +626,15 @@ class StrataEngine(torch.nn.Module):
                 while layer.holds > 0:
                     self._release_unchecked(index, "eval")
             self._pass = None
+            self._guard.pass_ended()
             self._engine.finish_evaluation(0.0, 1)
             return
         if self._step_open:
             self._engine._native.abandon_step()  # releases what the engine lent; nothing to hand back one by one
         self._step_open = self._micro_open = False
         self._pass = None
+        self._guard.pass_ended()
+        self._reach.clear()
         self._open_calls = []
         self._root_calls = []
         self._micro_steps -= self._micro_steps % self._gas
@@ -620,11 +644,13 @@ class StrataEngine(torch.nn.Module):
             if self._stage == 3:
                 for _, p in layer.plan.params:
                     p.data = self._placeholder(p.dtype)
+                    mark_released(p)
                 layer.bound = None
         for p in self.module.parameters():
             p.grad = None
 
     # -- state -----------------------------------------------------------------------------------
+    @driven("engine.master_parameters()")
     def master_parameters(self):
         """{parameter name: fp32 master weights} of every trainable
         parameter, gathered whole (after every queued update). Frozen
@@ -639,6 +665,7 @@ class StrataEngine(torch.nn.Module):
                 out[pname] = flat[offset:offset + _numel(shape)].view(shape).clone()
         return out
 
+    @driven("engine.save_checkpoint()")
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True, sync=False, keep=0,
                         exclude_frozen_parameters=False):
         """Saves the engine's state (fp32 master, moments, step counters) to
@@ -655,6 +682,8 @@ class StrataEngine(torch.nn.Module):
                                      "gradient accumulation boundary")
         if not save_latest:
             raise Unsupported("save_latest=False: the engine always points `latest` at the newest tag")
+        # The manifest holds it two levels down ("app", "client_state"), within the depth Strata reads.
+        check_json(client_state, "client_state", depth_limit=JSON_DEPTH_LIMIT - 2)
         app = {"strata_torch": {"micro_steps": self._micro_steps,
                                 "param_groups": [{"lr": g["lr"]} for g in self.optimizer.param_groups],
                                 "lr_scheduler": self._scheduler_state(),
@@ -669,8 +698,10 @@ class StrataEngine(torch.nn.Module):
         # keep: the newest tags kept (0: every one); a C int in the engine.
         keep = check_int(keep, "keep", 0, 2 ** 31 - 1)
         _torch_checkpoints.save_checkpoint(self._engine._native, save_dir, tag, keep, bool(sync), text)
+        self._save_pending = not sync
         return True
 
+    @driven("engine.export_hf()")
     def export_hf(self, save_directory, dtype=None, max_shard_size="5GB", safe_serialization=True):
         """The trained model for Hugging Face's from_pretrained: safetensors
         by parameter name (sharded past max_shard_size, with the index) and
@@ -684,10 +715,24 @@ class StrataEngine(torch.nn.Module):
 
     save_pretrained = export_hf
 
+    @driven("engine.wait_checkpoint()")
     def wait_checkpoint(self):
         """Waits for the save in flight: {"tag", "committed", "seconds", "bytes"}, or None."""
-        return self._engine._native.wait_checkpoint()
+        done = self._engine._native.wait_checkpoint()
+        self._save_pending = False
+        return done
 
+    @driven("engine.close()")
+    def close(self):
+        """Waits for the checkpoint save in flight, then ends the engine: its
+        memory is freed, its NVMe swap folders removed, and the model's
+        parameters are left empty; every later call is refused. The save's
+        outcome as wait_checkpoint() gives it (a failed save raises, after
+        the engine is ended). The interpreter's exit closes every engine
+        still alive (Note [Saves finished at exit])."""
+        return close_engine(self)
+
+    @driven("engine.load_checkpoint()")
     def load_checkpoint(self, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
                         load_lr_scheduler_states=True, load_module_only=False, custom_load_fn=None):
         """Loads load_dir (its latest tag) or load_dir/tag into this engine,
@@ -755,7 +800,7 @@ class StrataEngine(torch.nn.Module):
     def _install_hooks(self):
         kwargs_hooks = "with_kwargs" in torch.nn.Module.register_forward_pre_hook.__code__.co_varnames
         root = self.module
-        self._handles.append(root.register_forward_pre_hook(self._root_pre_forward))
+        self._handles.append(root.register_forward_pre_hook(lambda m, a: guarded_root_pre_forward(self, m, a)))
         entries = self._entry_modules()
         for entry in entries:
             self._handles.append(entry.register_forward_pre_hook(
@@ -900,11 +945,14 @@ class StrataEngine(torch.nn.Module):
     def _end_pass(self):
         finished = self._pass
         self._pass = None
+        self._guard.pass_ended()
         if finished == "eval":
             self._engine.finish_evaluation(0.0, 1)  # the engine's bracket; the caller computes its own loss
 
     def _pre_forward(self, unit, args, kwargs):
         pass_name = self._pass
+        if not self._in_backward:
+            self._guard.check_unit(unit)
         if pass_name is None:
             if not self._in_backward:
                 raise FailedPrecondition(f"unit '{unit.name or '<root>'}' ({type(unit.module).__name__}) ran "
@@ -961,6 +1009,7 @@ class StrataEngine(torch.nn.Module):
         if pass_name == "forward":
             for t in _tensors_in(output, []):
                 t.register_hook(lambda grad, c=call: self._pre_backward(c))
+                self._reach.add(t)
             if unit.is_root:
                 self._root_calls.append(call)
         return None
@@ -1040,6 +1089,7 @@ class StrataEngine(torch.nn.Module):
         layer.holds += 1
         if layer.bound is not view.params:  # rebinding only when the memory moved (stage 3)
             for name, p in layer.plan.params:
+                mark_bound(p)
                 p.data = view.params[name]
                 if self._ds_status is not None:
                     p.ds_status = self._ds_status[0]
@@ -1077,6 +1127,7 @@ class StrataEngine(torch.nn.Module):
         if layer.holds == 0 and self._stage == 3:
             for _, p in layer.plan.params:
                 p.data = self._placeholder(p.dtype)
+                mark_released(p)
                 if self._ds_status is not None:
                     p.ds_status = self._ds_status[1]
             layer.bound = None

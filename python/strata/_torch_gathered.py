@@ -79,6 +79,14 @@ class GatheredParameters:
             raise Unsupported("GatheredParameters over parameters of two strata engines: gather each engine's "
                               "parameters in its own block")
         engine = next(iter(engines.values()))
+        engine._guard.enter(engine, "GatheredParameters")  # held by this thread until the block ends
+        try:
+            return self._enter(engine)
+        except BaseException:
+            engine._guard.leave()
+            raise
+
+    def _enter(self, engine):
         if engine._step_open or engine._pass is not None:
             raise FailedPrecondition("GatheredParameters inside a step or a forward: use it between steps (after "
                                      "engine.step() at a gradient accumulation boundary)")
@@ -110,6 +118,12 @@ class GatheredParameters:
         if engine is None:
             return False
         self.engine = None
+        try:
+            return self._exit(engine, kind)
+        finally:
+            engine._guard.leave()
+
+    def _exit(self, engine, kind):
         values = None
         if self.modifier_rank is not None and kind is None:
             # What the block left in the parameters (changed in place, or .data replaced), copied before release.

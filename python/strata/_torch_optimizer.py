@@ -9,9 +9,12 @@ tensors' weight decay in the engine (per-tensor hyper-parameters); a
 group's lr relative to the optimizer's base lr becomes their lr scale.
 """
 
+import math
+import numbers
+
 import torch
 
-from .errors import Unsupported
+from .errors import InvalidArgument, Unsupported
 
 __all__ = ["StrataOptimizer", "optimizer_section_from_client"]
 
@@ -117,6 +120,10 @@ class StrataOptimizer(torch.optim.Optimizer):
             if group["weight_decay"] != decay:
                 raise Unsupported(f"param_groups[{i}]['weight_decay'] changed from {decay} to "
                                   f"{group['weight_decay']}: a tensor's weight decay is fixed when the engine is made")
+            if isinstance(group["lr"], bool) or not isinstance(group["lr"], numbers.Real) or \
+                    not math.isfinite(group["lr"]) or group["lr"] < 0:
+                raise InvalidArgument(f"param_groups[{i}]['lr'] is {group['lr']!r}: an lr must be a finite number "
+                                      f">= 0 (set by the training loop or an lr scheduler)")
             scale = lr0 / self.base_lr
             lr = group["lr"] / scale
             if base is None:

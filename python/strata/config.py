@@ -6,7 +6,7 @@ import json
 import os
 
 from . import _native
-from ._checks import check_int, printable
+from ._checks import check_int, check_json, printable
 from .errors import InvalidArgument
 
 __all__ = ["check", "load", "Issue"]
@@ -32,6 +32,7 @@ def _run(path_or_dict, world_size, hidden_size):
     if hidden_size is not None:
         hidden_size = check_int(hidden_size, "hidden_size", 1, 1 << 24)
     if isinstance(path_or_dict, dict):
+        check_json(path_or_dict, "the config dict")  # a key's NaN or a nesting too deep, named before json.dumps
         try:
             text = json.dumps(path_or_dict, allow_nan=False)
         except (TypeError, ValueError) as e:

@@ -30,7 +30,7 @@ import os
 from collections import namedtuple
 
 from . import _native
-from ._checks import check_finite, check_int, short_repr
+from ._checks import check_finite, check_int, check_json, short_repr
 from ._sizes import parse_size
 from .errors import InvalidArgument
 
@@ -71,8 +71,12 @@ def _from_dlpack_function():
 class Engine:
     """One rank's engine over a model described by layers of TensorSpec."""
 
-    def __init__(self, config, layers, device_memory=0, backend="auto"):
+    def __init__(self, config, layers, device_memory=0, backend="auto", job_name=None,
+                 resume_hint="engine.load_checkpoint(DIR) on a new engine"):
+        # job_name: the swap folders' (EngineOptions::job_name; None: train-<rank 0's process id>). resume_hint:
+        # how this engine's caller resumes from a checkpoint, named where an error stops the engine.
         if isinstance(config, dict):
+            check_json(config, "the config dict")
             path, text = None, json.dumps(config)
         elif isinstance(config, (str, os.PathLike)):
             path, text = os.fspath(config), None
@@ -85,7 +89,10 @@ class Engine:
         # backend: "auto" (this process as one rank of mpirun's world when mpirun started it, else of
         # torch.distributed's initialized group, else one process), "local" (one process), "mpi" or "torch"
         # (a rank of torch.distributed's default group, over gloo) (Note [Ranks of a driven engine]).
-        self._native = _native.DrivenEngine.create(path, text, described, device_memory, backend)
+        if job_name is not None and not isinstance(job_name, str):
+            raise TypeError(f"job_name must be a str, not {type(job_name).__name__}")
+        self._native = _native.DrivenEngine.create(path, text, described, device_memory, backend, job_name or "",
+                                                   str(resume_hint))
         self._layout = [self._native.layer_tensors(i) for i in range(self._native.layer_count)]
         self._from_dlpack = None  # torch's, looked up at the first acquire
 

@@ -48,7 +48,9 @@ from . import _launcher, _porting
 from .comm import init_distributed
 from .._sizes import parse_size
 from ..engine import Engine, describe_layers
-from ..errors import InvalidArgument, ResourceExhausted, Unsupported
+from .. import _torch_guards as _guards
+from .._checks import check_json
+from ..errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unsupported
 
 __all__ = ["initialize", "init", "init_distributed", "GatheredParameters", "StrataEngine", "StrataOptimizer",
            "split_into_units"]
@@ -67,7 +69,7 @@ def _warn_nvme_without_pipelines(resolved):
 
 def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None, lr_scheduler=None,
                mpu=None, dist_init_required=None, collate_fn=None, config=None, config_params=None, units="auto",
-               device_memory=0, auto_values=None, fit=None, initial_weights=None):
+               device_memory=0, auto_values=None, fit=None, initial_weights=None, job_name=None):
     """deepspeed.initialize's signature and 4-tuple: (engine, optimizer,
     dataloader or None, lr_scheduler or None).
 
@@ -105,7 +107,11 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     a model built under st.init, the model never exists whole (Note
     [Construction on meta]). Every parameter needs a tensor of its shape
     (a tied weight under any of its names; a Hugging Face model's keys with
-    or without its base_model_prefix)."""
+    or without its base_model_prefix).
+
+    job_name: the name of the engine's NVMe swap folders
+    (<nvme_path>/strata-<job_name>*; default train-<process id>): two
+    engines alive at once on one nvme_path need names of their own."""
     if model is None or not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
     if mpu is not None:
@@ -176,10 +182,16 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         resolved = strata_config.load(engine_config, world_size=world)
         device_memory = device_memory or fitted["device_bytes"]
     _warn_nvme_without_pipelines(resolved)
+    job_name = _guards.check_job_name(job_name)
+    _guards.refuse_shared_swap_folders(resolved, job_name)
+    _guards.warn_stale_swap_folders(resolved)
     # The launcher's job joined (Note [Launchers]): mpirun's, torch.distributed's (made from a PyTorch
     # launcher's environment when needed, bounded by strata.wait_timeout_s), or one process.
     backend = _launcher.join_launcher_job(resolved["strata"]["wait_timeout_s"])
-    native = Engine(engine_config, layers, device_memory=device_memory, backend=backend)
+    try:
+        native = Engine(engine_config, layers, device_memory=device_memory, backend=backend, job_name=job_name)
+    except FailedPrecondition as error:  # a swap folder in use: how strata.torch picks another job name
+        raise _guards.job_name_hint(resolved, job_name, error) from None
     # A model built under st.init has its parameters on meta: CPU ones take
     # their places (no pages yet), and each unit's values are made just
     # before they are handed in (Note [Construction on meta]).
@@ -220,6 +232,8 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         _print_fit(fitted)
     facade._engine = engine
     register_engine(engine)
+    engine._job_name, engine._nvme_paths = job_name, _guards.nvme_paths(resolved)
+    _guards.track(engine)  # closed at the interpreter's exit (Note [Saves finished at exit])
     _porting.present_parameters(engine)  # Note [Parameters after initialize]
     loader = None
     if training_data is not None:  # Note [The training_data loader]
@@ -334,6 +348,7 @@ def _launcher_world():
 
 def _raw_config(config):
     if isinstance(config, dict):
+        check_json(config, "the config dict")  # a NaN or a nesting too deep named, before deepcopy recurses
         return copy.deepcopy(config)
     if isinstance(config, (str, os.PathLike)):
         strata_config.load(config)  # a missing or invalid file: the checker's message, naming it
