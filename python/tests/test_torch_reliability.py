@@ -303,6 +303,10 @@ def test_a_second_engine_on_one_nvme_path_is_told_the_job_name_keyword(tmp_path)
     assert "strata-second-run" in swap_folders(tmp_path)
     with pytest.raises(strata.InvalidArgument, match="job_name 'a/b' is not 1-48 characters"):
         st.initialize(model=make_mlp(), config=config(1, "nvme", nvme_dir=tmp_path, accum=1), job_name="a/b")
+    # The engine's own check, for callers of strata.engine.Engine (no folder is made outside the nvme_path).
+    with pytest.raises(strata.InvalidArgument, match=r"the swap folders' job name '\.\./up' is not 1-48 characters"):
+        strata.engine.Engine(config(1, "nvme", nvme_dir=tmp_path, accum=1),
+                             [("layer", [strata.engine.TensorSpec("w", [4], "float32")])], job_name="../up")
     first.close()
     second.close()
     assert swap_folders(tmp_path) == []

@@ -17,5 +17,12 @@ TEST(Printable, AMessageKeepsItsLineBreaksAndLosesEverythingElse) {
   EXPECT_EQ(printable_message("tab\there"), "tab\\x09here");
 }
 
+TEST(Printable, AsciiOnlyTextEscapesEveryByteAbove0x7fToo) {
+  // A checkpoint tag read from `latest`: a byte that is not ASCII (not even UTF-8 here) is shown, never passed on.
+  EXPECT_EQ(printable_ascii("global_step1\xff\xc3\xa9\x1b"), "global_step1\\xff\\xc3\\xa9\\x1b");
+  EXPECT_EQ(printable("caf\xc3\xa9"), "caf\xc3\xa9");  // printable() keeps UTF-8 text readable
+  EXPECT_EQ(printable_ascii("0123456789", 4), "0123...(cut, 10 bytes in all)");
+}
+
 }  // namespace
 }  // namespace strata
