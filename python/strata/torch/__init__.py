@@ -520,6 +520,7 @@ def _layer_dtype_rule(resolved):
             return lambda p, dtype=dtype: dtype
     return lambda p: p.dtype
 
+
 # -- DeepSpeed's names (docs/torch.md, "Porting a DeepSpeed script") ---------------------------------
 from . import accelerator, ops, runtime, utils, zero  # noqa: E402  (deepspeed.<name> after `import ... as deepspeed`)
 from ._names import install_module_finder, refusing_getattr  # noqa: E402
