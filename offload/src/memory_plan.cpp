@@ -12,6 +12,8 @@
 #include "strata/offload/state_placement.h"
 #include "strata/offload/state_tier.h"
 
+#include "prefetch_policy.h"
+
 namespace strata::offload {
 
 // What init_layer and the step allocate, summed without allocating: a pure
@@ -98,7 +100,10 @@ EngineMemory plan_engine_memory(const EngineOptions& opt, const Partition& part,
   // window spans a whole micro-batch nothing is dropped within a step, so at
   // most every layer once; otherwise the next pass's gathers may be issued
   // while the last pass's copies still wait for their free: twice.
-  const uint64_t window = static_cast<uint64_t>(std::max(opt.max_reuse_distance, opt.prefetch_bucket_size));
+  // The keep window is the prefetch policy's (Note [Prefetch policy]).
+  const uint64_t window = PrefetchPolicy::keep_window({static_cast<uint64_t>(opt.prefetch_bucket_size),
+                                                       static_cast<uint64_t>(opt.max_live_parameters),
+                                                       static_cast<uint64_t>(opt.max_reuse_distance)});
   const bool spans = window >= 2 * gathered_real;
   const uint64_t unbounded = spans ? gathered_total : 2 * gathered_total;
   m.device_gathered = std::min(

@@ -24,10 +24,18 @@ Status ParameterGathering::init(const std::string& job_name) {
   live_.emplace(ctx_.frees.get(), bounded);
   const size_t n = ctx_.part.layer_count();
   layers_.resize(n);
+  holdings_.resize(n);
   trace_.emplace(n);
-  uint64_t real = 0;
-  for (size_t li = 0; li < n; ++li) real += ctx_.part.layer(li).elements;
-  window_spans_micro_batch_ = static_cast<uint64_t>(std::max(opt.max_reuse_distance, opt.prefetch_bucket_size)) >= 2 * real;
+  std::vector<PrefetchPolicy::Layer> sizes(n);
+  for (size_t li = 0; li < n; ++li) {
+    const LayerPlacement& where = ctx_.where(li);
+    sizes[li] = {ctx_.part.layer(li).elements, ctx_.part.layer(li).padded_elements,
+                 !where.persistent() && !where.acquired_in_place};
+  }
+  policy_.emplace(PrefetchPolicy::Caps{static_cast<uint64_t>(opt.prefetch_bucket_size),
+                                       static_cast<uint64_t>(opt.max_live_parameters),
+                                       static_cast<uint64_t>(opt.max_reuse_distance)},
+                  std::move(sizes));
   if (opt.offload_param == OffloadDevice::kNvme) STRATA_RETURN_IF_ERROR(make_param_swap(job_name));
   return Status::Ok();
 }
@@ -119,7 +127,7 @@ Result<ParameterGathering::Lease> ParameterGathering::acquire(size_t li, Pass pa
       return failed.with_context(
           fmt::format("acquire of {} for {} on rank {}", ctx_.layer_label(li), pass_name(pass), ctx_.rank));
     }
-    if (!l.gathered_valid) {
+    if (!holdings_[li].gathered) {
       // On demand: wait for frees in flight when the live cap would be passed.
       STRATA_RETURN_IF_ERROR(make_room_for_gather(li).with_context("freeing gathered parameters"));
       STRATA_RETURN_IF_ERROR(issue_gather(li));
@@ -127,9 +135,9 @@ Result<ParameterGathering::Lease> ParameterGathering::acquire(size_t li, Pass pa
     lease.update_ready = l.shard_ready;
     lease.params = l.gathered.as<std::byte>();
     lease.ready = l.gathered_ready;
-    if (training && trace_->following()) prefetch_after(trace_->position());
+    prefetch_after_acquire(training);
   }
-  ++l.held;
+  ++holdings_[li].held;
   return lease;
 }
 
@@ -233,111 +241,76 @@ Status ParameterGathering::queue_gather(size_t li, std::vector<Completion>& queu
   }
   ctx_.transfers.gather_bytes += layer_part.padded_elements * eb;
   l.gathered_ready = last;
-  l.gathered_valid = true;
+  holdings_[li].gathered = true;
   return Status::Ok();
 }
 
 // stage3_max_live_parameters for an on-demand gather of layer `li`: wait
-// for frees in flight, then drop kept (gathered, not held) layers, oldest
-// index first, until the gather fits or nothing else can go.
+// for frees in flight, then drop the kept copies the policy names, in its
+// order, until the gather fits or nothing else can go.
 Status ParameterGathering::make_room_for_gather(size_t li) {
-  const uint64_t more = ctx_.part.layer(li).padded_elements, cap = static_cast<uint64_t>(ctx_.opt.max_live_parameters);
+  const uint64_t more = ctx_.part.layer(li).padded_elements, cap = policy_->live_cap();
   STRATA_RETURN_IF_ERROR(live_->make_room(more, cap));
-  for (size_t j = 0; j < layers_.size() && live_->live() + more > cap; ++j) {
-    LayerParams& k = layers_[j];
-    if (j == li || ctx_.where(j).persistent() || !k.gathered_valid || k.held > 0) continue;
-    STRATA_RETURN_IF_ERROR(drop_gathered(j, k.last_use));
+  if (policy_->fits(live_->live(), more)) return Status::Ok();
+  for (size_t j : policy_->drops_to_make_room(li, holdings_)) {
+    STRATA_RETURN_IF_ERROR(drop_gathered(j, layers_[j].last_use));
     STRATA_RETURN_IF_ERROR(live_->make_room(more, cap));
+    if (policy_->fits(live_->live(), more)) break;
   }
   return Status::Ok();
 }
 
-void ParameterGathering::prefetch_after(size_t position) {
-  uint64_t issued = 0;
-  const std::vector<AcquireTrace::Entry>& sequence = trace_->sequence();
-  for (size_t p = position + 1; p < sequence.size(); ++p) {
-    const size_t lj = sequence[p].first;
-    LayerParams& l = layers_[lj];
-    if (ctx_.where(lj).persistent() || ctx_.where(lj).acquired_in_place || l.gathered_valid) continue;
-    const uint64_t n = ctx_.part.layer(lj).padded_elements;
-    if (issued + n > static_cast<uint64_t>(ctx_.opt.prefetch_bucket_size)) break;
-    // Gathers are collectives: how far a prefetch goes must be the same on
-    // every rank, so it is decided on what is held (the same everywhere),
-    // never on which frees happen to have completed; the frees in flight
-    // are then waited for, as an on-demand gather would.
-    const uint64_t cap = static_cast<uint64_t>(ctx_.opt.max_live_parameters);
-    if (live_->held() + n > cap) break;
-    if (!live_->make_room(n, cap).ok()) break;
+void ParameterGathering::prefetch_after_acquire(bool training) {
+  const uint64_t cap = policy_->live_cap();
+  for (size_t lj : policy_->gathers_after_acquire(*trace_, training, holdings_, live_->held())) {
+    // The frees in flight are waited for, as an on-demand gather would.
+    if (!live_->make_room(ctx_.part.layer(lj).padded_elements, cap).ok()) break;
     bool allocated = false;
     if (Status st = issue_gather(lj, &allocated); !st.ok()) {
       // Out of memory for the buffer (nothing queued or counted): it is
       // gathered on demand, and the error said then if it persists. A
       // failure after that (the buffer went back once its queued work
       // completed) is the layer's acquire's error.
-      if (allocated) l.prefetch_failure = st.with_context("prefetching");
+      if (allocated) layers_[lj].prefetch_failure = st.with_context("prefetching");
       break;
     }
-    issued += n;
   }
 }
 
 Status ParameterGathering::drop_gathered(size_t li, const Completion& done) {
   LayerParams& l = layers_[li];
-  if (!l.gathered_valid) return Status::Ok();
+  if (!holdings_[li].gathered) return Status::Ok();
   // Its users: the gather that filled it (and the H2D before), the model's last pass over it.
   const Completion users[] = {l.gathered_ready, done};
   live_->give_back(std::move(l.gathered),
                    when_all(users, fmt::format("the gathered parameters of layer {} (its gather and passes)", li)),
                    ctx_.part.layer(li).padded_elements, l.returned);
-  l.gathered_valid = false;
+  holdings_[li].gathered = false;
   return Status::Ok();
 }
 
 Status ParameterGathering::release(size_t li, const Completion& done, const PassPosition& at,
                                    const Completion& returned) {
   LayerParams& l = layers_[li];
-  --l.held;
+  --holdings_[li].held;
   if (ctx_.where(li).persistent()) return Status::Ok();
   l.last_use = done;
   l.returned = returned;
-  if (l.held > 0) return Status::Ok();
-  // Keep it when its next use in this micro-batch's sequence is near. While
-  // the first micro-batch is recorded the next use is unknown: keep the
-  // layer when the window spans a whole micro-batch anyway. Evaluation
-  // passes reuse the same parameters: keep them until the evaluation ends.
-  bool keep = (at.training && trace_->recording() && window_spans_micro_batch_) || at.evaluation;
-  if (at.training && trace_->following()) {
-    // The next use in this micro-batch's sequence, or, when another
-    // micro-batch of this step follows, in its sequence (cyclically).
-    const std::vector<AcquireTrace::Entry>& trace_seq = trace_->sequence();
-    const size_t here = trace_->position(), n = trace_seq.size();
-    const size_t span = at.last_micro ? n - here - 1 : n - 1;
-    uint64_t distance = 0;
-    for (size_t k = 1; k <= span; ++k) {
-      const size_t p = (here + k) % n;
-      if (trace_seq[p].first == li) {
-        // Soon reused, or within the prefetch window (a prefetch would
-        // gather it again at once): dropping it would only cost a gather.
-        keep = distance <= static_cast<uint64_t>(std::max(ctx_.opt.max_reuse_distance, ctx_.opt.prefetch_bucket_size));
-        break;
-      }
-      distance += ctx_.part.layer(trace_seq[p].first).elements;
-    }
-  }
-  if (!keep) STRATA_RETURN_IF_ERROR(drop_gathered(li, done));
+  if (holdings_[li].held > 0) return Status::Ok();
+  if (!policy_->keep_on_release(li, *trace_, at)) STRATA_RETURN_IF_ERROR(drop_gathered(li, done));
   return Status::Ok();
 }
 
 Status ParameterGathering::release_every_held(const Completion& done) {
   PassPosition nowhere;  // neither training nor evaluating: nothing is kept for a next use
   for (size_t li = 0; li < layers_.size(); ++li)
-    while (layers_[li].held > 0) STRATA_RETURN_IF_ERROR(release(li, done, nowhere));
+    while (holdings_[li].held > 0) STRATA_RETURN_IF_ERROR(release(li, done, nowhere));
   return Status::Ok();
 }
 
 Status ParameterGathering::drop_unheld() {
   for (size_t li = 0; li < layers_.size(); ++li)
-    if (!ctx_.where(li).persistent() && layers_[li].held == 0)
+    if (!ctx_.where(li).persistent() && holdings_[li].held == 0)
       STRATA_RETURN_IF_ERROR(drop_gathered(li, layers_[li].last_use));
   return Status::Ok();
 }
@@ -459,7 +432,7 @@ Status ParameterGathering::replace_shard_with(size_t li, const std::function<Sta
   LayerParams& l = layers_[li];
   // A gathered copy holds the replaced values: dropped (none outlives a
   // step's backward; this is for a failure elsewhere).
-  if (l.gathered_valid && l.held == 0) STRATA_RETURN_IF_ERROR(drop_gathered(li, l.last_use));
+  if (holdings_[li].gathered && holdings_[li].held == 0) STRATA_RETURN_IF_ERROR(drop_gathered(li, l.last_use));
   STRATA_RETURN_IF_ERROR(write());
   l.shard_ready = Completion();
   return Status::Ok();

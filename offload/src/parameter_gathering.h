@@ -9,13 +9,11 @@
 // stage-3 layer lives as this rank's shard (device, pinned host, or NVMe
 // through ParamSwap and the shard reader thread) and is gathered into a
 // device buffer for its uses, under stage3_max_live_parameters (LentBuffers).
-// The recorded acquire order (AcquireTrace, Note [Acquire order] in
-// engine.h) is the prefetch hint: after each acquire the next layers are
-// gathered up to stage3_prefetch_bucket_size, and a released layer is kept
-// when its next use is within max(stage3_max_reuse_distance, prefetch) (or,
-// while recording, when the window spans the micro-batch). At world size 1 a
-// device shard is the whole layer and is lent in place (acquired_in_place:
-// its update waits for its last release, writable_after).
+// What to gather ahead along the recorded acquire order, keep on release
+// and drop for room is PrefetchPolicy's (Note [Prefetch policy]); this
+// class carries its decisions out. At world size 1 a device shard is the
+// whole layer and is lent in place (acquired_in_place: its update waits for
+// its last release, writable_after).
 //
 // Threads: the driving thread calls everything; the shard reader reads NVMe
 // shards (recording a failed read in the context's StepFailures as kCall).
@@ -30,6 +28,7 @@
 #include "engine_context.h"
 #include "lent_buffers.h"
 #include "param_swap.h"
+#include "prefetch_policy.h"
 #include "serial_worker.h"
 
 namespace strata::offload::engine_detail {
@@ -46,9 +45,7 @@ class ParameterGathering {
     Completion gathered_ready;
     Completion last_use;       // the `done` of the latest release of the lent parameters
     Completion returned;       // the caller no longer reads the gathered copy (Engine::release's memory_returned)
-    bool gathered_valid = false;
     Status prefetch_failure;   // a prefetch of this layer failed: its next acquire returns it
-    int held = 0;
   };
   // What a pass reads: the parameters, complete once `ready` completes;
   // `update_ready` is the update part of that wait (the exposed-wait probe).
@@ -58,11 +55,7 @@ class ParameterGathering {
     Completion update_ready;
   };
   // Where the driving thread is, for the keep-or-drop decision of a release.
-  struct PassPosition {
-    bool training = false;    // inside a training micro-batch
-    bool evaluation = false;  // inside an evaluation
-    bool last_micro = false;  // the micro-batch is its step's last
-  };
+  using PassPosition = PrefetchPolicy::PassPosition;
 
   explicit ParameterGathering(EngineContext& ctx) : ctx_(ctx) {}
   ~ParameterGathering();  // NVMe shard I/O done before the shards are freed
@@ -79,7 +72,7 @@ class ParameterGathering {
   const LayerParams& layer(size_t li) const { return layers_[li]; }
   // The layers set up so far (0 until init; fewer when the engine's init failed part-way).
   size_t layer_count() const { return layers_.size(); }
-  bool held(size_t li) const { return layers_[li].held > 0; }
+  bool held(size_t li) const { return holdings_[li].held > 0; }
 
   // A pass's acquire: gathers on demand (and prefetches, following the trace).
   Result<Lease> acquire(size_t li, Pass pass, bool training);
@@ -149,7 +142,7 @@ class ParameterGathering {
   Status issue_gather(size_t li, bool* allocated = nullptr);
   Status queue_gather(size_t li, std::vector<Completion>& queued);  // issue_gather's work after the allocation
   Status make_room_for_gather(size_t li);
-  void prefetch_after(size_t position);
+  void prefetch_after_acquire(bool training);
   Status drop_gathered(size_t li, const Completion& done);
   // A persistent layer's owned pieces all-gathered into its full copy (on
   // kUpdate, after what that queue waits for); the last gather's completion.
@@ -166,7 +159,10 @@ class ParameterGathering {
   std::vector<LayerParams> layers_;
   // The acquire sequence of a training micro-batch (Note [Acquire order]).
   std::optional<AcquireTrace> trace_;
-  bool window_spans_micro_batch_ = false;  // max(reuse, prefetch) >= every stage-3 use of a micro-batch
+  // What to gather ahead, keep and drop (Note [Prefetch policy]), and what
+  // it reads of each layer: a valid gathered copy, the passes holding it.
+  std::optional<PrefetchPolicy> policy_;
+  std::vector<PrefetchPolicy::Holding> holdings_;
   // Gathered layers: device buffers under stage3_max_live_parameters, freed
   // once their users are done (Note [Lent buffers]).
   std::optional<LentBuffers> live_;
