@@ -6,7 +6,8 @@ offloaded (cpu, or nvme with --nvme DIR), a Hugging Face-style config whose
 from_pretrained.
 
     python examples/torch/train_gpt2.py [--steps 20] [--nvme DIR] [--out DIR]
-    mpirun -np 2 python examples/torch/train_gpt2.py      # two data-parallel ranks
+    torchrun --nproc_per_node 2 examples/torch/train_gpt2.py    # two data-parallel ranks
+    mpirun -np 2 python examples/torch/train_gpt2.py            # the same under MPI
 
 Needs torch and transformers (python/test.sh sets up a venv with both).
 """
@@ -38,8 +39,6 @@ def main():
     if args.nvme:
         for section in ("offload_optimizer", "offload_param"):
             CONFIG["zero_optimization"][section] = {"device": "nvme", "nvme_path": args.nvme}
-    out = args.out or tempfile.mkdtemp(prefix="strata-gpt2-")
-    os.makedirs(out, exist_ok=True)
 
     torch.manual_seed(0)
     gpt2 = transformers.GPT2Config(vocab_size=512, n_positions=64, n_embd=64, n_layer=4, n_head=4)
@@ -49,6 +48,7 @@ def main():
         auto_values={"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
                      "gradient_clipping": 1.0, "optimizer.params.lr": 3e-3, "optimizer.params.weight_decay": 0.01})
     rank, world = engine.global_rank, engine.world_size
+    out = shared_folder(args.out, rank, world)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / 5))
     engine.lr_scheduler = scheduler  # a torch scheduler drives the lr the engine steps with
 
@@ -76,6 +76,21 @@ def main():
         engine.eval()
         with torch.no_grad():
             engine(input_ids=data[:2])  # every rank runs the evaluation (stage-3 gathers are collectives)
+
+
+def shared_folder(given, rank, world):
+    """--out, else a temporary folder that rank 0 makes and tells the other
+    ranks: the checkpoint and the export need one folder every rank sees."""
+    if given:
+        os.makedirs(given, exist_ok=True)
+        return given
+    name = tempfile.mkdtemp(prefix="strata-gpt2-") if rank == 0 else ""
+    if world > 1:  # DeepSpeed's comm names (strata.torch.comm) over the engine's job
+        encoded = torch.zeros(4096, dtype=torch.uint8)
+        encoded[:len(name)] = torch.tensor(list(name.encode()), dtype=torch.uint8)
+        st.comm.broadcast(encoded, src=0)
+        name = bytes(encoded[encoded != 0].tolist()).decode()
+    return name
 
 
 if __name__ == "__main__":

@@ -41,3 +41,27 @@ def test_finetune_example_reads_a_pretrained_folder_and_nvme_gives_the_same_loss
     second = run("--out", str(tmp_path / "b"), "--pretrained", str(tmp_path / "a" / "pretrained"),
                  "--nvme", str(tmp_path / "nvme"))
     assert second == first
+
+
+def test_gpt2_example_under_torchrun_shares_one_folder(tmp_path):
+    """The README's launch: two ranks under torchrun, no --out: rank 0's temporary folder is told to rank 1 over
+    strata.torch.comm, so the checkpoint and the export of both ranks land in one folder."""
+    from test_torch_launchers import TORCHRUN
+    port = free_port()
+    command = [*TORCHRUN, "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(port),
+               str(EXAMPLE), "--steps", "2"]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE")}
+    env.update(OMP_NUM_THREADS="1", TMPDIR=str(tmp_path))
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "from_pretrained gives the engine's logits: True" in done.stdout + done.stderr
+    made = [p for p in tmp_path.iterdir() if p.name.startswith("strata-gpt2-")]
+    assert len(made) == 1, made  # one folder, rank 0's
+    assert (made[0] / "ckpt" / "latest").exists() and (made[0] / "model" / "model.safetensors").exists()
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
