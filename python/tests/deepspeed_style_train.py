@@ -92,8 +92,9 @@ def main():
         engine.backward(loss)
         engine.step()
         step += 1
+        norm = engine.get_global_grad_norm()  # DeepSpeed gives a tensor at some stages
         print(json.dumps({"step": step, "loss": loss.item(), "lr": scheduler.get_last_lr()[0],
-                          "grad_norm": engine.get_global_grad_norm()}), flush=True)
+                          "grad_norm": None if norm is None else float(norm)}), flush=True)
         get_accelerator().synchronize()
     if args.ckpt:
         engine.save_checkpoint(args.ckpt, tag="latest_run", client_state={"step": step})

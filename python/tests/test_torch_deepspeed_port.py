@@ -117,6 +117,17 @@ def test_ported_script_trains_as_deepspeed(tmp_path, stage):
     assert header == {"model_size": sum(p.numel() for p in script.Net().parameters()), "local_rank": 0,
                       "device": "cpu"}
     assert "model size:" in stdout
+    # And DeepSpeed itself (0.19.8, run once on this script: data/deepspeed_port_losses.json says how): the same
+    # losses, lrs and gradient norms, and the same model size.
+    peer = json.loads((SCRIPT.parent / "data" / "deepspeed_port_losses.json").read_text())["stages"][str(stage)]
+    for ours, theirs in zip([r["loss"] for r in steps], peer["losses"]):
+        assert abs(ours - theirs) <= 1e-5 * abs(theirs), (ours, theirs)
+    for ours, theirs in zip([r["grad_norm"] for r in steps], peer["grad_norms"]):
+        assert abs(ours - theirs) <= 1e-5 * theirs, (ours, theirs)
+    assert [r["lr"] for r in steps] == pytest.approx(peer["lrs"], rel=1e-12)
+    assert header["model_size"] == peer["model_size"]
+    worst = max(abs(r["loss"] - t) / abs(t) for r, t in zip(steps, peer["losses"]))
+    print(f"stage {stage}: worst relative loss difference to DeepSpeed 0.19.8: {worst:.2g} (bound 1e-5)")
 
 
 def test_ported_script_resumes_and_replaces_its_checkpoint(tmp_path):
