@@ -11,6 +11,9 @@
 #   STRATA_GPU_CHECK_QUICK=1 ...    # shorter benchmarks
 #   STRATA_GPU_PACK=.gpu-pack/strata-gpu.tar.xz ...  # no build: run the packed programs
 #   STRATA_GPU_CHECK_BUNDLE=FILE ...  # also write every output file into one .tar.gz
+#   STRATA_GPU_PEER_WHEELS=.gpu-pack/peer-wheels ...  # also the peer, DeepSpeed (step 10;
+#                                   # scripts/gpu-peer-wheels.sh makes the folder)
+#   STRATA_GPU_PEER_ONLY=1 ...      # with the above: the peer alone, after the GPU probe
 #
 # Exit codes: 0 ok / no GPU, 1 configure or build failed, 2 a GPU test or
 # benchmark failed, 3 no GPU with STRATA_GPU_REQUIRED=1.
@@ -135,6 +138,44 @@ with_stacks() {
   if [[ -f "$hangdump" ]]; then echo "env LD_PRELOAD=$hangdump HANGDUMP_AFTER=$(($1 - 5))"; else echo env; fi
 }
 
+# 10. The peer (issue 50 §2 item 3; a measurement, not a check), only when
+#     its wheels were carried: DeepSpeed ZeRO-3 with the optimizer and the
+#     parameters offloaded to host memory, on a Llama-shaped model
+#     (scripts/gpu-peer-deepspeed.py; STRATA_GPU_PEER_ARGS changes its shape),
+#     in a venv over this machine's torch that scripts/gpu-peer-venv.sh makes
+#     with no index. Its own timeouts (the install 120 s, the run
+#     STRATA_GPU_PEER_TIMEOUT, default 300 s, DeepSpeed's JIT build of CPU
+#     Adam included), so that it never costs the steps before it. Sets
+#     peer_result, a JSON value for the summary.
+peer_result='"not run: STRATA_GPU_PEER_WHEELS unset"'
+run_peer() {
+  local wheels="$STRATA_GPU_PEER_WHEELS" venv rc=0
+  if ! compgen -G "$wheels/deepspeed-*.whl" > /dev/null; then
+    peer_result="\"not run: no deepspeed wheel in $wheels (scripts/gpu-peer-wheels.sh makes the folder)\""
+    log "peer (DeepSpeed): no deepspeed wheel in $wheels"
+    return
+  fi
+  venv=$(mktemp -d)/peer-venv
+  if ! timeout 120 scripts/gpu-peer-venv.sh python3 "$wheels" "$venv" > "$out/peer_install.log" 2>&1; then
+    peer_result="\"install failed: $(tail -3 "$out/peer_install.log" | json_escape)\""
+    log "peer (DeepSpeed): the offline install failed, see peer_install.log"
+    return
+  fi
+  # shellcheck disable=SC2086 # STRATA_GPU_PEER_ARGS is a list of flags
+  MAX_JOBS="$jobs" timeout "${STRATA_GPU_PEER_TIMEOUT:-300}" "$venv/bin/python" scripts/gpu-peer-deepspeed.py \
+    ${STRATA_GPU_PEER_ARGS:-} --json "$out/peer_deepspeed.json" > "$out/peer_deepspeed.log" 2>&1 || rc=$?
+  if [[ $rc -eq 0 && -s "$out/peer_deepspeed.json" ]]; then
+    peer_result=$(cat "$out/peer_deepspeed.json")
+    log "peer (DeepSpeed): $(python3 -c 'import json, sys; r = json.load(open(sys.argv[1]))
+print(r["status"], r.get("reason", ""), *(["%s tokens/s, median step %s ms, %s params, %s model TFLOP/s" % (
+      r["tokens_per_second"], r["step_ms"]["median"], r["model"]["parameters"], r["model_tflops"])] if "step_ms" in r else []))' \
+      "$out/peer_deepspeed.json" 2>&1)"
+  else
+    peer_result="\"no result (rc $rc): $(tail -3 "$out/peer_deepspeed.log" | json_escape)\""
+    log "peer (DeepSpeed): no result (rc $rc), see peer_deepspeed.log"
+  fi
+}
+
 # 2. Is there a GPU? Ask the build's own probe (cudaGetDeviceCount).
 "${program[strata]}" report --json > "$out/report.json" 2> "$out/report.stderr" || true
 cuda_available=$(python3 -c 'import json,sys; print(str(json.load(open(sys.argv[1]))["devices"]["cuda"]["available"]).lower())' \
@@ -148,14 +189,31 @@ if [[ "$cuda_available" != "true" ]]; then
   # The suite still runs: its cuda cases must skip cleanly, its cpu cases pass.
   "${program[strata_device_tests]}" --gtest_output="json:$out/device_tests.json" > "$out/device_tests.log" 2>&1
   suite_rc=$?
+  if [[ -n "${STRATA_GPU_PEER_WHEELS:-}" ]]; then
+    peer_result='"skipped: no GPU"'
+    compgen -G "$STRATA_GPU_PEER_WHEELS/deepspeed-*.whl" > /dev/null ||
+      peer_result="\"skipped: no GPU, and no deepspeed wheel in $STRATA_GPU_PEER_WHEELS either\""
+    log "peer (DeepSpeed): ${peer_result//\"/}"
+  fi
   write_summary "no_gpu" "no GPU: ${reason:-unknown}" \
     "  \"build_rc\": $build_rc,
-  \"device_suite_rc_without_gpu\": $suite_rc"
+  \"device_suite_rc_without_gpu\": $suite_rc,
+  \"peer\": $peer_result"
   [[ "${STRATA_GPU_REQUIRED:-0}" == "1" ]] && exit 3
   [[ $suite_rc -ne 0 ]] && exit 2
   exit 0
 fi
 log "GPU present: $(nvidia_smi_list | head -4 | tr '\n' ' ')"
+if [[ "${STRATA_GPU_PEER_ONLY:-0}" == "1" ]]; then
+  if [[ -z "${STRATA_GPU_PEER_WHEELS:-}" ]]; then
+    log "STRATA_GPU_PEER_ONLY=1 needs STRATA_GPU_PEER_WHEELS (the folder scripts/gpu-peer-wheels.sh makes)"
+    write_summary "failed" "STRATA_GPU_PEER_ONLY=1 without STRATA_GPU_PEER_WHEELS"
+    exit 2
+  fi
+  run_peer
+  write_summary "peer_only" "the peer alone (STRATA_GPU_PEER_ONLY=1)" "  \"peer\": $peer_result"
+  exit 0
+fi
 
 # 3. Every GPU test, by name (tests/core/CMakeLists.txt says why not by
 #    label), each program run directly with a gtest filter so that packed
@@ -359,6 +417,8 @@ for r in json.load(open(sys.argv[1]))["rows"]:
 fi
 rm -rf "$plan_dir"
 
+[[ -n "${STRATA_GPU_PEER_WHEELS:-}" ]] && run_peer
+
 status=ok
 [[ $gpu_tests_rc -ne 0 || $gpu_tests_skipped -ne 0 || $bench_rc -ne 0 || $engine_rc -ne 0 ]] && status=failed
 # "H2D/pinned/4194304/real_time_median ... bytes_per_second=24.1G/s pinned" -> "H2D/pinned/4194304": "24.1G/s pinned"
@@ -376,6 +436,7 @@ write_summary "$status" "GPU tests: $gpu_tests_run run, $gpu_tests_failed failed
   \"offload_rows\": \"$(printf '%s; ' "${offload_rows[@]}" | json_escape)\",
   \"early_update_rows\": \"$(printf '%s; ' "${early_rows[@]}" | json_escape)\",
   \"plan_rows\": \"$(printf '%s; ' "${plan_rows[@]}" | json_escape)\",
+  \"peer\": $peer_result,
   \"gpu_tests\": {\"rc\": $gpu_tests_rc, \"run\": $gpu_tests_run, \"passed\": $gpu_tests_passed, \"failed\": $gpu_tests_failed,
                 \"skipped_without_gpu\": $gpu_tests_skipped, \"skipped_by_design\": $gpu_tests_skipped_by_design},
   \"cuda_copy_medians\": {
