@@ -180,6 +180,22 @@ class StrataTrainer(transformers.Trainer):
         self._strata_training_steps = num_training_steps  # the config scheduler's "auto" step counts
         return super().create_optimizer_and_scheduler(num_training_steps)
 
+    def _prepare_for_training(self, max_steps, *args, **kwargs):
+        # transformers 5 sizes the loop here and calls create_optimizer() before create_scheduler(max_steps)
+        self._strata_training_steps = max_steps
+        return super()._prepare_for_training(max_steps, *args, **kwargs)
+
+    def _get_learning_rate(self):
+        # The config's schedule steps once per optimizer step, as DeepSpeed's engine steps it inside its own step,
+        # so a log reports the lr after the step's schedule step whenever the Trainer asks: transformers 4 asks
+        # after its scheduler.step(), transformers 5 between the optimizer step and its scheduler.step().
+        schedule = self._strata_schedule
+        if schedule is not None and self.lr_scheduler is schedule and self._strata_engine is not None:
+            behind = self._strata_engine.global_steps - (schedule.last_batch_iteration + 1)
+            if behind > 0:
+                return schedule.lr_at(schedule.last_batch_iteration + behind)[0]
+        return super()._get_learning_rate()
+
     def create_scheduler(self, num_training_steps, optimizer=None):
         if self.lr_scheduler is None and self._strata_schedule is not None:
             self.lr_scheduler = self._strata_schedule  # the config's schedule, run by the engine

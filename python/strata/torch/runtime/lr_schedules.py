@@ -139,7 +139,11 @@ class _Schedule:
 
     def get_lr(self):
         """The lrs of the current iteration, one per param group (not written)."""
-        update = self.last_batch_iteration + 2  # Note [Schedule iterations]
+        return self.lr_at(self.last_batch_iteration)
+
+    def lr_at(self, last_batch_iteration):
+        """The lrs, one per param group, once the schedule is at last_batch_iteration (nothing changes)."""
+        update = last_batch_iteration + 2  # Note [Schedule iterations]
         lrs = [schedule.lr(update) for schedule in self._schedules]
         if self._ratio_of_group_lr:
             lrs = [initial * ratio for initial, ratio in zip(self._initial_lrs, lrs)]
