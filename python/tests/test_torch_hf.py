@@ -173,3 +173,69 @@ def test_a_config_scheduler_and_optimizer_follow_transformers_deepspeed_path(tmp
     expected = [3e-3 * (i / 2 if i < 2 else (6 - i) / 4) for i in range(6)]
     assert logged == pytest.approx(expected, rel=1e-9, abs=1e-15)
     assert engine.metrics["lr"] == pytest.approx(expected[4])  # the last update ran with iteration 4's lr
+
+
+def _arguments_values(tmp_path, **extra):
+    values = dict(output_dir=str(tmp_path / "run"), per_device_train_batch_size=2, gradient_accumulation_steps=2,
+                  max_steps=4, learning_rate=3e-3, weight_decay=0.01, max_grad_norm=1.0, optim="adamw_torch",
+                  lr_scheduler_type="linear", logging_steps=1, save_strategy="no", report_to=[], seed=0,
+                  use_cpu=True, dataloader_num_workers=0)
+    values.update(extra)
+    return values
+
+
+def test_a_deepspeed_trainer_job_ports_by_its_import_line(tmp_path):
+    """Note [TrainingArguments(deepspeed=...)]: `from transformers import Trainer, TrainingArguments` becomes
+    `from strata.torch.hf import Trainer, TrainingArguments`, and the job's TrainingArguments(deepspeed=...) (or
+    HfArgumentParser's --deepspeed) is the engine's config: the same losses as StrataTrainer(strata_config=...)."""
+    import json
+    from strata.torch.hf import Trainer, TrainingArguments
+    config_file = tmp_path / "ds_config.json"
+    config_file.write_text(json.dumps(STAGE3_CPU))
+    reference = StrataTrainer(model=tiny_gpt2(), args=transformers.TrainingArguments(**_arguments_values(tmp_path / "a")),
+                              train_dataset=ToyDataset(), strata_config=str(config_file))
+    reference.train()
+    expected = logged_losses(reference)
+    assert len(expected) == 4
+
+    args = TrainingArguments(**_arguments_values(tmp_path / "b"), deepspeed=str(config_file))
+    assert args.deepspeed is None and args.strata_config == str(config_file)
+    assert getattr(args, "deepspeed_plugin", None) is None  # transformers' DeepSpeed integration stays off
+    ported = Trainer(model=tiny_gpt2(), args=args, train_dataset=ToyDataset())
+    ported.train()
+    assert logged_losses(ported) == expected
+    assert ported.strata_engine.config["zero_optimization"]["stage"] == 3
+    ported.save_model(str(tmp_path / "saved"))  # pickles the arguments (training_args.bin)
+    assert torch.load(str(tmp_path / "saved" / "training_args.bin"), weights_only=False).strata_config == str(config_file)
+
+    # An HF example script's argument parsing: --deepspeed on the command line.
+    parser = transformers.HfArgumentParser(TrainingArguments)
+    (parsed,) = parser.parse_args_into_dataclasses(
+        ["--output_dir", str(tmp_path / "c"), "--deepspeed", str(config_file), "--per_device_train_batch_size", "2",
+         "--gradient_accumulation_steps", "2", "--max_steps", "4", "--learning_rate", "3e-3", "--weight_decay",
+         "0.01", "--optim", "adamw_torch", "--logging_steps", "1", "--save_strategy", "no", "--report_to", "none",
+         "--seed", "0", "--use_cpu", "--dataloader_num_workers", "0"])
+    parsed_run = Trainer(model=tiny_gpt2(), args=parsed, train_dataset=ToyDataset())
+    parsed_run.train()
+    assert logged_losses(parsed_run) == expected
+
+
+def test_a_config_given_twice_or_to_transformers_integration_is_refused_naming_the_fix(tmp_path):
+    from strata.torch.hf import Trainer, TrainingArguments
+    with pytest.raises(ValueError, match="two configs, deepspeed='a.json' and strata_config='b.json'"):
+        TrainingArguments(**_arguments_values(tmp_path), deepspeed="a.json", strata_config="b.json")
+    assert TrainingArguments(**_arguments_values(tmp_path), deepspeed="a.json",
+                             strata_config="a.json").strata_config == "a.json"  # the same config twice is one
+    with pytest.raises(ValueError, match="empty string"):
+        TrainingArguments(**_arguments_values(tmp_path), strata_config=" ")
+    with pytest.raises(ValueError, match=r"two configs, strata_config='c\\x1b\[0m.json'"):
+        Trainer(model=tiny_gpt2(), args=TrainingArguments(**_arguments_values(tmp_path), deepspeed="a.json"),
+                train_dataset=ToyDataset(), strata_config="c\x1b[0m.json")
+    with pytest.raises(ValueError, match="TrainingArguments\\(deepspeed=...\\)"):
+        Trainer(model=tiny_gpt2(), args=TrainingArguments(**_arguments_values(tmp_path)), train_dataset=ToyDataset())
+    # transformers' own arguments with deepspeed set (possible only where DeepSpeed is installed: set here after
+    # the fact) would run transformers' DeepSpeed integration: refused, naming the arguments to use.
+    stock_args = transformers.TrainingArguments(**_arguments_values(tmp_path))
+    stock_args.deepspeed = STAGE3_CPU
+    with pytest.raises(Unsupported, match="from strata.torch.hf import Trainer, TrainingArguments"):
+        StrataTrainer(model=tiny_gpt2(), args=stock_args, train_dataset=ToyDataset())

@@ -42,11 +42,28 @@ route the model's training through the engine:
 Gradient clipping is the engine's (the config's gradient_clipping or
 args.max_grad_norm); the Trainer's own clipping is turned off (its grad
 norm would be over no gradients: the engine owns them), and the logged
-grad_norm is the engine's. args.deepspeed is refused (it turns on the
-Trainer's own DeepSpeed integration).
+grad_norm is the engine's.
+
+Note [TrainingArguments(deepspeed=...)]
+A job written for DeepSpeed passes its config as
+transformers.TrainingArguments(deepspeed=...). transformers acts on that
+field as the arguments are made, before any Trainer exists: it needs the
+deepspeed package, registers a global that makes from_pretrained build
+under deepspeed.zero.Init, and switches accelerate to its DeepSpeed plugin.
+So the field cannot be taken over later without patching transformers;
+strata.torch.hf.TrainingArguments takes it as it is made instead: the same
+dataclass (every field, HfArgumentParser's --deepspeed flag), with the
+config moved to its strata_config field, so transformers never turns its
+integration on. The port is an import line:
+    from transformers import Trainer, TrainingArguments
+ -> from strata.torch.hf import Trainer, TrainingArguments
+and the Trainer takes the config from the arguments. transformers' own
+TrainingArguments with deepspeed set is refused (its DeepSpeed integration
+is already on, and a model loaded since may be partitioned by DeepSpeed).
 """
 
 import copy
+import dataclasses
 import os
 
 import torch
@@ -58,9 +75,46 @@ except ImportError as e:  # a clear message, not a traceback deep in an import
                       "accelerate (transformers 4.40.2 with torch 1.13)") from e
 
 from .. import torch as st
+from .._checks import printable, short_repr
 from ..errors import Unsupported
 
-__all__ = ["StrataTrainer"]
+__all__ = ["StrataTrainer", "Trainer", "TrainingArguments"]
+
+
+@dataclasses.dataclass
+class TrainingArguments(transformers.TrainingArguments):
+    """transformers.TrainingArguments whose `deepspeed` (a DeepSpeed JSON
+    config: a path or a dict) is the config Strata's engine trains with, kept
+    as `strata_config` (Note [TrainingArguments(deepspeed=...)]); `deepspeed`
+    itself stays None so transformers does not turn on its DeepSpeed
+    integration. Every other field is transformers'."""
+
+    strata_config: object = dataclasses.field(
+        default=None, metadata={"help": "The DeepSpeed JSON config (a path or a dict) Strata's engine trains with; "
+                                        "--deepspeed gives the same"})
+
+    def __post_init__(self):
+        given = self.deepspeed
+        if given is not None and self.strata_config is not None and given != self.strata_config:
+            raise ValueError(f"TrainingArguments got two configs, deepspeed={_shown(given)} and "
+                             f"strata_config={_shown(self.strata_config)}: give one of them (they are the same "
+                             f"setting)")
+        if given is not None:
+            self.strata_config = given
+        if isinstance(self.strata_config, str) and not self.strata_config.strip():
+            raise ValueError("TrainingArguments(deepspeed=...) is an empty string: give the DeepSpeed JSON config's "
+                             "path or a dict")
+        self.deepspeed = None  # transformers' DeepSpeed integration stays off: the engine takes the config
+        super().__post_init__()
+
+
+def _shown(config):
+    """A config as an error names it: a path as given, a dict by its keys."""
+    if isinstance(config, dict):
+        return "{" + ", ".join(short_repr(k) for k in list(config)[:6]) + (", ..." if len(config) > 6 else "") + "}"
+    if isinstance(config, (str, os.PathLike)):
+        return "'" + printable(os.fspath(config))[:200] + "'"
+    return short_repr(config)
 
 
 class StrataTrainer(transformers.Trainer):
@@ -72,17 +126,30 @@ class StrataTrainer(transformers.Trainer):
     "nvme_path"}): the config fitted to those caps first.
     strata_initial_weights: initialize's initial_weights (a safetensors
     checkpoint read a tensor at a time; with a model built under st.init
-    the model never exists whole)."""
+    the model never exists whole). With strata.torch.hf.TrainingArguments
+    the config may come from args (deepspeed= or strata_config=) instead
+    (Note [TrainingArguments(deepspeed=...)])."""
 
     def __init__(self, *args, strata_config=None, strata_units="auto", strata_fit=None, strata_initial_weights=None,
                  **kwargs):
+        training_args = kwargs.get("args", args[1] if len(args) > 1 else None)
+        if getattr(training_args, "deepspeed", None):
+            raise Unsupported("transformers.TrainingArguments(deepspeed=...) has turned on transformers' own "
+                              "DeepSpeed integration (accelerate's DeepSpeed plugin; from_pretrained under "
+                              "deepspeed.zero.Init): make the arguments with strata.torch.hf.TrainingArguments "
+                              "(the same fields; its deepspeed= is the engine's config), i.e. import them as "
+                              "`from strata.torch.hf import Trainer, TrainingArguments`")
+        from_args = getattr(training_args, "strata_config", None)
+        if strata_config is not None and from_args is not None and strata_config != from_args:
+            raise ValueError(f"StrataTrainer got two configs, strata_config={_shown(strata_config)} and the "
+                             f"arguments' {_shown(from_args)} (TrainingArguments' deepspeed=/strata_config=): give "
+                             f"one of them")
+        strata_config = strata_config if strata_config is not None else from_args
         if strata_config is None:
-            raise ValueError("StrataTrainer needs strata_config=: the DeepSpeed JSON config (a path or a dict) the "
-                             "engine trains with")
+            raise ValueError("StrataTrainer needs a config: the DeepSpeed JSON config (a path or a dict) the engine "
+                             "trains with, as StrataTrainer(strata_config=...) or "
+                             "strata.torch.hf.TrainingArguments(deepspeed=...)")
         super().__init__(*args, **kwargs)
-        if getattr(self.args, "deepspeed", None):
-            raise Unsupported("TrainingArguments.deepspeed turns on the Trainer's own DeepSpeed integration: pass "
-                              "the config as StrataTrainer(strata_config=...) and leave args.deepspeed unset")
         self._strata_config = strata_config
         self._strata_units = strata_units
         self._strata_fit = strata_fit
@@ -266,3 +333,5 @@ class StrataTrainer(transformers.Trainer):
 
 
 _SCHEDULER_FILE = "scheduler.pt"  # the Trainer's own name for it
+
+Trainer = StrataTrainer  # the port's import line: from strata.torch.hf import Trainer, TrainingArguments
