@@ -5,7 +5,7 @@
 //  - STRATA_FAULTS: faults injected into the NVMe I/O of the optimizer state
 //    (on=optimizer, the default) or the stage-3 parameter shards
 //    (on=params), to see what a failing drive does to a run; the rest is a
-//    nvme::FaultPlan's text (nvme/fault_injection.h);
+//    nvme::FaultPlan's text (strata/nvme/testing/fault_injection.h);
 //  - STRATA_CHECKPOINT_CRASH_AT=<point>[@TAG]: SIGKILL at that point of rank
 //    0's checkpoint commit (of the save of TAG only, when given).
 #include <cstdlib>
@@ -15,7 +15,7 @@
 #include "engine_run.h"
 #include "strata/core/units.h"
 #include "strata/nvme/aio_config.h"
-#include "strata/nvme/fault_injection.h"
+#include "strata/nvme/testing/fault_injection.h"
 #include "strata/offload/testing/engine_seam.h"
 
 namespace strata::cli {

@@ -32,7 +32,6 @@
 // plan's size of one slot): a save above it is refused on every rank before
 // anything is allocated or written, naming the fix.
 #include <fcntl.h>
-#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -55,16 +54,6 @@ namespace strata::offload::engine_detail {
 namespace fs = std::filesystem;
 
 namespace {
-
-// testing::CheckpointCrash (only an engine created through the testing
-// seam has one): SIGKILL at that point of rank 0's commit (after-rank-files,
-// before-manifest, before-rename, before-latest, after-latest), of the save
-// of its tag only when given: how the tests show that a kill -9 at any
-// moment leaves the previous checkpoint loadable through `latest`.
-void crash_point(const std::optional<testing::CheckpointCrash>& crash, const char* point, const std::string& tag) {
-  if (!crash || crash->point != point) return;
-  if (crash->tag.empty() || crash->tag == tag) ::kill(::getpid(), SIGKILL);
-}
 
 // A file this rank writes, with the running checksum of what was written (in order).
 struct OutFile {
@@ -287,7 +276,7 @@ Status CheckpointIO::finish_save(SaveState& s) {
     report["extents"].push_back({e.file, e.layer, e.begin, e.count, e.offset, hex64(e.xxh3)});
   STRATA_RETURN_IF_ERROR(write_file_atomically(s.tmp, fmt::format("rank{:05d}.json", s.rank), report.dump()));
   if (s.rank != 0) return Status::Ok();
-  crash_point(s.crash, "after-rank-files", s.tag);
+  FaultHooks::checkpoint_point_reached(s.crash, "after-rank-files", s.tag);
 
   // Rank 0: every rank's report (or its failure) appended to the manifest,
   // which from_json then checks as a loader would: what is committed reads back.
@@ -331,17 +320,17 @@ Status CheckpointIO::finish_save(SaveState& s) {
     }
   }
   STRATA_RETURN_IF_ERROR(CheckpointManifest::from_json(mj, (s.tmp / "manifest.json").string()).status());
-  crash_point(s.crash, "before-manifest", s.tag);
+  FaultHooks::checkpoint_point_reached(s.crash, "before-manifest", s.tag);
   STRATA_RETURN_IF_ERROR(write_file_atomically(s.tmp, "manifest.json", mj.dump(1)));
-  crash_point(s.crash, "before-rename", s.tag);
+  FaultHooks::checkpoint_point_reached(s.crash, "before-rename", s.tag);
   const fs::path final_dir = s.dir / s.tag;
   if (::rename(s.tmp.c_str(), final_dir.c_str()) != 0)
     return ErrnoStatus(errno, fmt::format("rename '{}' to '{}' (does the tag exist already?)",
                                           printable(s.tmp.string(), 256), printable(final_dir.string(), 256)));
   STRATA_RETURN_IF_ERROR(fsync_folder(s.dir));
-  crash_point(s.crash, "before-latest", s.tag);
+  FaultHooks::checkpoint_point_reached(s.crash, "before-latest", s.tag);
   STRATA_RETURN_IF_ERROR(write_file_atomically(s.dir, "latest", s.tag + "\n"));
-  crash_point(s.crash, "after-latest", s.tag);
+  FaultHooks::checkpoint_point_reached(s.crash, "after-latest", s.tag);
   if (s.keep > 0) STRATA_RETURN_IF_ERROR(prune_checkpoints(s.dir, s.keep, s.tag));
   return Status::Ok();
 }
@@ -483,7 +472,7 @@ Result<CheckpointSaveInfo> CheckpointIO::save(const CheckpointSaveOptions& o, co
   s->world = world;
   s->keep = o.keep;
   s->commit_timeout_s = o.commit_timeout_s;
-  s->crash = faults.checkpoint_crash;
+  s->crash = faults.checkpoint_crash();
   s->t0 = t0;
   s->rollbacks = updates_.tier().rollbacks();
   {

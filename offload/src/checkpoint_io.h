@@ -64,7 +64,7 @@ class CheckpointIO {
   UpdateScheduler& updates_;
   // The context's facts the save and load read (names as in EngineContext).
   const EngineOptions& opt;
-  const testing::EngineFaults& faults;
+  const FaultHooks& faults;
   const LayeredModel& model;
   Device& device;
   comm::Communicator& comm;

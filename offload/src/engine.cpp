@@ -312,7 +312,7 @@ Result<std::unique_ptr<Engine>> Engine::create_with_faults(const EngineOptions& 
                                                            const testing::EngineFaults* faults) {
   auto impl = std::make_unique<Impl>(options, runner, model, device, comm);
   impl->model_stream = model_stream;
-  if (faults != nullptr) impl->faults = *faults;  // before init(): the NVMe tiers open through its I/O engines
+  if (faults != nullptr) impl->faults = FaultHooks(*faults);  // before init(): the NVMe tiers open through its I/O engines
   std::unique_ptr<Engine> e(new Engine(std::move(impl)));
   e->impl_->self = e.get();
   STRATA_RETURN_IF_ERROR(e->impl_->init().with_context(fmt::format("engine on rank {}", comm.rank())));

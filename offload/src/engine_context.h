@@ -29,7 +29,7 @@
 #include "strata/offload/engine.h"
 #include "strata/offload/partition.h"
 #include "strata/offload/state_placement.h"
-#include "strata/offload/testing/engine_faults.h"
+#include "fault_hooks.h"
 
 namespace strata::offload {
 namespace engine_detail {
@@ -149,7 +149,7 @@ struct EngineContext {
       : opt(o), model(m), device(d), comm(c), world(c.world_size()), rank(c.rank()) {}
 
   EngineOptions opt;
-  testing::EngineFaults faults;  // none unless created through the testing seam (engine_seam.h)
+  FaultHooks faults;  // a test's faults (fault_hooks.h); none unless created through the testing seam
   const LayeredModel& model;
   Device& device;
   comm::Communicator& comm;

@@ -162,14 +162,9 @@ Status GradientReduction::launch_reduction(size_t li) {
   std::byte* full = l.full_grads.as<std::byte>();
   const size_t e = ctx_.grad_bytes();
   Completion local = l.last_backward_released;
-  const std::optional<testing::GradientFault>& fault = ctx_.faults.gradient;
-  if (fault && fault->step == ctx_.steps_begun && fault->rank == rank && fault->layer == li) {
-    const float v = fault->value;
-    if (opt.grad_dtype == DType::kF32) std::memcpy(fault_bytes_.data(), &v, 4);
-    if (opt.grad_dtype == DType::kBF16) convert_fp32_to_bf16(&v, reinterpret_cast<bfloat16*>(fault_bytes_.data()), 1);
-    if (opt.grad_dtype == DType::kF16) convert_fp32_to_fp16(&v, reinterpret_cast<float16*>(fault_bytes_.data()), 1);
+  if (const std::byte* injected = ctx_.faults.gradient_override(ctx_.steps_begun, rank, li, opt.grad_dtype)) {
     STRATA_RETURN_IF_ERROR(xfer.wait(l.last_backward_released));  // the injected value lands after the backward
-    STRATA_RETURN_IF_ERROR(xfer.copy_async(full, fault_bytes_.data(), e, CopyKind::kHostToDevice));
+    STRATA_RETURN_IF_ERROR(xfer.copy_async(full, injected, e, CopyKind::kHostToDevice));
     local = xfer.record_completion();
   }
   Completion reduced = local;

@@ -133,7 +133,6 @@ class GradientReduction {
   // Stage 2-3 full gradients: device buffers under reduce_bucket_size,
   // freed once their users are done (Note [Lent buffers]).
   std::optional<LentBuffers> live_;
-  std::array<std::byte, 4> fault_bytes_{};  // the injected gradient value (testing::GradientFault), gradient dtype
 };
 
 }  // namespace strata::offload::engine_detail

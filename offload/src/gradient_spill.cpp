@@ -20,7 +20,7 @@ Result<std::unique_ptr<GradientSpill>> GradientSpill::create(EngineContext& ctx,
       keys += ctx.part.layer(li).groups.size() * static_cast<uint64_t>(ctx.owned_rank_end() - ctx.owned_rank_begin());
   }
   s->counted_.assign(keys, false);
-  STRATA_ASSIGN_OR_RETURN(s->engine_, io_engine_for(ctx.faults.gradient_io, opt.nvme.aio, s->owned_engine_,
+  STRATA_ASSIGN_OR_RETURN(s->engine_, io_engine_for(ctx.faults.gradient_io(), opt.nvme.aio, s->owned_engine_,
                                                     "NVMe gradient shards"));
   STRATA_ASSIGN_OR_RETURN(s->pool_, registered_slots(ctx.device, *s->engine_, ctx.stats, p.gradient_slot_count,
                                                      p.gradient_slot_bytes, 4096, "NVMe gradient shards",

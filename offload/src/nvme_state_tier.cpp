@@ -21,6 +21,7 @@
 #include "strata/nvme/io_engine.h"
 #include "strata/nvme/swap_store.h"
 #include "nvme_streaming.h"
+#include "strata/offload/testing/nvme_state_tier_seam.h"
 
 namespace strata::offload {
 namespace {
@@ -43,8 +44,10 @@ constexpr size_t kNotInOrder = static_cast<size_t>(-1);
 
 class NvmeStateTier final : public OptimizerStateTier {
  public:
-  NvmeStateTier(const NvmeStateTierOptions& options, Device& device, MemoryStats& stats)
-      : options_(options), device_(device), stats_(stats) {}
+  // `io`: the I/O engine a test gave (testing::make_nvme_state_tier_on), or
+  // null for one made from options.aio.
+  NvmeStateTier(const NvmeStateTierOptions& options, nvme::IoEngine* io, Device& device, MemoryStats& stats)
+      : options_(options), given_engine_(io), device_(device), stats_(stats) {}
   ~NvmeStateTier() override;
 
   Status init();
@@ -159,6 +162,7 @@ class NvmeStateTier final : public OptimizerStateTier {
   };
 
   NvmeStateTierOptions options_;
+  nvme::IoEngine* given_engine_ = nullptr;
   Device& device_;
   MemoryStats& stats_;
   std::string description_;
@@ -209,7 +213,7 @@ Status NvmeStateTier::init() {
                            "pieces to be added");
   options_.slot_bytes = align_up(o.slot_bytes);
 
-  STRATA_ASSIGN_OR_RETURN(engine_, io_engine_for(o.io_engine, o.aio, owned_engine_, "NVMe optimizer state"));
+  STRATA_ASSIGN_OR_RETURN(engine_, io_engine_for(given_engine_, o.aio, owned_engine_, "NVMe optimizer state"));
   STRATA_ASSIGN_OR_RETURN(pool_, registered_slots(device_, *engine_, stats_, o.buffer_count, options_.slot_bytes,
                                                   kNvmeStateAlign, "NVMe optimizer state",
                                                   "lower zero_optimization.offload_optimizer.buffer_count or "
@@ -890,11 +894,26 @@ uint64_t nvme_piece_bytes(size_t count, bool has_master, const cpu_adam::MomentS
   return (has_master ? align_up(count * sizeof(float)) : 0) + 2 * align_up(moments.moment_bytes(count));
 }
 
-Result<std::unique_ptr<OptimizerStateTier>> make_nvme_state_tier(const NvmeStateTierOptions& options, Device& device,
-                                                                 MemoryStats& stats) {
-  auto tier = std::make_unique<NvmeStateTier>(options, device, stats);
+namespace {
+
+Result<std::unique_ptr<OptimizerStateTier>> make_tier(const NvmeStateTierOptions& options, nvme::IoEngine* io,
+                                                      Device& device, MemoryStats& stats) {
+  auto tier = std::make_unique<NvmeStateTier>(options, io, device, stats);
   STRATA_RETURN_IF_ERROR(tier->init());
   return std::unique_ptr<OptimizerStateTier>(std::move(tier));
+}
+
+}  // namespace
+
+Result<std::unique_ptr<OptimizerStateTier>> make_nvme_state_tier(const NvmeStateTierOptions& options, Device& device,
+                                                                 MemoryStats& stats) {
+  return make_tier(options, nullptr, device, stats);
+}
+
+Result<std::unique_ptr<OptimizerStateTier>> testing::make_nvme_state_tier_on(const NvmeStateTierOptions& options,
+                                                                            nvme::IoEngine& io, Device& device,
+                                                                            MemoryStats& stats) {
+  return make_tier(options, &io, device, stats);
 }
 
 }  // namespace strata::offload

@@ -75,7 +75,7 @@ Status ParameterGathering::make_param_swap(const std::string& job_name) {
   o.capacity_bytes = capacity;
   o.aio = opt.nvme.aio;
   o.verify_checksums = opt.nvme.verify_checksums;
-  o.io_engine = ctx_.faults.param_io;
+  o.io_engine = ctx_.faults.param_io();
   STRATA_ASSIGN_OR_RETURN(swap_, ParamSwap::create(o, ctx_.device, ctx_.stats));
   shard_reader_ = std::make_unique<SerialWorker>(fmt::format("parameter shard reader of rank {}", ctx_.rank));
   return Status::Ok();
@@ -225,11 +225,7 @@ Status ParameterGathering::queue_gather(size_t li, std::vector<Completion>& queu
   } else {
     STRATA_RETURN_IF_ERROR(comm.wait(l.shard_ready, comm::CommQueue::kGather));  // a queue gate: sends the updated shard
   }
-  const std::optional<testing::GatherFault>& fault = ctx_.faults.gather;
-  if (fault && fault->step == ctx_.steps_begun && fault->rank == rank && fault->layer == li && !fault_gather_fired_) {
-    fault_gather_fired_ = true;
-    return Internal("injected gather failure (testing::GatherFault)");
-  }
+  STRATA_RETURN_IF_ERROR(ctx_.faults.gather(ctx_.steps_begun, rank, li));
   Completion last;
   for (const SubGroup& g : layer_part.groups) {
     const std::byte* send = ctx_.param_on_host() ? full + layer_part.piece_begin(g, rank) * eb

@@ -166,7 +166,6 @@ class ParameterGathering {
   // Gathered layers: device buffers under stage3_max_live_parameters, freed
   // once their users are done (Note [Lent buffers]).
   std::optional<LentBuffers> live_;
-  bool fault_gather_fired_ = false;  // testing::GatherFault fires once
   // offload_param nvme; after `layers_`, so it closes (its writes from the
   // update's staging buffers done) before the buffers are freed.
   std::unique_ptr<ParamSwap> swap_;

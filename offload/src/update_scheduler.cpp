@@ -12,6 +12,7 @@
 #include "gradient_spill.h"
 #include "strata/offload/device_adam.h"
 #include "strata/offload/nvme_state_tier.h"
+#include "strata/offload/testing/nvme_state_tier_seam.h"
 
 namespace strata::offload::engine_detail {
 
@@ -102,10 +103,11 @@ Status UpdateScheduler::make_nvme_tier(const std::string& job_name) {
   o.pipeline_read = opt.nvme.pipeline_read;
   o.pipeline_write = opt.nvme.pipeline_write;
   o.verify_checksums = opt.nvme.verify_checksums;
-  o.io_engine = ctx_.faults.optimizer_io;  // null unless a test's (Note [Testing seam])
   o.wait_timeout_s = opt.wait_timeout_s;
   o.pending_versions = ctx_.placement.early_updates;  // Note [Early, exact updates]
-  STRATA_ASSIGN_OR_RETURN(tier_, make_nvme_state_tier(o, ctx_.device, ctx_.stats));
+  nvme::IoEngine* given = ctx_.faults.optimizer_io();  // null unless a test's (Note [Testing seam])
+  STRATA_ASSIGN_OR_RETURN(tier_, given != nullptr ? testing::make_nvme_state_tier_on(o, *given, ctx_.device, ctx_.stats)
+                                                  : make_nvme_state_tier(o, ctx_.device, ctx_.stats));
   return Status::Ok();
 }
 
@@ -302,7 +304,7 @@ Status UpdateScheduler::step_layer(size_t li, std::vector<PieceJob>& jobs, const
   const auto t0 = Clock::now();
   Status st = step_pieces(*tier_, *optimizer_, jobs, args, param_dtype, out_of_place);
   spent.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
-  if (!out_of_place && ctx_.faults.update_values_queued) ctx_.faults.update_values_queued(li, /*kept=*/false);
+  if (!out_of_place) ctx_.faults.update_values_queued(li, /*kept=*/false);
   if (st.ok() && in_slot) {
     Result<Completion> written = params_.write_back(li, std::move(slot));
     if (written.ok())
@@ -518,10 +520,9 @@ Status UpdateScheduler::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimize
         Status copied = update_stream_->synchronize();
         if (!copied.ok() && copy_status.ok()) copy_status = copied;
       }
-      if (rep.ok() && ctx_.faults.update && ctx_.faults.update->step == args.step && ctx_.faults.update->rank == ctx_.rank &&
-          ctx_.faults.update->layer == j.id.layer && &t == tier_.get() && &j == last_stepped && last_call &&
-          (out_of_place || !ctx_.faults.update->early_only))
-        rep = Internal("injected kernel failure (testing::UpdateFault)");
+      if (rep.ok() && &t == tier_.get() && &j == last_stepped && last_call)
+        if (Status injected = ctx_.faults.update(args.step, ctx_.rank, j.id.layer, out_of_place); !injected.ok())
+          rep = std::move(injected);
       if (!rep.ok()) return torn(fail(rep.status().with_context(fmt::format("optimizer step of {}", ctx_.part.describe(j.id)))));
       if (!copy_status.ok()) {
         const Status c =
@@ -635,7 +636,7 @@ Status UpdateScheduler::queue_early_update(size_t li, const GradientReduction::U
       [this, li, in_slot, jobs = e.jobs, args = early_args_, param_dtype = ctx_.where(li).param_dtype,
        claimed = e.claimed, spent = early_ns_, write_back = e.write_back]() mutable {
         if (claimed->exchange(true)) return Status::Ok();  // the step's end claimed it back
-        if (ctx_.faults.early_update_started) ctx_.faults.early_update_started(li);  // a test's observer
+        ctx_.faults.early_update_started(li);  // a test's observer
         // Out of place: a failure part-way changed no state (the step's end redoes the layer).
         return step_layer(li, jobs, args, param_dtype, in_slot, /*out_of_place=*/true, *spent, *write_back);
       },
@@ -653,7 +654,7 @@ Status UpdateScheduler::close_early_updates() {
   for (size_t li = 0; li < early_.size(); ++li) {
     EarlyUpdate& e = early_[li];
     if (!e.queued) continue;
-    if (ctx_.faults.run_every_early_update)
+    if (ctx_.faults.run_every_early_update())
       STRATA_RETURN_IF_ERROR(ctx_.wait_bounded(e.done, fmt::format("the early update of {}", ctx_.layer_label(li))));
     e.ran = e.claimed->exchange(true);  // false: claimed back before it started (a no-op when it runs)
     if (!e.ran) continue;
@@ -782,7 +783,7 @@ Result<UpdateScheduler::Queued> UpdateScheduler::keep_early(size_t li, const Gra
           Status queued;
           for (const StagedCopy& c : copies)
             if (queued.ok()) queued = update_stream_->copy_async(c.dst, c.src, c.bytes, CopyKind::kHostToDevice);
-          if (ctx_.faults.update_values_queued) ctx_.faults.update_values_queued(li, /*kept=*/true);  // a test's observer
+          ctx_.faults.update_values_queued(li, /*kept=*/true);  // a test's observer
           // Blocks: this task's completion is the layer's update_written, so it
           // ends when the values are on the device (as step_pieces waits for its
           // tiles); the engine's waits on it are bounded.

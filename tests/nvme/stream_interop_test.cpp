@@ -11,7 +11,7 @@
 #include "strata/core/device_registry.h"
 #include "strata/core/slot_pool.h"
 #include "strata/nvme/aligned_buffer.h"
-#include "strata/nvme/fault_injection.h"
+#include "strata/nvme/testing/fault_injection.h"
 #include "strata/nvme/swap_store.h"
 
 namespace strata::nvme {

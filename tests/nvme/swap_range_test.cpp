@@ -14,7 +14,7 @@
 
 #include "nvme_test_util.h"
 #include "strata/nvme/aligned_buffer.h"
-#include "strata/nvme/fault_injection.h"
+#include "strata/nvme/testing/fault_injection.h"
 #include "strata/nvme/swap_store.h"
 
 namespace strata::nvme {

@@ -22,7 +22,7 @@
 #include "engine_harness.h"
 #include "strata/core/units.h"
 #include "strata/nvme/aio_config.h"
-#include "strata/nvme/fault_injection.h"
+#include "strata/nvme/testing/fault_injection.h"
 #include "strata/offload/checkpoint.h"
 #include "scratch_folders.h"
 

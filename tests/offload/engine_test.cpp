@@ -29,7 +29,7 @@
 #include "strata/model/gpt_runner.h"
 #include "strata/model/text_data.h"
 #include "strata/nvme/aio_config.h"
-#include "strata/nvme/fault_injection.h"
+#include "strata/nvme/testing/fault_injection.h"
 #include "strata/offload/engine.h"
 #include "engine_harness.h"
 #include "strata/offload/grad_norm.h"

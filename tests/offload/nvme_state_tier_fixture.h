@@ -17,7 +17,8 @@
 
 #include "strata/core/device_registry.h"
 #include "strata/cpu_adam/optimizer.h"
-#include "strata/nvme/fault_injection.h"
+#include "strata/nvme/testing/fault_injection.h"
+#include "strata/offload/testing/nvme_state_tier_seam.h"
 #include "strata/nvme/io_engine.h"
 #include "strata/nvme/swap_dir.h"
 #include "strata/offload/nvme_state_tier.h"
@@ -130,8 +131,10 @@ class NvmeStateTierTest : public ::testing::Test {
     return o;
   }
 
-  std::unique_ptr<OptimizerStateTier> make(const NvmeStateTierOptions& o) {
-    auto t = make_nvme_state_tier(o, *device_, stats_);
+  // `io`: the tier's I/O through this engine (a fault-injecting one) instead of one made from o.aio.
+  std::unique_ptr<OptimizerStateTier> make(const NvmeStateTierOptions& o, nvme::IoEngine* io = nullptr) {
+    auto t = io != nullptr ? testing::make_nvme_state_tier_on(o, *io, *device_, stats_)
+                           : make_nvme_state_tier(o, *device_, stats_);
     EXPECT_TRUE(t.ok()) << t.status().to_string();
     return t.ok() ? std::move(t).value() : nullptr;
   }

@@ -275,10 +275,9 @@ TEST_F(NvmeStateTierFaultTest, EioOnReadNamesFileOffsetAndPiece) {
     std::vector<PieceSpec> pieces = {{{5, 2, 1}, 40000, true}, {{6, 0, 0}, 100, true}};
     const std::string job = pipeline_read ? "eio-read-ahead" : "eio-read";
     NvmeStateTierOptions o = options(pieces, cpu_adam::MomentStorage::fp32(), job);
-    o.io_engine = engine_.get();
     o.pipeline_read = pipeline_read;
     {
-      auto tier = make(o);
+      auto tier = make(o, engine_.get());
       ASSERT_TRUE(tier);
       counters_->arm();  // reads only: the initial writes pass, every read (also a read-ahead) fails
       ASSERT_NO_FATAL_FAILURE(add_all(*tier, pieces));
@@ -313,10 +312,9 @@ TEST_F(NvmeStateTierFaultTest, EioOnWriteKeepsThePreviousStateReadable) {
     std::vector<PieceSpec> pieces = {{{1, 0, 0}, 60000, true}, {{1, 1, 0}, 5000, false}};
     const std::string job = pipeline_write ? "eio-write-async" : "eio-write-sync";
     NvmeStateTierOptions o = options(pieces, cpu_adam::MomentStorage::fp32(), job);
-    o.io_engine = engine_.get();
     o.pipeline_write = pipeline_write;
     {
-      auto tier = make(o);
+      auto tier = make(o, engine_.get());
       ASSERT_TRUE(tier);
       ASSERT_NO_FATAL_FAILURE(add_all(*tier, pieces));
       auto s = tier->open({1, 0, 0});
@@ -355,8 +353,7 @@ TEST_F(NvmeStateTierFaultTest, FlippedBitIsDataLossNamingThePiece) {
   ASSERT_NO_FATAL_FAILURE(make_faulty(plan));
   std::vector<PieceSpec> pieces = {{{3, 4, 0}, 20000, true}};
   NvmeStateTierOptions o = options(pieces, cpu_adam::MomentStorage::bf16(), "flip");
-  o.io_engine = engine_.get();
-  auto tier = make(o);
+  auto tier = make(o, engine_.get());
   ASSERT_TRUE(tier);
   counters_->arm();  // reads only, read-ahead included
   ASSERT_NO_FATAL_FAILURE(add_all(*tier, pieces));
@@ -379,8 +376,7 @@ TEST_F(NvmeStateTierFaultTest, TransientErrorsAndShortTransfersAreInvisible) {
   counters_->arm();
   std::vector<PieceSpec> pieces = odd_pieces();
   NvmeStateTierOptions o = options(pieces, cpu_adam::MomentStorage::fp32(), "transient");
-  o.io_engine = engine_.get();
-  auto tier = make(o);
+  auto tier = make(o, engine_.get());
   ASSERT_TRUE(tier);
   ASSERT_NO_FATAL_FAILURE(add_all(*tier, pieces));
   for (int step = 1; step <= 2; ++step)

@@ -112,10 +112,9 @@ TEST_F(NvmeStateTierFaultTest, CommitReportsAFailedWriteBackAndKeepsTheCommitted
   ASSERT_NO_FATAL_FAILURE(make_faulty(plan));
   const std::vector<PieceSpec> pieces = {{{1, 0, 0}, 6000, true}, {{1, 1, 0}, 5000, true}};
   NvmeStateTierOptions o = options(pieces, cpu_adam::MomentStorage::fp32(), "commit-eio");
-  o.io_engine = engine_.get();
   o.pipeline_write = true;
   {
-    auto tier = make(o);
+    auto tier = make(o, engine_.get());
     ASSERT_TRUE(tier);
     ASSERT_NO_FATAL_FAILURE(add_all(*tier, pieces));
     std::vector<std::vector<std::byte>> before;
@@ -308,10 +307,9 @@ TEST_F(NvmeStateTierFaultTest, AFailedPendingWriteIsRedoneNotALostStep) {
   for (bool pipeline : {false, true}) {
     SCOPED_TRACE(pipeline ? "pipeline write" : "synchronous write");
     NvmeStateTierOptions o = options(pieces, cpu_adam::MomentStorage::fp32(), pipeline ? "pending-eio-p" : "pending-eio-s");
-    o.io_engine = engine_.get();
     o.pipeline_write = pipeline;
     o.pending_versions = true;
-    auto tier = make(o);
+    auto tier = make(o, engine_.get());
     ASSERT_TRUE(tier);
     ASSERT_NO_FATAL_FAILURE(add_all(*tier, pieces));
     const StateId id = pieces[0].id;

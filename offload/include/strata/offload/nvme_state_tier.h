@@ -99,10 +99,6 @@
 #include "strata/core/status.h"
 #include "strata/offload/state_tier.h"
 
-namespace strata::nvme {
-class IoEngine;
-}
-
 namespace strata::offload {
 
 inline constexpr uint64_t kNvmeStateAlign = 4096;
@@ -138,9 +134,6 @@ struct NvmeStateTierOptions {
   // Pieces may hold a third, pending version (Note [Piece versions]):
   // add_pending() is accepted and the swap file sized for it.
   bool pending_versions = false;
-  // Optional: do I/O through this engine (must outlive the tier; tests pass a
-  // fault-injecting one) instead of building one from `aio`.
-  nvme::IoEngine* io_engine = nullptr;
 };
 
 // The tier. `device` pins the slots (and must outlive the tier); `stats`

@@ -8,6 +8,10 @@
 // kernel results: transient faults must be retried transparently, hard
 // faults must surface as a Status with file, offset, length and errno, and
 // torn or corrupted data must be caught by the swap store's checksums.
+//
+// Test code, not part of the installed API: this header and its library
+// strata_nvme_testing live under nvme/testing/, which no install() rule
+// reaches; the tests and the strata-testing binary (STRATA_FAULTS) link it.
 
 #include <atomic>
 #include <cstdint>

@@ -10,7 +10,7 @@
 // a read may get one bit flipped, and any completion may be held back for
 // a while (latency). The scheduler above sees only raw results and must
 // handle them exactly as it handles the kernel's.
-#include "strata/nvme/fault_injection.h"
+#include "strata/nvme/testing/fault_injection.h"
 
 #include <cerrno>
 #include <cstdlib>
