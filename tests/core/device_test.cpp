@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "strata/core/borrowed_stream.h"
 #include "strata/core/device.h"
 #include "strata/core/device_registry.h"
 #include "strata/core/pinned_pool.h"
@@ -539,6 +540,35 @@ TEST_P(DeviceTest, RecordCompletionChainsHostCodeOntoStreamWork) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   EXPECT_EQ(chained.load(), 1);
   ASSERT_TRUE(s->synchronize().ok());
+}
+
+// Note [Borrowed streams]: a wait put through the wrapper holds the owner's
+// own later work; destroying the wrapper leaves the owner's stream usable.
+TEST_P(DeviceTest, ABorrowedStreamOrdersItsOwnersWorkAndStaysTheOwners) {
+  auto owner = stream();
+  auto borrowed = borrow_stream(*device_, owner->native_handle());
+  if (is_cpu()) {
+    ASSERT_FALSE(borrowed.ok());
+    EXPECT_EQ(borrowed.status().code(), StatusCode::kUnsupported) << borrowed.status().to_string();
+    EXPECT_NE(borrowed.status().message().find("order work against it on the host"), std::string::npos);
+    return;
+  }
+  ASSERT_TRUE(borrowed.ok()) << borrowed.status().to_string();
+  CompletionSource gate("the engine's gather");
+  ASSERT_TRUE((*borrowed)->wait(gate.completion()).ok());
+  auto after = event();
+  ASSERT_TRUE(owner->record(*after).ok());  // the owner's own work, issued after the borrowed wait
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(after->query()) << "the owner's work ran before the wait put through the borrowed stream";
+  gate.complete(Status::Ok());
+  ASSERT_TRUE(after->synchronize().ok());
+  Completion recorded = (*borrowed)->record_completion();
+  ASSERT_TRUE(recorded.wait_for(kDeadlockGuard));
+  borrowed->reset();  // the wrapper goes; the owner's stream stays
+  DeviceBuffer buffer = alloc(64);
+  std::vector<std::byte> host(64, std::byte{7});
+  ASSERT_TRUE(owner->copy_async(buffer.data(), host.data(), host.size(), CopyKind::kHostToDevice).ok());
+  ASSERT_TRUE(owner->synchronize().ok());
 }
 
 TEST_P(DeviceTest, AnAlreadyFailedCompletionFailsTheStreamAtOnce) {

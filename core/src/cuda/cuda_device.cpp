@@ -171,13 +171,15 @@ class CudaEvent final : public Event {
 
 class CudaStream final : public Stream {
  public:
-  CudaStream(Device* device, int ordinal, cudaStream_t stream)
-      : Stream(device), ordinal_(ordinal), stream_(stream), log_(std::make_shared<StreamFailureLog>()),
+  // `owned`: false for a stream another library made (Note [Borrowed
+  // streams]): the destructor waits but does not destroy it.
+  CudaStream(Device* device, int ordinal, cudaStream_t stream, bool owned = true)
+      : Stream(device), ordinal_(ordinal), stream_(stream), owned_(owned), log_(std::make_shared<StreamFailureLog>()),
         gates_(std::make_shared<GateState>()) {}
   ~CudaStream() override {
     cudaSetDevice(ordinal_);
     cudaStreamSynchronize(stream_);  // like the cpu device: destruction waits for the work (gates included)
-    cudaStreamDestroy(stream_);
+    if (owned_) cudaStreamDestroy(stream_);
     // Events recorded here may outlive the stream and keep its log: settled,
     // it holds no other stream's log (two streams that waited on each other
     // would otherwise keep each other's logs alive).
@@ -303,6 +305,7 @@ class CudaStream final : public Stream {
 
   int ordinal_;
   cudaStream_t stream_;
+  bool owned_;
   std::atomic<uint64_t> ops_{0};
   std::shared_ptr<StreamFailureLog> log_;
   std::shared_ptr<GateState> gates_;
@@ -468,6 +471,10 @@ class CudaDevice final : public Device {
     cudaStream_t stream = nullptr;
     STRATA_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), ordinal_);
     return std::unique_ptr<Stream>(std::make_unique<CudaStream>(this, ordinal_, stream));
+  }
+  Result<std::unique_ptr<Stream>> borrow_stream(void* native_handle) {
+    return std::unique_ptr<Stream>(
+        std::make_unique<CudaStream>(this, ordinal_, static_cast<cudaStream_t>(native_handle), /*owned=*/false));
   }
   Result<std::unique_ptr<Event>> create_event() override {
     STRATA_CUDA(cudaSetDevice(ordinal_), ordinal_);
@@ -656,6 +663,13 @@ Result<std::unique_ptr<Device>> make_cuda_device(const DeviceOptions& options) {
   STRATA_CUDA(cudaStreamCreateWithFlags(&alloc_stream, cudaStreamNonBlocking), options.ordinal);
   return std::unique_ptr<Device>(
       std::make_unique<CudaDevice>(options.ordinal, alloc_stream, prop, options.cuda_memory_limit_bytes));
+}
+
+Result<std::unique_ptr<Stream>> borrow_cuda_stream(Device& device, void* native_handle) {
+  auto* cuda = dynamic_cast<CudaDevice*>(&device);
+  if (cuda == nullptr)
+    return InvalidArgument(fmt::format("borrow_cuda_stream: the {} device is not a cuda device", device.caps().backend));
+  return cuda->borrow_stream(native_handle);
 }
 
 }  // namespace strata::detail
