@@ -6,8 +6,11 @@
 // (and, in backward, its gradient buffer) as torch tensors viewing its
 // memory without a copy (Note [Views through DLPack]).
 //
-// This build drives the cpu device: its memory is host memory, so lent
-// memory is viewed by torch CPU tensors (Note [Views through DLPack]).
+// The engine runs on the cpu device (its memory is host memory, viewed by
+// torch CPU tensors) or on a cuda device (viewed by torch cuda tensors), and
+// torch's work meets the engine's through a TorchStreamOrder (Note [Torch's
+// stream and the engine's] in torch_stream_order.h; Note [Views through
+// DLPack]).
 //
 // Note [Ranks of a driven engine]
 // One process is world size 1 (a local group of one). A process started by
@@ -63,6 +66,7 @@
 #include "layer_tuples.h"
 #include "torch_distributed_communicator.h"
 #include "torch_dtypes.h"
+#include "torch_stream_order.h"
 #include "torch_views.h"
 #include "strata/comm/backends.h"
 #include "strata/core/config.h"
@@ -212,18 +216,62 @@ py::dict memory_dict(const offload::EngineMemory& m) {
 // One acquire's parameters lent to torch (Note [Lent memory outlives its
 // release]): every view holds it (Note [Views through DLPack]), and
 // `returned` completes when the last view is freed, on the thread that
-// frees it.
+// frees it; on a device, once torch's stream the layer was lent on has run
+// the work issued before that (Note [Torch's stream and the engine's]).
 class LentParameters {
  public:
-  explicit LentParameters(std::string label) : returned_(std::move(label)) {}
-  ~LentParameters() { returned_.complete(Status::Ok()); }
+  LentParameters(std::string label, std::shared_ptr<TorchStreamOrder> order, uintptr_t torch_stream)
+      : returned_(std::make_shared<CompletionSource>(label)), label_(std::move(label)), order_(std::move(order)),
+        torch_stream_(torch_stream) {}
+  ~LentParameters() {
+    if (order_ == nullptr || order_->waits_on_host()) {
+      returned_->complete(Status::Ok());
+      return;
+    }
+    Result<Completion> after = order_->issued_so_far(torch_stream_, label_);
+    if (!after.ok()) {
+      returned_->complete(after.status());
+      return;
+    }
+    after->then([returned = returned_](const Status& status) { returned->complete(status); });
+  }
   LentParameters(const LentParameters&) = delete;
   LentParameters& operator=(const LentParameters&) = delete;
-  Completion returned() const { return returned_.completion(); }
+  Completion returned() const { return returned_->completion(); }
 
  private:
-  CompletionSource returned_;
+  std::shared_ptr<CompletionSource> returned_;
+  std::string label_;
+  std::shared_ptr<TorchStreamOrder> order_;
+  uintptr_t torch_stream_;
 };
+
+// Where the engine runs and how torch's work is ordered against it, as
+// strata.torch chose it (Note [Torch's stream and the engine's]).
+struct EngineDevice {
+  DeviceKind kind = DeviceKind::kCpu;
+  int ordinal = 0;
+  std::string stream_order = "host";  // "host" | "device" | "recorded" (the cuda order played on the cpu device)
+};
+
+EngineDevice checked_engine_device(const std::string& device_kind, int ordinal, const std::string& stream_order) {
+  EngineDevice choice;
+  if (device_kind == "cuda") choice.kind = DeviceKind::kCuda;
+  else if (device_kind != "cpu")
+    raise_status(InvalidArgument(fmt::format("device '{}' is not cpu or cuda", printable(device_kind, 32))));
+  if (ordinal < 0 || (choice.kind == DeviceKind::kCpu && ordinal != 0))
+    raise_status(InvalidArgument(fmt::format("device ordinal {} is out of range for the {} device", ordinal,
+                                             device_kind)));
+  choice.ordinal = ordinal;
+  const bool fits = choice.kind == DeviceKind::kCuda ? stream_order == "device"
+                                                     : (stream_order == "host" || stream_order == "recorded");
+  if (!fits)
+    raise_status(InvalidArgument(fmt::format("stream order '{}' does not go with the {} device (cpu: host or "
+                                             "recorded; cuda: device)",
+                                             printable(stream_order, 32), device_kind)));
+  choice.stream_order = stream_order;
+  return choice;
+}
 
 class DrivenEngine {
  public:
@@ -231,7 +279,9 @@ class DrivenEngine {
                                               const std::optional<std::string>& config_text,
                                               const std::vector<LayerTuple>& layers, uint64_t device_memory,
                                               const std::string& backend, const std::string& job_name,
-                                              const std::string& resume_hint) {
+                                              const std::string& resume_hint, const std::string& device_kind,
+                                              int ordinal, const std::string& stream_order) {
+    const EngineDevice engine_device = checked_engine_device(device_kind, ordinal, stream_order);
     // The ranks (Note [Ranks of a driven engine]): one process, this process
     // as one rank of mpirun's world, or one rank of torch.distributed's.
     const std::string chosen = chosen_backend(backend);
@@ -265,12 +315,29 @@ class DrivenEngine {
 
     auto self = std::unique_ptr<DrivenEngine>(new DrivenEngine());
     self->model_ = std::make_unique<SpecModel>(value_or_raise(SpecModel::create(describe_layers(layers))));
+    if (engine_device.kind == DeviceKind::kCuda && ranks)
+      raise_status(Unsupported(fmt::format(
+          "strata.torch on the cuda device runs one rank for now ({} names {} ranks): the collectives of GPU ranks "
+          "(NCCL) are not built into strata.torch yet; run one process per job, or train on the cpu device",
+          options.world_size_origin, ranks->world_size())));
     DeviceOptions device_options;
-    // As `strata train`: the argument, else strata.device_memory, else a quarter of host memory.
-    device_options.device_memory_bytes = device_memory != 0                       ? device_memory
-                                         : check.config.strata.device_memory != 0 ? check.config.strata.device_memory
-                                                                                  : quarter_of_host_memory();
-    self->device_ = value_or_raise(make_device(DeviceKind::kCpu, device_options));
+    // As `strata train`: the argument, else strata.device_memory, else a quarter of host memory (cpu) or the
+    // whole GPU (cuda: strata.torch passes the budget it computed, Note [One device, two allocators]).
+    const uint64_t asked = device_memory != 0 ? device_memory : check.config.strata.device_memory;
+    device_options.device_memory_bytes = asked != 0 ? asked : quarter_of_host_memory();
+    device_options.cuda_memory_limit_bytes = asked;
+    device_options.ordinal = engine_device.ordinal;
+    self->device_ = value_or_raise(make_device(engine_device.kind, device_options));
+    self->view_device_ = ViewDevice{engine_device.kind == DeviceKind::kCuda, engine_device.ordinal};
+    if (engine_device.stream_order == "device") {
+      self->order_ = make_device_order(*self->device_);
+    } else if (engine_device.stream_order == "recorded") {
+      auto recorded = std::make_shared<RecordedStreamOrder>(*self->device_);
+      self->recorded_ = recorded.get();
+      self->order_ = std::move(recorded);
+    } else {
+      self->order_ = make_host_order();
+    }
     if (ranks) self->comms_.push_back(std::move(ranks));
     else self->comms_ = value_or_raise(comm::create_local_group(1));
     // Making the engine runs collectives (the torch communicator's workers take the GIL).
@@ -290,8 +357,9 @@ class DrivenEngine {
       // teardown would wait for: it runs on a thread of its own (the views'
       // Python objects go here, the GIL held).
       std::thread([engine = std::move(engine_), comms = std::move(comms_), model = std::move(model_),
-                   device = std::move(device_)]() mutable {
+                   device = std::move(device_), order = std::move(order_)]() mutable {
         engine.reset();
+        if (order) order->close();
         comms.clear();
         model.reset();
         device.reset();
@@ -302,6 +370,7 @@ class DrivenEngine {
     std::optional<py::gil_scoped_release> unlocked;
     if (PyGILState_Check() != 0 && !finalizing) unlocked.emplace();
     engine_.reset();
+    if (order_) order_->close();  // before the device goes: lends torch returns later order against nothing
     comms_.clear();
   }
 
@@ -409,13 +478,15 @@ class DrivenEngine {
   // the same dict of tensors as long as it stays at one address, so a
   // caller may keep them; other parameters (stage 3) get new views that
   // hold their lend (Note [Lent memory outlives its release]).
-  py::tuple acquire(size_t li, const std::string& pass_name, const py::object& from_dlpack) {
+  py::tuple acquire(size_t li, const std::string& pass_name, const py::object& from_dlpack, uintptr_t torch_stream) {
     check_layer(li);
     const Pass pass = value_or_raise(pass_named(pass_name));
+    const std::string what = fmt::format("layer {} {}", li, pass_name);
     Result<LayerMemory> memory = [&]() -> Result<LayerMemory> {
       py::gil_scoped_release unlocked;
       STRATA_ASSIGN_OR_RETURN(LayerMemory m, engine_->acquire(li, pass));
-      Status ready = m.ready.wait();
+      // Torch's work on the layer runs after `ready`: a host wait on the cpu device, a stream wait on cuda.
+      Status ready = order_->wait_for(m.ready, torch_stream, what);
       if (!ready.ok()) {
         engine_->release(li, pass, Completion()).ignore();
         return ready;
@@ -429,9 +500,9 @@ class DrivenEngine {
       if (engine_->placement().layers[li].persistent()) {
         params = cached_views(permanent_views_, li, m.params, ViewLayout{}, from_dlpack);
       } else {
-        auto lent = std::make_shared<LentParameters>(fmt::format("layer {} lent to torch", li));
+        auto lent = std::make_shared<LentParameters>(fmt::format("layer {} lent to torch", li), order_, torch_stream);
         lent_[li].push_back(lent->returned());  // a later release of the layer may free this memory
-        params = torch_views(from_dlpack, m.params, tensors, ViewLayout{}, lent);
+        params = torch_views(from_dlpack, m.params, tensors, ViewLayout{}, view_device_, lent);
       }
       py::object grads = py::none();
       if (m.grads != nullptr)
@@ -442,15 +513,19 @@ class DrivenEngine {
       // torch refused a view: the caller gets no layer, so the engine does
       // not keep it held (a stage-3 copy would otherwise never be dropped).
       try {
-        release(li, pass_name);
+        release(li, pass_name, torch_stream);
       } catch (...) {  // the refusal is the error to report
       }
       throw;
     }
   }
-  void release(size_t li, const std::string& pass_name) {
+  void release(size_t li, const std::string& pass_name, uintptr_t torch_stream) {
     check_layer(li);
     const Pass pass = value_or_raise(pass_named(pass_name));
+    // The pass is over once torch's work issued so far has run: at once on the cpu device, a completion
+    // recorded on torch's stream on cuda (the engine's reductions and frees wait for it).
+    const Completion done = value_or_raise(order_->issued_so_far(torch_stream, fmt::format("layer {} {}", li,
+                                                                                              pass_name)));
     // The pass is over when the hook runs (torch's CPU work is done); the
     // memory is returned once no torch view of any lend of the layer is left
     // (this release may end the hold of a copy kept since forward).
@@ -459,7 +534,7 @@ class DrivenEngine {
     const Completion returned = out.empty()      ? Completion()
                                 : out.size() == 1 ? out.front()  // the usual case: no join, no label to format
                                                   : when_all(out, fmt::format("layer {} returned by torch", li));
-    call([&] { return engine_->release(li, pass, Completion(), returned); });
+    call([&] { return engine_->release(li, pass, done, returned); });
   }
 
   py::list gather_state(size_t li, const std::string& kind) {
@@ -476,6 +551,15 @@ class DrivenEngine {
     return py::cast(value_or_raise(std::move(values)));
   }
   void synchronize() { call([&] { return engine_->synchronize(); }); }
+
+  // The recorded stand-in's log (Note [Torch's stream and the engine's]): [(op, torch stream, what)].
+  py::list stream_order_log() const {
+    if (recorded_ == nullptr)
+      raise_status(FailedPrecondition("stream_order_log(): this engine was not made with stream_order 'recorded'"));
+    py::list out;
+    for (const StreamOrderEntry& e : recorded_->entries()) out.append(py::make_tuple(e.op, e.torch_stream, e.what));
+    return out;
+  }
 
   // Checkpoints (docs/checkpoints.md): `app_json` is stored as the
   // manifest's "app" (strata.torch keeps its client_state there).
@@ -602,13 +686,18 @@ class DrivenEngine {
     if (cached.views && cached.address == address && cached.layout.gradients == layout.gradients &&
         cached.layout.grad_dtype == layout.grad_dtype)
       return cached.views;
-    cached = CachedViews{address, layout, torch_views(from_dlpack, address, model_->layers()[li].params, layout, {})};
+    cached = CachedViews{address, layout,
+                         torch_views(from_dlpack, address, model_->layers()[li].params, layout, view_device_, {})};
     return cached.views;
   }
 
   // Declaration order is destruction order reversed: the engine goes first.
   std::unique_ptr<SpecModel> model_;
   std::unique_ptr<Device> device_;
+  ViewDevice view_device_;
+  // Shared with the lends torch still holds (LentParameters).
+  std::shared_ptr<TorchStreamOrder> order_;
+  RecordedStreamOrder* recorded_ = nullptr;  // order_ when it is the recorded stand-in
   std::vector<std::unique_ptr<comm::Communicator>> comms_;
   std::unique_ptr<Engine> engine_;
   int64_t grad_accum_ = 1;
@@ -625,7 +714,8 @@ void bind_engine(py::module_& m) {
   driven
       .def_static("create", &DrivenEngine::create, py::arg("config_path"), py::arg("config_text"), py::arg("layers"),
                   py::arg("device_memory") = 0, py::arg("backend") = "auto", py::arg("job_name") = "",
-                  py::arg("resume_hint") = "")
+                  py::arg("resume_hint") = "", py::arg("device") = "cpu", py::arg("ordinal") = 0,
+                  py::arg("stream_order") = "host")
       .def_property_readonly("layer_count", &DrivenEngine::layer_count)
       .def_property_readonly("rank", &DrivenEngine::rank)
       .def_property_readonly("world_size", &DrivenEngine::world_size)
@@ -642,8 +732,10 @@ void bind_engine(py::module_& m) {
       .def("begin_evaluation", &DrivenEngine::begin_evaluation)
       .def("finish_evaluation", &DrivenEngine::finish_evaluation, py::arg("loss_sum"), py::arg("batches"))
       .def("abandon_step", &DrivenEngine::abandon_step)
-      .def("acquire", &DrivenEngine::acquire, py::arg("layer"), py::arg("pass_name"), py::arg("from_dlpack"))
-      .def("release", &DrivenEngine::release, py::arg("layer"), py::arg("pass_name"))
+      .def("acquire", &DrivenEngine::acquire, py::arg("layer"), py::arg("pass_name"), py::arg("from_dlpack"),
+           py::arg("torch_stream") = 0)
+      .def("release", &DrivenEngine::release, py::arg("layer"), py::arg("pass_name"), py::arg("torch_stream") = 0)
+      .def("stream_order_log", &DrivenEngine::stream_order_log)
       .def("gather_state", &DrivenEngine::gather_state, py::arg("layer"), py::arg("kind") = "master")
       .def("synchronize", &DrivenEngine::synchronize)
       .def("save_checkpoint", &DrivenEngine::save_checkpoint, py::arg("dir"), py::arg("tag") = "", py::arg("keep") = 0,

@@ -13,7 +13,7 @@ namespace {
 // The DLPack ABI (dmlc/dlpack, version 0.x: what torch 1.13 and 2.x read
 // from a capsule named "dltensor"), declared here rather than taken from a
 // header: only these plain C structs are exchanged.
-enum DLDeviceType : int32_t { kDLCPU = 1 };
+enum DLDeviceType : int32_t { kDLCPU = 1, kDLCUDA = 2 };
 enum DLDataTypeCode : uint8_t { kDLFloat = 2, kDLBfloat = 4 };
 struct DLDevice {
   DLDeviceType device_type;
@@ -69,7 +69,7 @@ DLDataType dlpack_dtype(DType dtype) {
 }  // namespace
 
 py::dict torch_views(const py::object& from_dlpack, std::byte* base, const std::vector<ParamTensorSpec>& tensors,
-                     ViewLayout layout, const std::shared_ptr<void>& keep) {
+                     ViewLayout layout, ViewDevice device, const std::shared_ptr<void>& keep) {
   py::dict views;
   for (const ParamTensorSpec& t : tensors) {
     const DType dtype = layout.gradients ? layout.grad_dtype : t.dtype;
@@ -81,7 +81,7 @@ py::dict torch_views(const py::object& from_dlpack, std::byte* base, const std::
     view->keep = keep;
     DLTensor& dl = view->managed.dl_tensor;
     dl.data = base + offset;
-    dl.device = {kDLCPU, 0};
+    dl.device = device.cuda ? DLDevice{kDLCUDA, device.ordinal} : DLDevice{kDLCPU, 0};
     dl.ndim = static_cast<int32_t>(t.shape.size());
     dl.dtype = dlpack_dtype(dtype);
     dl.shape = view->shape.data();

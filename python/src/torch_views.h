@@ -32,9 +32,16 @@ struct ViewLayout {
   DType grad_dtype = DType::kF32;  // when `gradients`
 };
 
+// Where the viewed memory is: host memory (the cpu device's too) or the
+// memory of GPU `ordinal` (the cuda device's, viewed by cuda tensors).
+struct ViewDevice {
+  bool cuda = false;
+  int ordinal = 0;
+};
+
 // {name: tensor} over `base`, one tensor per spec, contiguous row-major.
 // `from_dlpack` is torch's (torch._C._from_dlpack). `keep` may be null.
 py::dict torch_views(const py::object& from_dlpack, std::byte* base, const std::vector<ParamTensorSpec>& tensors,
-                     ViewLayout layout, const std::shared_ptr<void>& keep);
+                     ViewLayout layout, ViewDevice device, const std::shared_ptr<void>& keep);
 
 }  // namespace strata::python

@@ -15,6 +15,7 @@ import torch
 from . import _torch_checkpoints
 from ._checks import JSON_DEPTH_LIMIT, check_int, check_json, check_path
 from .errors import FailedPrecondition, StrataError, Unavailable, Unsupported
+from ._torch_device import StepLoss
 from ._torch_hooks import UnitHooks, _Flag, _LayerState, _ParameterUseCheck, _first_tensor
 from ._torch_guards import (BackwardReach, ModelShape, ThreadGuard, close_engine, driven, mark_released,
                             refuse_empty_micro_batch)
@@ -55,9 +56,11 @@ class StrataEngine(UnitHooks, torch.nn.Module):
     # ds_status as it is bound and unbound (DeepSpeed's attribute; set by strata.torch.initialize).
     _ds_status = None
 
-    def __init__(self, model, units, plans, native, optimizer, lr_scheduler, config):
+    def __init__(self, model, units, plans, native, optimizer, lr_scheduler, config, device):
         super().__init__()
         self.module = model
+        self._device = device                    # TorchDevice (Note [The device strata.torch trains on])
+        self._step_loss = StepLoss(device)
         self.config = config                     # the resolved config (every default and "auto" filled in)
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
@@ -190,8 +193,9 @@ class StrataEngine(UnitHooks, torch.nn.Module):
 
     @property
     def device(self):
-        """The device the module's tensors live on: the cpu device (DeepSpeed's engine.device)."""
-        return torch.device("cpu")
+        """The device the module's tensors live on: the cpu or the GPU the engine trains on (DeepSpeed's
+        engine.device; Note [The device strata.torch trains on])."""
+        return self._device.torch_device
 
     def get_global_grad_norm(self):
         """The gradients' global norm of the last applied step (unscaled, before clipping), or None before the
@@ -222,7 +226,8 @@ class StrataEngine(UnitHooks, torch.nn.Module):
             self._in_backward = False
             self._abandon_pass()
             raise
-        self._engine.end_micro_batch(float(loss.detach()), self._samples)
+        self._engine.end_micro_batch(self._step_loss.hand_in(loss, self.is_gradient_accumulation_boundary()),
+                                     self._samples)
         self._micro_open = False
         self._reach.clear()
         return loss
@@ -299,10 +304,10 @@ class StrataEngine(UnitHooks, torch.nn.Module):
                 self._abandon_pass()  # the forward's micro-batch is dropped with its step
                 raise
             self.backward(loss)
-            losses.append(float(loss.detach()))
+            losses.append(loss.detach())
             self.step()
         self._uncommitted.micro_batches, self._uncommitted.loss_fn = micro_batches, loss_fn
-        return sum(losses) / len(losses)
+        return sum(float(loss) for loss in losses) / len(losses)  # read once the step is over (a GPU's queue)
 
     def _feed_undone_step(self):
         """train_batch(): the step a rollback undid besides the one in progress, replayed from the micro-batches
@@ -484,6 +489,7 @@ class StrataEngine(UnitHooks, torch.nn.Module):
             return
         if self._step_open:
             self._engine._native.abandon_step()  # releases what the engine lent; nothing to hand back one by one
+            self._step_loss.drop()
         self._step_open = self._micro_open = False
         self._pass = None
         self._guard.pass_ended()

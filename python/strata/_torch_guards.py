@@ -350,7 +350,7 @@ def close_engine(engine):
     for layer in engine._layers:
         for _, p in layer.plan.params:
             if p.dtype not in placeholders:
-                placeholders[p.dtype] = torch.empty(0, dtype=p.dtype)
+                placeholders[p.dtype] = engine._device.placeholder(p.dtype)
             with torch._C.DisableTorchFunction():
                 p.data = placeholders[p.dtype]  # nothing of the model views the engine's memory any more
                 p.grad = None

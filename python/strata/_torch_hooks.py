@@ -415,7 +415,7 @@ class UnitHooks:
     # -- acquire / release -----------------------------------------------------------------------
     def _placeholder(self, dtype):
         if dtype not in self._placeholders:
-            self._placeholders[dtype] = torch.empty(0, dtype=dtype)
+            self._placeholders[dtype] = self._device.placeholder(dtype)
         return self._placeholders[dtype]
 
     def _acquire(self, index, pass_name):

@@ -72,9 +72,11 @@ class Engine:
     """One rank's engine over a model described by layers of TensorSpec."""
 
     def __init__(self, config, layers, device_memory=0, backend="auto", job_name=None,
-                 resume_hint="engine.load_checkpoint(DIR) on a new engine"):
+                 resume_hint="engine.load_checkpoint(DIR) on a new engine", device=None):
         # job_name: the swap folders' (EngineOptions::job_name; None: train-<rank 0's process id>). resume_hint:
-        # how this engine's caller resumes from a checkpoint, named where an error stops the engine.
+        # how this engine's caller resumes from a checkpoint, named where an error stops the engine. device:
+        # strata.torch's TorchDevice (Note [The device strata.torch trains on]; None: the cpu device, torch's
+        # work on the calling thread).
         if isinstance(config, dict):
             check_json(config, "the config dict")
             path, text = None, json.dumps(config)
@@ -91,8 +93,11 @@ class Engine:
         # (a rank of torch.distributed's default group, over gloo) (Note [Ranks of a driven engine]).
         if job_name is not None and not isinstance(job_name, str):
             raise TypeError(f"job_name must be a str, not {type(job_name).__name__}")
+        self._device = device
+        kind, ordinal, order = ("cpu", 0, "host") if device is None else \
+            (device.engine_kind, device.ordinal, device.stream_order)
         self._native = _native.DrivenEngine.create(path, text, described, device_memory, backend, job_name or "",
-                                                   str(resume_hint))
+                                                   str(resume_hint), kind, ordinal, order)
         self._layout = [self._native.layer_tensors(i) for i in range(self._native.layer_count)]
         self._from_dlpack = None  # torch's, looked up at the first acquire
 
@@ -263,12 +268,24 @@ class Engine:
         do not need, since a kept one keeps its memory."""
         if self._from_dlpack is None:
             self._from_dlpack = _from_dlpack_function()
-        params, grads = self._native.acquire(self._layer_index(layer), pass_name, self._from_dlpack)
+        params, grads = self._native.acquire(self._layer_index(layer), pass_name, self._from_dlpack,
+                                             self._torch_stream())
         return LayerView(params, grads)
 
     def release(self, layer, pass_name):
-        """Hands the layer back; its views must not be used after this."""
-        self._native.release(self._layer_index(layer), pass_name)
+        """Hands the layer back; its views must not be used after this (on a
+        GPU: torch's work issued on its current stream so far is the pass)."""
+        self._native.release(self._layer_index(layer), pass_name, self._torch_stream())
+
+    def _torch_stream(self):
+        """Torch's current stream, which the engine orders the layer's use on (Note [Torch's stream and the
+        engine's] in python/src/torch_stream_order.h); 0 on the cpu device."""
+        return 0 if self._device is None else self._device.current_stream()
+
+    def stream_order_log(self):
+        """The recorded stand-in's log of the waits and records put on torch's streams: [(op, stream, what)]
+        (an engine made on the recorded stand-in only; tests of the device branch)."""
+        return self._native.stream_order_log()
 
     def read_layers(self, layers):
         """Yields (layer, {name: parameter tensor}) for each of `layers`,

@@ -47,7 +47,8 @@ from .. import _native
 from . import _launcher, _porting
 from .comm import init_distributed
 from .._sizes import parse_size
-from ..engine import Engine, describe_layers
+from .._torch_device import choose_device, device_budget
+from ..engine import Engine, _device_memory, describe_layers
 from .. import _torch_guards as _guards
 from .._checks import check_json
 from ..errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unsupported
@@ -118,11 +119,6 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         raise Unsupported("mpu (model parallelism) is not supported: strata.torch is data-parallel ZeRO only")
     config = _config_argument(args, config, config_params)
     _porting.note_local_rank(args)
-    for name, p in model.named_parameters():
-        if p.device.type not in ("cpu", "meta"):  # meta: built under st.init (Note [Construction on meta])
-            raise Unsupported(f"parameter '{name}' is on {p.device}: this build trains on the cpu device; build "
-                              f"the model on the CPU or under st.init (the engine places the state as the config "
-                              f"says)")
     for name, b in model.named_buffers():
         if b.device.type == "meta":  # torch.device("meta") loses buffer values no rule can give back
             raise InvalidArgument(f"buffer '{name}' is on the meta device: its value (computed by its module's "
@@ -146,6 +142,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         engine_config = raw
     # strict: InvalidArgument naming every bad key; the batch keys against mpirun's world (the engine's ranks)
     resolved = strata_config.load(engine_config, world_size=world)
+    device = choose_device(resolved, model)  # Note [The device strata.torch trains on]
     if lr_scheduler is not None and resolved["scheduler"]["type"] != "none":
         raise ValueError(f"both a client lr_scheduler ({type(lr_scheduler).__name__}) and the config's "
                          f"\"scheduler\" section are given: drop one of them")
@@ -188,10 +185,15 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     # The launcher's job joined (Note [Launchers]): mpirun's, torch.distributed's (made from a PyTorch
     # launcher's environment when needed, bounded by strata.wait_timeout_s), or one process.
     backend = _launcher.join_launcher_job(resolved["strata"]["wait_timeout_s"])
+    # Note [One device, two allocators]: on a GPU without a cap given, the free memory less torch's reserve.
+    device_memory, split = device_budget(device, _device_memory(device_memory) or resolved["strata"]["device_memory"])
     try:
-        native = Engine(engine_config, layers, device_memory=device_memory, backend=backend, job_name=job_name)
+        native = Engine(engine_config, layers, device_memory=device_memory, backend=backend, job_name=job_name,
+                        device=device)
     except FailedPrecondition as error:  # a swap folder in use: how strata.torch picks another job name
         raise _guards.job_name_hint(resolved, job_name, error) from None
+    if split is not None and native.rank == 0:
+        print(f"strata.torch: {device.torch_device}: {split}", flush=True)
     # A model built under st.init has its parameters on meta: CPU ones take
     # their places (no pages yet), and each unit's values are made just
     # before they are handed in (Note [Construction on meta]).
@@ -222,11 +224,11 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
             else:
                 native.put_initial_layer(plan.index, [p.detach() for _, p in plan.params])
             for _, p in plan.params:
-                p.data = torch.empty(0, dtype=plan.dtype)
+                p.data = device.placeholder(plan.dtype)
         if made_here:
             give_back_freed_memory()
 
-    engine = StrataEngine(model, units_found, plans, native, facade, scheduler, resolved)
+    engine = StrataEngine(model, units_found, plans, native, facade, scheduler, resolved, device)
     engine.fit = fitted
     if fitted is not None and native.rank == 0:
         _print_fit(fitted)
