@@ -82,7 +82,7 @@ Status CommitPoint::settle(const StepMark* call, double* loss) {
                                                       read.message());
     // Layers the dropped call stepped early go back (Note [Early, exact updates]).
     STRATA_RETURN_IF_ERROR(updates_.undo_every_early().status());
-    STRATA_RETURN_IF_ERROR(restore_(*call));
+    STRATA_RETURN_IF_ERROR(back_to(*call));
     ctx_.recovered = true;
     ctx_.recovery = StepOutcomeKind::kDropped;
     return Status(read.ok() ? StatusCode::kUnavailable : read.code(),
@@ -118,8 +118,8 @@ Status CommitPoint::settle(const StepMark* call, double* loss) {
   // memory tiers hold step t (their update runs in place and only a
   // parameter copy failed): the step() call in progress is dropped.
   if (undone.ok()) {
-    if (versioned) undone = restore_(pending_mark_);
-    else if (call != nullptr) undone = restore_(*call);
+    if (versioned) undone = back_to(pending_mark_);
+    else if (call != nullptr) undone = back_to(*call);
   }
   const StatusCode code = update.ok() ? StatusCode::kUnavailable : update.code();
   if (!undone.ok())
@@ -146,6 +146,12 @@ Status CommitPoint::settle(const StepMark* call, double* loss) {
                                   t, cause, t,
                                   call != nullptr ? "; the step in progress was dropped and the next step() repeats it"
                                                   : ""));
+}
+
+Status CommitPoint::back_to(const StepMark& m) {
+  STRATA_RETURN_IF_ERROR(restore_counters_(m));
+  grads_.forget_zeroing();
+  return Status::Ok();
 }
 
 Status CommitPoint::rederive_params() {

@@ -17,6 +17,7 @@
 #include <optional>
 
 #include "engine_context.h"
+#include "gradient_reduction.h"
 #include "parameter_gathering.h"
 #include "step_nvme_bytes.h"
 #include "strata/offload/loss_scaler.h"
@@ -33,10 +34,19 @@ struct StepMark {
 
 class CommitPoint {
  public:
-  using Restore = std::function<Status(const StepMark&)>;
-  CommitPoint(EngineContext& ctx, ParameterGathering& params, UpdateScheduler& updates, StepNvmeBytes& nvme_bytes,
-              Restore restore)
-      : ctx_(ctx), params_(params), updates_(updates), nvme_bytes_(nvme_bytes), restore_(std::move(restore)) {}
+  // Moves the orchestrator's step counters, loss scale and data position
+  // back to a mark (Engine::Impl::restore_counters).
+  using RestoreCounters = std::function<Status(const StepMark&)>;
+  // A rollback re-derives parameters through `params`, rolls the state back
+  // through `updates`, closes the step's NVMe byte window in `nvme_bytes`
+  // (updates_settled) and, since gradients are zeroed once per step by step
+  // number, makes `grads` zero them again for the repeated steps
+  // (GradientReduction::forget_zeroing) once `restore_counters` moved the
+  // counters back.
+  CommitPoint(EngineContext& ctx, ParameterGathering& params, UpdateScheduler& updates, GradientReduction& grads,
+              StepNvmeBytes& nvme_bytes, RestoreCounters restore_counters)
+      : ctx_(ctx), params_(params), updates_(updates), grads_(grads), nvme_bytes_(nvme_bytes),
+        restore_counters_(std::move(restore_counters)) {}
 
   // A step's updates are about to be queued; `before`: the counters before it.
   void begin_pending(const StepMark& before) {
@@ -61,12 +71,16 @@ class CommitPoint {
   // Every layer's parameters from the committed master weights (a
   // collective: stage 1-3 layers kept whole are gathered again).
   Status rederive_params();
+  // The engine back at mark `m`: its counters (restore_counters_), and the
+  // gradient buffers to be zeroed again by the steps repeated from there.
+  Status back_to(const StepMark& m);
 
   EngineContext& ctx_;
   ParameterGathering& params_;
   UpdateScheduler& updates_;
+  GradientReduction& grads_;
   StepNvmeBytes& nvme_bytes_;
-  Restore restore_;
+  RestoreCounters restore_counters_;
   bool pending_ = false;           // a step's updates are queued and not committed yet
   bool pending_complete_ = false;  // every layer's update of that step was queued
   StepMark pending_mark_;          // the counters before that step

@@ -88,9 +88,7 @@ Status Engine::Impl::init() {
     STRATA_ASSIGN_OR_RETURN(gradient_spill_owner, GradientSpill::create(*this, job_name));
     gradient_spill = gradient_spill_owner.get();
   }
-  grads.init(&updates.worker());  // the block sums run on the optimizer thread
-  if (placement.early_updates)
-    grads.on_reduction_issued([this](size_t li) { return updates.queue_early_update(li, grads.update_input(li)); });
+  grads.init();  // the block sums run on the optimizer thread
   if (runner != nullptr) model_stream = runner->model_stream();
 
   // The plan first: a config whose state cannot fit the device fails here,

@@ -84,10 +84,11 @@ struct Engine::Impl : EngineContext {
   std::unique_ptr<GradientSpill> gradient_spill_owner;
   // The components (declaration order: each is built on the ones before it).
   ParameterGathering params{*this};
-  GradientReduction grads{*this};
   UpdateScheduler updates{*this, params};
+  GradientReduction grads{*this, updates};
   StepNvmeBytes nvme_bytes{*this, updates};
-  CommitPoint commit{*this, params, updates, nvme_bytes, [this](const StepMark& m) { return restore(m); }};
+  CommitPoint commit{*this, params, updates, grads, nvme_bytes,
+                     [this](const StepMark& m) { return restore_counters(m); }};
 
   std::optional<double> caller_lr;  // set_step_lr(): the lr of every step from then on
   // Note [Early, exact updates]: whether the next step starts its updates
@@ -157,7 +158,9 @@ struct Engine::Impl : EngineContext {
 
   // Note [Atomic steps] in engine.h (engine_recovery.cpp).
   StepMark mark() const;
-  Status restore(const StepMark& m);
+  // The counters, loss scale and data position back at `m` (not the
+  // gradients' zeroing: CommitPoint and abandon_step say that themselves).
+  Status restore_counters(const StepMark& m);
   StepMark step_start;  // the counters at begin_step() (the step in progress is dropped back to them)
 
   // Last: its writer thread is joined first, before anything a save's task may use.

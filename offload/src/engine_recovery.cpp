@@ -39,7 +39,7 @@ StepMark Engine::Impl::mark() const {
   return m;
 }
 
-Status Engine::Impl::restore(const StepMark& m) {
+Status Engine::Impl::restore_counters(const StepMark& m) {
   STRATA_RETURN_IF_ERROR(scaler->restore(m.scaler));
   // A caller that drives the engine feeds the batches again itself (the
   // outcome says from which step); a runner is moved back.
@@ -52,9 +52,6 @@ Status Engine::Impl::restore(const StepMark& m) {
   }
   optimizer_steps = m.optimizer_steps;
   steps_begun = m.steps_begun;
-  // Gradients are zeroed once per step() call, by call number: the calls
-  // being repeated must zero them again.
-  grads.forget_zeroing();
   return Status::Ok();
 }
 

@@ -61,11 +61,8 @@ Status Engine::Impl::begin_micro_batch(bool last) {
   if (last && placement.early_updates && speculate_next_step && !updates.early_updates_open()) {
     // Note [A step's NVMe bytes]: the previous step's updates, when still
     // pending, end where this step's early ones begin.
-    std::function<void()> before_first;
-    if (commit.pending() && opt_on_nvme())
-      before_first = [this, pending_step = optimizer_steps] { nvme_bytes.previous_updates_done(pending_step); };
     updates.open_early_updates(optimizer_steps + 1, progress.scale, hyper_of_step(optimizer_steps + 1),
-                               std::move(before_first));
+                               commit.pending() && opt_on_nvme() ? &nvme_bytes : nullptr);
   }
   grads.begin_micro_batch();
   params.trace().begin_micro_batch();
@@ -132,7 +129,10 @@ Status Engine::Impl::abandon_step() {
   params.take_unclaimed_prefetch_failure().ignore();  // the step it was for is gone
   STRATA_RETURN_IF_ERROR(params.drop_unheld());
   failures.take(FailureOf::kCall).ignore();  // a read of the abandoned step's passes
-  return restore(step_start);
+  STRATA_RETURN_IF_ERROR(restore_counters(step_start));
+  // Gradients are zeroed once per step, by step number: the repeated step zeroes them again.
+  grads.forget_zeroing();
+  return Status::Ok();
 }
 
 Result<StepMetrics> Engine::Impl::step() {

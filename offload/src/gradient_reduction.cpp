@@ -2,6 +2,7 @@
 #include "gradient_reduction.h"
 
 #include "gradient_spill.h"
+#include "update_scheduler.h"
 
 #include <cstring>
 
@@ -12,8 +13,8 @@
 
 namespace strata::offload::engine_detail {
 
-void GradientReduction::init(SerialWorker* norm_worker) {
-  norm_worker_ = norm_worker;
+void GradientReduction::init() {
+  norm_worker_ = &updates_.worker();
   auto bounded = [this](const Completion& c, std::string_view what) { return ctx_.wait_bounded(c, what); };
   live_.emplace(ctx_.frees.get(), bounded);
   layers_.resize(ctx_.part.layer_count());
@@ -205,7 +206,7 @@ Status GradientReduction::launch_reduction(size_t li) {
       live_->give_back(std::move(l.full_grads), when_all(users), layer_part.padded_elements);
     }
     l.full_gradient_read = l.norm_partials_ready;
-    return reduced_listener_ ? reduced_listener_(li) : Status::Ok();
+    return reduction_issued(li);
   }
   // Where the optimizer reads the owned pieces.
   std::byte* dst = nullptr;
@@ -279,7 +280,12 @@ Status GradientReduction::launch_reduction(size_t li) {
         l.reduced_gradient_moved, fmt::format("gradient block sums of layer {}", li));
   }
   l.full_gradient_read = l.norm_partials_ready;
-  return reduced_listener_ ? reduced_listener_(li) : Status::Ok();
+  return reduction_issued(li);
+}
+
+Status GradientReduction::reduction_issued(size_t li) {
+  if (!ctx_.placement.early_updates) return Status::Ok();
+  return updates_.queue_early_update(li, update_input(li));
 }
 
 void GradientReduction::sum_piece_blocks(size_t li, size_t block_offset, const std::byte* piece, size_t elements) {

@@ -35,6 +35,8 @@
 
 namespace strata::offload::engine_detail {
 
+class UpdateScheduler;  // update_scheduler.h
+
 class GradientReduction {
  public:
   struct LayerGradients {
@@ -61,10 +63,14 @@ class GradientReduction {
     Completion reduced;                            // the gradient is there and its block sums are done
   };
 
-  explicit GradientReduction(EngineContext& ctx) : ctx_(ctx) {}
+  // `updates`: the block sums run on its optimizer thread, and where early
+  // updates are on (Note [Early, exact updates]) a layer's update is queued
+  // there as soon as its reduction is issued (UpdateScheduler::queue_early_update,
+  // on the driving thread, in the reductions' canonical order).
+  GradientReduction(EngineContext& ctx, UpdateScheduler& updates) : ctx_(ctx), updates_(updates) {}
 
-  // `norm_worker`: the thread the block sums run on (the optimizer's).
-  void init(SerialWorker* norm_worker);
+  // After UpdateScheduler::init (its optimizer thread runs the block sums).
+  void init();
   Status init_layer(size_t li);
 
   void begin_step();
@@ -85,10 +91,6 @@ class GradientReduction {
   // Every gradient is complete (the step's last micro-batch ended): the
   // rest are reduced, in canonical order, the unused layers' as zeros.
   Status launch_every_reduction();
-  // Called on the driving thread once layer li's reduction is issued (its
-  // update_input is then valid): where updates start early (Note [Early,
-  // exact updates]).
-  void on_reduction_issued(std::function<Status(size_t li)> listener) { reduced_listener_ = std::move(listener); }
   // The sum of squares of the reduced gradient over every rank (blocks).
   Result<double> global_norm_squared();
 
@@ -107,6 +109,9 @@ class GradientReduction {
 
  private:
   Status gradient_completed(size_t li);
+  // Layer li's reduction was issued (its update_input is valid): its early
+  // update is queued when the placement has them.
+  Status reduction_issued(size_t li);
   // Sums the layer's gradient over ranks, moves the owned pieces to where
   // the optimizer reads them, and queues their block sums.
   Status launch_reduction(size_t li);
@@ -123,8 +128,8 @@ class GradientReduction {
   static constexpr size_t kInlineBlockSumElements = 16 * 1024;
 
   EngineContext& ctx_;
-  SerialWorker* norm_worker_ = nullptr;
-  std::function<Status(size_t li)> reduced_listener_;
+  UpdateScheduler& updates_;
+  SerialWorker* norm_worker_ = nullptr;  // the optimizer thread (init)
   std::vector<LayerGradients> layers_;
   // Reductions are issued in descending layer order: next_reduction_ is
   // the highest layer not launched yet (-1: none left).

@@ -10,6 +10,7 @@
 
 #include "blocked_runs.h"
 #include "gradient_spill.h"
+#include "step_nvme_bytes.h"
 #include "strata/offload/device_adam.h"
 #include "strata/offload/nvme_state_tier.h"
 #include "strata/offload/testing/nvme_state_tier_seam.h"
@@ -596,8 +597,8 @@ Status UpdateScheduler::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimize
 // ---------------------------------------------------------------- Note [Early, exact updates]
 
 void UpdateScheduler::open_early_updates(int64_t step, double scale, const cpu_adam::HyperParams& hyper,
-                                         std::function<void()> before_first) {
-  before_first_early_ = std::move(before_first);
+                                         StepNvmeBytes* previous_step_bytes) {
+  previous_step_bytes_ = previous_step_bytes;
   early_args_ = cpu_adam::StepArgs{};
   early_args_.step = step;
   early_args_.hyper = hyper;
@@ -616,12 +617,17 @@ Status UpdateScheduler::queue_early_update(size_t li, const GradientReduction::U
     // Read ahead for the backward's walk from here, on the optimizer thread
     // (behind the updates queued before; a read-ahead dropped for the new
     // order is waited for there, not on this thread). Usually the tier
-    // reads in this walk already (read_ahead_for_next_step): then only
-    // `before_first_early_` is queued.
-    set_walk(early_walk(), Walk::kEarly, "read-ahead in the early updates' order", std::move(before_first_early_));
+    // reads in this walk already (read_ahead_for_next_step): then only the
+    // mark of the previous step's NVMe bytes is queued, when there is one.
+    std::function<void()> mark_previous_step;
+    if (previous_step_bytes_ != nullptr)
+      mark_previous_step = [bytes = previous_step_bytes_, pending_step = early_args_.step - 1] {
+        bytes->previous_updates_done(pending_step);
+      };
+    set_walk(early_walk(), Walk::kEarly, "read-ahead in the early updates' order", std::move(mark_previous_step));
     early_walk_set_ = true;
   }
-  before_first_early_ = {};
+  previous_step_bytes_ = nullptr;
   EarlyUpdate& e = early_[li];
   e.claimed = std::make_shared<std::atomic<bool>>(false);
   e.jobs = jobs_of(li, input, early_args_.hyper, nullptr, /*early=*/true);

@@ -63,6 +63,8 @@
 
 namespace strata::offload::engine_detail {
 
+class StepNvmeBytes;  // step_nvme_bytes.h
+
 class UpdateScheduler {
  public:
   // A run of a layer's elements with the same per-tensor hyper-parameters
@@ -108,10 +110,13 @@ class UpdateScheduler {
   // updates assume step number `step`, loss scale `scale`, `hyper` (its lr
   // and betas), clip coefficient 1 and finite gradients until
   // close_early_updates().
-  // `before_first`, when given, runs on the optimizer thread before the
-  // step's first early update (the updates queued before it have run).
+  // `previous_step_bytes`, when given (the previous step's updates of state
+  // on NVMe are still pending): on the optimizer thread, before the step's
+  // first early update (the updates queued before it have run), the
+  // previous step's updates end there (StepNvmeBytes::previous_updates_done;
+  // Note [A step's NVMe bytes]).
   void open_early_updates(int64_t step, double scale, const cpu_adam::HyperParams& hyper,
-                          std::function<void()> before_first = {});
+                          StepNvmeBytes* previous_step_bytes);
   bool early_updates_open() const { return early_open_; }
   // Layer li's reduced gradient is in: its update is queued now.
   Status queue_early_update(size_t li, const GradientReduction::UpdateInput& input);
@@ -273,7 +278,7 @@ class UpdateScheduler {
   const std::vector<StateId>& early_walk();  // built from forward_walk_ on first use
   Walk walk_ = Walk::kForward;  // the walk last given to the tier (add() order at first)
   bool early_walk_set_ = false;  // this step's early updates set theirs
-  std::function<void()> before_first_early_;  // open_early_updates()'s, run once per step
+  StepNvmeBytes* previous_step_bytes_ = nullptr;  // open_early_updates()'s, told once per step
   // Queues tier_->set_order(walk) (unless the tier reads in `which` already),
   // then `then` (when given), on the optimizer thread.
   void set_walk(const std::vector<StateId>& walk, Walk which, const char* label, std::function<void()> then = {});
