@@ -48,6 +48,7 @@
 #include "host_buffers.h"
 #include "interpreter.h"
 #include "reduce_kernels.h"
+#include "wire_desc.h"
 
 namespace strata::python {
 namespace {
@@ -57,31 +58,11 @@ using comm::CollectiveOp;
 using comm::CommQueue;
 using comm::ReduceOp;
 
-// What a rank tells its peers before a collective (the handshake).
-struct WireDesc {
-  int64_t sequence, op, dtype, reduce, root, count, gate_failed, unused;
-};
-constexpr int kWireWords = sizeof(WireDesc) / sizeof(int64_t);
-
-bool same_collective(const WireDesc& a, const WireDesc& b) {
-  if (a.sequence != b.sequence || a.op != b.op) return false;
-  const auto op = static_cast<CollectiveOp>(a.op);
-  if (op == CollectiveOp::kBarrier) return true;
-  if (a.dtype != b.dtype || a.count != b.count) return false;
-  if (op == CollectiveOp::kBroadcast && a.root != b.root) return false;
-  if ((op == CollectiveOp::kAllReduce || op == CollectiveOp::kReduceScatter) && a.reduce != b.reduce) return false;
-  return true;
-}
-
-CollectiveDesc from_wire(const WireDesc& w) {
-  CollectiveDesc d;
-  d.op = static_cast<CollectiveOp>(w.op);
-  d.dtype = static_cast<DType>(w.dtype);
-  d.reduce = static_cast<ReduceOp>(w.reduce);
-  d.root = static_cast<int>(w.root);
-  d.count = static_cast<size_t>(w.count);
-  return d;
-}
+// What a rank tells its peers before a collective (the handshake): the mpi
+// backend's descriptor (wire_desc.h), gathered as an int64 tensor.
+using comm::detail::from_wire;
+using comm::detail::same_collective;
+using comm::detail::WireDesc;
 
 // torch's functions and the store, resolved once; touched with the GIL held.
 struct TorchApi {
@@ -327,14 +308,7 @@ Status TorchDistributedCommunicator::exchange(QueueState& q, const CollectiveDes
 
 Status TorchDistributedCommunicator::handshake(QueueState& q, const CollectiveDesc& d, uint64_t sequence,
                                                const Status& gate) {
-  q.mine = WireDesc{static_cast<int64_t>(sequence),
-                    static_cast<int64_t>(d.op),
-                    static_cast<int64_t>(d.dtype),
-                    static_cast<int64_t>(d.reduce),
-                    static_cast<int64_t>(d.root),
-                    static_cast<int64_t>(d.count),
-                    gate.ok() ? 0 : 1,
-                    0};
+  q.mine = comm::detail::to_wire(d, sequence, !gate.ok());
   try {
     if (!api_->store.is_none()) api_->store.attr("add")(arrival_key(rank_, q), 1);
     const py::object all = bytes_tensor(q.all.data(), q.all.size() * sizeof(WireDesc), api_->int64);

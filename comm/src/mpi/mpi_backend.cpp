@@ -44,6 +44,7 @@
 #include "../comm_stream.h"
 #include "../host_buffers.h"
 #include "../reduce_kernels.h"
+#include "../wire_desc.h"
 #include "mpi_bootstrap.h"
 #include "strata/comm/backends.h"
 #include "strata/core/units.h"
@@ -117,30 +118,9 @@ Status mpi_status(int code, std::string_view what) {
   return IoError(fmt::format("{}: {}", what, mpi_error_text(code)));
 }
 
-// Wire form of a CollectiveDesc for the handshake.
-struct WireDesc {
-  uint64_t sequence, op, dtype, reduce, root, count, gate_failed;
-};
-
-CollectiveDesc from_wire(const WireDesc& w) {
-  CollectiveDesc d;
-  d.op = static_cast<CollectiveOp>(w.op);
-  d.dtype = static_cast<DType>(w.dtype);
-  d.reduce = static_cast<ReduceOp>(w.reduce);
-  d.root = static_cast<int>(w.root);
-  d.count = w.count;
-  return d;
-}
-
-bool same_collective(const WireDesc& a, const WireDesc& b) {
-  if (a.sequence != b.sequence || a.op != b.op) return false;
-  const auto op = static_cast<CollectiveOp>(a.op);
-  if (op == CollectiveOp::kBarrier) return true;
-  if (a.dtype != b.dtype || a.count != b.count) return false;
-  if (op == CollectiveOp::kBroadcast && a.root != b.root) return false;
-  if ((op == CollectiveOp::kAllReduce || op == CollectiveOp::kReduceScatter) && a.reduce != b.reduce) return false;
-  return true;
-}
+using detail::from_wire;
+using detail::same_collective;
+using detail::WireDesc;
 
 constexpr int kTagModulus = 32767;  // MPI guarantees tags up to at least 32767
 
@@ -271,13 +251,7 @@ bool MpiCommunicator::poll_all(std::vector<MPI_Request>& requests, Clock::time_p
 
 Status MpiCommunicator::handshake(QueueTransport& t, const CollectiveDesc& d, uint64_t sequence, const Status& gate,
                                   Clock::time_point deadline) {
-  t.my_desc = WireDesc{sequence,
-                       static_cast<uint64_t>(d.op),
-                       static_cast<uint64_t>(d.dtype),
-                       static_cast<uint64_t>(d.reduce),
-                       static_cast<uint64_t>(d.root),
-                       d.count,
-                       gate.ok() ? 0u : 1u};
+  t.my_desc = detail::to_wire(d, sequence, !gate.ok());
   const MPI_Comm control = t.control;
   const WireDesc& my_desc = t.my_desc;
   std::vector<WireDesc>& peer_descs = t.peer_descs;
