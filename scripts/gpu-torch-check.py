@@ -1,0 +1,273 @@
+"""strata.torch on a GPU, checked and measured in one run (issue 50 §2 items 1 and 2).
+
+  matrix    a tiny GPT-2 at ZeRO stages 0-3, optimizer state on the device, in host memory and on NVMe,
+            stage-3 parameters on the device, in host memory and on NVMe: every run's losses bit-identical
+            to each other (torch's deterministic algorithms on), and within 1e-5 of the same model on the
+            cpu device. Exit status 1 when any of that fails.
+  headline  a Llama-shaped model built under st.init from a config, stage 3 with the optimizer state and
+            the parameters in pinned host memory, bf16: tokens/s, MFU against the GPU's dense bf16 peak,
+            the device and host peaks beside the plan, the exposed optimizer wait, the first losses; then
+            the same with the optimizer state on NVMe in 8-bit moments. The model, batch and sequence are
+            the peer's (scripts/gpu-peer-deepspeed.py) unless given.
+
+Prints one JSON object per part and writes them to --json. Run by scripts/gpu-check.sh on the GPU
+machine (the native module for its Python from the pack: scripts/gpu-torch-module.sh). Without a GPU the
+parts say "skipped" and exit 0, unless --device cpu or --device recorded runs the matrix on the cpu
+device or on the recorded stand-in of the cuda order (what CI runs, so the script keeps working).
+"""
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+# Dense bf16 tensor-core peaks (TFLOP/s) by the name torch gives the GPU: the vendors' datasheets, without sparsity.
+DENSE_BF16_PEAK_TFLOPS = {"H100 SXM": 989.4, "H100 80GB HBM3": 989.4, "H100 NVL": 835.0, "H100 PCIe": 756.0,
+                          "H200": 989.4, "A100": 312.0}
+
+
+def parse_arguments(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("part", choices=("matrix", "headline", "all"))
+    parser.add_argument("--device", choices=("cuda", "cpu", "recorded"), default="cuda",
+                        help="where the matrix runs (cpu and recorded: the no-GPU checks CI runs)")
+    parser.add_argument("--nvme", help="a folder for the NVMe placements (default: a temporary one)")
+    parser.add_argument("--matrix-steps", type=int, default=4)
+    parser.add_argument("--hidden", type=int, default=2048)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--intermediate", type=int, default=5632)
+    parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--seq", type=int, default=1024)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--accumulation", type=int, default=1)
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    parser.add_argument("--steps", type=int, default=6, help="timed steps")
+    parser.add_argument("--skip-nvme-headline", action="store_true")
+    parser.add_argument("--json", help="also write the results here")
+    arguments = parser.parse_args(argv)
+    for name in ("matrix_steps", "hidden", "layers", "heads", "intermediate", "vocab", "seq", "batch",
+                 "accumulation", "steps"):
+        if getattr(arguments, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(arguments, name)}")
+    if arguments.warmup < 0:
+        parser.error(f"--warmup must not be negative, got {arguments.warmup}")
+    if arguments.hidden % arguments.heads:
+        parser.error(f"--hidden {arguments.hidden} is not a multiple of --heads {arguments.heads}")
+    return arguments
+
+
+# -- the matrix ---------------------------------------------------------------------------------------------
+PLACEMENTS = [(0, "none", "none"), (1, "none", "none"), (2, "none", "none"), (2, "cpu", "none"),
+              (2, "nvme", "none"), (3, "none", "none"), (3, "cpu", "none"), (3, "cpu", "cpu"),
+              (3, "nvme", "cpu"), (3, "nvme", "nvme")]
+
+
+def matrix_config(stage, optimizer, params, nvme, device):
+    zero = {"stage": stage, "offload_optimizer": {"device": optimizer}, "offload_param": {"device": params},
+            "stage3_param_persistence_threshold": 0, "reduce_bucket_size": 200000}
+    for section, where in (("offload_optimizer", optimizer), ("offload_param", params)):
+        if where == "nvme":
+            zero[section]["nvme_path"] = nvme
+    return {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2, "gradient_clipping": 1.0,
+            "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "betas": [0.9, 0.999], "eps": 1e-8,
+                                                      "weight_decay": 0.01}},
+            "zero_optimization": zero,
+            "strata": {"device": "cuda" if device == "cuda" else "cpu", "device_memory": "256MiB"}}
+
+
+def tiny_gpt2(transformers, torch):
+    torch.manual_seed(11)
+    config = transformers.GPT2Config(vocab_size=128, n_positions=32, n_embd=64, n_layer=2, n_head=4,
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    return transformers.GPT2LMHeadModel(config)
+
+
+def matrix_run(st, torch, transformers, config, steps, device):
+    model = tiny_gpt2(transformers, torch)
+    engine, _, _, _ = st.initialize(model=model, config=config, job_name=f"matrix-{os.getpid()}")
+    losses = []
+    for index in range(steps * engine.gradient_accumulation_steps()):
+        generator = torch.Generator().manual_seed(100 + index)
+        ids = torch.randint(0, 128, (2, 17), generator=generator).to(engine.device)
+        loss = engine(input_ids=ids, labels=ids).loss
+        engine.backward(loss)
+        boundary = engine.is_gradient_accumulation_boundary()
+        engine.step()
+        if boundary:
+            losses.append(engine.metrics["loss"])
+    engine.close()
+    return losses
+
+
+def run_matrix(arguments, nvme):
+    import torch
+    import transformers
+    import strata.torch as st
+    from strata._torch_device import recorded_device_for_tests
+    if arguments.device == "cuda" and not torch.cuda.is_available():
+        return {"part": "matrix", "status": "skipped", "reason": "torch sees no GPU"}
+    torch.use_deterministic_algorithms(True)
+    rows, failures = [], []
+    for stage, optimizer, params in PLACEMENTS:
+        label = f"stage {stage}, optimizer {optimizer}, params {params}"
+        config = matrix_config(stage, optimizer, params, nvme, arguments.device)
+        started = time.perf_counter()
+        try:
+            if arguments.device == "recorded":
+                with recorded_device_for_tests():
+                    losses = matrix_run(st, torch, transformers, config, arguments.matrix_steps, "recorded")
+            else:
+                losses = matrix_run(st, torch, transformers, config, arguments.matrix_steps, arguments.device)
+        except Exception as error:  # one placement failing must not hide the others
+            failures.append(f"{label}: {type(error).__name__}: {error}")
+            rows.append({"placement": label, "error": f"{type(error).__name__}: {error}"[:2000]})
+            continue
+        rows.append({"placement": label, "losses": losses, "seconds": round(time.perf_counter() - started, 2)})
+    sequences = [row["losses"] for row in rows if "losses" in row]
+    if sequences and any(s != sequences[0] for s in sequences):
+        failures.append("the placements' losses differ: " + "; ".join(
+            f"{row['placement']}: {row['losses']}" for row in rows if "losses" in row))
+    reference = None
+    if arguments.device != "cpu" and sequences:  # the same model on the cpu device
+        reference = matrix_run(st, torch, transformers, matrix_config(0, "none", "none", nvme, "cpu"),
+                               arguments.matrix_steps, "cpu")
+        worst = max(abs(a - b) for a, b in zip(sequences[0], reference))
+        if worst > 1e-5:
+            failures.append(f"the {arguments.device} losses differ from the cpu device's by {worst:.3g} (> 1e-5): "
+                            f"{sequences[0]} vs {reference}")
+    return {"part": "matrix", "status": "failed" if failures else "ok", "device": arguments.device,
+            "deterministic": True, "rows": rows, "cpu_reference": reference, "failures": failures}
+
+
+# -- the headline run -------------------------------------------------------------------------------------
+def headline_config(arguments, optimizer, nvme):
+    offload_optimizer = {"device": optimizer, "pin_memory": True}
+    if optimizer == "nvme":
+        offload_optimizer.update(nvme_path=nvme, pipeline_read=True, pipeline_write=True)
+    strata = {"device": "cuda"}
+    if optimizer == "nvme":
+        strata["optimizer_state_dtype"] = "int8"
+    return {"train_micro_batch_size_per_gpu": arguments.batch,
+            "gradient_accumulation_steps": arguments.accumulation, "gradient_clipping": 1.0,
+            "bf16": {"enabled": True},
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "betas": [0.9, 0.999], "eps": 1e-8,
+                                                      "weight_decay": 0.0}},
+            "zero_optimization": {"stage": 3, "offload_optimizer": offload_optimizer,
+                                  "offload_param": {"device": "cpu", "pin_memory": True}},
+            "strata": strata}
+
+
+def dense_bf16_peak(name):
+    for key, peak in DENSE_BF16_PEAK_TFLOPS.items():
+        if key in name:
+            return peak
+    return None
+
+
+def headline_run(arguments, optimizer, nvme):
+    import torch
+    import transformers
+    import strata.torch as st
+    config = headline_config(arguments, optimizer, nvme)
+    model_config = transformers.LlamaConfig(
+        vocab_size=arguments.vocab, hidden_size=arguments.hidden, intermediate_size=arguments.intermediate,
+        num_hidden_layers=arguments.layers, num_attention_heads=arguments.heads,
+        num_key_value_heads=arguments.heads, max_position_embeddings=arguments.seq, attn_implementation="sdpa")
+    started = time.perf_counter()
+    with st.init(config=config):
+        model = transformers.LlamaForCausalLM(model_config)
+    engine, _, _, _ = st.initialize(model=model, config=config, job_name=f"headline-{os.getpid()}")
+    initialize_seconds = time.perf_counter() - started
+    parameters = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())  # DeepSpeed's idiom
+    generator = torch.Generator(device=engine.device).manual_seed(0)
+    tokens = torch.randint(0, arguments.vocab, (arguments.batch, arguments.seq), device=engine.device,
+                           generator=generator)
+    losses, step_seconds, waits = [], [], []
+    torch.cuda.reset_peak_memory_stats()
+    for step in range(arguments.warmup + arguments.steps):
+        torch.cuda.synchronize()  # timing only: the step itself has no host wait but its loss
+        begun = time.perf_counter()
+        for _ in range(arguments.accumulation):
+            loss = engine(input_ids=tokens, labels=tokens).loss
+            engine.backward(loss)
+            engine.step()
+        torch.cuda.synchronize()
+        metrics = engine.metrics
+        if step >= arguments.warmup:
+            step_seconds.append(time.perf_counter() - begun)
+            waits.append(metrics["wait_optimizer_ms"])
+        losses.append(round(metrics["loss"], 5))
+    median = statistics.median(step_seconds)
+    tokens_per_step = arguments.batch * arguments.seq * arguments.accumulation
+    name = torch.cuda.get_device_name(engine.device)
+    peak = dense_bf16_peak(name)
+    model_flops = 6 * parameters * tokens_per_step / median
+    memory = engine.memory()
+    result = {
+        "placement": f"stage 3, optimizer {optimizer}{' (8-bit moments)' if optimizer == 'nvme' else ''}, "
+                     f"parameters cpu, bf16",
+        "gpu": name, "torch": torch.__version__, "transformers": transformers.__version__,
+        "model": {"parameters": parameters, "hidden": arguments.hidden, "layers": arguments.layers,
+                  "heads": arguments.heads, "intermediate": arguments.intermediate, "vocab": arguments.vocab},
+        "batch": arguments.batch, "seq": arguments.seq, "accumulation": arguments.accumulation,
+        "timed_steps": len(step_seconds),
+        "step_ms": {"median": round(median * 1e3, 1), "min": round(min(step_seconds) * 1e3, 1),
+                    "max": round(max(step_seconds) * 1e3, 1)},
+        "tokens_per_second": round(tokens_per_step / median, 1),
+        "model_tflops": round(model_flops / 1e12, 2),
+        "mfu": None if peak is None else round(model_flops / (peak * 1e12), 4),
+        "dense_bf16_peak_tflops": peak,
+        "exposed_optimizer_ms_median": round(statistics.median(waits), 1),
+        "losses": losses,
+        "device_peak_torch_gib": round(torch.cuda.max_memory_allocated(engine.device) / 2**30, 2),
+        "engine_memory": memory,
+        "host_peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+        "initialize_seconds": round(initialize_seconds, 1),
+    }
+    engine.close()
+    return result
+
+
+def run_headline(arguments, nvme):
+    import torch
+    if not torch.cuda.is_available():
+        return {"part": "headline", "status": "skipped", "reason": "torch sees no GPU"}
+    runs, errors = [], []
+    for optimizer in ("cpu",) if arguments.skip_nvme_headline else ("cpu", "nvme"):
+        try:
+            runs.append(headline_run(arguments, optimizer, nvme))
+        except Exception as error:
+            errors.append(f"optimizer {optimizer}: {type(error).__name__}: {error}"[:2000])
+    return {"part": "headline", "status": "failed" if errors else "ok", "runs": runs, "errors": errors}
+
+
+def main(argv):
+    arguments = parse_arguments(argv)
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS (the matrix)
+    os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")       # no lazy kernel load behind a gated stream
+    nvme = arguments.nvme or tempfile.mkdtemp(prefix="strata-gpu-torch-")
+    made_here = arguments.nvme is None
+    results = []
+    try:
+        if arguments.part in ("matrix", "all"):
+            results.append(run_matrix(arguments, nvme))
+            print(json.dumps(results[-1], indent=1), flush=True)
+        if arguments.part in ("headline", "all"):
+            results.append(run_headline(arguments, nvme))
+            print(json.dumps(results[-1], indent=1), flush=True)
+    finally:
+        if made_here:
+            shutil.rmtree(nvme, ignore_errors=True)
+        if arguments.json:
+            with open(arguments.json, "w") as file:
+                json.dump(results, file, indent=1)
+    return 1 if any(r["status"] == "failed" for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
