@@ -641,7 +641,7 @@ class StrataEngine(UnitHooks, torch.nn.Module):
         for index, params in self._engine.read_layers(frozen):
             h = hashlib.sha256()
             for name, _ in self._layers[index].plan.params:
-                h.update(params[name].contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+                h.update(params[name].cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
             digests[self._layers[index].plan.name] = h.hexdigest()
         return digests
 

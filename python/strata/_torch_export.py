@@ -270,7 +270,7 @@ def _write_values(engine, entries, files, masters):
     for index, params in native.read_layers(acquired):
         for e in by_layer.get(index, []):
             if files:
-                files[e.shard].write(e, params[e.name].to(e.dtype))
+                files[e.shard].write(e, params[e.name].to(device="cpu", dtype=e.dtype))  # a GPU's views too
     for e in by_layer.get(None, []):
         if files:
             files[e.shard].write(e, e.source.detach().to("cpu"))

@@ -1,15 +1,14 @@
 """strata.torch.accelerator: DeepSpeed's get_accelerator() for a ported
 script (`from deepspeed.accelerator import get_accelerator`).
 
-strata.torch trains on the cpu device (the engine's CPU kernels; the
-module's tensors live in host memory), so get_accelerator() is the CPU one:
-device_name() is "cpu", and a script that moves its batches with
-`.to(get_accelerator().device_name())` keeps them where the engine wants
-them. Memory queries report this process's resident memory (what DeepSpeed's
-CPU accelerator reports), total_memory() the machine's. The CUDA one (torch.cuda
-under DeepSpeed's method names) is chosen by DeepSpeed's own switch,
-DS_ACCELERATOR=cuda, for a script's own GPU work; the engine still trains on
-the cpu device.
+get_accelerator() is the one strata.torch trains on by default (Note [The
+device strata.torch trains on], strata.device "auto"): the CUDA one (torch.cuda
+under DeepSpeed's method names) where torch has a GPU, else the CPU one, as
+DeepSpeed detects its accelerator; DeepSpeed's own switch, DS_ACCELERATOR=cpu
+or cuda, chooses instead. So a script that moves its batches with
+`.to(get_accelerator().device_name())` keeps them where the engine wants them.
+The CPU one's memory queries report this process's resident memory (what
+DeepSpeed's CPU accelerator reports), total_memory() the machine's.
 """
 
 import contextlib
@@ -367,14 +366,14 @@ _chosen = None
 
 
 def get_accelerator():
-    """The accelerator a ported script asks for: the CPU one (strata.torch trains on the cpu device), or the
-    one DS_ACCELERATOR names (cpu or cuda)."""
+    """The accelerator a ported script asks for: the one DS_ACCELERATOR names (cpu or cuda), else the CUDA one
+    where torch has a GPU and the CPU one elsewhere (where strata.device "auto" trains)."""
     global _chosen
     if _chosen is None:
-        name = os.environ.get("DS_ACCELERATOR", "cpu")
+        name = os.environ.get("DS_ACCELERATOR") or ("cuda" if torch.cuda.is_available() else "cpu")
         if name not in _ACCELERATORS:
             raise ValueError(f"DS_ACCELERATOR={name[:32]!r}: strata.torch has the cpu and cuda accelerators "
-                             f"(unset it: strata.torch trains on the cpu device)")
+                             f"(unset it: the cuda one where torch has a GPU, else the cpu one)")
         _chosen = _ACCELERATORS[name]()
     return _chosen
 
