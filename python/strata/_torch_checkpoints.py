@@ -90,20 +90,20 @@ def _check_folders_swap(save_dir, tag, rank):
         shutil.rmtree(probe, ignore_errors=True)
 
 
-def save_checkpoint(native, save_dir, tag, keep, sync, app_text):
-    """The engine's save of tag ("" : global_step<N>) into save_dir, replacing an existing tag (Note [Replacing a
-    checkpoint tag]); every rank calls it."""
-    name = tag or f"global_step{native.steps_begun}"
+def save_checkpoint(engine, save_dir, tag, keep, sync, app_text):
+    """The engine's (strata.engine.Engine) save of tag ("" : global_step<N>) into save_dir, replacing an existing
+    tag (Note [Replacing a checkpoint tag]); every rank calls it."""
+    name = tag or f"global_step{engine.steps_begun}"
     existing = os.path.join(save_dir, name)
     if not (_is_valid_tag(name) and os.path.isdir(existing) and not os.path.islink(existing)):
-        native.save_checkpoint(save_dir, tag, keep, sync, app_text)  # a new tag (or one the engine refuses by name)
+        engine.save_checkpoint(save_dir, tag, keep, sync, app_text)  # a new tag (or one the engine refuses by name)
         return
-    rank = native.rank
+    rank = engine.rank
     staging = os.path.join(save_dir, f".replace-{name}")
     if rank == 0 and os.path.lexists(staging):  # an interrupted replacement's leftovers
         shutil.rmtree(staging) if os.path.isdir(staging) and not os.path.islink(staging) else os.unlink(staging)
     _check_folders_swap(save_dir, name, rank)
-    native.save_checkpoint(staging, name, 0, True, app_text)
+    engine.save_checkpoint(staging, name, 0, True, app_text)
     if rank != 0:
         return
     _exchange(os.path.join(staging, name), existing)

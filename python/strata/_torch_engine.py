@@ -16,6 +16,7 @@ from . import _torch_checkpoints
 from ._checks import JSON_DEPTH_LIMIT, check_int, check_json, check_path
 from .errors import FailedPrecondition, StrataError, Unavailable, Unsupported
 from ._torch_device import StepLoss
+from .engine import _numel
 from ._torch_hooks import UnitHooks, _Flag, _LayerState, _ParameterUseCheck, _first_tensor
 from ._torch_guards import (BackwardReach, ModelShape, ThreadGuard, close_engine, driven, mark_released,
                             refuse_empty_micro_batch)
@@ -346,11 +347,11 @@ class StrataEngine(UnitHooks, torch.nn.Module):
         """The last applied step, when a rollback since undid it (the engine's step count went below it): the
         counters and the lr go back to the state before it and it is owed (self._undone); else None."""
         previous = self._uncommitted
-        if previous is None or self._engine._native.steps_begun >= previous.begun:
+        if previous is None or self._engine.steps_begun >= previous.begun:
             return None
         self._uncommitted = None
         self._undone = previous
-        self._global_steps = self._engine._native.optimizer_steps
+        self._global_steps = self._engine.optimizer_steps
         self._micro_steps -= self._gas
         self._restore_lr(previous.lr_before)
         return previous
@@ -446,7 +447,7 @@ class StrataEngine(UnitHooks, torch.nn.Module):
                 raise Unsupported(f"the config's \"scheduler\" section drives the lr, but param_groups' lr was "
                                   f"changed to {lr:g} (a torch lr scheduler too?): use one of the two")
         else:
-            self._engine._native.set_step_lr(lr)  # a torch lr scheduler drives param_groups' lr
+            self._engine.set_step_lr(lr)  # a torch lr scheduler drives param_groups' lr
         outcome = self._engine.finish_step()
         self._step_open = False
         self.last_outcome = outcome
@@ -462,7 +463,7 @@ class StrataEngine(UnitHooks, torch.nn.Module):
         self.metrics = outcome["metrics"]
         self._global_steps = self.metrics["step"]
         self._undone = None  # fed again by the caller's loop (train_batch() took it before), or given up
-        self._uncommitted = _AppliedStep(self._global_steps, self._engine._native.steps_begun, lr_before)
+        self._uncommitted = _AppliedStep(self._global_steps, self._engine.steps_begun, lr_before)
         if self._config_scheduler:  # the engine's schedule: show its lr in the groups
             self._shown_lr = self.metrics["lr"]
             base = self.optimizer.base_lr
@@ -488,7 +489,7 @@ class StrataEngine(UnitHooks, torch.nn.Module):
             self._engine.finish_evaluation(0.0, 1)
             return
         if self._step_open:
-            self._engine._native.abandon_step()  # releases what the engine lent; nothing to hand back one by one
+            self._engine.abandon_step()  # releases what the engine lent; nothing to hand back one by one
             self._step_loss.drop()
         self._step_open = self._micro_open = False
         self._pass = None
@@ -520,7 +521,7 @@ class StrataEngine(UnitHooks, torch.nn.Module):
             if not layer.plan.trainable:
                 continue
             flat = self._engine.gather_state(index)
-            for (name, shape, _, _, offset), (pname, p) in zip(self._engine._layout[index], layer.plan.params):
+            for (name, shape, _, _, offset), (pname, p) in zip(self._engine.layout(index), layer.plan.params):
                 out[pname] = flat[offset:offset + _numel(shape)].view(shape).clone()
         return out
 
@@ -556,7 +557,7 @@ class StrataEngine(UnitHooks, torch.nn.Module):
         tag = "" if tag is None else check_path(tag, "tag")
         # keep: the newest tags kept (0: every one); a C int in the engine.
         keep = check_int(keep, "keep", 0, 2 ** 31 - 1)
-        _torch_checkpoints.save_checkpoint(self._engine._native, save_dir, tag, keep, bool(sync), text)
+        _torch_checkpoints.save_checkpoint(self._engine, save_dir, tag, keep, bool(sync), text)
         self._save_pending = not sync
         return True
 
@@ -577,7 +578,7 @@ class StrataEngine(UnitHooks, torch.nn.Module):
     @driven("engine.wait_checkpoint()")
     def wait_checkpoint(self):
         """Waits for the save in flight: {"tag", "committed", "seconds", "bytes"}, or None."""
-        done = self._engine._native.wait_checkpoint()
+        done = self._engine.wait_checkpoint()
         self._save_pending = False
         return done
 
@@ -609,7 +610,7 @@ class StrataEngine(UnitHooks, torch.nn.Module):
         if _torch_checkpoints.nothing_to_load(load_dir, tag):
             return None, None
         path = os.path.join(load_dir, check_path(tag, "tag")) if tag else load_dir
-        mine = _torch_app_state(self._engine._native.checkpoint_app_json(path))
+        mine = _torch_app_state(self._engine.checkpoint_app_json(path))
         saved = mine.get("frozen_layers") or {}
         if saved:
             # Frozen layers are not in the checkpoint: their values are this model's; the saved digests say
@@ -621,7 +622,7 @@ class StrataEngine(UnitHooks, torch.nn.Module):
                         f"frozen layer '{name}' differs from the one checkpoint '{path}' was trained with (the "
                         f"checkpoint does not store frozen layers: their values are the model's own); build the "
                         f"model with the same frozen weights (e.g. the same pretrained checkpoint) before loading")
-        info = self._engine._native.load_checkpoint(path)
+        info = self._engine.load_checkpoint(path)
         app = json.loads(info["app_json"])
         mine = app.get("strata_torch", {})
         self._micro_steps = int(mine.get("micro_steps", info["step_calls"] * self._gas))
@@ -663,10 +664,3 @@ def _torch_app_state(app_json):
         return {}
     mine = app.get("strata_torch") if isinstance(app, dict) else None
     return mine if isinstance(mine, dict) else {}
-
-
-def _numel(shape):
-    n = 1
-    for d in shape:
-        n *= d
-    return n

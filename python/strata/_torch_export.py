@@ -51,6 +51,7 @@ import warnings
 import torch
 
 from ._sizes import parse_size
+from .engine import _numel
 from .errors import FailedPrecondition
 
 __all__ = ["export_hf"]
@@ -139,7 +140,7 @@ def _entries(engine, masters):
         out_dtype = torch.float32 if masters else plan.dtype
         # The engine's layout: the declared shape (at stage 3 the module's parameter is an empty placeholder
         # between uses) and where the tensor starts in the layer's flat masters.
-        layout = {name: (shape, offset) for name, shape, _, _, offset in engine._engine._layout[index]}
+        layout = {name: (shape, offset) for name, shape, _, _, offset in engine._engine.layout(index)}
         for name, p in plan.params:
             shape, offset = layout[name]
             entries.append(_Entry(name, shape, out_dtype, index, p, offset))
@@ -360,10 +361,3 @@ def _write_model_config(module, out_dir):
     if generation is not None and hasattr(generation, "to_json_string"):
         written.append(_write_file(out_dir, "generation_config.json", generation.to_json_string().encode()))
     return written
-
-
-def _numel(shape):
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n

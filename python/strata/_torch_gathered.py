@@ -93,7 +93,7 @@ class GatheredParameters:
         if self.modifier_rank is not None:
             if not 0 <= self.modifier_rank < engine.world_size:
                 raise ValueError(f"modifier_rank {self.modifier_rank} is not a rank (0..{engine.world_size - 1})")
-            if engine._engine._native.steps_begun > 0:
+            if engine._engine.steps_begun > 0:
                 name = engine._names[self.params[0]]
                 raise Unsupported(f"GatheredParameters(modifier_rank=...) of '{name}' after training has begun: the "
                                   f"fp32 master weights and moments own the values and the next step would undo a "
@@ -131,7 +131,7 @@ class GatheredParameters:
                       for index in self.layers}
             for index, tensors in values.items():
                 for (name, _), t, (_, shape, *_rest) in zip(engine._layers[index].plan.params, tensors,
-                                                             engine._engine._layout[index]):
+                                                             engine._engine.layout(index)):
                     if list(t.shape) != list(shape):
                         _release(engine, self.layers)
                         raise ValueError(f"parameter '{name}' was given shape {list(t.shape)} inside "

@@ -321,14 +321,6 @@ def track(engine):
         _exit_registered = True
 
 
-class _ClosedEngine:
-    """The native engine of a closed StrataEngine: every use is refused."""
-
-    def __getattr__(self, name):
-        raise FailedPrecondition("this engine was closed (engine.close(), or the interpreter's exit): its memory is "
-                                 "freed; make a new one with strata.torch.initialize (engine.load_checkpoint resumes)")
-
-
 def close_engine(engine):
     """engine.close(): waits for the checkpoint save in flight, then ends the engine (its memory freed, its NVMe
     swap folders removed, the model's parameters left empty). The save's outcome as wait_checkpoint() gives it;
@@ -342,7 +334,7 @@ def close_engine(engine):
             pass  # the engine is ended below whatever its state
     error = done = None
     try:
-        done = engine._engine._native.wait_checkpoint()
+        done = engine._engine.wait_checkpoint()
     except StrataError as e:
         error = e
     engine._save_pending = False
@@ -357,7 +349,7 @@ def close_engine(engine):
             mark_released(p)
         layer.holds, layer.grads, layer.bound = 0, None, None
     engine._closed = True
-    engine._engine._native = _ClosedEngine()  # the last reference: the engine is destroyed here
+    engine._engine.close("make a new one with strata.torch.initialize (engine.load_checkpoint resumes)")
     if error is not None:
         raise error
     return done

@@ -32,7 +32,7 @@ from collections import namedtuple
 from . import _native
 from ._checks import check_finite, check_int, check_json, short_repr
 from ._sizes import parse_size
-from .errors import InvalidArgument
+from .errors import FailedPrecondition, InvalidArgument
 
 __all__ = ["TensorSpec", "LayerView", "Engine"]
 
@@ -121,8 +121,19 @@ class Engine:
     def optimizer_steps(self):
         return self._native.optimizer_steps
 
+    @property
+    def steps_begun(self):
+        """Steps begun so far (begin_step calls that were not abandoned): the number the next checkpoint tag
+        global_step<N> takes."""
+        return self._native.steps_begun
+
     def tensor_names(self, layer):
         return [t[0] for t in self._layout[self._layer_index(layer)]]
+
+    def layout(self, layer):
+        """Layer `layer`'s tensors as the engine lays them out: [(name, shape, dtype name, offset in bytes,
+        offset in elements)]."""
+        return self._layout[self._layer_index(layer)]
 
     def _layer_index(self, layer):
         """`layer` as an index into the model's layers: a whole number in
@@ -245,6 +256,11 @@ class Engine:
     def finish_step(self):
         return self._native.finish_step()
 
+    def set_step_lr(self, lr):
+        """The lr of every step from the next finish_step() on (a caller's own schedule), instead of the
+        config's."""
+        self._native.set_step_lr(lr)
+
     def abandon_step(self):
         """Drops the step in progress (Engine::abandon_step): layers still
         held are released, partial gradients discarded; the next begin_step()
@@ -320,9 +336,48 @@ class Engine:
     def predicted_memory(self):
         return self._native.predicted_memory()
 
+    def close(self, hint="make a new Engine"):
+        """Ends the engine: the native one is dropped here (its memory freed, its swap folders removed) and
+        every later use is refused, naming `hint`."""
+        self._native = _ClosedNative(hint)
+
+    def describe(self):
+        """The engine's own account of its options and placement (what `strata train` prints)."""
+        return self._native.describe()
+
+    # -- checkpoints (docs/checkpoints.md) --------------------------------------------------------
+    def save_checkpoint(self, save_dir, tag="", keep=0, sync=False, app_json="{}"):
+        """A collective: every rank calls it after the same step; returns once the snapshot is queued (sync:
+        once it is durable). app_json is stored as the manifest's "app"."""
+        return self._native.save_checkpoint(save_dir, tag, keep, sync, app_json)
+
+    def wait_checkpoint(self):
+        """Waits for the save in flight: what it did, or None when none was in flight."""
+        return self._native.wait_checkpoint()
+
+    def load_checkpoint(self, dir_or_tag):
+        return self._native.load_checkpoint(dir_or_tag)
+
+    def checkpoint_app_json(self, dir_or_tag):
+        """The "app" JSON text a checkpoint's manifest holds."""
+        return self._native.checkpoint_app_json(dir_or_tag)
+
     def measured_memory(self):
         """Peaks since creation per tier (device, pinned, nvme), as predicted_memory() plans them."""
         return self._native.measured_memory()
+
+
+class _ClosedNative:
+    """The native engine of a closed Engine: every use is refused."""
+
+    def __init__(self, hint):
+        self._hint = hint
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise FailedPrecondition(f"this engine was closed (engine.close(), or the interpreter's exit): its memory is "
+                                 f"freed; {self._hint}")
 
 
 def describe_layers(layers):
@@ -368,9 +423,10 @@ def _device_memory(value):
 
 
 def _numel(shape):
+    """Elements of a tensor of `shape` (a list, tuple or torch.Size): the one count the package uses."""
     count = 1
     for d in shape:
-        count *= d
+        count *= int(d)
     return count
 
 

@@ -368,3 +368,22 @@ def test_layer_first_used_in_a_later_micro_batch(stage, optimizer, params):
     other = run_with_a_layer_in_micro_batch_2_only(config(stage, optimizer, params))
     for i, (a, b) in enumerate(zip(base, other)):
         assert torch.equal(a, b), f"layer {i}: max diff {float((a - b).abs().max())}"
+
+
+def test_the_engine_layer_answers_what_the_torch_front_end_asks_and_refuses_use_after_close(tmp_path):
+    """strata.torch asks strata.engine.Engine, never the native engine past it (issue 51 §7): the layout, the
+    step counters, checkpoints; close() ends it and every later call is refused naming the hint."""
+    engine = Engine(config(2), layers_of(make_model()))
+    model = make_model()
+    for i, unit in enumerate(units_of(model)):
+        engine.put_initial_layer(i, [unit.weight, unit.bias])
+    assert [entry[:3] for entry in engine.layout(0)] == [("fc0.weight", [64, 16], "float32"),
+                                                        ("fc0.bias", [64], "float32")]
+    assert engine.steps_begun == 0 and engine.optimizer_steps == 0
+    engine.save_checkpoint(str(tmp_path / "ckpt"), sync=True)
+    assert engine.wait_checkpoint() is None  # a sync save leaves nothing in flight
+    assert (tmp_path / "ckpt" / "latest").read_text().strip() == "global_step0"
+    assert engine.checkpoint_app_json(str(tmp_path / "ckpt")) == "{}"
+    engine.close("make another with Engine(...)")
+    with pytest.raises(strata.errors.FailedPrecondition, match="closed .* make another with Engine"):
+        engine.begin_step()

@@ -61,7 +61,7 @@ def present_parameters(engine):
     engine._ds_status = (ZeroParamStatus.AVAILABLE, ZeroParamStatus.NOT_AVAILABLE)
     number = 0
     for index, layer in enumerate(engine._layers):
-        for (_, shape, *_), (_, p) in zip(engine._engine._layout[index], layer.plan.params):
+        for (_, shape, *_), (_, p) in zip(engine._engine.layout(index), layer.plan.params):
             p.ds_shape = torch.Size(shape)
             p.ds_numel = p.ds_shape.numel()
             p.ds_id = number

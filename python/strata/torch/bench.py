@@ -410,7 +410,7 @@ class _Bench:
                     measured.append((dict(engine.metrics), wall, tokens))
             engine.synchronize()
             r.predicted = engine.memory()["predicted"]
-            r.engine = engine._engine._native.describe()
+            r.engine = engine._engine.describe()
             r.steps += [m for m, _, _ in measured]
             r.wall_ms += [w for _, w, _ in measured]
             r.tokens += [t for _, _, t in measured]
