@@ -13,6 +13,7 @@
 #include "config_values.h"
 #include "strata/core/config.h"
 #include "strata/core/config_schema.h"
+#include "strata/core/placement.h"
 
 namespace strata {
 namespace config_detail {
@@ -244,13 +245,15 @@ void check_offload(Checker& c, Config& config) {
     if (c.present(old_path)) return c.written(old_path);
     return c.written(section);
   };
-  if (zero.offload_optimizer.device != OffloadDevice::kNone && stage == 0) {
+  // As written; parameter offload below stage 3 is resolved to none next.
+  const Placement asked = placement_of(zero);
+  if (asked.optimizer_offloaded() && !asked.optimizer_sharded()) {
     c.error(where(oo, "cpu_offload"),
             fmt::format("optimizer offload ({}) needs ZeRO stage 1, 2 or 3, but zero_optimization.stage is 0",
                         offload_device_name(zero.offload_optimizer.device)),
             "set zero_optimization.stage to 1, 2 or 3, or set offload_optimizer.device to \"none\"");
   }
-  if (zero.offload_param.device != OffloadDevice::kNone && stage < 3) {
+  if (asked.params_offloaded() && !asked.params_sharded()) {
     // DeepSpeed ignores it there (parameters are partitioned, and so
     // offloaded, only at stage 3): accepted with DeepSpeed's meaning, and
     // resolved to none so every reader of the config sees what runs.
@@ -261,6 +264,7 @@ void check_offload(Checker& c, Config& config) {
            "set zero_optimization.stage to 3 to offload parameters, or remove offload_param");
     zero.offload_param.device = OffloadDevice::kNone;
   }
+  const Placement chosen = placement_of(zero);  // what runs
   auto check_nvme = [&](const std::string& section, OffloadDevice device, const std::string& nvme_path) {
     if (device == OffloadDevice::kNvme && nvme_path.empty()) {
       c.error(c.present(section + ".nvme_path") ? c.written(section + ".nvme_path") : c.written(section) + ".nvme_path",
@@ -278,7 +282,7 @@ void check_offload(Checker& c, Config& config) {
   // elsewhere still loads, with a warning saying they do nothing.
   for (const auto& [key, on] : {std::pair{"pipeline_read", zero.offload_optimizer.pipeline_read},
                                 std::pair{"pipeline_write", zero.offload_optimizer.pipeline_write}}) {
-    if (on && zero.offload_optimizer.device != OffloadDevice::kNvme) {
+    if (on && !chosen.optimizer_on_nvme()) {
       c.warn(c.written(oo + "." + key),
              fmt::format("has no effect: offload_optimizer.device is {}, and the pipelines move the optimizer "
                          "state's NVMe reads and writes",
@@ -289,7 +293,7 @@ void check_offload(Checker& c, Config& config) {
   // The engine refuses this at start-up (early_updates_blocker). A warning,
   // not an error: `strata train --offload-optimizer cpu` or a bench row may
   // still offload the state, and the engine checks what finally runs.
-  if (config.strata.speculative_optimizer == "on" && zero.offload_optimizer.device == OffloadDevice::kNone) {
+  if (config.strata.speculative_optimizer == "on" && !chosen.optimizer_offloaded()) {
     c.warn(c.written("strata.speculative_optimizer"),
            "on needs the optimizer state offloaded: early updates step offloaded state on the CPU while the backward "
            "runs, and offload_optimizer.device is none, so a run with this config as written is refused",
@@ -299,12 +303,12 @@ void check_offload(Checker& c, Config& config) {
 
   const double ratio = zero.offload_optimizer.ratio;
   if (ratio < 1.0) {
-    if (stage != 3) {
+    if (!chosen.params_sharded()) {
       c.error(c.written(oo + ".ratio"),
               fmt::format("ratio {} (partial optimizer offload) needs ZeRO stage 3, but zero_optimization.stage is {}",
                           ratio, stage),
               "set ratio to 1.0, or set zero_optimization.stage to 3");
-    } else if (zero.offload_optimizer.device == OffloadDevice::kNone) {
+    } else if (!chosen.optimizer_offloaded()) {
       c.warn(c.written(oo + ".ratio"), "has no effect: offload_optimizer.device is none", "");
     }
   }
@@ -317,7 +321,7 @@ void check_offload(Checker& c, Config& config) {
     }
   }
 
-  if (stage < 3) {
+  if (!chosen.params_sharded()) {
     for (const auto& [path, value] : c.values) {
       // Its own warning (warn_keys_without_effect) says it has no effect at any stage.
       if (path == "zero_optimization.stage3_model_persistence_threshold") continue;
@@ -328,7 +332,7 @@ void check_offload(Checker& c, Config& config) {
   }
   if (!c.present("zero_optimization.overlap_comm") || c.given("zero_optimization.overlap_comm") == nullptr ||
       c.given("zero_optimization.overlap_comm")->is_null()) {
-    zero.overlap_comm = stage == 3;
+    zero.overlap_comm = chosen.params_sharded();
   }
   if (zero.zero_hpz_partition_size > 1 || zero.zero_quantized_weights || zero.zero_quantized_gradients) {
     c.warn(c.written("zero_optimization"), "ZeRO++ (hpZ, quantized weights or gradients) is not implemented by Strata",
@@ -495,8 +499,8 @@ void check_precision(Checker& c, Config& config) {
     // state in host memory; the state is stepped on the host, whole.
     const OffloadOptimizerConfig& offload = config.zero_optimization.offload_optimizer;
     const OffloadDevice param = config.zero_optimization.offload_param.device;
-    const bool has_folder = offload.device == OffloadDevice::kNvme || param == OffloadDevice::kNvme;
-    if (offload.device == OffloadDevice::kNone || !has_folder)
+    const Placement chosen = placement_of(config.zero_optimization);
+    if (!chosen.optimizer_offloaded() || !chosen.uses_nvme())
       c.error(c.written("strata.gradient_shards"),
               fmt::format("gradient shards on NVMe wait in the optimizer state's folder or the parameter shards'; "
                           "zero_optimization.offload_optimizer.device is {} and offload_param.device is {}",
@@ -514,7 +518,7 @@ void check_precision(Checker& c, Config& config) {
     // The block-wise 8-bit moments are a CPU kernel format (cpu_adam): the
     // state must be stepped on the host, by Adam or AdamW.
     const OffloadOptimizerConfig& offload = config.zero_optimization.offload_optimizer;
-    if (offload.device == OffloadDevice::kNone)
+    if (!placement_of(config.zero_optimization).optimizer_offloaded())
       c.error(c.written("strata.optimizer_state_dtype"),
               "int8 optimizer states are for offloaded state; zero_optimization.offload_optimizer.device is none",
               "set zero_optimization.offload_optimizer.device to \"cpu\" or \"nvme\" (stage 1-3), or use bf16 "

@@ -46,12 +46,6 @@ uint64_t add_sat(uint64_t a, uint64_t b) {
 }
 uint64_t u(int64_t v) { return v < 0 ? 0 : static_cast<uint64_t>(v); }
 
-bool valid_placement(const Placement& pl) {
-  if (pl.stage < 0 || pl.stage > 3) return false;
-  if (pl.stage == 0 && pl.optimizer != OffloadDevice::kNone) return false;
-  if (pl.stage < 3 && pl.param != OffloadDevice::kNone) return false;
-  return true;
-}
 
 Result<uint32_t> dtype_bytes(std::string_view name, std::string_view what) {
   if (name == "fp32") return 4u;
@@ -110,8 +104,7 @@ void EstimateInput::from_config(const Config& config) {
   zero = config.zero_optimization;
   aio = config.aio;
   overlap_comm_given = true;
-  config_row = Placement{config.zero_optimization.stage, config.zero_optimization.offload_optimizer.device,
-                         config.zero_optimization.offload_param.device};
+  config_row = placement_of(config.zero_optimization);
 }
 
 std::vector<Placement> estimate_placements() {
@@ -128,7 +121,7 @@ std::vector<Placement> estimate_placements() {
 }
 
 Result<EstimateRow> estimate_row(const EstimateInput& in, const Placement& pl) {
-  if (!valid_placement(pl)) {
+  if (!pl.stage_admits_offloads()) {
     return InvalidArgument(fmt::format("placement stage {} / optimizer {} / param {} is not valid: optimizer offload needs "
                                        "stage 1-3 and parameter offload stage 3",
                                        pl.stage, offload_device_name(pl.optimizer), offload_device_name(pl.param)));
@@ -146,9 +139,9 @@ Result<EstimateRow> estimate_row(const EstimateInput& in, const Placement& pl) {
 
   // Elements of the shard whose optimizer state is offloaded (partial
   // offload only for the config's own stage-3 row).
-  uint64_t offloaded = pl.optimizer == OffloadDevice::kNone ? 0 : shard;
+  uint64_t offloaded = pl.optimizer_offloaded() ? shard : 0;
   const double ratio = in.zero.offload_optimizer.ratio;
-  if (row.is_config && pl.stage == 3 && pl.optimizer != OffloadDevice::kNone && ratio < 1.0) {
+  if (row.is_config && pl.partial_offload_possible() && ratio < 1.0) {
     offloaded = static_cast<uint64_t>(std::llround(static_cast<double>(shard) * ratio));
   }
   const uint64_t kept = shard - offloaded;  // optimizer-state elements still on the GPU
@@ -159,39 +152,39 @@ Result<EstimateRow> estimate_row(const EstimateInput& in, const Placement& pl) {
     case 1: gpu = add_sat(mul_sat(p + g, psi), k_of(kept)); break;
     case 2: gpu = add_sat(mul_sat(p, psi), add_sat(mul_sat(g, kept), k_of(kept))); break;
     default:
-      gpu = add_sat(pl.param == OffloadDevice::kNone ? mul_sat(p, shard) : 0, add_sat(mul_sat(g, kept), k_of(kept)));
+      gpu = add_sat(pl.params_offloaded() ? 0 : mul_sat(p, shard), add_sat(mul_sat(g, kept), k_of(kept)));
       break;
   }
   uint64_t host_rank = 0, nvme_rank = 0;
-  if (pl.optimizer == OffloadDevice::kCpu) host_rank = add_sat(host_rank, add_sat(mul_sat(gc, offloaded), k_of(offloaded)));
-  if (pl.optimizer == OffloadDevice::kNvme) {
+  if (pl.optimizer_in_host_memory()) host_rank = add_sat(host_rank, add_sat(mul_sat(gc, offloaded), k_of(offloaded)));
+  if (pl.optimizer_on_nvme()) {
     host_rank = add_sat(host_rank, mul_sat(gc, offloaded));
     nvme_rank = add_sat(nvme_rank, k_of(offloaded));
   }
-  if (pl.param == OffloadDevice::kCpu) host_rank = add_sat(host_rank, mul_sat(p, shard));
-  if (pl.param == OffloadDevice::kNvme) nvme_rank = add_sat(nvme_rank, mul_sat(p, shard));
+  if (pl.params_in_host_memory()) host_rank = add_sat(host_rank, mul_sat(p, shard));
+  if (pl.params_on_nvme()) nvme_rank = add_sat(nvme_rank, mul_sat(p, shard));
 
   // Buffers.
   BufferBytes& b = row.buffers;
   const ZeroConfig& z = in.zero;
-  const bool overlap = in.overlap_comm_given ? z.overlap_comm : pl.stage == 3;
+  const bool overlap = in.overlap_comm_given ? z.overlap_comm : pl.params_sharded();
   b.reduce_buckets = mul_sat(mul_sat(u(z.reduce_bucket_size), g), overlap ? 2 : 1);
-  if (pl.stage == 1 || pl.stage == 2) b.allgather_bucket = mul_sat(u(z.allgather_bucket_size), p);
-  if (pl.stage == 3) {
+  if (pl.updated_params_all_gathered()) b.allgather_bucket = mul_sat(u(z.allgather_bucket_size), p);
+  if (pl.params_sharded()) {
     const uint64_t layer = in.largest_layer_params;
     const uint64_t window = std::min(u(z.stage3_max_live_parameters), add_sat(layer, u(z.stage3_prefetch_bucket_size)));
     b.live_params = mul_sat(std::max(layer, window), p);
     b.layer_grads = mul_sat(layer, g);
   }
-  if (pl.optimizer == OffloadDevice::kNvme) {
+  if (pl.optimizer_on_nvme()) {
     const uint64_t sub_group = std::min(u(z.sub_group_size), offloaded);
     b.optimizer_swap = mul_sat(u(z.offload_optimizer.buffer_count), k_of(sub_group));
   }
-  if (pl.param == OffloadDevice::kNvme) {
+  if (pl.params_on_nvme()) {
     b.param_swap = mul_sat(mul_sat(u(z.offload_param.buffer_count), u(z.offload_param.buffer_size)), p);
     b.param_cache = mul_sat(std::min(u(z.offload_param.max_in_cpu), shard), p);
   }
-  if (pl.optimizer == OffloadDevice::kNvme || pl.param == OffloadDevice::kNvme) {
+  if (pl.uses_nvme()) {
     b.aio = mul_sat(mul_sat(u(in.aio.block_size), u(in.aio.queue_depth)), u(in.aio.intra_op_parallelism));
   }
 
@@ -228,7 +221,7 @@ Result<Estimate> estimate_memory(const EstimateInput& input) {
                                        "models; give a realistic cluster size",
                                        input.gpus_per_node, input.nodes, input.world_size(), kMaxModeledWorld));
   }
-  if (input.config_row && !valid_placement(*input.config_row)) {
+  if (input.config_row && !input.config_row->stage_admits_offloads()) {
     return InvalidArgument("the config's stage and offload devices are not a valid combination");
   }
   t_saturated = false;
@@ -239,7 +232,7 @@ Result<Estimate> estimate_memory(const EstimateInput& input) {
     estimate.rows.push_back(row);
   }
   // A config with partial offload (ratio < 1) gets its own extra row.
-  if (input.config_row && input.config_row->stage == 3 && input.config_row->optimizer != OffloadDevice::kNone &&
+  if (input.config_row && input.config_row->partial_offload_possible() &&
       input.zero.offload_optimizer.ratio < 1.0) {
     for (EstimateRow& row : estimate.rows) {
       if (row.is_config) {
@@ -295,8 +288,7 @@ nlohmann::ordered_json estimate_to_json(const Estimate& e) {
                       {"optimizer_swap", r.buffers.optimizer_swap},   {"param_swap", r.buffers.param_swap},
                       {"param_cache", r.buffers.param_cache},         {"aio", r.buffers.aio}};
     row["config"] = r.is_config;
-    if (r.is_config && in.zero.offload_optimizer.ratio < 1.0 && r.placement.stage == 3 &&
-        r.placement.optimizer != OffloadDevice::kNone) {
+    if (r.is_config && in.zero.offload_optimizer.ratio < 1.0 && r.placement.partial_offload_possible()) {
       row["offload_ratio"] = in.zero.offload_optimizer.ratio;
     }
     out["rows"].push_back(row);
@@ -333,7 +325,7 @@ std::string format_estimate(const Estimate& e, bool binary) {
     std::string mark;
     if (r.is_config) {
       mark = "  <= config";
-      if (in.zero.offload_optimizer.ratio < 1.0 && r.placement.stage == 3 && r.placement.optimizer != OffloadDevice::kNone)
+      if (in.zero.offload_optimizer.ratio < 1.0 && r.placement.partial_offload_possible())
         mark += fmt::format(" (ratio {})", in.zero.offload_optimizer.ratio);
     }
     out += fmt::format("{:>5} {:>9} {:>6} | {:>11} {:>11} | {:>11} {:>11} | {:>11} | {:>4}{}\n", r.placement.stage,

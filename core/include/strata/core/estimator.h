@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "strata/core/config.h"
+#include "strata/core/placement.h"
 #include "strata/core/status.h"
 
 namespace strata {
@@ -46,13 +47,8 @@ Result<LedgerPrecision> ledger_precision(std::string_view param_dtype, std::stri
 // The precision a config trains with.
 LedgerPrecision ledger_precision_of(const Config& config);
 
-// One row: a ZeRO stage and where optimizer state and parameters live.
-struct Placement {
-  int stage = 0;
-  OffloadDevice optimizer = OffloadDevice::kNone;
-  OffloadDevice param = OffloadDevice::kNone;
-  bool operator==(const Placement&) const = default;
-};
+// One row is a Placement (strata/core/placement.h): a ZeRO stage and where
+// optimizer state and parameters live.
 
 // The largest world (ranks) the estimator, `strata plan` and the launchers
 // model: shard arithmetic stays exact in 64 bits.
