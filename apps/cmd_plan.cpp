@@ -396,9 +396,7 @@ int run_plan(const PlanOptions& o) {
       in.world = world;
       in.tokens_per_rank = doc["tokens_per_rank"].get<double>();
       in.flops_per_token = flops_per_token;
-      in.stage = row.stage;
-      in.optimizer = row.optimizer;
-      in.param = row.param;
+      in.placement = row.placement();
       in.ratio = row.ratio;
       in.param_dtype = in.grad_dtype = row.dtype;
       in.gradients_on_nvme = row.gradients_on_nvme();

@@ -49,25 +49,26 @@ std::string PlacementRow::label() const {
 
 std::string PlacementRow::unsupported_reason() const {
   if (stage < 0 || stage > 3) return fmt::format("stage {} is not 0-3", stage);
-  if (stage == 0 && optimizer != OffloadDevice::kNone)
+  const Placement choice = placement();
+  if (choice.optimizer_offloaded() && !choice.optimizer_sharded())
     return "stage 0 keeps the optimizer state on the device (offload needs stage 1-3)";
-  if (param != OffloadDevice::kNone && stage != 3) return "parameter offload needs stage 3";
-  if (param != OffloadDevice::kNone && optimizer == OffloadDevice::kNone)
+  if (choice.params_offloaded() && !choice.params_sharded()) return "parameter offload needs stage 3";
+  if (choice.params_offloaded() && !choice.optimizer_offloaded())
     return "the engine keeps parameters off the device only with the optimizer off it too (offload_optimizer cpu "
            "or nvme)";
-  if (ratio < 1.0 && !(stage == 3 && optimizer == OffloadDevice::kCpu && param == OffloadDevice::kNone))
+  if (ratio < 1.0 && !(choice.params_sharded() && choice.optimizer_in_host_memory() && !choice.params_offloaded()))
     return "ratio < 1 needs stage 3, optimizer cpu, params none";
-  if (moments && moments->blocked() && optimizer == OffloadDevice::kNone)
+  if (moments && moments->blocked() && !choice.optimizer_offloaded())
     return "int8 optimizer states need the optimizer state offloaded (cpu or nvme)";
   if (moments && moments->blocked() && ratio < 1.0) return "int8 optimizer states need ratio 1 (no device part)";
   if (gradients_on_nvme()) {
-    const std::string blocker = offload::gradient_shards_nvme_blocker(optimizer, param, ratio);
+    const std::string blocker = offload::gradient_shards_nvme_blocker(placement(), ratio);
     if (!blocker.empty()) return "gradient shards on NVMe: " + blocker;
   }
   if (speculation == offload::SpeculationMode::kOn &&
-      !offload::early_updates_allowed(offload::SpeculationMode::kOn, optimizer))
+      !offload::early_updates_allowed(offload::SpeculationMode::kOn, placement()))
     return "speculative_optimizer on needs the optimizer state offloaded (cpu or nvme)";
-  if ((pipeline_read || pipeline_write) && optimizer != OffloadDevice::kNvme)
+  if ((pipeline_read || pipeline_write) && !choice.optimizer_on_nvme())
     return "pipeline_read and pipeline_write are the NVMe optimizer tier's (offload_optimizer nvme)";
   return "";
 }
@@ -82,7 +83,7 @@ offload::EngineOptions PlacementRow::apply(offload::EngineOptions o) const {
   if (moments) o.moments = *moments;
   if (gradient_shards) o.gradient_shards = *gradient_shards;
   if (o.gradient_shards == offload::GradientShardsMode::kNvme &&
-      !offload::gradient_shards_nvme_blocker(optimizer, param, ratio).empty())
+      !offload::gradient_shards_nvme_blocker(placement(), ratio).empty())
     o.gradient_shards = offload::GradientShardsMode::kAuto;
   if (speculation) o.speculative_optimizer = *speculation;
   if (pipeline_read) o.nvme.pipeline_read = *pipeline_read;
@@ -251,9 +252,7 @@ offload::StepTimeInput gpt_step_input(const model::GptConfig& g, const Placement
   in.world = world;
   in.tokens_per_rank = static_cast<double>(batch) * seq * grad_accum;
   in.flops_per_token = g.train_flops_per_token(seq);
-  in.stage = row.stage;
-  in.optimizer = row.optimizer;
-  in.param = row.param;
+  in.placement = row.placement();
   in.ratio = row.ratio;
   in.param_dtype = in.grad_dtype = row.dtype;
   if (row.moments) in.moments = *row.moments;  // else the caller's (StepTimeInput's fp32 unless it sets one)

@@ -35,9 +35,11 @@ struct PlacementRow {
   // row; unset: the base options' (DeepSpeed's false).
   std::optional<bool> pipeline_read, pipeline_write;
 
+  // The stage and offload devices as the engine and the step-time model ask them.
+  Placement placement() const { return {stage, optimizer, param}; }
   // Everything on the device: the rows penalties are measured against.
-  bool in_memory() const { return optimizer == OffloadDevice::kNone && param == OffloadDevice::kNone; }
-  bool uses_nvme() const { return optimizer == OffloadDevice::kNvme || param == OffloadDevice::kNvme; }
+  bool in_memory() const { return !placement().optimizer_offloaded() && !placement().params_offloaded(); }
+  bool uses_nvme() const { return placement().uses_nvme(); }
   // "s3 opt=cpu param=none r=0.50 bf16" (+ " m=int8" for a row's own moments not in fp32, " grads=nvme" for
   // gradient shards on NVMe, " early=on" or " early=off" for a row's own strata.speculative_optimizer,
   // " pipe=rw" (r, w, off) for a row's own NVMe pipelining)

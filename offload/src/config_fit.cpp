@@ -18,24 +18,22 @@
 namespace strata::offload {
 namespace {
 
-struct PlacementChoice {
-  int stage = 0;
-  OffloadDevice optimizer = OffloadDevice::kNone;
-  OffloadDevice param = OffloadDevice::kNone;
+// A candidate: the stage and offload devices (asked like the engine asks
+// them, Note [Placement questions]) and offload_optimizer.ratio.
+struct PlacementChoice : Placement {
   double ratio = 1.0;
-  bool uses_nvme() const { return optimizer == OffloadDevice::kNvme || param == OffloadDevice::kNvme; }
 };
 
 // Every placement the engine runs, in a fixed order (the last tie-break).
 std::vector<PlacementChoice> all_placements() {
   using D = OffloadDevice;
-  std::vector<PlacementChoice> out{{0, D::kNone, D::kNone, 1.0}};
+  std::vector<PlacementChoice> out{{{0, D::kNone, D::kNone}, 1.0}};
   for (int stage : {1, 2})
-    for (D opt : {D::kNone, D::kCpu, D::kNvme}) out.push_back({stage, opt, D::kNone, 1.0});
+    for (D opt : {D::kNone, D::kCpu, D::kNvme}) out.push_back({{stage, opt, D::kNone}, 1.0});
   for (D opt : {D::kNone, D::kCpu, D::kNvme})
     for (D param : {D::kNone, D::kCpu, D::kNvme})
-      if (param == D::kNone || opt != D::kNone) out.push_back({3, opt, param, 1.0});
-  for (double r : {0.75, 0.5, 0.25}) out.push_back({3, D::kCpu, D::kNone, r});
+      if (param == D::kNone || opt != D::kNone) out.push_back({{3, opt, param}, 1.0});
+  for (double r : {0.75, 0.5, 0.25}) out.push_back({{3, D::kCpu, D::kNone}, r});
   return out;
 }
 
@@ -53,7 +51,7 @@ std::string label_of(const PlacementChoice& p, DType dtype, const cpu_adam::Mome
 
 // 8-bit moments are stepped by the CPU kernels only: offloaded state, no device part.
 bool holds(const PlacementChoice& p, const cpu_adam::MomentStorage& moments) {
-  return !moments.blocked() || (p.optimizer != OffloadDevice::kNone && p.ratio >= 1.0);
+  return !moments.blocked() || (p.optimizer_offloaded() && p.ratio >= 1.0);
 }
 
 // The config's own storage (validated by the config check).
@@ -155,7 +153,7 @@ class Evaluator {
           grads_total += b;
           grads_largest = std::max(grads_largest, b);
         }
-        if (r == 0 && o->stage == 3 && where.persistent()) e.persistent_params += lp.padded_elements;
+        if (r == 0 && pl->params_sharded() && where.persistent()) e.persistent_params += lp.padded_elements;
       }
       // The NVMe stores' room (nvme_state_tier.cpp, param_swap.cpp): the
       // optimizer state's two versions, one more state's worth and a slot
@@ -349,9 +347,7 @@ StepTimeInput step_input(const FitRequest& req, const Config& cfg, const EngineO
   in.world = req.world;
   in.tokens_per_rank = static_cast<double>(req.micro_batch) * req.seq * req.grad_accum;
   in.flops_per_token = req.flops_per_token;
-  in.stage = o.stage;
-  in.optimizer = o.offload_optimizer;
-  in.param = o.offload_param;
+  in.placement = o.placement();
   in.ratio = o.ratio;
   in.param_dtype = dtype;
   in.grad_dtype = o.grad_dtype;
@@ -403,15 +399,15 @@ FitCandidate fit_one(const FitRequest& req, const FitCaps& caps, const Placement
     c.data_types.grad_accum_dtype = std::string(dtype_name(*grad));
     why["data_types.grad_accum_dtype"] = "gradients in the dtype the fit was allowed (--grad-dtypes) and that fits";
   }
-  if (p.optimizer == OffloadDevice::kNvme && z.offload_optimizer.nvme_path.empty()) {
+  if (p.optimizer_on_nvme() && z.offload_optimizer.nvme_path.empty()) {
     z.offload_optimizer.nvme_path = caps.nvme_path;
     why["zero_optimization.offload_optimizer.nvme_path"] = "the NVMe folder the fit was given";
   }
-  if (p.param == OffloadDevice::kNvme && z.offload_param.nvme_path.empty()) {
+  if (p.params_on_nvme() && z.offload_param.nvme_path.empty()) {
     z.offload_param.nvme_path = caps.nvme_path;
     why["zero_optimization.offload_param.nvme_path"] = "the NVMe folder the fit was given";
   }
-  if (p.optimizer == OffloadDevice::kNvme &&
+  if (p.optimizer_on_nvme() &&
       !(z.offload_optimizer.pipeline_read && z.offload_optimizer.pipeline_write)) {
     z.offload_optimizer.pipeline_read = z.offload_optimizer.pipeline_write = true;
     const char* r = "the optimizer state's NVMe reads and writes overlap its step (the step-time model's nvme_pipeline)";
@@ -429,7 +425,7 @@ FitCandidate fit_one(const FitRequest& req, const FitCaps& caps, const Placement
   // The host: the NVMe slots first (no cost in the model), then what stays in host memory.
   const int64_t min_sub = static_cast<int64_t>(kShardAlign) * req.world;
   auto fit_host = [&] {
-    if (!host_ok() && p.optimizer == OffloadDevice::kNvme && z.offload_optimizer.buffer_count > 2) {
+    if (!host_ok() && p.optimizer_on_nvme() && z.offload_optimizer.buffer_count > 2) {
       const int64_t was = z.offload_optimizer.buffer_count;
       lower_knob(z.offload_optimizer.buffer_count, 2, host_ok);
       if (z.offload_optimizer.buffer_count != was)
@@ -437,29 +433,29 @@ FitCandidate fit_one(const FitRequest& req, const FitCaps& caps, const Placement
             "each slot pins one sub-group's optimizer state: fewer slots fit the host cap (2 still overlap a read "
             "with a step)";
     }
-    if (!host_ok() && p.param == OffloadDevice::kNvme && z.offload_param.buffer_count > 2) {
+    if (!host_ok() && p.params_on_nvme() && z.offload_param.buffer_count > 2) {
       lower_knob(z.offload_param.buffer_count, 2, host_ok);
       why["zero_optimization.offload_param.buffer_count"] =
           "each slot pins the largest NVMe shard: fewer slots fit the host cap";
     }
-    if (!host_ok() && p.optimizer == OffloadDevice::kNvme && z.sub_group_size > min_sub) {
+    if (!host_ok() && p.optimizer_on_nvme() && z.sub_group_size > min_sub) {
       lower_knob(z.sub_group_size, min_sub, host_ok);
       why["zero_optimization.sub_group_size"] =
           "an NVMe slot holds one sub-group's master weights and moments: smaller sub-groups make the pinned slots "
           "fit the host cap";
     }
-    if (!host_ok() && p.param == OffloadDevice::kNvme && z.offload_param.max_in_cpu > 0) {
+    if (!host_ok() && p.params_on_nvme() && z.offload_param.max_in_cpu > 0) {
       lower_knob(z.offload_param.max_in_cpu, 0, host_ok);
       why["zero_optimization.offload_param.max_in_cpu"] =
           "the shards kept in pinned host memory must fit the host cap beside the other host buffers; the rest are "
           "read from NVMe";
     }
-    if (!host_ok() && p.optimizer == OffloadDevice::kNvme && z.offload_optimizer.buffer_count > 1) {
+    if (!host_ok() && p.optimizer_on_nvme() && z.offload_optimizer.buffer_count > 1) {
       lower_knob(z.offload_optimizer.buffer_count, 1, host_ok);
       why["zero_optimization.offload_optimizer.buffer_count"] =
           "one slot is all the host cap leaves room for (reads no longer overlap the step)";
     }
-    if (!host_ok() && p.param == OffloadDevice::kNvme && z.offload_param.buffer_count > 1) {
+    if (!host_ok() && p.params_on_nvme() && z.offload_param.buffer_count > 1) {
       lower_knob(z.offload_param.buffer_count, 1, host_ok);
       why["zero_optimization.offload_param.buffer_count"] = "one slot is all the host cap leaves room for";
     }
@@ -467,7 +463,7 @@ FitCandidate fit_one(const FitRequest& req, const FitCaps& caps, const Placement
   fit_host();
   // The device: the gradient bucket (no cost in the model), then the live gathered layers.
   e = eval.run(c, false);
-  if (!e.device_ok && p.stage >= 2 && req.grad_accum == 1 && e.largest_grad_elements != 0) {
+  if (!e.device_ok && p.gradients_sharded() && req.grad_accum == 1 && e.largest_grad_elements != 0) {
     const int64_t floor = static_cast<int64_t>(e.largest_grad_elements);
     if (z.reduce_bucket_size > floor) {
       lower_knob(z.reduce_bucket_size, floor, device_ok);
@@ -477,7 +473,7 @@ FitCandidate fit_one(const FitRequest& req, const FitCaps& caps, const Placement
   }
   auto lower_live = [&] {
     e = eval.run(c, false);
-    if (e.device_ok || p.stage != 3 || e.largest_gathered_elements == 0) return;
+    if (e.device_ok || !p.params_sharded() || e.largest_gathered_elements == 0) return;
     const int64_t floor = static_cast<int64_t>(e.largest_gathered_elements);
     if (z.stage3_max_live_parameters <= floor) return;
     lower_knob(z.stage3_max_live_parameters, floor, device_ok);
@@ -486,7 +482,7 @@ FitCandidate fit_one(const FitRequest& req, const FitCaps& caps, const Placement
   };
   lower_live();
   // Layers below the persistence threshold stay whole on the device: partition them too.
-  if (!device_ok() && p.stage == 3 && z.stage3_param_persistence_threshold > 0) {
+  if (!device_ok() && p.params_sharded() && z.stage3_param_persistence_threshold > 0) {
     lower_knob(z.stage3_param_persistence_threshold, 0, device_ok);
     why["zero_optimization.stage3_param_persistence_threshold"] =
         "the layers below it stay whole on the device and do not fit beside the rest; partitioned, they are "
@@ -494,14 +490,14 @@ FitCandidate fit_one(const FitRequest& req, const FitCaps& caps, const Placement
     lower_live();
     fit_host();  // partitioned shards go to host memory under offload_param.max_in_cpu
   }
-  if (p.stage == 3 && z.stage3_prefetch_bucket_size > z.stage3_max_live_parameters) {
+  if (p.params_sharded() && z.stage3_prefetch_bucket_size > z.stage3_max_live_parameters) {
     z.stage3_prefetch_bucket_size = z.stage3_max_live_parameters;
     why["zero_optimization.stage3_prefetch_bucket_size"] =
         "the prefetch window cannot hold more than stage3_max_live_parameters";
   }
   // The parameter slots must hold the largest shard left on NVMe.
   e = eval.run(c, false);
-  if (p.param == OffloadDevice::kNvme && e.largest_nvme_shard_elements != 0 &&
+  if (p.params_on_nvme() && e.largest_nvme_shard_elements != 0 &&
       static_cast<uint64_t>(z.offload_param.buffer_size) < e.largest_nvme_shard_elements) {
     z.offload_param.buffer_size = static_cast<int64_t>(e.largest_nvme_shard_elements);
     why["zero_optimization.offload_param.buffer_size"] =
@@ -635,8 +631,8 @@ const FitCandidate* closest(const FitResult& r, const FitCaps& caps) {
 // Placement keys of the winner: why not the config's own placement.
 void explain_placement(FitResult& r, const FitRequest& req, const FitCaps& caps) {
   const auto& uz = req.config.zero_optimization;
-  const PlacementChoice own{uz.stage, uz.offload_optimizer.device,
-                            uz.offload_param.device, uz.offload_optimizer.ratio};
+  const PlacementChoice own{{uz.stage, uz.offload_optimizer.device, uz.offload_param.device},
+                            uz.offload_optimizer.ratio};
   const DType own_dtype = req.config.precision_dtype();
   const cpu_adam::MomentStorage own_storage = own_moments(req.config);
   std::string reason;
@@ -666,7 +662,7 @@ Result<FitCandidate> fit_placement(const FitRequest& req, const FitCaps& caps, i
                                    OffloadDevice param, double ratio, DType dtype,
                                    const cpu_adam::MomentStorage& moments) {
   STRATA_RETURN_IF_ERROR(check_inputs(req, caps));
-  const PlacementChoice p{stage, optimizer, param, ratio};
+  const PlacementChoice p{{stage, optimizer, param}, ratio};
   if (!holds(p, moments))
     return InvalidArgument(fmt::format("{}: int8 optimizer states need the optimizer state offloaded (cpu or nvme) "
                                        "with ratio 1",

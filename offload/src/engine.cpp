@@ -72,7 +72,7 @@ Status Engine::Impl::init() {
   STRATA_ASSIGN_OR_RETURN(frees, device.create_stream());
   STRATA_ASSIGN_OR_RETURN(zeroing, device.create_stream());
   STRATA_ASSIGN_OR_RETURN(shard_h2d, device.create_stream());
-  if (opt_on_nvme() || opt.offload_param == OffloadDevice::kNvme) {
+  if (opt_on_nvme() || placement.param_shards_use_nvme()) {
     // The swap folders' run name: the caller's, else rank 0's process id (the same on every rank).
     if (!opt.job_name.empty()) STRATA_RETURN_IF_ERROR(check_swap_job_name(opt.job_name));
     int64_t job = static_cast<int64_t>(::getpid()), job0 = 0;
@@ -102,7 +102,7 @@ Status Engine::Impl::init() {
       std::string fix;
       if (!opt_on_host())
         fix = "set zero_optimization.offload_optimizer.device to \"cpu\"";
-      else if (opt.stage < 3)
+      else if (!placement.params_sharded())
         fix = "use zero_optimization.stage 3";
       else if (!param_on_host())
         fix = "set zero_optimization.offload_param.device to \"cpu\"";
@@ -128,7 +128,7 @@ Status Engine::Impl::init() {
                          "offload_optimizer.ratio < 1 at stage 3, or strata.optimizer_state_dtype int8 or bf16"},
         {predicted.pinned_grads,
          placement.gradient_slot_count == 0
-             ? (opt_on_nvme() || (opt.offload_param == OffloadDevice::kNvme && !placement.split)
+             ? (opt_on_nvme() || (placement.param_shards_use_nvme() && !placement.split)
                     ? "gradient shards: set strata.gradient_shards nvme (they wait on NVMe in the optimizer state's "
                       "or the parameter shards' folder), use a larger world size or data_types.grad_accum_dtype bf16"
                     : "gradient shards: use a larger world size or data_types.grad_accum_dtype bf16")
@@ -142,7 +142,7 @@ Status Engine::Impl::init() {
                                    "strata.speculative_optimizer off or auto"
                                  : "update staging (one piece at a time): lower zero_optimization.sub_group_size"},
         {predicted.pinned_params,
-         opt.offload_param == OffloadDevice::kNvme
+         placement.param_shards_use_nvme()
              ? "parameter shards in host memory and NVMe slots: lower offload_param.max_in_cpu or buffer_count"
              : "parameter shards (offload_param cpu): set offload_param.device to nvme or none"},
         {predicted.pinned_speculation,

@@ -195,7 +195,7 @@ struct EngineContext {
   bool stage0() const { return placement.owns_every_piece(); }
   bool opt_on_host() const { return placement.optimizer_on_host(); }  // cpu and nvme placements
   bool opt_on_nvme() const { return placement.optimizer_on_nvme(); }
-  bool param_on_host() const { return opt.offload_param != OffloadDevice::kNone; }  // stage-3 shards off the device
+  bool param_on_host() const { return placement.param_shards_off_device(); }  // stage-3 shards off the device
   bool grads_in_place() const { return placement.gradients_in_place; }
   bool split() const { return placement.split; }
   // The fused device Adam kernel steps the state on its own stream, and each

@@ -31,12 +31,12 @@ Result<GradientShardsMode> parse_gradient_shards_mode(std::string_view text, std
   return InvalidArgument(fmt::format("{} '{}' is not auto, pinned or nvme", field, printable(text, 32)));
 }
 
-std::string gradient_shards_nvme_blocker(OffloadDevice optimizer, OffloadDevice param, double ratio) {
-  if (optimizer == OffloadDevice::kNone)
+std::string gradient_shards_nvme_blocker(const Placement& placement, double ratio) {
+  if (!placement.optimizer_offloaded())
     return "the optimizer state is on the device (offload_optimizer.device none): the gradient shards wait there";
   if (ratio < 1.0)
     return fmt::format("offload_optimizer.ratio {} < 1 steps part of each piece on the device", ratio);
-  if (optimizer != OffloadDevice::kNvme && param != OffloadDevice::kNvme)
+  if (!placement.uses_nvme())
     return "neither the optimizer state (offload_optimizer.device nvme) nor the parameter shards "
            "(offload_param.device nvme) are on NVMe: the gradient shards go to one of their folders";
   return {};
@@ -145,28 +145,28 @@ Result<EngineOptions> engine_options_from_config(const Config& cfg) {
 Status check_placement(const EngineOptions& o) {
   if (o.stage < 0 || o.stage > 3)
     return InvalidArgument(fmt::format("{}: zero_optimization.stage {} is not 0, 1, 2 or 3", o.source, o.stage));
-  if (o.offload_param != OffloadDevice::kNone && o.stage != 3)
+  const Placement choice = o.placement();
+  if (choice.params_offloaded() && !choice.params_sharded())
     return InvalidArgument(fmt::format(
         "{}: zero_optimization.offload_param needs stage 3 (parameters are partitioned only there); stage is {}",
         o.source, o.stage));
-  if (o.offload_param != OffloadDevice::kNone && o.offload_optimizer == OffloadDevice::kNone)
+  if (choice.params_offloaded() && !choice.optimizer_offloaded())
     return Unsupported(fmt::format(
         "{}: offload_param \"{}\" with offload_optimizer \"none\": the updated parameters would be written from "
         "device state into host shards; set zero_optimization.offload_optimizer.device to \"cpu\" as well",
         o.source, offload_device_name(o.offload_param)));
-  if (o.offload_param == OffloadDevice::kNvme && o.nvme_param.path.empty())
+  if (choice.params_on_nvme() && o.nvme_param.path.empty())
     return InvalidArgument(fmt::format("{}: zero_optimization.offload_param.nvme_path is not set: name a folder on "
                                        "the NVMe drive for the parameter shards",
                                        o.source));
-  if (o.offload_optimizer == OffloadDevice::kNvme && o.nvme.path.empty())
+  if (choice.optimizer_on_nvme() && o.nvme.path.empty())
     return InvalidArgument(fmt::format("{}: zero_optimization.offload_optimizer.nvme_path is not set: name a folder "
                                        "on the NVMe drive for the optimizer state",
                                        o.source));
   if (!(o.ratio > 0.0 && o.ratio <= 1.0))
     return InvalidArgument(fmt::format("{}: zero_optimization.offload_optimizer.ratio {} must be in (0, 1]", o.source,
                                        o.ratio));
-  if (o.ratio < 1.0 && (o.stage != 3 || o.offload_optimizer != OffloadDevice::kCpu ||
-                        o.offload_param != OffloadDevice::kNone))
+  if (o.ratio < 1.0 && !(choice.params_sharded() && choice.optimizer_in_host_memory() && !choice.params_offloaded()))
     return Unsupported(fmt::format(
         "{}: zero_optimization.offload_optimizer.ratio {} (partial offload) needs stage 3, offload_optimizer \"cpu\" "
         "and offload_param \"none\" (stage is {}, offload_optimizer {}, offload_param {}); set ratio to 1.0 or "

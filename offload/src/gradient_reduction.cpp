@@ -201,7 +201,7 @@ Status GradientReduction::launch_reduction(size_t li) {
           sum_piece_blocks(li, block_offset, piece, elements);
         });
     l.reduced_gradient_moved = l.norm_partials_ready;
-    if (opt.stage >= 2) {
+    if (ctx_.where(li).gradients == GradientBuffer::kPerStep) {
       const Completion users[] = {l.last_backward_released, reduced, l.norm_partials_ready};
       live_->give_back(std::move(l.full_grads), when_all(users), layer_part.padded_elements);
     }
@@ -256,7 +256,7 @@ Status GradientReduction::launch_reduction(size_t li) {
   }
   if (dst != nullptr) {
     l.reduced_gradient_moved = xfer.record_completion();
-    if (opt.stage >= 2) {
+    if (ctx_.where(li).gradients == GradientBuffer::kPerStep) {
       // Its users: the model's backward, the reduction in place, the copy out.
       const Completion users[] = {l.last_backward_released, reduced, l.reduced_gradient_moved};
       live_->give_back(std::move(l.full_grads), when_all(users), layer_part.padded_elements);

@@ -36,7 +36,7 @@ Status ParameterGathering::init(const std::string& job_name) {
                                        static_cast<uint64_t>(opt.max_live_parameters),
                                        static_cast<uint64_t>(opt.max_reuse_distance)},
                   std::move(sizes));
-  if (opt.offload_param == OffloadDevice::kNvme) STRATA_RETURN_IF_ERROR(make_param_swap(job_name));
+  if (ctx_.placement.param_shards_use_nvme()) STRATA_RETURN_IF_ERROR(make_param_swap(job_name));
   return Status::Ok();
 }
 
@@ -45,7 +45,7 @@ Status ParameterGathering::init(const std::string& job_name) {
 // which stay in pinned host memory), with slots for the largest of them.
 Status ParameterGathering::make_param_swap(const std::string& job_name) {
   const EngineOptions& opt = ctx_.opt;
-  if (opt.stage != 3) return InvalidArgument(fmt::format("{}: offload_param nvme needs stage 3", opt.source));
+  if (!ctx_.placement.params_sharded()) return InvalidArgument(fmt::format("{}: offload_param nvme needs stage 3", opt.source));
   uint64_t capacity = 0, largest = 0, largest_elements = 0;
   std::string largest_name;
   for (size_t li = 0; li < ctx_.part.layer_count(); ++li) {

@@ -85,7 +85,7 @@ Status decide_gradient_shards(const EngineOptions& opt, const Partition& partiti
     p.gradient_shards_why = "strata.gradient_shards pinned";
     return Status::Ok();
   }
-  std::string blocker = gradient_shards_nvme_blocker(opt.offload_optimizer, opt.offload_param, opt.ratio);
+  std::string blocker = gradient_shards_nvme_blocker(opt.placement(), opt.ratio);
   if (!blocker.empty()) {
     if (opt.gradient_shards == GradientShardsMode::kNvme)
       return Unsupported(fmt::format("{}: strata.gradient_shards nvme: {}; set it to auto or pinned", opt.source,
@@ -254,15 +254,16 @@ Result<StatePlacement> StatePlacement::compute(const EngineOptions& opt, std::sp
     return InvalidArgument(fmt::format("{} layer specs for a partition of {} layers", layers.size(),
                                        partition.layer_count()));
   StatePlacement p;
-  p.stage = opt.stage;
+  p.choice = opt.placement();
+  const Placement& choice = p.choice;
   p.world = world;
   p.rank = rank;
-  p.optimizer_state = opt.offload_optimizer == OffloadDevice::kNvme  ? StateHome::kNvme
-                      : opt.offload_optimizer == OffloadDevice::kCpu ? StateHome::kPinnedHost
-                                                                      : StateHome::kDevice;
+  p.optimizer_state = choice.optimizer_on_nvme()          ? StateHome::kNvme
+                      : choice.optimizer_in_host_memory() ? StateHome::kPinnedHost
+                                                          : StateHome::kDevice;
   p.ratio = opt.ratio;
   p.split = opt.ratio < 1.0;
-  p.gradients_in_place = !p.optimizer_on_host() && opt.stage <= 1;
+  p.gradients_in_place = choice.gradients_in_place();
   p.device = device;
   p.device_kernel = !p.optimizer_on_host() && !device.host_addressable;
   p.layers.resize(layers.size());
@@ -273,16 +274,16 @@ Result<StatePlacement> StatePlacement::compute(const EngineOptions& opt, std::sp
     STRATA_ASSIGN_OR_RETURN(l.param_dtype, layer_dtype(spec, li));
     l.param_element_bytes = dtype_size(l.param_dtype);
     l.frozen = layer_frozen(spec);
-    if (opt.stage < 3 || static_cast<int64_t>(spec.param_count) < opt.persistence_threshold) {
+    if (!choice.params_sharded() || static_cast<int64_t>(spec.param_count) < opt.persistence_threshold) {
       l.params = ParamHome::kWholeOnDevice;
-    } else if (opt.offload_param == OffloadDevice::kNone) {
+    } else if (!choice.params_offloaded()) {
       l.params = ParamHome::kShardOnDevice;
-      l.acquired_in_place = world == 1;
-    } else if (opt.offload_param == OffloadDevice::kCpu ||
+      l.acquired_in_place = choice.shards_acquired_in_place(world);
+    } else if (choice.params_in_host_memory() ||
                p.param_elements_in_host + part.shard_elements <= static_cast<uint64_t>(opt.nvme_param.max_in_cpu)) {
       // offload_param nvme keeps the first max_in_cpu shard elements in host memory.
       l.params = ParamHome::kShardInPinnedHost;
-      if (opt.offload_param == OffloadDevice::kNvme) p.param_elements_in_host += part.shard_elements;
+      if (choice.params_on_nvme()) p.param_elements_in_host += part.shard_elements;
     } else {
       l.params = ParamHome::kShardOnNvme;
       p.largest_nvme_shard_bytes =
@@ -292,7 +293,7 @@ Result<StatePlacement> StatePlacement::compute(const EngineOptions& opt, std::sp
       l.gradients = GradientBuffer::kNone;
       continue;  // parameters only
     }
-    l.gradients = opt.stage <= 1 ? GradientBuffer::kPersistent : GradientBuffer::kPerStep;
+    l.gradients = choice.gradients_sharded() ? GradientBuffer::kPerStep : GradientBuffer::kPersistent;
     l.master = !(l.param_dtype == DType::kF32 && !p.optimizer_on_host());
     l.pinned_gradient_shard = p.optimizer_on_host();
     l.device_gradient_shard = (!p.optimizer_on_host() && !p.gradients_in_place) || p.split;

@@ -10,12 +10,12 @@
 
 namespace strata::offload {
 
-bool early_updates_allowed(SpeculationMode mode, OffloadDevice optimizer) {
-  return mode != SpeculationMode::kOff && optimizer != OffloadDevice::kNone;
+bool early_updates_allowed(SpeculationMode mode, const Placement& placement) {
+  return mode != SpeculationMode::kOff && placement.optimizer_offloaded();
 }
 
 bool early_updates_run(const StepTimeInput& in, const HardwareProfile& hw) {
-  return early_updates_allowed(in.speculation, in.optimizer) &&
+  return early_updates_allowed(in.speculation, in.placement) &&
          (in.speculation == SpeculationMode::kOn || !hw.shared_cores);
 }
 
@@ -24,24 +24,25 @@ LinkBytes predict_link_bytes(const StepTimeInput& in) {
   const double S = std::ceil(P / in.world);
   const double p = static_cast<double>(dtype_size(in.param_dtype));
   const double g = static_cast<double>(dtype_size(in.grad_dtype));
-  const bool off = in.optimizer != OffloadDevice::kNone;
+  const Placement& pl = in.placement;
+  const bool off = pl.optimizer_offloaded();
   const double host_elems = off ? in.ratio * S : 0.0;
   LinkBytes b;
   // Stage 0 reduce-scatters and all-gathers the sums back; stages 1-3 reduce-scatter each layer once.
-  b.reduce = static_cast<uint64_t>((in.stage == 0 ? 2.0 : 1.0) * P * g);
+  b.reduce = static_cast<uint64_t>((pl.optimizer_sharded() ? 1.0 : 2.0) * P * g);
   // Stages 1-2 all-gather the updated parameters; stage 3 gathers every layer once per step while the
   // live window holds the whole model, else once for the forward and once for the backward (at world
   // size 1 with the shards on the device, only the layers kept whole, after their update).
-  if (in.stage == 3 && in.world == 1 && in.param == OffloadDevice::kNone)
+  if (pl.shards_acquired_in_place(in.world))
     b.gather = static_cast<uint64_t>(static_cast<double>(in.persistent_params) * p);
-  else if (in.stage > 0)
+  else if (pl.updated_params_all_gathered() || pl.params_sharded())
     b.gather = static_cast<uint64_t>(
-        P * p * (in.stage == 3 && P > static_cast<double>(in.max_live_parameters) ? 2.0 : 1.0));
+        P * p * (pl.params_sharded() && P > static_cast<double>(in.max_live_parameters) ? 2.0 : 1.0));
   b.d2h = static_cast<uint64_t>(host_elems * g);
   // Updated parameters go H2D (parameter offload: the host shard goes H2D before the gather instead).
-  b.h2d = static_cast<uint64_t>((in.param != OffloadDevice::kNone ? S : host_elems) * p);
-  double nvme = in.optimizer == OffloadDevice::kNvme ? (4 + in.moments.bytes_per_element()) * S : 0.0;
-  if (in.param == OffloadDevice::kNvme && S > static_cast<double>(in.max_in_cpu))
+  b.h2d = static_cast<uint64_t>((pl.params_offloaded() ? S : host_elems) * p);
+  double nvme = pl.optimizer_on_nvme() ? (4 + in.moments.bytes_per_element()) * S : 0.0;
+  if (pl.params_on_nvme() && S > static_cast<double>(in.max_in_cpu))
     nvme += (S - static_cast<double>(in.max_in_cpu)) * p;
   if (in.gradients_on_nvme) nvme += host_elems * g;  // written under the backward, read back by the step
   b.nvme_read = b.nvme_write = static_cast<uint64_t>(nvme);
@@ -52,7 +53,8 @@ Result<StepTimePrediction> predict_step_time(const StepTimeInput& in, const Hard
   if (in.params == 0) return InvalidArgument("step-time model: params must be > 0");
   if (in.world < 1) return InvalidArgument(fmt::format("step-time model: world {} must be >= 1", in.world));
   if (in.layers < 1) return InvalidArgument(fmt::format("step-time model: layers {} must be >= 1", in.layers));
-  if (in.stage < 0 || in.stage > 3) return InvalidArgument(fmt::format("step-time model: stage {} is not 0-3", in.stage));
+  if (in.placement.stage < 0 || in.placement.stage > 3)
+    return InvalidArgument(fmt::format("step-time model: stage {} is not 0-3", in.placement.stage));
   if (!(in.first_update_share >= 0 && in.first_update_share <= 1))
     return InvalidArgument(
         fmt::format("step-time model: first_update_share {} is not in [0, 1]", in.first_update_share));
@@ -65,7 +67,8 @@ Result<StepTimePrediction> predict_step_time(const StepTimeInput& in, const Hard
   const LinkBytes& b = r.bytes;
   const double P = static_cast<double>(in.params);
   const double S = std::ceil(P / in.world);
-  const bool off = in.optimizer != OffloadDevice::kNone;
+  const Placement& pl = in.placement;
+  const bool off = pl.optimizer_offloaded();
   const bool early = early_updates_run(in, hw);
   // Ranks that share one node's host (CPU optimizer, NVMe drives); with
   // shared_cores they share every rate, the device's compute included.
@@ -79,7 +82,7 @@ Result<StepTimePrediction> predict_step_time(const StepTimeInput& in, const Hard
 
   // The optimizer: stage 0 steps every element on every rank, stages 1-3 their shard; a ratio < 1 steps
   // the host part on the host thread and the rest on the device side at the same time.
-  const double stepped = in.stage == 0 ? P : S;
+  const double stepped = pl.optimizer_sharded() ? S : P;
   const double host_elems = off ? in.ratio * stepped : 0.0;
   const double dev_elems = stepped - host_elems;
   const double cpu_rate = hw.cpu_adam_params_per_s(in.param_dtype, in.moments) / per_node;
@@ -87,7 +90,7 @@ Result<StepTimePrediction> predict_step_time(const StepTimeInput& in, const Hard
   const double cpu_step_ms = host_elems / cpu_rate * 1e3;  // the CPU step alone, no NVMe
   double host_ms = cpu_step_ms;
   const double dev_ms = dev_elems / dev_rate * 1e3;
-  const double opt_nvme_bytes = in.optimizer == OffloadDevice::kNvme ? (4 + in.moments.bytes_per_element()) * S : 0.0;
+  const double opt_nvme_bytes = pl.optimizer_on_nvme() ? (4 + in.moments.bytes_per_element()) * S : 0.0;
   // Gradient shards on NVMe: read back in the step beside the state; written under the backward (grad_ms).
   const double grad_nvme_bytes =
       in.gradients_on_nvme ? (off ? in.ratio * S : 0.0) * static_cast<double>(dtype_size(in.grad_dtype)) : 0.0;
@@ -119,9 +122,9 @@ Result<StepTimePrediction> predict_step_time(const StepTimeInput& in, const Hard
                                ms(param_nvme_bytes, hw.nvme_write_gb_per_s, per_node);
   r.nvme_ms = opt_read_ms + opt_write_ms + param_nvme_ms + grad_write_ms;
   r.grad_ms = reduce_ms + d2h_ms + grad_write_ms;
-  const bool param_off = in.param != OffloadDevice::kNone;
-  r.update_ms = (param_off ? 0.0 : h2d_ms) + (in.stage == 1 || in.stage == 2 ? gather_ms : 0.0);
-  r.param_ms = in.stage == 3 ? gather_ms + (param_off ? h2d_ms : 0.0) + param_nvme_ms : 0.0;
+  const bool param_off = pl.params_offloaded();
+  r.update_ms = (param_off ? 0.0 : h2d_ms) + (pl.updated_params_all_gathered() ? gather_ms : 0.0);
+  r.param_ms = pl.params_sharded() ? gather_ms + (param_off ? h2d_ms : 0.0) + param_nvme_ms : 0.0;
 
   const double L = in.layers;
   if (optimizer_shares_compute_cores) {
@@ -135,7 +138,7 @@ Result<StepTimePrediction> predict_step_time(const StepTimeInput& in, const Hard
     // (Stage 3: the forward runs behind the updates; it waits at least for
     // the first layer's share of the NVMe phase, unless the pipelines read it
     // ahead and write it behind.)
-    const double first_layer_nvme_ms = in.stage == 3 && !in.nvme_pipeline ? opt_nvme_ms / L : 0.0;
+    const double first_layer_nvme_ms = pl.params_sharded() && !in.nvme_pipeline ? opt_nvme_ms / L : 0.0;
     // The cores run the CPU step (and the device part) whatever the pipelines overlap it with.
     const double cores_ms = cpu_step_ms + dev_ms;
     r.exposed_optimizer_ms =
@@ -179,7 +182,7 @@ Result<StepTimePrediction> predict_step_time(const StepTimeInput& in, const Hard
        r.optimizer_ms >= r.update_ms
            ? (opt_read_ms + opt_write_ms > host_ms / 2 ? std::string("nvme (optimizer state)")
                                                       : std::string(off ? "cpu optimizer" : "device optimizer"))
-           : std::string(param_off || in.stage == 3 ? "h2d" : "h2d + all-gather")},
+           : std::string(param_off || pl.params_sharded() ? "h2d" : "h2d + all-gather")},
       {r.exposed_reduce_ms, d2h_ms > reduce_ms ? "d2h" : "collectives (reduce)"},
       {r.exposed_gather_ms, param_nvme_ms > gather_ms ? "nvme (parameters)" : (h2d_ms > gather_ms && param_off ? "h2d" : "collectives (gather)")}};
   const auto* worst = &exposed[0];

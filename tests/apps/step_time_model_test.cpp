@@ -38,9 +38,7 @@ StepTimeInput input(uint64_t params, int stage, OffloadDevice opt, OffloadDevice
   in.world = 1;
   in.tokens_per_rank = 1000;
   in.flops_per_token = 1e9;
-  in.stage = stage;
-  in.optimizer = opt;
-  in.param = param;
+  in.placement = {stage, opt, param};
   return in;
 }
 
@@ -53,16 +51,16 @@ TEST(StepTimeModel, LinkBytesFollowTheEngine) {
   EXPECT_EQ(b.d2h, 500'000u);       // this rank's quarter of the gradient
   EXPECT_EQ(b.h2d, 500'000u);       // and of the updated parameters
   EXPECT_EQ(b.nvme_read, 0u);
-  in.stage = 0;
-  in.optimizer = OffloadDevice::kNone;
+  in.placement.stage = 0;
+  in.placement.optimizer = OffloadDevice::kNone;
   EXPECT_EQ(predict_link_bytes(in).reduce, 4'000'000u);  // reduce-scatter and gather back
   EXPECT_EQ(predict_link_bytes(in).gather, 0u);
-  in.stage = 3;
-  in.optimizer = OffloadDevice::kNvme;
+  in.placement.stage = 3;
+  in.placement.optimizer = OffloadDevice::kNvme;
   EXPECT_EQ(predict_link_bytes(in).nvme_read, 12u * 250'000);  // master + m + v of the shard
   EXPECT_EQ(predict_link_bytes(in).nvme_write, 12u * 250'000);
   in.ratio = 0.5;
-  in.optimizer = OffloadDevice::kCpu;
+  in.placement.optimizer = OffloadDevice::kCpu;
   EXPECT_EQ(predict_link_bytes(in).d2h, 250'000u);  // only the host part's gradient
 }
 
@@ -103,10 +101,10 @@ TEST(StepTimeModel, EarlyUpdatesHideTheCpuStepUnderTheBackwardToo) {
                         early.update_ms - early.forward_ms}),
               1e-6);
   EXPECT_LT(early.exposed_optimizer_ms, late.exposed_optimizer_ms);
-  EXPECT_TRUE(early_updates_allowed(SpeculationMode::kAuto, OffloadDevice::kCpu));
-  EXPECT_FALSE(early_updates_allowed(SpeculationMode::kOff, OffloadDevice::kCpu));
-  EXPECT_TRUE(early_updates_allowed(SpeculationMode::kOn, OffloadDevice::kNvme));
-  EXPECT_FALSE(early_updates_allowed(SpeculationMode::kOn, OffloadDevice::kNone));
+  EXPECT_TRUE(early_updates_allowed(SpeculationMode::kAuto, Placement{1, OffloadDevice::kCpu}));
+  EXPECT_FALSE(early_updates_allowed(SpeculationMode::kOff, Placement{1, OffloadDevice::kCpu}));
+  EXPECT_TRUE(early_updates_allowed(SpeculationMode::kOn, Placement{1, OffloadDevice::kNvme}));
+  EXPECT_FALSE(early_updates_allowed(SpeculationMode::kOn, Placement{1, OffloadDevice::kNone}));
   // auto runs them off the host's cores only (the engine's rule on the cpu device).
   HardwareProfile shared = hw;
   shared.shared_cores = true;
@@ -115,7 +113,7 @@ TEST(StepTimeModel, EarlyUpdatesHideTheCpuStepUnderTheBackwardToo) {
   EXPECT_FALSE(early_updates_run(in, shared));
   in.speculation = SpeculationMode::kOn;
   EXPECT_TRUE(early_updates_run(in, shared));
-  in.optimizer = OffloadDevice::kNone;
+  in.placement.optimizer = OffloadDevice::kNone;
   EXPECT_FALSE(early_updates_run(in, hw));
 }
 
@@ -191,7 +189,7 @@ TEST(StepTimeModel, Int8MomentsHalveTheNvmeBytesAndUseTheirOwnRate) {
   EXPECT_NEAR(r->exposed_optimizer_ms, nvme_ms + 25 - 1000.0 / 3, 1e-6);  // beyond the forward (stage 3: above)
   // No int8 rate in the profile: the bf16 rate (25 ms of Adam); with one, its own.
   EXPECT_NEAR(r->optimizer_ms, nvme_ms + 25, 1e-6);
-  in.optimizer = OffloadDevice::kCpu;
+  in.placement.optimizer = OffloadDevice::kCpu;
   hw.cpu_adam_params_per_s_int8 = 1e9;
   Result<StepTimePrediction> cpu = predict_step_time(in, hw);
   ASSERT_TRUE(cpu.ok());

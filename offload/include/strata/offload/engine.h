@@ -168,6 +168,9 @@ struct EngineOptions {
   // stays in device memory and is stepped at the same time on the device's
   // side. < 1 only at stage 3 with offload_optimizer cpu and offload_param none.
   double ratio = 1.0;
+  // The three above as the one value every placement question is asked of
+  // (Note [Placement questions] in strata/core/placement.h).
+  Placement placement() const { return {stage, offload_optimizer, offload_param}; }
   int64_t sub_group_size = 1'000'000'000;
   int64_t reduce_bucket_size = 500'000'000;
   int64_t prefetch_bucket_size = 50'000'000;        // stage3_prefetch_bucket_size

@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include "strata/core/config.h"
+#include "strata/core/placement.h"
 #include "strata/core/status.h"
 
 namespace strata::offload {
@@ -30,6 +31,6 @@ Result<GradientShardsMode> parse_gradient_shards_mode(std::string_view text, std
 // they can): the state must be stepped on the host, whole (ratio 1), and a
 // folder must be on NVMe, the optimizer state's or the parameter shards'.
 // The one rule behind StatePlacement's decision and strata plan's rows.
-std::string gradient_shards_nvme_blocker(OffloadDevice optimizer, OffloadDevice param, double ratio);
+std::string gradient_shards_nvme_blocker(const Placement& placement, double ratio);
 
 }  // namespace strata::offload

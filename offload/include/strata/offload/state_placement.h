@@ -15,7 +15,12 @@
 // StatePlacement::compute makes every one of those decisions, and only it:
 // the engine allocates what the placement says, and the memory plan
 // (plan_engine_memory) is a pure function of the placement, so the plan
-// cannot drift from what the engine holds.
+// cannot drift from what the engine holds. It builds on the config's
+// choice, strata::Placement (strata/core/placement.h, Note [Placement
+// questions]), kept as `choice`: the rank-wide questions (are gradients
+// sharded, are the parameter shards off the device) are asked of it here,
+// and the same value answers the estimator, the step-time model and the
+// config fit, so none of them tests a stage or an OffloadDevice itself.
 //
 // Named StatePlacement because strata::Placement is the estimator's row
 // (stage, optimizer device, parameter device) in core/estimator.h.
@@ -30,6 +35,7 @@
 #include "strata/core/device.h"
 #include "strata/core/dtype.h"
 #include "strata/core/layered_model.h"
+#include "strata/core/placement.h"
 #include "strata/core/status.h"
 #include "strata/offload/partition.h"
 
@@ -122,7 +128,8 @@ struct PlannedDevice {
 };
 
 struct StatePlacement {
-  int stage = 0;
+  // The config's stage and offload devices (validated by EngineOptions).
+  Placement choice;
   int world = 1, rank = 0;
   // Master weights and moments (of each piece's host part when split).
   StateHome optimizer_state = StateHome::kDevice;
@@ -179,9 +186,21 @@ struct StatePlacement {
 
   bool optimizer_on_host() const { return optimizer_state != StateHome::kDevice; }
   bool optimizer_on_nvme() const { return optimizer_state == StateHome::kNvme; }
+  // Stages 2-3: a layer's full gradient lives for one step, given back once
+  // reduced (the reduced shard is what stays).
+  bool gradients_sharded() const { return choice.gradients_sharded(); }
+  // Stage 3: the layers not kept whole are this rank's shard, gathered for each use.
+  bool params_sharded() const { return choice.params_sharded(); }
+  // offload_param cpu or nvme: the stage-3 shards live in pinned host
+  // memory (nvme: the first max_in_cpu elements) or on NVMe, not on the
+  // device; a gather first copies them H2D.
+  bool param_shards_off_device() const { return choice.params_offloaded(); }
+  // offload_param nvme: the parameter shards' swap folder exists (even when
+  // every shard fits max_in_cpu: it also holds gradient shards).
+  bool param_shards_use_nvme() const { return choice.params_on_nvme(); }
   // Stage 0 owns every rank's pieces in padded space; stages 1-3 own this
   // rank's, in the shard layout.
-  bool owns_every_piece() const { return stage == 0; }
+  bool owns_every_piece() const { return !choice.optimizer_sharded(); }
   int owned_rank_begin() const { return owns_every_piece() ? 0 : rank; }
   int owned_rank_end() const { return owns_every_piece() ? world : rank + 1; }
   size_t owned_elements(const LayerPartition& layer) const {

@@ -46,6 +46,7 @@
 
 #include "strata/core/config.h"
 #include "strata/core/dtype.h"
+#include "strata/core/placement.h"
 #include "strata/core/status.h"
 #include "strata/cpu_adam/moment_storage.h"
 #include "strata/offload/hardware_profile.h"
@@ -63,9 +64,10 @@ struct StepTimeInput {
   int world = 1;                 // data-parallel ranks
   double tokens_per_rank = 0;    // per optimizer step (batch x seq x grad_accum)
   double flops_per_token = 0;    // training FLOPs (forward + backward)
-  int stage = 0;
-  OffloadDevice optimizer = OffloadDevice::kNone;
-  OffloadDevice param = OffloadDevice::kNone;
+  // The stage and the offload devices: the model asks it the questions
+  // the engine's StatePlacement asks (Note [Placement questions] in
+  // strata/core/placement.h), so the two cannot disagree on a placement.
+  Placement placement;
   double ratio = 1.0;            // offload_optimizer.ratio
   DType param_dtype = DType::kBF16;
   DType grad_dtype = DType::kBF16;
@@ -93,7 +95,7 @@ struct StepTimeInput {
 
 // Whether these options let the CPU step start under the backward: the
 // placement's rule (StatePlacement::early_updates) without auto's memory check.
-bool early_updates_allowed(SpeculationMode mode, OffloadDevice optimizer);
+bool early_updates_allowed(SpeculationMode mode, const Placement& placement);
 // Whether the engine runs them on this hardware: allowed, and `auto` is off
 // where the model's compute shares the host's cores (the cpu device).
 bool early_updates_run(const StepTimeInput& in, const HardwareProfile& hw);
