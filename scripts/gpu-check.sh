@@ -14,6 +14,9 @@
 #   STRATA_GPU_PEER_WHEELS=.gpu-pack/peer-wheels ...  # also the peer, DeepSpeed (step 10;
 #                                   # scripts/gpu-peer-wheels.sh makes the folder)
 #   STRATA_GPU_PEER_ONLY=1 ...      # with the above: the peer alone, after the GPU probe
+#   STRATA_GPU_TORCH_ONLY=1 ...     # strata.torch alone (its matrix and headline run,
+#                                   # scripts/gpu-torch-check.py) with the pack's native
+#                                   # module, then the peer if its wheels are given
 #
 # Exit codes: 0 ok / no GPU, 1 configure or build failed, 2 a GPU test or
 # benchmark failed, 3 no GPU with STRATA_GPU_REQUIRED=1.
@@ -55,6 +58,7 @@ on_exit() {  # STRATA_GPU_CHECK_BUNDLE=FILE: every output file in one archive; t
   [[ -f "$summary" ]] || write_summary "interrupted" "ended before the last step; the last log line: $(tail -1 "$out/gpu-check.log" 2> /dev/null)"
   [[ -n "${STRATA_GPU_CHECK_BUNDLE:-}" ]] && tar -C "$out" -czf "$STRATA_GPU_CHECK_BUNDLE" . 2> /dev/null
   [[ -n "$pack_dir" ]] && rm -rf "$pack_dir"
+  [[ -n "${torch_stage:-}" ]] && rm -rf "$torch_stage"
   return 0
 }
 trap on_exit EXIT
@@ -176,6 +180,49 @@ print(r["status"], r.get("reason", ""), *(["%s tokens/s, median step %s ms, %s p
   fi
 }
 
+# strata.torch on the GPU (issue 50 §2): the pack's native module staged beside
+# the working tree's python/strata, run by scripts/gpu-torch-check.py (the
+# correctness matrix, then the headline run). STRATA_GPU_TORCH_ARGS adds flags
+# (e.g. the headline model's shape), STRATA_GPU_TORCH_TIMEOUT bounds it (420 s).
+# Sets torch_result, a JSON value for the summary.
+torch_result='"not run: the pack holds no strata.torch module (scripts/gpu-pack.sh packs the build'"'"'s own, or STRATA_GPU_PACK_PYTHON_MODULE)"'
+torch_stage=""
+stage_torch() {  # -> 0 with torch_stage set, or 1 with torch_result saying why not
+  local module suffix
+  module=$(ls "${pack_dir:-/nonexistent}"/strata-gpu/python/_native*.so 2> /dev/null | head -1)
+  [[ -n "$module" ]] || return 1
+  suffix=$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))' 2> /dev/null)
+  if [[ "$(basename "$module")" != "_native$suffix" ]]; then
+    torch_result="\"not run: the packed module is $(basename "$module"), this machine's python3 takes _native$suffix (build one for it: scripts/gpu-torch-module.sh)\""
+    return 1
+  fi
+  torch_stage=$(mktemp -d)
+  cp -r python/strata "$torch_stage/strata" && cp "$module" "$torch_stage/strata/" || return 1
+  return 0
+}
+in_torch_stage() {  # the command with the staged package and the module's libraries first
+  PYTHONPATH="$torch_stage${PYTHONPATH:+:$PYTHONPATH}" \
+    LD_LIBRARY_PATH="$pack_dir/strata-gpu/python/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$@"
+}
+run_torch() {
+  local rc=0
+  stage_torch || { log "strata.torch: ${torch_result//\"/}"; return; }
+  # shellcheck disable=SC2086 # STRATA_GPU_TORCH_ARGS is a list of flags
+  in_torch_stage timeout "${STRATA_GPU_TORCH_TIMEOUT:-420}" python3 scripts/gpu-torch-check.py all \
+    ${STRATA_GPU_TORCH_ARGS:-} --json "$out/torch_check.json" > "$out/torch_check.log" 2>&1 || rc=$?
+  if [[ -s "$out/torch_check.json" ]]; then
+    torch_result="{\"rc\": $rc, \"parts\": $(cat "$out/torch_check.json")}"
+    log "strata.torch (rc $rc): $(python3 -c 'import json, sys
+for part in json.load(open(sys.argv[1])):
+    runs = ["%s: %s tokens/s, MFU %s" % (r["placement"], r["tokens_per_second"], r["mfu"]) for r in part.get("runs", [])]
+    print(part["part"], part["status"], *(part.get("failures") or part.get("errors") or []), *runs, sep="; ")' \
+      "$out/torch_check.json" 2>&1 | tr '\n' ' ')"
+  else
+    torch_result="\"no result (rc $rc): $(tail -3 "$out/torch_check.log" | json_escape)\""
+    log "strata.torch: no result (rc $rc), see torch_check.log"
+  fi
+}
+
 # 2. Is there a GPU? Ask the build's own probe (cudaGetDeviceCount).
 "${program[strata]}" report --json > "$out/report.json" 2> "$out/report.stderr" || true
 cuda_available=$(python3 -c 'import json,sys; print(str(json.load(open(sys.argv[1]))["devices"]["cuda"]["available"]).lower())' \
@@ -195,15 +242,35 @@ if [[ "$cuda_available" != "true" ]]; then
       peer_result="\"skipped: no GPU, and no deepspeed wheel in $STRATA_GPU_PEER_WHEELS either\""
     log "peer (DeepSpeed): ${peer_result//\"/}"
   fi
+  # strata.torch without a GPU: the packed module must still load (its libraries, this Python).
+  if stage_torch; then
+    if in_torch_stage python3 -c 'import strata, strata._native; print("strata", strata.__version__)' \
+         > "$out/torch_import.log" 2>&1; then
+      torch_result="\"skipped: no GPU; the packed module loads ($(tail -1 "$out/torch_import.log"))\""
+    else
+      torch_result="\"failed: the packed module does not load: $(tail -2 "$out/torch_import.log" | json_escape)\""
+      suite_rc=1
+    fi
+  fi
+  log "strata.torch: ${torch_result//\"/}"
   write_summary "no_gpu" "no GPU: ${reason:-unknown}" \
     "  \"build_rc\": $build_rc,
   \"device_suite_rc_without_gpu\": $suite_rc,
+  \"torch\": $torch_result,
   \"peer\": $peer_result"
   [[ "${STRATA_GPU_REQUIRED:-0}" == "1" ]] && exit 3
   [[ $suite_rc -ne 0 ]] && exit 2
   exit 0
 fi
 log "GPU present: $(nvidia_smi_list | head -4 | tr '\n' ' ')"
+if [[ "${STRATA_GPU_TORCH_ONLY:-0}" == "1" ]]; then
+  run_torch
+  [[ -n "${STRATA_GPU_PEER_WHEELS:-}" ]] && run_peer
+  write_summary "torch_only" "strata.torch alone (STRATA_GPU_TORCH_ONLY=1)" "  \"torch\": $torch_result,
+  \"peer\": $peer_result"
+  [[ "$torch_result" == *'"status": "failed"'* || "$torch_result" != "{"* ]] && exit 2
+  exit 0
+fi
 if [[ "${STRATA_GPU_PEER_ONLY:-0}" == "1" ]]; then
   if [[ -z "${STRATA_GPU_PEER_WHEELS:-}" ]]; then
     log "STRATA_GPU_PEER_ONLY=1 needs STRATA_GPU_PEER_WHEELS (the folder scripts/gpu-peer-wheels.sh makes)"

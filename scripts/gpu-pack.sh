@@ -8,6 +8,11 @@
 #   scripts/gpu-pack.sh [BUILD_DIR] [ARCHIVE]
 #     BUILD_DIR  a build configured with CUDA (default: build)
 #     ARCHIVE    the archive to write (default: .gpu-pack/strata-gpu.tar.xz)
+#   STRATA_GPU_PACK_PYTHON_MODULE=FILE  strata.torch's native module to pack
+#     (default: BUILD_DIR's own, python/strata/_native*.so, when it was
+#     configured with STRATA_BUILD_PYTHON=ON); for the GPU machine's Python
+#     3.12, the one scripts/gpu-torch-module.sh builds. It goes into python/,
+#     the Strata libraries it loads into python/lib/ (its own build's).
 #
 # Left out of the archive: the C library and its loader, the CUDA driver, and
 # NCCL and cuBLAS (hundreds of MB; gpu-check finds the GPU machine's own).
@@ -53,6 +58,23 @@ for program in "${gpu_programs[@]}"; do
     esac
   done < <(ldd "$build/$program" | awk '/=>/ {print $1, $3}')
 done
+# strata.torch's native module and the Strata libraries it was linked with (issue 50 §2).
+module="${STRATA_GPU_PACK_PYTHON_MODULE:-$(ls "$build"/python/strata/_native*.so 2> /dev/null | head -1)}"
+if [[ -n "$module" ]]; then
+  if [[ ! -f "$module" ]]; then
+    echo "gpu-pack: STRATA_GPU_PACK_PYTHON_MODULE=$module is not a file" >&2
+    exit 1
+  fi
+  mkdir -p "$root/python/lib"
+  cp "$module" "$root/python/"
+  while read -r name path; do
+    case "$name" in
+      libstrata_*) [[ -n "$path" && "$path" != "not" ]] || { echo "gpu-pack: $module needs $name, not found here" >&2; exit 1; }
+                   cp -L "$path" "$root/python/lib/$name" ;;
+    esac
+  done < <(ldd "$module" | awk '/=>/ {print $1, $3}')
+  strip --strip-debug "$root"/python/_native*.so "$root"/python/lib/*.so
+fi
 # The stack dumper gpu-check preloads into its engine runs (scripts/hangdump.c).
 ${CC:-cc} -O1 -shared -fPIC -o "$root/lib/hangdump.so" scripts/hangdump.c -lpthread
 # Debug information is most of these files' size and is not needed to run them.
@@ -61,4 +83,5 @@ git rev-parse --short HEAD > "$root/commit" 2> /dev/null || echo unknown > "$roo
 
 mkdir -p "$(dirname "$archive")"
 tar -C "$stage" -cJf "$archive" strata-gpu
-echo "gpu-pack: wrote $archive ($(du -h "$archive" | cut -f1), $(ls "$root/bin" | wc -l) programs, $(ls "$root/lib" | wc -l) libraries)"
+echo "gpu-pack: wrote $archive ($(du -h "$archive" | cut -f1), $(ls "$root/bin" | wc -l) programs, $(ls "$root/lib" | wc -l) libraries$(
+  [[ -n "$module" ]] && echo ", strata.torch's module $(basename "$module")"))"

@@ -31,4 +31,19 @@ grep -q '"status": "no_gpu"' "$work/out/summary.json" || fail "summary: $(cat "$
 grep -q '"device_suite_rc_without_gpu": 0' "$work/out/summary.json" || fail "the device suite failed from the pack"
 tar -tzf "$work/bundle.tgz" > "$work/bundle.list" || fail "the bundle does not list"
 grep -q "summary.json" "$work/bundle.list" || fail "the bundle lacks summary.json"
+# strata.torch's native module (issue 50 §2), packed when the build has one: without a GPU it must load
+# from the pack with this machine's python3 (or the check says which Python the module is for).
+if compgen -G "$build/python/strata/_native*.so" > /dev/null; then
+  module=$(basename "$(ls "$build"/python/strata/_native*.so | head -1)")
+  grep -q "strata-gpu/python/$module" "$work/pack.list" || fail "the pack lacks strata.torch's module $module"
+  grep -q "strata-gpu/python/lib/libstrata_offload.so" "$work/pack.list" || fail "the pack lacks the module's engine library"
+  suffix=$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+  if [[ "$module" == "_native$suffix" ]]; then
+    grep -q '"torch": "skipped: no GPU; the packed module loads (strata ' "$work/out/summary.json" ||
+      fail "the packed strata.torch module did not load: $(grep '"torch"' "$work/out/summary.json")"
+  else
+    grep -q "\"torch\": \"not run: the packed module is $module" "$work/out/summary.json" ||
+      fail "a module for another Python was not named: $(grep '"torch"' "$work/out/summary.json")"
+  fi
+fi
 echo "gpu-check ran the packed programs"
