@@ -460,7 +460,15 @@ class DrivenEngine {
     return d;
   }
   // Engine::abandon_step; the lends of the dropped step stay tracked until torch returns them.
-  void abandon_step() { call([&] { return engine_->abandon_step(); }); }
+  // Torch's queued work on the given-up step runs out first (Note [Torch's stream and the engine's]): the
+  // engine then zeroes and frees what those kernels touched.
+  void abandon_step() {
+    call([&] {
+      Status drained = order_->drain();
+      Status abandoned = engine_->abandon_step();
+      return abandoned.ok() ? drained : abandoned;
+    });
+  }
   void begin_evaluation() { call([&] { return engine_->begin_evaluation(); }); }
   double finish_evaluation(double loss_sum, int64_t batches) {
     Result<double> r = [&] {
@@ -522,19 +530,21 @@ class DrivenEngine {
   void release(size_t li, const std::string& pass_name, uintptr_t torch_stream) {
     check_layer(li);
     const Pass pass = value_or_raise(pass_named(pass_name));
-    // The pass is over once torch's work issued so far has run: at once on the cpu device, a completion
-    // recorded on torch's stream on cuda (the engine's reductions and frees wait for it).
-    const Completion done = value_or_raise(order_->issued_so_far(torch_stream, fmt::format("layer {} {}", li,
-                                                                                              pass_name)));
-    // The pass is over when the hook runs (torch's CPU work is done); the
-    // memory is returned once no torch view of any lend of the layer is left
-    // (this release may end the hold of a copy kept since forward).
+    // The memory is returned once no torch view of any lend of the layer is
+    // left (this release may end the hold of a copy kept since forward).
     std::vector<Completion>& out = lent_[li];
     std::erase_if(out, [](const Completion& c) { return c.done(); });
     const Completion returned = out.empty()      ? Completion()
                                 : out.size() == 1 ? out.front()  // the usual case: no join, no label to format
                                                   : when_all(out, fmt::format("layer {} returned by torch", li));
-    call([&] { return engine_->release(li, pass, done, returned); });
+    // The pass is over once torch's work issued so far has run: at once on the cpu device, a completion
+    // recorded on torch's stream on cuda (the engine's reductions and frees wait for it). Recorded without
+    // the GIL: the launch may block while torch's queue is full behind a held wait.
+    call([&]() -> Status {
+      STRATA_ASSIGN_OR_RETURN(Completion done, order_->issued_so_far(torch_stream, fmt::format("layer {} {}", li,
+                                                                                                 pass_name)));
+      return engine_->release(li, pass, done, returned);
+    });
   }
 
   py::list gather_state(size_t li, const std::string& kind) {

@@ -19,7 +19,9 @@ class DeviceOrder final : public TorchStreamOrder {
  public:
   explicit DeviceOrder(Device& device) : device_(device) {}
   Status wait_for(const Completion& ready, uintptr_t torch_stream, const std::string& what) override {
-    if (ready.done() && ready.status().ok()) return Status::Ok();  // resident: nothing to order
+    // Known already: resident (nothing to order), or failed (the acquire fails here, as on the cpu device,
+    // instead of lending the layer and failing torch's stream for good).
+    if (ready.done()) return ready.status();
     std::lock_guard<std::mutex> lock(mutex_);
     STRATA_ASSIGN_OR_RETURN(Stream * stream, stream_of(torch_stream, what));
     return stream->wait(ready);
@@ -35,6 +37,16 @@ class DeviceOrder final : public TorchStreamOrder {
     std::lock_guard<std::mutex> lock(mutex_);
     closed_ = true;
     streams_.clear();
+  }
+  Status drain() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    Status first = Status::Ok();
+    for (auto& [handle, stream] : streams_) {
+      Status synced = stream->synchronize();
+      if (!synced.ok() && first.ok()) first = synced.with_context(fmt::format("torch's stream {:#x}", handle));
+    }
+    streams_.clear();  // fresh wrappers from here on: no failure of the given-up step carries over
+    return first;
   }
 
  private:
@@ -89,6 +101,18 @@ Result<Completion> RecordedStreamOrder::issued_so_far(uintptr_t torch_stream, co
   entries_.push_back({"record", torch_stream, what});
   STRATA_ASSIGN_OR_RETURN(Stream * stream, stream_of(torch_stream));
   return stream->record_completion();
+}
+
+Status RecordedStreamOrder::drain() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  entries_.push_back({"drain", 0, "the step given up"});
+  Status first = Status::Ok();
+  for (auto& [handle, stream] : streams_) {
+    Status synced = stream->synchronize();
+    if (!synced.ok() && first.ok()) first = synced;
+  }
+  streams_.clear();
+  return first;
 }
 
 void RecordedStreamOrder::close() {

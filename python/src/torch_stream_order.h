@@ -43,6 +43,12 @@ class TorchStreamOrder {
   // The engine and its device are going: streams are let go, and a lend
   // torch returns later has nothing left to order against.
   virtual void close() {}
+  // Waits on the host until torch's work queued so far on every stream seen
+  // has run: a step given up part-way (a torch error mid-pass) must not let
+  // the engine zero or free what torch's queued kernels still touch. Only on
+  // that failure path; the wrappers are made anew afterwards, so a failure
+  // logged on one does not fail every later pass.
+  virtual Status drain() { return Status::Ok(); }
 };
 
 // The cpu device: torch's ops run on the calling thread.
@@ -70,6 +76,7 @@ class RecordedStreamOrder final : public TorchStreamOrder {
   Result<Completion> issued_so_far(uintptr_t torch_stream, const std::string& what) override;
   bool waits_on_host() const override { return true; }
   void close() override;
+  Status drain() override;
   std::vector<StreamOrderEntry> entries() const;
 
  private:

@@ -27,12 +27,45 @@ the split on rank 0, and an out-of-memory error of either side names the
 split, so the side that ran out and by how much is plain.
 """
 import contextlib
+import os
+import warnings
 
 import torch
 
 from .errors import InvalidArgument, Unavailable
 
-__all__ = ["TorchDevice", "choose_device", "device_budget", "StepLoss"]
+__all__ = ["TorchDevice", "choose_device", "device_budget", "StepLoss", "prepare_cuda_environment", "move_buffers"]
+
+# Note [CUDA's environment for gated streams]
+# The engine parks streams on host-signalled gates (torch's own, once
+# borrowed). Two CUDA defaults can then hang a run (docs/core.md): a kernel's
+# first launch loading it lazily may wait for the whole device, and 8
+# hardware queues let a gated stream hold up one that would release it. So,
+# as the strata CLI does, CUDA_MODULE_LOADING=EAGER and
+# CUDA_DEVICE_MAX_CONNECTIONS=32 unless the user set them, at `import
+# strata.torch` (CUDA reads them when torch creates its context); initialize
+# warns on the GPU when torch made its context before they were set.
+CUDA_ENVIRONMENT = {"CUDA_MODULE_LOADING": "EAGER", "CUDA_DEVICE_MAX_CONNECTIONS": "32"}
+
+
+def prepare_cuda_environment():
+    """Sets CUDA_ENVIRONMENT's variables the user left unset (Note [CUDA's environment for gated streams]);
+    True when CUDA's context did not exist yet, so they take effect."""
+    context_made = torch.cuda.is_initialized()
+    for name, value in CUDA_ENVIRONMENT.items():
+        os.environ.setdefault(name, value)
+    return not context_made
+
+
+def _warn_if_environment_came_late(device, prepared_in_time):
+    if device.engine_kind != "cuda" or prepared_in_time:
+        return
+    missing = [f"{name}={value}" for name, value in CUDA_ENVIRONMENT.items() if os.environ.get(name) != value]
+    if missing:
+        warnings.warn(f"torch made its CUDA context before strata.torch was imported, without {' and '.join(missing)}: "
+                      f"a stream the engine gates may then hold up the work that would release it (docs/torch.md, "
+                      f"On a GPU); import strata.torch first, or set them in the environment",
+                      RuntimeWarning, stacklevel=3)
 
 _GIB = 1 << 30
 RESERVE_FRACTION = 0.10
@@ -134,8 +167,21 @@ def choose_device(resolved, model):
     if asked == "cuda" or on_gpu or has_gpu:
         index = next(iter(on_gpu)).index if on_gpu else torch.cuda.current_device()
         index = torch.cuda.current_device() if index is None else index
-        return TorchDevice(torch.device("cuda", index), "cuda", index, "device")
+        # The engine's CUDA calls make its GPU the thread's current device: torch's is made the same up front.
+        torch.cuda.set_device(index)
+        device = TorchDevice(torch.device("cuda", index), "cuda", index, "device")
+        _warn_if_environment_came_late(device, _environment_in_time)
+        return device
     return TorchDevice(torch.device("cpu"), "cpu", 0, "host")
+
+
+def move_buffers(model, device):
+    """The model's buffers (position ids, norm statistics, rotary tables) onto the training device, as
+    DeepSpeed moves the module: the parameters are the engine's, the buffers stay torch's."""
+    for module in model.modules():
+        for name, buffer in module._buffers.items():
+            if buffer is not None and buffer.device != device.torch_device:
+                module._buffers[name] = buffer.to(device.torch_device)
 
 
 def device_budget(device, asked_bytes):
@@ -195,3 +241,6 @@ class StepLoss:
     def drop(self):
         """The step was abandoned: its losses go with it."""
         self._pending = None
+
+
+_environment_in_time = prepare_cuda_environment()  # at import (Note [CUDA's environment for gated streams])

@@ -17,7 +17,8 @@ import torch
 import strata
 import strata.torch as st
 from strata import _native
-from strata._torch_device import (TorchDevice, choose_device, recorded_device_for_tests, split_free_memory)
+from strata._torch_device import (CUDA_ENVIRONMENT, TorchDevice, choose_device, move_buffers,
+                                  prepare_cuda_environment, recorded_device_for_tests, split_free_memory)
 from strata.engine import TensorSpec, describe_layers
 from strata.errors import FailedPrecondition, InvalidArgument, Unavailable
 from test_torch_frontend import config, decay_groups, lm_loss, make_lm, train_engine
@@ -123,6 +124,8 @@ def test_an_abandoned_step_drops_its_losses_on_the_device(tmp_path):
         with pytest.raises(IndexError):
             engine(torch.full((2, 8), 10 ** 6, dtype=torch.long))  # an id past the vocabulary
         assert engine._step_loss._pending is None
+        # Torch's queued work on the given-up step ran out before the engine zeroed and freed what it touched.
+        assert ("drain", 0, "the step given up") in engine._engine.stream_order_log()
         losses = train_engine(engine, lm_loss, 1)
         engine.close()
     _, expected, _, _ = _run(cfg, steps=1)
@@ -195,3 +198,24 @@ def test_the_stand_in_is_not_a_users_device():
         assert choose_device(_resolved("cpu"), make_lm()) is device
     assert choose_device(_resolved("cpu"), make_lm()) is not device
     assert isinstance(device, TorchDevice)
+
+
+def test_buffers_follow_the_training_device():
+    """DeepSpeed moves the module; the engine holds the parameters, so initialize moves the buffers."""
+    model = torch.nn.BatchNorm1d(4)
+    model.register_buffer("absent", None)
+    move_buffers(model, TorchDevice(torch.device("meta"), "cpu", 0, "host"))  # any other device than the CPU
+    assert {name: b.device.type for name, b in model.named_buffers()} == {
+        "running_mean": "meta", "running_var": "meta", "num_batches_tracked": "meta"}
+    assert model.absent is None and model.weight.device.type == "cpu"  # the parameters are the engine's
+
+
+def test_the_cuda_environment_is_set_unless_the_user_set_it(monkeypatch):
+    for name in CUDA_ENVIRONMENT:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")  # the user's, e.g. for Megatron's overlap
+    in_time = prepare_cuda_environment()
+    import os
+    assert os.environ["CUDA_MODULE_LOADING"] == "EAGER"
+    assert os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+    assert in_time == (not torch.cuda.is_initialized())

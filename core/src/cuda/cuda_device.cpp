@@ -178,13 +178,16 @@ class CudaStream final : public Stream {
         gates_(std::make_shared<GateState>()) {}
   ~CudaStream() override {
     cudaSetDevice(ordinal_);
-    cudaStreamSynchronize(stream_);  // like the cpu device: destruction waits for the work (gates included)
+    // Like the cpu device: destruction waits for the work (gates included).
+    const cudaError_t synced = cudaStreamSynchronize(stream_);
     if (owned_) cudaStreamDestroy(stream_);
     // Events recorded here may outlive the stream and keep its log: settled,
     // it holds no other stream's log (two streams that waited on each other
     // would otherwise keep each other's logs alive).
     log_->settle_up_to(UINT64_MAX);
-    if (gates_->flag != nullptr) cudaFreeHost(const_cast<uint32_t*>(gates_->flag));
+    // A gate still pending (the sync failed: a sticky error, the runtime unloading at exit) may write the
+    // flag later from its completion callback: then the flag is left allocated rather than freed under it.
+    if (gates_->flag != nullptr && synced == cudaSuccess) cudaFreeHost(const_cast<uint32_t*>(gates_->flag));
   }
   using Stream::wait;
 

@@ -47,7 +47,7 @@ from .. import _native
 from . import _launcher, _porting
 from .comm import init_distributed
 from .._sizes import parse_size
-from .._torch_device import choose_device, device_budget
+from .._torch_device import choose_device, device_budget, move_buffers
 from ..engine import Engine, _device_memory, describe_layers
 from .. import _torch_guards as _guards
 from .._checks import check_json
@@ -143,6 +143,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     # strict: InvalidArgument naming every bad key; the batch keys against mpirun's world (the engine's ranks)
     resolved = strata_config.load(engine_config, world_size=world)
     device = choose_device(resolved, model)  # Note [The device strata.torch trains on]
+    move_buffers(model, device)
     if lr_scheduler is not None and resolved["scheduler"]["type"] != "none":
         raise ValueError(f"both a client lr_scheduler ({type(lr_scheduler).__name__}) and the config's "
                          f"\"scheduler\" section are given: drop one of them")
@@ -211,6 +212,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     for unit in units_found:
         unit_plans = [plans[index] for index in unit.layers]
         unit_params = [p for plan in unit_plans for _, p in plan.params]
+        unit_on_gpu = any(p.device.type == "cuda" for p in unit_params)
         # Values made (or read) here go straight into the engine's packed layout where the layer is fp32
         # like the module: handed in without a packing copy.
         packs = _packed_homes(native, unit_plans) if made_here else {}
@@ -227,6 +229,8 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
                 p.data = device.placeholder(plan.dtype)
         if made_here:
             give_back_freed_memory()
+        if unit_on_gpu:
+            torch.cuda.empty_cache()  # a model moved to the GPU before initialize: the unit's memory to the engine
 
     engine = StrataEngine(model, units_found, plans, native, facade, scheduler, resolved, device)
     engine.fit = fitted
