@@ -128,15 +128,15 @@ Status check_snapshot_budget(const EngineOptions& opt, const EngineMemory& plan,
 }
 
 // Note [Asynchronous save]: the pieces a snapshot read so far are the step
-// being saved when `tier` was not rolled back since the save began
+// being saved when the state was not rolled back since the save began
 // (`rollbacks` then) and lost no write-back of that step.
-Status check_still_current(const OptimizerStateTier& tier, uint64_t rollbacks, const std::string& tag) {
-  if (tier.rollbacks() != rollbacks)
+Status check_still_current(const UpdateScheduler& updates, uint64_t rollbacks, const std::string& tag) {
+  if (updates.state_rollbacks() != rollbacks)
     return Unavailable(fmt::format("checkpoint '{}': the step being saved was rolled back while its snapshot was "
                                    "taken (Note [Atomic steps]); not committed, the previous `latest` stands (the "
                                    "repeated step saves the tag again)",
                                    tag));
-  return tier.committable().with_context(fmt::format(
+  return updates.state_committable().with_context(fmt::format(
       "checkpoint '{}': the step being saved lost a write-back and will be rolled back; not committed", tag));
 }
 }  // namespace
@@ -474,7 +474,7 @@ Result<CheckpointSaveInfo> CheckpointIO::save(const CheckpointSaveOptions& o, co
   s->commit_timeout_s = o.commit_timeout_s;
   s->crash = faults.checkpoint_crash();
   s->t0 = t0;
-  s->rollbacks = updates_.tier().rollbacks();
+  s->rollbacks = updates_.state_rollbacks();
   {
     std::error_code ec;
     fs::create_directory(s->tmp, ec);  // every rank; EEXIST from another rank is fine
@@ -570,7 +570,7 @@ Result<CheckpointSaveInfo> CheckpointIO::save(const CheckpointSaveOptions& o, co
   for (const Piece& p : pieces) {
     const size_t e = extent;
     extent += 2;
-    const Completion snapped = updates_.worker().submit(
+    const Completion snapped = updates_.queue_on_optimizer_thread(
         [this, s, slots, p, e, needs]() -> Status {
           if (!s->first_error().ok()) return Status::Ok();
           Result<size_t> slot = slots->acquire(opt.wait_timeout_s);
@@ -583,7 +583,7 @@ Result<CheckpointSaveInfo> CheckpointIO::save(const CheckpointSaveOptions& o, co
           float* master = reinterpret_cast<float*>(base);
           float* moments = reinterpret_cast<float*>(base + align_up(4 * p.count));
           Status st = updates_.read_piece_state(p.li, p.gi, rank, master, moments, moments + p.count);
-          if (st.ok()) st = check_still_current(updates_.tier(), s->rollbacks, s->tag);
+          if (st.ok()) st = check_still_current(updates_, s->rollbacks, s->tag);
           if (!st.ok()) {
             slots->release(k);
             s->fail(st.with_context(fmt::format("taking the snapshot of {}", ctx_.state_name(p.li, p.gi, rank))));
@@ -622,7 +622,8 @@ Result<CheckpointSaveInfo> CheckpointIO::save(const CheckpointSaveOptions& o, co
   }
   // After the last snapshot (whatever the optimizer thread's state), the
   // writer finishes: it runs after every piece's write, which was queued first.
-  Completion last = updates_.worker().submit([] { return Status::Ok(); }, {}, "checkpoint snapshot end");
+  Completion last =
+      updates_.queue_on_optimizer_thread([] { return Status::Ok(); }, {}, "checkpoint snapshot end", /*sticky=*/true);
   last.then([this, s](const Status& st) {
     if (!st.ok()) s->fail(st.with_context("the optimizer thread failed before the snapshot was taken"));
     s->snapped.complete(s->first_error());
@@ -739,7 +740,7 @@ Status CheckpointIO::load_state(CheckpointReader& reader) {
     }
   }
   // The loaded state is the committed one (Note [Piece versions]).
-  return updates_.tier().commit().with_context("writing the loaded optimizer state");
+  return updates_.commit_state().with_context("writing the loaded optimizer state");
 }
 
 }  // namespace strata::offload::engine_detail

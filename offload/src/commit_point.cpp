@@ -26,10 +26,9 @@ Status CommitPoint::settle(const StepMark* call, double* loss) {
     torn = ctx_.failures.take(FailureOf::kTorn);
     if (update.ok() && !pending_complete_)
       update = Internal(fmt::format("step {}: not every layer's update was queued", pending_mark_.optimizer_steps + 1));
-    if (update.ok()) update = updates_.tier().flush();
-    // A write-back whose failure went to a checkpoint snapshot's read.
-    if (update.ok()) update = updates_.tier().committable();
-    if (update.ok() && updates_.device_part() != nullptr) update = updates_.device_part()->flush();
+    // Its write-backs durable; committable() also finds a write-back whose
+    // failure went to a checkpoint snapshot's read.
+    if (update.ok()) update = updates_.state_ready_to_commit();
     nvme_bytes_.updates_settled(pending_mark_.optimizer_steps + 1);  // Note [A step's NVMe bytes]
   }
   if (call != nullptr) read = ctx_.failures.take(FailureOf::kCall);
@@ -70,10 +69,7 @@ Status CommitPoint::settle(const StepMark* call, double* loss) {
   pending_ = false;
 
   if (failed_update.empty()) {
-    if (was_pending) {
-      STRATA_RETURN_IF_ERROR(updates_.tier().commit().with_context(fmt::format("committing step {}", t)));
-      if (updates_.device_part() != nullptr) STRATA_RETURN_IF_ERROR(updates_.device_part()->commit().with_context(fmt::format("committing step {}", t)));
-    }
+    if (was_pending) STRATA_RETURN_IF_ERROR(updates_.commit_state().with_context(fmt::format("committing step {}", t)));
     if (failed_read.empty()) return Status::Ok();
     // A parameter read of this call failed: nothing was updated from it; the
     // call is dropped on every rank.
@@ -107,12 +103,11 @@ Status CommitPoint::settle(const StepMark* call, double* loss) {
   const std::string cause = update.ok() ? fmt::format("failed on rank {}", rank_list(failed_update))
                                         : fmt::format("failed on rank {} (here: {})", rank_list(failed_update),
                                                       update.message());
-  const bool versioned = updates_.tier().versioned();
+  const bool versioned = updates_.state_versioned();
   // The call in progress is dropped with the step: the layers it stepped
   // early go back first (Note [Early, exact updates]; state kept in place).
   Status undone = updates_.undo_every_early().status();
-  if (undone.ok()) undone = versioned ? updates_.tier().rollback() : updates_.tier().commit();
-  if (undone.ok() && updates_.device_part() != nullptr) undone = updates_.device_part()->commit();
+  if (undone.ok()) undone = updates_.abandon_state_step();
   if (undone.ok()) undone = rederive_params();
   // A versioned tier is back at step t-1: the counters go back there. The
   // memory tiers hold step t (their update runs in place and only a

@@ -167,7 +167,7 @@ Status Engine::Impl::init() {
   for (size_t i = 0; i < n; ++i) STRATA_RETURN_IF_ERROR(init_layer(i));
   updates.read_ahead_for_first_step(placement.early_updates && speculate_next_step);
   // The initial state is written (NVMe tier) before the first step reads it.
-  return updates.tier().flush().with_context("writing the initial optimizer state");
+  return updates.flush_state().with_context("writing the initial optimizer state");
 }
 
 // Layer li's state, from the model's initial values (rounded to the
@@ -238,8 +238,7 @@ Status Engine::Impl::put_initial_layer(size_t li, std::span<const std::byte> val
       }
     }
     // The written state is the committed one (Note [Piece versions]).
-    STRATA_RETURN_IF_ERROR(updates.tier().commit().with_context("writing the initial optimizer state of " + lname));
-    if (updates.device_part() != nullptr) STRATA_RETURN_IF_ERROR(updates.device_part()->commit());
+    STRATA_RETURN_IF_ERROR(updates.commit_state().with_context("writing the initial optimizer state of " + lname));
   }
   initialized[li] = true;
   return Status::Ok();
@@ -479,7 +478,7 @@ Status Engine::synchronize() {
     STRATA_RETURN_IF_ERROR(m.wait_status(s.stream->record_completion(), fmt::format("synchronize(): {}", s.what)));
     STRATA_RETURN_IF_ERROR(s.stream->synchronize());
   }
-  STRATA_RETURN_IF_ERROR(m.updates.tier().flush());  // NVMe: every write-back durable, errors reported
+  STRATA_RETURN_IF_ERROR(m.updates.flush_state());  // NVMe: every write-back durable, errors reported
   return m.comm.synchronize();
 }
 
@@ -567,7 +566,7 @@ Result<std::vector<float>> Engine::gather_state(size_t li, StateKind kind) {
 std::string Engine::describe() const {
   const EngineOptions& o = impl_->opt;
   return fmt::format("stage {}, optimizer {} ({}), params {}, grads {}, {} rank{}", o.stage,
-                     offload_device_name(o.offload_optimizer), impl_->updates.tier().describe(),
+                     offload_device_name(o.offload_optimizer), impl_->updates.describe_state(),
                      offload_device_name(o.offload_param), dtype_name(o.grad_dtype), impl_->world,
                      impl_->world == 1 ? "" : "s");
 }

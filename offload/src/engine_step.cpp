@@ -41,7 +41,7 @@ Status Engine::Impl::begin_step() {
   // Blocks until an evaluation's dropped copies are freed, so this step's
   // gathers do not stack on them (the memory plan counts one set).
   STRATA_RETURN_IF_ERROR(params.drain());
-  io_before = updates.tier().io_stats();
+  io_before = updates.state_io_stats();
   nvme_bytes.step_begins(commit.pending());
   step_start = mark();
   failures.take(FailureOf::kCall).ignore();  // a late read of the previous call's dropped copies
@@ -246,7 +246,7 @@ Result<StepMetrics> Engine::Impl::finish_applied_step() {
   m.nvme_write_bytes = nvme.written;
   if (opt_on_nvme()) {
     // Between two moments of this thread, like the step's other times.
-    const StateTierIoStats now = updates.tier().io_stats();
+    const StateTierIoStats now = updates.state_io_stats();
     m.wait_nvme_ms = static_cast<double>((now.read_wait_ns - io_before.read_wait_ns) +
                                          (now.write_wait_ns - io_before.write_wait_ns)) / 1e6;
   }

@@ -14,7 +14,6 @@
 namespace strata::offload::engine_detail {
 
 void GradientReduction::init() {
-  norm_worker_ = &updates_.worker();
   auto bounded = [this](const Completion& c, std::string_view what) { return ctx_.wait_bounded(c, what); };
   live_.emplace(ctx_.frees.get(), bounded);
   layers_.resize(ctx_.part.layer_count());
@@ -272,12 +271,12 @@ Status GradientReduction::launch_reduction(size_t li) {
     sum_blocks(li, src, in_padded_layout);
     l.norm_partials_ready = Completion();
   } else {
-    l.norm_partials_ready = norm_worker_->submit(
+    l.norm_partials_ready = updates_.queue_on_optimizer_thread(
         [this, li, src, in_padded_layout] {
           sum_blocks(li, src, in_padded_layout);
           return Status::Ok();
         },
-        l.reduced_gradient_moved, fmt::format("gradient block sums of layer {}", li));
+        l.reduced_gradient_moved, fmt::format("gradient block sums of layer {}", li), /*sticky=*/true);
   }
   l.full_gradient_read = l.norm_partials_ready;
   return reduction_issued(li);

@@ -19,8 +19,9 @@
 // sum at every stage and world size's placement (docs/engine.md).
 //
 // Threads: the driving thread calls everything; the block sums run on the
-// optimizer thread (UpdateScheduler's worker), in submission order; a small
-// layer's run inline when its gradient is already in place.
+// optimizer thread (UpdateScheduler::queue_on_optimizer_thread), in
+// submission order; a small layer's run inline when its gradient is
+// already in place.
 //
 // One rank (world size 1): the sum over ranks is the gradient itself, so a
 // reduction queues no collective and its completion is the backward's.
@@ -129,7 +130,6 @@ class GradientReduction {
 
   EngineContext& ctx_;
   UpdateScheduler& updates_;
-  SerialWorker* norm_worker_ = nullptr;  // the optimizer thread (init)
   std::vector<LayerGradients> layers_;
   // Reductions are issued in descending layer order: next_reduction_ is
   // the highest layer not launched yet (-1: none left).

@@ -8,7 +8,7 @@ namespace strata::offload::engine_detail {
 StepNvmeBytes::Bytes StepNvmeBytes::updates_now() const {
   Bytes b;
   if (ctx_.opt_on_nvme()) {
-    const StateTierIoStats io = updates_.tier().io_stats();
+    const StateTierIoStats io = updates_.state_io_stats();
     b.read = io.bytes_read;
     b.written = io.bytes_written;
   }
@@ -41,7 +41,7 @@ void StepNvmeBytes::previous_updates_done(int64_t pending_step) {
   // the previous step's last write-backs, so they count in that step, not
   // this one. A lost one is not lost here: the tier keeps it for the commit
   // point (committable()), which rolls the step back.
-  updates_.tier().flush().ignore();
+  updates_.flush_state().ignore();
   const Bytes now = updates_now();
   std::lock_guard<std::mutex> lock(mu_);
   mark_ = Mark{pending_step, now};

@@ -21,8 +21,9 @@ Status UpdateScheduler::init(const std::string& job_name) {
   const EngineOptions& opt = ctx_.opt;
   Device& device = ctx_.device;
   STRATA_ASSIGN_OR_RETURN(update_stream_, device.create_stream());
+  std::unique_ptr<OptimizerStateTier> main, device_part;  // Note [Split optimizer state]
   if (ctx_.opt_on_nvme()) {
-    STRATA_RETURN_IF_ERROR(make_nvme_tier(job_name));
+    STRATA_ASSIGN_OR_RETURN(main, make_nvme_tier(job_name));
   } else {
     if (ctx_.device_opt()) {
       if (!device_adam_compiled())
@@ -35,8 +36,8 @@ Status UpdateScheduler::init(const std::string& job_name) {
                                        opt.source, cpu_adam::optimizer_kind_name(opt.optimizer)));
       STRATA_ASSIGN_OR_RETURN(opt_stream_, device.create_stream());
     }
-    STRATA_ASSIGN_OR_RETURN(tier_, make_memory_state_tier(device, ctx_.opt_on_host() ? Tier::kPinnedHost : Tier::kDevice,
-                                                          opt.moments, ctx_.stats, ctx_.device_opt()));
+    STRATA_ASSIGN_OR_RETURN(main, make_memory_state_tier(device, ctx_.opt_on_host() ? Tier::kPinnedHost : Tier::kDevice,
+                                                         opt.moments, ctx_.stats, ctx_.device_opt()));
   }
   // Before any stream is gated (Note [Kernels loaded before any gate]).
   if (ctx_.device_opt() || ctx_.split()) STRATA_RETURN_IF_ERROR(load_device_adam_kernels(*update_stream_));
@@ -46,8 +47,9 @@ Status UpdateScheduler::init(const std::string& job_name) {
                                      "device part of the state has no 8-bit kernel; set the ratio to 1 or use bf16 "
                                      "states",
                                      opt.source, opt.ratio));
-    STRATA_ASSIGN_OR_RETURN(dev_tier_, make_memory_state_tier(device, Tier::kDevice, opt.moments, ctx_.stats));
+    STRATA_ASSIGN_OR_RETURN(device_part, make_memory_state_tier(device, Tier::kDevice, opt.moments, ctx_.stats));
   }
+  state_.emplace(std::move(main), std::move(device_part));
   cpu_adam::OptimizerOptions oo;
   oo.kind = opt.optimizer;
   oo.threads = opt.optimizer_threads;
@@ -76,7 +78,7 @@ void UpdateScheduler::stop_workers() {
 // offload_optimizer nvme: the NVMe tier, its slots sized for the largest
 // piece, its capacity for every piece this rank owns, its folder named for
 // this run (rank 0's process id, the same on every rank) and rank.
-Status UpdateScheduler::make_nvme_tier(const std::string& job_name) {
+Result<std::unique_ptr<OptimizerStateTier>> UpdateScheduler::make_nvme_tier(const std::string& job_name) {
   const EngineOptions& opt = ctx_.opt;
   uint64_t largest = 0, total = 0;
   for (size_t li = 0; li < ctx_.part.layer_count(); ++li) {
@@ -107,9 +109,8 @@ Status UpdateScheduler::make_nvme_tier(const std::string& job_name) {
   o.wait_timeout_s = opt.wait_timeout_s;
   o.pending_versions = ctx_.placement.early_updates;  // Note [Early, exact updates]
   nvme::IoEngine* given = ctx_.faults.optimizer_io();  // null unless a test's (Note [Testing seam])
-  STRATA_ASSIGN_OR_RETURN(tier_, given != nullptr ? testing::make_nvme_state_tier_on(o, *given, ctx_.device, ctx_.stats)
-                                                  : make_nvme_state_tier(o, ctx_.device, ctx_.stats));
-  return Status::Ok();
+  return given != nullptr ? testing::make_nvme_state_tier_on(o, *given, ctx_.device, ctx_.stats)
+                          : make_nvme_state_tier(o, ctx_.device, ctx_.stats);
 }
 
 Status UpdateScheduler::init_layer(size_t li, const InitialMaster& master) {
@@ -153,17 +154,17 @@ Status UpdateScheduler::init_layer(size_t li, const InitialMaster& master) {
       const StateId id{static_cast<uint32_t>(li), static_cast<uint32_t>(gi), r};
       std::span<const float> host_master;
       if (where.master) host_master = master_of(layer_part.piece_begin(g, r), host);
-      STRATA_RETURN_IF_ERROR(tier_->add(id, ctx_.state_name(li, gi, r), host, host_master));
+      STRATA_RETURN_IF_ERROR(state_->main().add(id, ctx_.state_name(li, gi, r), host, host_master));
       forward_walk_.push_back(id);
       // Note [Early, exact updates]: where the early update writes.
       if (ctx_.placement.early_updates)
-        STRATA_RETURN_IF_ERROR(tier_->add_pending(id).with_context(ctx_.state_name(li, gi, r)));
+        STRATA_RETURN_IF_ERROR(state_->main().add_pending(id).with_context(ctx_.state_name(li, gi, r)));
       if (ctx_.split()) {
         // The device part: fp32 parameters are their own master there.
         std::span<const float> dev_master;
         if (where.param_dtype != DType::kF32) dev_master = master_of(layer_part.piece_begin(g, r) + host, count - host);
         STRATA_RETURN_IF_ERROR(
-            dev_tier_->add(id, ctx_.state_name(li, gi, r) + " (device part)", count - host, dev_master));
+            state_->device_part()->add(id, ctx_.state_name(li, gi, r) + " (device part)", count - host, dev_master));
       }
     }
   }
@@ -303,7 +304,7 @@ Status UpdateScheduler::step_layer(size_t li, std::vector<PieceJob>& jobs, const
     for (PieceJob& j : jobs) j.param = slot.as<std::byte>() + j.slot_offset;
   }
   const auto t0 = Clock::now();
-  Status st = step_pieces(*tier_, *optimizer_, jobs, args, param_dtype, out_of_place);
+  Status st = step_pieces(state_->main(), *optimizer_, jobs, args, param_dtype, out_of_place);
   spent.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
   if (!out_of_place) ctx_.faults.update_values_queued(li, /*kept=*/false);
   if (st.ok() && in_slot) {
@@ -320,14 +321,14 @@ Completion UpdateScheduler::queue_device_part(size_t li, std::vector<PieceJob> j
                                               DType param_dtype, const Completion& gate) {
   return dev_worker_->submit(
       [this, jobs = std::move(jobs), args, param_dtype] {
-        return step_pieces(*dev_tier_, *dev_optimizer_, jobs, args, param_dtype);
+        return step_pieces(*state_->device_part(), *dev_optimizer_, jobs, args, param_dtype);
       },
       gate, fmt::format("device optimizer step of layer {}", li), /*sticky=*/false);
 }
 
 Status UpdateScheduler::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimizer& o, const std::vector<PieceJob>& jobs,
                                  const cpu_adam::StepArgs& args, DType param_dtype, bool out_of_place) {
-  if (ctx_.device_opt() && &t == tier_.get()) {
+  if (ctx_.device_opt() && &t == &state_->main()) {
     STRATA_CHECK(!out_of_place, "early updates step offloaded state only");
     // The fused device kernel: one launch for the layer's pieces, on its
     // stream; this (optimizer) thread waits for it, so the layer's update
@@ -521,7 +522,7 @@ Status UpdateScheduler::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimize
         Status copied = update_stream_->synchronize();
         if (!copied.ok() && copy_status.ok()) copy_status = copied;
       }
-      if (rep.ok() && &t == tier_.get() && &j == last_stepped && last_call)
+      if (rep.ok() && &t == &state_->main() && &j == last_stepped && last_call)
         if (Status injected = ctx_.faults.update(args.step, ctx_.rank, j.id.layer, out_of_place); !injected.ok())
           rep = std::move(injected);
       if (!rep.ok()) return torn(fail(rep.status().with_context(fmt::format("optimizer step of {}", ctx_.part.describe(j.id)))));
@@ -613,7 +614,7 @@ void UpdateScheduler::open_early_updates(int64_t step, double scale, const cpu_a
 
 Status UpdateScheduler::queue_early_update(size_t li, const GradientReduction::UpdateInput& input) {
   if (!early_open_ || ctx_.where(li).frozen) return Status::Ok();
-  if (!early_walk_set_ && tier_->versioned()) {
+  if (!early_walk_set_ && state_->main().versioned()) {
     // Read ahead for the backward's walk from here, on the optimizer thread
     // (behind the updates queued before; a read-ahead dropped for the new
     // order is waited for there, not on this thread). Usually the tier
@@ -653,7 +654,7 @@ Status UpdateScheduler::queue_early_update(size_t li, const GradientReduction::U
 Status UpdateScheduler::close_early_updates() {
   if (!early_open_) {
     // A step without early updates steps every layer in forward order.
-    if (tier_->versioned()) set_walk(forward_walk_, Walk::kForward, "read-ahead in the forward order");
+    if (state_->main().versioned()) set_walk(forward_walk_, Walk::kForward, "read-ahead in the forward order");
     return Status::Ok();
   }
   early_open_ = false;
@@ -688,14 +689,14 @@ Status UpdateScheduler::close_early_updates() {
 }
 
 void UpdateScheduler::read_ahead_for_next_step(bool next_step_early) {
-  if (!tier_->versioned()) return;
+  if (!state_->main().versioned()) return;
   if (next_step_early) set_walk(early_walk(), Walk::kEarly, "read-ahead for the next step's early updates");
   else set_walk(forward_walk_, Walk::kForward, "read-ahead in the forward order");
 }
 
 void UpdateScheduler::read_ahead_for_first_step(bool first_step_early) {
-  if (!tier_->versioned() || !first_step_early) return;  // the tier reads in add() order: forward
-  tier_->set_order(early_walk());
+  if (!state_->main().versioned() || !first_step_early) return;  // the tier reads in add() order: forward
+  state_->main().set_order(early_walk());
   walk_ = Walk::kEarly;
 }
 
@@ -720,7 +721,7 @@ void UpdateScheduler::set_walk(const std::vector<StateId>& walk, Walk which, con
   if (!unchanged) order = walk;
   worker_->submit(
       [this, unchanged, order = std::move(order), then = std::move(then)] {
-        if (!unchanged) tier_->set_order(order);
+        if (!unchanged) state_->main().set_order(order);
         if (then) then();
         return Status::Ok();
       },
@@ -730,7 +731,7 @@ void UpdateScheduler::set_walk(const std::vector<StateId>& walk, Walk which, con
 bool UpdateScheduler::early_written(size_t li) {
   const EarlyUpdate& e = early_[li];
   for (const PieceJob& j : e.jobs)
-    if (j.count != 0 && !tier_->pending_written(j.id).ok()) return false;
+    if (j.count != 0 && !state_->main().pending_written(j.id).ok()) return false;
   // A parameter shard on NVMe: its shadow write ended (a failed one leaves
   // the previous shard; the redo writes it again).
   if (e.write_back && !ctx_.wait_status(*e.write_back, "the early update's write of " + ctx_.layer_label(li)).ok())
@@ -765,7 +766,7 @@ Result<UpdateScheduler::Queued> UpdateScheduler::keep_early(size_t li, const Gra
   }
   // Its pending buffers, every element written by the update, become the state.
   for (const PieceJob& j : early_[li].jobs)
-    if (j.count != 0) STRATA_RETURN_IF_ERROR(tier_->keep_pending(j.id));
+    if (j.count != 0) STRATA_RETURN_IF_ERROR(state_->main().keep_pending(j.id));
   // The staged values go to the device now that the step keeps them (the
   // device parameters were not touched under the backward), queued on the
   // optimizer thread behind the updates of the layers before this one
@@ -812,7 +813,7 @@ Result<int64_t> UpdateScheduler::undo_every_early() {
     if (!e.ran) continue;
     e.ran = false;
     for (const PieceJob& j : e.jobs)
-      if (j.count != 0) STRATA_RETURN_IF_ERROR(tier_->drop_pending(j.id));
+      if (j.count != 0) STRATA_RETURN_IF_ERROR(state_->main().drop_pending(j.id));
     // The state is untouched (out of place); the 16-bit values the update
     // wrote (staging, or a stage-3 shard in host memory) are rewritten.
     const std::string what = "rewriting the parameters of " + ctx_.layer_label(li) + " from its state";
@@ -834,7 +835,7 @@ Status UpdateScheduler::rewrite_params(size_t li, const std::vector<PieceJob>& j
   for (const PieceJob& j : jobs) {
     if (j.count == 0) continue;
     std::byte* const param = in_slot ? slot.as<std::byte>() + j.slot_offset : j.param;
-    STRATA_ASSIGN_OR_RETURN(PieceState st, tier_->open(j.id));
+    STRATA_ASSIGN_OR_RETURN(PieceState st, state_->main().open(j.id));
     // As step_pieces writes them: 16-bit values into the staging, the host
     // shard or the slot, fp32 ones copied from the master; then to the device.
     if (!j.param_is_master && (param_dtype != DType::kF32 || j.h2d == nullptr))
@@ -846,7 +847,7 @@ Status UpdateScheduler::rewrite_params(size_t li, const std::vector<PieceJob>& j
                                  : j.param;
       copied = ctx_.device.copy(j.h2d, src, j.count * eb, CopyKind::kHostToDevice);
     }
-    const Status closed = tier_->close(j.id, false);
+    const Status closed = state_->main().close(j.id, false);
     STRATA_RETURN_IF_ERROR(copied);
     STRATA_RETURN_IF_ERROR(closed);
   }
@@ -890,8 +891,8 @@ Status UpdateScheduler::read_piece_state(size_t li, size_t gi, int r, float* mas
     const Status closed = t.close(id, false);
     return st.ok() ? closed : st;
   };
-  STRATA_RETURN_IF_ERROR(from(*tier_, 0, host));
-  if (ctx_.split()) STRATA_RETURN_IF_ERROR(from(*dev_tier_, host, count - host));
+  STRATA_RETURN_IF_ERROR(from(state_->main(), 0, host));
+  if (ctx_.split()) STRATA_RETURN_IF_ERROR(from(*state_->device_part(), host, count - host));
   return Status::Ok();
 }
 
@@ -923,8 +924,8 @@ Status UpdateScheduler::write_piece_state(size_t li, size_t gi, int r, const flo
     const Status closed = t.close(id, true);
     return st.ok() ? closed : st;
   };
-  STRATA_RETURN_IF_ERROR(into(*tier_, 0, host));
-  if (ctx_.split()) STRATA_RETURN_IF_ERROR(into(*dev_tier_, host, count - host));
+  STRATA_RETURN_IF_ERROR(into(state_->main(), 0, host));
+  if (ctx_.split()) STRATA_RETURN_IF_ERROR(into(*state_->device_part(), host, count - host));
   return Status::Ok();
 }
 

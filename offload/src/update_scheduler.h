@@ -8,7 +8,9 @@
 // NVMe (streamed through pinned slots, each update written as a new piece
 // version; Note [Piece versions]); with offload_optimizer.ratio < 1 each
 // piece's last elements live in a second, device tier stepped by a second
-// thread. A layer's update is queued on the optimizer thread (SerialWorker)
+// thread (one SplitStateTier, Note [Split optimizer state]: the scheduler
+// reaches the parts, the other components ask it about the state as a
+// whole). A layer's update is queued on the optimizer thread (SerialWorker)
 // once its reduced gradient and block sums are in (GradientReduction's
 // UpdateInput) and, for a layer lent in place, its last release
 // (ParameterGathering::writable_after); layers are queued in forward order,
@@ -58,6 +60,7 @@
 #include "gradient_reduction.h"
 #include "parameter_gathering.h"
 #include "serial_worker.h"
+#include "split_state_tier.h"
 #include "strata/cpu_adam/optimizer.h"
 #include "strata/offload/state_tier.h"
 
@@ -159,10 +162,31 @@ class UpdateScheduler {
   Status write_piece_state(size_t li, size_t gi, int r, const float* master, const float* exp_avg,
                            const float* exp_avg_sq);
 
-  OptimizerStateTier& tier() { return *tier_; }
-  const OptimizerStateTier& tier() const { return *tier_; }
-  OptimizerStateTier* device_part() { return dev_tier_.get(); }  // ratio < 1: the device part
-  SerialWorker& worker() { return *worker_; }
+  // The optimizer state as a whole (Note [Split optimizer state] in
+  // split_state_tier.h: its parts are the scheduler's alone), after init.
+  std::string describe_state() const { return state_->describe(); }
+  bool state_versioned() const { return state_->versioned(); }
+  StateTierIoStats state_io_stats() const { return state_->io_stats(); }
+  // Every write-back durable (the initial state, synchronize(), the previous
+  // step's updates before the next step's early ones); the first failure.
+  Status flush_state() { return state_->flush(); }
+  // The commit point: the pending step's write-backs are durable and none was lost.
+  Status state_ready_to_commit() { return state_->ready_to_commit(); }
+  // The pending step (or what init_layer or a load wrote) becomes the committed state.
+  Status commit_state() { return state_->commit(); }
+  // A failed step: the state back at the committed step where it keeps one
+  // (state_versioned()), else the step kept as the state holds it.
+  Status abandon_state_step() { return state_->abandon_step(); }
+  // For a checkpoint snapshot, which must read one step's state: the
+  // rollbacks so far, and whether a write-back of the pending step was lost.
+  uint64_t state_rollbacks() const { return state_->rollbacks(); }
+  Status state_committable() const { return state_->committable(); }
+  // `task` on the optimizer thread, after `gate` and behind the updates
+  // queued so far (a checkpoint's snapshots, the gradients' block sums).
+  // `sticky`: as SerialWorker::submit (a failure skips the tasks after it).
+  Completion queue_on_optimizer_thread(SerialWorker::Task task, Completion gate, std::string label, bool sticky) {
+    return worker_->submit(std::move(task), std::move(gate), std::move(label), sticky);
+  }
   const LayerUpdate& layer(size_t li) const { return layers_[li]; }
   // The layers set up so far (0 until init; fewer when the engine's init failed part-way).
   size_t layer_count() const { return layers_.size(); }
@@ -235,7 +259,7 @@ class UpdateScheduler {
   // staging]; `write_back` gets the write), else where the jobs point.
   Status step_layer(size_t li, std::vector<PieceJob>& jobs, const cpu_adam::StepArgs& args, DType param_dtype,
                     bool in_slot, bool out_of_place, std::atomic<int64_t>& spent, Completion& write_back);
-  Status make_nvme_tier(const std::string& job_name);
+  Result<std::unique_ptr<OptimizerStateTier>> make_nvme_tier(const std::string& job_name);
   // Layer li's runs intersected with layer elements [begin, begin + count), offsets from begin.
   std::vector<PieceJob::Run> runs_of(size_t li, size_t begin, size_t count, const cpu_adam::HyperParams& hyper) const;
   // ratio < 1: the device part's update of layer li on its own thread, after `gate`.
@@ -257,8 +281,7 @@ class UpdateScheduler {
   // UpdateStaging::kSharedPiece: every such layer's pieces, one at a time
   // (Note [Update staging] in state_placement.h).
   HostBuffer shared_staging_;
-  std::unique_ptr<OptimizerStateTier> tier_;      // the optimizer state (the host part with ratio < 1)
-  std::unique_ptr<OptimizerStateTier> dev_tier_;  // ratio < 1: the device part
+  std::optional<SplitStateTier> state_;  // the optimizer state (init)
   std::optional<cpu_adam::CpuOptimizer> optimizer_;
   std::optional<cpu_adam::CpuOptimizer> dev_optimizer_;  // ratio < 1: steps the device part (its own thread)
   std::vector<LayerUpdate> layers_;
@@ -279,7 +302,7 @@ class UpdateScheduler {
   Walk walk_ = Walk::kForward;  // the walk last given to the tier (add() order at first)
   bool early_walk_set_ = false;  // this step's early updates set theirs
   StepNvmeBytes* previous_step_bytes_ = nullptr;  // open_early_updates()'s, told once per step
-  // Queues tier_->set_order(walk) (unless the tier reads in `which` already),
+  // Queues the main tier's set_order(walk) (unless the tier reads in `which` already),
   // then `then` (when given), on the optimizer thread.
   void set_walk(const std::vector<StateId>& walk, Walk which, const char* label, std::function<void()> then = {});
   // Nanoseconds the optimizer threads spent in one step's updates, added by
