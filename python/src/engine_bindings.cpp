@@ -65,6 +65,7 @@
 #include "interpreter.h"
 #include "layer_tuples.h"
 #include "torch_distributed_communicator.h"
+#include "torch_nccl_bootstrap.h"
 #include "torch_dtypes.h"
 #include "torch_stream_order.h"
 #include "torch_views.h"
@@ -285,15 +286,28 @@ class DrivenEngine {
     // The ranks (Note [Ranks of a driven engine]): one process, this process
     // as one rank of mpirun's world, or one rank of torch.distributed's.
     const std::string chosen = chosen_backend(backend);
-    std::unique_ptr<comm::Communicator> ranks;
+    const std::string origin = backend == "auto" ? fmt::format("{} (backend 'auto')", chosen == "mpi"
+                                                                                          ? "mpirun started this process"
+                                                                                          : "torch.distributed is initialized")
+                                                 : fmt::format("backend '{}'", backend);
+    comm::CommOptions comm_options;
     if (chosen != "local") {
-      comm::CommOptions comm_options;
       comm_options.timeout = bounded_wait(config_path, config_text);
       comm_options = value_or_raise(comm::apply_comm_environment(comm_options));
-      const std::string origin = backend == "auto" ? fmt::format("{} (backend 'auto')", chosen == "mpi"
-                                                                                            ? "mpirun started this process"
-                                                                                            : "torch.distributed is initialized")
-                                                   : fmt::format("backend '{}'", backend);
+    }
+    // GPU ranks of a torch launcher reduce device memory: NCCL, made once the engine's cuda Device exists
+    // (Note [NCCL for torch ranks]). GPU ranks of mpirun are not wired yet.
+    const bool torch_gpu_ranks =
+        engine_device.kind == DeviceKind::kCuda && chosen == "torch" && torch_distributed_world_size() > 1;
+    if (engine_device.kind == DeviceKind::kCuda && chosen == "mpi")
+      raise_status(Unsupported(fmt::format("strata.torch on the cuda device under mpirun ({}): GPU ranks are joined "
+                                           "through torch.distributed; launch with torchrun (or the deepspeed "
+                                           "launcher), or train on the cpu device",
+                                           origin)));
+    // (One GPU rank of a torch launcher needs no communicator: the engine's local group of one.)
+    const bool gpu_under_torch = engine_device.kind == DeviceKind::kCuda && chosen == "torch";
+    std::unique_ptr<comm::Communicator> ranks;
+    if (chosen != "local" && !gpu_under_torch) {
       Result<std::unique_ptr<comm::Communicator>> created = [&]() -> Result<std::unique_ptr<comm::Communicator>> {
         if (chosen == "torch") return create_torch_distributed_communicator(comm_options);  // calls torch: GIL held
         py::gil_scoped_release unlocked;
@@ -302,12 +316,13 @@ class DrivenEngine {
       if (!created.ok()) raise_status(created.status().with_context(origin));
       ranks = std::move(*created);
     }
+    const int world = torch_gpu_ranks ? torch_distributed_world_size() : ranks ? ranks->world_size() : 1;
     ConfigOptions options;
-    options.world_size = ranks ? ranks->world_size() : 1;
+    options.world_size = world;
     options.world_size_origin =
-        !ranks           ? std::string("strata.torch (one process)")
-        : chosen == "mpi" ? fmt::format("the MPI communicator (mpirun -np {})", ranks->world_size())
-                          : fmt::format("torch.distributed's world (WORLD_SIZE {})", ranks->world_size());
+        world == 1 && !ranks ? std::string("strata.torch (one process)")
+        : chosen == "mpi"    ? fmt::format("the MPI communicator (mpirun -np {})", world)
+                             : fmt::format("torch.distributed's world (WORLD_SIZE {})", world);
     const ConfigCheck check = checked_config(config_path, config_text, options);
     EngineOptions engine_options = value_or_raise(offload::engine_options_from_config(check.config));
     engine_options.job_name = job_name;  // empty: the engine's default
@@ -315,11 +330,6 @@ class DrivenEngine {
 
     auto self = std::unique_ptr<DrivenEngine>(new DrivenEngine());
     self->model_ = std::make_unique<SpecModel>(value_or_raise(SpecModel::create(describe_layers(layers))));
-    if (engine_device.kind == DeviceKind::kCuda && ranks)
-      raise_status(Unsupported(fmt::format(
-          "strata.torch on the cuda device runs one rank for now ({} names {} ranks): the collectives of GPU ranks "
-          "(NCCL) are not built into strata.torch yet; run one process per job, or train on the cpu device",
-          options.world_size_origin, ranks->world_size())));
     DeviceOptions device_options;
     // As `strata train`: the argument, else strata.device_memory, else a quarter of host memory (cpu) or the
     // whole GPU (cuda: strata.torch passes the budget it computed, Note [One device, two allocators]).
@@ -337,6 +347,12 @@ class DrivenEngine {
       self->order_ = std::move(recorded);
     } else {
       self->order_ = make_host_order();
+    }
+    if (torch_gpu_ranks) {  // calls torch (the ids' broadcast): GIL held
+      Result<std::unique_ptr<comm::Communicator>> created =
+          create_nccl_for_torch_ranks(*self->device_, engine_device.ordinal, comm_options);
+      if (!created.ok()) raise_status(created.status().with_context(origin));
+      ranks = std::move(*created);
     }
     if (ranks) self->comms_.push_back(std::move(ranks));
     else self->comms_ = value_or_raise(comm::create_local_group(1));

@@ -4,8 +4,9 @@ Note [The device strata.torch trains on]
 The engine runs on the cpu device or on one GPU, chosen once at initialize
 from the config's strata.device and the model:
   "cpu"    the cpu device; a parameter on a GPU is refused by name;
-  "cuda"   the GPU the model's parameters are on, else torch's current one
-           (torch.cuda.set_device(LOCAL_RANK), as DeepSpeed scripts do);
+  "cuda"   the GPU the model's parameters are on, else the launcher's
+           LOCAL_RANK's (modulo the GPUs, as DeepSpeed's engine takes it), else
+           torch's current one; it becomes torch's current device;
   "auto"   (the default) "cuda" when the model is on a GPU or torch has one,
            as DeepSpeed takes its accelerator; else "cpu".
 The choice is one value, TorchDevice, that the rest asks: where lent views
@@ -165,7 +166,7 @@ def choose_device(resolved, model):
                           "CPU-only torch build, no driver, or CUDA_VISIBLE_DEVICES empty): set strata.device to "
                           "\"cpu\" or \"auto\", or run where torch has a GPU")
     if asked == "cuda" or on_gpu or has_gpu:
-        index = next(iter(on_gpu)).index if on_gpu else torch.cuda.current_device()
+        index = next(iter(on_gpu)).index if on_gpu else _launcher_gpu()
         index = torch.cuda.current_device() if index is None else index
         # The engine's CUDA calls make its GPU the thread's current device: torch's is made the same up front.
         torch.cuda.set_device(index)
@@ -173,6 +174,15 @@ def choose_device(resolved, model):
         _warn_if_environment_came_late(device, _environment_in_time)
         return device
     return TorchDevice(torch.device("cpu"), "cpu", 0, "host")
+
+
+def _launcher_gpu():
+    """The GPU of this rank when a launcher started it (LOCAL_RANK modulo the GPUs, as DeepSpeed's engine takes
+    its local rank's), else None (torch's current one)."""
+    if not any(name in os.environ for name in ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")):
+        return None
+    from .torch._launcher import local_rank_from_environment
+    return local_rank_from_environment() % torch.cuda.device_count()
 
 
 def move_buffers(model, device):

@@ -219,3 +219,17 @@ def test_the_cuda_environment_is_set_unless_the_user_set_it(monkeypatch):
     assert os.environ["CUDA_MODULE_LOADING"] == "EAGER"
     assert os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
     assert in_time == (not torch.cuda.is_initialized())
+
+
+def test_a_launchers_rank_takes_its_local_ranks_gpu(monkeypatch):
+    """As DeepSpeed's engine: the GPU of LOCAL_RANK (modulo the GPUs); without a launcher, torch's current one."""
+    from strata import _torch_device
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    for name in ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"):
+        monkeypatch.delenv(name, raising=False)
+    assert _torch_device._launcher_gpu() is None
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert _torch_device._launcher_gpu() == 1
+    monkeypatch.setenv("LOCAL_RANK", "-1")
+    with pytest.raises(Exception, match="LOCAL_RANK"):
+        _torch_device._launcher_gpu()

@@ -17,9 +17,10 @@
 // message says so. A gate that fails cannot be voted without an extra
 // collective: this rank still takes part (its peers do not hang) and its
 // collectives on that queue fail with the gate's Status (docs/comm.md).
-// The unique ids (one per queue) are bootstrapped over MPI when launched by
-// mpirun, through a file for single-host launches (rank 0 writes it
-// atomically, others wait for it), and locally for world size 1. 16-bit
+// The unique ids (one per queue) are bootstrapped by the caller's own
+// share_ids when given (strata.torch: torch.distributed), over MPI when
+// launched by mpirun, through a file for single-host launches (rank 0 writes
+// it atomically, others wait for it), and locally for world size 1. 16-bit
 // reductions are NCCL's own (reduced in the element type); avg is ncclAvg.
 //
 // Note [One rank needs no NCCL]
@@ -461,7 +462,9 @@ Result<std::unique_ptr<Communicator>> create_nccl_communicator(NcclOptions optio
     for (ncclUniqueId& id : ids) STRATA_RETURN_IF_ERROR(nccl_status(ncclGetUniqueId(&id), "ncclGetUniqueId"));
   }
   if (world > 1) {
-    if (via_mpi) {
+    if (options.share_ids) {
+      STRATA_RETURN_IF_ERROR(options.share_ids(std::as_writable_bytes(std::span<ncclUniqueId>(ids))));
+    } else if (via_mpi) {
 #if defined(STRATA_HAVE_MPI)
       STRATA_RETURN_IF_ERROR(detail::mpi_broadcast_bytes(ids.data(), sizeof(ids), 0));
 #endif

@@ -2,7 +2,10 @@
 // Creating communicators. Which backends this build has is a run-time fact:
 // a backend compiled out returns Unsupported with the reason.
 
+#include <cstddef>
+#include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -42,6 +45,11 @@ struct NcclOptions {
   // streams can gate and be gated by the engine's; must outlive the
   // communicator. Null: the communicator makes its own.
   Device* cuda_device = nullptr;
+  // A unique-id bootstrap of the caller's own, taken before MPI and the id
+  // file (strata.torch: torch.distributed's job). Called on every rank of a
+  // world above one with the ids' bytes, filled in on rank 0; it must leave
+  // rank 0's bytes in every rank's.
+  std::function<Status(std::span<std::byte> ids)> share_ids;
 };
 Result<std::unique_ptr<Communicator>> create_nccl_communicator(NcclOptions options = {});
 bool nccl_compiled();
