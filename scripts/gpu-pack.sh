@@ -59,7 +59,8 @@ for program in "${gpu_programs[@]}"; do
   done < <(ldd "$build/$program" | awk '/=>/ {print $1, $3}')
 done
 # strata.torch's native module and the Strata libraries it was linked with (issue 50 §2).
-module="${STRATA_GPU_PACK_PYTHON_MODULE:-$(ls "$build"/python/strata/_native*.so 2> /dev/null | head -1)}"
+# (A build without the module, e.g. before its Python step, packs none: `|| true` keeps set -e from ending here.)
+module="${STRATA_GPU_PACK_PYTHON_MODULE:-$(ls "$build"/python/strata/_native*.so 2> /dev/null | head -1 || true)}"
 if [[ -n "$module" ]]; then
   if [[ ! -f "$module" ]]; then
     echo "gpu-pack: STRATA_GPU_PACK_PYTHON_MODULE=$module is not a file" >&2
