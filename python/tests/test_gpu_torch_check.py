@@ -70,3 +70,37 @@ def test_bad_arguments_are_refused_by_name(tmp_path):
     assert done.returncode == 2 and "--matrix-steps must be at least 1, got 0" in done.stderr
     done, _ = run("headline", "--hidden", "100", "--heads", "16", tmp_path=tmp_path)
     assert done.returncode == 2 and "--hidden 100 is not a multiple of --heads 16" in done.stderr
+
+
+def test_the_pack_carries_the_module_and_without_a_gpu_it_loads_from_there(tmp_path):
+    """scripts/gpu-pack.sh packs strata.torch's native module (STRATA_GPU_PACK_PYTHON_MODULE: on the GPU
+    machine's Python, built by scripts/gpu-torch-module.sh) and gpu-check.sh stages it beside the working tree's
+    python/strata; without a GPU the check loads it from the pack with the machine's python3 (here this test's
+    interpreter) and says so."""
+    import strata
+    build = pathlib.Path(strata.__file__).resolve().parents[2]
+    if not (build / "CMakeCache.txt").exists() or not (build / "apps" / "strata").exists():
+        pytest.skip("strata is not staged in a CMake build with its programs")
+    if "STRATA_ENABLE_CUDA:BOOL=ON" not in (build / "CMakeCache.txt").read_text():
+        pytest.skip("the build has no CUDA: gpu-pack.sh packs CUDA builds only")
+    module = next(build.glob("python/strata/_native*.so"))
+    source = SCRIPT.parents[1]
+    pack = tmp_path / "pack.tar.xz"
+    env = dict(os.environ, XZ_OPT="-0", STRATA_GPU_PACK_PYTHON_MODULE=str(module))
+    done = subprocess.run([str(source / "scripts" / "gpu-pack.sh"), str(build), str(pack)], capture_output=True,
+                          text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"strata.torch's module {module.name}" in done.stdout
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").symlink_to(sys.executable)  # gpu-check runs python3, as on the GPU machine
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", STRATA_GPU_PACK=str(pack),
+               OUT=str(tmp_path / "out"))
+    done = subprocess.run([str(source / "scripts" / "gpu-check.sh")], capture_output=True, text=True, timeout=600,
+                          env=env, cwd=str(source))
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the check ran the GPU steps instead")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert summary["status"] == "no_gpu"
+    assert summary["torch"].startswith("skipped: no GPU; the packed module loads (strata "), summary["torch"]
