@@ -92,22 +92,15 @@ Status ParameterGathering::init_layer(size_t li, const std::byte* padded) {
     if (padded == nullptr) return ctx_.device.memset(l.full_params.data(), 0, bytes);
     return ctx_.device.copy(l.full_params.data(), padded, bytes, CopyKind::kHostToDevice);
   }
-  const size_t bytes = layer_part.shard_elements * element_bytes(li);
+  STRATA_ASSIGN_OR_RETURN(l.shard, make_shard_home(ctx_, li, swap_.get(), shard_reader_.get()));
   // The shard is made where it lives (a slot, the host shard), not in a
   // shard-sized temporary first (Note [Shards made in place]).
-  auto fill = [&](std::span<std::byte> shard) {
+  return l.shard->create([&](std::span<std::byte> shard) {
     if (padded == nullptr)
       std::memset(shard.data(), 0, shard.size());
     else
       cut_own_pieces(li, std::span<const std::byte>(padded, layer_part.padded_elements * where.param_element_bytes), shard);
-  };
-  if (where.shard_on_nvme()) return swap_->put(static_cast<uint32_t>(li), bytes, "parameter shard of " + lname, fill);
-  if (where.shard_in_host()) {
-    STRATA_ASSIGN_OR_RETURN(l.host_shard, HostBuffer::create(ctx_.device, ctx_.stats, bytes, "parameter shard of " + lname));
-  } else {
-    STRATA_ASSIGN_OR_RETURN(l.dev_shard, ctx_.alloc_device(bytes, "parameter shard of " + lname));
-  }
-  return fill_shard(li, fill);
+  });
 }
 
 Result<ParameterGathering::Lease> ParameterGathering::acquire(size_t li, Pass pass, bool training) {
@@ -118,7 +111,7 @@ Result<ParameterGathering::Lease> ParameterGathering::acquire(size_t li, Pass pa
     lease.params = l.full_params.as<std::byte>();
     lease.ready = lease.update_ready = l.params_ready;
   } else if (where.acquired_in_place) {
-    lease.params = l.dev_shard.as<std::byte>();
+    lease.params = l.shard->resident();
     lease.ready = lease.update_ready = l.shard_ready;
   } else {
     if (!l.prefetch_failure.ok()) {
@@ -168,70 +161,12 @@ Status ParameterGathering::queue_gather(size_t li, std::vector<Completion>& queu
   const int rank = ctx_.rank;
   comm::Communicator& comm = ctx_.comm;
   std::byte* full = l.gathered.as<std::byte>();
-  if (where.shard_on_nvme()) {
-    // NVMe: the shard's last write-back must be durable before it is read
-    // (a shadow write flips the index only then). The shard reader waits for
-    // it, reads the shard into a slot and copies its pieces into place; this
-    // (driving) thread only queues the gather behind that, so neither a
-    // prefetch nor an acquire blocks here on a later layer's update.
-    const std::string name = "parameter shard of " + ctx_.layer_label(li);
-    const uint64_t bytes = layer_part.shard_elements * eb;
-    const Completion copied = shard_reader_->submit(
-        [this, li, full, name, bytes, eb, rank]() -> Status {
-          const LayerPartition& p = ctx_.part.layer(li);
-          STRATA_ASSIGN_OR_RETURN(ParamSwap::Read rd, swap_->read(static_cast<uint32_t>(li), bytes, name));
-          // A failed read does not fail the gather: the layer is gathered
-          // from whatever the slot holds and the failure drops the step at
-          // the commit point's vote on every rank (Note [Atomic steps]).
-          // The shard reader's own thread waits for the read it issued (the
-          // driving thread only waits for the gather queued behind it).
-          // Bounded (Note [Bounded waits]): a read that does not end drops the
-          // step like a failed one; its slot goes back only once it ended.
-          const bool ended = rd.done.wait_for(ctx_.wait_bound());
-          const Status read = ended ? rd.done.status()
-                                    : DeadlineExceeded(fmt::format("'{}' did not complete in {} s (strata.wait_timeout_s; "
-                                                                   "raise it if the drive is only slow)",
-                                                                   rd.done.label(), ctx_.opt.wait_timeout_s));
-          if (!read.ok()) ctx_.failures.record(FailureOf::kCall, read.with_context("reading the " + name));
-          Status copy;
-          const std::byte* shard = rd.slot.as<std::byte>();
-          for (const SubGroup& g : p.groups)
-            if (copy.ok() && ended)
-              copy = ctx_.device.copy(full + p.piece_begin(g, rank) * eb, shard + g.shard_offset * eb, g.piece * eb,
-                                      CopyKind::kHostToDevice);
-          rd.slot.release_after(ended ? Completion() : rd.done);  // the copies above are done
-          return copy.with_context("copying the " + name + " to the device");
-        },
-        l.shard_ready, fmt::format("reading the {}", name), /*sticky=*/false);
-    queued.push_back(copied);
-    ctx_.transfers.h2d_bytes += bytes;
-    STRATA_RETURN_IF_ERROR(comm.wait(copied, comm::CommQueue::kGather));  // a queue gate: the gather follows the read
-  } else if (ctx_.param_on_host()) {
-    // H2D of this rank's pieces into their place, then gather in place; on
-    // a stream of their own, so a backward's re-gather never queues behind
-    // the gradient copies out (which wait for the backward).
-    Stream& to_device = *ctx_.shard_h2d;
-    STRATA_RETURN_IF_ERROR(to_device.wait(l.shard_ready));  // a stream gate: the H2D reads the shard after its update
-    Status copies;
-    for (const SubGroup& g : layer_part.groups)
-      if (copies.ok())
-        copies = to_device.copy_async(full + layer_part.piece_begin(g, rank) * eb,
-                                      l.host_shard.data() + g.shard_offset * eb, g.piece * eb, CopyKind::kHostToDevice);
-    const Completion h2d = to_device.record_completion();  // after the copies queued
-    queued.push_back(h2d);
-    STRATA_RETURN_IF_ERROR(copies);
-    ctx_.transfers.h2d_bytes += layer_part.shard_elements * eb;
-    STRATA_RETURN_IF_ERROR(comm.wait(h2d, comm::CommQueue::kGather));  // a queue gate: the gather follows the H2D
-  } else {
-    STRATA_RETURN_IF_ERROR(comm.wait(l.shard_ready, comm::CommQueue::kGather));  // a queue gate: sends the updated shard
-  }
+  STRATA_RETURN_IF_ERROR(l.shard->stage_for_gather(full, l.shard_ready, queued));
   STRATA_RETURN_IF_ERROR(ctx_.faults.gather(ctx_.steps_begun, rank, li));
   Completion last;
   for (const SubGroup& g : layer_part.groups) {
-    const std::byte* send = ctx_.param_on_host() ? full + layer_part.piece_begin(g, rank) * eb
-                                                 : l.dev_shard.as<std::byte>() + g.shard_offset * eb;
-    STRATA_ASSIGN_OR_RETURN(comm::CommWork w, comm.all_gather(send, full + g.padded_begin * eb, g.piece,
-                                                              where.param_dtype, comm::CommQueue::kGather));
+    STRATA_ASSIGN_OR_RETURN(comm::CommWork w, comm.all_gather(l.shard->gather_source(g, full), full + g.padded_begin * eb,
+                                                              g.piece, where.param_dtype, comm::CommQueue::kGather));
     last = w.completion();
     queued.push_back(last);
   }
@@ -328,8 +263,9 @@ std::byte* ParameterGathering::param_location(size_t li, const SubGroup& g, int 
   if (ctx_.where(li).persistent())
     return l.full_params.as<std::byte>() + ctx_.part.layer(li).piece_begin(g, r) * eb;
   STRATA_CHECK(r == ctx_.rank, "a stage-3 rank holds only its own shard");
-  if (ctx_.param_on_host()) return l.host_shard.data() + g.shard_offset * eb;
-  return l.dev_shard.as<std::byte>() + g.shard_offset * eb;
+  std::byte* shard = l.shard->resident();
+  STRATA_CHECK(shard != nullptr, "a shard on NVMe is updated in a parameter slot, not in place");
+  return shard + g.shard_offset * eb;
 }
 
 Completion ParameterGathering::writable_after(size_t li, const Completion& reduced) {
@@ -344,19 +280,10 @@ Completion ParameterGathering::writable_after(size_t li, const Completion& reduc
   return when_all(both, fmt::format("layer {} released and its gradient reduced", li));
 }
 
-Result<Slot> ParameterGathering::update_slot(size_t li) {
-  return swap_->staging_slot("the update of the parameter shard of " + ctx_.layer_label(li));
-}
+Result<Slot> ParameterGathering::update_slot(size_t li) { return layers_[li].shard->update_slot(); }
 
 Result<Completion> ParameterGathering::write_back(size_t li, Slot staging) {
-  const uint64_t bytes = ctx_.part.layer(li).shard_elements * element_bytes(li);
-  const std::string name = "parameter shard of " + ctx_.layer_label(li);
-  Result<Completion> written = swap_->write(static_cast<uint32_t>(li), staging.data(), bytes, name);
-  if (!written.ok()) return written.status();  // nothing in flight: the slot returns now
-  staging.release_after(*written);
-  auto durable = std::make_shared<CompletionSource>(fmt::format("parameter shard of layer {} written", li));
-  written->then([durable, name](const Status& s) { durable->complete(s.ok() ? s : s.with_context("writing the " + name)); });
-  return durable->completion();
+  return layers_[li].shard->write_back(std::move(staging));
 }
 
 Status ParameterGathering::publish_update(size_t li, const Completion& updated) {
@@ -415,12 +342,12 @@ Status ParameterGathering::regather_whole(size_t li) {
 
 Status ParameterGathering::replace_shard(size_t li, std::span<const std::byte> values) {
   // The shard is whole already: written from where it is (no slot copy).
-  return replace_shard_with(li, [&] { return put_shard(li, values); });
+  return replace_shard_with(li, [&] { return layers_[li].shard->put(values); });
 }
 
 Status ParameterGathering::replace_shard_from_layer(size_t li, std::span<const std::byte> values) {
   return replace_shard_with(li, [&] {
-    return fill_shard(li, [&](std::span<std::byte> shard) { cut_own_pieces(li, values, shard); });
+    return layers_[li].shard->refill([&](std::span<std::byte> shard) { cut_own_pieces(li, values, shard); });
   });
 }
 
@@ -437,46 +364,11 @@ Status ParameterGathering::replace_shard_with(size_t li, const std::function<Sta
 // Note [Shards made in place]: a shard made from a layer's values or from
 // nothing (initial values, zeros at creation) is filled where it is written
 // from: a slot of the swap store for a shard on NVMe, the pinned host shard
-// itself, and only for a device shard a host copy first. Filling a
-// shard-sized temporary and copying it was a transient the size of the
-// largest layer at world size 1: ~200 MiB at engine creation of a 355M
-// GPT-2 (docs/performance.md). A load or a rollback hands in a whole shard:
-// replace_shard writes it as it is.
-Status ParameterGathering::fill_shard(size_t li, const std::function<void(std::span<std::byte>)>& fill) {
-  LayerParams& l = layers_[li];
-  const size_t bytes = ctx_.part.layer(li).shard_elements * element_bytes(li);
-  if (ctx_.where(li).shard_on_nvme()) {
-    const std::string name = "parameter shard of " + ctx_.layer_label(li);
-    STRATA_ASSIGN_OR_RETURN(Slot slot, swap_->staging_slot("writing the " + name));
-    fill(std::span<std::byte>(slot.as<std::byte>(), bytes));
-    return put_shard(li, std::span<const std::byte>(slot.as<std::byte>(), bytes));  // durable on return: the slot is free
-  }
-  if (ctx_.param_on_host()) {
-    fill(std::span<std::byte>(l.host_shard.data(), bytes));
-    return Status::Ok();
-  }
-  std::vector<std::byte> shard(bytes);
-  fill(shard);
-  return put_shard(li, shard);
-}
-
-// Layer li's stage-3 shard (this rank's, shard layout) written where it
-// lives: NVMe (durable on return), pinned host or device memory.
-Status ParameterGathering::put_shard(size_t li, std::span<const std::byte> values) {
-  LayerParams& l = layers_[li];
-  if (ctx_.where(li).shard_on_nvme()) {
-    const std::string name = "parameter shard of " + ctx_.layer_label(li);
-    STRATA_ASSIGN_OR_RETURN(Completion w, swap_->write(static_cast<uint32_t>(li), values.data(), values.size(), name));
-    // Durable before the next gather reads it; callers are off the step path
-    // (a load into a fresh engine, a rollback, initial values).
-    return ctx_.wait_status(w, "writing the " + name);
-  }
-  if (ctx_.param_on_host()) {
-    std::memcpy(l.host_shard.data(), values.data(), values.size());
-    return Status::Ok();
-  }
-  return ctx_.device.copy(l.dev_shard.data(), values.data(), values.size(), CopyKind::kHostToDevice);
-}
+// itself, and only for a device shard a host copy first (ShardHome::create
+// and refill). Filling a shard-sized temporary and copying it was a
+// transient the size of the largest layer at world size 1: ~200 MiB at
+// engine creation of a 355M GPT-2 (docs/performance.md). A load or a
+// rollback hands in a whole shard: ShardHome::put writes it as it is.
 
 void ParameterGathering::cut_own_pieces(size_t li, std::span<const std::byte> values, std::span<std::byte> shard) const {
   const LayerPartition& layer_part = ctx_.part.layer(li);
@@ -501,18 +393,8 @@ Result<std::vector<float>> ParameterGathering::shard_fp32(size_t li) {
       STRATA_RETURN_IF_ERROR(ctx_.device.copy(shard.data() + g.shard_offset * eb,
                                               l.full_params.as<std::byte>() + layer_part.piece_begin(g, ctx_.rank) * eb,
                                               g.piece * eb, CopyKind::kDeviceToHost));
-  } else if (where.shard_on_nvme()) {
-    const std::string name = "parameter shard of " + ctx_.layer_label(li);
-    STRATA_ASSIGN_OR_RETURN(ParamSwap::Read rd, swap_->read(static_cast<uint32_t>(li), shard.size(), name));
-    // Blocks by design (off the step path: gather_state for tests and export).
-    const Status st = ctx_.wait_status(rd.done, "reading the " + name);
-    if (st.ok()) std::memcpy(shard.data(), rd.slot.as<std::byte>(), shard.size());
-    rd.slot.release_after(rd.done);  // once the read ended (a timed-out one may still write the slot)
-    STRATA_RETURN_IF_ERROR(st);
-  } else if (ctx_.param_on_host()) {
-    std::memcpy(shard.data(), l.host_shard.data(), shard.size());
   } else {
-    STRATA_RETURN_IF_ERROR(ctx_.device.copy(shard.data(), l.dev_shard.data(), shard.size(), CopyKind::kDeviceToHost));
+    STRATA_RETURN_IF_ERROR(l.shard->read(shard));
   }
   std::vector<float> out(layer_part.shard_elements);
   params_to_fp32(where.param_dtype, shard.data(), out.data(), out.size());

@@ -7,7 +7,8 @@
 // threshold) lives on the device and is lent as it is; its update
 // republishes it (stages 1-3: the owned pieces all-gathered on kUpdate). A
 // stage-3 layer lives as this rank's shard (device, pinned host, or NVMe
-// through ParamSwap and the shard reader thread) and is gathered into a
+// through ParamSwap and the shard reader thread: its ShardHome, Note [Shard
+// homes] in shard_home.h) and is gathered into a
 // device buffer for its uses, under stage3_max_live_parameters (LentBuffers).
 // What to gather ahead along the recorded acquire order, keep on release
 // and drop for room is PrefetchPolicy's (Note [Prefetch policy]); this
@@ -30,6 +31,7 @@
 #include "param_swap.h"
 #include "prefetch_policy.h"
 #include "serial_worker.h"
+#include "shard_home.h"
 
 namespace strata::offload::engine_detail {
 
@@ -38,8 +40,7 @@ class ParameterGathering {
   struct LayerParams {
     DeviceBuffer full_params;  // kept whole: the layer on the device
     Completion params_ready;   // kept whole: its latest update republished
-    DeviceBuffer dev_shard;    // stage 3, offload_param none
-    HostBuffer host_shard;     // stage 3, offload_param cpu (and nvme's cached layers)
+    std::unique_ptr<ShardHome> shard;  // stage 3: this rank's shard, where it lives (Note [Shard homes])
     Completion shard_ready;    // stage 3: the shard holds its latest update (NVMe: durable)
     DeviceBuffer gathered;     // stage 3: this layer gathered
     Completion gathered_ready;
@@ -147,10 +148,6 @@ class ParameterGathering {
   // A persistent layer's owned pieces all-gathered into its full copy (on
   // kUpdate, after what that queue waits for); the last gather's completion.
   Result<Completion> gather_persistent(size_t li);
-  Status put_shard(size_t li, std::span<const std::byte> values);
-  // Note [Shards made in place]: `fill` writes layer li's shard where it is
-  // written from, then it is written (durable on return).
-  Status fill_shard(size_t li, const std::function<void(std::span<std::byte>)>& fill);
   // Drops a gathered copy, runs `write` (the shard's new values), marks the shard ready.
   Status replace_shard_with(size_t li, const std::function<Status()>& write);
   size_t element_bytes(size_t li) const { return ctx_.where(li).param_element_bytes; }
