@@ -4,12 +4,9 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
-#include <mutex>
 
 #include <fmt/format.h>
 
-#include "blocked_runs.h"
-#include "gradient_spill.h"
 #include "step_nvme_bytes.h"
 #include "strata/offload/device_adam.h"
 #include "strata/offload/nvme_state_tier.h"
@@ -50,6 +47,7 @@ Status UpdateScheduler::init(const std::string& job_name) {
     STRATA_ASSIGN_OR_RETURN(device_part, make_memory_state_tier(device, Tier::kDevice, opt.moments, ctx_.stats));
   }
   state_.emplace(std::move(main), std::move(device_part));
+  stepper_.emplace(ctx_, *update_stream_, opt_stream_.get());
   cpu_adam::OptimizerOptions oo;
   oo.kind = opt.optimizer;
   oo.threads = opt.optimizer_threads;
@@ -171,7 +169,7 @@ Status UpdateScheduler::init_layer(size_t li, const InitialMaster& master) {
   return Status::Ok();
 }
 
-std::vector<UpdateScheduler::PieceJob::Run> UpdateScheduler::runs_of(size_t li, size_t begin, size_t count,
+std::vector<PieceJob::Run> UpdateScheduler::runs_of(size_t li, size_t begin, size_t count,
                                                                      const cpu_adam::HyperParams& hyper) const {
   std::vector<PieceJob::Run> out;
   const size_t end = begin + count;
@@ -189,7 +187,7 @@ std::vector<UpdateScheduler::PieceJob::Run> UpdateScheduler::runs_of(size_t li, 
   return out;
 }
 
-std::vector<UpdateScheduler::PieceJob> UpdateScheduler::jobs_of(size_t li, const GradientReduction::UpdateInput& input,
+std::vector<PieceJob> UpdateScheduler::jobs_of(size_t li, const GradientReduction::UpdateInput& input,
                                                                 const cpu_adam::HyperParams& hyper,
                                                                 std::vector<PieceJob>* device_jobs, bool early) {
   LayerUpdate& l = layers_[li];
@@ -280,7 +278,7 @@ Result<UpdateScheduler::Queued> UpdateScheduler::queue_update(size_t li, const G
   l.update_ran = ctx_.failures.absorb(raw, fmt::format("optimizer step of layer {}", li));
   // An NVMe shard's updated values are in place once their write-back
   // ends; otherwise they went H2D tile by tile from the optimizer's tile
-  // callback (step_pieces), so they are in place when the update ran.
+  // callback (PieceStepper), so they are in place when the update ran.
   l.update_written = raw;
   if (in_slot) {
     auto written = std::make_shared<CompletionSource>(fmt::format("parameter shard of layer {} written", li));
@@ -304,7 +302,7 @@ Status UpdateScheduler::step_layer(size_t li, std::vector<PieceJob>& jobs, const
     for (PieceJob& j : jobs) j.param = slot.as<std::byte>() + j.slot_offset;
   }
   const auto t0 = Clock::now();
-  Status st = step_pieces(state_->main(), *optimizer_, jobs, args, param_dtype, out_of_place);
+  Status st = stepper_->step(state_->main(), *optimizer_, jobs, args, param_dtype, StatePart::kMain, out_of_place);
   spent.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
   if (!out_of_place) ctx_.faults.update_values_queued(li, /*kept=*/false);
   if (st.ok() && in_slot) {
@@ -321,278 +319,10 @@ Completion UpdateScheduler::queue_device_part(size_t li, std::vector<PieceJob> j
                                               DType param_dtype, const Completion& gate) {
   return dev_worker_->submit(
       [this, jobs = std::move(jobs), args, param_dtype] {
-        return step_pieces(*state_->device_part(), *dev_optimizer_, jobs, args, param_dtype);
+        return stepper_->step(*state_->device_part(), *dev_optimizer_, jobs, args, param_dtype, StatePart::kDevicePart,
+                              /*out_of_place=*/false);
       },
       gate, fmt::format("device optimizer step of layer {}", li), /*sticky=*/false);
-}
-
-Status UpdateScheduler::step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimizer& o, const std::vector<PieceJob>& jobs,
-                                 const cpu_adam::StepArgs& args, DType param_dtype, bool out_of_place) {
-  if (ctx_.device_opt() && &t == &state_->main()) {
-    STRATA_CHECK(!out_of_place, "early updates step offloaded state only");
-    // The fused device kernel: one launch for the layer's pieces, on its
-    // stream; this (optimizer) thread waits for it, so the layer's update
-    // completes as on the host path.
-    DeviceAdamArgs da;
-    da.kind = ctx_.opt.optimizer;
-    da.step = args.step;
-    da.clip_coefficient = args.clip_coefficient;
-    da.loss_scale = args.loss_scale;
-    da.grad_dtype = ctx_.opt.grad_dtype;
-    da.moments = ctx_.opt.moments;  // fp32 or bf16 (int8 was refused at make_memory_state_tier)
-    da.param_copy_dtype = param_dtype == DType::kF32 ? DType::kBF16 : param_dtype;
-    // One launch per distinct set of hyper-parameters (usually one), over
-    // the runs that have it.
-    const size_t grad_bytes = dtype_size(ctx_.opt.grad_dtype), me = dtype_size(da.moments.element_dtype()),
-                 element_bytes = dtype_size(param_dtype);
-    std::vector<std::pair<cpu_adam::HyperParams, std::vector<DeviceAdamTensor>>> launches;
-    for (const PieceJob& j : jobs) {
-      if (j.count == 0) continue;
-      STRATA_ASSIGN_OR_RETURN(PieceState st, t.open(j.id));
-      for (const PieceJob::Run& run : j.runs) {
-        DeviceAdamTensor d;
-        d.count = run.count;
-        d.grads = j.grads + run.offset * grad_bytes;
-        d.exp_avg = static_cast<std::byte*>(st.exp_avg) + run.offset * me;
-        d.exp_avg_sq = static_cast<std::byte*>(st.exp_avg_sq) + run.offset * me;
-        d.params = (j.param_is_master ? reinterpret_cast<float*>(j.param) : st.master) + run.offset;
-        if (!j.param_is_master && param_dtype != DType::kF32) d.param_copy = j.param + run.offset * element_bytes;
-        auto same = [&](const auto& launch) {
-          return launch.first.lr == run.hyper.lr && launch.first.weight_decay == run.hyper.weight_decay;
-        };
-        auto it = std::find_if(launches.begin(), launches.end(), same);
-        if (it == launches.end()) it = launches.insert(launches.end(), {run.hyper, {}});
-        it->second.push_back(d);
-      }
-    }
-    Status launched;
-    for (const auto& [hyper, tensors] : launches) {
-      da.hyper = hyper;
-      if (launched.ok()) launched = device_adam_step(*opt_stream_, da, tensors);
-    }
-    if (launched.ok()) {
-      // Bounded (Note [Bounded waits]): a hung kernel fails the update (torn, below).
-      const Completion kernel = opt_stream_->record_completion();
-      launched = kernel.wait_for(ctx_.wait_bound())
-                     ? opt_stream_->synchronize()
-                     : DeadlineExceeded(fmt::format("the kernel did not complete in {} s (strata.wait_timeout_s; raise "
-                                                    "it if the kernel is only slow)",
-                                                    ctx_.opt.wait_timeout_s));
-    }
-    if (!launched.ok()) {
-      for (const PieceJob& j : jobs)
-        if (j.count != 0) t.close(j.id, false).ignore();
-      // The kernel updates the state in place: how far it got is unknown.
-      if (!jobs.empty() && !t.versioned())
-        ctx_.failures.record(FailureOf::kTorn,
-                       launched.with_context(fmt::format("the device optimizer step of layer {} (the state is in {}, "
-                                                         "updated in place)",
-                                                         jobs.front().id.layer, t.describe())));
-      return launched;
-    }
-    for (const PieceJob& j : jobs) {
-      if (j.count == 0) continue;
-      // fp32 parameters with a separate master do not occur here (no master
-      // on the device for fp32: the parameters are stepped in place).
-      STRATA_RETURN_IF_ERROR(t.close(j.id, true));
-    }
-    return Status::Ok();
-  }
-  const size_t grad_bytes = dtype_size(ctx_.opt.grad_dtype), element_bytes = dtype_size(param_dtype);
-  // A tier that keeps the state in place (pinned host or device memory) has
-  // no copy of the previous step: a failure that leaves some of the layer's
-  // state stepped and some not is torn (kTorn: the commit point stops the
-  // engine, Note [Atomic steps]). A failed copy of the update to the device
-  // is not: the kernel goes on, so the state holds the whole step and only
-  // the parameters are re-derived.
-  const bool in_place = !t.versioned() && !out_of_place;
-  // An early update of a memory tier writes into the piece's pending buffer
-  // (the kernel out of place); a versioned tier's piece is a slot read from
-  // NVMe: stepped in place there and written as its pending version
-  // (Note [Piece versions] in nvme_state_tier.h).
-  const bool write_elsewhere = out_of_place && !t.versioned();
-  Status copy_failed;
-  const PieceJob* last_stepped = nullptr;  // testing::UpdateFault fails after it
-  for (const PieceJob& j : jobs)
-    if (j.count != 0) last_stepped = &j;
-  auto torn = [&](Status error) {
-    if (in_place)
-      ctx_.failures.record(FailureOf::kTorn, Status(error.code(), fmt::format("{} (the state is in {}, updated in place)",
-                                                                        error.message(), t.describe())));
-    return error;
-  };
-  // Note [Gradient shards on NVMe]: a piece's gradient is read back just
-  // before its step, the next piece's read started meanwhile (when a slot is
-  // free); a read still in flight when this returns keeps its slot until it ends.
-  std::optional<GradientSpill::Read> next_grads;
-  const PieceJob* next_grads_of = nullptr;
-  struct ReleaseInFlight {
-    std::optional<GradientSpill::Read>& read;
-    ~ReleaseInFlight() {
-      if (read) read->slot.release_after(read->done);
-    }
-  } release_in_flight{next_grads};
-  for (size_t k = 0; k < jobs.size(); ++k) {
-    const PieceJob& j = jobs[k];
-    if (j.count == 0) continue;
-    GradientSpill::Read grads_read;
-    const std::byte* piece_grads = j.grads;
-    if (j.grads == nullptr) {
-      if (next_grads_of == &j) {
-        grads_read = std::move(*next_grads);
-        next_grads.reset();
-      } else {
-        Result<GradientSpill::Read> r = ctx_.gradient_spill->read(j.id, /*wait=*/true);
-        if (!r.ok()) return r.status();
-        grads_read = std::move(r).value();
-      }
-      const auto next = std::find_if(jobs.begin() + static_cast<std::ptrdiff_t>(k) + 1, jobs.end(),
-                                     [](const PieceJob& n) { return n.count != 0; });
-      if (!next_grads && next != jobs.end() && next->grads == nullptr) {
-        Result<GradientSpill::Read> r = ctx_.gradient_spill->read(next->id, /*wait=*/false);
-        if (r.ok() && r->slot) {
-          next_grads = std::move(r).value();
-          next_grads_of = &*next;
-        }
-      }
-      STRATA_RETURN_IF_ERROR(ctx_.gradient_spill->arrived(grads_read, j.id));
-      piece_grads = grads_read.slot.as<std::byte>();
-    }
-    Result<PieceState> opened = t.open(j.id);
-    if (!opened.ok()) return torn(opened.status().with_context("opening the optimizer state of " + ctx_.part.describe(j.id)));
-    PieceState st = *opened;
-    // Where the new state goes: the piece itself, or its pending buffer for
-    // an early update (Note [Pending versions in memory]).
-    PieceState out = st;
-    if (write_elsewhere) {
-      Result<PieceState> pending = t.open_pending(j.id);
-      if (!pending.ok()) {
-        t.close(j.id, false).ignore();
-        return pending.status().with_context("the pending version of " + ctx_.part.describe(j.id));
-      }
-      out = *pending;
-    }
-    // An error below hands the piece back unmodified (the tier lends it to
-    // one thread at a time: Note [Piece leases]); the step's failure goes to
-    // the commit point.
-    auto fail = [&](Status error) {
-      t.close(j.id, false).ignore();
-      return error;
-    };
-    // One kernel call over elements [first, first + count) of the piece with
-    // one run's hyper-parameters; `point_moments` sets the spans' moments.
-    auto step_range = [&](size_t first, size_t count, const cpu_adam::HyperParams& hyper, bool last_call,
-                          const std::function<void(cpu_adam::StateSpans&)>& point_moments) -> Status {
-      cpu_adam::StateSpans sp;
-      sp.count = count;
-      sp.grads = piece_grads + first * grad_bytes;
-      sp.grad_dtype = ctx_.opt.grad_dtype;
-      point_moments(sp);
-      if (j.param_is_master) {
-        sp.params = reinterpret_cast<float*>(j.param) + first;
-      } else {
-        sp.params = out.master + first;
-        if (write_elsewhere) sp.params_source = st.master + first;
-        if (param_dtype != DType::kF32) {
-          sp.param_copy = j.param + first * element_bytes;
-          sp.param_copy_dtype = param_dtype;
-        }
-      }
-      // H2D of each finished tile while later tiles compute (Note [Exact
-      // overlap] in engine.h): queued on update_stream from the tile
-      // callback (pinned source: an asynchronous copy), all of them waited
-      // for below, before the piece (the copies' source) is handed back; a
-      // failed copy is reported after the step.
-      std::mutex copy_mutex;
-      Status copy_status;
-      cpu_adam::TileCallback on_tile;
-      if (j.h2d != nullptr) {
-        const std::byte* src = param_dtype == DType::kF32 ? reinterpret_cast<const std::byte*>(out.master) : j.param;
-        on_tile = [&, src, first](const cpu_adam::TileRange& tile) {
-          const size_t at = (first + tile.begin) * element_bytes;
-          std::lock_guard<std::mutex> lock(copy_mutex);  // tiles finish on several threads
-          Status c = update_stream_->copy_async(j.h2d + at, src + at, tile.count * element_bytes, CopyKind::kHostToDevice);
-          if (!c.ok() && copy_status.ok()) copy_status = c;
-        };
-      }
-      cpu_adam::StepArgs run_args = args;
-      run_args.hyper = hyper;
-      Result<cpu_adam::StepReport> rep = o.step(run_args, sp, on_tile);
-      if (j.h2d != nullptr) {
-        Status copied = update_stream_->synchronize();
-        if (!copied.ok() && copy_status.ok()) copy_status = copied;
-      }
-      if (rep.ok() && &t == &state_->main() && &j == last_stepped && last_call)
-        if (Status injected = ctx_.faults.update(args.step, ctx_.rank, j.id.layer, out_of_place); !injected.ok())
-          rep = std::move(injected);
-      if (!rep.ok()) return torn(fail(rep.status().with_context(fmt::format("optimizer step of {}", ctx_.part.describe(j.id)))));
-      if (!copy_status.ok()) {
-        const Status c =
-            copy_status.with_context(fmt::format("copying the update of {} to the device", ctx_.part.describe(j.id)));
-        if (!in_place) return fail(c);
-        if (copy_failed.ok()) copy_failed = c;
-      }
-      return Status::Ok();
-    };
-    const cpu_adam::MomentStorage& moments = st.moments;
-    auto in_piece = [&](size_t first) {
-      return [&, first](cpu_adam::StateSpans& sp) {
-        moments.point(sp, out.exp_avg, out.exp_avg_sq, st.count, first);
-        if (write_elsewhere) moments.point_source(sp, st.exp_avg, st.exp_avg_sq, st.count, first);
-      };
-    };
-    if (!moments.blocked()) {
-      // The piece as its runs of equal hyper-parameters (one run unless the
-      // model gives tensors their own weight decay or lr scale).
-      for (const PieceJob::Run& run : j.runs)
-        STRATA_RETURN_IF_ERROR(step_range(run.offset, run.count, run.hyper, &run == &j.runs.back(), in_piece(run.offset)));
-    } else {
-      // 8-bit moments: whole blocks of one run through the 8-bit kernel, the
-      // blocks a run boundary cuts through fp32 (Note [Runs in 8-bit blocks]).
-      std::vector<ElementRun> element_runs;
-      for (const PieceJob::Run& run : j.runs) element_runs.push_back({run.offset, run.count});
-      const BlockedSteps plan = plan_blocked_steps(element_runs, st.count, moments.block_elements());
-      const size_t calls = plan.whole.size() + [&] {
-        size_t n = 0;
-        for (const auto& b : plan.shared) n += b.parts.size();
-        return n;
-      }();
-      size_t call = 0;
-      for (const BlockedSteps::Range& r : plan.whole)
-        STRATA_RETURN_IF_ERROR(step_range(r.first, r.count, j.runs[r.run].hyper, ++call == calls, in_piece(r.first)));
-      std::vector<float> m, v;
-      for (const BlockedSteps::SharedBlock& block : plan.shared) {
-        m.resize(block.count);
-        v.resize(block.count);
-        Status decoded = moments.read_fp32(cpu_adam::Int8Moment::kExpAvg, st.exp_avg, st.count, block.first, block.count, m.data());
-        if (decoded.ok())
-          decoded = moments.read_fp32(cpu_adam::Int8Moment::kExpAvgSq, st.exp_avg_sq, st.count, block.first, block.count, v.data());
-        if (!decoded.ok()) return torn(fail(decoded.with_context(fmt::format("optimizer step of {}", ctx_.part.describe(j.id)))));
-        for (const BlockedSteps::Range& part : block.parts) {
-          const size_t at = part.first - block.first;
-          STRATA_RETURN_IF_ERROR(step_range(part.first, part.count, j.runs[part.run].hyper, ++call == calls,
-                                            [&, at](cpu_adam::StateSpans& sp) {
-                                              sp.moment_format = cpu_adam::MomentFormat::kDType;
-                                              sp.moment_dtype = DType::kF32;
-                                              sp.exp_avg = m.data() + at;
-                                              sp.exp_avg_sq = v.data() + at;
-                                              if (write_elsewhere) {  // decoded already: stepped in place in m and v
-                                                sp.exp_avg_source = sp.exp_avg;
-                                                sp.exp_avg_sq_source = sp.exp_avg_sq;
-                                              }
-                                            }));
-        }
-        Status encoded = moments.write_fp32(cpu_adam::Int8Moment::kExpAvg, m.data(), st.count, block.first, block.count, out.exp_avg);
-        if (encoded.ok())
-          encoded = moments.write_fp32(cpu_adam::Int8Moment::kExpAvgSq, v.data(), st.count, block.first, block.count, out.exp_avg_sq);
-        if (!encoded.ok()) return torn(fail(encoded.with_context(fmt::format("optimizer step of {}", ctx_.part.describe(j.id)))));
-      }
-    }
-    if (!j.param_is_master && param_dtype == DType::kF32 && j.h2d == nullptr)
-      std::memcpy(j.param, out.master, j.count * sizeof(float));
-    if (Status closed = out_of_place ? t.close_pending(j.id) : t.close(j.id, true); !closed.ok()) return torn(closed);
-  }
-  return copy_failed;
 }
 
 // ---------------------------------------------------------------- Note [Early, exact updates]
@@ -792,8 +522,8 @@ Result<UpdateScheduler::Queued> UpdateScheduler::keep_early(size_t li, const Gra
             if (queued.ok()) queued = update_stream_->copy_async(c.dst, c.src, c.bytes, CopyKind::kHostToDevice);
           ctx_.faults.update_values_queued(li, /*kept=*/true);  // a test's observer
           // Blocks: this task's completion is the layer's update_written, so it
-          // ends when the values are on the device (as step_pieces waits for its
-          // tiles); the engine's waits on it are bounded.
+          // ends when the values are on the device (as PieceStepper waits for
+          // its tiles); the engine's waits on it are bounded.
           const Status copied = update_stream_->synchronize();
           return queued.ok() ? copied : queued;
         },
@@ -836,7 +566,7 @@ Status UpdateScheduler::rewrite_params(size_t li, const std::vector<PieceJob>& j
     if (j.count == 0) continue;
     std::byte* const param = in_slot ? slot.as<std::byte>() + j.slot_offset : j.param;
     STRATA_ASSIGN_OR_RETURN(PieceState st, state_->main().open(j.id));
-    // As step_pieces writes them: 16-bit values into the staging, the host
+    // As PieceStepper writes them: 16-bit values into the staging, the host
     // shard or the slot, fp32 ones copied from the master; then to the device.
     if (!j.param_is_master && (param_dtype != DType::kF32 || j.h2d == nullptr))
       master_to_params(param_dtype, st.master, param, j.count);

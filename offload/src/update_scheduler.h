@@ -59,6 +59,7 @@
 #include "engine_context.h"
 #include "gradient_reduction.h"
 #include "parameter_gathering.h"
+#include "piece_stepper.h"
 #include "serial_worker.h"
 #include "split_state_tier.h"
 #include "strata/cpu_adam/optimizer.h"
@@ -209,28 +210,6 @@ class UpdateScheduler {
   void stop_workers();
 
  private:
-  struct PieceJob {
-    StateId id;
-    size_t count = 0;
-    // The piece's runs of equal hyper-parameters: offsets from the job's first element.
-    struct Run {
-      size_t offset = 0, count = 0;
-      cpu_adam::HyperParams hyper;
-    };
-    std::vector<Run> runs;
-    const std::byte* grads = nullptr;  // null: on NVMe, read back piece by piece (Note [Gradient shards on NVMe])
-    std::byte* param = nullptr;    // where the kernel writes the updated value (staging, or fp32 in place)
-    // UpdateStaging::kParameterSlot: `param` is this far into the slot the
-    // update borrows, placed when it runs (null until then).
-    size_t slot_offset = 0;
-    bool param_is_master = false;  // fp32 parameters stepped in place
-    // Device parameters the updated values are copied to, tile by tile, from
-    // the optimizer's tile callback while later tiles compute; null: none.
-    std::byte* h2d = nullptr;
-    // An early update (Note [Early, exact updates]) leaves its values in
-    // staging; they go here once the update is kept (keep_early).
-    std::byte* h2d_once_kept = nullptr;
-  };
   // One layer's early update of the current step (Note [Early, exact updates]).
   struct EarlyUpdate {
     // Whoever sets it first steps the layer: the early task, or the step's
@@ -265,19 +244,15 @@ class UpdateScheduler {
   // ratio < 1: the device part's update of layer li on its own thread, after `gate`.
   Completion queue_device_part(size_t li, std::vector<PieceJob> jobs, const cpu_adam::StepArgs& args,
                                DType param_dtype, const Completion& gate);
-  // `out_of_place`: an early update, written into the pieces' pending
-  // buffers (the state untouched: a failure is never torn). Otherwise a
-  // failure part-way through state kept in place is recorded as torn (kTorn).
-  Status step_pieces(OptimizerStateTier& t, cpu_adam::CpuOptimizer& o, const std::vector<PieceJob>& jobs,
-                     const cpu_adam::StepArgs& args, DType param_dtype, bool out_of_place = false);
 
   EngineContext& ctx_;
   ParameterGathering& params_;
   std::unique_ptr<Stream> opt_stream_;  // device_opt(): the device Adam kernel's stream
-  // The optimizer thread's H2D copies of updated tiles (step_pieces): queued
+  // The optimizer thread's H2D copies of updated tiles (PieceStepper): queued
   // from the tile callback while later tiles compute (cuda: asynchronous
   // copies from pinned staging), waited for once per piece.
   std::unique_ptr<Stream> update_stream_;
+  std::optional<PieceStepper> stepper_;  // one layer's step over its pieces (init)
   // UpdateStaging::kSharedPiece: every such layer's pieces, one at a time
   // (Note [Update staging] in state_placement.h).
   HostBuffer shared_staging_;
