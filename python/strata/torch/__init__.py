@@ -124,46 +124,17 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
             raise InvalidArgument(f"buffer '{name}' is on the meta device: its value (computed by its module's "
                                   f"constructor) is lost there. Build the model under st.init instead of "
                                   f"torch.device('meta'): st.init puts only the parameters on meta")
-    raw = _raw_config(config)
     checkpoint = keys = None
     if initial_weights is not None:  # every key and shape checked before anything is made
         checkpoint = SafetensorsCheckpoint(initial_weights)
         keys = checkpoint_keys(model, checkpoint)
-    engine_config = config
-    if optimizer is not None:
-        if raw.get("optimizer") is not None:
-            raise ValueError(f"both a client optimizer ({type(optimizer).__name__}) and the config's \"optimizer\" "
-                             f"section are given: drop one of them")
-        raw["optimizer"] = optimizer_section_from_client(optimizer)
-        engine_config = raw
     world = _launcher_world()
-    if _hf_autos(raw) or auto_values:
-        raw = _resolve_autos(raw, model, auto_values, world)
-        engine_config = raw
-    # strict: InvalidArgument naming every bad key; the batch keys against mpirun's world (the engine's ranks)
-    resolved = strata_config.load(engine_config, world_size=world)
+    raw, engine_config, resolved = _config_for_engine(config, model, optimizer, auto_values, world)
     device = choose_device(resolved, model)  # Note [The device strata.torch trains on]
     move_buffers(model, device)
-    if lr_scheduler is not None and resolved["scheduler"]["type"] != "none":
-        raise ValueError(f"both a client lr_scheduler ({type(lr_scheduler).__name__}) and the config's "
-                         f"\"scheduler\" section are given: drop one of them")
-    if _porting.schedule_into_config(lr_scheduler, raw, resolved):  # a DeepSpeed schedule: the engine runs it
-        engine_config = raw
-        resolved = strata_config.load(engine_config, world_size=world)
-
-    defaults = _optimizer_defaults(resolved)
-    groups, shared = _param_groups(model, optimizer, model_parameters, defaults)
-    facade = StrataOptimizer(groups, defaults, engine=None, shared_groups=shared)
-    _check_group_hypers(facade, defaults)
     # (Before the engine exists: a refusal leaves the model as it was.)
-    scheduler = lr_scheduler
-    if scheduler is not None and not hasattr(scheduler, "step") and callable(scheduler):
-        scheduler = scheduler(facade)  # DeepSpeed's form: a callable taking the optimizer
-        if _porting.schedule_into_config(scheduler, raw, resolved):
-            engine_config = raw
-            resolved = strata_config.load(engine_config, world_size=world)
-    if scheduler is None:
-        scheduler = _porting.config_schedule(facade, resolved)  # DeepSpeed returns the config's schedule too
+    facade, scheduler, engine_config, resolved = _optimizer_and_schedule(
+        model, optimizer, model_parameters, lr_scheduler, raw, engine_config, resolved, world)
     hyper = {}
     for group, (decay, lr0) in zip(facade.param_groups, facade._created):
         for p in group["params"]:
@@ -195,9 +166,29 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         raise _guards.job_name_hint(resolved, job_name, error) from None
     if split is not None and native.rank == 0:
         print(f"strata.torch: {device.torch_device}: {split}", flush=True)
-    # A model built under st.init has its parameters on meta: CPU ones take
-    # their places (no pages yet), and each unit's values are made just
-    # before they are handed in (Note [Construction on meta]).
+    _hand_in_initial_values(native, model, units_found, plans, facade, device, checkpoint, keys)
+
+    engine = StrataEngine(model, units_found, plans, native, facade, scheduler, resolved, device)
+    engine.fit = fitted
+    if fitted is not None and native.rank == 0:
+        _print_fit(fitted)
+    facade._engine = engine
+    register_engine(engine)
+    engine._job_name, engine._nvme_paths = job_name, _guards.nvme_paths(resolved)
+    _guards.track(engine)  # closed at the interpreter's exit (Note [Saves finished at exit])
+    _porting.present_parameters(engine)  # Note [Parameters after initialize]
+    loader = None
+    if training_data is not None:  # Note [The training_data loader]
+        loader = _porting.training_loader(training_data, resolved["train_micro_batch_size_per_gpu"], collate_fn,
+                                          native.world_size, native.rank, raw.get("dataloader_drop_last", False))
+    return engine, facade, loader, scheduler
+
+
+def _hand_in_initial_values(native, model, units_found, plans, facade, device, checkpoint, keys):
+    """Every unit's initial values into the engine, unit by unit, then the module's own copy dropped (its
+    parameters are bound to the engine's memory when their unit runs). A model built under st.init has its
+    parameters on meta: CPU ones take their places (no pages yet), and each unit's values are made (or read
+    from `checkpoint`) just before they are handed in (Note [Construction on meta])."""
     built_on_meta = has_meta_parameters(model)
     if built_on_meta:
         mapping, shapes = swap_meta_parameters(model)
@@ -206,8 +197,6 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
             keys.update({id(new): keys[id(old)] for old, new in mapping.items()})
         names = {p: n for n, p in model.named_parameters()}
         holders = first_holders(model)
-    # Initial values unit by unit, then the module's own copy dropped: its
-    # parameters are bound to the engine's memory when their unit runs.
     made_here = built_on_meta or checkpoint is not None
     for unit in units_found:
         unit_plans = [plans[index] for index in unit.layers]
@@ -232,20 +221,51 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         if unit_on_gpu:
             torch.cuda.empty_cache()  # a model moved to the GPU before initialize: the unit's memory to the engine
 
-    engine = StrataEngine(model, units_found, plans, native, facade, scheduler, resolved, device)
-    engine.fit = fitted
-    if fitted is not None and native.rank == 0:
-        _print_fit(fitted)
-    facade._engine = engine
-    register_engine(engine)
-    engine._job_name, engine._nvme_paths = job_name, _guards.nvme_paths(resolved)
-    _guards.track(engine)  # closed at the interpreter's exit (Note [Saves finished at exit])
-    _porting.present_parameters(engine)  # Note [Parameters after initialize]
-    loader = None
-    if training_data is not None:  # Note [The training_data loader]
-        loader = _porting.training_loader(training_data, resolved["train_micro_batch_size_per_gpu"], collate_fn,
-                                          native.world_size, native.rank, raw.get("dataloader_drop_last", False))
-    return engine, facade, loader, scheduler
+
+def _optimizer_and_schedule(model, client_optimizer, model_parameters, lr_scheduler, raw, engine_config, resolved,
+                            world):
+    """(the optimizer the caller steps, its lr schedule or None, the engine's config, the resolved config): the
+    parameter groups with their hyperparameters checked, a client schedule taken as it is, or (a DeepSpeed
+    schedule) moved into the config for the engine to run, or the config's own schedule (DeepSpeed returns it
+    too)."""
+    if lr_scheduler is not None and resolved["scheduler"]["type"] != "none":
+        raise ValueError(f"both a client lr_scheduler ({type(lr_scheduler).__name__}) and the config's "
+                         f"\"scheduler\" section are given: drop one of them")
+    if _porting.schedule_into_config(lr_scheduler, raw, resolved):  # a DeepSpeed schedule: the engine runs it
+        engine_config = raw
+        resolved = strata_config.load(engine_config, world_size=world)
+    defaults = _optimizer_defaults(resolved)
+    groups, shared = _param_groups(model, client_optimizer, model_parameters, defaults)
+    facade = StrataOptimizer(groups, defaults, engine=None, shared_groups=shared)
+    _check_group_hypers(facade, defaults)
+    scheduler = lr_scheduler
+    if scheduler is not None and not hasattr(scheduler, "step") and callable(scheduler):
+        scheduler = scheduler(facade)  # DeepSpeed's form: a callable taking the optimizer
+        if _porting.schedule_into_config(scheduler, raw, resolved):
+            engine_config = raw
+            resolved = strata_config.load(engine_config, world_size=world)
+    if scheduler is None:
+        scheduler = _porting.config_schedule(facade, resolved)
+    return facade, scheduler, engine_config, resolved
+
+
+def _config_for_engine(config, model, client_optimizer, auto_values, world):
+    """(the raw config as a dict, the config the engine is made with: the caller's own or that dict, the
+    resolved config): a client optimizer becomes the config's "optimizer" section, "auto" values are filled
+    in (Note [Resolving "auto"]), and the whole is checked strictly (InvalidArgument naming every bad key; the
+    batch keys against the launcher's world, the engine's ranks)."""
+    raw = _raw_config(config)
+    engine_config = config
+    if client_optimizer is not None:
+        if raw.get("optimizer") is not None:
+            raise ValueError(f"both a client optimizer ({type(client_optimizer).__name__}) and the config's "
+                             f"\"optimizer\" section are given: drop one of them")
+        raw["optimizer"] = optimizer_section_from_client(client_optimizer)
+        engine_config = raw
+    if _hf_autos(raw) or auto_values:
+        raw = _resolve_autos(raw, model, auto_values, world)
+        engine_config = raw
+    return raw, engine_config, strata_config.load(engine_config, world_size=world)
 
 
 def _packed_homes(native, unit_plans):
