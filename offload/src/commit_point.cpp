@@ -1,5 +1,6 @@
 // CommitPoint (commit_point.h; Note [Atomic steps] in engine.h).
 #include "commit_point.h"
+#include "early_updates.h"
 
 #include <fmt/format.h>
 
@@ -77,7 +78,7 @@ Status CommitPoint::settle(const StepMark* call, double* loss) {
                                         : fmt::format("failed on rank {} (here: {})", rank_list(failed_read),
                                                       read.message());
     // Layers the dropped call stepped early go back (Note [Early, exact updates]).
-    STRATA_RETURN_IF_ERROR(updates_.undo_every_early().status());
+    STRATA_RETURN_IF_ERROR(updates_.early().undo_every().status());
     STRATA_RETURN_IF_ERROR(back_to(*call));
     ctx_.recovered = true;
     ctx_.recovery = StepOutcomeKind::kDropped;
@@ -106,7 +107,7 @@ Status CommitPoint::settle(const StepMark* call, double* loss) {
   const bool versioned = updates_.state_versioned();
   // The call in progress is dropped with the step: the layers it stepped
   // early go back first (Note [Early, exact updates]; state kept in place).
-  Status undone = updates_.undo_every_early().status();
+  Status undone = updates_.early().undo_every().status();
   if (undone.ok()) undone = updates_.abandon_state_step();
   if (undone.ok()) undone = rederive_params();
   // A versioned tier is back at step t-1: the counters go back there. The

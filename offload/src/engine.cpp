@@ -3,6 +3,7 @@
 // engine_passes.cpp, the step in engine_step.cpp, the shared state in
 // engine_impl.h.
 #include "engine_impl.h"
+#include "early_updates.h"
 
 #include <unistd.h>
 
@@ -165,7 +166,7 @@ Status Engine::Impl::init() {
   const size_t n = model.layers().size();
   initialized.assign(n, model.provides_initial_values());
   for (size_t i = 0; i < n; ++i) STRATA_RETURN_IF_ERROR(init_layer(i));
-  updates.read_ahead_for_first_step(placement.early_updates && speculate_next_step);
+  updates.early().read_ahead_for_first_step(placement.early_updates && speculate_next_step);
   // The initial state is written (NVMe tier) before the first step reads it.
   return updates.flush_state().with_context("writing the initial optimizer state");
 }

@@ -3,6 +3,7 @@
 // per-layer updates queued in forward order (Note [Exact overlap]) and
 // published, the step's metrics; evaluation.
 #include "engine_impl.h"
+#include "early_updates.h"
 
 #include <algorithm>
 #include <cmath>
@@ -58,10 +59,10 @@ Status Engine::Impl::begin_micro_batch(bool last) {
   progress.in_backward = false;
   // The last backward reduces every gradient: updates may start under it,
   // assuming the step's likely arguments (Note [Early, exact updates]).
-  if (last && placement.early_updates && speculate_next_step && !updates.early_updates_open()) {
+  if (last && placement.early_updates && speculate_next_step && !updates.early().is_open()) {
     // Note [A step's NVMe bytes]: the previous step's updates, when still
     // pending, end where this step's early ones begin.
-    updates.open_early_updates(optimizer_steps + 1, progress.scale, hyper_of_step(optimizer_steps + 1),
+    updates.early().open(optimizer_steps + 1, progress.scale, hyper_of_step(optimizer_steps + 1),
                                commit.pending() && opt_on_nvme() ? &nvme_bytes : nullptr);
   }
   grads.begin_micro_batch();
@@ -123,8 +124,8 @@ Status Engine::Impl::abandon_step() {
   STRATA_RETURN_IF_ERROR(params.release_every_held(model_done));
   STRATA_RETURN_IF_ERROR(grads.wait_for_issued_reductions());
   // Updates started under the abandoned backward are undone.
-  STRATA_RETURN_IF_ERROR(updates.close_early_updates());
-  STRATA_RETURN_IF_ERROR(updates.undo_every_early().status());
+  STRATA_RETURN_IF_ERROR(updates.early().close());
+  STRATA_RETURN_IF_ERROR(updates.early().undo_every().status());
   if (in_micro_batch) params.trace().abandon_micro_batch();
   params.take_unclaimed_prefetch_failure().ignore();  // the step it was for is gone
   STRATA_RETURN_IF_ERROR(params.drop_unheld());
@@ -162,7 +163,7 @@ Result<StepMetrics> Engine::Impl::finish_applied_step() {
   const auto tr = Clock::now();
   // Early updates not started yet are claimed back (they are queued below
   // in forward order), so the norm's block sums wait for one update at most.
-  STRATA_RETURN_IF_ERROR(updates.close_early_updates());
+  STRATA_RETURN_IF_ERROR(updates.early().close());
   STRATA_ASSIGN_OR_RETURN(double sum_squares, grads.global_norm_squared());
   nvme_bytes.backward_done();
   // The commit point of the previous step's updates (every rank got here,
@@ -193,7 +194,7 @@ Result<StepMetrics> Engine::Impl::finish_applied_step() {
   m.lr = hyper.lr;
   if (!finite) {
     // Skipped: layers stepped early go back to the previous step's state.
-    STRATA_ASSIGN_OR_RETURN(int64_t restored, updates.undo_every_early());
+    STRATA_ASSIGN_OR_RETURN(int64_t restored, updates.early().undo_every());
     m.speculated_layers = m.redone_layers = restored;
   }
   if (finite) {
@@ -213,7 +214,7 @@ Result<StepMetrics> Engine::Impl::finish_applied_step() {
     }
   }
   // Behind the step's updates: read ahead for the next step's first opens.
-  updates.read_ahead_for_next_step(placement.early_updates && speculate_next_step);
+  updates.early().read_ahead_for_next_step(placement.early_updates && speculate_next_step);
   m.step = optimizer_steps;
   m.step_ms = ms_since(t0);
   m.forward_ms = progress.forward_ms;
@@ -272,13 +273,13 @@ Status Engine::Impl::queue_step_updates(const StepMark& call, double clip, doubl
   for (size_t li = 0; li < part.layer_count(); ++li) {
     if (where(li).frozen) continue;  // nothing to step: its parameters stay as they are
     UpdateScheduler::Queued queued;
-    if (updates.ran_early(li)) {
+    if (updates.early().ran(li)) {
       // Note [Early, exact updates]: kept when it ran with this step's
       // arguments (the same bits as queuing it now), else redone from the
       // state it left untouched.
       ++m.speculated_layers;
-      if (updates.early_matches(li, optimizer_steps, clip, scale, hyper) && updates.early_written(li)) {
-        STRATA_ASSIGN_OR_RETURN(queued, updates.keep_early(li, grads.update_input(li)));
+      if (updates.early().matches(li, optimizer_steps, clip, scale, hyper) && updates.early().written(li)) {
+        STRATA_ASSIGN_OR_RETURN(queued, updates.early().keep(li, grads.update_input(li)));
       } else {
         ++m.redone_layers;
         STRATA_ASSIGN_OR_RETURN(queued,
@@ -291,7 +292,7 @@ Status Engine::Impl::queue_step_updates(const StepMark& call, double clip, doubl
     grads.read_until(li, queued.update_ran);
     STRATA_RETURN_IF_ERROR(params.publish_update(li, queued.updated));
   }
-  updates.forget_early_updates();
+  updates.early().forget();
   commit.pending_queued();
   return Status::Ok();
 }

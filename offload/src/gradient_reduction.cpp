@@ -1,5 +1,6 @@
 // GradientReduction (Note [Gradient reduction] in gradient_reduction.h).
 #include "gradient_reduction.h"
+#include "early_updates.h"
 
 #include "gradient_spill.h"
 #include "update_scheduler.h"
@@ -284,7 +285,7 @@ Status GradientReduction::launch_reduction(size_t li) {
 
 Status GradientReduction::reduction_issued(size_t li) {
   if (!ctx_.placement.early_updates) return Status::Ok();
-  return updates_.queue_early_update(li, update_input(li));
+  return updates_.early().queue(li, update_input(li));
 }
 
 void GradientReduction::sum_piece_blocks(size_t li, size_t block_offset, const std::byte* piece, size_t elements) {

@@ -66,7 +66,7 @@ class GradientReduction {
 
   // `updates`: the block sums run on its optimizer thread, and where early
   // updates are on (Note [Early, exact updates]) a layer's update is queued
-  // there as soon as its reduction is issued (UpdateScheduler::queue_early_update,
+  // there as soon as its reduction is issued (EarlyUpdates::queue,
   // on the driving thread, in the reductions' canonical order).
   GradientReduction(EngineContext& ctx, UpdateScheduler& updates) : ctx_(ctx), updates_(updates) {}
 

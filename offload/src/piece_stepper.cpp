@@ -41,8 +41,9 @@ struct PieceStepper::HostStep {
 
   Status torn(Status error) const {
     if (in_place)
-      ctx.failures.record(FailureOf::kTorn, Status(error.code(), fmt::format("{} (the state is in {}, updated in place)",
-                                                                        error.message(), t.describe())));
+      ctx.failures.record(FailureOf::kTorn,
+                          Status(error.code(), fmt::format("{} (the state is in {}, updated in place)", error.message(),
+                                                           t.describe())));
     return error;
   }
 };
@@ -149,7 +150,8 @@ Status PieceStepper::step(OptimizerStateTier& t, cpu_adam::CpuOptimizer& o, cons
 Status PieceStepper::step_piece(HostStep& h, const PieceJob& j, const std::byte* grads) {
   OptimizerStateTier& t = h.t;
   Result<PieceState> opened = t.open(j.id);
-  if (!opened.ok()) return h.torn(opened.status().with_context("opening the optimizer state of " + ctx_.part.describe(j.id)));
+  if (!opened.ok())
+    return h.torn(opened.status().with_context("opening the optimizer state of " + ctx_.part.describe(j.id)));
   OpenPiece p{j, grads, *opened, *opened};
   if (h.write_elsewhere) {
     Result<PieceState> pending = t.open_pending(j.id);
@@ -203,9 +205,11 @@ Status PieceStepper::step_blocked(HostStep& h, OpenPiece& p) {
   for (const BlockedSteps::SharedBlock& block : plan.shared) {
     m.resize(block.count);
     v.resize(block.count);
-    Status decoded = moments.read_fp32(cpu_adam::Int8Moment::kExpAvg, st.exp_avg, st.count, block.first, block.count, m.data());
+    Status decoded =
+        moments.read_fp32(cpu_adam::Int8Moment::kExpAvg, st.exp_avg, st.count, block.first, block.count, m.data());
     if (decoded.ok())
-      decoded = moments.read_fp32(cpu_adam::Int8Moment::kExpAvgSq, st.exp_avg_sq, st.count, block.first, block.count, v.data());
+      decoded = moments.read_fp32(cpu_adam::Int8Moment::kExpAvgSq, st.exp_avg_sq, st.count, block.first, block.count,
+                                  v.data());
     if (!decoded.ok())
       return h.torn(p.fail(h.t, decoded.with_context(fmt::format("optimizer step of {}", ctx_.part.describe(j.id)))));
     for (const BlockedSteps::Range& part : block.parts) {
@@ -222,9 +226,11 @@ Status PieceStepper::step_blocked(HostStep& h, OpenPiece& p) {
                                           }
                                         }));
     }
-    Status encoded = moments.write_fp32(cpu_adam::Int8Moment::kExpAvg, m.data(), st.count, block.first, block.count, p.out.exp_avg);
+    Status encoded =
+        moments.write_fp32(cpu_adam::Int8Moment::kExpAvg, m.data(), st.count, block.first, block.count, p.out.exp_avg);
     if (encoded.ok())
-      encoded = moments.write_fp32(cpu_adam::Int8Moment::kExpAvgSq, v.data(), st.count, block.first, block.count, p.out.exp_avg_sq);
+      encoded = moments.write_fp32(cpu_adam::Int8Moment::kExpAvgSq, v.data(), st.count, block.first, block.count,
+                                   p.out.exp_avg_sq);
     if (!encoded.ok())
       return h.torn(p.fail(h.t, encoded.with_context(fmt::format("optimizer step of {}", ctx_.part.describe(j.id)))));
   }
@@ -278,7 +284,8 @@ Status PieceStepper::step_range(HostStep& h, OpenPiece& p, size_t first, size_t 
     if (Status injected = ctx_.faults.update(h.args.step, ctx_.rank, j.id.layer, h.out_of_place); !injected.ok())
       rep = std::move(injected);
   if (!rep.ok())
-    return h.torn(p.fail(h.t, rep.status().with_context(fmt::format("optimizer step of {}", ctx_.part.describe(j.id)))));
+    return h.torn(
+        p.fail(h.t, rep.status().with_context(fmt::format("optimizer step of {}", ctx_.part.describe(j.id)))));
   if (!copy_status.ok()) {
     const Status c =
         copy_status.with_context(fmt::format("copying the update of {} to the device", ctx_.part.describe(j.id)));

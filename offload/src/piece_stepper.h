@@ -49,7 +49,7 @@ struct PieceJob {
   // the optimizer's tile callback while later tiles compute; null: none.
   std::byte* h2d = nullptr;
   // An early update (Note [Early, exact updates]) leaves its values in
-  // staging; they go here once the update is kept (keep_early).
+  // staging; they go here once the update is kept (EarlyUpdates::keep).
   std::byte* h2d_once_kept = nullptr;
 };
 

@@ -33,8 +33,8 @@
 // Who tells it what, one method per source: Engine::Impl's step calls
 // (step_begins in begin_step, backward_done once the norm has every block
 // sum, take for the step's report); CommitPoint::settle (updates_settled);
-// the optimizer thread (previous_updates_done, queued by UpdateScheduler
-// when open_early_updates was handed this counter). Nothing else writes it.
+// the optimizer thread (previous_updates_done, queued by EarlyUpdates when
+// open() was handed this counter). Nothing else writes it.
 #include <cstdint>
 #include <mutex>
 #include <optional>

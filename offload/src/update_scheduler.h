@@ -67,9 +67,13 @@
 
 namespace strata::offload::engine_detail {
 
-class StepNvmeBytes;  // step_nvme_bytes.h
+class EarlyUpdates;  // early_updates.h
 
 class UpdateScheduler {
+  // Steps its layers early through jobs_of, step_layer, queue_device_part,
+  // the optimizer thread and stream, and their LayerUpdate (early_updates.h).
+  friend class EarlyUpdates;
+
  public:
   // A run of a layer's elements with the same per-tensor hyper-parameters
   // (ParamTensorSpec::weight_decay, lr_scale): the optimizer steps a piece
@@ -92,7 +96,8 @@ class UpdateScheduler {
     Completion updated;
   };
 
-  UpdateScheduler(EngineContext& ctx, ParameterGathering& params) : ctx_(ctx), params_(params) {}
+  UpdateScheduler(EngineContext& ctx, ParameterGathering& params);
+  ~UpdateScheduler();
 
   // The tiers, the optimizers, the streams and the optimizer threads.
   Status init(const std::string& job_name);
@@ -110,52 +115,8 @@ class UpdateScheduler {
   Result<Queued> queue_update(size_t li, const GradientReduction::UpdateInput& input, int64_t step, double clip,
                               double scale, const cpu_adam::HyperParams& hyper);
 
-  // Note [Early, exact updates]. The step's last micro-batch begins: early
-  // updates assume step number `step`, loss scale `scale`, `hyper` (its lr
-  // and betas), clip coefficient 1 and finite gradients until
-  // close_early_updates().
-  // `previous_step_bytes`, when given (the previous step's updates of state
-  // on NVMe are still pending): on the optimizer thread, before the step's
-  // first early update (the updates queued before it have run), the
-  // previous step's updates end there (StepNvmeBytes::previous_updates_done;
-  // Note [A step's NVMe bytes]).
-  void open_early_updates(int64_t step, double scale, const cpu_adam::HyperParams& hyper,
-                          StepNvmeBytes* previous_step_bytes);
-  bool early_updates_open() const { return early_open_; }
-  // Layer li's reduced gradient is in: its update is queued now.
-  Status queue_early_update(size_t li, const GradientReduction::UpdateInput& input);
-  // The step's end (or its abandonment): the early updates not started are
-  // claimed back; the started ones are waited for (bounded).
-  Status close_early_updates();
-  // After close: layer li's early update started (its state may differ from
-  // the previous step's); `matches`: it ran to the end with exactly these
-  // arguments, so it is the step's update.
-  bool ran_early(size_t li) const { return li < early_.size() && early_[li].ran; }
-  bool early_matches(size_t li, int64_t step, double clip, double scale, const cpu_adam::HyperParams& hyper) const;
-  // Every piece of layer li's early update is whole in the tier (waits for
-  // a versioned tier's pending writes; false names nothing: the caller
-  // redoes the layer, which rewrites the piece).
-  bool early_written(size_t li);
-  // The kept early update of layer li, as queue_update would have returned
-  // it: its pending buffers become the state, its staged values are copied
-  // to the device now; with offload_optimizer.ratio < 1 the layer's device
-  // part (never stepped early) is queued now from `input`.
-  Result<Queued> keep_early(size_t li, const GradientReduction::UpdateInput& input);
-  // Every layer whose early update started: the parameters it wrote are
-  // rewritten from the (untouched) state, on the calling (driving) thread;
-  // the early updates are forgotten. For a skipped or dropped step; returns
-  // how many.
-  Result<int64_t> undo_every_early();
-  // The step's updates are queued (kept, redone or normal): its early
-  // updates are forgotten, so no later commit point undoes them.
-  void forget_early_updates() { early_.clear(); }
-  // Behind the updates queued so far: a versioned tier reads ahead for the
-  // next step, its early updates' walk when `next_step_early`, else the
-  // forward one (Note [Read-ahead at the step's end] in docs/engine.md).
-  void read_ahead_for_next_step(bool next_step_early);
-  // The same before the first step, every layer's state added (nothing is
-  // queued yet): the tier is told on this thread.
-  void read_ahead_for_first_step(bool first_step_early);
+  // Note [Early, exact updates] and the tier's read-ahead order (early_updates.h).
+  EarlyUpdates& early() { return *early_; }
 
   // One piece's state (piece_real elements, host part then device part) as
   // fp32; a null pointer skips that kind. Reads and writes through the tiers.
@@ -195,10 +156,7 @@ class UpdateScheduler {
   // Time the optimizer threads spend in one step's updates: started when a
   // step's updates are queued, read (once) when they are done.
   // Early updates' time (Note [Early, exact updates]) counts in the step's.
-  void start_timing() {
-    update_ns_ = std::make_shared<std::atomic<int64_t>>(early_ns_ ? early_ns_->load() : 0);
-    early_ns_.reset();
-  }
+  void start_timing();
   double timed_ms() const { return update_ns_ ? static_cast<double>(update_ns_->load()) / 1e6 : 0.0; }
   double take_timed_ms() {
     const double ms = timed_ms();
@@ -210,29 +168,12 @@ class UpdateScheduler {
   void stop_workers();
 
  private:
-  // One layer's early update of the current step (Note [Early, exact updates]).
-  struct EarlyUpdate {
-    // Whoever sets it first steps the layer: the early task, or the step's
-    // end claiming it back. A fresh one per step: a claimed task still
-    // queued holds its own.
-    std::shared_ptr<std::atomic<bool>> claimed;
-    bool queued = false;
-    bool ran = false;       // close(): the task started
-    Completion done;        // the task (its failure included)
-    // UpdateStaging::kParameterSlot: the shard's write-back the task started
-    // (set by the task; read after `done`).
-    std::shared_ptr<Completion> write_back;
-    std::vector<PieceJob> jobs;
-  };
   // Layer li's piece jobs (host part) and, split, the device part's.
   // `early`: staged values are not copied to the device by the update
   // (h2d_once_kept instead of h2d; no bytes counted yet).
   std::vector<PieceJob> jobs_of(size_t li, const GradientReduction::UpdateInput& input,
                                 const cpu_adam::HyperParams& hyper, std::vector<PieceJob>* device_jobs,
                                 bool early = false);
-  // The parameters layer li's jobs write, rewritten from the (untouched)
-  // state, as an update writes them (a shard on NVMe: written back, waited for).
-  Status rewrite_params(size_t li, const std::vector<PieceJob>& jobs);
   // One layer's host update on the optimizer thread: stepped into a borrowed
   // parameter slot and written back from it when `in_slot` (Note [Update
   // staging]; `write_back` gets the write), else where the jobs point.
@@ -260,30 +201,11 @@ class UpdateScheduler {
   std::optional<cpu_adam::CpuOptimizer> optimizer_;
   std::optional<cpu_adam::CpuOptimizer> dev_optimizer_;  // ratio < 1: steps the device part (its own thread)
   std::vector<LayerUpdate> layers_;
-  // Note [Early, exact updates]: the step's assumed arguments and each
-  // layer's early update.
-  bool early_open_ = false;
-  cpu_adam::StepArgs early_args_;
-  std::vector<EarlyUpdate> early_;
-  // A versioned tier reads ahead in the order it will be opened: the
-  // pieces in add() order for the step's updates (forward), the layers
-  // in reverse for the early ones (the backward's reductions), set when
-  // the first early update of a step is queued; at that step's end, the
-  // layers stepped late, then the kept ones in the early walk (Note
-  // [Read-ahead at the step's end] in docs/engine.md).
-  enum class Walk : uint8_t { kForward, kEarly, kStepEnd };
-  std::vector<StateId> forward_walk_, early_walk_;
-  const std::vector<StateId>& early_walk();  // built from forward_walk_ on first use
-  Walk walk_ = Walk::kForward;  // the walk last given to the tier (add() order at first)
-  bool early_walk_set_ = false;  // this step's early updates set theirs
-  StepNvmeBytes* previous_step_bytes_ = nullptr;  // open_early_updates()'s, told once per step
-  // Queues the main tier's set_order(walk) (unless the tier reads in `which` already),
-  // then `then` (when given), on the optimizer thread.
-  void set_walk(const std::vector<StateId>& walk, Walk which, const char* label, std::function<void()> then = {});
   // Nanoseconds the optimizer threads spent in one step's updates, added by
   // the update tasks themselves.
   std::shared_ptr<std::atomic<int64_t>> update_ns_;
-  std::shared_ptr<std::atomic<int64_t>> early_ns_;  // the early updates' (a step's last backward)
+  // Note [Early, exact updates]; before the workers: its tasks on them point to it.
+  std::unique_ptr<EarlyUpdates> early_;
   std::unique_ptr<SerialWorker> worker_;      // last-but-one: stopped before the state it steps
   std::unique_ptr<SerialWorker> dev_worker_;  // ratio < 1: steps the device part at the same time
 };
