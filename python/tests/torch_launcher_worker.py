@@ -19,6 +19,7 @@ MODE:
 A failure that must happen is printed as "FAILED after S s: Class: message"
 and ends the process with status 3.
 """
+import datetime
 import os
 import sys
 import time
@@ -98,6 +99,10 @@ def main():
     elif mode == "lonely":
         expect_failure(lambda: tiny_engine(2), "initialize() returned in a job whose other ranks never started")
     elif mode == "save-rank0":
+        if "TORCHELASTIC_RUN_ID" in os.environ:
+            # Under torchrun the job is joined first with a generous bound: the 3 s below are for the save, and
+            # two ranks importing torch on a loaded machine can start seconds apart.
+            st.init_distributed(timeout=datetime.timedelta(seconds=120))
         engine = tiny_engine(3)
         _kept.append(engine)
         train_steps(engine, 2)
