@@ -73,7 +73,8 @@ class FaultHooks {
  private:
   testing::EngineFaults faults_;
   bool gather_failed_ = false;              // testing::GatherFault fires once
-  std::array<std::byte, 4> gradient_bytes_{};  // gradient_override()'s value, in the gradient dtype
+  // gradient_override()'s value, in the gradient dtype; aligned for the 16-bit conversions' stores (UBSan).
+  alignas(4) std::array<std::byte, 4> gradient_bytes_{};
 };
 
 }  // namespace strata::offload::engine_detail
