@@ -277,6 +277,8 @@ Status PieceStepper::step_range(HostStep& h, OpenPiece& p, size_t first, size_t 
   run_args.hyper = hyper;
   Result<cpu_adam::StepReport> rep = h.o.step(run_args, sp, on_tile);
   if (j.h2d != nullptr) {
+    // Blocks (on the optimizer thread): the shared staging buffer is reused by the next piece, so this
+    // piece's values must be on the device first (Note [Update staging]).
     Status copied = update_stream_.synchronize();
     if (!copied.ok() && copy_status.ok()) copy_status = copied;
   }
