@@ -139,6 +139,85 @@ Status check_still_current(const UpdateScheduler& updates, uint64_t rollbacks, c
   return updates.state_committable().with_context(fmt::format(
       "checkpoint '{}': the step being saved lost a write-back and will be rolled back; not committed", tag));
 }
+
+// The save's own arguments: a valid tag, keep, slot count, commit timeout and folder.
+Status check_save_request(const CheckpointSaveOptions& o, const std::string& tag) {
+  STRATA_RETURN_IF_ERROR(check_checkpoint_tag(tag));
+  if (o.keep < 0) return InvalidArgument(fmt::format("--keep {} must be >= 0 (0 keeps every tag)", o.keep));
+  if (o.snapshot_slots < 1 || o.snapshot_slots > 64)
+    return InvalidArgument(fmt::format("checkpoint snapshot_slots {} is not in 1..64", o.snapshot_slots));
+  if (!(o.commit_timeout_s > 0) || !std::isfinite(o.commit_timeout_s))
+    return InvalidArgument("checkpoint commit_timeout_s must be finite and > 0");
+  if (o.dir.empty()) return InvalidArgument("the checkpoint folder (--save-dir) is empty");
+  return Status::Ok();
+}
+
+// Rank 0's verdict on the save's folder and tag.
+struct FolderVerdict {
+  int64_t code = 0;  // 0 ok | 1 folder | 2 tag exists
+  std::string why;
+};
+
+// Rank 0: the folder exists (created one level if missing) and is a real
+// folder, the tag is new, and this process's own earlier attempt at the tag
+// (`run_id`'s; it failed: a committed one would be `tag` itself) is removed,
+// a real folder only, links never followed.
+FolderVerdict check_save_folder(const fs::path& dir, const std::string& tag, const std::string& shown,
+                                int64_t run_id) {
+  FolderVerdict v;
+  std::error_code ec;
+  const fs::file_status st = fs::symlink_status(dir, ec);
+  if (fs::is_symlink(st)) {
+    v = {1, fmt::format("checkpoint folder '{}' is a symbolic link; give the real folder", shown)};
+  } else if (!fs::exists(st)) {
+    if (!fs::create_directory(dir, ec) || ec)
+      v = {1, fmt::format("cannot create checkpoint folder '{}': {} (its parent must exist)", shown, ec.message())};
+  } else if (!fs::is_directory(st)) {
+    v = {1, fmt::format("checkpoint folder '{}' is not a folder", shown)};
+  }
+  if (v.code == 0 && fs::exists(fs::symlink_status(dir / tag, ec)))
+    v = {2, fmt::format("checkpoint tag '{}' already exists in '{}'; nothing was overwritten: give another tag or "
+                        "folder",
+                        tag, shown)};
+  const fs::path own = dir / fmt::format(".tmp-{}-{}", tag, run_id);
+  const fs::file_status own_st = fs::symlink_status(own, ec);
+  if (v.code == 0 && fs::is_directory(own_st) && !fs::is_symlink(own_st)) {
+    fs::remove_all(own, ec);
+    if (ec)
+      v = {1, fmt::format("cannot remove '{}', this run's failed earlier save of tag '{}': {}",
+                          printable(own.string(), 256), tag, ec.message())};
+  }
+  return v;
+}
+
+// Creates this rank's `kind` file in `folder`: O_DIRECT where the file system allows it.
+Status create_rank_file(OutFile& f, const fs::path& folder, int rank, const char* kind) {
+  f.name = fmt::format("rank{:05d}.{}", rank, kind);
+  const fs::path p = folder / f.name;
+  f.fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW | O_DIRECT, 0644);
+  f.direct = f.fd >= 0;
+  if (f.fd < 0 && errno == EINVAL)  // a file system without O_DIRECT (tmpfs): through the page cache
+    f.fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (f.fd < 0) return ErrnoStatus(errno, fmt::format("create checkpoint file '{}'", printable(p.string(), 256)));
+  return Status::Ok();
+}
+
+// What a rank's part of the save needs on disk, for its errors.
+std::string describe_save_size(const std::string& tag, int rank, uint64_t model_bytes, uint64_t optim_bytes) {
+  return fmt::format("checkpoint '{}' needs {} on rank {} ({} of fp32 master weights, {} of optimizer state)", tag,
+                     format_bytes(model_bytes + optim_bytes, true), rank, format_bytes(model_bytes, true),
+                     format_bytes(optim_bytes, true));
+}
+
+// The file system of `folder` has room for `bytes` (when it can tell).
+Status check_room(const fs::path& folder, uint64_t bytes, const std::string& needs, const std::string& shown) {
+  if (Result<uint64_t> room = nvme::available_bytes(folder.string()); room.ok() && *room < bytes)
+    return ResourceExhausted(fmt::format(
+        "{}; the file system of '{}' has {} free: nothing was written (the previous `latest` stands); free space, "
+        "save to another folder, or keep fewer tags (keep)",
+        needs, shown, format_bytes(*room, true)));
+  return Status::Ok();
+}
 }  // namespace
 
 // Slots of fp32 [master | pad | exp_avg exp_avg_sq | pad] for the largest
@@ -194,6 +273,12 @@ struct CheckpointIO::SnapshotSlots {
     }
     cv.notify_all();
   }
+};
+
+// One piece of this rank's state in a save: its layer, group and element count.
+struct CheckpointIO::SnapshotPiece {
+  size_t li, gi;
+  size_t count;
 };
 
 struct CheckpointIO::SaveState {
@@ -382,92 +467,94 @@ Result<CheckpointSaveInfo> CheckpointIO::save(const CheckpointSaveOptions& o, co
   // One save at a time: the previous one must have finished (its error is this call's).
   STRATA_RETURN_IF_ERROR(wait_save().status());
   const std::string tag = o.tag.empty() ? default_checkpoint_tag(now.steps_begun) : o.tag;
-  STRATA_RETURN_IF_ERROR(check_checkpoint_tag(tag));
-  if (o.keep < 0) return InvalidArgument(fmt::format("--keep {} must be >= 0 (0 keeps every tag)", o.keep));
-  if (o.snapshot_slots < 1 || o.snapshot_slots > 64)
-    return InvalidArgument(fmt::format("checkpoint snapshot_slots {} is not in 1..64", o.snapshot_slots));
-  if (!(o.commit_timeout_s > 0) || !std::isfinite(o.commit_timeout_s))
-    return InvalidArgument("checkpoint commit_timeout_s must be finite and > 0");
-  const fs::path dir = o.dir;
+  STRATA_RETURN_IF_ERROR(check_save_request(o, tag));
   const std::string shown = printable(o.dir, 256);
-  if (o.dir.empty()) return InvalidArgument("the checkpoint folder (--save-dir) is empty");
-
-  // Every rank's previous save is over (each waited for its own above), so
-  // rank 0 may remove this run's own unfinished attempt at the same tag
-  // below (a step rolled back and saved again, Note [Atomic steps]). The
-  // same collective counts the ranks whose snapshot slots do not fit the
-  // host budget: then every rank refuses, before anything is written.
   const size_t nslots = static_cast<size_t>(o.snapshot_slots);
   const uint64_t slot_bytes = predicted.snapshot_slot_bytes;
-  {
-    const Status fits = check_snapshot_budget(opt, predicted, rank, tag, nslots, slot_bytes);
-    const double refused = fits.ok() ? 0 : 1;
-    double all = 0;
-    STRATA_RETURN_IF_ERROR(comm::host_collective(
-        comm, &refused, sizeof(double), &all, sizeof(double),
-        [&](const void* s, void* r) {
-          return comm.all_reduce(s, r, 1, DType::kF64, comm::ReduceOp::kSum, comm::CommQueue::kReduce);
-        },
-        "starting the checkpoint save"));
-    if (!fits.ok()) return fits;
-    if (all != 0)
-      return ResourceExhausted(fmt::format(
-          "checkpoint '{}': the snapshot slots of {} other rank(s) do not fit strata.host_memory_budget (see their "
-          "errors); nothing was saved (the engine can go on training)",
-          tag, static_cast<int64_t>(all)));
+  STRATA_RETURN_IF_ERROR(agree_snapshot_budget(predicted, tag, nslots, slot_bytes));
+  STRATA_ASSIGN_OR_RETURN(const int64_t run_id, agree_save_folder(o.dir, tag, shown));
+  STRATA_ASSIGN_OR_RETURN(std::shared_ptr<SaveState> s, open_save(o, tag, run_id, t0));
+  s->manifest = save_manifest(o, tag, now);
+  const std::vector<SnapshotPiece> pieces = lay_out_pieces(*s, slot_bytes);
+  const std::string needs = describe_save_size(tag, rank, s->model.bytes, s->optim.bytes);
+  // A file system without room for this rank's files fails the save before a byte is written (the save's
+  // error, so every rank and wait_checkpoint() learn of it as of a failed write), saying how much it needs.
+  if (const Status room = check_room(s->tmp, s->model.bytes + s->optim.bytes, needs, shown); !room.ok())
+    s->fail(room);
+  STRATA_RETURN_IF_ERROR(prepare_snapshot_slots(nslots, slot_bytes));
+  s->writer = writer_.get();
+  queue_snapshots(s, pieces, needs);
+  queue_save_end(s);
+  CheckpointSaveInfo info;
+  info.tag = tag;
+  info.bytes = s->model.bytes + s->optim.bytes;
+  pending_save_ = s;
+  // ratio < 1: the device part is stepped by a second thread, outside the
+  // FIFO above; the next step must not start before the snapshot is taken.
+  if (ctx_.split()) {
+    STRATA_RETURN_IF_ERROR(ctx_.wait_bounded(s->snapped_c, fmt::format("the snapshot of checkpoint '{}'", tag)));
+    STRATA_RETURN_IF_ERROR(s->snapped_c.status());
   }
-  // Rank 0 checks the folder and the tag and picks the save's temporary
-  // name; every rank learns the verdict, so all fail or none.
-  int64_t verdict[2] = {0, static_cast<int64_t>(::getpid())};  // {0 ok | 1 folder | 2 tag exists, run id}
-  std::string why;
-  if (rank == 0) {
-    std::error_code ec;
-    const fs::file_status st = fs::symlink_status(dir, ec);
-    if (fs::is_symlink(st)) {
-      verdict[0] = 1;
-      why = fmt::format("checkpoint folder '{}' is a symbolic link; give the real folder", shown);
-    } else if (!fs::exists(st)) {
-      if (!fs::create_directory(dir, ec) || ec) {
-        verdict[0] = 1;
-        why = fmt::format("cannot create checkpoint folder '{}': {} (its parent must exist)", shown, ec.message());
-      }
-    } else if (!fs::is_directory(st)) {
-      verdict[0] = 1;
-      why = fmt::format("checkpoint folder '{}' is not a folder", shown);
-    }
-    if (verdict[0] == 0 && fs::exists(fs::symlink_status(dir / tag, ec))) {
-      verdict[0] = 2;
-      why = fmt::format("checkpoint tag '{}' already exists in '{}'; nothing was overwritten: give another tag or "
-                        "folder",
-                        tag, shown);
-    }
-    // This process's own earlier attempt at the tag (it failed: a committed
-    // one would be `tag` itself); a real folder only, links never followed.
-    const fs::path own = dir / fmt::format(".tmp-{}-{}", tag, verdict[1]);
-    const fs::file_status own_st = fs::symlink_status(own, ec);
-    if (verdict[0] == 0 && fs::is_directory(own_st) && !fs::is_symlink(own_st)) {
-      fs::remove_all(own, ec);
-      if (ec) {
-        verdict[0] = 1;
-        why = fmt::format("cannot remove '{}', this run's failed earlier save of tag '{}': {}",
-                          printable(own.string(), 256), tag, ec.message());
-      }
-    }
+  if (o.sync) {
+    Result<std::optional<CheckpointSaveDone>> d = wait_save();
+    if (!d.ok()) return d.status();
   }
+  info.blocked_ms = ms_since(t0);
+  return info;
+}
+
+// Every rank's previous save is over (each waited for its own), so rank 0
+// may remove this run's own unfinished attempt at the same tag (a step rolled
+// back and saved again, Note [Atomic steps]). The same collective counts the
+// ranks whose snapshot slots do not fit the host budget: then every rank
+// refuses, before anything is written.
+Status CheckpointIO::agree_snapshot_budget(const EngineMemory& predicted, const std::string& tag, size_t nslots,
+                                           uint64_t slot_bytes) {
+  const Status fits = check_snapshot_budget(opt, predicted, rank, tag, nslots, slot_bytes);
+  const double refused = fits.ok() ? 0 : 1;
+  double all = 0;
+  STRATA_RETURN_IF_ERROR(comm::host_collective(
+      comm, &refused, sizeof(double), &all, sizeof(double),
+      [&](const void* s, void* r) {
+        return comm.all_reduce(s, r, 1, DType::kF64, comm::ReduceOp::kSum, comm::CommQueue::kReduce);
+      },
+      "starting the checkpoint save"));
+  if (!fits.ok()) return fits;
+  if (all != 0)
+    return ResourceExhausted(fmt::format(
+        "checkpoint '{}': the snapshot slots of {} other rank(s) do not fit strata.host_memory_budget (see their "
+        "errors); nothing was saved (the engine can go on training)",
+        tag, static_cast<int64_t>(all)));
+  return Status::Ok();
+}
+
+// Rank 0 checks the folder and the tag and picks the save's temporary name
+// (its run id); every rank learns the verdict, so all fail or none.
+Result<int64_t> CheckpointIO::agree_save_folder(const fs::path& dir, const std::string& tag,
+                                                const std::string& shown) {
+  const int64_t own_run_id = static_cast<int64_t>(::getpid());
+  const FolderVerdict v = rank == 0 ? check_save_folder(dir, tag, shown, own_run_id) : FolderVerdict{};
+  const int64_t verdict[2] = {v.code, own_run_id};
   int64_t agreed[2] = {0, 0};
   STRATA_RETURN_IF_ERROR(comm::host_collective(
       comm, verdict, sizeof(verdict), agreed, sizeof(agreed),
       [&](const void* s, void* r) { return comm.broadcast(s, r, 2, DType::kI64, 0, comm::CommQueue::kReduce); },
       "agreeing on the checkpoint folder"));
   if (agreed[0] != 0) {
-    if (rank == 0) return (agreed[0] == 2 ? AlreadyExists(why) : InvalidArgument(why));
+    if (rank == 0) return (agreed[0] == 2 ? AlreadyExists(v.why) : InvalidArgument(v.why));
     return FailedPrecondition(fmt::format("rank 0 refused checkpoint tag '{}' in '{}' (see rank 0's error)", tag, shown));
   }
+  return agreed[1];
+}
 
+// The save's state, its temporary folder (every rank) and this rank's two files, open.
+Result<std::shared_ptr<CheckpointIO::SaveState>> CheckpointIO::open_save(const CheckpointSaveOptions& o,
+                                                                         const std::string& tag, int64_t run_id,
+                                                                         Clock::time_point t0) {
   auto s = std::make_shared<SaveState>();
   s->tag = tag;
-  s->dir = dir;
-  s->tmp = dir / fmt::format(".tmp-{}-{}", tag, agreed[1]);
+  s->dir = o.dir;
+  s->tmp = s->dir / fmt::format(".tmp-{}-{}", tag, run_id);
   s->rank = rank;
   s->world = world;
   s->keep = o.keep;
@@ -482,18 +569,15 @@ Result<CheckpointSaveInfo> CheckpointIO::save(const CheckpointSaveOptions& o, co
     if (!fs::is_directory(st) || fs::is_symlink(st))
       return IoError(fmt::format("cannot create the save's folder '{}'", printable(s->tmp.string(), 256)));
   }
-  for (auto [f, kind] : {std::pair{&s->model, "model"}, std::pair{&s->optim, "optim"}}) {
-    f->name = fmt::format("rank{:05d}.{}", rank, kind);
-    const fs::path p = s->tmp / f->name;
-    f->fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW | O_DIRECT, 0644);
-    f->direct = f->fd >= 0;
-    if (f->fd < 0 && errno == EINVAL)  // a file system without O_DIRECT (tmpfs): through the page cache
-      f->fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
-    if (f->fd < 0) return ErrnoStatus(errno, fmt::format("create checkpoint file '{}'", printable(p.string(), 256)));
-  }
+  STRATA_RETURN_IF_ERROR(create_rank_file(s->model, s->tmp, rank, "model"));
+  STRATA_RETURN_IF_ERROR(create_rank_file(s->optim, s->tmp, rank, "optim"));
+  return s;
+}
 
-  // The manifest's scalars, as of this step (rank 0 writes them).
-  CheckpointManifest& m = s->manifest;
+// The manifest's scalars, as of this step (rank 0 writes them).
+CheckpointManifest CheckpointIO::save_manifest(const CheckpointSaveOptions& o, const std::string& tag,
+                                               const CheckpointScalarsNow& now) const {
+  CheckpointManifest m;
   m.tag = tag;
   m.world_size = world;
   m.stage = opt.stage;
@@ -515,13 +599,13 @@ Result<CheckpointSaveInfo> CheckpointIO::save(const CheckpointSaveOptions& o, co
     m.layers.push_back({model.layers()[li].name, part.layer(li).elements,
                         std::string(dtype_name(ctx_.where(li).param_dtype)), ctx_.where(li).frozen});
   m.app = o.app;
+  return m;
+}
 
-  // This rank's pieces, in order, and where each goes in its files.
-  struct Piece {
-    size_t li, gi;
-    size_t count;
-  };
-  std::vector<Piece> pieces;
+// This rank's pieces, in order, and where each goes in its files (the
+// save's extents and file sizes).
+std::vector<CheckpointIO::SnapshotPiece> CheckpointIO::lay_out_pieces(SaveState& s, uint64_t slot_bytes) const {
+  std::vector<SnapshotPiece> pieces;
   size_t largest = 0;
   for (size_t li = 0; li < part.layer_count(); ++li) {
     if (ctx_.where(li).frozen) continue;  // not stored (Note [Frozen layers in checkpoints])
@@ -531,28 +615,21 @@ Result<CheckpointSaveInfo> CheckpointIO::save(const CheckpointSaveOptions& o, co
       if (n == 0) continue;
       pieces.push_back({li, gi, n});
       largest = std::max(largest, n);
-      CheckpointExtent me{0, li, layer_part.piece_begin(layer_part.groups[gi], rank), n, s->model.bytes, 0};
-      CheckpointExtent oe{1, li, me.begin, n, s->optim.bytes, 0};
-      s->model.bytes += align_up(4 * n);
-      s->optim.bytes += align_up(8 * n);
-      s->extents.push_back(me);
-      s->extents.push_back(oe);
+      CheckpointExtent me{0, li, layer_part.piece_begin(layer_part.groups[gi], rank), n, s.model.bytes, 0};
+      CheckpointExtent oe{1, li, me.begin, n, s.optim.bytes, 0};
+      s.model.bytes += align_up(4 * n);
+      s.optim.bytes += align_up(8 * n);
+      s.extents.push_back(me);
+      s.extents.push_back(oe);
     }
   }
   STRATA_CHECK(slot_bytes == align_up(4 * largest) + align_up(8 * largest),
                "the plan's snapshot slot holds exactly this rank's largest piece");
-  // A file system without room for this rank's files fails the save before a byte is written (the save's
-  // error, so every rank and wait_checkpoint() learn of it as of a failed write), saying how much it needs.
-  const std::string needs = fmt::format(
-      "checkpoint '{}' needs {} on rank {} ({} of fp32 master weights, {} of optimizer state)", tag,
-      format_bytes(s->model.bytes + s->optim.bytes, true), rank, format_bytes(s->model.bytes, true),
-      format_bytes(s->optim.bytes, true));
-  if (Result<uint64_t> room = nvme::available_bytes(s->tmp.string());
-      room.ok() && *room < s->model.bytes + s->optim.bytes)
-    s->fail(ResourceExhausted(fmt::format(
-        "{}; the file system of '{}' has {} free: nothing was written (the previous `latest` stands); free space, "
-        "save to another folder, or keep fewer tags (keep)",
-        needs, shown, format_bytes(*room, true))));
+  return pieces;
+}
+
+// The snapshot slots for `nslots` and the writer thread, kept between saves.
+Status CheckpointIO::prepare_snapshot_slots(size_t nslots, uint64_t slot_bytes) {
   if (!snapshot_slots_ || snapshot_slots_->slots.size() != nslots) {
     // The previous save is over: nothing uses the old slots; they go first,
     // so the host memory never holds both.
@@ -561,55 +638,21 @@ Result<CheckpointSaveInfo> CheckpointIO::save(const CheckpointSaveOptions& o, co
   }
   // Its tasks never fail (a save's errors are the save's), so one thread serves every save.
   if (!writer_) writer_ = std::make_unique<SerialWorker>(fmt::format("checkpoint writer of rank {}", rank));
-  s->writer = writer_.get();
+  return Status::Ok();
+}
 
-  // The snapshot tasks (Note [Asynchronous save]); none fails the optimizer
-  // thread: a failure is the save's, recorded and reported by wait_save().
+// The snapshot tasks (Note [Asynchronous save]); none fails the optimizer
+// thread: a failure is the save's, recorded and reported by wait_save().
+void CheckpointIO::queue_snapshots(const std::shared_ptr<SaveState>& s, const std::vector<SnapshotPiece>& pieces,
+                                   const std::string& needs) {
   std::shared_ptr<SnapshotSlots> slots = snapshot_slots_;
   size_t extent = 0;
-  for (const Piece& p : pieces) {
+  for (const SnapshotPiece& p : pieces) {
     const size_t e = extent;
     extent += 2;
     const Completion snapped = updates_.queue_on_optimizer_thread(
         [this, s, slots, p, e, needs]() -> Status {
-          if (!s->first_error().ok()) return Status::Ok();
-          Result<size_t> slot = slots->acquire(opt.wait_timeout_s);
-          if (!slot.ok()) {
-            s->fail(slot.status().with_context(fmt::format("taking the snapshot of {}", ctx_.state_name(p.li, p.gi, rank))));
-            return Status::Ok();
-          }
-          const size_t k = *slot;
-          std::byte* base = slots->slots[k].data();
-          float* master = reinterpret_cast<float*>(base);
-          float* moments = reinterpret_cast<float*>(base + align_up(4 * p.count));
-          Status st = updates_.read_piece_state(p.li, p.gi, rank, master, moments, moments + p.count);
-          if (st.ok()) st = check_still_current(updates_, s->rollbacks, s->tag);
-          if (!st.ok()) {
-            slots->release(k);
-            s->fail(st.with_context(fmt::format("taking the snapshot of {}", ctx_.state_name(p.li, p.gi, rank))));
-            return Status::Ok();
-          }
-          // Zero padding: the files' bytes (and checksums) are deterministic.
-          std::memset(base + 4 * p.count, 0, align_up(4 * p.count) - 4 * p.count);
-          std::memset(base + align_up(4 * p.count) + 8 * p.count, 0, align_up(8 * p.count) - 8 * p.count);
-          s->writer->submit([s, slots, p, e, k, needs]() -> Status {
-            const std::byte* b = slots->slots[k].data();
-            const std::byte* mv = b + align_up(4 * p.count);
-            Status w = Status::Ok();
-            if (s->first_error().ok()) {
-              CheckpointExtent& me = s->extents[e];
-              CheckpointExtent& oe = s->extents[e + 1];
-              me.xxh3 = nvme::checksum64(b, 4 * p.count);
-              oe.xxh3 = nvme::checksum64(mv, 8 * p.count);
-              w = write_extent(s->model, b, align_up(4 * p.count), me.offset, s->tmp);
-              if (w.ok()) w = write_extent(s->optim, mv, align_up(8 * p.count), oe.offset, s->tmp);
-            }
-            slots->release(k);
-            if (!w.ok() && (w.system_errno() == ENOSPC || w.system_errno() == EDQUOT))
-              w = Status(w.code(), fmt::format("{}; {} in all", w.message(), needs), w.system_errno());
-            if (!w.ok()) s->fail(w);
-            return Status::Ok();
-          });
+          snapshot_piece(s, slots, p, e, needs);
           return Status::Ok();
         },
         snapshot_gate(p.li), fmt::format("checkpoint snapshot of {}", ctx_.state_name(p.li, p.gi, rank)),
@@ -620,42 +663,85 @@ Result<CheckpointSaveInfo> CheckpointIO::save(const CheckpointSaveOptions& o, co
       if (!st.ok()) s->fail(st.with_context("the step being saved did not complete"));
     });
   }
-  // After the last snapshot (whatever the optimizer thread's state), the
-  // writer finishes: it runs after every piece's write, which was queued first.
+}
+
+// On the optimizer thread: piece `p`'s state into a slot, zero-padded, handed
+// to the writer (its extents are `e` and `e + 1`).
+void CheckpointIO::snapshot_piece(const std::shared_ptr<SaveState>& s, const std::shared_ptr<SnapshotSlots>& slots,
+                                  const SnapshotPiece& p, size_t e, const std::string& needs) {
+  if (!s->first_error().ok()) return;
+  Result<size_t> slot = slots->acquire(opt.wait_timeout_s);
+  if (!slot.ok()) {
+    s->fail(slot.status().with_context(fmt::format("taking the snapshot of {}", ctx_.state_name(p.li, p.gi, rank))));
+    return;
+  }
+  const size_t k = *slot;
+  std::byte* base = slots->slots[k].data();
+  float* master = reinterpret_cast<float*>(base);
+  float* moments = reinterpret_cast<float*>(base + align_up(4 * p.count));
+  Status st = updates_.read_piece_state(p.li, p.gi, rank, master, moments, moments + p.count);
+  if (st.ok()) st = check_still_current(updates_, s->rollbacks, s->tag);
+  if (!st.ok()) {
+    slots->release(k);
+    s->fail(st.with_context(fmt::format("taking the snapshot of {}", ctx_.state_name(p.li, p.gi, rank))));
+    return;
+  }
+  // Zero padding: the files' bytes (and checksums) are deterministic.
+  std::memset(base + 4 * p.count, 0, align_up(4 * p.count) - 4 * p.count);
+  std::memset(base + align_up(4 * p.count) + 8 * p.count, 0, align_up(8 * p.count) - 8 * p.count);
+  s->writer->submit([s, slots, p, e, k, needs]() -> Status {
+    write_snapshot(*s, *slots, p, e, k, needs);
+    return Status::Ok();
+  });
+}
+
+// On the writer thread: slot `k` (piece `p`) checksummed and written at its
+// extents, the slot freed; a failure is the save's.
+void CheckpointIO::write_snapshot(SaveState& s, SnapshotSlots& slots, const SnapshotPiece& p, size_t e, size_t k,
+                                  const std::string& needs) {
+  const std::byte* b = slots.slots[k].data();
+  const std::byte* mv = b + align_up(4 * p.count);
+  Status w = Status::Ok();
+  if (s.first_error().ok()) {
+    CheckpointExtent& me = s.extents[e];
+    CheckpointExtent& oe = s.extents[e + 1];
+    me.xxh3 = nvme::checksum64(b, 4 * p.count);
+    oe.xxh3 = nvme::checksum64(mv, 8 * p.count);
+    w = write_extent(s.model, b, align_up(4 * p.count), me.offset, s.tmp);
+    if (w.ok()) w = write_extent(s.optim, mv, align_up(8 * p.count), oe.offset, s.tmp);
+  }
+  slots.release(k);
+  if (!w.ok() && (w.system_errno() == ENOSPC || w.system_errno() == EDQUOT))
+    w = Status(w.code(), fmt::format("{}; {} in all", w.message(), needs), w.system_errno());
+  if (!w.ok()) s.fail(w);
+}
+
+// After the last snapshot (whatever the optimizer thread's state), the
+// writer finishes: it runs after every piece's write, which was queued first.
+void CheckpointIO::queue_save_end(const std::shared_ptr<SaveState>& s) {
   Completion last =
       updates_.queue_on_optimizer_thread([] { return Status::Ok(); }, {}, "checkpoint snapshot end", /*sticky=*/true);
   last.then([this, s](const Status& st) {
     if (!st.ok()) s->fail(st.with_context("the optimizer thread failed before the snapshot was taken"));
     s->snapped.complete(s->first_error());
     s->writer->submit([this, s]() -> Status {
-      Status f = finish_save(*s);
-      if (!f.ok()) {
-        s->fail(f);
-        // Rank 0 learns of it from this file instead of waiting out its timeout.
-        if (s->rank != 0)
-          write_file_atomically(s->tmp, fmt::format("rank{:05d}.failed", s->rank), f.to_string()).ignore();
-      }
-      s->seconds = std::chrono::duration<double>(Clock::now() - s->t0).count();
-      s->done.complete(s->first_error());
+      end_save(*s);
       return Status::Ok();
     });
   });
-  CheckpointSaveInfo info;
-  info.tag = tag;
-  info.bytes = s->model.bytes + s->optim.bytes;
-  pending_save_ = s;
-  // ratio < 1: the device part is stepped by a second thread, outside the
-  // FIFO above; the next step must not start before the snapshot is taken.
-  if (ctx_.split()) {
-    STRATA_RETURN_IF_ERROR(ctx_.wait_bounded(s->snapped_c, fmt::format("the snapshot of checkpoint '{}'", tag)));
-    STRATA_RETURN_IF_ERROR(s->snapped_c.status());
+}
+
+// The writer's last task for a save: finish it, or record its failure (and
+// tell rank 0 through this rank's failure file), then complete it.
+void CheckpointIO::end_save(SaveState& s) {
+  Status f = finish_save(s);
+  if (!f.ok()) {
+    s.fail(f);
+    // Rank 0 learns of it from this file instead of waiting out its timeout.
+    if (s.rank != 0) write_file_atomically(s.tmp, fmt::format("rank{:05d}.failed", s.rank), f.to_string()).ignore();
   }
-  if (o.sync) {
-    Result<std::optional<CheckpointSaveDone>> d = wait_save();
-    if (!d.ok()) return d.status();
-  }
-  info.blocked_ms = ms_since(t0);
-  return info;
+  s.seconds = std::chrono::duration<double>(Clock::now() - s.t0).count();
+  s.done.complete(s.first_error());
 }
 
 // ---------------------------------------------------------------- load

@@ -15,6 +15,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "engine_context.h"
 #include "parameter_gathering.h"
@@ -55,6 +56,26 @@ class CheckpointIO {
  private:
   struct SaveState;
   struct SnapshotSlots;
+  struct SnapshotPiece;
+  // The save's steps, in the order save() takes them.
+  Status agree_snapshot_budget(const EngineMemory& predicted, const std::string& tag, size_t nslots,
+                               uint64_t slot_bytes);
+  Result<int64_t> agree_save_folder(const std::filesystem::path& dir, const std::string& tag,
+                                    const std::string& shown);
+  Result<std::shared_ptr<SaveState>> open_save(const CheckpointSaveOptions& o, const std::string& tag, int64_t run_id,
+                                               Clock::time_point t0);
+  CheckpointManifest save_manifest(const CheckpointSaveOptions& o, const std::string& tag,
+                                   const CheckpointScalarsNow& now) const;
+  std::vector<SnapshotPiece> lay_out_pieces(SaveState& s, uint64_t slot_bytes) const;
+  Status prepare_snapshot_slots(size_t nslots, uint64_t slot_bytes);
+  void queue_snapshots(const std::shared_ptr<SaveState>& s, const std::vector<SnapshotPiece>& pieces,
+                       const std::string& needs);
+  void snapshot_piece(const std::shared_ptr<SaveState>& s, const std::shared_ptr<SnapshotSlots>& slots,
+                      const SnapshotPiece& p, size_t e, const std::string& needs);
+  static void write_snapshot(SaveState& s, SnapshotSlots& slots, const SnapshotPiece& p, size_t e, size_t k,
+                             const std::string& needs);
+  void queue_save_end(const std::shared_ptr<SaveState>& s);
+  void end_save(SaveState& s);
   Completion snapshot_gate(size_t li);
   Status finish_save(SaveState& s);
   Status prune_checkpoints(const std::filesystem::path& dir, int keep, const std::string& current);
