@@ -138,40 +138,65 @@ Status GradientReduction::launch_every_reduction() {
 
 Status GradientReduction::launch_reduction(size_t li) {
   LayerGradients& l = layers_[li];
-  const LayerPartition& layer_part = ctx_.part.layer(li);
   if (ctx_.where(li).frozen) return Status::Ok();  // no gradient (a frozen layer is acquired for backward all the same)
+  l.reduce_launched = true;
+  if (l.zeroed_step != ctx_.steps_begun) STRATA_RETURN_IF_ERROR(zero_untouched_gradient(l, li));
+  std::byte* full = l.full_grads.as<std::byte>();
+  STRATA_ASSIGN_OR_RETURN(const Completion local, gradient_to_reduce(l, li, full));
+  STRATA_ASSIGN_OR_RETURN(const Completion reduced, sum_over_ranks(li, full, local));
+  if (ctx_.where(li).gradient_shard_on_nvme) {
+    spill_reduced_gradient(l, li, full, reduced);
+    return reduction_issued(li);
+  }
+  STRATA_ASSIGN_OR_RETURN(std::byte* dst, move_to_optimizer_input(l, li, full, reduced));
+  STRATA_ASSIGN_OR_RETURN(const std::byte* sums_src, copy_for_host_sums(l, li, full, dst, reduced));
+  if (dst != nullptr) gradient_moved(l, li, reduced);
+  queue_block_sums(l, li, sums_src != nullptr ? sums_src : full, dst == nullptr || ctx_.stage0());
+  l.full_gradient_read = l.norm_partials_ready;
+  return reduction_issued(li);
+}
+
+// No backward touched the layer this step: its gradient is zero (a
+// persistent buffer still holds the last step's, once its readers are done).
+Status GradientReduction::zero_untouched_gradient(LayerGradients& l, size_t li) {
+  const LayerPartition& layer_part = ctx_.part.layer(li);
+  Completion readers;  // none for a fresh buffer
+  if (!l.full_grads) {
+    live_->hold(layer_part.padded_elements);
+    STRATA_ASSIGN_OR_RETURN(l.full_grads, ctx_.alloc_device(layer_part.padded_elements * ctx_.grad_bytes(),
+                                                            fmt::format("gradients of layer {}", li)));
+  } else {
+    readers = l.full_gradient_read;  // the zeroing stream (not the host) waits for them
+  }
+  STRATA_RETURN_IF_ERROR(zero(l, li, readers));
+  l.last_backward_released = l.grads_zeroed;
+  return Status::Ok();
+}
+
+// When the layer's gradient in `full` is complete: its last backward, or
+// the copy of a gradient FaultHooks injects, which lands after it.
+Result<Completion> GradientReduction::gradient_to_reduce(LayerGradients& l, size_t li, std::byte* full) {
+  const std::byte* injected =
+      ctx_.faults.gradient_override(ctx_.steps_begun, ctx_.rank, li, ctx_.opt.grad_dtype);
+  if (injected == nullptr) return l.last_backward_released;
+  Stream& xfer = *ctx_.xfer;
+  STRATA_RETURN_IF_ERROR(xfer.wait(l.last_backward_released));
+  STRATA_RETURN_IF_ERROR(xfer.copy_async(full, injected, ctx_.grad_bytes(), CopyKind::kHostToDevice));
+  return xfer.record_completion();
+}
+
+// Sums the gradient over the ranks in place (each rank's owned pieces; at
+// stage 0 all-gathered back whole) once `local` completes; returns when it is reduced.
+Result<Completion> GradientReduction::sum_over_ranks(size_t li, std::byte* full, const Completion& local) {
+  const LayerPartition& layer_part = ctx_.part.layer(li);
   const EngineOptions& opt = ctx_.opt;
   comm::Communicator& comm = ctx_.comm;
-  Stream& xfer = *ctx_.xfer;
   const int rank = ctx_.rank;
-  TransferCounters& bytes = ctx_.transfers;
-  l.reduce_launched = true;
-  if (l.zeroed_step != ctx_.steps_begun) {
-    // No backward touched the layer this step: its gradient is zero (a
-    // persistent buffer still holds the last step's, once its readers are done).
-    Completion readers;  // none for a fresh buffer
-    if (!l.full_grads) {
-      live_->hold(layer_part.padded_elements);
-      STRATA_ASSIGN_OR_RETURN(l.full_grads, ctx_.alloc_device(layer_part.padded_elements * ctx_.grad_bytes(),
-                                                              fmt::format("gradients of layer {}", li)));
-    } else {
-      readers = l.full_gradient_read;  // the zeroing stream (not the host) waits for them
-    }
-    STRATA_RETURN_IF_ERROR(zero(l, li, readers));
-    l.last_backward_released = l.grads_zeroed;
-  }
-  std::byte* full = l.full_grads.as<std::byte>();
   const size_t e = ctx_.grad_bytes();
-  Completion local = l.last_backward_released;
-  if (const std::byte* injected = ctx_.faults.gradient_override(ctx_.steps_begun, rank, li, opt.grad_dtype)) {
-    STRATA_RETURN_IF_ERROR(xfer.wait(l.last_backward_released));  // the injected value lands after the backward
-    STRATA_RETURN_IF_ERROR(xfer.copy_async(full, injected, e, CopyKind::kHostToDevice));
-    local = xfer.record_completion();
-  }
   Completion reduced = local;
   if (ctx_.world > 1) {
     // Queue gates, not host waits: the reduction starts once the layer's
-    // backward wrote its gradient; the moves below once it is reduced.
+    // backward wrote its gradient; the moves once it is reduced.
     STRATA_RETURN_IF_ERROR(comm.wait(local, comm::CommQueue::kReduce));
     for (const SubGroup& g : layer_part.groups) {
       std::byte* send = full + g.padded_begin * e;
@@ -191,24 +216,33 @@ Status GradientReduction::launch_reduction(size_t li) {
   }
   // (One rank: the sum over ranks is the gradient itself, bit for bit, so
   // nothing is queued; the bytes are counted as the collectives would move them.)
-  bytes.reduce_bytes += layer_part.padded_elements * e * (ctx_.stage0() ? 2 : 1);
-  if (ctx_.where(li).gradient_shard_on_nvme) {
-    // Note [Gradient shards on NVMe]: the owned pieces go to NVMe from the
-    // device buffer, summed for the norm on the way, on the spill thread.
-    bytes.d2h_bytes += ctx_.owned_elements(layer_part) * e;
-    l.norm_partials_ready = ctx_.gradient_spill->spill(
-        li, full, reduced, [this, li](size_t block_offset, const std::byte* piece, size_t elements) {
-          sum_piece_blocks(li, block_offset, piece, elements);
-        });
-    l.reduced_gradient_moved = l.norm_partials_ready;
-    if (ctx_.where(li).gradients == GradientBuffer::kPerStep) {
-      const Completion users[] = {l.last_backward_released, reduced, l.norm_partials_ready};
-      live_->give_back(std::move(l.full_grads), when_all(users), layer_part.padded_elements);
-    }
-    l.full_gradient_read = l.norm_partials_ready;
-    return reduction_issued(li);
+  ctx_.transfers.reduce_bytes += layer_part.padded_elements * e * (ctx_.stage0() ? 2 : 1);
+  return reduced;
+}
+
+// Note [Gradient shards on NVMe]: the owned pieces go to NVMe from the
+// device buffer, summed for the norm on the way, on the spill thread.
+void GradientReduction::spill_reduced_gradient(LayerGradients& l, size_t li, std::byte* full,
+                                               const Completion& reduced) {
+  const LayerPartition& layer_part = ctx_.part.layer(li);
+  ctx_.transfers.d2h_bytes += ctx_.owned_elements(layer_part) * ctx_.grad_bytes();
+  l.norm_partials_ready = ctx_.gradient_spill->spill(
+      li, full, reduced, [this, li](size_t block_offset, const std::byte* piece, size_t elements) {
+        sum_piece_blocks(li, block_offset, piece, elements);
+      });
+  l.reduced_gradient_moved = l.norm_partials_ready;
+  if (ctx_.where(li).gradients == GradientBuffer::kPerStep) {
+    const Completion users[] = {l.last_backward_released, reduced, l.norm_partials_ready};
+    live_->give_back(std::move(l.full_grads), when_all(users), layer_part.padded_elements);
   }
-  // Where the optimizer reads the owned pieces.
+  l.full_gradient_read = l.norm_partials_ready;
+}
+
+// Moves the owned pieces to where the optimizer reads them once `reduced`
+// completes; returns where the block sums read them (null: the optimizer
+// reads them in place in `full`, and they count as moved once reduced).
+Result<std::byte*> GradientReduction::move_to_optimizer_input(LayerGradients& l, size_t li, std::byte* full,
+                                                              const Completion& reduced) {
   std::byte* dst = nullptr;
   CopyKind kind = CopyKind::kDeviceToDevice;
   if (ctx_.opt_on_host()) {
@@ -219,56 +253,86 @@ Status GradientReduction::launch_reduction(size_t li) {
   }
   if (dst == nullptr) {
     l.reduced_gradient_moved = reduced;
-  } else if (ctx_.split()) {
-    // ratio < 1: the whole piece stays on the device (the device part steps
-    // from there, the block sums read it), only the host part goes D2H.
-    STRATA_RETURN_IF_ERROR(xfer.wait(reduced));
-    std::byte* dev = l.opt_grads_dev.as<std::byte>();
-    for (const SubGroup& g : layer_part.groups) {
-      const std::byte* piece = full + layer_part.piece_begin(g, rank) * e;
-      STRATA_RETURN_IF_ERROR(xfer.copy_async(dev + g.shard_offset * e, piece, g.piece * e, CopyKind::kDeviceToDevice));
-      const size_t host = ctx_.host_n(layer_part.piece_real(g, rank));
-      STRATA_RETURN_IF_ERROR(xfer.copy_async(dst + g.shard_offset * e, piece, host * e, CopyKind::kDeviceToHost));
-      bytes.d2h_bytes += host * e;
-    }
-    dst = dev;  // where the block sums read
+    return dst;
+  }
+  if (ctx_.split()) return move_split_pieces(l, li, full, dst, reduced);
+  STRATA_RETURN_IF_ERROR(move_owned_pieces(li, full, dst, kind, reduced));
+  return dst;
+}
+
+// ratio < 1: the whole piece stays on the device (the device part steps
+// from there, the block sums read it), only the host part goes D2H to
+// `host_dst`; returns the device copy.
+Result<std::byte*> GradientReduction::move_split_pieces(LayerGradients& l, size_t li, std::byte* full,
+                                                        std::byte* host_dst, const Completion& reduced) {
+  const LayerPartition& layer_part = ctx_.part.layer(li);
+  Stream& xfer = *ctx_.xfer;
+  const size_t e = ctx_.grad_bytes();
+  STRATA_RETURN_IF_ERROR(xfer.wait(reduced));
+  std::byte* dev = l.opt_grads_dev.as<std::byte>();
+  for (const SubGroup& g : layer_part.groups) {
+    const std::byte* piece = full + layer_part.piece_begin(g, ctx_.rank) * e;
+    STRATA_RETURN_IF_ERROR(xfer.copy_async(dev + g.shard_offset * e, piece, g.piece * e, CopyKind::kDeviceToDevice));
+    const size_t host = ctx_.host_n(layer_part.piece_real(g, ctx_.rank));
+    STRATA_RETURN_IF_ERROR(xfer.copy_async(host_dst + g.shard_offset * e, piece, host * e, CopyKind::kDeviceToHost));
+    ctx_.transfers.d2h_bytes += host * e;
+  }
+  return dev;  // where the block sums read
+}
+
+// The owned pieces (stage 0: the whole layer) copied to `dst` by `kind`.
+Status GradientReduction::move_owned_pieces(size_t li, std::byte* full, std::byte* dst, CopyKind kind,
+                                            const Completion& reduced) {
+  const LayerPartition& layer_part = ctx_.part.layer(li);
+  Stream& xfer = *ctx_.xfer;
+  const size_t e = ctx_.grad_bytes();
+  STRATA_RETURN_IF_ERROR(xfer.wait(reduced));
+  if (ctx_.stage0()) {
+    STRATA_RETURN_IF_ERROR(xfer.copy_async(dst, full, layer_part.padded_elements * e, kind));
   } else {
-    STRATA_RETURN_IF_ERROR(xfer.wait(reduced));
-    if (ctx_.stage0()) {
-      STRATA_RETURN_IF_ERROR(xfer.copy_async(dst, full, layer_part.padded_elements * e, kind));
-    } else {
-      for (const SubGroup& g : layer_part.groups)
-        STRATA_RETURN_IF_ERROR(
-            xfer.copy_async(dst + g.shard_offset * e, full + layer_part.piece_begin(g, rank) * e, g.piece * e, kind));
-    }
-    if (kind == CopyKind::kDeviceToHost) bytes.d2h_bytes += ctx_.owned_elements(layer_part) * e;
+    for (const SubGroup& g : layer_part.groups)
+      STRATA_RETURN_IF_ERROR(
+          xfer.copy_async(dst + g.shard_offset * e, full + layer_part.piece_begin(g, ctx_.rank) * e, g.piece * e, kind));
   }
-  // device_opt(): the block sums are computed on the host, from a copy.
-  const std::byte* sums_src = dst;
-  if (ctx_.device_opt()) {
-    const std::byte* from = dst != nullptr ? dst : full;
-    const size_t n = dst != nullptr ? ctx_.owned_elements(layer_part) : layer_part.padded_elements;
-    if (dst == nullptr) STRATA_RETURN_IF_ERROR(xfer.wait(reduced));
-    STRATA_RETURN_IF_ERROR(xfer.copy_async(l.norm_grads.data(), from, n * e, CopyKind::kDeviceToHost));
-    bytes.d2h_bytes += n * e;
-    sums_src = l.norm_grads.data();
-    if (dst == nullptr) l.reduced_gradient_moved = xfer.record_completion();
+  if (kind == CopyKind::kDeviceToHost) ctx_.transfers.d2h_bytes += ctx_.owned_elements(layer_part) * e;
+  return Status::Ok();
+}
+
+// device_opt(): the block sums are computed on the host, from a copy of the
+// moved pieces (`dst`) or, in place, of the whole layer; returns where the
+// block sums read (`dst` without device_opt()).
+Result<const std::byte*> GradientReduction::copy_for_host_sums(LayerGradients& l, size_t li, const std::byte* full,
+                                                               const std::byte* dst, const Completion& reduced) {
+  if (!ctx_.device_opt()) return dst;
+  const LayerPartition& layer_part = ctx_.part.layer(li);
+  Stream& xfer = *ctx_.xfer;
+  const size_t e = ctx_.grad_bytes();
+  const std::byte* from = dst != nullptr ? dst : full;
+  const size_t n = dst != nullptr ? ctx_.owned_elements(layer_part) : layer_part.padded_elements;
+  if (dst == nullptr) STRATA_RETURN_IF_ERROR(xfer.wait(reduced));
+  STRATA_RETURN_IF_ERROR(xfer.copy_async(l.norm_grads.data(), from, n * e, CopyKind::kDeviceToHost));
+  ctx_.transfers.d2h_bytes += n * e;
+  if (dst == nullptr) l.reduced_gradient_moved = xfer.record_completion();
+  return static_cast<const std::byte*>(l.norm_grads.data());
+}
+
+// The moves to the optimizer's input were queued: they complete the
+// reduced gradient's move, and a per-step buffer goes back after its users.
+void GradientReduction::gradient_moved(LayerGradients& l, size_t li, const Completion& reduced) {
+  l.reduced_gradient_moved = ctx_.xfer->record_completion();
+  if (ctx_.where(li).gradients == GradientBuffer::kPerStep) {
+    // Its users: the model's backward, the reduction in place, the copy out.
+    const Completion users[] = {l.last_backward_released, reduced, l.reduced_gradient_moved};
+    live_->give_back(std::move(l.full_grads), when_all(users), ctx_.part.layer(li).padded_elements);
   }
-  if (dst != nullptr) {
-    l.reduced_gradient_moved = xfer.record_completion();
-    if (ctx_.where(li).gradients == GradientBuffer::kPerStep) {
-      // Its users: the model's backward, the reduction in place, the copy out.
-      const Completion users[] = {l.last_backward_released, reduced, l.reduced_gradient_moved};
-      live_->give_back(std::move(l.full_grads), when_all(users), layer_part.padded_elements);
-    }
-  }
-  // Block sums of the owned pieces (padding blocks sum to zero): on the
-  // optimizer thread, or here when the gradient is in place already and the
-  // layer is so small that the handoff would cost more than the sums.
-  const std::byte* src = sums_src != nullptr ? sums_src : full;
-  const bool in_padded_layout = dst == nullptr || ctx_.stage0();
+}
+
+// Block sums of the owned pieces at `src` (padding blocks sum to zero): on
+// the optimizer thread, or here when the gradient is in place already and
+// the layer is so small that the handoff would cost more than the sums.
+void GradientReduction::queue_block_sums(LayerGradients& l, size_t li, const std::byte* src, bool in_padded_layout) {
   if (l.reduced_gradient_moved.done() && l.reduced_gradient_moved.status().ok() &&
-      ctx_.owned_elements(layer_part) <= kInlineBlockSumElements) {
+      ctx_.owned_elements(ctx_.part.layer(li)) <= kInlineBlockSumElements) {
     sum_blocks(li, src, in_padded_layout);
     l.norm_partials_ready = Completion();
   } else {
@@ -279,8 +343,6 @@ Status GradientReduction::launch_reduction(size_t li) {
         },
         l.reduced_gradient_moved, fmt::format("gradient block sums of layer {}", li), /*sticky=*/true);
   }
-  l.full_gradient_read = l.norm_partials_ready;
-  return reduction_issued(li);
 }
 
 Status GradientReduction::reduction_issued(size_t li) {

@@ -116,6 +116,19 @@ class GradientReduction {
   // Sums the layer's gradient over ranks, moves the owned pieces to where
   // the optimizer reads them, and queues their block sums.
   Status launch_reduction(size_t li);
+  // Its steps, in order (`full`: the layer's gradient buffer).
+  Status zero_untouched_gradient(LayerGradients& l, size_t li);
+  Result<Completion> gradient_to_reduce(LayerGradients& l, size_t li, std::byte* full);
+  Result<Completion> sum_over_ranks(size_t li, std::byte* full, const Completion& local);
+  void spill_reduced_gradient(LayerGradients& l, size_t li, std::byte* full, const Completion& reduced);
+  Result<std::byte*> move_to_optimizer_input(LayerGradients& l, size_t li, std::byte* full, const Completion& reduced);
+  Result<std::byte*> move_split_pieces(LayerGradients& l, size_t li, std::byte* full, std::byte* host_dst,
+                                       const Completion& reduced);
+  Status move_owned_pieces(size_t li, std::byte* full, std::byte* dst, CopyKind kind, const Completion& reduced);
+  Result<const std::byte*> copy_for_host_sums(LayerGradients& l, size_t li, const std::byte* full,
+                                              const std::byte* dst, const Completion& reduced);
+  void gradient_moved(LayerGradients& l, size_t li, const Completion& reduced);
+  void queue_block_sums(LayerGradients& l, size_t li, const std::byte* src, bool in_padded_layout);
   // The block sums of squares of the layer's owned pieces at `src`, into its block_sums.
   void sum_blocks(size_t li, const std::byte* src, bool in_padded_layout);
   // One owned piece's (`elements`, padded) block sums, into block_sums from `block_offset`.
