@@ -371,13 +371,16 @@ std::vector<ConfigKey> build_table() {
   add(Key("flops_profiler.top_modules", I, "1", "Modules shown.").range(0, kInf).flag(kKeyIgnored));
   add(Key("flops_profiler.detailed", B, "true", "Detailed output.").flag(kKeyIgnored));
   add(Key("flops_profiler.output_file", S, "null", "Output file.").flag(kKeyIgnored | kKeyNullable));
-  add(section("activation_checkpointing", "DeepSpeed activation checkpointing; accepted, Strata does not act on it.").flag(kKeyIgnored));
-  add(Key("activation_checkpointing.partition_activations", B, "false", "Shard checkpoints across ranks.").flag(kKeyIgnored));
-  add(Key("activation_checkpointing.contiguous_memory_optimization", B, "false", "Copy checkpoints into one buffer.").flag(kKeyIgnored));
-  add(Key("activation_checkpointing.cpu_checkpointing", B, "false", "Keep checkpoints in host memory.").flag(kKeyIgnored));
-  add(Key("activation_checkpointing.number_checkpoints", I, "null", "Checkpoints per model.").range(1, kInf).flag(kKeyIgnored | kKeyNullable));
-  add(Key("activation_checkpointing.synchronize_checkpoint_boundary", B, "false", "Synchronize at checkpoints.").flag(kKeyIgnored));
-  add(Key("activation_checkpointing.profile", B, "false", "Profile checkpointing.").flag(kKeyIgnored));
+  // Acted on by strata.torch's checkpoint functions (docs/torch.md, "Activation checkpointing"), not by the
+  // engine: the values pass through to the resolved config for the front end to read.
+  add(section("activation_checkpointing", "DeepSpeed activation checkpointing: strata.torch's checkpoint "
+              "(deepspeed.checkpointing) reads it; the strata CLI's model does not checkpoint."));
+  add(Key("activation_checkpointing.partition_activations", B, "false", "Shard checkpoints across model-parallel ranks: none in Strata, so no effect.").flag(kKeyIgnored));
+  add(Key("activation_checkpointing.contiguous_memory_optimization", B, "false", "Copy checkpoints into one buffer; strata.torch reuses its pinned host buffers instead.").flag(kKeyIgnored));
+  add(Key("activation_checkpointing.cpu_checkpointing", B, "false", "Keep checkpointed inputs in pinned host memory, fetched back ahead of their recompute.").flag(kKeyIgnored));
+  add(Key("activation_checkpointing.number_checkpoints", I, "null", "Checkpoints per model (for the contiguous buffer).").range(1, kInf).flag(kKeyIgnored | kKeyNullable));
+  add(Key("activation_checkpointing.synchronize_checkpoint_boundary", B, "false", "Synchronize the GPU at each checkpoint's start and end (a debugging aid: it stalls the pipeline).").flag(kKeyIgnored));
+  add(Key("activation_checkpointing.profile", B, "false", "DeepSpeed's per-checkpoint timers; strata.torch warns that it does not print them.").flag(kKeyIgnored));
   add(Key("sparse_gradients", B, "false", "DeepSpeed: sparse gradients for embeddings; accepted, Strata does not act on it.")
           .flag(kKeyIgnored));
   add(section("amp", "NVIDIA apex AMP; only enabled: false is accepted (use bf16 or fp16).").flag(kKeyIgnored));

@@ -99,6 +99,10 @@ class StrataEngine(UnitHooks, torch.nn.Module):
         self._unit_module_ids = {id(u.module) for u in units if not u.is_root}
         self._checkpointing_modules = [m for m in model.modules()
                                        if hasattr(m, "gradient_checkpointing") and id(m) not in self._unit_module_ids]
+        # Units that checkpoint their own forward (transformers 5): routed only to keep their inputs in host memory
+        # (Note [Activation checkpoints in host memory]).
+        self._checkpointing_units = [m for m in model.modules()
+                                     if hasattr(m, "gradient_checkpointing") and id(m) in self._unit_module_ids]
         self._install_hooks()
         self._layer_of = {p: index for index, plan in enumerate(plans) for _, p in plan.params}
         self._names = {p: name for plan in plans for name, p in plan.params}

@@ -33,6 +33,7 @@ memory is the engine's for good and the binding stays.
 
 import torch
 
+from . import _torch_checkpointing as checkpointing
 from .errors import FailedPrecondition, Unsupported
 from ._torch_guards import guarded_root_pre_forward, mark_bound, mark_released
 
@@ -290,12 +291,23 @@ class UnitHooks:
         (GradientCheckpointingLayer) checkpoints inside the module's call,
         so the hooks run around the checkpoint and not in the recompute:
         there the unit's backward hold, taken by the hook on its outputs
-        before autograd reaches the recompute, keeps its parameters bound."""
+        before autograd reaches the recompute, keeps its parameters bound.
+        With activation_checkpointing.cpu_checkpointing on, both forms run
+        through strata.torch.checkpointing's checkpoint instead of torch's,
+        which keeps the blocks' inputs in host memory (Note [Activation
+        checkpoints in host memory])."""
+        offloading = checkpointing.settings().cpu_checkpointing
+        if offloading:
+            for module in self._checkpointing_units:
+                if module.__dict__.get("_gradient_checkpointing_func") is not None:
+                    module._gradient_checkpointing_func = checkpointing.through_checkpoint
         for module in self._checkpointing_modules:
             func = module.__dict__.get("_gradient_checkpointing_func")
             if func is None or getattr(func, "_strata_routes_units", False):
                 continue
             unit_ids = self._unit_module_ids
+            if offloading:
+                func = checkpointing.through_checkpoint
 
             def through_the_hooks(function, *args, _original=func, **kwargs):
                 owner = getattr(function, "__self__", None)

@@ -50,6 +50,7 @@ from .._sizes import parse_size
 from .._torch_device import choose_device, device_budget, move_buffers
 from ..engine import Engine, _device_memory, describe_layers
 from .. import _torch_guards as _guards
+from .. import _torch_checkpointing as _checkpointing
 from .._checks import check_json
 from ..errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unsupported
 
@@ -177,6 +178,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     engine._job_name, engine._nvme_paths = job_name, _guards.nvme_paths(resolved)
     _guards.track(engine)  # closed at the interpreter's exit (Note [Saves finished at exit])
     _porting.present_parameters(engine)  # Note [Parameters after initialize]
+    _checkpointing.configure_from_config(resolved)  # Note [Where the checkpointing settings come from]
     loader = None
     if training_data is not None:  # Note [The training_data loader]
         loader = _porting.training_loader(training_data, resolved["train_micro_batch_size_per_gpu"], collate_fn,
@@ -548,14 +550,14 @@ def _layer_dtype_rule(resolved):
 
 
 # -- DeepSpeed's names (docs/torch.md, "Porting a DeepSpeed script") ---------------------------------
-from . import accelerator, ops, runtime, utils, zero  # noqa: E402  (deepspeed.<name> after `import ... as deepspeed`)
+from . import accelerator, checkpointing, ops, runtime, utils, zero  # noqa: E402  (deepspeed.<name> after `import ... as deepspeed`)
 from ._names import install_module_finder, refusing_getattr  # noqa: E402
 from ._porting import add_config_arguments  # noqa: E402
 from .accelerator import get_accelerator  # noqa: E402
 from .utils import log_dist, logger  # noqa: E402
 
-__all__ += ["add_config_arguments", "get_accelerator", "log_dist", "logger", "accelerator", "ops", "runtime", "utils",
-            "zero"]
+__all__ += ["add_config_arguments", "get_accelerator", "log_dist", "logger", "accelerator", "checkpointing", "ops",
+            "runtime", "utils", "zero"]
 install_module_finder()  # Note [DeepSpeed names not provided]
 __getattr__ = refusing_getattr(__name__, {
     "DeepSpeedEngine": "the engine is strata.torch.StrataEngine (what strata.torch.initialize returns)",
@@ -569,7 +571,6 @@ __getattr__ = refusing_getattr(__name__, {
     "InferenceEngine": "DeepSpeed's inference engine is not supported",
     "PipelineModule": "pipeline parallelism is not supported: strata.torch is data-parallel ZeRO",
     "PipelineEngine": "pipeline parallelism is not supported: strata.torch is data-parallel ZeRO",
-    "checkpointing": "use torch.utils.checkpoint (strata.torch runs it inside the units)",
     "tp_model_init": "tensor parallelism is not supported: strata.torch is data-parallel ZeRO",
     "add_tuning_arguments": "the lr schedule's parameters go in the config's \"scheduler\" section",
     "OnDevice": "build the model under strata.torch.zero.Init() (strata.torch.init)",

@@ -69,8 +69,6 @@ _MODULE_EQUIVALENTS = {
     "runtime.engine": "the engine is strata.torch.StrataEngine (what strata.torch.initialize returns)",
     "runtime.zero": "use strata.torch.zero (Init, GatheredParameters, ZeroParamStatus)",
     "runtime.config": "strata.config.load(config) checks and resolves a DeepSpeed config",
-    "runtime.activation_checkpointing": "use torch.utils.checkpoint (strata.torch runs it inside the units)",
-    "checkpointing": "use torch.utils.checkpoint (strata.torch runs it inside the units)",
     "runtime.pipe": "pipeline parallelism is not supported: strata.torch is data-parallel ZeRO",
     "pipe": "pipeline parallelism is not supported: strata.torch is data-parallel ZeRO",
     "moe": "mixture-of-experts layers are not supported: strata.torch is data-parallel ZeRO",

@@ -1,0 +1,224 @@
+"""Activation checkpoints kept in pinned host memory while the forward runs
+on, fetched back ahead of their recompute.
+
+Note [Activation checkpoints in host memory]
+With activation checkpointing, what a checkpointed block keeps between its
+forward and its backward is its inputs (the rest is recomputed). On a GPU
+those inputs, one per block, stay on the device for the whole forward; with
+`activation_checkpointing.cpu_checkpointing` they live in pinned host
+memory instead:
+  forward   each input is copied to a pinned host buffer on a copy stream of
+            its own (which first waits for torch's stream, where the input
+            was made); the device tensor is then torch's to free, and the
+            copy stream is recorded on it so the allocator does not reuse
+            its memory before the copy has read it;
+  backward  a checkpoint's inputs are fetched back on the copy stream, and as
+            they are handed to its recompute the previous checkpoint's (the
+            next to run backward) are fetched too, so that copy overlaps this
+            block's recompute and backward; torch's stream waits on the
+            fetch's event, never the host.
+Every copy runs on the one copy stream, so a host buffer is reused only in
+that stream's order: a buffer goes back to the pool when its checkpoint is
+gone (the graph freed after backward, or dropped without one), and a later
+copy into it runs after every earlier copy out of it. After the first step
+no pinned memory is allocated (`stats()` counts it).
+
+The copies are a small interface (`_CudaCopies`); a stand-in on the cpu
+device (`_RecordedCopies`) plays the same order with clones and logs each
+copy and wait, for tests of this order without a GPU. On the cpu device
+itself the inputs are already in host memory and are kept as they are.
+Only inputs on the copies' device move; a parameter passed as an input
+stays where it is (it is the engine's, not an activation)."""
+import contextlib
+import threading
+import weakref
+
+import torch
+
+__all__ = ["ActivationOffload", "HostBufferPool"]
+
+
+class HostBufferPool:
+    """Pinned host buffers (flat) reused by dtype and length across steps."""
+
+    def __init__(self, pin):
+        self._pin = pin
+        self._free = {}
+        self._lock = threading.Lock()  # a finalizer may give a buffer back from another thread
+        self.buffers_made = 0
+        self.bytes_made = 0
+
+    def take(self, dtype, numel):
+        with self._lock:
+            free = self._free.get((dtype, numel))
+            if free:
+                return free.pop()
+        buffer = torch.empty(numel, dtype=dtype, device="cpu", pin_memory=self._pin)
+        self.buffers_made += 1
+        self.bytes_made += buffer.element_size() * numel
+        return buffer
+
+    def give_back(self, buffer):
+        with self._lock:
+            self._free.setdefault((buffer.dtype, buffer.numel()), []).append(buffer)
+
+
+def _span(tensor):
+    """The flat stretch of the tensor's storage its elements lie in (an expanded or strided view keeps its
+    layout: the stretch is copied and the view made again on it)."""
+    length = 1 + sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
+    return tensor.as_strided((length,), (1,), tensor.storage_offset())
+
+
+class _CudaCopies:
+    """The copies on a GPU: one copy stream, ordered against torch's current one by events."""
+
+    pin = True
+
+    def __init__(self, device):
+        self.device = device
+        self.stream = torch.cuda.Stream(device)
+
+    def moves(self, tensor):
+        return tensor.device == self.device
+
+    def to_host(self, tensor, host, checkpoint):
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.stream):
+            host.copy_(tensor, non_blocking=True)
+        tensor.record_stream(self.stream)  # its memory is not reused before the copy has read it
+
+    def to_device(self, host, checkpoint):
+        tensor = torch.empty(host.shape, dtype=host.dtype, device=self.device)
+        with torch.cuda.stream(self.stream):
+            tensor.copy_(host, non_blocking=True)
+            fetched = torch.cuda.Event()
+            fetched.record(self.stream)
+        tensor.record_stream(self.stream)
+        return tensor, fetched
+
+    def wait(self, fetched, checkpoint):
+        torch.cuda.current_stream(self.device).wait_event(fetched)
+
+    def synchronize(self):
+        torch.cuda.synchronize(self.device)
+
+
+class _RecordedCopies:
+    """The cuda order played on the cpu device (tests): clones for copies, a log of every copy and wait."""
+
+    pin = False
+
+    def __init__(self):
+        self.log = []
+
+    def moves(self, tensor):
+        return tensor.device.type == "cpu"
+
+    def to_host(self, tensor, host, checkpoint):
+        host.copy_(tensor)
+        self.log.append(("to_host", checkpoint))
+
+    def to_device(self, host, checkpoint):
+        self.log.append(("to_device", checkpoint))
+        return host.clone(), checkpoint
+
+    def wait(self, fetched, checkpoint):
+        self.log.append(("wait", checkpoint))
+
+    def synchronize(self):
+        self.log.append(("synchronize", None))
+
+
+class _Packed:
+    """One checkpoint input in host memory, and its fetched device copy once asked for."""
+
+    __slots__ = ("host", "shape", "stride", "checkpoint", "device_copy", "fetched", "fetched_once", "__weakref__")
+
+    def __init__(self, host, like, checkpoint):
+        self.host = host  # the flat stretch (_span) of the input's storage
+        self.shape, self.stride = like.shape, like.stride()
+        self.checkpoint = checkpoint  # the number of the checkpoint whose input it is
+        self.device_copy = None
+        self.fetched = None        # the event the copy back records
+        self.fetched_once = False
+
+
+class ActivationOffload:
+    """The pack / unpack pair around a checkpoint's saved inputs (Note [Activation checkpoints in host memory])."""
+
+    def __init__(self, copies):
+        self.copies = copies
+        self.pool = HostBufferPool(copies.pin)
+        self._live = []        # weakrefs to the packed inputs, in the order they were packed
+        self._checkpoints = 0  # checkpoints begun (hooks() entered)
+        self._current = None   # the checkpoint whose inputs are being packed
+        self.offloaded_bytes = 0
+        self.fetched_bytes = 0
+
+    @contextlib.contextmanager
+    def hooks(self):
+        """Within the block, tensors saved for backward go through pack / unpack."""
+        outer, self._current = self._current, self._checkpoints
+        self._checkpoints += 1
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack):
+                yield
+        finally:
+            self._current = outer
+
+    def pack(self, tensor):
+        if isinstance(tensor, torch.nn.Parameter) or tensor.numel() == 0 or not self.copies.moves(tensor):
+            return tensor
+        span = _span(tensor)
+        host = self.pool.take(span.dtype, span.numel())
+        packed = _Packed(host, tensor, self._current)
+        self.copies.to_host(span, host, packed.checkpoint)
+        self.offloaded_bytes += host.element_size() * host.numel()
+        weakref.finalize(packed, self.pool.give_back, host)
+        self._live = [ref for ref in self._live if ref() is not None]
+        self._live.append(weakref.ref(packed))
+        return packed
+
+    def unpack(self, packed):
+        if not isinstance(packed, _Packed):
+            return packed
+        if packed.device_copy is None:  # not prefetched, or asked again (backward with retain_graph)
+            self._fetch(packed)
+        self._fetch_checkpoint(packed.checkpoint)  # its other inputs
+        # The checkpoint before it runs backward next: its inputs' copies overlap this recompute.
+        self._fetch_checkpoint(self._checkpoint_before(packed.checkpoint))
+        self.copies.wait(packed.fetched, packed.checkpoint)
+        tensor = packed.device_copy.as_strided(packed.shape, packed.stride)
+        packed.device_copy = packed.fetched = None  # a second unpack (retain_graph) fetches again
+        return tensor  # autograd gives it back its place in the graph
+
+    def _live_packed(self):
+        return [packed for packed in (ref() for ref in self._live) if packed is not None]
+
+    def _fetch_checkpoint(self, checkpoint):
+        for packed in self._live_packed():
+            if packed.checkpoint == checkpoint and not packed.fetched_once:
+                self._fetch(packed)
+
+    def _fetch(self, packed):
+        packed.device_copy, packed.fetched = self.copies.to_device(packed.host, packed.checkpoint)
+        packed.fetched_once = True
+        self.fetched_bytes += packed.host.element_size() * packed.host.numel()
+
+    def _checkpoint_before(self, checkpoint):
+        """The last checkpoint begun before `checkpoint` that still has inputs in host memory, or None."""
+        earlier = [packed.checkpoint for packed in self._live_packed() if packed.checkpoint < checkpoint]
+        return max(earlier) if earlier else None
+
+    def stats(self):
+        return {"offloaded_bytes": self.offloaded_bytes, "fetched_bytes": self.fetched_bytes,
+                "pinned_buffers": self.pool.buffers_made, "pinned_bytes": self.pool.bytes_made}
+
+
+def cuda_offload(device):
+    return ActivationOffload(_CudaCopies(device))
+
+
+def recorded_offload():
+    return ActivationOffload(_RecordedCopies())
