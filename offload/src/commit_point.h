@@ -15,6 +15,7 @@
 // loss sum, so the step's loss costs no extra collective.
 #include <functional>
 #include <optional>
+#include <vector>
 
 #include "engine_context.h"
 #include "gradient_reduction.h"
@@ -68,6 +69,15 @@ class CommitPoint {
   Status settle(const StepMark* call, double* loss = nullptr);
 
  private:
+  struct RankOutcome;
+  struct Vote;
+  // settle()'s steps.
+  Result<RankOutcome> pending_outcome();
+  Result<Vote> take_vote(const RankOutcome& mine, double* loss);
+  Status drop_call(const StepMark& call, const std::vector<int>& failed_read, const Status& read);
+  Status stop_torn(int64_t t, const std::vector<int>& torn_update, const Status& torn);
+  Status roll_back(int64_t t, const std::vector<int>& failed_update, const Status& update, const StepMark* call);
+  Status undo_pending_step(bool versioned, const StepMark* call);
   // Every layer's parameters from the committed master weights (a
   // collective: stage 1-3 layers kept whole are gathered again).
   Status rederive_params();
