@@ -49,6 +49,9 @@ def parse_arguments(argv):
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     parser.add_argument("--steps", type=int, default=6, help="timed steps")
     parser.add_argument("--skip-nvme-headline", action="store_true")
+    parser.add_argument("--host-checkpoints", action="store_true",
+                        help="headline: gradient_checkpointing_enable() with the checkpoints' inputs in pinned host "
+                             "memory (activation_checkpointing.cpu_checkpointing)")
     parser.add_argument("--moments", choices=("fp32", "int8"), default="fp32",
                         help="the host-memory headline row's Adam moments (the NVMe row's are int8); int8 where host "
                              "memory needs it (7B: 112 GiB of state at fp32, 75 GiB at int8, per strata estimate)")
@@ -69,9 +72,12 @@ def parse_arguments(argv):
 PLACEMENTS = [(0, "none", "none"), (1, "none", "none"), (2, "none", "none"), (2, "cpu", "none"),
               (2, "nvme", "none"), (3, "none", "none"), (3, "cpu", "none"), (3, "cpu", "cpu"),
               (3, "nvme", "cpu"), (3, "nvme", "nvme")]
+# The last row again with gradient_checkpointing_enable() and the checkpoints' inputs in pinned host memory
+# (activation_checkpointing.cpu_checkpointing): its losses must equal the others'.
+HOST_CHECKPOINTS_ROW = (3, "cpu", "cpu")
 
 
-def matrix_config(stage, optimizer, params, nvme, device):
+def matrix_config(stage, optimizer, params, nvme, device, host_checkpoints=False):
     zero = {"stage": stage, "offload_optimizer": {"device": optimizer}, "offload_param": {"device": params},
             "stage3_param_persistence_threshold": 0, "reduce_bucket_size": 200000}
     for section, where in (("offload_optimizer", optimizer), ("offload_param", params)):
@@ -83,7 +89,8 @@ def matrix_config(stage, optimizer, params, nvme, device):
             "zero_optimization": zero,
             # A hung collective or gate fails the row in 120 s instead of taking the call's whole time.
             "strata": {"device": "cuda" if device == "cuda" else "cpu", "device_memory": "256MiB",
-                       "wait_timeout_s": 120}}
+                       "wait_timeout_s": 120},
+            "activation_checkpointing": {"cpu_checkpointing": host_checkpoints}}
 
 
 def tiny_gpt2(transformers, torch):
@@ -95,6 +102,9 @@ def tiny_gpt2(transformers, torch):
 
 def matrix_run(st, torch, transformers, config, steps, device, row):
     model = tiny_gpt2(transformers, torch)
+    if config["activation_checkpointing"]["cpu_checkpointing"]:
+        model.gradient_checkpointing_enable()
+        model.train()
     # A swap folder of its own per row: one row that fails leaves none in the next one's way.
     engine, _, _, _ = st.initialize(model=model, config=config, job_name=f"matrix-{os.getpid()}-{row}")
     losses = []
@@ -145,9 +155,12 @@ def matrix_rows(st, torch, transformers, arguments, nvme, recorded_device_for_te
     """Every placement's losses, or its error: one row failing must not hide the others. A row still running
     after 150 s dumps every thread's stack to stderr (the log), then goes on."""
     rows, failures = [], []
-    for row, (stage, optimizer, params) in enumerate(PLACEMENTS):
+    rows_asked = [(placement, False) for placement in PLACEMENTS] + [(HOST_CHECKPOINTS_ROW, True)]
+    for row, ((stage, optimizer, params), host_checkpoints) in enumerate(rows_asked):
         label = f"stage {stage}, optimizer {optimizer}, params {params}"
-        config = matrix_config(stage, optimizer, params, nvme, arguments.device)
+        if host_checkpoints:
+            label += ", activation checkpoints in host memory"
+        config = matrix_config(stage, optimizer, params, nvme, arguments.device, host_checkpoints)
         started = time.perf_counter()
         faulthandler.dump_traceback_later(150, exit=False)
         try:
@@ -181,6 +194,7 @@ def headline_config(arguments, optimizer, nvme):
                                                       "weight_decay": 0.0}},
             "zero_optimization": {"stage": 3, "offload_optimizer": offload_optimizer,
                                   "offload_param": {"device": "cpu", "pin_memory": True}},
+            "activation_checkpointing": {"cpu_checkpointing": arguments.host_checkpoints},
             "strata": strata}
 
 
@@ -203,6 +217,9 @@ def headline_run(arguments, optimizer, nvme):
     started = time.perf_counter()
     with st.init(config=config):
         model = transformers.LlamaForCausalLM(model_config)
+    if arguments.host_checkpoints:
+        model.gradient_checkpointing_enable()
+        model.train()
     engine, _, _, _ = st.initialize(model=model, config=config, job_name=f"headline-{os.getpid()}")
     initialize_seconds = time.perf_counter() - started
     parameters = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())  # DeepSpeed's idiom
@@ -233,7 +250,8 @@ def headline_run(arguments, optimizer, nvme):
     result = {
         "placement": f"stage 3, optimizer {optimizer}"
                      f"{' (8-bit moments)' if optimizer == 'nvme' or arguments.moments == 'int8' else ''}, "
-                     f"parameters cpu, bf16",
+                     f"parameters cpu, bf16{', activation checkpoints in host memory' if arguments.host_checkpoints else ''}",
+        "activation_checkpoints": st.checkpointing.stats() if arguments.host_checkpoints else None,
         "gpu": name, "torch": torch.__version__, "transformers": transformers.__version__,
         "model": {"parameters": parameters, "hidden": arguments.hidden, "layers": arguments.layers,
                   "heads": arguments.heads, "intermediate": arguments.intermediate, "vocab": arguments.vocab},

@@ -30,8 +30,9 @@ def test_the_matrix_on_the_recorded_cuda_order_is_bit_identical_across_placement
     (matrix,) = results
     assert matrix["status"] == "ok", matrix["failures"]
     rows = matrix["rows"]
-    assert len(rows) == 10 and all("losses" in row for row in rows), rows
+    assert len(rows) == 11 and all("losses" in row for row in rows), rows
     assert all(row["losses"] == rows[0]["losses"] for row in rows)
+    assert rows[-1]["placement"] == "stage 3, optimizer cpu, params cpu, activation checkpoints in host memory"
     assert matrix["cpu_reference"] == rows[0]["losses"]  # the stand-in trains what the cpu device trains
 
 
@@ -40,7 +41,7 @@ def test_without_a_gpu_the_cuda_parts_skip_and_the_cpu_matrix_runs(tmp_path):
     done, results = run("all", "--device", "cpu", "--matrix-steps", "2", tmp_path=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     matrix, headline = results
-    assert matrix["status"] == "ok" and len(matrix["rows"]) == 10
+    assert matrix["status"] == "ok" and len(matrix["rows"]) == 11
     assert headline == {"part": "headline", "status": "skipped", "reason": "torch sees no GPU"}
     done, results = run("matrix", tmp_path=tmp_path)  # --device cuda, the GPU call's default
     assert done.returncode == 0 and results[0]["status"] == "skipped"
@@ -52,8 +53,8 @@ def test_a_placement_that_trains_otherwise_fails_the_check(tmp_path):
     spec.loader.exec_module(check)
     original = check.matrix_config
 
-    def one_differs(stage, optimizer, params, nvme, device):
-        config = original(stage, optimizer, params, nvme, device)
+    def one_differs(stage, optimizer, params, nvme, device, host_checkpoints=False):
+        config = original(stage, optimizer, params, nvme, device, host_checkpoints)
         if (stage, optimizer, params) == (2, "cpu", "none"):
             config["optimizer"]["params"]["lr"] = 2e-3
         return config
