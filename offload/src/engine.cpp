@@ -42,13 +42,9 @@ Status check_swap_job_name(const std::string& name) {
                                      printable(name, 64)));
 }
 
-}  // namespace
-
-EngineMemory Engine::Impl::plan() const { return plan_engine_memory(opt, part, placement); }
-
-// ---------------------------------------------------------------- set-up
-
-Status Engine::Impl::init() {
+// The options init() checks before anything is made (the placement's own
+// checks first).
+Status check_training_options(const EngineOptions& opt) {
   STRATA_RETURN_IF_ERROR(check_placement(opt));
   if (opt.grad_accum < 1)
     return InvalidArgument(fmt::format("{}: gradient_accumulation_steps {} must be >= 1", opt.source, opt.grad_accum));
@@ -60,12 +56,92 @@ Status Engine::Impl::init() {
   if (opt.prefetch_bucket_size < 0 || opt.max_live_parameters < 0 || opt.max_reuse_distance < 0 ||
       opt.persistence_threshold < 0 || opt.reduce_bucket_size < 1)
     return InvalidArgument(fmt::format("{}: stage-3 sizes and reduce_bucket_size must not be negative", opt.source));
-  STRATA_RETURN_IF_ERROR(cpu_adam::validate_hyper_params(opt.optimizer, opt.hyper));
+  return cpu_adam::validate_hyper_params(opt.optimizer, opt.hyper);
+}
+
+// A plan above the device's free memory: the first move down this ladder
+// that the placement has not taken yet, each freeing more device memory.
+const char* device_memory_advice(const StatePlacement& placement) {
+  const std::pair<bool, const char*> ladder[] = {
+      {placement.optimizer_on_host(), "set zero_optimization.offload_optimizer.device to \"cpu\""},
+      {placement.params_sharded(), "use zero_optimization.stage 3"},
+      {placement.param_shards_off_device(), "set zero_optimization.offload_param.device to \"cpu\""}};
+  for (const auto& [taken, advice] : ladder)
+    if (!taken) return advice;
+  return "lower stage3_max_live_parameters / reduce_bucket_size";
+}
+
+// What shrinks the gradient shards' pinned memory, by where they wait.
+const char* gradient_shards_advice(const StatePlacement& placement) {
+  if (placement.gradient_slot_count == 0) {
+    // In host memory; NVMe is at hand when the state or the parameter shards use it.
+    if (placement.optimizer_on_nvme() || (placement.param_shards_use_nvme() && !placement.split))
+      return "gradient shards: set strata.gradient_shards nvme (they wait on NVMe in the optimizer state's "
+             "or the parameter shards' folder), use a larger world size or data_types.grad_accum_dtype bf16";
+    return "gradient shards: use a larger world size or data_types.grad_accum_dtype bf16";
+  }
+  if (placement.gradient_folder == StatePlacement::GradientFolder::kOptimizerState)
+    return "gradient shards' NVMe slots: lower zero_optimization.sub_group_size (a slot holds one piece's "
+           "gradient) or offload_optimizer.buffer_count";
+  return "gradient shards' NVMe slots: lower zero_optimization.sub_group_size (a slot holds one piece's "
+         "gradient) or offload_param.buffer_count";
+}
+
+// A plan above the host budget: what shrinks or moves the largest pinned
+// part (the first of equals), for this placement.
+const char* pinned_memory_advice(const StatePlacement& placement, const EngineMemory& predicted) {
+  const std::pair<uint64_t, const char*> parts[] = {
+      {predicted.pinned_optimizer,
+       placement.optimizer_on_nvme()
+           ? "optimizer state's NVMe slots: lower zero_optimization.offload_optimizer.buffer_count or "
+             "sub_group_size (a slot holds one sub-group's piece)"
+           : "optimizer state (master weights and moments): set offload_optimizer.device to nvme, or use "
+             "offload_optimizer.ratio < 1 at stage 3, or strata.optimizer_state_dtype int8 or bf16"},
+      {predicted.pinned_grads, gradient_shards_advice(placement)},
+      {predicted.pinned_staging,
+       placement.early_updates ? "update staging (one buffer per layer for the early updates): set "
+                                 "strata.speculative_optimizer off or auto"
+                               : "update staging (one piece at a time): lower zero_optimization.sub_group_size"},
+      {predicted.pinned_params,
+       placement.param_shards_use_nvme()
+           ? "parameter shards in host memory and NVMe slots: lower offload_param.max_in_cpu or buffer_count"
+           : "parameter shards (offload_param cpu): set offload_param.device to nvme or none"},
+      {predicted.pinned_speculation,
+       "pending versions of the state for the early updates: set strata.speculative_optimizer to auto (off when it "
+       "does not fit) or off"}};
+  const auto* largest = &parts[0];
+  for (const auto& p : parts)
+    if (p.first > largest->first) largest = &p;
+  return largest->second;
+}
+
+}  // namespace
+
+EngineMemory Engine::Impl::plan() const { return plan_engine_memory(opt, part, placement); }
+
+// ---------------------------------------------------------------- set-up
+
+Status Engine::Impl::init() {
+  STRATA_RETURN_IF_ERROR(check_training_options(opt));
   STRATA_ASSIGN_OR_RETURN(LrSchedule s, LrSchedule::create(opt.scheduler, opt.hyper.lr, opt.source));
   schedule.emplace(std::move(s));
   STRATA_ASSIGN_OR_RETURN(LossScaler ls, LossScaler::create(opt.fp16, opt.source));
   scaler.emplace(std::move(ls));
+  STRATA_RETURN_IF_ERROR(place_state());
+  if (opt_on_nvme() || placement.param_shards_use_nvme()) {
+    STRATA_ASSIGN_OR_RETURN(job_name, agree_swap_job_name());
+  }
+  STRATA_RETURN_IF_ERROR(init_components());
+  // The plan first: a config whose state cannot fit the device fails here,
+  // before anything is allocated, with the plan's row and the fix.
+  predicted = plan();
+  STRATA_RETURN_IF_ERROR(check_plan_fits_device());
+  STRATA_RETURN_IF_ERROR(check_plan_fits_host_budget());
+  return init_layers();
+}
 
+// The partition, where every kind of state lives, and the engine's streams.
+Status Engine::Impl::place_state() {
   STRATA_ASSIGN_OR_RETURN(part, Partition::create(model.layers(), world, opt.sub_group_size));
   STRATA_ASSIGN_OR_RETURN(placement, StatePlacement::compute(opt, model.layers(), part, rank,
                                                              PlannedDevice::of(device.caps())));
@@ -73,16 +149,22 @@ Status Engine::Impl::init() {
   STRATA_ASSIGN_OR_RETURN(frees, device.create_stream());
   STRATA_ASSIGN_OR_RETURN(zeroing, device.create_stream());
   STRATA_ASSIGN_OR_RETURN(shard_h2d, device.create_stream());
-  if (opt_on_nvme() || placement.param_shards_use_nvme()) {
-    // The swap folders' run name: the caller's, else rank 0's process id (the same on every rank).
-    if (!opt.job_name.empty()) STRATA_RETURN_IF_ERROR(check_swap_job_name(opt.job_name));
-    int64_t job = static_cast<int64_t>(::getpid()), job0 = 0;
-    STRATA_RETURN_IF_ERROR(comm::host_collective(
-        comm, &job, sizeof(job), &job0, sizeof(job0),
-        [&](const void* s, void* r) { return comm.broadcast(s, r, 1, DType::kI64, 0, comm::CommQueue::kReduce); },
-        "agreeing on the swap folders' name"));
-    job_name = opt.job_name.empty() ? fmt::format("train-{}", job0) : opt.job_name;
-  }
+  return Status::Ok();
+}
+
+// The swap folders' run name: the caller's, else rank 0's process id (the same on every rank).
+Result<std::string> Engine::Impl::agree_swap_job_name() {
+  if (!opt.job_name.empty()) STRATA_RETURN_IF_ERROR(check_swap_job_name(opt.job_name));
+  int64_t job = static_cast<int64_t>(::getpid()), job0 = 0;
+  STRATA_RETURN_IF_ERROR(comm::host_collective(
+      comm, &job, sizeof(job), &job0, sizeof(job0),
+      [&](const void* s, void* r) { return comm.broadcast(s, r, 1, DType::kI64, 0, comm::CommQueue::kReduce); },
+      "agreeing on the swap folders' name"));
+  return opt.job_name.empty() ? fmt::format("train-{}", job0) : opt.job_name;
+}
+
+// The components, each built on the ones before it.
+Status Engine::Impl::init_components() {
   STRATA_RETURN_IF_ERROR(params.init(job_name));
   STRATA_RETURN_IF_ERROR(updates.init(job_name));
   if (placement.gradient_slot_count != 0) {
@@ -91,83 +173,49 @@ Status Engine::Impl::init() {
   }
   grads.init();  // the block sums run on the optimizer thread
   if (runner != nullptr) model_stream = runner->model_stream();
+  return Status::Ok();
+}
 
-  // The plan first: a config whose state cannot fit the device fails here,
-  // before anything is allocated, with the plan's row and the fix.
-  predicted = plan();
-  {
-    const uint64_t cap = device.caps().memory_bytes;
-    const uint64_t used = device.memory_stats().get(Tier::kDevice).current_bytes;
-    const uint64_t free_bytes = cap > used ? cap - used : 0;
-    if (cap != 0 && predicted.device > free_bytes) {
-      std::string fix;
-      if (!opt_on_host())
-        fix = "set zero_optimization.offload_optimizer.device to \"cpu\"";
-      else if (!placement.params_sharded())
-        fix = "use zero_optimization.stage 3";
-      else if (!param_on_host())
-        fix = "set zero_optimization.offload_param.device to \"cpu\"";
-      else
-        fix = "lower stage3_max_live_parameters / reduce_bucket_size";
-      return OutOfMemory(fmt::format(
-          "stage {}, optimizer {}, params {} on {} rank(s) needs {} of device memory per rank for its training state "
-          "(parameters {}, gradients {}, optimizer state {}, gathered layers {}) but {} of the device's {} is free after "
-          "the model's own buffers; {} or raise --device-memory (strata.device_memory)",
-          opt.stage, offload_device_name(opt.offload_optimizer), offload_device_name(opt.offload_param), world,
-          format_bytes(predicted.device, true), format_bytes(predicted.device_params, true),
-          format_bytes(predicted.device_grads, true), format_bytes(predicted.device_optimizer, true),
-          format_bytes(predicted.device_gathered, true), format_bytes(free_bytes, true), format_bytes(cap, true), fix));
-    }
-  }
-  if (opt.host_memory_budget != 0 && predicted.pinned > opt.host_memory_budget) {
-    // Name the largest host buffer: that is the one to shrink or move.
-    const std::pair<uint64_t, const char*> parts[] = {
-        {predicted.pinned_optimizer,
-         opt_on_nvme() ? "optimizer state's NVMe slots: lower zero_optimization.offload_optimizer.buffer_count or "
-                         "sub_group_size (a slot holds one sub-group's piece)"
-                       : "optimizer state (master weights and moments): set offload_optimizer.device to nvme, or use "
-                         "offload_optimizer.ratio < 1 at stage 3, or strata.optimizer_state_dtype int8 or bf16"},
-        {predicted.pinned_grads,
-         placement.gradient_slot_count == 0
-             ? (opt_on_nvme() || (placement.param_shards_use_nvme() && !placement.split)
-                    ? "gradient shards: set strata.gradient_shards nvme (they wait on NVMe in the optimizer state's "
-                      "or the parameter shards' folder), use a larger world size or data_types.grad_accum_dtype bf16"
-                    : "gradient shards: use a larger world size or data_types.grad_accum_dtype bf16")
-         : placement.gradient_folder == StatePlacement::GradientFolder::kOptimizerState
-             ? "gradient shards' NVMe slots: lower zero_optimization.sub_group_size (a slot holds one piece's "
-               "gradient) or offload_optimizer.buffer_count"
-             : "gradient shards' NVMe slots: lower zero_optimization.sub_group_size (a slot holds one piece's "
-               "gradient) or offload_param.buffer_count"},
-        {predicted.pinned_staging,
-         placement.early_updates ? "update staging (one buffer per layer for the early updates): set "
-                                   "strata.speculative_optimizer off or auto"
-                                 : "update staging (one piece at a time): lower zero_optimization.sub_group_size"},
-        {predicted.pinned_params,
-         placement.param_shards_use_nvme()
-             ? "parameter shards in host memory and NVMe slots: lower offload_param.max_in_cpu or buffer_count"
-             : "parameter shards (offload_param cpu): set offload_param.device to nvme or none"},
-        {predicted.pinned_speculation,
-         "pending versions of the state for the early updates: set strata.speculative_optimizer to auto (off when it does not fit) or "
-         "off"}};
-    const auto* largest = &parts[0];
-    for (const auto& p : parts)
-      if (p.first > largest->first) largest = &p;
-    return ResourceExhausted(fmt::format(
-        "{}: this rank's host tier needs {} of pinned memory (optimizer state {}, gradient shards {}, staging {}, "
-        "parameter shards {}{}) but its share of strata.host_memory_budget is {}; the largest is the {}",
-        opt.source, format_bytes(predicted.pinned, true), format_bytes(predicted.pinned_optimizer, true),
-        format_bytes(predicted.pinned_grads, true), format_bytes(predicted.pinned_staging, true),
-        format_bytes(predicted.pinned_params, true),
-        predicted.pinned_speculation != 0
-            ? ", early updates' pending state " + format_bytes(predicted.pinned_speculation, true)
-            : std::string(),
-        format_bytes(opt.host_memory_budget, true), largest->second));
-  }
+// The plan's device memory against what the device has free after the model's own buffers.
+Status Engine::Impl::check_plan_fits_device() const {
+  const uint64_t cap = device.caps().memory_bytes;
+  const uint64_t used = device.memory_stats().get(Tier::kDevice).current_bytes;
+  const uint64_t free_bytes = cap > used ? cap - used : 0;
+  if (cap == 0 || predicted.device <= free_bytes) return Status::Ok();
+  return OutOfMemory(fmt::format(
+      "stage {}, optimizer {}, params {} on {} rank(s) needs {} of device memory per rank for its training state "
+      "(parameters {}, gradients {}, optimizer state {}, gathered layers {}) but {} of the device's {} is free after "
+      "the model's own buffers; {} or raise --device-memory (strata.device_memory)",
+      opt.stage, offload_device_name(opt.offload_optimizer), offload_device_name(opt.offload_param), world,
+      format_bytes(predicted.device, true), format_bytes(predicted.device_params, true),
+      format_bytes(predicted.device_grads, true), format_bytes(predicted.device_optimizer, true),
+      format_bytes(predicted.device_gathered, true), format_bytes(free_bytes, true), format_bytes(cap, true),
+      device_memory_advice(placement)));
+}
+
+// The plan's pinned memory against this rank's share of strata.host_memory_budget,
+// naming the largest host buffer: that is the one to shrink or move.
+Status Engine::Impl::check_plan_fits_host_budget() const {
+  if (opt.host_memory_budget == 0 || predicted.pinned <= opt.host_memory_budget) return Status::Ok();
+  return ResourceExhausted(fmt::format(
+      "{}: this rank's host tier needs {} of pinned memory (optimizer state {}, gradient shards {}, staging {}, "
+      "parameter shards {}{}) but its share of strata.host_memory_budget is {}; the largest is the {}",
+      opt.source, format_bytes(predicted.pinned, true), format_bytes(predicted.pinned_optimizer, true),
+      format_bytes(predicted.pinned_grads, true), format_bytes(predicted.pinned_staging, true),
+      format_bytes(predicted.pinned_params, true),
+      predicted.pinned_speculation != 0
+          ? ", early updates' pending state " + format_bytes(predicted.pinned_speculation, true)
+          : std::string(),
+      format_bytes(opt.host_memory_budget, true), pinned_memory_advice(placement, predicted)));
+}
+
+// Every layer's state, then the initial optimizer state written (NVMe tier)
+// before the first step reads it.
+Status Engine::Impl::init_layers() {
   const size_t n = model.layers().size();
   initialized.assign(n, model.provides_initial_values());
   for (size_t i = 0; i < n; ++i) STRATA_RETURN_IF_ERROR(init_layer(i));
   updates.early().read_ahead_for_first_step(placement.early_updates && speculate_next_step);
-  // The initial state is written (NVMe tier) before the first step reads it.
   return updates.flush_state().with_context("writing the initial optimizer state");
 }
 

@@ -131,6 +131,13 @@ struct Engine::Impl : EngineContext {
 
   EngineMemory plan() const;
   Status init();
+  // init()'s steps, in order.
+  Status place_state();
+  Result<std::string> agree_swap_job_name();
+  Status init_components();
+  Status check_plan_fits_device() const;
+  Status check_plan_fits_host_budget() const;
+  Status init_layers();
   Status init_layer(size_t li);
   Result<LayerMemory> acquire(size_t li, Pass pass);
   Status release(size_t li, Pass pass, const Completion& done, const Completion& memory_returned = {});
