@@ -139,7 +139,7 @@ struct Engine::Impl : EngineContext {
   Status check_plan_fits_host_budget() const;
   Status init_layers();
   Status init_layer(size_t li);
-  Result<LayerMemory> acquire(size_t li, Pass pass);
+  Result<LayerMemory> acquire(size_t li, Pass pass, AcquireWaiter waiter = AcquireWaiter::model_stream());
   Status release(size_t li, Pass pass, const Completion& done, const Completion& memory_returned = {});
   Status put_initial_layer(size_t li, std::span<const std::byte> params, std::span<const float> fp32);
   Status begin_step();
@@ -155,6 +155,15 @@ struct Engine::Impl : EngineContext {
   Result<double> evaluate();
   // The step's updates queued (and, with overlap off, committed); its metrics.
   Result<StepMetrics> finish_applied_step();
+  // Its steps, in order.
+  Result<double> wait_for_backwards();
+  Result<double> step_norm_squared();
+  Status check_step_finite(double loss, bool finite_norm, double grad_norm) const;
+  Status apply_or_skip_step(const StepMark& call, bool finite, double scale, StepMetrics& m);
+  void report_step_times(StepMetrics& m, Clock::time_point t0, double bwd_ms, double wait_reduce_ms, bool finite,
+                         double previous_update_ms);
+  void report_exposed_waits(StepMetrics& m) const;
+  void report_step_traffic(StepMetrics& m);
   // The hyper-parameters of optimizer step `step` (1-based): the lr of
   // set_step_lr() or the schedule, the schedule's betas.
   cpu_adam::HyperParams hyper_of_step(int64_t step) const;

@@ -153,19 +153,9 @@ Result<StepMetrics> Engine::Impl::finish_applied_step() {
   const StepMark& call = step_start;
   const double scale = progress.scale;
   const double loss_sum = progress.loss_sum;
-  // Blocks, but no longer than the norm below would (it needs every
-  // gradient): waiting here first separates backward time from reduction
-  // time in the metrics and names the layer whose backward failed.
-  const auto tb = Clock::now();
-  for (size_t li = 0; li < part.layer_count(); ++li)
-    STRATA_RETURN_IF_ERROR(wait_status(grads.backward_released(li), fmt::format("backward of layer {}", li)));
-  const double bwd_ms = ms_since(tb);
+  STRATA_ASSIGN_OR_RETURN(const double bwd_ms, wait_for_backwards());
   const auto tr = Clock::now();
-  // Early updates not started yet are claimed back (they are queued below
-  // in forward order), so the norm's block sums wait for one update at most.
-  STRATA_RETURN_IF_ERROR(updates.early().close());
-  STRATA_ASSIGN_OR_RETURN(double sum_squares, grads.global_norm_squared());
-  nvme_bytes.backward_done();
+  STRATA_ASSIGN_OR_RETURN(const double sum_squares, step_norm_squared());
   // The commit point of the previous step's updates (every rank got here,
   // so all of them ran): committed, or every rank rolls back and this step
   // is dropped with it. Its vote also carries each rank's loss: the loss of
@@ -182,40 +172,81 @@ Result<StepMetrics> Engine::Impl::finish_applied_step() {
   m.loss_scale = scale;
   m.grad_norm = std::sqrt(sum_squares) / scale;
   const bool finite = std::isfinite(sum_squares);
-  if (!std::isfinite(m.loss) && opt.fp16.enabled == false)
-    return DataLoss(fmt::format("step {}: the loss is {} (not finite); training stopped", optimizer_steps + 1, m.loss));
-  if (!finite && !opt.fp16.enabled)
+  STRATA_RETURN_IF_ERROR(check_step_finite(m.loss, finite, m.grad_norm));
+  m.skipped = !finite;
+  STRATA_RETURN_IF_ERROR(apply_or_skip_step(call, finite, scale, m));
+  // Behind the step's updates: read ahead for the next step's first opens.
+  updates.early().read_ahead_for_next_step(placement.early_updates && speculate_next_step);
+  m.step = optimizer_steps;
+  report_step_times(m, t0, bwd_ms, wait_reduce_ms, finite, previous_update_ms);
+  report_exposed_waits(m);
+  report_step_traffic(m);
+  return m;
+}
+
+// Blocks, but no longer than the norm would (it needs every gradient):
+// waiting here first separates backward time from reduction time in the
+// metrics and names the layer whose backward failed. Returns the wait's ms.
+Result<double> Engine::Impl::wait_for_backwards() {
+  const auto tb = Clock::now();
+  for (size_t li = 0; li < part.layer_count(); ++li)
+    STRATA_RETURN_IF_ERROR(wait_status(grads.backward_released(li), fmt::format("backward of layer {}", li)));
+  return ms_since(tb);
+}
+
+// The step's squared global gradient norm. Early updates not started yet
+// are claimed back first (they are queued later in forward order), so the
+// norm's block sums wait for one update at most.
+Result<double> Engine::Impl::step_norm_squared() {
+  STRATA_RETURN_IF_ERROR(updates.early().close());
+  STRATA_ASSIGN_OR_RETURN(double sum_squares, grads.global_norm_squared());
+  nvme_bytes.backward_done();
+  return sum_squares;
+}
+
+// A loss or gradient norm that is not finite stops training, except that
+// fp16 skips a step whose norm overflowed.
+Status Engine::Impl::check_step_finite(double loss, bool finite_norm, double grad_norm) const {
+  if (!std::isfinite(loss) && opt.fp16.enabled == false)
+    return DataLoss(fmt::format("step {}: the loss is {} (not finite); training stopped", optimizer_steps + 1, loss));
+  if (!finite_norm && !opt.fp16.enabled)
     return DataLoss(fmt::format("step {}: the gradient norm is not finite ({}); training stopped (only fp16 skips "
                                 "steps on overflow)",
-                                optimizer_steps + 1, m.grad_norm));
-  m.skipped = !finite;
+                                optimizer_steps + 1, grad_norm));
+  return Status::Ok();
+}
+
+// The loss scaler learns whether the step overflowed; a finite step's
+// updates are queued (committed here with overlap off), a skipped step's
+// early updates go back to the previous step's state. Counts into `m`.
+Status Engine::Impl::apply_or_skip_step(const StepMark& call, bool finite, double scale, StepMetrics& m) {
   STRATA_RETURN_IF_ERROR(scaler->update(!finite).with_context(fmt::format("step {}", optimizer_steps + 1)));
   const cpu_adam::HyperParams hyper = hyper_of_step(optimizer_steps + 1);
   m.lr = hyper.lr;
   if (!finite) {
-    // Skipped: layers stepped early go back to the previous step's state.
     STRATA_ASSIGN_OR_RETURN(int64_t restored, updates.early().undo_every());
     m.speculated_layers = m.redone_layers = restored;
+    return Status::Ok();
   }
-  if (finite) {
-    ++optimizer_steps;
-    const double clip = cpu_adam::clip_coefficient(m.grad_norm, opt.grad_clip);
-    speculate_next_step = clip == 1.0;
-    m.beta1 = hyper.beta1;
-    STRATA_RETURN_IF_ERROR(queue_step_updates(call, clip, scale, hyper, m));
-    // strata.overlap_optimizer false: the comparison mode, the step returns
-    // only when every update is in place (the blocking is the point), and
-    // commits them here: a failed update fails this step.
-    if (!opt.overlap_optimizer) {
-      for (size_t li = 0; li < part.layer_count(); ++li)
-        STRATA_RETURN_IF_ERROR(wait_status(params.ready(li),
-                                           fmt::format("the update of layer {} (strata.overlap_optimizer false)", li)));
-      STRATA_RETURN_IF_ERROR(commit.settle(nullptr));
-    }
-  }
-  // Behind the step's updates: read ahead for the next step's first opens.
-  updates.early().read_ahead_for_next_step(placement.early_updates && speculate_next_step);
-  m.step = optimizer_steps;
+  ++optimizer_steps;
+  const double clip = cpu_adam::clip_coefficient(m.grad_norm, opt.grad_clip);
+  speculate_next_step = clip == 1.0;
+  m.beta1 = hyper.beta1;
+  STRATA_RETURN_IF_ERROR(queue_step_updates(call, clip, scale, hyper, m));
+  if (opt.overlap_optimizer) return Status::Ok();
+  // strata.overlap_optimizer false: the comparison mode, the step returns
+  // only when every update is in place (the blocking is the point), and
+  // commits them here: a failed update fails this step.
+  for (size_t li = 0; li < part.layer_count(); ++li)
+    STRATA_RETURN_IF_ERROR(wait_status(params.ready(li),
+                                       fmt::format("the update of layer {} (strata.overlap_optimizer false)", li)));
+  return commit.settle(nullptr);
+}
+
+// The step's times: since `t0` (its begin_step), its passes, the wait for
+// the reductions and the optimizer's.
+void Engine::Impl::report_step_times(StepMetrics& m, Clock::time_point t0, double bwd_ms, double wait_reduce_ms,
+                                     bool finite, double previous_update_ms) {
   m.step_ms = ms_since(t0);
   m.forward_ms = progress.forward_ms;
   m.backward_ms = progress.backward_ms + bwd_ms;
@@ -223,6 +254,10 @@ Result<StepMetrics> Engine::Impl::finish_applied_step() {
   // Overlap off: this step's updates, done by now. On: they run on while the
   // next step does, so the step's report carries the previous step's.
   m.optimizer_ms = !opt.overlap_optimizer && finite ? updates.timed_ms() : previous_update_ms;
+}
+
+// The model's waits for the step's layers (its probes): on an update, on a gather.
+void Engine::Impl::report_exposed_waits(StepMetrics& m) const {
   for (const auto& p : probes) {
     const int64_t reached = p->reached_ns.load(), upd = p->update_ns.load(), ready = p->ready_ns.load();
     if (reached < 0 || ready < 0) continue;
@@ -232,6 +267,10 @@ Result<StepMetrics> Engine::Impl::finish_applied_step() {
     if (on_update > 0) m.optimizer_waits.push_back({p->layer, on_update});
     (p->backward ? m.wait_gather_backward_ms : m.wait_gather_ms) += total - on_update;
   }
+}
+
+// The step's throughput, bytes moved, memory peaks and NVMe traffic.
+void Engine::Impl::report_step_traffic(StepMetrics& m) {
   // This rank's tokens times the world size (ranks train equal batches).
   m.tokens_per_s = static_cast<double>(progress.tokens) * world / (m.step_ms / 1e3);
   m.h2d_bytes = transfers.h2d_bytes;
@@ -251,7 +290,6 @@ Result<StepMetrics> Engine::Impl::finish_applied_step() {
     m.wait_nvme_ms = static_cast<double>((now.read_wait_ns - io_before.read_wait_ns) +
                                          (now.write_wait_ns - io_before.write_wait_ns)) / 1e6;
   }
-  return m;
 }
 
 cpu_adam::HyperParams Engine::Impl::hyper_of_step(int64_t step) const {
