@@ -11,7 +11,11 @@
 
 namespace strata::offload {
 
-Result<LayerMemory> Engine::Impl::acquire(size_t li, Pass pass) {
+Result<LayerMemory> Engine::acquire(size_t layer_index, Pass pass, AcquireWaiter waiter) {
+  return impl_->acquire(layer_index, pass, waiter);
+}
+
+Result<LayerMemory> Engine::Impl::acquire(size_t li, Pass pass, AcquireWaiter waiter) {
   if (li >= part.layer_count())
     return InvalidArgument(fmt::format("acquire of layer {}: the model has {} layers", li, part.layer_count()));
   // A frozen layer's values are never written by a load: readable after a failed one.
@@ -47,14 +51,20 @@ Result<LayerMemory> Engine::Impl::acquire(size_t li, Pass pass) {
   mem.ready = waits.size() == 1 ? waits.front()
               : all_done       ? when_all(waits)  // complete already: a label would never be read
                                : when_all(waits, fmt::format("layer {} ready", li));
-  // Exposed-wait probe of a training pass: when the model's stream reaches
-  // this layer, and when its parameters are ready (their update, then their
-  // gather; a backward's zeroed gradient buffer is not a parameter wait).
-  if (training && !params_ready.done() && model_stream != nullptr) {
+  // Exposed-wait probe of a training pass: when the waiter reaches this
+  // layer (Note [Who waits for an acquired layer]), and when its parameters
+  // are ready (their update, then their gather; a backward's zeroed
+  // gradient buffer is not a parameter wait).
+  Stream* waiting_stream = waiter.stream_or(model_stream);
+  if (training && !params_ready.done() && (waiter.is_host() || waiting_stream != nullptr)) {
     auto probe = std::make_shared<WaitProbe>();
     probe->layer = li;
     probe->backward = progress.in_backward;
-    STRATA_RETURN_IF_ERROR(model_stream->launch_host([probe] { probe->reached_ns.store(now_ns()); }));
+    if (waiter.is_host()) {
+      probe->reached_ns.store(now_ns());
+    } else {
+      STRATA_RETURN_IF_ERROR(waiting_stream->launch_host([probe] { probe->reached_ns.store(now_ns()); }));
+    }
     lease.update_ready.then([probe](const Status&) { probe->update_ns.store(now_ns()); });
     params_ready.then([probe](const Status&) { probe->ready_ns.store(now_ns()); });
     probes.push_back(std::move(probe));

@@ -12,6 +12,9 @@ class HostOrder final : public TorchStreamOrder {
  public:
   Status wait_for(const Completion& ready, uintptr_t, const std::string&) override { return ready.wait(); }
   Result<Completion> issued_so_far(uintptr_t, const std::string&) override { return Completion(); }
+  Result<offload::AcquireWaiter> waiter(uintptr_t, const std::string&) override {
+    return offload::AcquireWaiter::host();
+  }
   bool waits_on_host() const override { return true; }
 };
 
@@ -31,6 +34,11 @@ class DeviceOrder final : public TorchStreamOrder {
     if (closed_) return Completion();  // the engine is gone: nothing of it waits any more
     STRATA_ASSIGN_OR_RETURN(Stream * stream, stream_of(torch_stream, what));
     return stream->record_completion();
+  }
+  Result<offload::AcquireWaiter> waiter(uintptr_t torch_stream, const std::string& what) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    STRATA_ASSIGN_OR_RETURN(Stream * stream, stream_of(torch_stream, what));
+    return offload::AcquireWaiter::stream(*stream);  // the wrapper lives until drain() or close()
   }
   bool waits_on_host() const override { return false; }
   void close() override {
@@ -93,6 +101,12 @@ Status RecordedStreamOrder::wait_for(const Completion& ready, uintptr_t torch_st
   }
   STRATA_RETURN_IF_ERROR(stream->wait(ready));
   return stream->record_completion().wait();  // the stand-in for the GPU reaching torch's next kernel
+}
+
+Result<offload::AcquireWaiter> RecordedStreamOrder::waiter(uintptr_t torch_stream, const std::string&) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  STRATA_ASSIGN_OR_RETURN(Stream * stream, stream_of(torch_stream));
+  return offload::AcquireWaiter::stream(*stream);
 }
 
 Result<Completion> RecordedStreamOrder::issued_so_far(uintptr_t torch_stream, const std::string& what) {

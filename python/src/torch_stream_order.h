@@ -27,6 +27,7 @@
 #include "strata/core/completion.h"
 #include "strata/core/device.h"
 #include "strata/core/status.h"
+#include "strata/offload/acquire_waiter.h"
 
 namespace strata::python {
 
@@ -38,6 +39,11 @@ class TorchStreamOrder {
   virtual Status wait_for(const Completion& ready, uintptr_t torch_stream, const std::string& what) = 0;
   // Completes once the work torch issued on `torch_stream` so far has run.
   virtual Result<Completion> issued_so_far(uintptr_t torch_stream, const std::string& what) = 0;
+  // Who waits for a layer acquired for torch's work on `torch_stream`: the
+  // step metrics' exposed waits start when it reaches the layer (Note [Who
+  // waits for an acquired layer]): the host on the cpu device, torch's
+  // stream on a device.
+  virtual Result<offload::AcquireWaiter> waiter(uintptr_t torch_stream, const std::string& what) = 0;
   // Whether wait_for() blocks the calling thread (then call it without the GIL).
   virtual bool waits_on_host() const = 0;
   // The engine and its device are going: streams are let go, and a lend
@@ -74,6 +80,7 @@ class RecordedStreamOrder final : public TorchStreamOrder {
   explicit RecordedStreamOrder(Device& device) : device_(device) {}
   Status wait_for(const Completion& ready, uintptr_t torch_stream, const std::string& what) override;
   Result<Completion> issued_so_far(uintptr_t torch_stream, const std::string& what) override;
+  Result<offload::AcquireWaiter> waiter(uintptr_t torch_stream, const std::string& what) override;
   bool waits_on_host() const override { return true; }
   void close() override;
   Status drain() override;

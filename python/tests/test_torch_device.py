@@ -11,6 +11,8 @@ value on the host inside the step but the step's loss once, and that the
 branch trains bit-identically to the cpu branch. The device choice and the
 memory split are plain arithmetic, tested here; the GPU run is the
 prepared call of docs/gpu-results.md."""
+import contextlib
+
 import pytest
 import torch
 
@@ -73,6 +75,47 @@ def test_the_device_order_trains_bit_identically_to_the_cpu_branch(stage, optimi
         assert ops and ops[0] == "wait" and ops[-1] == "record", (what, ops)
         assert ops.count("wait") == ops.count("record"), (what, ops)
     assert {stream for _, stream, _ in log} == {device.current_stream()}
+
+
+@pytest.mark.parametrize("order", ["host", "recorded"])
+def test_the_exposed_optimizer_wait_is_measured_where_torch_waits(order):
+    """Note [Who waits for an acquired layer]: strata.torch's engine has no model stream of its own, so each
+    acquire names who waits for the layer (the host on the cpu device, torch's stream on a GPU, here the
+    stand-in's). With the optimizer overlapped, the next step's first forward reaches a layer whose CPU step
+    (4M parameters of Adam) is still running: that wait is reported, by layer. Before the waiter was named it
+    read 0 on this path."""
+    class Wide(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList(torch.nn.Linear(2048, 2048) for _ in range(2))
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = torch.tanh(layer(x))
+            return x
+
+    cfg = config(1, "cpu", "none", accum=1)
+    cfg["strata"]["device_memory"] = "256MiB"
+    context = recorded_device_for_tests() if order == "recorded" else _no_stand_in()
+    with context:
+        torch.manual_seed(3)
+        model = Wide()
+        engine, _, _, _ = st.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+        exposed, by_layer = 0.0, 0.0
+        for _ in range(4):
+            loss = engine(torch.randn(1, 2048)).square().mean()
+            engine.backward(loss)
+            engine.step()
+            exposed += engine.metrics["wait_optimizer_ms"]
+            by_layer += sum(ms for _, ms in engine.metrics["optimizer_waits"])
+        engine.close()
+    assert exposed > 0
+    assert by_layer == pytest.approx(exposed, abs=1e-6)
+
+
+@contextlib.contextmanager
+def _no_stand_in():
+    yield None
 
 
 def test_a_step_under_a_stream_the_user_selects_is_ordered_on_that_stream(tmp_path):

@@ -54,20 +54,23 @@ Status initialize(Engine& engine, const SpecModel& model) {
 using BeforeBackward = std::function<void(int micro, size_t li, Engine& engine)>;
 
 // One step of grad_accum micro-batches: forward in order, backward in reverse.
-Result<StepMetrics> drive_step(Engine& engine, const SpecModel& model, const BeforeBackward& before_backward = {}) {
+// `waiter`: who the acquires say waits for each layer (the caller waits on
+// the host either way).
+Result<StepMetrics> drive_step(Engine& engine, const SpecModel& model, const BeforeBackward& before_backward = {},
+                               AcquireWaiter waiter = AcquireWaiter::model_stream()) {
   const int accum = engine.options().grad_accum;
   const size_t n = model.layers().size();
   STRATA_RETURN_IF_ERROR(engine.begin_step());
   for (int micro = 0; micro < accum; ++micro) {
     STRATA_RETURN_IF_ERROR(engine.begin_micro_batch(micro == accum - 1));
     for (size_t li = 0; li < n; ++li) {
-      STRATA_ASSIGN_OR_RETURN(LayerMemory mem, engine.acquire(li, Pass::kForward));
+      STRATA_ASSIGN_OR_RETURN(LayerMemory mem, engine.acquire(li, Pass::kForward, waiter));
       STRATA_RETURN_IF_ERROR(mem.ready.wait());
       STRATA_RETURN_IF_ERROR(engine.release(li, Pass::kForward, Completion()));
     }
     for (size_t k = n; k-- > 0;) {
       if (before_backward) before_backward(micro, k, engine);
-      STRATA_ASSIGN_OR_RETURN(LayerMemory mem, engine.acquire(k, Pass::kBackward));
+      STRATA_ASSIGN_OR_RETURN(LayerMemory mem, engine.acquire(k, Pass::kBackward, waiter));
       STRATA_RETURN_IF_ERROR(mem.ready.wait());
       float* g = static_cast<float*>(mem.grads);
       for (size_t e = 0; e < model.layers()[k].param_count; ++e) g[e] += 1e-3f * static_cast<float>((e % 7) + 1);
@@ -89,13 +92,15 @@ struct Rig {
 };
 
 // `faults`: the engine is made through the testing seam with them.
-std::unique_ptr<Rig> make_rig(const EngineOptions& o, const testing::EngineFaults* faults = nullptr) {
+// `with_model_stream` false: a driven engine without one (as strata.torch's).
+std::unique_ptr<Rig> make_rig(const EngineOptions& o, const testing::EngineFaults* faults = nullptr,
+                              bool with_model_stream = true) {
   auto rig = std::make_unique<Rig>();
   DeviceOptions dopt;
   dopt.device_memory_bytes = uint64_t{64} << 20;
   rig->device = make_device(DeviceKind::kCpu, dopt).value();
   rig->comms = comm::create_local_group(1).value();
-  rig->model_stream = rig->device->create_stream().value();
+  if (with_model_stream) rig->model_stream = rig->device->create_stream().value();
   auto engine = faults != nullptr ? testing::create_engine(o, rig->model, *rig->device, *rig->comms[0], *faults,
                                                            rig->model_stream.get())
                                   : Engine::create(o, rig->model, *rig->device, *rig->comms[0], rig->model_stream.get());
@@ -223,6 +228,49 @@ TEST(EngineMetrics, AHeldUpdateIsReportedAgainstItsLayer) {
   EXPECT_GE(at_layer_1, kSleepMs / 2) << "the held update was not reported against layer 1";
   ASSERT_TRUE(rig->engine->synchronize().ok());
 }
+
+// A driven engine without a model stream (strata.torch's): the acquires say
+// who waits (Note [Who waits for an acquired layer]), the host on the cpu
+// device or torch's stream on a GPU (here a stream of the test's), and the
+// held update is reported against its layer as with the model stream;
+// without a waiter nothing is probed.
+class HeldUpdateWaiter : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(HeldUpdateWaiter, IsReportedAgainstItsLayerWithoutAModelStream) {
+  const std::string who = GetParam();
+  EngineOptions o = base_options();
+  o.offload_optimizer = OffloadDevice::kCpu;
+  o.overlap_optimizer = true;
+  o.speculative_optimizer = SpeculationMode::kOff;
+  std::atomic<bool> hold{false};
+  testing::EngineFaults faults;
+  faults.update_values_queued = [&](size_t layer, bool) {
+    if (layer == 1 && hold.exchange(false)) std::this_thread::sleep_for(kSleep);
+  };
+  auto rig = make_rig(o, &faults, /*with_model_stream=*/false);
+  ASSERT_TRUE(rig);
+  std::unique_ptr<Stream> callers_stream = rig->device->create_stream().value();
+  const AcquireWaiter waiter = who == "host"     ? AcquireWaiter::host()
+                               : who == "stream" ? AcquireWaiter::stream(*callers_stream)
+                                                 : AcquireWaiter::model_stream();
+  hold = true;
+  ASSERT_TRUE(drive_step(*rig->engine, rig->model, {}, waiter).ok());
+  Result<StepMetrics> m = drive_step(*rig->engine, rig->model, {}, waiter);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  if (who == "none") {
+    EXPECT_EQ(m->wait_optimizer_ms, 0.0) << "no model stream and no waiter named: nothing to time from";
+    EXPECT_TRUE(m->optimizer_waits.empty());
+  } else {
+    EXPECT_GE(m->wait_optimizer_ms, kSleepMs / 2) << who;
+    double at_layer_1 = 0;
+    for (const StepMetrics::LayerWait& w : m->optimizer_waits)
+      if (w.layer == 1) at_layer_1 += w.ms;
+    EXPECT_GE(at_layer_1, kSleepMs / 2) << "the held update was not reported against layer 1";
+  }
+  ASSERT_TRUE(rig->engine->synchronize().ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(EngineMetrics, HeldUpdateWaiter, ::testing::Values("host", "stream", "none"));
 
 // The engine's measured device memory is what the Device counted for the
 // engine's allocations: here the model allocates nothing, so it equals the

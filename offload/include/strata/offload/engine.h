@@ -147,6 +147,7 @@
 #include "strata/core/status.h"
 #include "strata/cpu_adam/hyper_params.h"
 #include "strata/cpu_adam/moment_storage.h"
+#include "strata/offload/acquire_waiter.h"
 #include "strata/offload/checkpoint.h"
 #include "strata/offload/partition.h"
 #include "strata/offload/speculation_mode.h"
@@ -282,11 +283,13 @@ struct StepMetrics {
   double optimizer_ms = 0;
   // Time the model waited, per link, this step.
   double wait_reduce_ms = 0;     // the driving thread: last backward done -> every gradient reduced, norm and vote
-  // The model's stream (Engine::create's model_stream, the runner's) waited
-  // for a layer's parameters: for their update (exposed optimizer, forward
-  // or backward), or after it for their gather: in the forwards (the
-  // passes before each micro-batch's first backward acquire) and in the
-  // backwards (stage 3 gathers a dropped layer again). 0 without a stream.
+  // The model waited for a layer's parameters: for their update (exposed
+  // optimizer, forward or backward), or after it for their gather: in the
+  // forwards (the passes before each micro-batch's first backward acquire)
+  // and in the backwards (stage 3 gathers a dropped layer again). Timed
+  // from when the acquire's waiter reached the layer (Note [Who waits for
+  // an acquired layer]: Engine::create's model_stream by default, the host
+  // or a caller's stream); 0 when nothing names one.
   double wait_optimizer_ms = 0;
   // wait_optimizer_ms by layer: each pass that waited for its layer's
   // update, in the order the stream reached them (a layer acquired twice,
@@ -472,6 +475,10 @@ class Engine final : public ParameterProvider {
 
   // ParameterProvider
   Result<LayerMemory> acquire(size_t layer_index, Pass pass) override;
+  // acquire() for a caller that says who waits for the layer's `ready`
+  // (Note [Who waits for an acquired layer] in acquire_waiter.h): the step
+  // metrics' exposed waits are timed from when that waiter reaches it.
+  Result<LayerMemory> acquire(size_t layer_index, Pass pass, AcquireWaiter waiter);
   Status release(size_t layer_index, Pass pass, const Completion& done) override;
   // release() for a caller whose views of the layer's parameters may
   // outlive the pass (autograd's saved tensors: the Python bindings):
