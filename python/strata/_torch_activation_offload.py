@@ -12,11 +12,13 @@ memory instead:
             was made); the device tensor is then torch's to free, and the
             copy stream is recorded on it so the allocator does not reuse
             its memory before the copy has read it;
-  backward  a checkpoint's inputs are fetched back on the copy stream, and as
-            they are handed to its recompute the previous checkpoint's (the
-            next to run backward) are fetched too, so that copy overlaps this
-            block's recompute and backward; torch's stream waits on the
-            fetch's event, never the host.
+  backward  a checkpoint's inputs are fetched back on the copy stream (into
+            memory allocated there: a block torch's stream freed may still be
+            read by its queued kernels), and as they are handed to its
+            recompute the previous checkpoint's (the next to run backward)
+            are fetched too, so that copy overlaps this block's recompute and
+            backward; torch's stream waits on the fetch's event, never the
+            host, and is recorded on the fetched tensor.
 Every copy runs on the one copy stream, so a host buffer is reused only in
 that stream's order: a buffer goes back to the pool when its checkpoint is
 gone (the graph freed after backward, or dropped without one), and a later
@@ -89,16 +91,19 @@ class _CudaCopies:
         tensor.record_stream(self.stream)  # its memory is not reused before the copy has read it
 
     def to_device(self, host, checkpoint):
-        tensor = torch.empty(host.shape, dtype=host.dtype, device=self.device)
+        # Allocated on the copy stream: a block torch's stream freed may still be read by its queued kernels,
+        # and the copy does not wait for them.
         with torch.cuda.stream(self.stream):
+            tensor = torch.empty(host.shape, dtype=host.dtype, device=self.device)
             tensor.copy_(host, non_blocking=True)
             fetched = torch.cuda.Event()
             fetched.record(self.stream)
-        tensor.record_stream(self.stream)
         return tensor, fetched
 
-    def wait(self, fetched, checkpoint):
-        torch.cuda.current_stream(self.device).wait_event(fetched)
+    def hand_over(self, tensor, fetched, checkpoint):
+        current = torch.cuda.current_stream(self.device)
+        current.wait_event(fetched)
+        tensor.record_stream(current)  # freed by torch's stream's work: not reused before it has run
 
     def synchronize(self):
         torch.cuda.synchronize(self.device)
@@ -123,7 +128,7 @@ class _RecordedCopies:
         self.log.append(("to_device", checkpoint))
         return host.clone(), checkpoint
 
-    def wait(self, fetched, checkpoint):
+    def hand_over(self, tensor, fetched, checkpoint):
         self.log.append(("wait", checkpoint))
 
     def synchronize(self):
@@ -188,7 +193,7 @@ class ActivationOffload:
         self._fetch_checkpoint(packed.checkpoint)  # its other inputs
         # The checkpoint before it runs backward next: its inputs' copies overlap this recompute.
         self._fetch_checkpoint(self._checkpoint_before(packed.checkpoint))
-        self.copies.wait(packed.fetched, packed.checkpoint)
+        self.copies.hand_over(packed.device_copy, packed.fetched, packed.checkpoint)
         tensor = packed.device_copy.as_strided(packed.shape, packed.stride)
         packed.device_copy = packed.fetched = None  # a second unpack (retain_graph) fetches again
         return tensor  # autograd gives it back its place in the graph

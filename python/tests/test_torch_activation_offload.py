@@ -7,6 +7,7 @@ their recompute. Without a GPU the recorded stand-in plays that order on the cpu
 every copy and wait logged): these tests check the order, that the inputs leave the "device" after forward,
 that the pinned buffers are reused after the first step, and that training is bit-identical with the inputs
 moved, with torch's checkpoint and without checkpointing. The GPU run is docs/gpu-results.md's call."""
+import contextlib
 import gc
 import os
 import warnings
@@ -267,3 +268,70 @@ def test_hugging_face_gradient_checkpointing_moves_its_blocks_inputs():
     kinds = [kind for kind, _ in offload_record.copies.log]
     # 2 steps x 2 micro-batches x 2 decoder layers, at least the hidden state each
     assert kinds.count("to_host") >= 8 and kinds.count("to_device") == kinds.count("to_host")
+
+
+def test_the_cuda_copies_order_their_streams_by_events(monkeypatch):
+    """_CudaCopies itself, on a stand-in of torch.cuda's stream API (no GPU here): the copy out waits for
+    torch's stream and is recorded on the input; the copy back is allocated and copied on the copy stream,
+    records an event, and torch's stream waits on it and is recorded on the fetched tensor. No synchronize."""
+    from strata import _torch_activation_offload as offload_module
+    log = []
+
+    class Stream:
+        def __init__(self, name):
+            self.name = name
+
+        def wait_stream(self, other):
+            log.append((self.name, "waits for", other.name))
+
+        def wait_event(self, event):
+            log.append((self.name, "waits on", event.name))
+
+    class Event:
+        made = 0
+
+        def __init__(self):
+            Event.made += 1
+            self.name = f"event {Event.made}"
+
+        def record(self, stream):
+            log.append((stream.name, "records", self.name))
+
+    torch_stream, streams_on = Stream("torch"), []
+
+    @contextlib.contextmanager
+    def on(stream):
+        streams_on.append(stream)
+        try:
+            yield
+        finally:
+            streams_on.pop()
+
+    def current_stream(device=None):
+        return streams_on[-1] if streams_on else torch_stream
+
+    def record_stream(tensor, stream):
+        log.append((stream.name, "recorded on", tuple(tensor.shape)))
+
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device: Stream("copy"))
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "stream", on)
+    monkeypatch.setattr(torch.cuda, "current_stream", current_stream)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: log.append(("device", "synchronized")))
+    monkeypatch.setattr(torch.Tensor, "record_stream", record_stream)
+    copies = offload_module._CudaCopies(torch.device("cpu"))  # "moves" the inputs on its device
+    copies.pin = False  # pinned memory needs a CUDA driver
+    offload = offload_module.ActivationOffload(copies)
+    block = torch.nn.Linear(4, 4)
+    x = torch.randn(2, 4, requires_grad=True)
+    with offload.hooks():
+        y = torch.utils.checkpoint.checkpoint(block, x.expand(3, 2, 4), use_reentrant=True)
+    assert log == [("copy", "waits for", "torch"), ("copy", "recorded on", (8,))]
+    del log[:]
+    y.sum().backward()
+    assert log == [("copy", "records", "event 1"), ("torch", "waits on", "event 1"), ("torch", "recorded on", (8,))]
+    expected = torch.nn.Linear(4, 4)
+    expected.load_state_dict(block.state_dict())
+    x2 = x.detach().clone().requires_grad_(True)
+    expected(x2.expand(3, 2, 4)).sum().backward()
+    assert torch.equal(x.grad, x2.grad)  # the expanded input came back as it was: the same gradient
