@@ -131,7 +131,8 @@ Result<EnginePlan> plan_engine(const EstimateOptions& opts, const Config* config
     for (OffloadDevice od : kPlaces)
       for (OffloadDevice pdv : kPlaces) {
         // Parameters leave the device only at stage 3, and only with the optimizer off it too.
-        if (pdv != OffloadDevice::kNone && (stage != 3 || od == OffloadDevice::kNone)) continue;
+        const Placement placement{stage, od, pdv};
+        if (placement.params_offloaded() && !(placement.params_sharded() && placement.optimizer_offloaded())) continue;
         offload::EngineOptions o = base;
         o.stage = stage;
         o.offload_optimizer = od;

@@ -301,7 +301,7 @@ int run_plan(const PlanOptions& o) {
   if (engine_base.gradient_shards == offload::GradientShardsMode::kNvme)
     for (PlacementRow& row : rows)
       if (!row.gradient_shards)
-        row.gradient_shards = row.optimizer == OffloadDevice::kNvme && row.ratio == 1.0
+        row.gradient_shards = row.placement().optimizer_on_nvme() && row.ratio == 1.0
                                   ? offload::GradientShardsMode::kNvme
                                   : offload::GradientShardsMode::kAuto;
 

@@ -154,9 +154,11 @@ Status apply_placement_flags(const TrainCliOptions& o, TrainSetup& t) {
     STRATA_ASSIGN_OR_RETURN(t.engine.offload_param, parse_offload(o.offload_param, "--offload-param"));
   }
   if (!o.nvme_path.empty()) t.engine.nvme.path = t.engine.nvme_param.path = o.nvme_path;
+  // The placement the flags and the config make: its questions, not raw values.
+  const Placement placement = t.engine.placement();
   // The config's own stage 0 + optimizer offload is refused when it is read
   // (config_resolve.cpp); here a flag made the pair, so the message names it.
-  if (t.engine.offload_optimizer != OffloadDevice::kNone && t.engine.stage == 0) {
+  if (placement.optimizer_offloaded() && !placement.optimizer_sharded()) {
     const std::string stage_from =
         o.given_stage            ? std::string("--stage 0")
         : o.config_path.empty() ? std::string("stage 0 (the default without --stage or --config)")
@@ -172,17 +174,17 @@ Status apply_placement_flags(const TrainCliOptions& o, TrainSetup& t) {
         "offloaded, only there); give --stage 1, 2 or 3, or --offload-optimizer none",
         stage_from, offload_from));
   }
-  if (t.engine.offload_optimizer == OffloadDevice::kNvme && t.engine.nvme.path.empty())
+  if (placement.optimizer_on_nvme() && t.engine.nvme.path.empty())
     return InvalidArgument("--offload-optimizer nvme needs a folder on the NVMe drive: give --nvme-path DIR (or "
                            "zero_optimization.offload_optimizer.nvme_path in --config)");
-  if (t.engine.offload_param == OffloadDevice::kNvme && t.engine.nvme_param.path.empty())
+  if (placement.params_on_nvme() && t.engine.nvme_param.path.empty())
     return InvalidArgument("--offload-param nvme needs a folder on the NVMe drive: give --nvme-path DIR (or "
                            "zero_optimization.offload_param.nvme_path in --config)");
-  if (t.engine.offload_param != OffloadDevice::kNone && t.engine.stage != 3)
+  if (placement.params_offloaded() && !placement.params_sharded())
     return InvalidArgument(fmt::format("--offload-param needs stage 3 (parameters are partitioned only there); "
                                        "stage is {}",
                                        t.engine.stage));
-  if (t.engine.offload_param != OffloadDevice::kNone && t.engine.offload_optimizer == OffloadDevice::kNone)
+  if (placement.params_offloaded() && !placement.optimizer_offloaded())
     return InvalidArgument(fmt::format("--offload-param {} needs the optimizer off the device too: add "
                                        "--offload-optimizer cpu (or nvme)",
                                        offload_device_name(t.engine.offload_param)));
@@ -207,9 +209,10 @@ Status check_nvme_folders(const TrainCliOptions& o, const TrainSetup& t) {
     const std::string& path;
     const char* key;
   };
-  for (const Use& u : {Use{t.engine.offload_optimizer == OffloadDevice::kNvme, t.engine.nvme.path,
+  const Placement placement = t.engine.placement();
+  for (const Use& u : {Use{placement.optimizer_on_nvme(), t.engine.nvme.path,
                            "zero_optimization.offload_optimizer.nvme_path"},
-                       Use{t.engine.offload_param == OffloadDevice::kNvme, t.engine.nvme_param.path,
+                       Use{placement.params_on_nvme(), t.engine.nvme_param.path,
                            "zero_optimization.offload_param.nvme_path"}}) {
     if (!u.used || u.path.empty()) continue;  // an empty path is refused by apply_placement_flags
     const std::string named = o.given_nvme_path
