@@ -522,7 +522,7 @@ class DrivenEngine {
     try {
       const std::vector<ParamTensorSpec>& tensors = model_->layers()[li].params;
       py::object params;
-      if (engine_->placement().layers[li].persistent()) {
+      if (keeps_layer_whole(li)) {
         params = cached_views(permanent_views_, li, m.params, ViewLayout{}, from_dlpack);
       } else {
         auto lent = std::make_shared<LentParameters>(fmt::format("layer {} lent to torch", li), order_, torch_stream);
@@ -659,6 +659,12 @@ class DrivenEngine {
   py::dict measured_memory() const { return memory_dict(engine_->measured_memory()); }
   int64_t optimizer_steps() const { return engine_->optimizer_steps(); }
   int64_t steps_begun() const { return engine_->steps_begun(); }
+  // The placement's answer (StatePlacement): layer li's parameters stay whole at one address (stages 0-2, and
+  // stage-3 layers below the persistence threshold), so views of them stay valid after a release.
+  bool keeps_layer_whole(size_t li) const {
+    check_layer(li);
+    return engine_->placement().layers[li].persistent();
+  }
   void set_step_lr(double lr) { throw_if_error(engine_->set_step_lr(lr)); }
   std::string describe() const { return engine_->describe(); }
 
@@ -774,6 +780,7 @@ void bind_engine(py::module_& m) {
       .def("measured_memory", &DrivenEngine::measured_memory)
       .def_property_readonly("optimizer_steps", &DrivenEngine::optimizer_steps)
       .def_property_readonly("steps_begun", &DrivenEngine::steps_begun)
+      .def("keeps_layer_whole", &DrivenEngine::keeps_layer_whole, py::arg("layer"))
       .def("describe", &DrivenEngine::describe);
 }
 

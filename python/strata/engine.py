@@ -21,7 +21,8 @@ copy. The caller drives each step::
 
 This build drives the cpu device in one process (its memory is host
 memory). A view is valid until its release: at stage 3 the engine frees or
-reuses a layer's gathered memory afterwards. See docs/python.md.
+reuses a layer's gathered memory afterwards, unless the layer is kept whole
+(``keeps_whole``). See docs/python.md.
 """
 
 import json
@@ -126,6 +127,14 @@ class Engine:
         """Steps begun so far (begin_step calls that were not abandoned): the number the next checkpoint tag
         global_step<N> takes."""
         return self._native.steps_begun
+
+    def keeps_whole(self, layer):
+        """Whether layer `layer`'s parameters stay whole at one address for
+        the whole run (every layer at stages 0-2; at stage 3 a layer with
+        fewer elements than stage3_param_persistence_threshold): the views
+        acquire() lends of them stay valid after release. Otherwise (a
+        stage-3 shard) the memory may be freed or reused after release."""
+        return self._native.keeps_layer_whole(self._layer_index(layer))
 
     def tensor_names(self, layer):
         return [t[0] for t in self._layout[self._layer_index(layer)]]

@@ -387,3 +387,28 @@ def test_the_engine_layer_answers_what_the_torch_front_end_asks_and_refuses_use_
     engine.close("make another with Engine(...)")
     with pytest.raises(strata.errors.FailedPrecondition, match="closed .* make another with Engine"):
         engine.begin_step()
+
+
+def test_keeps_whole_is_the_engines_placement_and_its_views_outlive_a_release():
+    """Engine.keeps_whole: every layer at stages 0-2; at stage 3 a layer with fewer elements than
+    stage3_param_persistence_threshold (fc0 has 1088, fc1 1040), whose acquires lend the same views."""
+    model = make_model()
+    assert [Engine(config(2), layers_of(model)).keeps_whole(i) for i in range(2)] == [True, True]
+    assert [Engine(config(3), layers_of(model)).keeps_whole(i) for i in range(2)] == [False, False]
+    cfg = config(3)
+    cfg["zero_optimization"]["stage3_param_persistence_threshold"] = 1050
+    eng = Engine(cfg, layers_of(model))
+    assert [eng.keeps_whole(i) for i in range(2)] == [False, True]
+    with pytest.raises(strata.InvalidArgument, match="layer 2 is out of range"):
+        eng.keeps_whole(2)
+    for i, u in enumerate(units_of(model)):
+        eng.put_initial_layer(i, [u.weight, u.bias])
+    views = []
+    eng.begin_evaluation()
+    for _ in range(2):
+        views.append([eng.acquire(i, "eval").params for i in range(2)])
+        for i in range(2):
+            eng.release(i, "eval")
+    eng.finish_evaluation(0.0, 1)
+    assert views[0][1] is views[1][1] and torch.equal(views[0][1]["fc1.bias"], model[2].bias)
+    assert views[0][0] is not views[1][0]  # a gathered copy: lent anew at each acquire
