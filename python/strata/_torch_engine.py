@@ -67,17 +67,26 @@ class StrataEngine(UnitHooks, torch.nn.Module):
         self.lr_scheduler = lr_scheduler
         self._engine = native                    # strata.engine.Engine
         self._units = units
-        self._layers = [_LayerState(p) for p in plans]
+        self._layers = [_LayerState(p, native.keeps_whole(index)) for index, p in enumerate(plans)]
+        # Which of DeepSpeed's surfaces applies (its ds_* attributes at stage 3); where a layer's memory lives
+        # is the engine's placement (_LayerState.kept_whole).
         self._stage = config["zero_optimization"]["stage"]
         self._config_scheduler = config["scheduler"]["type"] != "none"
         self._shown_lr = None      # with the config's scheduler: the lr last shown in param_groups
         self._gas = native.gradient_accumulation_steps
         self._placeholders = {}
-        self._pass = None          # "forward" or "eval" while the root module's forward runs
+        # The front end's own: whether torch is inside the root module's forward ("forward" or "eval"); the
+        # engine's micro-batch lasts from that forward to backward's end and cannot tell where torch is in it.
+        self._pass = None
+        # The engine's phase (begin_step .. finish_step, begin_micro_batch .. end_micro_batch), which the native
+        # engine keeps (Engine::Impl::phase) but does not expose: mirrored here so that a call out of order is
+        # refused naming the torch call before autograd runs (docs/engine.md, "The torch front end's state").
         self._step_open = False
         self._micro_open = False
         self._no_sync = False      # inside no_sync()
-        self._micro_steps = 0      # DeepSpeed's micro_steps: engine.step() calls
+        # DeepSpeed's micro_steps (engine.step() calls): the front end's own, since a step() off the
+        # accumulation boundary is a no-op the engine never sees.
+        self._micro_steps = 0
         self._global_steps = 0     # optimizer steps applied
         self._samples = 0          # the micro-batch's samples (its first tensor argument's first dimension)
         self._samples_hint = 0     # the same, seen by forward() (kwargs included)
@@ -505,10 +514,12 @@ class StrataEngine(UnitHooks, torch.nn.Module):
         for layer in self._layers:
             layer.holds = 0
             layer.grads = None
-            if self._stage == 3:
+            if not layer.kept_whole:
                 for _, p in layer.plan.params:
                     p.data = self._placeholder(p.dtype)
                     mark_released(p)
+                    if self._ds_status is not None:
+                        p.ds_status = self._ds_status[1]
                 layer.bound = None
         for p in self.module.parameters():
             p.grad = None

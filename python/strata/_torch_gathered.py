@@ -141,7 +141,7 @@ class GatheredParameters:
         if values is not None:
             for index, tensors in values.items():
                 engine._engine.put_initial_layer(index, tensors, root=self.modifier_rank)
-                if engine._stage != 3:
+                if engine._layers[index].kept_whole:
                     engine._layers[index].bound = None  # rebound at its next acquire
         return False
 

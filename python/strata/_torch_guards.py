@@ -347,6 +347,8 @@ def close_engine(engine):
                 p.data = placeholders[p.dtype]  # nothing of the model views the engine's memory any more
                 p.grad = None
             mark_released(p)
+            if engine._ds_status is not None:
+                p.ds_status = engine._ds_status[1]
         layer.holds, layer.grads, layer.bound = 0, None, None
     engine._closed = True
     engine._engine.close("make a new one with strata.torch.initialize (engine.load_checkpoint resumes)")

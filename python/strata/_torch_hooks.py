@@ -26,9 +26,12 @@ gradient was left outside the engine. The root module's pre-forward hook
 opens the step and the micro-batch (begin_step / begin_micro_batch), or an
 evaluation under torch.no_grad().
 
-At stage 3 a released layer's memory may be reused, so its parameters are
-bound to empty placeholders until the next acquire; at stages 0-2 the
-memory is the engine's for good and the binding stays.
+A layer whose shard the engine gathers (stage 3) may have its memory
+reused once released, so its parameters are bound to empty placeholders
+until the next acquire; a layer the engine keeps whole (Engine.keeps_whole:
+every layer at stages 0-2, a stage-3 layer below
+stage3_param_persistence_threshold) is the engine's memory for good, and its
+binding stays from its first acquire on.
 """
 
 import torch
@@ -131,11 +134,14 @@ class _UnitCall:
 
 
 class _LayerState:
-    __slots__ = ("plan", "holds", "grads", "bound")
+    __slots__ = ("plan", "kept_whole", "holds", "grads", "bound")
 
-    def __init__(self, plan):
+    def __init__(self, plan, kept_whole):
         self.plan = plan
-        self.holds = 0      # acquires not yet released, every pass
+        self.kept_whole = kept_whole  # the engine's placement (Engine.keeps_whole), fixed for the run
+        # Acquires not yet released, every pass. The engine counts them too (its gatherer's holdings), but
+        # does not expose the count; the hooks need it at every release to hand gradients over and unbind.
+        self.holds = 0
         self.grads = None   # {name: tensor}: the gradient buffer while held for backward
         self.bound = None   # the {name: tensor} the parameters' .data are bound to (None: placeholders)
 
@@ -504,7 +510,7 @@ class UnitHooks:
             if layer.holds == 0:
                 layer.grads = None
         self._engine.release(index, pass_name)
-        if layer.holds == 0 and self._stage == 3:
+        if layer.holds == 0 and not layer.kept_whole:
             for _, p in layer.plan.params:
                 p.data = self._placeholder(p.dtype)
                 mark_released(p)

@@ -276,14 +276,20 @@ def test_parameters_keep_their_shapes_after_initialize_below_stage_3(stage):
     assert sum(p.numel() for p in model.parameters()) == size
 
 
+def stage_3(persistence_threshold):
+    return config(3, zero_optimization={"stage": 3, "stage3_param_persistence_threshold": persistence_threshold})
+
+
 def test_stage_3_parameters_carry_deepspeeds_attributes():
     model = make_mlp()
     shapes = [p.shape for p in model.parameters()]
-    engine, _, _, _ = deepspeed.initialize(model=model, config=config(3))
+    # Every layer partitioned (the default threshold, 100000, would keep this small model's layers whole).
+    engine, _, _, _ = deepspeed.initialize(model=model, config=stage_3(0))
     params = list(model.parameters())
     assert sum(p.numel() for p in params) == 0  # partitioned placeholders, as DeepSpeed's
     assert [p.ds_shape for p in params] == shapes and [p.ds_numel for p in params] == [s.numel() for s in shapes]
     assert sorted(p.ds_id for p in params) == list(range(len(params)))
+    assert not any(p.ds_persist for p in params)
     assert sum(p.ds_numel if hasattr(p, "ds_id") else p.numel() for p in params) == sum(s.numel() for s in shapes)
     assert all(p.ds_status == ZeroParamStatus.NOT_AVAILABLE for p in params)
     with GatheredParameters(params):
@@ -294,6 +300,72 @@ def test_stage_3_parameters_carry_deepspeeds_attributes():
     train(engine, 1)
     hook.remove()
     assert seen == [ZeroParamStatus.AVAILABLE]  # bound while its unit runs
+
+
+# make_mlp's layers hold 84 (Linear(6, 12)), 24 (LayerNorm(12)) and 39 (Linear(12, 3)) elements: under a threshold
+# of 30 the engine keeps the norm's layer whole on every rank and shards the others.
+PERSISTENT = {"1.weight", "1.bias"}
+
+
+def test_a_stage_3_layer_under_the_persistence_threshold_stays_available_once_gathered():
+    """As DeepSpeed's persistent parameters (ds_persist): partitioned until their first use, then AVAILABLE
+    with their full shape for good, holding the trained values; the other layers are placeholders between
+    their units' acquires."""
+    model = make_mlp()
+    shapes = {name: p.shape for name, p in model.named_parameters()}
+    engine, _, _, _ = deepspeed.initialize(model=model, config=stage_3(30))
+    params = dict(model.named_parameters())
+    assert {name for name, p in params.items() if p.ds_persist} == PERSISTENT
+    assert all(p.ds_status == ZeroParamStatus.NOT_AVAILABLE and p.numel() == 0 for p in params.values())
+
+    def check_bound_only_the_persistent_layer():
+        for name, p in params.items():
+            if name in PERSISTENT:
+                assert p.ds_status == ZeroParamStatus.AVAILABLE and p.shape == p.ds_shape == shapes[name], name
+            else:
+                assert p.ds_status == ZeroParamStatus.NOT_AVAILABLE and p.numel() == 0, name
+
+    train(engine, 2)
+    check_bound_only_the_persistent_layer()
+    master = engine.master_parameters()
+    for name in PERSISTENT:
+        assert torch.equal(params[name].detach(), master[name])  # the engine's memory: the trained values
+    with GatheredParameters(list(params.values())):
+        assert all(p.ds_status == ZeroParamStatus.AVAILABLE and p.shape == p.ds_shape for p in params.values())
+    check_bound_only_the_persistent_layer()
+    with torch.no_grad():
+        engine(batch(0)[0])  # an evaluation
+    check_bound_only_the_persistent_layer()
+    engine.close()
+    assert all(p.ds_status == ZeroParamStatus.NOT_AVAILABLE and p.numel() == 0 for p in params.values())
+
+
+def test_a_persistent_layer_leaves_the_losses_unchanged():
+    runs = []
+    for cfg in (stage_3(0), stage_3(30), config(0)):
+        engine, _, _, _ = deepspeed.initialize(model=make_mlp(), config=cfg)
+        runs.append(train(engine, 4))
+    assert runs[1] == runs[0] == runs[2]  # bit for bit: sharded, one layer kept whole, stage 0
+
+
+def test_a_failed_forward_unbinds_the_sharded_layers_and_keeps_the_persistent_one():
+    model = make_mlp()
+    engine, _, _, _ = deepspeed.initialize(model=model, config=stage_3(30))
+    reference, _, _, _ = deepspeed.initialize(model=make_mlp(), config=stage_3(30))
+    expected = train(reference, 3)
+    assert train(engine, 1) == expected[:1]
+
+    def fail(module, args):
+        raise RuntimeError("a forward that fails with its unit acquired")
+
+    hook = model[3].register_forward_pre_hook(fail)  # after the engine's: the last Linear is bound when it raises
+    with pytest.raises(RuntimeError, match="fails with its unit acquired"):
+        loss_of(engine, 1)
+    hook.remove()
+    last, norm = model[3].weight, model[1].weight
+    assert last.ds_status == ZeroParamStatus.NOT_AVAILABLE and last.numel() == 0
+    assert norm.ds_status == ZeroParamStatus.AVAILABLE and norm.shape == (12,)
+    assert train(engine, 2, first=1) == expected[1:]  # the dropped step runs again, as if it never failed
 
 
 # -- engine.device, engine.local_rank, engine.get_global_grad_norm() ----------------------------------

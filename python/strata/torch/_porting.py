@@ -42,12 +42,16 @@ def present_parameters(engine):
     after initialize (a script counting sum(p.numel()) gets the model's
     size): each layer is acquired once for an evaluation, which binds its
     parameters to the engine's memory for good (Note [Hooks per unit]). At
-    stage 3 the parameters are empty placeholders between their units'
-    acquires, as DeepSpeed's partitioned ones, and carry DeepSpeed's
+    stage 3 the parameters are empty placeholders until their unit's first
+    acquire, as DeepSpeed's partitioned ones, and carry DeepSpeed's
     attributes: ds_numel and ds_shape (the full size and shape), ds_id (a
-    number per parameter) and ds_status (strata.torch.zero.ZeroParamStatus,
-    AVAILABLE while bound), so `p.ds_numel if hasattr(p, "ds_id") else
-    p.numel()` counts the model."""
+    number per parameter), ds_status (strata.torch.zero.ZeroParamStatus,
+    AVAILABLE while bound) and ds_persist, so `p.ds_numel if hasattr(p,
+    "ds_id") else p.numel()` counts the model. A layer the engine keeps whole
+    (fewer elements than stage3_param_persistence_threshold: ds_persist
+    True) stays bound and AVAILABLE from its first acquire on, as DeepSpeed
+    keeps a persistent parameter gathered; the others are placeholders
+    again after each release."""
     if engine._stage < 3:
         native = engine._engine
         native.begin_evaluation()
@@ -66,6 +70,7 @@ def present_parameters(engine):
             p.ds_numel = p.ds_shape.numel()
             p.ds_id = number
             p.ds_status = ZeroParamStatus.NOT_AVAILABLE
+            p.ds_persist = layer.kept_whole
             number += 1
 
 
