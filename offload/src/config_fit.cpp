@@ -378,16 +378,13 @@ Config base_config(const FitRequest& req, const FitCaps& caps) {
   return c;
 }
 
-// One candidate: the placement, dtype and moment storage set, the knobs lowered until it fits.
-FitCandidate fit_one(const FitRequest& req, const FitCaps& caps, const PlacementChoice& p, DType dtype,
-                     const cpu_adam::MomentStorage& moments, std::optional<DType> grad = std::nullopt) {
-  FitCandidate cand;
-  cand.label = label_of(p, dtype, moments, grad);
-  const std::vector<LayerSpec> layers = retyped(req.layers, dtype);
-  const Evaluator eval(req, caps, layers, dtype);
-  std::map<std::string, std::string> why;
+using Reasons = std::map<std::string, std::string>;  // why each key changed, by its path
+
+// The base config with the candidate's placement, dtypes and moment storage
+// set, and what NVMe needs: the folder the fit was given, overlapped I/O.
+Config placed_config(const FitRequest& req, const FitCaps& caps, const PlacementChoice& p, DType dtype,
+                     const cpu_adam::MomentStorage& moments, std::optional<DType> grad, Reasons& why) {
   Config c = base_config(req, caps);
-  const Config& before = req.config;
   auto& z = c.zero_optimization;
   z.stage = p.stage;
   z.offload_optimizer.device = p.optimizer;
@@ -414,109 +411,129 @@ FitCandidate fit_one(const FitRequest& req, const FitCaps& caps, const Placement
     why["zero_optimization.offload_optimizer.pipeline_read"] = r;
     why["zero_optimization.offload_optimizer.pipeline_write"] = r;
   }
+  return c;
+}
+
+// The host: the NVMe slots first (no cost in the model), then what stays in host memory.
+void fit_host(Config& c, const PlacementChoice& p, const Evaluator& eval, int world, Reasons& why) {
+  auto& z = c.zero_optimization;
   auto host_ok = [&] { return eval.run(c, false).host_ok; };
-  auto device_ok = [&] { return eval.run(c, false).device_ok; };
-  Evaluation e = eval.run(c, false);
-  if (!e.status.ok()) {
-    cand.config = c;
-    cand.bound = e.status.message();
-    return cand;
-  }
-  // The host: the NVMe slots first (no cost in the model), then what stays in host memory.
-  const int64_t min_sub = static_cast<int64_t>(kShardAlign) * req.world;
-  auto fit_host = [&] {
-    if (!host_ok() && p.optimizer_on_nvme() && z.offload_optimizer.buffer_count > 2) {
-      const int64_t was = z.offload_optimizer.buffer_count;
-      lower_knob(z.offload_optimizer.buffer_count, 2, host_ok);
-      if (z.offload_optimizer.buffer_count != was)
-        why["zero_optimization.offload_optimizer.buffer_count"] =
-            "each slot pins one sub-group's optimizer state: fewer slots fit the host cap (2 still overlap a read "
-            "with a step)";
-    }
-    if (!host_ok() && p.params_on_nvme() && z.offload_param.buffer_count > 2) {
-      lower_knob(z.offload_param.buffer_count, 2, host_ok);
-      why["zero_optimization.offload_param.buffer_count"] =
-          "each slot pins the largest NVMe shard: fewer slots fit the host cap";
-    }
-    if (!host_ok() && p.optimizer_on_nvme() && z.sub_group_size > min_sub) {
-      lower_knob(z.sub_group_size, min_sub, host_ok);
-      why["zero_optimization.sub_group_size"] =
-          "an NVMe slot holds one sub-group's master weights and moments: smaller sub-groups make the pinned slots "
-          "fit the host cap";
-    }
-    if (!host_ok() && p.params_on_nvme() && z.offload_param.max_in_cpu > 0) {
-      lower_knob(z.offload_param.max_in_cpu, 0, host_ok);
-      why["zero_optimization.offload_param.max_in_cpu"] =
-          "the shards kept in pinned host memory must fit the host cap beside the other host buffers; the rest are "
-          "read from NVMe";
-    }
-    if (!host_ok() && p.optimizer_on_nvme() && z.offload_optimizer.buffer_count > 1) {
-      lower_knob(z.offload_optimizer.buffer_count, 1, host_ok);
+  const int64_t min_sub = static_cast<int64_t>(kShardAlign) * world;
+  if (!host_ok() && p.optimizer_on_nvme() && z.offload_optimizer.buffer_count > 2) {
+    const int64_t was = z.offload_optimizer.buffer_count;
+    lower_knob(z.offload_optimizer.buffer_count, 2, host_ok);
+    if (z.offload_optimizer.buffer_count != was)
       why["zero_optimization.offload_optimizer.buffer_count"] =
-          "one slot is all the host cap leaves room for (reads no longer overlap the step)";
-    }
-    if (!host_ok() && p.params_on_nvme() && z.offload_param.buffer_count > 1) {
-      lower_knob(z.offload_param.buffer_count, 1, host_ok);
-      why["zero_optimization.offload_param.buffer_count"] = "one slot is all the host cap leaves room for";
-    }
-  };
-  fit_host();
-  // The device: the gradient bucket (no cost in the model), then the live gathered layers.
-  e = eval.run(c, false);
-  if (!e.device_ok && p.gradients_sharded() && req.grad_accum == 1 && e.largest_grad_elements != 0) {
-    const int64_t floor = static_cast<int64_t>(e.largest_grad_elements);
-    if (z.reduce_bucket_size > floor) {
-      lower_knob(z.reduce_bucket_size, floor, device_ok);
-      why["zero_optimization.reduce_bucket_size"] =
-          "the bucket must fit the device beside the live layers (never below the largest layer)";
-    }
+          "each slot pins one sub-group's optimizer state: fewer slots fit the host cap (2 still overlap a read "
+          "with a step)";
   }
-  auto lower_live = [&] {
-    e = eval.run(c, false);
-    if (e.device_ok || !p.params_sharded() || e.largest_gathered_elements == 0) return;
-    const int64_t floor = static_cast<int64_t>(e.largest_gathered_elements);
-    if (z.stage3_max_live_parameters <= floor) return;
-    lower_knob(z.stage3_max_live_parameters, floor, device_ok);
-    why["zero_optimization.stage3_max_live_parameters"] =
-        "the gathered layers must fit the device beside the gradients (never below the largest layer)";
-  };
-  lower_live();
-  // Layers below the persistence threshold stay whole on the device: partition them too.
-  if (!device_ok() && p.params_sharded() && z.stage3_param_persistence_threshold > 0) {
-    lower_knob(z.stage3_param_persistence_threshold, 0, device_ok);
-    why["zero_optimization.stage3_param_persistence_threshold"] =
-        "the layers below it stay whole on the device and do not fit beside the rest; partitioned, they are "
-        "gathered for each use";
-    lower_live();
-    fit_host();  // partitioned shards go to host memory under offload_param.max_in_cpu
+  if (!host_ok() && p.params_on_nvme() && z.offload_param.buffer_count > 2) {
+    lower_knob(z.offload_param.buffer_count, 2, host_ok);
+    why["zero_optimization.offload_param.buffer_count"] =
+        "each slot pins the largest NVMe shard: fewer slots fit the host cap";
   }
-  if (p.params_sharded() && z.stage3_prefetch_bucket_size > z.stage3_max_live_parameters) {
-    z.stage3_prefetch_bucket_size = z.stage3_max_live_parameters;
-    why["zero_optimization.stage3_prefetch_bucket_size"] =
-        "the prefetch window cannot hold more than stage3_max_live_parameters";
+  if (!host_ok() && p.optimizer_on_nvme() && z.sub_group_size > min_sub) {
+    lower_knob(z.sub_group_size, min_sub, host_ok);
+    why["zero_optimization.sub_group_size"] =
+        "an NVMe slot holds one sub-group's master weights and moments: smaller sub-groups make the pinned slots "
+        "fit the host cap";
   }
-  // The parameter slots must hold the largest shard left on NVMe.
-  e = eval.run(c, false);
-  if (p.params_on_nvme() && e.largest_nvme_shard_elements != 0 &&
-      static_cast<uint64_t>(z.offload_param.buffer_size) < e.largest_nvme_shard_elements) {
-    z.offload_param.buffer_size = static_cast<int64_t>(e.largest_nvme_shard_elements);
-    why["zero_optimization.offload_param.buffer_size"] =
-        "a parameter slot must hold the largest shard on NVMe (the engine refuses a smaller one)";
+  if (!host_ok() && p.params_on_nvme() && z.offload_param.max_in_cpu > 0) {
+    lower_knob(z.offload_param.max_in_cpu, 0, host_ok);
+    why["zero_optimization.offload_param.max_in_cpu"] =
+        "the shards kept in pinned host memory must fit the host cap beside the other host buffers; the rest are "
+        "read from NVMe";
   }
+  if (!host_ok() && p.optimizer_on_nvme() && z.offload_optimizer.buffer_count > 1) {
+    lower_knob(z.offload_optimizer.buffer_count, 1, host_ok);
+    why["zero_optimization.offload_optimizer.buffer_count"] =
+        "one slot is all the host cap leaves room for (reads no longer overlap the step)";
+  }
+  if (!host_ok() && p.params_on_nvme() && z.offload_param.buffer_count > 1) {
+    lower_knob(z.offload_param.buffer_count, 1, host_ok);
+    why["zero_optimization.offload_param.buffer_count"] = "one slot is all the host cap leaves room for";
+  }
+}
+
+// The device's first knob: the gradient bucket (no cost in the model).
+void lower_gradient_bucket(Config& c, const PlacementChoice& p, const Evaluator& eval, int grad_accum, Reasons& why) {
+  auto& z = c.zero_optimization;
+  const Evaluation e = eval.run(c, false);
+  if (e.device_ok || !p.gradients_sharded() || grad_accum != 1 || e.largest_grad_elements == 0) return;
+  const int64_t floor = static_cast<int64_t>(e.largest_grad_elements);
+  if (z.reduce_bucket_size <= floor) return;
+  lower_knob(z.reduce_bucket_size, floor, [&] { return eval.run(c, false).device_ok; });
+  why["zero_optimization.reduce_bucket_size"] =
+      "the bucket must fit the device beside the live layers (never below the largest layer)";
+}
+
+// The device's next knob: the live gathered layers.
+void lower_live_parameters(Config& c, const PlacementChoice& p, const Evaluator& eval, Reasons& why) {
+  auto& z = c.zero_optimization;
+  const Evaluation e = eval.run(c, false);
+  if (e.device_ok || !p.params_sharded() || e.largest_gathered_elements == 0) return;
+  const int64_t floor = static_cast<int64_t>(e.largest_gathered_elements);
+  if (z.stage3_max_live_parameters <= floor) return;
+  lower_knob(z.stage3_max_live_parameters, floor, [&] { return eval.run(c, false).device_ok; });
+  why["zero_optimization.stage3_max_live_parameters"] =
+      "the gathered layers must fit the device beside the gradients (never below the largest layer)";
+}
+
+// Layers below the persistence threshold stay whole on the device: partition them too.
+void partition_small_layers(Config& c, const PlacementChoice& p, const Evaluator& eval, int world, Reasons& why) {
+  auto& z = c.zero_optimization;
+  auto device_ok = [&] { return eval.run(c, false).device_ok; };
+  if (device_ok() || !p.params_sharded() || z.stage3_param_persistence_threshold <= 0) return;
+  lower_knob(z.stage3_param_persistence_threshold, 0, device_ok);
+  why["zero_optimization.stage3_param_persistence_threshold"] =
+      "the layers below it stay whole on the device and do not fit beside the rest; partitioned, they are "
+      "gathered for each use";
+  lower_live_parameters(c, p, eval, why);
+  fit_host(c, p, eval, world, why);  // partitioned shards go to host memory under offload_param.max_in_cpu
+}
+
+void cap_prefetch_bucket(Config& c, const PlacementChoice& p, Reasons& why) {
+  auto& z = c.zero_optimization;
+  if (!p.params_sharded() || z.stage3_prefetch_bucket_size <= z.stage3_max_live_parameters) return;
+  z.stage3_prefetch_bucket_size = z.stage3_max_live_parameters;
+  why["zero_optimization.stage3_prefetch_bucket_size"] =
+      "the prefetch window cannot hold more than stage3_max_live_parameters";
+}
+
+// The parameter slots must hold the largest shard left on NVMe.
+void size_parameter_slots(Config& c, const PlacementChoice& p, const Evaluator& eval, Reasons& why) {
+  auto& slots = c.zero_optimization.offload_param;
+  const Evaluation e = eval.run(c, false);
+  if (!p.params_on_nvme() || e.largest_nvme_shard_elements == 0 ||
+      static_cast<uint64_t>(slots.buffer_size) >= e.largest_nvme_shard_elements)
+    return;
+  slots.buffer_size = static_cast<int64_t>(e.largest_nvme_shard_elements);
+  why["zero_optimization.offload_param.buffer_size"] =
+      "a parameter slot must hold the largest shard on NVMe (the engine refuses a smaller one)";
+}
+
+// The keys base_config wrote from the request and the caps.
+void explain_request_keys(Reasons& why) {
   why["strata.device_memory"] = "the device cap the fit was made for (strata train runs under it)";
   why["strata.host_memory_budget"] = "the host cap the fit was made for (strata train refuses a plan above it)";
   why["train_micro_batch_size_per_gpu"] = why["gradient_accumulation_steps"] = why["train_batch_size"] =
       "the batch the fit was made for";
-  // The final check: every rank.
-  e = eval.run(c, true);
-  // Gradient shards on NVMe (auto's choice under the host cap): written
-  // out, so the config says where they wait and why.
-  if (e.status.ok() && e.gradients_on_nvme && c.strata.gradient_shards == "auto") {
-    c.strata.gradient_shards = "nvme";
-    why["strata.gradient_shards"] =
-        "the reduced gradient shards do not fit the host cap in pinned memory: they wait on NVMe, in the optimizer "
-        "state's folder or the parameter shards' (one more write and read of each gradient per step)";
-  }
+}
+
+// Gradient shards on NVMe (auto's choice under the host cap): written out,
+// so the config says where they wait and why.
+void write_gradient_shards(Config& c, const Evaluation& final_check, Reasons& why) {
+  if (!final_check.status.ok() || !final_check.gradients_on_nvme || c.strata.gradient_shards != "auto") return;
+  c.strata.gradient_shards = "nvme";
+  why["strata.gradient_shards"] =
+      "the reduced gradient shards do not fit the host cap in pinned memory: they wait on NVMe, in the optimizer "
+      "state's folder or the parameter shards' (one more write and read of each gradient per step)";
+}
+
+// The fitted config's candidate: its memory, options and predicted step,
+// and what bounds it (fits) or what it lacks (does not).
+FitCandidate finished_candidate(FitCandidate cand, const FitRequest& req, const FitCaps& caps, const Evaluator& eval,
+                                const Config& c, const Evaluation& e, DType dtype, const Reasons& why) {
   cand.config = c;
   cand.memory = e.memory;
   cand.fits = e.fits();
@@ -538,8 +555,34 @@ FitCandidate fit_one(const FitRequest& req, const FitCaps& caps, const Placement
   cand.bound = !pr.ok()                 ? pr.status().message()
                : cand.fits              ? bound_of(e, caps, eval.host_share(), *pr)
                                         : shortfall(e, caps, eval.host_share());
-  cand.changes = diff(before, c, why);
+  cand.changes = diff(req.config, c, why);
   return cand;
+}
+
+// One candidate: the placement, dtype and moment storage set, the knobs lowered until it fits.
+FitCandidate fit_one(const FitRequest& req, const FitCaps& caps, const PlacementChoice& p, DType dtype,
+                     const cpu_adam::MomentStorage& moments, std::optional<DType> grad = std::nullopt) {
+  FitCandidate cand;
+  cand.label = label_of(p, dtype, moments, grad);
+  const std::vector<LayerSpec> layers = retyped(req.layers, dtype);
+  const Evaluator eval(req, caps, layers, dtype);
+  Reasons why;
+  Config c = placed_config(req, caps, p, dtype, moments, grad, why);
+  if (const Evaluation e = eval.run(c, false); !e.status.ok()) {
+    cand.config = c;
+    cand.bound = e.status.message();
+    return cand;
+  }
+  fit_host(c, p, eval, req.world, why);
+  lower_gradient_bucket(c, p, eval, req.grad_accum, why);
+  lower_live_parameters(c, p, eval, why);
+  partition_small_layers(c, p, eval, req.world, why);
+  cap_prefetch_bucket(c, p, why);
+  size_parameter_slots(c, p, eval, why);
+  explain_request_keys(why);
+  const Evaluation final_check = eval.run(c, true);  // every rank
+  write_gradient_shards(c, final_check, why);
+  return finished_candidate(std::move(cand), req, caps, eval, c, final_check, dtype, why);
 }
 
 Status check_inputs(const FitRequest& req, const FitCaps& caps) {
