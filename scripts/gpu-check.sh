@@ -182,7 +182,8 @@ print(r["status"], r.get("reason", ""), *(["%s tokens/s, median step %s ms, %s p
 
 # strata.torch on the GPU (issue 50 §2): the pack's native module staged beside
 # the working tree's python/strata, run by scripts/gpu-torch-check.py (the
-# correctness matrix, then the headline run). STRATA_GPU_TORCH_ARGS adds flags
+# correctness matrix, then the headline run; STRATA_GPU_TORCH_PART=bench runs the
+# penalty bench for the headline model instead). STRATA_GPU_TORCH_ARGS adds flags
 # (e.g. the headline model's shape), STRATA_GPU_TORCH_TIMEOUT bounds it (420 s).
 # Sets torch_result, a JSON value for the summary.
 torch_result='"not run: the pack holds no strata.torch module (scripts/gpu-pack.sh packs the build'"'"'s own, or STRATA_GPU_PACK_PYTHON_MODULE)"'
@@ -207,8 +208,16 @@ in_torch_stage() {  # the command with the staged package and the module's libra
 run_torch() {
   local rc=0
   stage_torch || { log "strata.torch: ${torch_result//\"/}"; return; }
+  case "${STRATA_GPU_TORCH_PART:=all}" in
+    all | matrix | headline | bench) ;;
+    *)
+      torch_result="\"STRATA_GPU_TORCH_PART '${STRATA_GPU_TORCH_PART//[^a-z0-9_-]/?}' is not all, matrix, headline or bench\""
+      log "strata.torch: ${torch_result//\"/}"
+      return
+      ;;
+  esac
   # shellcheck disable=SC2086 # STRATA_GPU_TORCH_ARGS is a list of flags
-  in_torch_stage timeout "${STRATA_GPU_TORCH_TIMEOUT:-420}" python3 scripts/gpu-torch-check.py all \
+  in_torch_stage timeout "${STRATA_GPU_TORCH_TIMEOUT:-420}" python3 scripts/gpu-torch-check.py "$STRATA_GPU_TORCH_PART" \
     ${STRATA_GPU_TORCH_ARGS:-} --json "$out/torch_check.json" > "$out/torch_check.log" 2>&1 || rc=$?
   if [[ -s "$out/torch_check.json" ]]; then
     torch_result="{\"rc\": $rc, \"parts\": $(cat "$out/torch_check.json")}"

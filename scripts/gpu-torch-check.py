@@ -33,7 +33,9 @@ DENSE_BF16_PEAK_TFLOPS = {"H100 SXM": 989.4, "H100 80GB HBM3": 989.4, "H100 NVL"
 
 def parse_arguments(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("part", choices=("matrix", "headline", "all"))
+    parser.add_argument("part", choices=("matrix", "headline", "all", "bench"),
+                        help="all: the matrix, then the headline; bench: strata.torch.bench's placement rows for the "
+                             "headline model (a call of its own)")
     parser.add_argument("--device", choices=("cuda", "cpu", "recorded"), default="cuda",
                         help="where the matrix runs (cpu and recorded: the no-GPU checks CI runs)")
     parser.add_argument("--nvme", help="a folder for the NVMe placements (default: a temporary one)")
@@ -291,6 +293,37 @@ def run_headline(arguments, nvme):
     return {"part": "headline", "status": "failed" if errors else "ok", "runs": runs, "errors": errors}
 
 
+# -- the penalty bench for the headline model (issue 50 section 3) ----------------------------------------------
+BENCH_ROWS = [{"stage": 3, "offload_optimizer": "none", "offload_param": "none"},
+              {"stage": 3, "offload_optimizer": "cpu", "offload_param": "none"},
+              {"stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu"},
+              {"stage": 3, "offload_optimizer": "nvme", "offload_param": "cpu", "optimizer_state_dtype": "int8"}]
+
+
+def run_bench(arguments, nvme):
+    """What each placement costs the headline model: strata.torch.bench (python -m strata.torch.bench's
+    entry point) over BENCH_ROWS, ABBA repeats, the penalty against the fastest row that fits. A row that does
+    not fit (the whole state on one GPU) is reported with the engine's reason."""
+    import torch
+    import transformers
+    import strata.torch.bench as bench
+    if arguments.device == "cuda" and not torch.cuda.is_available():
+        return {"part": "bench", "status": "skipped", "reason": "torch sees no GPU"}
+    model_config = transformers.LlamaConfig(
+        vocab_size=arguments.vocab, hidden_size=arguments.hidden, intermediate_size=arguments.intermediate,
+        num_hidden_layers=arguments.layers, num_attention_heads=arguments.heads,
+        num_key_value_heads=arguments.heads, max_position_embeddings=arguments.seq)
+    base = headline_config(arguments, "cpu", nvme)
+    base["strata"]["device"] = "cpu" if arguments.device == "cpu" else "cuda"
+    base["strata"].pop("optimizer_state_dtype", None)  # each row says its own
+    doc = bench.offload(lambda: transformers.LlamaForCausalLM(model_config),
+                        batch_fn=bench.token_batches(arguments.vocab, arguments.batch, arguments.seq),
+                        config=base, rows=BENCH_ROWS, steps=arguments.steps, warmup=arguments.warmup,
+                        repeats=2, dtype="bf16", nvme_path=nvme)
+    return {"part": "bench", "status": "ok" if any(r["status"] == "ok" for r in doc["rows"]) else "failed",
+            "bench": doc}
+
+
 def main(argv):
     arguments = parse_arguments(argv)
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS (the matrix)
@@ -305,6 +338,9 @@ def main(argv):
             print(json.dumps(results[-1], indent=1), flush=True)
         if arguments.part in ("headline", "all"):
             results.append(run_headline(arguments, nvme))
+            print(json.dumps(results[-1], indent=1), flush=True)
+        if arguments.part == "bench":
+            results.append(run_bench(arguments, nvme))
             print(json.dumps(results[-1], indent=1), flush=True)
     finally:
         if made_here:

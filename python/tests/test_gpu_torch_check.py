@@ -105,3 +105,18 @@ def test_the_pack_carries_the_module_and_without_a_gpu_it_loads_from_there(tmp_p
     assert done.returncode == 0, done.stdout + done.stderr
     assert summary["status"] == "no_gpu"
     assert summary["torch"].startswith("skipped: no GPU; the packed module loads (strata "), summary["torch"]
+
+
+def test_the_bench_part_runs_the_headline_models_rows_on_the_cpu_device(tmp_path):
+    """The penalty bench for the headline model (a call of its own on the GPU): here on the cpu device at a
+    tiny shape, every row trains and the fastest has penalty 1."""
+    done, results = run("bench", "--device", "cpu", "--hidden", "32", "--layers", "2", "--heads", "4",
+                        "--intermediate", "64", "--vocab", "128", "--seq", "16", "--batch", "2", "--warmup", "1",
+                        "--steps", "2", "--nvme", str(tmp_path), tmp_path=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (part,) = results
+    assert part["status"] == "ok", part
+    rows = part["bench"]["rows"]
+    assert [row["status"] for row in rows] == ["ok"] * 4, rows
+    assert part["bench"]["device"] == "cpu"
+    assert min(row["penalty"] for row in rows) == 1.0

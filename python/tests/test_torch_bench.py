@@ -277,3 +277,20 @@ def test_the_command_benches_a_hugging_face_model_type_and_draws_the_png(tmp_pat
     assert all(r["status"] == "ok" for r in doc["rows"])
     assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not (tmp_path / "b.png.json").exists()
+
+
+def test_micro_batches_follow_the_engine_to_its_device():
+    """The bench moves each micro-batch to engine.device before the step, as a training loop does
+    (batch.to(engine.device)): batches made on the CPU train on the GPU. Nested tensors move, other values
+    stay, the container's type is kept (a mapping that is not a dict becomes one)."""
+    import collections
+    from strata.torch.bench import to_device
+    meta = torch.device("meta")
+    ids = torch.arange(6).reshape(2, 3)
+    moved = to_device({"input_ids": ids, "labels": [ids, (ids, "tag")], "n": 3}, meta)
+    assert moved["input_ids"].device == meta and moved["labels"][0].device == meta
+    assert moved["labels"][1][0].device == meta and moved["labels"][1][1] == "tag" and moved["n"] == 3
+    assert isinstance(moved["labels"], list) and isinstance(moved["labels"][1], tuple)
+    mapping = collections.UserDict({"input_ids": ids})
+    assert to_device(mapping, meta)["input_ids"].device == meta
+    assert to_device(ids, torch.device("cpu")) is ids  # already there: not copied

@@ -21,6 +21,7 @@ bytes per link, the peaks per tier against the engine's plan: the fields of
 docs/torch.md, "What does offload cost for my model?".
 """
 import argparse
+import collections.abc
 import gc
 import importlib
 import json
@@ -152,6 +153,19 @@ def _tokens_of(micro_batch):
         if torch.is_tensor(item) and not item.is_floating_point() and not item.is_complex() and item.dim() >= 1:
             return item.numel()
     return None
+
+
+def to_device(batch, device):
+    """`batch` (a tensor, or a dict, list or tuple of them and other values) with its tensors on `device`."""
+    if isinstance(batch, torch.Tensor):
+        return batch if batch.device == device else batch.to(device)
+    if isinstance(batch, dict):
+        return type(batch)((key, to_device(value, device)) for key, value in batch.items())
+    if isinstance(batch, collections.abc.Mapping):  # transformers' BatchEncoding: a plain dict of it
+        return {key: to_device(value, device) for key, value in batch.items()}
+    if isinstance(batch, (list, tuple)) and not hasattr(batch, "_fields"):
+        return type(batch)(to_device(value, device) for value in batch)
+    return batch
 
 
 def _model_of(built, what):
@@ -328,14 +342,13 @@ class _Bench:
         samples = first.shape[0] if first.dim() > 0 else 1
         tokens = _tokens_of(micro_batch)
         seq = tokens // samples if tokens is not None and samples else None
-        # torch computes where the inputs are: the device the rows train on.
-        return model_info, samples, tokens, seq, first.device.type
+        return model_info, samples, tokens, seq
 
     # -- running --------------------------------------------------------------------------------------
     def run(self):
         import strata.torch as st
 
-        model_info, samples, tokens, seq, device = self._probe()
+        model_info, samples, tokens, seq = self._probe()
         if self.base is None:
             self.base = {"train_micro_batch_size_per_gpu": samples, "gradient_accumulation_steps": 1,
                          "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.0}}}
@@ -350,7 +363,7 @@ class _Bench:
                   f"{self.repeats} repeats, {len(results)} rows ({runnable} runnable, ABBA order)")
         if self.nvme_path is not None and any(r.row.uses_nvme() for r in results if r.status == "pending"):
             self._say(f"nvme     the NVMe rows swap under {self.nvme_path} ({self.nvme_origin})")
-        schedule, world, device_setting = [], 1, None
+        schedule, world, device, device_setting = [], 1, None, None
         for repeat in range(self.repeats):
             order = []
             for index in abba_order(len(results), repeat):
@@ -360,7 +373,7 @@ class _Bench:
                 order.append(index)
                 started = time.perf_counter()
                 try:
-                    world, device_setting = self._run_once(st, r)
+                    world, device, device_setting = self._run_once(st, r)
                     r.status = "ok"
                 except (OutOfMemory, ResourceExhausted) as e:
                     r.status, r.reason = "does_not_fit", str(e)
@@ -381,6 +394,7 @@ class _Bench:
         return doc
 
     def _micro_batches(self, step, gas):
+        """The step's micro-batches as batch_fn makes them (a list of gas, or the one)."""
         batches = [self.batch_fn(step * gas + k) for k in range(gas)]
         return batches if gas > 1 else batches[0]
 
@@ -400,7 +414,8 @@ class _Bench:
             gas = engine.gradient_accumulation_steps()
             measured = []
             for step in range(self.warmup + self.steps):
-                batches = self._micro_batches(step, gas)
+                # As a training loop moves its batches (batch.to(engine.device)): made on the CPU, trained on the GPU.
+                batches = to_device(self._micro_batches(step, gas), engine.device)
                 started = time.perf_counter()
                 engine.train_batch(batches=batches, loss_fn=self.loss_fn, retries=0)
                 wall = (time.perf_counter() - started) * 1e3
@@ -415,7 +430,7 @@ class _Bench:
             r.wall_ms += [w for _, w, _ in measured]
             r.tokens += [t for _, _, t in measured]
             r.repeat_median_ms.append(statistics.median(float(m["step_ms"]) for m, _, _ in measured))
-            return engine.world_size, engine.config.get("strata", {}).get("device")
+            return engine.world_size, engine.device.type, engine.config.get("strata", {}).get("device")
         finally:
             if engine is not None:
                 engine.remove_hooks()
