@@ -195,16 +195,16 @@ struct Fields {
 constexpr int64_t kI64Max = INT64_MAX;
 constexpr uint64_t kMaxElements = 1ull << 48;
 
-}  // namespace
-
-Result<CheckpointManifest> CheckpointManifest::from_json(const nlohmann::json& j, const std::string& source) {
-  const std::string src = printable(source, 256);
-  if (!j.is_object()) return InvalidArgument(fmt::format("checkpoint manifest '{}' is not a JSON object", src));
-  Fields f{j, source, ""};
+Status check_format(const Fields& f, const std::string& src) {
   STRATA_ASSIGN_OR_RETURN(std::string format, f.string("format"));
   if (format != kCheckpointFormatName)
     return InvalidArgument(fmt::format("'{}' is not a Strata checkpoint manifest (format '{}', expected '{}')", src,
                                        printable(format, 64), kCheckpointFormatName));
+  return Status::Ok();
+}
+
+// The version (one this Strata reads), the tag and the run the checkpoint was saved from.
+Result<CheckpointManifest> read_header(const Fields& f, const std::string& src) {
   CheckpointManifest m;
   STRATA_ASSIGN_OR_RETURN(m.version, f.integer<int>("version", 1, 1 << 20));
   if (m.version > kCheckpointFormatVersion)
@@ -219,28 +219,38 @@ Result<CheckpointManifest> CheckpointManifest::from_json(const nlohmann::json& j
   STRATA_ASSIGN_OR_RETURN(m.moment_dtype, f.string("moment_dtype"));
   STRATA_ASSIGN_OR_RETURN(m.optimizer, f.string("optimizer"));
   STRATA_ASSIGN_OR_RETURN(m.sub_group_size, f.integer<int64_t>("sub_group_size", 1, kI64Max));
-  STRATA_ASSIGN_OR_RETURN(m.scalars.optimizer_steps, f.integer<int64_t>("step", 0, kI64Max));
-  STRATA_ASSIGN_OR_RETURN(m.scalars.steps_begun, f.integer<int64_t>("step_calls", m.scalars.optimizer_steps, kI64Max));
+  return m;
+}
+
+// The step counters, the data position and the loss scaler's state.
+Result<CheckpointScalars> read_scalars(const Fields& f, const std::string& src) {
+  const nlohmann::json& j = f.j;
+  CheckpointScalars s;
+  STRATA_ASSIGN_OR_RETURN(s.optimizer_steps, f.integer<int64_t>("step", 0, kI64Max));
+  STRATA_ASSIGN_OR_RETURN(s.steps_begun, f.integer<int64_t>("step_calls", s.optimizer_steps, kI64Max));
   if (j.contains("data_position") && j["data_position"].is_null()) {
-    m.scalars.data_position.reset();
+    s.data_position.reset();
   } else {
-    STRATA_ASSIGN_OR_RETURN(m.scalars.data_position, f.integer<uint64_t>("data_position", 0, UINT64_MAX));
+    STRATA_ASSIGN_OR_RETURN(s.data_position, f.integer<uint64_t>("data_position", 0, UINT64_MAX));
   }
   if (!j.contains("loss_scaler") || !j["loss_scaler"].is_object()) return f.missing("loss_scaler");
-  {
-    Fields s{j["loss_scaler"], source, "loss_scaler."};
-    STRATA_ASSIGN_OR_RETURN(m.scalars.loss_scale, s.number("scale"));
-    STRATA_ASSIGN_OR_RETURN(m.scalars.scaler_iteration, s.integer<int64_t>("iteration", 0, kI64Max));
-    STRATA_ASSIGN_OR_RETURN(m.scalars.scaler_last_overflow,
-                            s.integer<int64_t>("last_overflow_iteration", -1, kI64Max));
-    STRATA_ASSIGN_OR_RETURN(m.scalars.scaler_hysteresis_left, s.integer<int64_t>("hysteresis_left", 0, kI64Max));
-    STRATA_ASSIGN_OR_RETURN(m.scalars.scaler_overflow_count, s.integer<int64_t>("overflow_count", 0, kI64Max));
-    if (!std::isfinite(m.scalars.loss_scale) || m.scalars.loss_scale <= 0)
-      return InvalidArgument(fmt::format("checkpoint manifest '{}': loss_scaler.scale must be finite and > 0", src));
-  }
+  const Fields scaler{j["loss_scaler"], f.source, "loss_scaler."};
+  STRATA_ASSIGN_OR_RETURN(s.loss_scale, scaler.number("scale"));
+  STRATA_ASSIGN_OR_RETURN(s.scaler_iteration, scaler.integer<int64_t>("iteration", 0, kI64Max));
+  STRATA_ASSIGN_OR_RETURN(s.scaler_last_overflow, scaler.integer<int64_t>("last_overflow_iteration", -1, kI64Max));
+  STRATA_ASSIGN_OR_RETURN(s.scaler_hysteresis_left, scaler.integer<int64_t>("hysteresis_left", 0, kI64Max));
+  STRATA_ASSIGN_OR_RETURN(s.scaler_overflow_count, scaler.integer<int64_t>("overflow_count", 0, kI64Max));
+  if (!std::isfinite(s.loss_scale) || s.loss_scale <= 0)
+    return InvalidArgument(fmt::format("checkpoint manifest '{}': loss_scaler.scale must be finite and > 0", src));
+  return s;
+}
+
+Result<std::vector<CheckpointLayer>> read_layers(const Fields& f, const std::string& src) {
+  const nlohmann::json& j = f.j;
   if (!j.contains("layers") || !j["layers"].is_array()) return f.missing("layers");
+  std::vector<CheckpointLayer> layers;
   for (size_t i = 0; i < j["layers"].size(); ++i) {
-    Fields l{j["layers"][i], source, fmt::format("layers[{}].", i)};
+    Fields l{j["layers"][i], f.source, fmt::format("layers[{}].", i)};
     if (!l.j.is_object()) return f.missing(fmt::format("layers[{}]", i).c_str());
     CheckpointLayer cl;
     STRATA_ASSIGN_OR_RETURN(cl.name, l.string("name"));
@@ -251,16 +261,23 @@ Result<CheckpointManifest> CheckpointManifest::from_json(const nlohmann::json& j
         return InvalidArgument(fmt::format("checkpoint manifest '{}': layers[{}].frozen is not true or false", src, i));
       cl.frozen = l.j["frozen"].get<bool>();
     }
-    m.layers.push_back(std::move(cl));
+    layers.push_back(std::move(cl));
   }
+  return layers;
+}
+
+// The files, each named for its rank and kind (nothing that could leave the folder), each once.
+Result<std::vector<CheckpointFile>> read_files(const Fields& f, const std::string& src, int world_size) {
+  const nlohmann::json& j = f.j;
   if (!j.contains("files") || !j["files"].is_array()) return f.missing("files");
+  std::vector<CheckpointFile> files;
   std::map<std::string, size_t> names;
   for (size_t i = 0; i < j["files"].size(); ++i) {
-    Fields l{j["files"][i], source, fmt::format("files[{}].", i)};
+    Fields l{j["files"][i], f.source, fmt::format("files[{}].", i)};
     if (!l.j.is_object()) return f.missing(fmt::format("files[{}]", i).c_str());
     CheckpointFile cf;
     STRATA_ASSIGN_OR_RETURN(cf.name, l.string("name"));
-    STRATA_ASSIGN_OR_RETURN(cf.rank, l.integer<int>("rank", 0, m.world_size - 1));
+    STRATA_ASSIGN_OR_RETURN(cf.rank, l.integer<int>("rank", 0, world_size - 1));
     STRATA_ASSIGN_OR_RETURN(std::string kind, l.string("kind"));
     if (kind != "model" && kind != "optim")
       return InvalidArgument(fmt::format("checkpoint manifest '{}': files[{}].kind '{}' is not model or optim", src, i,
@@ -276,63 +293,95 @@ Result<CheckpointManifest> CheckpointManifest::from_json(const nlohmann::json& j
                                          printable(cf.name, 64), cf.rank, kind));
     if (!names.emplace(cf.name, i).second)
       return InvalidArgument(fmt::format("checkpoint manifest '{}': file '{}' is listed twice", src, cf.name));
-    m.files.push_back(std::move(cf));
+    files.push_back(std::move(cf));
   }
+  return files;
+}
+
+// One extent, [file, layer, begin, count, offset, xxh3], inside a listed
+// file and a trained layer of `m` (its layers and files read).
+Result<CheckpointExtent> read_extent(const nlohmann::json& e, const std::string& what, const CheckpointManifest& m) {
+  if (!e.is_array() || e.size() != 6)
+    return InvalidArgument(what + " is not [file, layer, begin, count, offset, xxh3]");
+  for (size_t k = 0; k < 5; ++k)
+    if (!e[k].is_number_unsigned() && !(e[k].is_number_integer() && e[k].get<int64_t>() >= 0))
+      return InvalidArgument(fmt::format("{}[{}] is not a non-negative integer", what, k));
+  CheckpointExtent ce;
+  ce.file = e[0].get<uint64_t>();
+  ce.layer = e[1].get<uint64_t>();
+  ce.begin = e[2].get<uint64_t>();
+  ce.count = e[3].get<uint64_t>();
+  ce.offset = e[4].get<uint64_t>();
+  STRATA_ASSIGN_OR_RETURN(ce.xxh3, parse_hex64(e[5], what));
+  if (ce.file >= m.files.size()) return InvalidArgument(fmt::format("{}: file {} does not exist", what, ce.file));
+  if (ce.layer >= m.layers.size()) return InvalidArgument(fmt::format("{}: layer {} does not exist", what, ce.layer));
+  if (m.layers[ce.layer].frozen)
+    return InvalidArgument(fmt::format("{}: layer {} is frozen, which a checkpoint stores no extents of", what,
+                                       ce.layer));
+  if (ce.count == 0 || ce.count > kMaxElements || ce.begin > m.layers[ce.layer].elements ||
+      ce.count > m.layers[ce.layer].elements - ce.begin)
+    return InvalidArgument(fmt::format("{}: elements [{}, +{}) are outside layer {} ({} elements)", what, ce.begin,
+                                       ce.count, ce.layer, m.layers[ce.layer].elements));
+  const uint64_t bytes = m.extent_bytes(ce);
+  if (ce.offset > m.files[ce.file].bytes || bytes > m.files[ce.file].bytes - ce.offset)
+    return InvalidArgument(fmt::format("{}: bytes [{}, +{}) are outside file '{}' ({} bytes)", what, ce.offset, bytes,
+                                       m.files[ce.file].name, m.files[ce.file].bytes));
+  return ce;
+}
+
+Result<std::vector<CheckpointExtent>> read_extents(const Fields& f, const std::string& src,
+                                                   const CheckpointManifest& m) {
+  const nlohmann::json& j = f.j;
   if (!j.contains("extents") || !j["extents"].is_array()) return f.missing("extents");
+  std::vector<CheckpointExtent> extents;
   for (size_t i = 0; i < j["extents"].size(); ++i) {
-    const nlohmann::json& e = j["extents"][i];
-    const std::string what = fmt::format("checkpoint manifest '{}': extents[{}]", src, i);
-    if (!e.is_array() || e.size() != 6)
-      return InvalidArgument(what + " is not [file, layer, begin, count, offset, xxh3]");
-    for (size_t k = 0; k < 5; ++k)
-      if (!e[k].is_number_unsigned() && !(e[k].is_number_integer() && e[k].get<int64_t>() >= 0))
-        return InvalidArgument(fmt::format("{}[{}] is not a non-negative integer", what, k));
-    CheckpointExtent ce;
-    ce.file = e[0].get<uint64_t>();
-    ce.layer = e[1].get<uint64_t>();
-    ce.begin = e[2].get<uint64_t>();
-    ce.count = e[3].get<uint64_t>();
-    ce.offset = e[4].get<uint64_t>();
-    STRATA_ASSIGN_OR_RETURN(ce.xxh3, parse_hex64(e[5], what));
-    if (ce.file >= m.files.size()) return InvalidArgument(fmt::format("{}: file {} does not exist", what, ce.file));
-    if (ce.layer >= m.layers.size()) return InvalidArgument(fmt::format("{}: layer {} does not exist", what, ce.layer));
-    if (m.layers[ce.layer].frozen)
-      return InvalidArgument(fmt::format("{}: layer {} is frozen, which a checkpoint stores no extents of", what,
-                                         ce.layer));
-    if (ce.count == 0 || ce.count > kMaxElements || ce.begin > m.layers[ce.layer].elements ||
-        ce.count > m.layers[ce.layer].elements - ce.begin)
-      return InvalidArgument(fmt::format("{}: elements [{}, +{}) are outside layer {} ({} elements)", what, ce.begin,
-                                         ce.count, ce.layer, m.layers[ce.layer].elements));
-    const uint64_t bytes = m.extent_bytes(ce);
-    if (ce.offset > m.files[ce.file].bytes || bytes > m.files[ce.file].bytes - ce.offset)
-      return InvalidArgument(fmt::format("{}: bytes [{}, +{}) are outside file '{}' ({} bytes)", what, ce.offset, bytes,
-                                         m.files[ce.file].name, m.files[ce.file].bytes));
-    m.extents.push_back(ce);
+    STRATA_ASSIGN_OR_RETURN(CheckpointExtent ce,
+                            read_extent(j["extents"][i], fmt::format("checkpoint manifest '{}': extents[{}]", src, i), m));
+    extents.push_back(ce);
   }
-  // Every trained layer tiled exactly, once by model extents and once by optim extents.
-  for (int kind = 0; kind < 2; ++kind) {
-    std::vector<std::vector<std::pair<uint64_t, uint64_t>>> per(m.layers.size());
-    for (const CheckpointExtent& e : m.extents)
-      if (m.files[e.file].model == (kind == 0)) per[e.layer].push_back({e.begin, e.count});
-    for (size_t li = 0; li < per.size(); ++li) {
-      if (m.layers[li].frozen) continue;  // Note [Frozen layers in checkpoints]
-      std::sort(per[li].begin(), per[li].end());
-      uint64_t at = 0;
-      for (const auto& [b, c] : per[li]) {
-        if (b != at)
-          return InvalidArgument(fmt::format("checkpoint manifest '{}': the {} extents of layer {} ('{}') {} at "
-                                             "element {}",
-                                             src, kind == 0 ? "model" : "optim", li, printable(m.layers[li].name, 64),
-                                             b < at ? "overlap" : "leave a gap", std::min(b, at)));
-        at = b + c;
-      }
-      if (at != m.layers[li].elements)
-        return InvalidArgument(fmt::format("checkpoint manifest '{}': the {} extents of layer {} ('{}') cover {} of "
-                                           "its {} elements",
-                                           src, kind == 0 ? "model" : "optim", li, printable(m.layers[li].name, 64),
-                                           at, m.layers[li].elements));
+  return extents;
+}
+
+// Every trained layer tiled exactly by the extents of one kind (model: in .model files, else optim).
+Status check_tiling(const CheckpointManifest& m, bool model, const std::string& src) {
+  const char* kind = model ? "model" : "optim";
+  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> per(m.layers.size());
+  for (const CheckpointExtent& e : m.extents)
+    if (m.files[e.file].model == model) per[e.layer].push_back({e.begin, e.count});
+  for (size_t li = 0; li < per.size(); ++li) {
+    if (m.layers[li].frozen) continue;  // Note [Frozen layers in checkpoints]
+    std::sort(per[li].begin(), per[li].end());
+    uint64_t at = 0;
+    for (const auto& [b, c] : per[li]) {
+      if (b != at)
+        return InvalidArgument(fmt::format("checkpoint manifest '{}': the {} extents of layer {} ('{}') {} at "
+                                           "element {}",
+                                           src, kind, li, printable(m.layers[li].name, 64),
+                                           b < at ? "overlap" : "leave a gap", std::min(b, at)));
+      at = b + c;
     }
+    if (at != m.layers[li].elements)
+      return InvalidArgument(fmt::format("checkpoint manifest '{}': the {} extents of layer {} ('{}') cover {} of "
+                                         "its {} elements",
+                                         src, kind, li, printable(m.layers[li].name, 64), at, m.layers[li].elements));
   }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<CheckpointManifest> CheckpointManifest::from_json(const nlohmann::json& j, const std::string& source) {
+  const std::string src = printable(source, 256);
+  if (!j.is_object()) return InvalidArgument(fmt::format("checkpoint manifest '{}' is not a JSON object", src));
+  const Fields f{j, source, ""};
+  STRATA_RETURN_IF_ERROR(check_format(f, src));
+  STRATA_ASSIGN_OR_RETURN(CheckpointManifest m, read_header(f, src));
+  STRATA_ASSIGN_OR_RETURN(m.scalars, read_scalars(f, src));
+  STRATA_ASSIGN_OR_RETURN(m.layers, read_layers(f, src));
+  STRATA_ASSIGN_OR_RETURN(m.files, read_files(f, src, m.world_size));
+  STRATA_ASSIGN_OR_RETURN(m.extents, read_extents(f, src, m));
+  STRATA_RETURN_IF_ERROR(check_tiling(m, true, src));
+  STRATA_RETURN_IF_ERROR(check_tiling(m, false, src));
   if (j.contains("app")) m.app = j["app"];
   return m;
 }
