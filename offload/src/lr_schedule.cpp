@@ -20,8 +20,31 @@ namespace {
 
 using nlohmann::json;
 
+constexpr double kMax = std::numeric_limits<double>::max();
+constexpr int64_t kMaxSteps = int64_t{1} << 53;  // counts stay exact as doubles
+
+// DeepSpeed tests its "0" switches with math.isclose(x, 0), which with the
+// default tolerances is true only for exactly 0.
+bool is_zero(double x) { return x == 0.0; }
+
+Status check_base_lr(double base_lr, std::string_view source) {
+  if (std::isfinite(base_lr) && base_lr >= 0) return Status::Ok();
+  ConfigIssue issue{IssueSeverity::kError, "optimizer.params.lr", fmt::format("learning rate {} must be finite and >= 0", base_lr),
+                    "set optimizer.params.lr to the peak learning rate, e.g. 1e-4"};
+  return InvalidArgument(format_issue(issue, source));
+}
+
+Status check_params_object(const json& params, std::string_view source) {
+  if (params.is_object()) return Status::Ok();
+  ConfigIssue issue{IssueSeverity::kError, "scheduler.params", fmt::format("must be an object, not {}", params.dump()),
+                    "write \"params\": { ... } with the schedule's keys"};
+  return InvalidArgument(format_issue(issue, source));
+}
+
+}  // namespace
+
 // Reads scheduler.params.<name> with messages in the config checker's format.
-class ParamReader {
+class LrSchedule::ParamReader {
  public:
   ParamReader(const json& params, std::string_view type, std::string_view source)
       : params_(params), type_(type), source_(source) {}
@@ -102,152 +125,168 @@ class ParamReader {
   std::string_view source_;
 };
 
-constexpr double kMax = std::numeric_limits<double>::max();
-constexpr int64_t kMaxSteps = int64_t{1} << 53;  // counts stay exact as doubles
-
-// DeepSpeed tests its "0" switches with math.isclose(x, 0), which with the
-// default tolerances is true only for exactly 0.
-bool is_zero(double x) { return x == 0.0; }
-
-}  // namespace
-
 Result<LrSchedule> LrSchedule::create(const SchedulerConfig& cfg, double base_lr, std::string_view source) {
   LrSchedule s;
   s.type_ = cfg.type;
-  if (!std::isfinite(base_lr) || base_lr < 0) {
-    ConfigIssue issue{IssueSeverity::kError, "optimizer.params.lr", fmt::format("learning rate {} must be finite and >= 0", base_lr),
-                      "set optimizer.params.lr to the peak learning rate, e.g. 1e-4"};
-    return InvalidArgument(format_issue(issue, source));
-  }
+  STRATA_RETURN_IF_ERROR(check_base_lr(base_lr, source));
   s.base_lr_ = base_lr;
   if (cfg.type == SchedulerType::kNone) return s;
+  STRATA_RETURN_IF_ERROR(check_params_object(cfg.params, source));
+  const ParamReader p(cfg.params, scheduler_type_name(cfg.type), source);
+  STRATA_RETURN_IF_ERROR(s.read_last_batch_iteration(p));
+  STRATA_RETURN_IF_ERROR(s.read_type_params(p, cfg, base_lr));
+  return s;
+}
 
-  if (!cfg.params.is_object()) {
-    ConfigIssue issue{IssueSeverity::kError, "scheduler.params", fmt::format("must be an object, not {}", cfg.params.dump()),
-                      "write \"params\": { ... } with the schedule's keys"};
-    return InvalidArgument(format_issue(issue, source));
-  }
-  const std::string_view type = scheduler_type_name(cfg.type);
-  const ParamReader p(cfg.params, type, source);
-
-  STRATA_ASSIGN_OR_RETURN(s.last_batch_iteration_,
+Status LrSchedule::read_last_batch_iteration(const ParamReader& p) {
+  STRATA_ASSIGN_OR_RETURN(last_batch_iteration_,
                           p.integer("last_batch_iteration", -1, "-1 starts the schedule; N resumes after iteration N"));
-  if (s.last_batch_iteration_ > kMaxSteps) {
-    return p.error("last_batch_iteration", fmt::format("{} is too large", s.last_batch_iteration_), "at most 2^53");
+  if (last_batch_iteration_ > kMaxSteps) {
+    return p.error("last_batch_iteration", fmt::format("{} is too large", last_batch_iteration_), "at most 2^53");
   }
+  return Status::Ok();
+}
 
-  auto read_warmup = [&](bool with_lrs) -> Status {
-    STRATA_ASSIGN_OR_RETURN(int64_t warmup_num_steps,
-                            p.integer("warmup_num_steps", 1, "at least 1 (DeepSpeed rejects 0 warm-up steps)"));
-    if (warmup_num_steps > kMaxSteps) return p.error("warmup_num_steps", "is too large", "at most 2^53");
-    s.warmup_steps_ = std::max<int64_t>(2, warmup_num_steps);
-    s.inverse_log_warmup_ = 1.0 / std::log(static_cast<double>(s.warmup_steps_));
-    const json warmup_type = p.value("warmup_type");
-    if (!warmup_type.is_string() || (warmup_type != "log" && warmup_type != "linear")) {
-      return p.error("warmup_type", fmt::format("unknown warm-up curve {}", warmup_type.dump()),
-                     "use \"log\" or \"linear\"");
-    }
-    s.warmup_linear_ = warmup_type == "linear";
-    if (with_lrs) {
-      STRATA_ASSIGN_OR_RETURN(s.warmup_min_lr_, p.number("warmup_min_lr", 0, kMax, "a learning rate >= 0, e.g. 0"));
-      if (cfg.type == SchedulerType::kWarmupLR && cfg.params.contains("warmup_max_lr") &&
-          cfg.params["warmup_max_lr"].is_null()) {
-        s.warmup_max_lr_ = base_lr;  // DeepSpeed's WarmupLR: None means the optimizer's lr
-      } else {
-        STRATA_ASSIGN_OR_RETURN(s.warmup_max_lr_, p.number("warmup_max_lr", 0, kMax, "a learning rate >= 0, e.g. 1e-3"));
-      }
-      if (s.warmup_max_lr_ < s.warmup_min_lr_) {
-        return p.error("warmup_max_lr",
-                       fmt::format("{} is below warmup_min_lr {}: the warm-up would lower the learning rate",
-                                   s.warmup_max_lr_, s.warmup_min_lr_),
-                       "make warmup_max_lr at least warmup_min_lr");
-      }
-    }
-    return Status::Ok();
-  };
-  auto read_total = [&]() -> Status {
-    STRATA_ASSIGN_OR_RETURN(s.total_num_steps_,
-                            p.integer("total_num_steps", 1, "set it to the number of optimizer steps of the run"));
-    if (s.total_num_steps_ > kMaxSteps) return p.error("total_num_steps", "is too large", "at most 2^53");
-    STRATA_ASSIGN_OR_RETURN(int64_t warmup_num_steps, p.integer("warmup_num_steps", 1, ""));
-    if (s.total_num_steps_ < warmup_num_steps) {
-      return p.error("total_num_steps",
-                     fmt::format("total_num_steps {} is shorter than warmup_num_steps {}", s.total_num_steps_,
-                                 warmup_num_steps),
-                     "make total_num_steps at least warmup_num_steps");
-    }
-    return Status::Ok();
-  };
-
+// The parameters of cfg.type, in the order DeepSpeed's constructors read them.
+Status LrSchedule::read_type_params(const ParamReader& p, const SchedulerConfig& cfg, double base_lr) {
   switch (cfg.type) {
     case SchedulerType::kNone:
-      break;
+      return Status::Ok();
     case SchedulerType::kWarmupLR:
-      STRATA_RETURN_IF_ERROR(read_warmup(true));
-      break;
+      STRATA_RETURN_IF_ERROR(read_warmup_curve(p));
+      return read_warmup_lrs(p, cfg, base_lr);
     case SchedulerType::kWarmupDecayLR:
-      STRATA_RETURN_IF_ERROR(read_warmup(true));
-      STRATA_RETURN_IF_ERROR(read_total());
-      break;
-    case SchedulerType::kWarmupCosineLR: {
-      STRATA_RETURN_IF_ERROR(read_warmup(false));
-      STRATA_RETURN_IF_ERROR(read_total());
-      STRATA_ASSIGN_OR_RETURN(s.warmup_min_ratio_,
-                              p.number("warmup_min_ratio", 0, 1, "a fraction of optimizer.params.lr in [0, 1]"));
-      STRATA_ASSIGN_OR_RETURN(s.cos_min_ratio_,
-                              p.number("cos_min_ratio", 0, 1, "a fraction of optimizer.params.lr in [0, 1]"));
-      break;
-    }
-    case SchedulerType::kOneCycle: {
-      STRATA_ASSIGN_OR_RETURN(s.cycle_min_lr_, p.number("cycle_min_lr", 0, kMax, "the lowest lr of the cycle, e.g. 1e-5"));
-      STRATA_ASSIGN_OR_RETURN(s.cycle_max_lr_, p.number("cycle_max_lr", 0, kMax, "the highest lr of the cycle, e.g. 1e-3"));
-      if (s.cycle_min_lr_ > s.cycle_max_lr_) {
-        return p.error("cycle_min_lr", fmt::format("{} is above cycle_max_lr {}", s.cycle_min_lr_, s.cycle_max_lr_),
-                       "swap the two values");
-      }
-      STRATA_ASSIGN_OR_RETURN(s.decay_lr_rate_, p.number("decay_lr_rate", 0, kMax, "a rate >= 0; 0 keeps cycle_min_lr"));
-      STRATA_ASSIGN_OR_RETURN(int64_t first, p.integer("cycle_first_step_size", 1, "at least 1 step"));
-      int64_t second = first;
-      if (!p.is_null("cycle_second_step_size")) {
-        STRATA_ASSIGN_OR_RETURN(second, p.integer("cycle_second_step_size", 0, "at least 0 steps; null: same as the first"));
-      }
-      if (first > kMaxSteps || second > kMaxSteps) {
-        return p.error(first > kMaxSteps ? "cycle_first_step_size" : "cycle_second_step_size", "is too large", "at most 2^53");
-      }
-      s.first_step_size_ = static_cast<double>(first);
-      s.second_step_size_ = static_cast<double>(second);
-      s.total_size_ = s.first_step_size_ + s.second_step_size_;
-      s.step_ratio_ = s.first_step_size_ / s.total_size_;
-      STRATA_ASSIGN_OR_RETURN(s.first_stair_count_, p.integer("cycle_first_stair_count", 0, "0 (smooth) or more stairs"));
-      s.second_stair_count_ = s.first_stair_count_;
-      if (!p.is_null("cycle_second_stair_count")) {
-        STRATA_ASSIGN_OR_RETURN(s.second_stair_count_,
-                                p.integer("cycle_second_stair_count", 0, "0 (smooth) or more stairs; null: same as the first"));
-      }
-      if (s.second_stair_count_ > 0 && second == 0) {
-        return p.error("cycle_second_stair_count", "stairs in a falling half of 0 steps",
-                       "set cycle_second_step_size >= 1 or the stair count to 0");
-      }
-      STRATA_ASSIGN_OR_RETURN(s.decay_step_size_, p.integer("decay_step_size", 0, "0 (no decay) or more steps"));
-      s.skip_lr_decay_ = s.decay_step_size_ == 0 || is_zero(s.decay_lr_rate_);
-      STRATA_ASSIGN_OR_RETURN(s.cycle_momentum_, p.boolean("cycle_momentum"));
-      if (s.cycle_momentum_) {
-        STRATA_ASSIGN_OR_RETURN(s.cycle_min_mom_, p.number("cycle_min_mom", 0, 1, "a momentum in [0, 1], e.g. 0.85"));
-        STRATA_ASSIGN_OR_RETURN(s.cycle_max_mom_, p.number("cycle_max_mom", 0, 1, "a momentum in [0, 1], e.g. 0.95"));
-        STRATA_ASSIGN_OR_RETURN(s.decay_mom_rate_, p.number("decay_mom_rate", 0, kMax, "a rate >= 0; 0 keeps cycle_max_mom"));
-        s.skip_mom_decay_ = s.decay_step_size_ == 0 || is_zero(s.decay_mom_rate_);
-      }
-      break;
-    }
-    case SchedulerType::kLRRangeTest: {
-      STRATA_ASSIGN_OR_RETURN(s.range_min_lr_, p.number("lr_range_test_min_lr", 0, kMax, "the starting lr, e.g. 1e-5"));
-      STRATA_ASSIGN_OR_RETURN(s.range_step_size_, p.integer("lr_range_test_step_size", 1, "at least 1 step"));
-      STRATA_ASSIGN_OR_RETURN(s.range_step_rate_, p.number("lr_range_test_step_rate", 0, kMax, "an increase >= 0 per step_size steps"));
-      STRATA_ASSIGN_OR_RETURN(s.range_staircase_, p.boolean("lr_range_test_staircase"));
-      break;
-    }
+      STRATA_RETURN_IF_ERROR(read_warmup_curve(p));
+      STRATA_RETURN_IF_ERROR(read_warmup_lrs(p, cfg, base_lr));
+      return read_total_steps(p);
+    case SchedulerType::kWarmupCosineLR:
+      STRATA_RETURN_IF_ERROR(read_warmup_curve(p));
+      STRATA_RETURN_IF_ERROR(read_total_steps(p));
+      return read_cosine_ratios(p);
+    case SchedulerType::kOneCycle:
+      STRATA_RETURN_IF_ERROR(read_cycle_lrs(p));
+      STRATA_RETURN_IF_ERROR(read_cycle_shape(p));
+      return read_cycle_decay_and_momentum(p);
+    case SchedulerType::kLRRangeTest:
+      return read_range_test(p);
   }
-  return s;
+  return Status::Ok();
+}
+
+// warmup_num_steps (clamped to at least 2, as DeepSpeed does) and warmup_type.
+Status LrSchedule::read_warmup_curve(const ParamReader& p) {
+  STRATA_ASSIGN_OR_RETURN(int64_t warmup_num_steps,
+                          p.integer("warmup_num_steps", 1, "at least 1 (DeepSpeed rejects 0 warm-up steps)"));
+  if (warmup_num_steps > kMaxSteps) return p.error("warmup_num_steps", "is too large", "at most 2^53");
+  warmup_steps_ = std::max<int64_t>(2, warmup_num_steps);
+  inverse_log_warmup_ = 1.0 / std::log(static_cast<double>(warmup_steps_));
+  const json warmup_type = p.value("warmup_type");
+  if (!warmup_type.is_string() || (warmup_type != "log" && warmup_type != "linear")) {
+    return p.error("warmup_type", fmt::format("unknown warm-up curve {}", warmup_type.dump()),
+                   "use \"log\" or \"linear\"");
+  }
+  warmup_linear_ = warmup_type == "linear";
+  return Status::Ok();
+}
+
+Status LrSchedule::read_warmup_lrs(const ParamReader& p, const SchedulerConfig& cfg, double base_lr) {
+  STRATA_ASSIGN_OR_RETURN(warmup_min_lr_, p.number("warmup_min_lr", 0, kMax, "a learning rate >= 0, e.g. 0"));
+  // DeepSpeed's WarmupLR: None means the optimizer's lr.
+  const bool max_lr_is_base_lr = cfg.type == SchedulerType::kWarmupLR && cfg.params.contains("warmup_max_lr") &&
+                                 cfg.params["warmup_max_lr"].is_null();
+  if (max_lr_is_base_lr) {
+    warmup_max_lr_ = base_lr;
+  } else {
+    STRATA_ASSIGN_OR_RETURN(warmup_max_lr_, p.number("warmup_max_lr", 0, kMax, "a learning rate >= 0, e.g. 1e-3"));
+  }
+  if (warmup_max_lr_ < warmup_min_lr_) {
+    return p.error("warmup_max_lr",
+                   fmt::format("{} is below warmup_min_lr {}: the warm-up would lower the learning rate",
+                               warmup_max_lr_, warmup_min_lr_),
+                   "make warmup_max_lr at least warmup_min_lr");
+  }
+  return Status::Ok();
+}
+
+Status LrSchedule::read_total_steps(const ParamReader& p) {
+  STRATA_ASSIGN_OR_RETURN(total_num_steps_,
+                          p.integer("total_num_steps", 1, "set it to the number of optimizer steps of the run"));
+  if (total_num_steps_ > kMaxSteps) return p.error("total_num_steps", "is too large", "at most 2^53");
+  STRATA_ASSIGN_OR_RETURN(int64_t warmup_num_steps, p.integer("warmup_num_steps", 1, ""));
+  if (total_num_steps_ < warmup_num_steps) {
+    return p.error("total_num_steps",
+                   fmt::format("total_num_steps {} is shorter than warmup_num_steps {}", total_num_steps_,
+                               warmup_num_steps),
+                   "make total_num_steps at least warmup_num_steps");
+  }
+  return Status::Ok();
+}
+
+Status LrSchedule::read_cosine_ratios(const ParamReader& p) {
+  STRATA_ASSIGN_OR_RETURN(warmup_min_ratio_,
+                          p.number("warmup_min_ratio", 0, 1, "a fraction of optimizer.params.lr in [0, 1]"));
+  STRATA_ASSIGN_OR_RETURN(cos_min_ratio_, p.number("cos_min_ratio", 0, 1, "a fraction of optimizer.params.lr in [0, 1]"));
+  return Status::Ok();
+}
+
+// OneCycle's learning rates: the cycle's range and the decay after it.
+Status LrSchedule::read_cycle_lrs(const ParamReader& p) {
+  STRATA_ASSIGN_OR_RETURN(cycle_min_lr_, p.number("cycle_min_lr", 0, kMax, "the lowest lr of the cycle, e.g. 1e-5"));
+  STRATA_ASSIGN_OR_RETURN(cycle_max_lr_, p.number("cycle_max_lr", 0, kMax, "the highest lr of the cycle, e.g. 1e-3"));
+  if (cycle_min_lr_ > cycle_max_lr_) {
+    return p.error("cycle_min_lr", fmt::format("{} is above cycle_max_lr {}", cycle_min_lr_, cycle_max_lr_),
+                   "swap the two values");
+  }
+  STRATA_ASSIGN_OR_RETURN(decay_lr_rate_, p.number("decay_lr_rate", 0, kMax, "a rate >= 0; 0 keeps cycle_min_lr"));
+  return Status::Ok();
+}
+
+// OneCycle's two halves: their lengths in steps and their stairs.
+Status LrSchedule::read_cycle_shape(const ParamReader& p) {
+  STRATA_ASSIGN_OR_RETURN(int64_t first, p.integer("cycle_first_step_size", 1, "at least 1 step"));
+  int64_t second = first;
+  if (!p.is_null("cycle_second_step_size")) {
+    STRATA_ASSIGN_OR_RETURN(second, p.integer("cycle_second_step_size", 0, "at least 0 steps; null: same as the first"));
+  }
+  if (first > kMaxSteps || second > kMaxSteps) {
+    return p.error(first > kMaxSteps ? "cycle_first_step_size" : "cycle_second_step_size", "is too large", "at most 2^53");
+  }
+  first_step_size_ = static_cast<double>(first);
+  second_step_size_ = static_cast<double>(second);
+  total_size_ = first_step_size_ + second_step_size_;
+  step_ratio_ = first_step_size_ / total_size_;
+  STRATA_ASSIGN_OR_RETURN(first_stair_count_, p.integer("cycle_first_stair_count", 0, "0 (smooth) or more stairs"));
+  second_stair_count_ = first_stair_count_;
+  if (!p.is_null("cycle_second_stair_count")) {
+    STRATA_ASSIGN_OR_RETURN(second_stair_count_,
+                            p.integer("cycle_second_stair_count", 0, "0 (smooth) or more stairs; null: same as the first"));
+  }
+  if (second_stair_count_ > 0 && second == 0) {
+    return p.error("cycle_second_stair_count", "stairs in a falling half of 0 steps",
+                   "set cycle_second_step_size >= 1 or the stair count to 0");
+  }
+  return Status::Ok();
+}
+
+// OneCycle after the cycle: the decay's step size, and the momentum cycle when it is on.
+Status LrSchedule::read_cycle_decay_and_momentum(const ParamReader& p) {
+  STRATA_ASSIGN_OR_RETURN(decay_step_size_, p.integer("decay_step_size", 0, "0 (no decay) or more steps"));
+  skip_lr_decay_ = decay_step_size_ == 0 || is_zero(decay_lr_rate_);
+  STRATA_ASSIGN_OR_RETURN(cycle_momentum_, p.boolean("cycle_momentum"));
+  if (!cycle_momentum_) return Status::Ok();
+  STRATA_ASSIGN_OR_RETURN(cycle_min_mom_, p.number("cycle_min_mom", 0, 1, "a momentum in [0, 1], e.g. 0.85"));
+  STRATA_ASSIGN_OR_RETURN(cycle_max_mom_, p.number("cycle_max_mom", 0, 1, "a momentum in [0, 1], e.g. 0.95"));
+  STRATA_ASSIGN_OR_RETURN(decay_mom_rate_, p.number("decay_mom_rate", 0, kMax, "a rate >= 0; 0 keeps cycle_max_mom"));
+  skip_mom_decay_ = decay_step_size_ == 0 || is_zero(decay_mom_rate_);
+  return Status::Ok();
+}
+
+Status LrSchedule::read_range_test(const ParamReader& p) {
+  STRATA_ASSIGN_OR_RETURN(range_min_lr_, p.number("lr_range_test_min_lr", 0, kMax, "the starting lr, e.g. 1e-5"));
+  STRATA_ASSIGN_OR_RETURN(range_step_size_, p.integer("lr_range_test_step_size", 1, "at least 1 step"));
+  STRATA_ASSIGN_OR_RETURN(range_step_rate_, p.number("lr_range_test_step_rate", 0, kMax, "an increase >= 0 per step_size steps"));
+  STRATA_ASSIGN_OR_RETURN(range_staircase_, p.boolean("lr_range_test_staircase"));
+  return Status::Ok();
 }
 
 int64_t LrSchedule::iteration_of(int64_t step) const {

@@ -88,6 +88,19 @@ class LrSchedule {
   double lr_at_iteration(int64_t iteration) const;
   double one_cycle_scale(int64_t batch) const;
 
+  // create's steps: each reads its keys of scheduler.params into the members below.
+  class ParamReader;  // scheduler.params.<name> with the config checker's messages (lr_schedule.cpp)
+  Status read_last_batch_iteration(const ParamReader& p);
+  Status read_type_params(const ParamReader& p, const SchedulerConfig& cfg, double base_lr);
+  Status read_warmup_curve(const ParamReader& p);
+  Status read_warmup_lrs(const ParamReader& p, const SchedulerConfig& cfg, double base_lr);
+  Status read_total_steps(const ParamReader& p);
+  Status read_cosine_ratios(const ParamReader& p);
+  Status read_cycle_lrs(const ParamReader& p);
+  Status read_cycle_shape(const ParamReader& p);
+  Status read_cycle_decay_and_momentum(const ParamReader& p);
+  Status read_range_test(const ParamReader& p);
+
   SchedulerType type_ = SchedulerType::kNone;
   double base_lr_ = 0;
   int64_t last_batch_iteration_ = -1;
