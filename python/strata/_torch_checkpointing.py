@@ -12,6 +12,7 @@ given, else off. A Hugging Face model's gradient checkpointing
 cpu_checkpointing is on, so its blocks' inputs move too (both the
 reentrant and the non-reentrant setting: see `checkpoint`)."""
 import contextlib
+import functools
 import threading
 import warnings
 
@@ -157,15 +158,40 @@ def non_reentrant_checkpoint(function, *args):
 
 
 def through_checkpoint(function, *args, **kwargs):
-    """A Hugging Face model's `_gradient_checkpointing_func` while cpu_checkpointing is on: `checkpoint`, with
-    keyword arguments (transformers binds them before the call) bound to the function. torch's keywords for
-    its own checkpoint (use_reentrant, preserve_rng_state, ...) are dropped: `checkpoint` keeps the RNG state
-    and is reentrant, with its inputs in host memory."""
+    """A Hugging Face model's `_gradient_checkpointing_func` while cpu_checkpointing is on: `checkpoint`.
+    torch's keywords for its own checkpoint (use_reentrant, preserve_rng_state, ...) are dropped:
+    `checkpoint` keeps the RNG state and is reentrant, with its inputs in host memory. The layer's keyword
+    arguments (given here, or bound in a functools.partial as transformers 5 binds them) stay keywords; a
+    keyword tensor that needs a gradient becomes one of the checkpoint's inputs, so its gradient flows
+    through the checkpoint once, as with torch's non-reentrant checkpoint."""
     for key in ("use_reentrant", "preserve_rng_state", "determinism_check", "debug", "context_fn"):
         kwargs.pop(key, None)
-    if kwargs:
-        return checkpoint(_WithKeywords(function, kwargs), *args)
-    return checkpoint(function, *args)
+    bound = {}
+    if isinstance(function, functools.partial) and function.keywords:
+        bound = dict(function.keywords)
+        function = functools.partial(function.func, *function.args)
+    bound.update(kwargs)
+    if not bound:
+        return checkpoint(function, *args)
+    for key, value in bound.items():
+        if not isinstance(value, torch.Tensor) and _holds_tensor_needing_grad(value):
+            raise Unsupported(f"activation checkpoint with cpu_checkpointing: keyword '{printable(key)}' holds a "
+                              f"tensor that needs a gradient inside a {type(value).__name__}: pass that tensor as "
+                              f"a keyword of its own or positionally, or turn "
+                              f"activation_checkpointing.cpu_checkpointing off")
+    needing_grad = [key for key, value in bound.items() if isinstance(value, torch.Tensor) and value.requires_grad]
+    keyed = _WithKeywords(function, bound, needing_grad, len(args))
+    return checkpoint(keyed, *args, *[bound[key] for key in needing_grad])
+
+
+def _holds_tensor_needing_grad(value, depth=0):
+    if isinstance(value, torch.Tensor):
+        return value.requires_grad
+    if depth < 4 and isinstance(value, (tuple, list)):
+        return any(_holds_tensor_needing_grad(v, depth + 1) for v in value)
+    if depth < 4 and isinstance(value, dict):
+        return any(_holds_tensor_needing_grad(v, depth + 1) for v in value.values())
+    return False
 
 
 through_checkpoint._strata_offloads = True
@@ -182,13 +208,19 @@ class _DroppingFirst:
 
 
 class _WithKeywords:
-    def __init__(self, function, kwargs):
-        self.function, self.kwargs = function, kwargs
+    """function(*positional, **keywords), called with the positional inputs followed by the keyword tensors
+    that need a gradient (checkpoint inputs, so their gradients flow back through it)."""
+
+    def __init__(self, function, keywords, needing_grad, positional):
+        self.function, self.keywords = function, keywords
+        self.needing_grad, self.positional = needing_grad, positional
         self.__self__ = getattr(function, "__self__", None)  # a unit's bound forward stays recognizable
         self.__name__ = getattr(function, "__name__", "")
 
-    def __call__(self, *args):
-        return self.function(*args, **self.kwargs)
+    def __call__(self, *inputs):
+        keywords = dict(self.keywords)
+        keywords.update(zip(self.needing_grad, inputs[self.positional:]))
+        return self.function(*inputs[:self.positional], **keywords)
 
 
 def _has_trainable_parameters(function):
@@ -241,7 +273,11 @@ def _refuse_model_parallelism(mpu):
         return
     size = getattr(mpu, "get_model_parallel_world_size", None) or getattr(mpu, "get_tensor_model_parallel_world_size",
                                                                           None)
-    if size is not None and size() == 1:
+    if size is None:
+        raise InvalidArgument(f"configure(mpu_={type(mpu).__name__}): it has no get_model_parallel_world_size() "
+                              f"(or get_tensor_model_parallel_world_size()), so its model-parallel size is unknown; "
+                              f"pass mpu_=None (strata.torch is data-parallel only)")
+    if size() == 1:
         return
     raise Unsupported(f"configure(mpu_={type(mpu).__name__}): model parallelism is not supported, strata.torch is "
                       f"data-parallel ZeRO only; pass mpu_=None (activation partitioning across model-parallel "
@@ -249,6 +285,14 @@ def _refuse_model_parallelism(mpu):
 
 
 def _warn_about_what_is_not_acted_on(current):
+    if current.partition_activations:
+        _warn_once("partition_activations", "activation_checkpointing.partition_activations has no effect in "
+                                            "strata.torch: it splits checkpoints across model-parallel ranks, and "
+                                            "there are none (cpu_checkpointing works without it)")
+    if current.contiguous_memory_optimization:
+        _warn_once("contiguous", "activation_checkpointing.contiguous_memory_optimization has no effect in "
+                                 "strata.torch: with cpu_checkpointing the host copies reuse pinned buffers by size "
+                                 "class; nothing is copied into one device buffer")
     if current.profile:
         _warn_once("profile", "activation_checkpointing.profile: strata.torch does not print DeepSpeed's "
                               "per-checkpoint timers (engine.metrics has each step's forward and backward times)")

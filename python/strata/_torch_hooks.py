@@ -303,25 +303,35 @@ class UnitHooks:
         which keeps the blocks' inputs in host memory (Note [Activation
         checkpoints in host memory])."""
         offloading = checkpointing.settings().cpu_checkpointing
-        if offloading:
-            for module in self._checkpointing_units:
-                if module.__dict__.get("_gradient_checkpointing_func") is not None:
-                    module._gradient_checkpointing_func = checkpointing.through_checkpoint
+        for module in self._checkpointing_units:  # the setting may change between forwards (configure())
+            func = module.__dict__.get("_gradient_checkpointing_func")
+            if func is None:
+                continue
+            if offloading and func is not checkpointing.through_checkpoint:
+                module._strata_own_checkpointing_func = func  # transformers' own, given back when it goes off
+                module._gradient_checkpointing_func = checkpointing.through_checkpoint
+            elif not offloading and func is checkpointing.through_checkpoint:
+                module._gradient_checkpointing_func = module.__dict__.pop("_strata_own_checkpointing_func")
         for module in self._checkpointing_modules:
             func = module.__dict__.get("_gradient_checkpointing_func")
-            if func is None or getattr(func, "_strata_routes_units", False):
+            if func is None:
                 continue
+            if getattr(func, "_strata_routes_units", False):
+                if func._strata_offloading == offloading:
+                    continue
+                func = func._strata_original  # routed under the other setting: routed again
             unit_ids = self._unit_module_ids
-            if offloading:
-                func = checkpointing.through_checkpoint
+            run = checkpointing.through_checkpoint if offloading else func
 
-            def through_the_hooks(function, *args, _original=func, **kwargs):
+            def through_the_hooks(function, *args, _run=run, **kwargs):
                 owner = getattr(function, "__self__", None)
                 if owner is not None and id(owner) in unit_ids and getattr(function, "__name__", "") == "forward":
                     function = owner
-                return _original(function, *args, **kwargs)
+                return _run(function, *args, **kwargs)
 
             through_the_hooks._strata_routes_units = True
+            through_the_hooks._strata_original = func
+            through_the_hooks._strata_offloading = offloading
             module._gradient_checkpointing_func = through_the_hooks
 
     def _root_post_forward(self, module, args, output):

@@ -335,3 +335,112 @@ def test_the_cuda_copies_order_their_streams_by_events(monkeypatch):
     x2 = x.detach().clone().requires_grad_(True)
     expected(x2.expand(3, 2, 4)).sum().backward()
     assert torch.equal(x.grad, x2.grad)  # the expanded input came back as it was: the same gradient
+
+
+def test_a_keyword_tensor_needing_a_gradient_becomes_a_checkpoint_input():
+    """transformers 5 binds a layer's keywords in partial(forward, self, **kwargs): a keyword tensor that needs
+    a gradient (a learned position embedding shared by the layers) must get it once per layer, as with torch's
+    non-reentrant checkpoint, not be recomputed through its history per layer (a second backward)."""
+    import functools
+    from strata._torch_checkpointing import through_checkpoint
+
+    class Layer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 4)
+
+        def forward(self, x, pos=None, scale=1.0):
+            return self.linear(x + pos) * scale
+
+    def run(checkpointed):
+        torch.manual_seed(4)
+        layers = [Layer(), Layer()]
+        table = torch.nn.Parameter(torch.randn(2, 4))
+        x = torch.randn(2, 4, requires_grad=True)
+        pos = table * 2  # not a leaf: its history is shared by both layers
+        for layer in layers:
+            if checkpointed:
+                x = through_checkpoint(functools.partial(Layer.forward, layer, pos=pos, scale=0.5), x,
+                                       use_reentrant=False)
+            else:
+                x = layer(x, pos=pos, scale=0.5)
+        x.sum().backward()
+        return table.grad.clone(), [layer.linear.weight.grad.clone() for layer in layers]
+
+    st.checkpointing.configure(checkpoint_in_cpu=True)
+    plain = run(False)
+    with recorded_offload_for_tests() as offload_record:
+        moved = run(True)
+    assert torch.equal(plain[0], moved[0]) and all(torch.equal(a, b) for a, b in zip(plain[1], moved[1]))
+    assert [kind for kind, _ in offload_record.copies.log].count("to_host") == 4  # x and pos, per layer
+
+    def nested(x, pair=None):
+        return x + pair[0]
+
+    with pytest.raises(Unsupported, match=r"keyword 'pair' holds a tensor that needs a gradient inside a tuple"):
+        through_checkpoint(functools.partial(nested, pair=(torch.ones(2, requires_grad=True),)),
+                           torch.ones(2, requires_grad=True))
+
+
+def test_an_input_written_in_place_after_it_was_saved_is_refused():
+    block = torch.nn.Linear(4, 4)
+    x = torch.randn(2, 4, requires_grad=True)
+    h = x * 1.0
+    with recorded_offload_for_tests():
+        st.checkpointing.configure(checkpoint_in_cpu=True)
+        y = st.checkpointing.checkpoint(block, h)
+        with torch.no_grad():
+            h.add_(1.0)  # after the checkpoint saved it: its recompute would see other values
+        with pytest.raises(RuntimeError, match=r"activation checkpoint \d+ \(shape \(2, 4\)\) was modified in place"):
+            y.sum().backward()
+
+
+def test_pinned_buffers_come_in_size_classes_and_stay_at_the_working_set():
+    """Dynamic padding: a different length every step reuses buffers of its size class, and the pool keeps
+    free no more than the peak in use."""
+    from strata._torch_activation_offload import HostBufferPool
+    assert [HostBufferPool.size_class(n) for n in (1, 7, 8, 9, 100, 1000, 1024, 1025)] == \
+        [1, 7, 8, 9, 104, 1024, 1024, 1152]
+    st.checkpointing.configure(checkpoint_in_cpu=True)
+    block = torch.nn.Linear(8, 8)
+    with recorded_offload_for_tests() as offload_record:
+        for length in range(100, 140):
+            h = torch.randn(length, 8, requires_grad=True) * 1.0
+            st.checkpointing.checkpoint(block, st.checkpointing.checkpoint(block, h)).sum().backward()
+        pool = offload_record.pool
+        assert pool.buffers_made <= 10, pool.buffers_made  # 5 classes x 2 in use; 80 without classes
+        assert pool.free_bytes() <= 2 * 1152 * 8 * 4
+
+
+def test_the_routing_follows_the_setting_from_one_forward_to_the_next():
+    """configure() after the first forward: a Hugging Face model's checkpointing is routed again (through
+    strata.torch's checkpoint when cpu_checkpointing goes on, back to transformers' own when it goes off)."""
+    if os.environ.get("STRATA_REQUIRE_TRANSFORMERS") != "1":
+        pytest.importorskip("transformers")
+    import test_torch_hf_models as hf
+    model = hf.make("llama")
+    model.gradient_checkpointing_enable()
+    model.train()
+    engine, _, _, _ = st.initialize(model=model, model_parameters=model.parameters(), config=hf.config(3, "cpu", "cpu"))
+    with recorded_offload_for_tests() as offload_record:
+        train_engine(engine, hf.loss_of("llama"), 1)
+        assert offload_record.copies.log == []
+        st.checkpointing.configure(checkpoint_in_cpu=True)
+        train_engine(engine, hf.loss_of("llama"), 1, first_batch=2)
+        moved = len(offload_record.copies.log)
+        assert moved > 0
+        st.checkpointing.configure(checkpoint_in_cpu=False)
+        train_engine(engine, hf.loss_of("llama"), 1, first_batch=4)
+        assert len(offload_record.copies.log) == moved
+    engine.close()
+
+
+def test_an_mpu_without_a_model_parallel_size_is_named():
+    with pytest.raises(InvalidArgument, match=r"mpu_=object.*no get_model_parallel_world_size"):
+        st.checkpointing.configure(object(), checkpoint_in_cpu=True)
+
+
+def test_settings_without_effect_say_so():
+    _torch_checkpointing._warned.discard("partition_activations")
+    with pytest.warns(UserWarning, match="partition_activations has no effect"):
+        st.checkpointing.configure(partition_activations=True, checkpoint_in_cpu=True)
