@@ -60,11 +60,15 @@ Result<LayerMemory> Engine::Impl::acquire(size_t li, Pass pass, AcquireWaiter wa
     auto probe = std::make_shared<WaitProbe>();
     probe->layer = li;
     probe->backward = progress.in_backward;
+    bool probed = true;
     if (waiter.is_host()) {
       probe->reached_ns.store(now_ns());
     } else {
-      STRATA_RETURN_IF_ERROR(waiting_stream->launch_host([probe] { probe->reached_ns.store(now_ns()); }));
+      // The probe only times the wait: a stream that cannot take it is not a failed acquire (the layer is
+      // held by now); the wait on that stream reports the stream's failure where it matters.
+      probed = waiting_stream->launch_host([probe] { probe->reached_ns.store(now_ns()); }).ok();
     }
+    if (!probed) return mem;
     lease.update_ready.then([probe](const Status&) { probe->update_ns.store(now_ns()); });
     params_ready.then([probe](const Status&) { probe->ready_ns.store(now_ns()); });
     probes.push_back(std::move(probe));

@@ -508,8 +508,8 @@ class DrivenEngine {
     const std::string what = fmt::format("layer {} {}", li, pass_name);
     Result<LayerMemory> memory = [&]() -> Result<LayerMemory> {
       py::gil_scoped_release unlocked;
-      STRATA_ASSIGN_OR_RETURN(offload::AcquireWaiter waiter, order_->waiter(torch_stream, what));
-      STRATA_ASSIGN_OR_RETURN(LayerMemory m, engine_->acquire(li, pass, waiter));
+      const TorchStreamOrder::Waiter waiter = order_->waiter(torch_stream, what);  // keeps its stream for the call
+      STRATA_ASSIGN_OR_RETURN(LayerMemory m, engine_->acquire(li, pass, waiter.waiter));
       // Torch's work on the layer runs after `ready`: a host wait on the cpu device, a stream wait on cuda.
       Status ready = order_->wait_for(m.ready, torch_stream, what);
       if (!ready.ok()) {

@@ -12,9 +12,7 @@ class HostOrder final : public TorchStreamOrder {
  public:
   Status wait_for(const Completion& ready, uintptr_t, const std::string&) override { return ready.wait(); }
   Result<Completion> issued_so_far(uintptr_t, const std::string&) override { return Completion(); }
-  Result<offload::AcquireWaiter> waiter(uintptr_t, const std::string&) override {
-    return offload::AcquireWaiter::host();
-  }
+  Waiter waiter(uintptr_t, const std::string&) override { return {offload::AcquireWaiter::host(), nullptr}; }
   bool waits_on_host() const override { return true; }
 };
 
@@ -26,19 +24,20 @@ class DeviceOrder final : public TorchStreamOrder {
     // instead of lending the layer and failing torch's stream for good).
     if (ready.done()) return ready.status();
     std::lock_guard<std::mutex> lock(mutex_);
-    STRATA_ASSIGN_OR_RETURN(Stream * stream, stream_of(torch_stream, what));
+    STRATA_ASSIGN_OR_RETURN(std::shared_ptr<Stream> stream, stream_of(torch_stream, what));
     return stream->wait(ready);
   }
   Result<Completion> issued_so_far(uintptr_t torch_stream, const std::string& what) override {
     std::lock_guard<std::mutex> lock(mutex_);
     if (closed_) return Completion();  // the engine is gone: nothing of it waits any more
-    STRATA_ASSIGN_OR_RETURN(Stream * stream, stream_of(torch_stream, what));
+    STRATA_ASSIGN_OR_RETURN(std::shared_ptr<Stream> stream, stream_of(torch_stream, what));
     return stream->record_completion();
   }
-  Result<offload::AcquireWaiter> waiter(uintptr_t torch_stream, const std::string& what) override {
+  Waiter waiter(uintptr_t torch_stream, const std::string& what) override {
     std::lock_guard<std::mutex> lock(mutex_);
-    STRATA_ASSIGN_OR_RETURN(Stream * stream, stream_of(torch_stream, what));
-    return offload::AcquireWaiter::stream(*stream);  // the wrapper lives until drain() or close()
+    Result<std::shared_ptr<Stream>> stream = stream_of(torch_stream, what);
+    if (!stream.ok()) return {};
+    return {offload::AcquireWaiter::stream(**stream), *stream};
   }
   bool waits_on_host() const override { return false; }
   void close() override {
@@ -60,20 +59,20 @@ class DeviceOrder final : public TorchStreamOrder {
  private:
   // Torch's streams live as long as torch does; a borrowed wrapper per handle is kept for the engine's life.
   // Called with mutex_ held.
-  Result<Stream*> stream_of(uintptr_t torch_stream, const std::string& what) {
+  Result<std::shared_ptr<Stream>> stream_of(uintptr_t torch_stream, const std::string& what) {
     if (closed_) return FailedPrecondition(fmt::format("{}: the engine is closed", what));
     auto found = streams_.find(torch_stream);
-    if (found != streams_.end()) return found->second.get();
+    if (found != streams_.end()) return found->second;
     Result<std::unique_ptr<Stream>> borrowed = borrow_stream(device_, reinterpret_cast<void*>(torch_stream));
     if (!borrowed.ok())
       return borrowed.status().with_context(fmt::format("{}: torch's stream {:#x}", what, torch_stream));
-    Stream* stream = borrowed->get();
-    streams_.emplace(torch_stream, std::move(*borrowed));
+    std::shared_ptr<Stream> stream = std::move(*borrowed);
+    streams_.emplace(torch_stream, stream);
     return stream;
   }
   Device& device_;
   std::mutex mutex_;
-  std::map<uintptr_t, std::unique_ptr<Stream>> streams_;
+  std::map<uintptr_t, std::shared_ptr<Stream>> streams_;  // shared: an acquire keeps its waiter's (Waiter::keep)
   bool closed_ = false;
 };
 
@@ -82,18 +81,18 @@ class DeviceOrder final : public TorchStreamOrder {
 std::unique_ptr<TorchStreamOrder> make_host_order() { return std::make_unique<HostOrder>(); }
 std::unique_ptr<TorchStreamOrder> make_device_order(Device& device) { return std::make_unique<DeviceOrder>(device); }
 
-Result<Stream*> RecordedStreamOrder::stream_of(uintptr_t torch_stream) {
+Result<std::shared_ptr<Stream>> RecordedStreamOrder::stream_of(uintptr_t torch_stream) {
   if (closed_) return FailedPrecondition("the engine is closed");
   auto found = streams_.find(torch_stream);
-  if (found != streams_.end()) return found->second.get();
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, device_.create_stream());
-  Stream* raw = stream.get();
-  streams_.emplace(torch_stream, std::move(stream));
-  return raw;
+  if (found != streams_.end()) return found->second;
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Stream> made, device_.create_stream());
+  std::shared_ptr<Stream> stream = std::move(made);
+  streams_.emplace(torch_stream, stream);
+  return stream;
 }
 
 Status RecordedStreamOrder::wait_for(const Completion& ready, uintptr_t torch_stream, const std::string& what) {
-  Stream* stream = nullptr;
+  std::shared_ptr<Stream> stream;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     entries_.push_back({"wait", torch_stream, what});
@@ -103,17 +102,18 @@ Status RecordedStreamOrder::wait_for(const Completion& ready, uintptr_t torch_st
   return stream->record_completion().wait();  // the stand-in for the GPU reaching torch's next kernel
 }
 
-Result<offload::AcquireWaiter> RecordedStreamOrder::waiter(uintptr_t torch_stream, const std::string&) {
+TorchStreamOrder::Waiter RecordedStreamOrder::waiter(uintptr_t torch_stream, const std::string&) {
   std::lock_guard<std::mutex> lock(mutex_);
-  STRATA_ASSIGN_OR_RETURN(Stream * stream, stream_of(torch_stream));
-  return offload::AcquireWaiter::stream(*stream);
+  Result<std::shared_ptr<Stream>> stream = stream_of(torch_stream);
+  if (!stream.ok()) return {};
+  return {offload::AcquireWaiter::stream(**stream), *stream};
 }
 
 Result<Completion> RecordedStreamOrder::issued_so_far(uintptr_t torch_stream, const std::string& what) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (closed_) return Completion();
   entries_.push_back({"record", torch_stream, what});
-  STRATA_ASSIGN_OR_RETURN(Stream * stream, stream_of(torch_stream));
+  STRATA_ASSIGN_OR_RETURN(std::shared_ptr<Stream> stream, stream_of(torch_stream));
   return stream->record_completion();
 }
 

@@ -42,8 +42,15 @@ class TorchStreamOrder {
   // Who waits for a layer acquired for torch's work on `torch_stream`: the
   // step metrics' exposed waits start when it reaches the layer (Note [Who
   // waits for an acquired layer]): the host on the cpu device, torch's
-  // stream on a device.
-  virtual Result<offload::AcquireWaiter> waiter(uintptr_t torch_stream, const std::string& what) = 0;
+  // stream on a device. `keep` holds that stream's wrapper for the acquire
+  // (a drain() or close() may let go of it meanwhile). Never fails: where
+  // the stream cannot be had (the order closed, a borrow refused) nothing is
+  // probed, and the wait itself reports the failure if it needs the stream.
+  struct Waiter {
+    offload::AcquireWaiter waiter = offload::AcquireWaiter::model_stream();
+    std::shared_ptr<Stream> keep;
+  };
+  virtual Waiter waiter(uintptr_t torch_stream, const std::string& what) = 0;
   // Whether wait_for() blocks the calling thread (then call it without the GIL).
   virtual bool waits_on_host() const = 0;
   // The engine and its device are going: streams are let go, and a lend
@@ -80,17 +87,17 @@ class RecordedStreamOrder final : public TorchStreamOrder {
   explicit RecordedStreamOrder(Device& device) : device_(device) {}
   Status wait_for(const Completion& ready, uintptr_t torch_stream, const std::string& what) override;
   Result<Completion> issued_so_far(uintptr_t torch_stream, const std::string& what) override;
-  Result<offload::AcquireWaiter> waiter(uintptr_t torch_stream, const std::string& what) override;
+  Waiter waiter(uintptr_t torch_stream, const std::string& what) override;
   bool waits_on_host() const override { return true; }
   void close() override;
   Status drain() override;
   std::vector<StreamOrderEntry> entries() const;
 
  private:
-  Result<Stream*> stream_of(uintptr_t torch_stream);
+  Result<std::shared_ptr<Stream>> stream_of(uintptr_t torch_stream);
   Device& device_;
   mutable std::mutex mutex_;
-  std::map<uintptr_t, std::unique_ptr<Stream>> streams_;
+  std::map<uintptr_t, std::shared_ptr<Stream>> streams_;
   std::vector<StreamOrderEntry> entries_;
   bool closed_ = false;
 };

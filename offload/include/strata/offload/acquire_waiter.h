@@ -19,7 +19,10 @@
 //                               runs up to the acquire (a host function on
 //                               it, only for a layer not ready yet).
 // The waiter only decides when the probe starts: what is lent, and when it
-// is ready, is the same for all three.
+// is ready, is the same for all three. A probe that cannot be queued on its
+// stream is dropped (the acquire stands). On a GPU the host function runs
+// on CUDA's one callback thread, as the engine's other host functions do: a
+// cost to measure on the first run (a pair of timing events would avoid it).
 #include "strata/core/device.h"
 
 namespace strata::offload {
