@@ -12,8 +12,13 @@ cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 # Only the CLI the main job runs (the tests, fuzz targets and benchmarks are
 # test-all.sh's), compiled with test-all.sh's flags so that its build reuses
-# these objects.
-STRATA_BUILD_DIR=build STRATA_BUILD_TARGETS=strata_cli scripts/build.sh "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG"
+# these objects. A new build folder is made for Ninja, which keeps both cores
+# busy where make's per-target order leaves one idle (the build 4:02 instead
+# of 4:40 on 2 cores, 2026-12-06); a folder that exists keeps its generator.
+generator=()
+if command -v ninja > /dev/null && [[ ! -f build/CMakeCache.txt ]]; then generator=(-G Ninja); fi
+STRATA_BUILD_DIR=build STRATA_BUILD_TARGETS=strata_cli scripts/build.sh "${generator[@]}" \
+  "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG"
 strata=build/apps/strata
 echo "== strata report"
 "$strata" report
