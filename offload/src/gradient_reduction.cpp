@@ -180,6 +180,7 @@ Result<Completion> GradientReduction::gradient_to_reduce(LayerGradients& l, size
       ctx_.faults.gradient_override(ctx_.steps_begun, ctx_.rank, li, ctx_.opt.grad_dtype);
   if (injected == nullptr) return l.last_backward_released;
   Stream& xfer = *ctx_.xfer;
+  // A stream wait (no host wait): the injected value overwrites what the last backward wrote.
   STRATA_RETURN_IF_ERROR(xfer.wait(l.last_backward_released));
   STRATA_RETURN_IF_ERROR(xfer.copy_async(full, injected, ctx_.grad_bytes(), CopyKind::kHostToDevice));
   return xfer.record_completion();
@@ -268,7 +269,7 @@ Result<std::byte*> GradientReduction::move_split_pieces(LayerGradients& l, size_
   const LayerPartition& layer_part = ctx_.part.layer(li);
   Stream& xfer = *ctx_.xfer;
   const size_t e = ctx_.grad_bytes();
-  STRATA_RETURN_IF_ERROR(xfer.wait(reduced));
+  STRATA_RETURN_IF_ERROR(xfer.wait(reduced));  // a stream wait: the copies read the summed gradient
   std::byte* dev = l.opt_grads_dev.as<std::byte>();
   for (const SubGroup& g : layer_part.groups) {
     const std::byte* piece = full + layer_part.piece_begin(g, ctx_.rank) * e;
@@ -286,7 +287,7 @@ Status GradientReduction::move_owned_pieces(size_t li, std::byte* full, std::byt
   const LayerPartition& layer_part = ctx_.part.layer(li);
   Stream& xfer = *ctx_.xfer;
   const size_t e = ctx_.grad_bytes();
-  STRATA_RETURN_IF_ERROR(xfer.wait(reduced));
+  STRATA_RETURN_IF_ERROR(xfer.wait(reduced));  // a stream wait: the copies read the summed gradient
   if (ctx_.stage0()) {
     STRATA_RETURN_IF_ERROR(xfer.copy_async(dst, full, layer_part.padded_elements * e, kind));
   } else {
@@ -309,6 +310,7 @@ Result<const std::byte*> GradientReduction::copy_for_host_sums(LayerGradients& l
   const size_t e = ctx_.grad_bytes();
   const std::byte* from = dst != nullptr ? dst : full;
   const size_t n = dst != nullptr ? ctx_.owned_elements(layer_part) : layer_part.padded_elements;
+  // In place, nothing has ordered the copy after the sum yet (a stream wait, as for the moves above).
   if (dst == nullptr) STRATA_RETURN_IF_ERROR(xfer.wait(reduced));
   STRATA_RETURN_IF_ERROR(xfer.copy_async(l.norm_grads.data(), from, n * e, CopyKind::kDeviceToHost));
   ctx_.transfers.d2h_bytes += n * e;

@@ -185,12 +185,11 @@ class _RecordedCopies:
 class _Packed:
     """One checkpoint input in host memory, and its fetched device copy once asked for."""
 
-    __slots__ = ("buffer", "host", "shape", "stride", "checkpoint", "source", "version", "device_copy", "fetched",
+    __slots__ = ("host", "shape", "stride", "checkpoint", "source", "version", "device_copy", "fetched",
                  "fetched_once", "__weakref__")
 
-    def __init__(self, buffer, host, like, checkpoint):
-        self.buffer = buffer  # the pool's buffer; `host` is its first elements, the flat stretch (_span) of the input
-        self.host = host
+    def __init__(self, host, like, checkpoint):
+        self.host = host  # the pool buffer's first elements: the flat stretch (_span) of the input
         self.shape, self.stride = like.shape, like.stride()
         self.checkpoint = checkpoint  # the number of the checkpoint whose input it is
         self.source = weakref.ref(like)  # to see an in-place write to the input after it was saved
@@ -228,7 +227,7 @@ class ActivationOffload:
             return tensor
         span = _span(tensor)
         buffer = self.pool.take(span.dtype, span.numel())
-        packed = _Packed(buffer, buffer[:span.numel()], tensor, self._current)
+        packed = _Packed(buffer[:span.numel()], tensor, self._current)
         self.copies.to_host(span, packed.host, packed.checkpoint)
         self.offloaded_bytes += span.element_size() * span.numel()
         weakref.finalize(packed, self.pool.give_back, buffer)

@@ -194,9 +194,6 @@ def _holds_tensor_needing_grad(value, depth=0):
     return False
 
 
-through_checkpoint._strata_offloads = True
-
-
 class _DroppingFirst:
     """function(*rest): the empty input that makes backward run is not the function's."""
 
@@ -249,7 +246,7 @@ def _offload_for(args):
     """The ActivationOffload of the device the inputs are on (None on the cpu device: already host memory)."""
     if _recorded:
         return _recorded[-1]
-    device = next((a.device for a in args if isinstance(a, torch.Tensor) and a.device.type == "cuda"), None)
+    device = _gpu_of(args)
     if device is None:
         return None
     with _lock:
@@ -263,9 +260,14 @@ def _synchronize(args):
     if _recorded:
         _recorded[-1].copies.synchronize()
         return
-    device = next((a.device for a in args if isinstance(a, torch.Tensor) and a.device.type == "cuda"), None)
+    device = _gpu_of(args)
     if device is not None:
         torch.cuda.synchronize(device)
+
+
+def _gpu_of(args):
+    """The GPU of the first input on one (None: the inputs are in host memory already)."""
+    return next((a.device for a in args if isinstance(a, torch.Tensor) and a.device.type == "cuda"), None)
 
 
 def _refuse_model_parallelism(mpu):

@@ -96,7 +96,7 @@ def test_the_exposed_optimizer_wait_is_measured_where_torch_waits(order):
 
     cfg = config(1, "cpu", "none", accum=1)
     cfg["strata"]["device_memory"] = "256MiB"
-    context = recorded_device_for_tests() if order == "recorded" else _no_stand_in()
+    context = recorded_device_for_tests() if order == "recorded" else contextlib.nullcontext()
     with context:
         torch.manual_seed(3)
         model = Wide()
@@ -111,11 +111,6 @@ def test_the_exposed_optimizer_wait_is_measured_where_torch_waits(order):
         engine.close()
     assert exposed > 0
     assert by_layer == pytest.approx(exposed, abs=1e-6)
-
-
-@contextlib.contextmanager
-def _no_stand_in():
-    yield None
 
 
 def test_a_step_under_a_stream_the_user_selects_is_ordered_on_that_stream(tmp_path):

@@ -201,17 +201,29 @@ TEST(EngineMetrics, OptimizerTimeIsOneStepsUpdates) {
 // testing seam's observer), so step 2's forward waits for it at layer 1:
 // optimizer_waits names that layer, and the waits add up to
 // wait_optimizer_ms.
-TEST(EngineMetrics, AHeldUpdateIsReportedAgainstItsLayer) {
+// The CPU optimizer overlapped with the next step, no early updates.
+EngineOptions overlapped_cpu_optimizer() {
   EngineOptions o = base_options();
   o.offload_optimizer = OffloadDevice::kCpu;
   o.overlap_optimizer = true;
   o.speculative_optimizer = SpeculationMode::kOff;
-  std::atomic<bool> hold{false};
+  return o;
+}
+
+// The testing seam's observer holds the next update of layer 1 for kSleep
+// once `hold` is set.
+testing::EngineFaults holding_layer_1_update(std::atomic<bool>& hold) {
   testing::EngineFaults faults;
-  faults.update_values_queued = [&](size_t layer, bool) {
+  faults.update_values_queued = [&hold](size_t layer, bool) {
     if (layer == 1 && hold.exchange(false)) std::this_thread::sleep_for(kSleep);
   };
-  auto rig = make_rig(o, &faults);
+  return faults;
+}
+
+TEST(EngineMetrics, AHeldUpdateIsReportedAgainstItsLayer) {
+  std::atomic<bool> hold{false};
+  const testing::EngineFaults faults = holding_layer_1_update(hold);
+  auto rig = make_rig(overlapped_cpu_optimizer(), &faults);
   ASSERT_TRUE(rig);
   hold = true;  // step 1's update of layer 1, which step 2's forward needs
   ASSERT_TRUE(drive_step(*rig->engine, rig->model).ok());
@@ -238,16 +250,9 @@ class HeldUpdateWaiter : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(HeldUpdateWaiter, IsReportedAgainstItsLayerWithoutAModelStream) {
   const std::string who = GetParam();
-  EngineOptions o = base_options();
-  o.offload_optimizer = OffloadDevice::kCpu;
-  o.overlap_optimizer = true;
-  o.speculative_optimizer = SpeculationMode::kOff;
   std::atomic<bool> hold{false};
-  testing::EngineFaults faults;
-  faults.update_values_queued = [&](size_t layer, bool) {
-    if (layer == 1 && hold.exchange(false)) std::this_thread::sleep_for(kSleep);
-  };
-  auto rig = make_rig(o, &faults, /*with_model_stream=*/false);
+  const testing::EngineFaults faults = holding_layer_1_update(hold);
+  auto rig = make_rig(overlapped_cpu_optimizer(), &faults, /*with_model_stream=*/false);
   ASSERT_TRUE(rig);
   std::unique_ptr<Stream> callers_stream = rig->device->create_stream().value();
   const AcquireWaiter waiter = who == "host"     ? AcquireWaiter::host()
