@@ -496,6 +496,15 @@ Result<double> Engine::finish_evaluation(double loss_sum, int64_t batches) {
 
 Status Engine::stopped() const { return impl_->stopped; }
 
+Engine::Phase Engine::phase() const { return impl_->phase; }
+
+Result<int> Engine::layer_holds(size_t layer_index) const {
+  if (layer_index >= impl_->part.layer_count())
+    return InvalidArgument(fmt::format("layer_holds({}): the model has {} layers", layer_index,
+                                       impl_->part.layer_count()));
+  return impl_->params.holds(layer_index);
+}
+
 Result<double> Engine::evaluate() {
   if (!impl_->stopped.ok()) return impl_->stopped;
   if (!impl_->load_failed.ok()) return impl_->load_failed;  // Note [A failed load]

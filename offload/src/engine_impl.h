@@ -101,7 +101,7 @@ struct Engine::Impl : EngineContext {
 
   // Where the driving thread is (Note [Driving the engine]): set by the
   // bracket calls, read by acquire and release.
-  enum class Phase : uint8_t { kIdle, kStep, kMicroBatch, kEvaluation };
+  using Phase = Engine::Phase;
   Phase phase = Phase::kIdle;
   static const char* phase_name(Phase p);
   Status expect_phase(Phase want, const char* call) const;

@@ -74,6 +74,7 @@ class ParameterGathering {
   // The layers set up so far (0 until init; fewer when the engine's init failed part-way).
   size_t layer_count() const { return layers_.size(); }
   bool held(size_t li) const { return holdings_[li].held > 0; }
+  int holds(size_t li) const { return holdings_[li].held; }  // passes holding layer li
 
   // A pass's acquire: gathers on demand (and prefetches, following the trace).
   Result<Lease> acquire(size_t li, Pass pass, bool training);

@@ -667,6 +667,20 @@ class DrivenEngine {
   }
   void set_step_lr(double lr) { throw_if_error(engine_->set_step_lr(lr)); }
   std::string describe() const { return engine_->describe(); }
+  // Where the driving thread is (Note [Driving the engine]), as strata.engine.Engine names it.
+  std::string phase() const {
+    switch (engine_->phase()) {
+      case offload::Engine::Phase::kIdle: return "idle";
+      case offload::Engine::Phase::kStep: return "step";
+      case offload::Engine::Phase::kMicroBatch: return "micro_batch";
+      case offload::Engine::Phase::kEvaluation: return "evaluation";
+    }
+    return "unknown";
+  }
+  int layer_holds(size_t li) const {
+    check_layer(li);
+    return value_or_raise(engine_->layer_holds(li));
+  }
 
  private:
   DrivenEngine() = default;
@@ -781,6 +795,8 @@ void bind_engine(py::module_& m) {
       .def_property_readonly("optimizer_steps", &DrivenEngine::optimizer_steps)
       .def_property_readonly("steps_begun", &DrivenEngine::steps_begun)
       .def("keeps_layer_whole", &DrivenEngine::keeps_layer_whole, py::arg("layer"))
+      .def_property_readonly("phase", &DrivenEngine::phase)
+      .def("layer_holds", &DrivenEngine::layer_holds, py::arg("layer"))
       .def("describe", &DrivenEngine::describe);
 }
 

@@ -78,11 +78,9 @@ class StrataEngine(UnitHooks, torch.nn.Module):
         # The front end's own: whether torch is inside the root module's forward ("forward" or "eval"); the
         # engine's micro-batch lasts from that forward to backward's end and cannot tell where torch is in it.
         self._pass = None
-        # The engine's phase (begin_step .. finish_step, begin_micro_batch .. end_micro_batch), which the native
-        # engine keeps (Engine::Impl::phase) but does not expose: mirrored here so that a call out of order is
-        # refused naming the torch call before autograd runs (docs/engine.md, "The torch front end's state").
-        self._step_open = False
-        self._micro_open = False
+        # Whether a step or a micro-batch is open, and how many passes hold a layer, are asked of the engine
+        # (self._engine.in_step, .in_micro_batch, .holds(i)): no copy here that a failed call could leave out
+        # of step (docs/engine.md, "The torch front end's state").
         self._no_sync = False      # inside no_sync()
         # DeepSpeed's micro_steps (engine.step() calls): the front end's own, since a step() off the
         # accumulation boundary is a no-op the engine never sees.
@@ -168,7 +166,7 @@ class StrataEngine(UnitHooks, torch.nn.Module):
         """Waits for every queued optimizer update (the engine overlaps a
         step's update with the next forward) and commits it: before timing a
         run's end, or reading state with another tool. Between steps."""
-        if self._step_open:
+        if self._engine.in_step:
             raise FailedPrecondition("synchronize() in the middle of a step: call it after engine.step() at a "
                                      "gradient accumulation boundary")
         self._at_commit_point(self._engine.synchronize)
@@ -221,7 +219,7 @@ class StrataEngine(UnitHooks, torch.nn.Module):
         """Runs autograd on loss scaled by the engine's gradient scale (1 /
         gradient_accumulation_steps, and the fp16 loss scale), hands every
         unit's gradients to the engine and ends the micro-batch."""
-        if not self._micro_open:
+        if not self._engine.in_micro_batch:
             raise FailedPrecondition("engine.backward(loss) without a training forward before it: call engine(...) "
                                      "with gradients enabled first")
         self._reach.refuse_unless_reached(loss)
@@ -242,7 +240,6 @@ class StrataEngine(UnitHooks, torch.nn.Module):
             raise
         self._engine.end_micro_batch(self._step_loss.hand_in(loss, self.is_gradient_accumulation_boundary()),
                                      self._samples)
-        self._micro_open = False
         self._reach.clear()
         return loss
 
@@ -251,7 +248,7 @@ class StrataEngine(UnitHooks, torch.nn.Module):
         """At the gradient accumulation boundary: the engine's step (norm,
         clipping, update, with the optimizer's lr) and the lr scheduler's.
         Elsewhere a no-op, as DeepSpeed's."""
-        if self._micro_open:
+        if self._engine.in_micro_batch:
             raise FailedPrecondition("engine.step() after a forward without engine.backward(loss)")
         if self.is_gradient_accumulation_boundary():
             # Through the optimizer (so torch schedulers see it stepped): the step and the micro-step's end.
@@ -287,7 +284,7 @@ class StrataEngine(UnitHooks, torch.nn.Module):
         itself when it is a scalar tensor."""
         if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= 1000:
             raise ValueError(f"train_batch(retries={retries!r}): retries is a count of repeated steps in 0..1000")
-        if self._micro_open or self._micro_steps % self._gas != 0:
+        if self._engine.in_micro_batch or self._micro_steps % self._gas != 0:
             raise FailedPrecondition(f"train_batch() in the middle of a step (micro-batch {self._micro_steps % self._gas + 1} "
                                      f"of {self._gas}): finish it with engine.step() first")
         micro_batches = self._step_micro_batches(batches, data_iter)
@@ -439,7 +436,7 @@ class StrataEngine(UnitHooks, torch.nn.Module):
         and its scheduler at the boundary, never engine.step() there): the
         engine's step and the micro-step's end, at the accumulation boundary
         only."""
-        if self._micro_open:
+        if self._engine.in_micro_batch:
             raise FailedPrecondition("optimizer.step() after a forward without engine.backward(loss)")
         if not self.is_gradient_accumulation_boundary():
             raise FailedPrecondition(f"optimizer.step() before the gradient accumulation boundary (micro-batch "
@@ -450,7 +447,7 @@ class StrataEngine(UnitHooks, torch.nn.Module):
         return metrics
 
     def _apply_step(self):
-        if not self._step_open:
+        if not self._engine.in_step:
             raise FailedPrecondition("no micro-batch ran since the last step: engine(...), engine.backward(loss), "
                                      "then engine.step()")
         lr_before = self._lr_state()
@@ -462,7 +459,6 @@ class StrataEngine(UnitHooks, torch.nn.Module):
         else:
             self._engine.set_step_lr(lr)  # a torch lr scheduler drives param_groups' lr
         outcome = self._engine.finish_step()
-        self._step_open = False
         self.last_outcome = outcome
         if outcome["outcome"] != "applied":
             # The step's micro-batches run again from its first: the boundary is counted from there. With
@@ -495,16 +491,15 @@ class StrataEngine(UnitHooks, torch.nn.Module):
         evaluation is closed. The engine and the model stay usable."""
         if self._pass == "eval":
             for index, layer in enumerate(self._layers):
-                while layer.holds > 0:
+                while self._engine.holds(index) > 0:
                     self._release_unchecked(index, "eval")
             self._pass = None
             self._guard.pass_ended()
             self._engine.finish_evaluation(0.0, 1)
             return
-        if self._step_open:
+        if self._engine.in_step:
             self._engine.abandon_step()  # releases what the engine lent; nothing to hand back one by one
             self._step_loss.drop()
-        self._step_open = self._micro_open = False
         self._pass = None
         self._guard.pass_ended()
         self._reach.clear()
@@ -512,7 +507,6 @@ class StrataEngine(UnitHooks, torch.nn.Module):
         self._root_calls = []
         self._micro_steps -= self._micro_steps % self._gas
         for layer in self._layers:
-            layer.holds = 0
             layer.grads = None
             if not layer.kept_whole:
                 for _, p in layer.plan.params:
@@ -552,7 +546,7 @@ class StrataEngine(UnitHooks, torch.nn.Module):
         one is durable (Note [Replacing a checkpoint tag]). Frozen parameters
         are never stored (their values are the model's own, checked at load),
         whatever exclude_frozen_parameters says."""
-        if self._step_open:
+        if self._engine.in_step:
             raise FailedPrecondition("save_checkpoint() in the middle of a step: save after engine.step() at a "
                                      "gradient accumulation boundary")
         if not save_latest:

@@ -86,7 +86,7 @@ def export_hf(engine, out_dir, dtype=None, max_shard_size="5GB", safe_serializat
         raise ValueError(f"dtype {dtype}: export the parameters' own dtype (dtype=None) or the fp32 master weights "
                          f"(dtype=torch.float32)")
     shard_bytes = parse_shard_size(max_shard_size)
-    if engine._step_open:
+    if engine._engine.in_step:
         raise FailedPrecondition("export_hf() in the middle of a step: export after engine.step() at a gradient "
                                  "accumulation boundary")
     out_dir = os.fspath(out_dir)

@@ -87,7 +87,7 @@ class GatheredParameters:
             raise
 
     def _enter(self, engine):
-        if engine._step_open or engine._pass is not None:
+        if engine._engine.in_step or engine._pass is not None:
             raise FailedPrecondition("GatheredParameters inside a step or a forward: use it between steps (after "
                                      "engine.step() at a gradient accumulation boundary)")
         if self.modifier_rank is not None:

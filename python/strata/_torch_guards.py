@@ -86,7 +86,7 @@ class ThreadGuard:
         """Under self._lock: the engine for this thread, or FailedPrecondition when another thread holds it."""
         me = threading.get_ident()
         if self.owner != me:
-            if self.owner is not None and (self.calls or self.forward or engine._step_open):
+            if self.owner is not None and (self.calls or self.forward or engine._engine.in_step):
                 if self.calls:
                     why = f"{self.running} is running there"
                 elif self.forward:
@@ -327,7 +327,7 @@ def close_engine(engine):
     a failed save raises, after the engine is ended."""
     if engine._closed:
         return None
-    if engine._step_open or engine._pass is not None:
+    if engine._engine.in_step or engine._pass is not None:
         try:
             engine._abandon_pass()  # the step in progress is dropped, as after a failed forward
         except StrataError:
@@ -349,7 +349,7 @@ def close_engine(engine):
             mark_released(p)
             if engine._ds_status is not None:
                 p.ds_status = engine._ds_status[1]
-        layer.holds, layer.grads, layer.bound = 0, None, None
+        layer.grads, layer.bound = None, None
     engine._closed = True
     engine._engine.close("make a new one with strata.torch.initialize (engine.load_checkpoint resumes)")
     if error is not None:

@@ -134,14 +134,11 @@ class _UnitCall:
 
 
 class _LayerState:
-    __slots__ = ("plan", "kept_whole", "holds", "grads", "bound")
+    __slots__ = ("plan", "kept_whole", "grads", "bound")
 
     def __init__(self, plan, kept_whole):
         self.plan = plan
         self.kept_whole = kept_whole  # the engine's placement (Engine.keeps_whole), fixed for the run
-        # Acquires not yet released, every pass. The engine counts them too (its gatherer's holdings), but
-        # does not expose the count; the hooks need it at every release to hand gradients over and unbind.
-        self.holds = 0
         self.grads = None   # {name: tensor}: the gradient buffer while held for backward
         self.bound = None   # the {name: tensor} the parameters' .data are bound to (None: placeholders)
 
@@ -267,15 +264,13 @@ class UnitHooks:
                 raise FailedPrecondition(f"micro-batch {self._gas} of {self._gas} under no_sync(): the last micro-batch "
                                          f"of a step reduces its gradients (gradient_accumulation_steps "
                                          f"{self._gas}); run it outside no_sync()")
-            if self._micro_open:
+            if self._engine.in_micro_batch:
                 raise FailedPrecondition("a second training forward before engine.backward(loss): one forward, one "
                                          "backward per micro-batch (use torch.no_grad() for an evaluation)")
-            if not self._step_open:
+            if not self._engine.in_step:
                 self._notice_undone_step()  # by a commit point since the last step (the error said so)
                 self._engine.begin_step()
-                self._step_open = True
             self._engine.begin_micro_batch(last=self.is_gradient_accumulation_boundary())
-            self._micro_open = True
             self._pass = "forward"
         else:
             self._at_commit_point(self._engine.begin_evaluation)
@@ -469,8 +464,9 @@ class UnitHooks:
         for value in list(args) + list(kwargs.values()):
             for t in (value if isinstance(value, (list, tuple)) else (value,)):
                 if isinstance(t, torch.nn.Parameter) and t in self._layer_of:
-                    layer = self._layers[self._layer_of[t]]
-                    if layer.holds == 0:
+                    index = self._layer_of[t]
+                    if self._engine.holds(index) == 0:
+                        layer = self._layers[index]
                         where = (f"unit '{self._running_units[-1].name or '<root>'}'" if self._running_units
                                  else "no unit")
                         raise Unsupported(
@@ -482,7 +478,6 @@ class UnitHooks:
     def _acquire_unchecked(self, index, pass_name):
         layer = self._layers[index]
         view = self._engine.acquire(index, pass_name)
-        layer.holds += 1
         if layer.bound is not view.params:  # rebinding only when the memory moved (stage 3)
             for name, p in layer.plan.params:
                 mark_bound(p)
@@ -506,7 +501,7 @@ class UnitHooks:
 
     def _release_unchecked(self, index, pass_name):
         layer = self._layers[index]
-        layer.holds -= 1
+        others = self._engine.holds(index) - 1  # the passes still holding it after this release
         if pass_name == "backward" and layer.grads is not None:
             for name, p in layer.plan.params:
                 grad = p.grad
@@ -516,11 +511,11 @@ class UnitHooks:
                 if grad.data_ptr() != buffer.data_ptr():
                     buffer.add_(grad)  # converts to the engine's gradient dtype
                     self.gradient_copies += 1
-                p.grad = buffer if layer.holds > 0 and buffer.dtype == p.dtype else None
-            if layer.holds == 0:
+                p.grad = buffer if others > 0 and buffer.dtype == p.dtype else None
+            if others == 0:
                 layer.grads = None
         self._engine.release(index, pass_name)
-        if layer.holds == 0 and not layer.kept_whole:
+        if others == 0 and not layer.kept_whole:
             for _, p in layer.plan.params:
                 p.data = self._placeholder(p.dtype)
                 mark_released(p)

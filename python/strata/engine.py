@@ -248,6 +248,36 @@ class Engine:
         self._native.put_initial_layer(layer, packed.numpy(), None, root)
 
     # -- the step's brackets (Note [Driving the engine]) ------------------------------------------
+    @property
+    def phase(self):
+        """Where the driving thread is, as the engine says: "idle" (between
+        steps), "step" (inside a step, between its micro-batches),
+        "micro_batch", "evaluation"; "closed" after close(). A call refused
+        for its order or arguments leaves it as it was; one that failed in
+        its work leaves it where that work got to (Note [Driving the engine]
+        in engine.h)."""
+        if isinstance(self._native, _ClosedNative):
+            return "closed"
+        return self._native.phase
+
+    @property
+    def in_step(self):
+        """A step is open: begin_step() ran and finish_step() or abandon_step() did not yet."""
+        return self.phase in ("step", "micro_batch")
+
+    @property
+    def in_micro_batch(self):
+        """A micro-batch is open: begin_micro_batch() ran and end_micro_batch() did not yet."""
+        return self.phase == "micro_batch"
+
+    def holds(self, layer):
+        """How many passes hold layer `layer` now: acquires (of any pass) not
+        yet released (0 after close())."""
+        index = self._layer_index(layer)
+        if isinstance(self._native, _ClosedNative):
+            return 0
+        return self._native.layer_holds(index)
+
     def begin_step(self):
         self._native.begin_step()
 

@@ -412,3 +412,57 @@ def test_keeps_whole_is_the_engines_placement_and_its_views_outlive_a_release():
     eng.finish_evaluation(0.0, 1)
     assert views[0][1] is views[1][1] and torch.equal(views[0][1]["fc1.bias"], model[2].bias)
     assert views[0][0] is not views[1][0]  # a gathered copy: lent anew at each acquire
+
+
+def test_phase_and_holds_are_the_engines():
+    """Engine.phase / in_step / in_micro_batch and holds(i) answer from the native engine (issue 51 §7): each
+    bracket moves the phase, a refused call moves nothing, every acquire counts until its release, a failed
+    end_micro_batch has ended the micro-batch, abandon_step releases every hold; "closed" and 0 after close()."""
+    model = make_model()
+    eng = Engine(config(3, "cpu", "cpu"), layers_of(model))
+    for i, u in enumerate(units_of(model)):
+        eng.put_initial_layer(i, [u.weight, u.bias])
+    assert (eng.phase, eng.in_step, eng.in_micro_batch) == ("idle", False, False)
+    with pytest.raises(strata.FailedPrecondition, match="begin_micro_batch"):
+        eng.begin_micro_batch(last=False)
+    assert eng.phase == "idle"
+    eng.begin_step()
+    assert (eng.phase, eng.in_step, eng.in_micro_batch) == ("step", True, False)
+    with pytest.raises(strata.InvalidArgument, match="last must be true on the final one only"):
+        eng.begin_micro_batch(last=True)  # micro-batch 1 of 2
+    assert eng.phase == "step"
+    eng.begin_micro_batch(last=False)
+    assert (eng.phase, eng.in_step, eng.in_micro_batch) == ("micro_batch", True, True)
+    eng.acquire(0, "forward")
+    eng.acquire(0, "forward")
+    assert [eng.holds(i) for i in range(2)] == [2, 0]
+    eng.release(0, "forward")
+    assert eng.holds(0) == 1
+    eng.release(0, "forward")
+    assert eng.holds(0) == 0
+    with pytest.raises(strata.FailedPrecondition, match="not held"):
+        eng.release(0, "forward")
+    assert eng.holds(0) == 0
+    with pytest.raises(strata.InvalidArgument, match="layer 2 is out of range"):
+        eng.holds(2)
+    with pytest.raises(strata.InvalidArgument, match="tokens -1 is negative"):
+        eng.end_micro_batch(1.0, -1)  # refused before the engine: the micro-batch is still open
+    assert eng.phase == "micro_batch"
+    eng.end_micro_batch(1.0, MICRO)
+    assert eng.phase == "step"
+    eng.begin_micro_batch(last=True)
+    eng.acquire(1, "forward")
+    eng.acquire(0, "forward")
+    assert [eng.holds(i) for i in range(2)] == [1, 1]
+    eng.abandon_step()
+    assert (eng.phase, [eng.holds(i) for i in range(2)]) == ("idle", [0, 0])
+    eng.begin_evaluation()
+    assert (eng.phase, eng.in_step) == ("evaluation", False)
+    eng.acquire(1, "eval")
+    assert eng.holds(1) == 1
+    eng.release(1, "eval")
+    with pytest.raises(strata.InvalidArgument, match="no rank evaluated a batch"):
+        eng.finish_evaluation(0.0, 0)
+    assert eng.phase == "idle"  # failed in its work: the evaluation is over
+    eng.close()
+    assert (eng.phase, eng.in_step, eng.in_micro_batch, eng.holds(0)) == ("closed", False, False, 0)

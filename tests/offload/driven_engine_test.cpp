@@ -696,6 +696,86 @@ TEST(DrivenEngineMisuse, AbandonStepOutsideAStepIsRefusedAndTheEngineGoesOn) {
   EXPECT_TRUE(d.step(2).ok());
 }
 
+// phase() and layer_holds() are the engine's own state (Note [Driving the
+// engine]): each bracket call moves the phase, a refused call (order or
+// argument) changes neither, every acquire of a pass counts until its
+// release, abandon_step() releases them all, and a finish_evaluation() that
+// fails in its work has ended the evaluation. The steps after it train.
+TEST(DrivenEngineState, PhaseAndHoldsAreAnsweredByTheEngine) {
+  Watchdog dog("phase and holds", std::chrono::seconds(60));
+  EngineOptions opt = base_options();
+  opt.stage = 3;
+  opt.offload_optimizer = opt.offload_param = OffloadDevice::kCpu;
+  ASSERT_EQ(opt.grad_accum, 2);
+  auto comms = comm::create_local_group(1).value();
+  Result<std::unique_ptr<DrivenRank>> made = DrivenRank::create(opt, MlpSpecOptions{}, *comms[0]);
+  ASSERT_TRUE(made.ok()) << made.status().to_string();
+  DrivenRank& d = **made;
+  Engine& e = d.engine();
+  ASSERT_TRUE(d.put_all().ok());
+  using Phase = Engine::Phase;
+  const auto holds = [&](size_t li) {
+    Result<int> h = e.layer_holds(li);
+    EXPECT_TRUE(h.ok()) << h.status().to_string();
+    return h.ok() ? *h : -1;
+  };
+  expect_refused(e.layer_holds(mlp::kLayerCount).status(), StatusCode::kInvalidArgument, "layer_holds",
+                 "layer_holds of a layer out of range");
+
+  EXPECT_EQ(e.phase(), Phase::kIdle);
+  expect_refused(e.begin_micro_batch(false), StatusCode::kFailedPrecondition, "begin_micro_batch()", "outside a step");
+  EXPECT_EQ(e.phase(), Phase::kIdle);
+  ASSERT_TRUE(e.begin_step().ok());
+  EXPECT_EQ(e.phase(), Phase::kStep);
+  expect_refused(e.begin_step(), StatusCode::kFailedPrecondition, "begin_step()", "inside a step");
+  expect_refused(e.begin_micro_batch(true), StatusCode::kInvalidArgument, "begin_micro_batch", "last on the first");
+  EXPECT_EQ(e.phase(), Phase::kStep);
+  ASSERT_TRUE(e.begin_micro_batch(false).ok());
+  EXPECT_EQ(e.phase(), Phase::kMicroBatch);
+
+  // Two passes hold layer 0 (a tied weight's two uses, a recompute): held until both release.
+  ASSERT_TRUE(e.acquire(0, Pass::kForward).ok());
+  ASSERT_TRUE(e.acquire(0, Pass::kForward).ok());
+  EXPECT_EQ(holds(0), 2);
+  EXPECT_EQ(holds(1), 0);
+  ASSERT_TRUE(e.release(0, Pass::kForward, Completion()).ok());
+  EXPECT_EQ(holds(0), 1);
+  ASSERT_TRUE(e.release(0, Pass::kForward, Completion()).ok());
+  EXPECT_EQ(holds(0), 0);
+  expect_refused(e.release(0, Pass::kForward, Completion()), StatusCode::kFailedPrecondition, "release",
+                 "a third release");
+  EXPECT_EQ(holds(0), 0);
+  expect_refused(e.end_micro_batch(1.0, -1), StatusCode::kInvalidArgument, "end_micro_batch()", "negative tokens");
+  EXPECT_EQ(e.phase(), Phase::kMicroBatch);
+  ASSERT_TRUE(e.end_micro_batch(1.0, kBatch).ok());
+  EXPECT_EQ(e.phase(), Phase::kStep);
+
+  // The step given up with layers held: every hold is released.
+  ASSERT_TRUE(e.begin_micro_batch(true).ok());
+  ASSERT_TRUE(e.acquire(0, Pass::kForward).ok());
+  ASSERT_TRUE(e.acquire(1, Pass::kForward).ok());
+  EXPECT_EQ(holds(0) + holds(1), 2);
+  ASSERT_TRUE(e.abandon_step().ok());
+  EXPECT_EQ(e.phase(), Phase::kIdle);
+  for (size_t li = 0; li < mlp::kLayerCount; ++li) EXPECT_EQ(holds(li), 0) << "layer " << li;
+
+  // An evaluation whose finish fails in its work (no rank evaluated a batch) is over.
+  ASSERT_TRUE(e.begin_evaluation().ok());
+  EXPECT_EQ(e.phase(), Phase::kEvaluation);
+  ASSERT_TRUE(e.acquire(0, Pass::kEval).ok());
+  EXPECT_EQ(holds(0), 1);
+  ASSERT_TRUE(e.release(0, Pass::kEval, Completion()).ok());
+  expect_refused(e.finish_evaluation(0.0, 0).status(), StatusCode::kInvalidArgument, "finish_evaluation()",
+                 "no batch on any rank");
+  EXPECT_EQ(e.phase(), Phase::kIdle);
+  EXPECT_TRUE(e.stopped().ok()) << e.stopped().to_string();
+
+  Result<StepMetrics> m = d.step(1);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_EQ(e.phase(), Phase::kIdle);
+  for (size_t li = 0; li < mlp::kLayerCount; ++li) EXPECT_EQ(holds(li), 0) << "layer " << li;
+}
+
 // ---------------------------------------------------------------- 4c. the caller's lr
 
 // set_step_lr(lr) steps with that lr: the config's own lr through it gives

@@ -123,6 +123,17 @@
 // batches). The calls come from the thread that drives the model; out of
 // order they fail naming the expected call.
 //
+// A caller that needs to know where it is (a front end deciding whether a
+// forward opens a step, or whether a save is allowed now) asks the engine:
+// phase() and layer_holds() answer from the engine's own state, so a
+// caller keeps no copy that a failed call could leave out of step. A call
+// refused for its order or its arguments changes neither. A call that
+// fails in its work leaves the phase where that work got to:
+// end_micro_batch() has ended the micro-batch, finish_step() and
+// abandon_step() the step, finish_evaluation() the evaluation; begin_step()
+// and begin_evaluation() begin none. A stopped engine (stopped()) refuses
+// every call and keeps the phase it stopped in.
+//
 // Note [Acquire order]
 // The acquire sequence of a training micro-batch is recorded and then used
 // as a hint: prefetch (stage 3) and early gradient reductions follow it
@@ -472,6 +483,18 @@ class Engine final : public ParameterProvider {
   // before reading state); with several ranks every rank calls it (the
   // commit point's vote, Note [Atomic steps]).
   Status synchronize();
+
+  // Where the driving thread is (Note [Driving the engine]): between steps
+  // (and evaluations), inside a step between its micro-batches, inside a
+  // micro-batch, inside an evaluation.
+  enum class Phase : uint8_t { kIdle, kStep, kMicroBatch, kEvaluation };
+  Phase phase() const;
+  // The passes holding layer `layer_index` now: acquires (of any pass) not
+  // yet released. An acquire that fails after its layer was lent (e.g. a
+  // backward's gradient buffer that cannot be allocated) leaves it held:
+  // release it, or abandon_step() releases every held layer.
+  // InvalidArgument for a layer out of range.
+  Result<int> layer_holds(size_t layer_index) const;
 
   // ParameterProvider
   Result<LayerMemory> acquire(size_t layer_index, Pass pass) override;
