@@ -102,7 +102,9 @@ struct Engine::Impl : EngineContext {
   // Where the driving thread is (Note [Driving the engine]): set by the
   // bracket calls, read by acquire and release.
   using Phase = Engine::Phase;
-  Phase phase = Phase::kIdle;
+  // Atomic: Engine::phase() may be asked from another thread (a front end
+  // deciding whether the engine can be handed over) while this one moves it.
+  std::atomic<Phase> phase{Phase::kIdle};
   static const char* phase_name(Phase p);
   Status expect_phase(Phase want, const char* call) const;
   // Checkpoints hold every layer's master weights and moments; a frozen

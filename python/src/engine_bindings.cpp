@@ -675,8 +675,10 @@ class DrivenEngine {
       case offload::Engine::Phase::kMicroBatch: return "micro_batch";
       case offload::Engine::Phase::kEvaluation: return "evaluation";
     }
-    return "unknown";
+    raise_status(Internal("the engine's phase has no name"));
   }
+  // Raises why the engine stopped (Engine::stopped(): an error it could not roll back); nothing while it can go on.
+  void raise_if_stopped() const { throw_if_error(engine_->stopped()); }
   int layer_holds(size_t li) const {
     check_layer(li);
     return value_or_raise(engine_->layer_holds(li));
@@ -797,6 +799,7 @@ void bind_engine(py::module_& m) {
       .def("keeps_layer_whole", &DrivenEngine::keeps_layer_whole, py::arg("layer"))
       .def_property_readonly("phase", &DrivenEngine::phase)
       .def("layer_holds", &DrivenEngine::layer_holds, py::arg("layer"))
+      .def("raise_if_stopped", &DrivenEngine::raise_if_stopped)
       .def("describe", &DrivenEngine::describe);
 }
 

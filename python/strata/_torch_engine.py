@@ -167,9 +167,16 @@ class StrataEngine(UnitHooks, torch.nn.Module):
         step's update with the next forward) and commits it: before timing a
         run's end, or reading state with another tool. Between steps."""
         if self._engine.in_step:
-            raise FailedPrecondition("synchronize() in the middle of a step: call it after engine.step() at a "
+            raise self._out_of_order("synchronize() in the middle of a step: call it after engine.step() at a "
                                      "gradient accumulation boundary")
         self._at_commit_point(self._engine.synchronize)
+
+    def _out_of_order(self, message):
+        """The error for a call the engine's phase does not allow now: why the engine stopped, when it did (a
+        failed call then left the phase where it got to, which is not the caller's mistake), else
+        FailedPrecondition(message)."""
+        self._engine.raise_if_stopped()
+        return FailedPrecondition(message)
 
     def memory(self):
         """The engine's memory per tier: {"predicted": its plan, "measured": the peaks so far}."""
@@ -220,7 +227,7 @@ class StrataEngine(UnitHooks, torch.nn.Module):
         gradient_accumulation_steps, and the fp16 loss scale), hands every
         unit's gradients to the engine and ends the micro-batch."""
         if not self._engine.in_micro_batch:
-            raise FailedPrecondition("engine.backward(loss) without a training forward before it: call engine(...) "
+            raise self._out_of_order("engine.backward(loss) without a training forward before it: call engine(...) "
                                      "with gradients enabled first")
         self._reach.refuse_unless_reached(loss)
         scale = self._engine.gradient_scale()
@@ -249,7 +256,7 @@ class StrataEngine(UnitHooks, torch.nn.Module):
         clipping, update, with the optimizer's lr) and the lr scheduler's.
         Elsewhere a no-op, as DeepSpeed's."""
         if self._engine.in_micro_batch:
-            raise FailedPrecondition("engine.step() after a forward without engine.backward(loss)")
+            raise self._out_of_order("engine.step() after a forward without engine.backward(loss)")
         if self.is_gradient_accumulation_boundary():
             # Through the optimizer (so torch schedulers see it stepped): the step and the micro-step's end.
             self.optimizer.step()
@@ -285,7 +292,7 @@ class StrataEngine(UnitHooks, torch.nn.Module):
         if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= 1000:
             raise ValueError(f"train_batch(retries={retries!r}): retries is a count of repeated steps in 0..1000")
         if self._engine.in_micro_batch or self._micro_steps % self._gas != 0:
-            raise FailedPrecondition(f"train_batch() in the middle of a step (micro-batch {self._micro_steps % self._gas + 1} "
+            raise self._out_of_order(f"train_batch() in the middle of a step (micro-batch {self._micro_steps % self._gas + 1} "
                                      f"of {self._gas}): finish it with engine.step() first")
         micro_batches = self._step_micro_batches(batches, data_iter)
         self._notice_undone_step()  # e.g. by a synchronize() since the last step
@@ -437,7 +444,7 @@ class StrataEngine(UnitHooks, torch.nn.Module):
         engine's step and the micro-step's end, at the accumulation boundary
         only."""
         if self._engine.in_micro_batch:
-            raise FailedPrecondition("optimizer.step() after a forward without engine.backward(loss)")
+            raise self._out_of_order("optimizer.step() after a forward without engine.backward(loss)")
         if not self.is_gradient_accumulation_boundary():
             raise FailedPrecondition(f"optimizer.step() before the gradient accumulation boundary (micro-batch "
                                      f"{self._micro_steps % self._gas + 1} of {self._gas}): call engine.step() after "
@@ -448,7 +455,7 @@ class StrataEngine(UnitHooks, torch.nn.Module):
 
     def _apply_step(self):
         if not self._engine.in_step:
-            raise FailedPrecondition("no micro-batch ran since the last step: engine(...), engine.backward(loss), "
+            raise self._out_of_order("no micro-batch ran since the last step: engine(...), engine.backward(loss), "
                                      "then engine.step()")
         lr_before = self._lr_state()
         lr = self.optimizer.step_lr()
@@ -547,7 +554,7 @@ class StrataEngine(UnitHooks, torch.nn.Module):
         are never stored (their values are the model's own, checked at load),
         whatever exclude_frozen_parameters says."""
         if self._engine.in_step:
-            raise FailedPrecondition("save_checkpoint() in the middle of a step: save after engine.step() at a "
+            raise self._out_of_order("save_checkpoint() in the middle of a step: save after engine.step() at a "
                                      "gradient accumulation boundary")
         if not save_latest:
             raise Unsupported("save_latest=False: the engine always points `latest` at the newest tag")

@@ -52,7 +52,6 @@ import torch
 
 from ._sizes import parse_size
 from .engine import _numel
-from .errors import FailedPrecondition
 
 __all__ = ["export_hf"]
 
@@ -87,7 +86,7 @@ def export_hf(engine, out_dir, dtype=None, max_shard_size="5GB", safe_serializat
                          f"(dtype=torch.float32)")
     shard_bytes = parse_shard_size(max_shard_size)
     if engine._engine.in_step:
-        raise FailedPrecondition("export_hf() in the middle of a step: export after engine.step() at a gradient "
+        raise engine._out_of_order("export_hf() in the middle of a step: export after engine.step() at a gradient "
                                  "accumulation boundary")
     out_dir = os.fspath(out_dir)
     writer = engine.global_rank == 0

@@ -27,7 +27,7 @@ import weakref
 
 import torch
 
-from .errors import FailedPrecondition, Unsupported
+from .errors import Unsupported
 
 __all__ = ["GatheredParameters", "register_engine"]
 
@@ -88,7 +88,7 @@ class GatheredParameters:
 
     def _enter(self, engine):
         if engine._engine.in_step or engine._pass is not None:
-            raise FailedPrecondition("GatheredParameters inside a step or a forward: use it between steps (after "
+            raise engine._out_of_order("GatheredParameters inside a step or a forward: use it between steps (after "
                                      "engine.step() at a gradient accumulation boundary)")
         if self.modifier_rank is not None:
             if not 0 <= self.modifier_rank < engine.world_size:

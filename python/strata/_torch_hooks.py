@@ -37,7 +37,7 @@ binding stays from its first acquire on.
 import torch
 
 from . import _torch_checkpointing as checkpointing
-from .errors import FailedPrecondition, Unsupported
+from .errors import FailedPrecondition, StrataError, Unsupported
 from ._torch_guards import guarded_root_pre_forward, mark_bound, mark_released
 
 __all__ = ["UnitHooks"]
@@ -265,7 +265,7 @@ class UnitHooks:
                                          f"of a step reduces its gradients (gradient_accumulation_steps "
                                          f"{self._gas}); run it outside no_sync()")
             if self._engine.in_micro_batch:
-                raise FailedPrecondition("a second training forward before engine.backward(loss): one forward, one "
+                raise self._out_of_order("a second training forward before engine.backward(loss): one forward, one "
                                          "backward per micro-batch (use torch.no_grad() for an evaluation)")
             if not self._engine.in_step:
                 self._notice_undone_step()  # by a commit point since the last step (the error said so)
@@ -336,9 +336,11 @@ class UnitHooks:
     def _end_pass(self):
         finished = self._pass
         self._pass = None
-        self._guard.pass_ended()
-        if finished == "eval":
-            self._engine.finish_evaluation(0.0, 1)  # the engine's bracket; the caller computes its own loss
+        try:
+            if finished == "eval":
+                self._engine.finish_evaluation(0.0, 1)  # the engine's bracket; the caller computes its own loss
+        finally:
+            self._guard.pass_ended()  # after the engine's bracket: from here another thread may take the engine
 
     def _pre_forward(self, unit, args, kwargs):
         pass_name = self._pass
@@ -476,8 +478,21 @@ class UnitHooks:
                             f"root unit")
 
     def _acquire_unchecked(self, index, pass_name):
-        layer = self._layers[index]
         view = self._engine.acquire(index, pass_name)
+        try:
+            self._take(index, view)
+        except BaseException:
+            # The caller gets no layer (torch refused a binding, an interrupt): the engine must not keep it
+            # held, or its count (which the releases read) would be one over what the front end holds.
+            try:
+                self._release_unchecked(index, pass_name)
+            except StrataError:
+                pass  # the binding's failure is the error to report
+            raise
+
+    def _take(self, index, view):
+        """Binds an acquired layer's parameters to the engine's memory and hands torch its gradient buffer."""
+        layer = self._layers[index]
         if layer.bound is not view.params:  # rebinding only when the memory moved (stage 3)
             for name, p in layer.plan.params:
                 mark_bound(p)

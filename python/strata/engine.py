@@ -270,6 +270,11 @@ class Engine:
         """A micro-batch is open: begin_micro_batch() ran and end_micro_batch() did not yet."""
         return self.phase == "micro_batch"
 
+    def raise_if_stopped(self):
+        """Raises why the engine stopped (an error it could not roll back: Note
+        [Atomic steps]), or that it was closed; nothing while it can go on."""
+        self._native.raise_if_stopped()
+
     def holds(self, layer):
         """How many passes hold layer `layer` now: acquires (of any pass) not
         yet released (0 after close())."""

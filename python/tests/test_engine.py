@@ -416,8 +416,9 @@ def test_keeps_whole_is_the_engines_placement_and_its_views_outlive_a_release():
 
 def test_phase_and_holds_are_the_engines():
     """Engine.phase / in_step / in_micro_batch and holds(i) answer from the native engine (issue 51 §7): each
-    bracket moves the phase, a refused call moves nothing, every acquire counts until its release, a failed
-    end_micro_batch has ended the micro-batch, abandon_step releases every hold; "closed" and 0 after close()."""
+    bracket moves the phase, a refused call moves nothing, every acquire counts until its release,
+    abandon_step releases every hold, a finish_evaluation that fails in its work has ended the evaluation;
+    "closed" and 0 after close()."""
     model = make_model()
     eng = Engine(config(3, "cpu", "cpu"), layers_of(model))
     for i, u in enumerate(units_of(model)):
@@ -453,7 +454,8 @@ def test_phase_and_holds_are_the_engines():
     eng.begin_micro_batch(last=True)
     eng.acquire(1, "forward")
     eng.acquire(0, "forward")
-    assert [eng.holds(i) for i in range(2)] == [1, 1]
+    eng.acquire(0, "backward")
+    assert [eng.holds(i) for i in range(2)] == [2, 1]
     eng.abandon_step()
     assert (eng.phase, [eng.holds(i) for i in range(2)]) == ("idle", [0, 0])
     eng.begin_evaluation()

@@ -82,3 +82,32 @@ def test_misuse_is_refused_and_the_engine_goes_on():
         plain.data.mul_(2)
     assert torch.equal(plain.detach(), torch.full((2,), 2.0))
 
+
+
+def test_a_binding_that_fails_inside_gathered_parameters_leaves_no_layer_held(monkeypatch):
+    """A layer whose binding fails after the engine lent it (torch refusing the .data, an interrupt) is handed
+    back: the engine's hold counts (which every release reads) stay the front end's, and training after it
+    gives a clean run's losses (the layer is unbound at its next release, its gradient handed over)."""
+    import strata._torch_hooks as hooks
+    clean_engine, _, _, _ = st.initialize(model=make_lm(), config=config(3, "cpu", "cpu"))
+    clean = train_engine(clean_engine, lm_loss, 2)
+
+    engine, _, _, _ = st.initialize(model=make_lm(), config=config(3, "cpu", "cpu"))
+    model = engine.module
+    real = hooks.mark_bound
+    calls = []
+
+    def refuse_the_third(p):
+        calls.append(p)
+        if len(calls) == 3:
+            raise RuntimeError("binding refused")
+        real(p)
+
+    monkeypatch.setattr(hooks, "mark_bound", refuse_the_third)
+    with pytest.raises(RuntimeError, match="binding refused"):
+        with st.GatheredParameters(model.parameters()):
+            pass
+    monkeypatch.setattr(hooks, "mark_bound", real)
+    assert [engine._engine.holds(i) for i in range(len(engine._layers))] == [0] * len(engine._layers)
+    assert model.blocks[0].fc.weight.numel() == 0  # unbound again
+    assert train_engine(engine, lm_loss, 2) == clean

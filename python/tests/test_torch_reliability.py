@@ -291,6 +291,11 @@ def test_an_error_that_stops_the_engine_names_the_python_call():
         mlp_loss(engine, 1)
     assert "engine.load_checkpoint(DIR)" in str(stopped.value), str(stopped.value)
     assert "strata train --resume" not in str(stopped.value)
+    # The failed step ended in the engine (Note [Driving the engine]): a call its phase refuses now says why the
+    # engine stopped, not that the call is out of order.
+    for call in (engine.step, engine.synchronize, lambda: engine.backward(torch.zeros(()))):
+        with pytest.raises(strata.DataLoss, match="this engine stopped .*gradient norm is not finite"):
+            call()
 
 
 def test_a_second_engine_on_one_nvme_path_is_told_the_job_name_keyword(tmp_path):

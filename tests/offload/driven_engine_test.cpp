@@ -699,8 +699,8 @@ TEST(DrivenEngineMisuse, AbandonStepOutsideAStepIsRefusedAndTheEngineGoesOn) {
 // phase() and layer_holds() are the engine's own state (Note [Driving the
 // engine]): each bracket call moves the phase, a refused call (order or
 // argument) changes neither, every acquire of a pass counts until its
-// release, abandon_step() releases them all, and a finish_evaluation() that
-// fails in its work has ended the evaluation. The steps after it train.
+// release, abandon_step() releases them all, and a finish_evaluation() or
+// finish_step() that fails in its work has ended its bracket.
 TEST(DrivenEngineState, PhaseAndHoldsAreAnsweredByTheEngine) {
   Watchdog dog("phase and holds", std::chrono::seconds(60));
   EngineOptions opt = base_options();
@@ -754,7 +754,9 @@ TEST(DrivenEngineState, PhaseAndHoldsAreAnsweredByTheEngine) {
   ASSERT_TRUE(e.begin_micro_batch(true).ok());
   ASSERT_TRUE(e.acquire(0, Pass::kForward).ok());
   ASSERT_TRUE(e.acquire(1, Pass::kForward).ok());
-  EXPECT_EQ(holds(0) + holds(1), 2);
+  ASSERT_TRUE(e.acquire(1, Pass::kBackward).ok());  // a forward's hold and a backward's on one layer
+  EXPECT_EQ(holds(0), 1);
+  EXPECT_EQ(holds(1), 2);
   ASSERT_TRUE(e.abandon_step().ok());
   EXPECT_EQ(e.phase(), Phase::kIdle);
   for (size_t li = 0; li < mlp::kLayerCount; ++li) EXPECT_EQ(holds(li), 0) << "layer " << li;
@@ -774,6 +776,27 @@ TEST(DrivenEngineState, PhaseAndHoldsAreAnsweredByTheEngine) {
   ASSERT_TRUE(m.ok()) << m.status().to_string();
   EXPECT_EQ(e.phase(), Phase::kIdle);
   for (size_t li = 0; li < mlp::kLayerCount; ++li) EXPECT_EQ(holds(li), 0) << "layer " << li;
+
+  // A finish_step() that fails in its work (a NaN gradient in fp32 stops the
+  // engine) has ended the step; the stopped engine keeps that phase and
+  // refuses the next begin_step().
+  ASSERT_TRUE(e.begin_step().ok());
+  ASSERT_TRUE(d.micro_batch(2, 0).ok());
+  ASSERT_TRUE(e.begin_micro_batch(true).ok());
+  Result<LayerMemory> lent = e.acquire(0, Pass::kBackward);
+  ASSERT_TRUE(lent.ok()) << lent.status().to_string();
+  ASSERT_EQ(lent->grad_dtype, DType::kF32);
+  ASSERT_TRUE(lent->ready.wait().ok());
+  static_cast<float*>(lent->grads)[0] = std::numeric_limits<float>::quiet_NaN();
+  ASSERT_TRUE(e.release(0, Pass::kBackward, Completion()).ok());
+  ASSERT_TRUE(e.end_micro_batch(1.0, kBatch).ok());
+  Result<StepOutcome> failed = e.finish_step();
+  ASSERT_FALSE(failed.ok()) << "a NaN gradient was stepped";
+  EXPECT_EQ(failed.status().code(), StatusCode::kDataLoss) << failed.status().to_string();
+  EXPECT_FALSE(e.stopped().ok());
+  EXPECT_EQ(e.phase(), Phase::kIdle);
+  EXPECT_EQ(e.begin_step().code(), StatusCode::kDataLoss);
+  EXPECT_EQ(e.phase(), Phase::kIdle);
 }
 
 // ---------------------------------------------------------------- 4c. the caller's lr

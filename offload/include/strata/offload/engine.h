@@ -131,8 +131,10 @@
 // fails in its work leaves the phase where that work got to:
 // end_micro_batch() has ended the micro-batch, finish_step() and
 // abandon_step() the step, finish_evaluation() the evaluation; begin_step()
-// and begin_evaluation() begin none. A stopped engine (stopped()) refuses
-// every call and keeps the phase it stopped in.
+// and begin_evaluation() begin none. A stopped engine (stopped()) keeps
+// the phase it stopped in and refuses the bracket calls, step(), evaluate()
+// and saves; acquire() and release() still run, so that a caller can hand
+// back what it holds. phase() may be asked from any thread.
 //
 // Note [Acquire order]
 // The acquire sequence of a training micro-batch is recorded and then used
