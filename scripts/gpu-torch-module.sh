@@ -10,11 +10,24 @@
 #     PYTHON     an interpreter with its headers (default: pyenv's 3.12, python3.12 on PATH)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python="${1:-$(command -v python3.12 || true)}"
 build="${2:-build-py312}"
-if [[ -z "$python" || ! -x "$(command -v "$python" || true)" ]]; then
-  echo "gpu-torch-module: no Python interpreter '${1:-python3.12}' here; give one with its headers as the first argument" >&2
-  exit 1
+runs() { "$1" -c 'import sys' > /dev/null 2>&1; }
+if [[ -n "${1:-}" ]]; then
+  python=$1
+  if ! runs "$python"; then
+    echo "gpu-torch-module: the Python interpreter '$python' does not run here; give one with its headers as the first argument" >&2
+    exit 1
+  fi
+else
+  # pyenv's python3.12 shim fails unless 3.12 is among pyenv's selected versions: try the installed one too.
+  python=""
+  for candidate in python3.12 "$(pyenv root 2> /dev/null || echo "$HOME/.pyenv")"/versions/3.12*/bin/python3.12; do
+    if runs "$candidate"; then python=$candidate; break; fi
+  done
+  if [[ -z "$python" ]]; then
+    echo "gpu-torch-module: no Python 3.12 runs here (python3.12 on PATH, pyenv's versions/3.12*); give one with its headers as the first argument" >&2
+    exit 1
+  fi
 fi
 python=$("$python" -c 'import sys; print(sys.executable)')  # pyenv's shim -> the interpreter itself
 include=$("$python" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
