@@ -497,7 +497,7 @@ class StrataEngine(UnitHooks, torch.nn.Module):
         back), so the step's micro-batches run again from its first; an
         evaluation is closed. The engine and the model stay usable."""
         if self._pass == "eval":
-            for index, layer in enumerate(self._layers):
+            for index in range(len(self._layers)):
                 while self._engine.holds(index) > 0:
                     self._release_unchecked(index, "eval")
             self._pass = None

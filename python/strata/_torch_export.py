@@ -87,7 +87,7 @@ def export_hf(engine, out_dir, dtype=None, max_shard_size="5GB", safe_serializat
     shard_bytes = parse_shard_size(max_shard_size)
     if engine._engine.in_step:
         raise engine._out_of_order("export_hf() in the middle of a step: export after engine.step() at a gradient "
-                                 "accumulation boundary")
+                                   "accumulation boundary")
     out_dir = os.fspath(out_dir)
     writer = engine.global_rank == 0
     if writer:

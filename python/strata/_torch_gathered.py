@@ -89,7 +89,7 @@ class GatheredParameters:
     def _enter(self, engine):
         if engine._engine.in_step or engine._pass is not None:
             raise engine._out_of_order("GatheredParameters inside a step or a forward: use it between steps (after "
-                                     "engine.step() at a gradient accumulation boundary)")
+                                       "engine.step() at a gradient accumulation boundary)")
         if self.modifier_rank is not None:
             if not 0 <= self.modifier_rank < engine.world_size:
                 raise ValueError(f"modifier_rank {self.modifier_rank} is not a rank (0..{engine.world_size - 1})")
